@@ -1,0 +1,63 @@
+"""Pure-torch position-table interpolation with the exact arithmetic of ``F.grid_sample`` (CPU/GPU fallback).
+
+For every token: normalised coordinate x = ((w + 0.5) / W) · 2 − 1 (as transformers computes it), unnormalised
+to the table as ix = ((x + 1) · G − 1) / 2 (align_corners=False), then a 4×4 Keys-cubic (a = −0.75) gather with
+every tap clamped to the border — the same steps, in the same order, as ATen's grid sampler.
+"""
+from __future__ import annotations
+
+import torch
+
+CUBIC_A = -0.75
+
+
+def _conv1(x: torch.Tensor) -> torch.Tensor:  # |x| <= 1
+    return ((CUBIC_A + 2) * x - (CUBIC_A + 3)) * x * x + 1
+
+
+def _conv2(x: torch.Tensor) -> torch.Tensor:  # 1 < |x| < 2
+    return ((CUBIC_A * x - 5 * CUBIC_A) * x + 8 * CUBIC_A) * x - 4 * CUBIC_A
+
+
+def cubic_weights(t: torch.Tensor) -> list[torch.Tensor]:
+    """The four Keys-kernel weights of taps floor(s)−1 … floor(s)+2 for fractional offset t."""
+    return [_conv2(t + 1.0), _conv1(t), _conv1(1.0 - t), _conv2(2.0 - t)]
+
+
+def source_coords(idx: torch.Tensor, target: torch.Tensor, grid: int) -> torch.Tensor:
+    """Unnormalised float32 source coordinate in the G-wide table for patch index idx of a target-wide grid."""
+    normalised = ((idx.float() + 0.5) / target.float()) * 2 - 1
+    return ((normalised + 1) * grid - 1) / 2
+
+
+def interpolate_pos_embed_torch(table, h_idx, w_idx, target_h, target_w, mode: str = "bicubic") -> torch.Tensor:
+    """Reference implementation of :func:`glmvit.kernels.interpolate_pos_embed` (inputs already validated)."""
+    grid = int(round(table.shape[0] ** 0.5))
+    t = table.float()
+    iy = source_coords(h_idx, target_h, grid)
+    ix = source_coords(w_idx, target_w, grid)
+
+    def row(y: torch.Tensor) -> torch.Tensor:
+        return y.clamp(0, grid - 1).long() * grid
+
+    if mode == "bilinear":  # border padding clips the coordinate first, then 2×2 taps
+        iy, ix = iy.clamp(0, grid - 1), ix.clamp(0, grid - 1)
+        y0, x0 = iy.floor(), ix.floor()
+        ty, tx = (iy - y0)[:, None], (ix - x0)[:, None]
+        r0, r1, c0, c1 = row(y0), row(y0 + 1), x0.long(), (x0 + 1).clamp(max=grid - 1).long()
+        top = t[r0 + c0] * (1 - tx) + t[r0 + c1] * tx
+        bottom = t[r1 + c0] * (1 - tx) + t[r1 + c1] * tx
+        return (top * (1 - ty) + bottom * ty).to(table.dtype)
+
+    y0, x0 = iy.floor(), ix.floor()
+    wy = cubic_weights(iy - y0)
+    wx = cubic_weights(ix - x0)
+    cols = [(x0 + (j - 1)).clamp(0, grid - 1).long() for j in range(4)]
+    out = None
+    for i in range(4):
+        r = row(y0 + (i - 1))
+        acc = t[r + cols[0]] * wx[0][:, None]
+        for j in range(1, 4):
+            acc = acc + t[r + cols[j]] * wx[j][:, None]
+        out = acc * wy[i][:, None] if out is None else out + acc * wy[i][:, None]
+    return out.to(table.dtype)

@@ -1,0 +1,177 @@
+"""Host-side metadata for one batch: everything data-dependent, built in numpy and copied to the device once.
+
+The static forward reads only these tensors, so a CUDA graph captured on one batch replays any other batch
+that fits the same :class:`BatchShape`. Layout of the single int32 buffer (``packed``)::
+
+    cu_seqlens [segments + 2] | h_idx [rows] | w_idx [rows] | target_h [rows] | target_w [rows]
+    | segment_ids [rows] | token_valid [rows / m²]
+
+Real segments come first (one per temporal patch); one dummy segment then covers every padded row, so padding
+never shares a segment with a real row; unused slots repeat the last offset (zero-length segments).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from .rotary import rot_pos_ids
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """The static shape a forward runs at: patch rows, attention-segment slots and the max segment length."""
+
+    rows: int
+    segments: int
+    max_seqlen: int
+
+    def packed_size(self, merge_area: int) -> int:
+        return self.segments + 2 + 5 * self.rows + self.rows // merge_area
+
+
+def as_grid_array(grid_thw) -> np.ndarray:
+    """grid_thw (tensor, array or nested list) as an int64 numpy array of shape [n, 3], validated."""
+    if isinstance(grid_thw, torch.Tensor):
+        grid_thw = grid_thw.detach().cpu().numpy()
+    grids = np.asarray(grid_thw)
+    if grids.size == 0:
+        return np.zeros((0, 3), dtype=np.int64)
+    if grids.ndim != 2 or grids.shape[1] != 3:
+        raise ValueError(f"grid_thw must have shape [n, 3] (rows [t, h, w]), got {tuple(grids.shape)}")
+    if not np.issubdtype(grids.dtype, np.integer):
+        if not np.all(np.mod(grids, 1) == 0):
+            raise ValueError("grid_thw must hold integers")
+    grids = grids.astype(np.int64)
+    for i, (t, h, w) in enumerate(grids):
+        if min(t, h, w) <= 0:
+            raise ValueError(f"item {i}: grid [t, h, w] = {[int(t), int(h), int(w)]} has a non-positive entry")
+    return grids
+
+
+def check_grids(grids: np.ndarray, merge: int) -> None:
+    for i, (t, h, w) in enumerate(grids):
+        if h % merge or w % merge:
+            raise ValueError(f"item {i}: grid h×w = {h}×{w} is not divisible by the spatial merge size {merge}")
+
+
+def rows_of(grids: np.ndarray) -> int:
+    return int((grids[:, 0] * grids[:, 1] * grids[:, 2]).sum()) if len(grids) else 0
+
+
+@lru_cache(maxsize=4096)
+def _frame_block(h: int, w: int, merge: int) -> np.ndarray:
+    """[4, h·w] int32: h_idx, w_idx, target_h, target_w of one frame, cached per grid."""
+    ids = rot_pos_ids(h, w, merge)
+    block = np.empty((4, h * w), dtype=np.int32)
+    block[0], block[1] = ids[:, 0], ids[:, 1]
+    block[2], block[3] = h, w
+    block.flags.writeable = False
+    return block
+
+
+@dataclass
+class HostMetadata:
+    """A batch's metadata on the host, padded to ``shape``; ``to(device)`` makes the device views."""
+
+    packed: np.ndarray
+    shape: BatchShape
+    merge_area: int
+    grids: np.ndarray
+    num_rows: int
+    item_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def num_segments(self) -> int:
+        return int(self.grids[:, 0].sum()) if len(self.grids) else 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_rows // self.merge_area
+
+    def to(self, device: torch.device | str = "cpu") -> "EncoderMetadata":
+        host = torch.from_numpy(self.packed)
+        device = torch.device(device)
+        if device.type == "cuda":
+            packed = host.pin_memory().to(device, non_blocking=True)
+        else:
+            packed = host.clone()
+        return EncoderMetadata.from_packed(packed, self)
+
+
+@dataclass
+class EncoderMetadata:
+    """Device views into one packed int32 tensor, plus the static shape. What ``forward_static`` reads."""
+
+    packed: torch.Tensor
+    shape: BatchShape
+    cu_seqlens: torch.Tensor
+    h_idx: torch.Tensor
+    w_idx: torch.Tensor
+    target_h: torch.Tensor
+    target_w: torch.Tensor
+    segment_ids: torch.Tensor
+    token_valid: torch.Tensor
+    host: HostMetadata
+
+    @classmethod
+    def from_packed(cls, packed: torch.Tensor, host: HostMetadata) -> "EncoderMetadata":
+        s, r = host.shape.segments, host.shape.rows
+        views, start = [], 0
+        for size in (s + 2, r, r, r, r, r, r // host.merge_area):
+            views.append(packed[start : start + size])
+            start += size
+        return cls(packed, host.shape, *views, host=host)
+
+    @property
+    def max_seqlen(self) -> int:
+        return self.shape.max_seqlen
+
+
+def build_metadata(
+    grid_thw,
+    merge: int = 2,
+    shape: BatchShape | None = None,
+) -> HostMetadata:
+    """Metadata for the items of ``grid_thw`` (rows [t, h, w]); padded to ``shape`` if given, else exact.
+
+    Every temporal patch of every item is its own attention segment (t segments per item).
+    """
+    grids = as_grid_array(grid_thw)
+    check_grids(grids, merge)
+    merge_area = merge * merge
+    num_rows = rows_of(grids)
+    frame_rows = np.repeat(grids[:, 1] * grids[:, 2], grids[:, 0]) if len(grids) else np.zeros(0, np.int64)
+    if shape is None:
+        shape = BatchShape(num_rows, len(frame_rows), int(frame_rows.max()) if len(frame_rows) else 0)
+    if num_rows > shape.rows:
+        raise ValueError(f"batch has {num_rows} patch rows, more than the shape's {shape.rows}")
+    if len(frame_rows) > shape.segments:
+        raise ValueError(f"batch has {len(frame_rows)} temporal patches, more than the shape's {shape.segments}")
+    if len(frame_rows) and frame_rows.max() > shape.max_seqlen:
+        raise ValueError(f"a segment of {frame_rows.max()} rows exceeds max_seqlen {shape.max_seqlen}")
+
+    packed = np.zeros(shape.packed_size(merge_area), dtype=np.int32)
+    s, r = shape.segments, shape.rows
+    cu = packed[: s + 2]
+    cu[1 : len(frame_rows) + 1] = np.cumsum(frame_rows)
+    cu[len(frame_rows) + 1 :] = r  # dummy segment [num_rows, rows) for the padding, then empty slots
+    base = s + 2
+    coords = packed[base : base + 4 * r].reshape(4, r)
+    coords[2:, num_rows:] = 1  # padded rows sample a valid 1×1 target
+    offset = 0
+    for t, h, w in grids:
+        block = _frame_block(int(h), int(w), merge)
+        n = int(h * w)
+        for _ in range(int(t)):
+            coords[:, offset : offset + n] = block
+            offset += n
+    seg = packed[base + 4 * r : base + 5 * r]
+    seg[:num_rows] = np.repeat(np.arange(len(frame_rows), dtype=np.int32), frame_rows)
+    seg[num_rows:] = len(frame_rows)
+    valid = packed[base + 5 * r :]
+    valid[: num_rows // merge_area] = 1
+    item_tokens = [int(t * h * w) // merge_area for t, h, w in grids]
+    return HostMetadata(packed, shape, merge_area, grids, num_rows, item_tokens)

@@ -1,0 +1,190 @@
+"""The GLM-4V vision encoder in one readable file.
+
+``GlmVisionEncoder`` has the same parameter names and shapes as transformers' ``Glm4vVisionModel``, so its
+``state_dict`` loads with ``strict=True``. It has two entry points sharing every module and kernel:
+
+- ``forward(pixel_values, grid_thw)``: any batch; builds exact metadata on the host, then calls ``forward_static``.
+- ``forward_static(pixels, meta)``: fixed shapes from ``meta``, no host syncs, no data-dependent allocation —
+  what a CUDA graph captures.
+
+Order of one forward: patch embed (a Conv3d whose kernel covers the patch, i.e. a matmul) → RMSNorm → + bicubic
+position embedding → blocks (pre-norm; attention with 2D rotary inside each segment; SwiGLU MLP of width
+out_hidden_size) → RMSNorm → 2×2 downsample conv → merger (Linear → LayerNorm → exact GELU → SwiGLU).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import attend, check_backend, default_backend
+from .config import VisionConfig
+from .kernels import interpolate_pos_embed
+from .metadata import EncoderMetadata, as_grid_array, build_metadata, check_grids, rows_of
+from .rotary import apply_rotary, inv_freq, rotary_cos_sin
+
+
+class RMSNorm(nn.Module):
+    """transformers' Glm4vRMSNorm: statistics in float32, cast back to the input dtype, then scale."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) · up(x)), no biases."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Attention(nn.Module):
+    def __init__(self, config: VisionConfig):
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
+        self.proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, meta: EncoderMetadata, backend: str) -> torch.Tensor:
+        rows = x.shape[0]
+        q, k, v = self.qkv(x).view(rows, 3, self.num_heads, -1).unbind(1)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        return self.proj(attend(q, k, v, meta, backend).reshape(rows, -1))
+
+
+class Block(nn.Module):
+    def __init__(self, config: VisionConfig):
+        super().__init__()
+        self.norm1 = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm2 = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attn = Attention(config)
+        self.mlp = SwiGLU(config.hidden_size, config.out_hidden_size)
+
+    def forward(self, x, cos, sin, meta: EncoderMetadata, backend: str) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), cos, sin, meta, backend)
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchMerger(nn.Module):
+    def __init__(self, config: VisionConfig):
+        super().__init__()
+        dim = config.out_hidden_size
+        self.proj = nn.Linear(dim, dim, bias=False)
+        self.post_projection_norm = nn.LayerNorm(dim, eps=config.rms_norm_eps)
+        self.gate_proj = nn.Linear(dim, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(dim, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.gelu(self.post_projection_norm(self.proj(x)))
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _Embeddings(nn.Module):
+    def __init__(self, config: VisionConfig):
+        super().__init__()
+        self.position_embedding = nn.Embedding(config.pos_grid**2, config.hidden_size)
+
+
+class _PatchEmbed(nn.Module):
+    def __init__(self, config: VisionConfig):
+        super().__init__()
+        kernel = (config.temporal_patch_size, config.patch_size, config.patch_size)
+        self.proj = nn.Conv3d(config.in_channels, config.hidden_size, kernel_size=kernel, stride=kernel, bias=True)
+
+
+class _Rotary(nn.Module):
+    def __init__(self, config: VisionConfig):
+        super().__init__()
+        self.register_buffer("inv_freq", inv_freq(config.head_dim, config.rope_theta), persistent=False)
+
+
+class GlmVisionEncoder(nn.Module):
+    """GLM-4V vision tower; ``state_dict`` keys equal transformers' ``Glm4vVisionModel``'s."""
+
+    def __init__(self, config: VisionConfig | None = None, attn_backend: str | None = None):
+        super().__init__()
+        self.config = config = config or VisionConfig.glm41v()
+        self.embeddings = _Embeddings(config)
+        self.patch_embed = _PatchEmbed(config)
+        self.rotary_pos_emb = _Rotary(config)
+        self.post_conv_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.depth))
+        self.post_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        m = config.spatial_merge_size
+        self.downsample = nn.Conv2d(config.hidden_size, config.out_hidden_size, kernel_size=m, stride=m)
+        self.merger = PatchMerger(config)
+        self.attn_backend = attn_backend
+
+    @property
+    def device(self) -> torch.device:
+        return self.patch_embed.proj.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.patch_embed.proj.weight.dtype
+
+    def attention_backend(self) -> str:
+        """The attention backend in use: the one set (checked against the device) or the device's default."""
+        if self.attn_backend is None:
+            return default_backend(self.device)
+        return check_backend(self.attn_backend, self.device)
+
+    def check_inputs(self, pixel_values: torch.Tensor, grid_thw):
+        """Validate a batch; returns the grids as an [n, 3] int64 numpy array."""
+        grids = as_grid_array(grid_thw)
+        check_grids(grids, self.config.spatial_merge_size)
+        width = self.config.patch_dim
+        if pixel_values.ndim != 2 or pixel_values.shape[1] != width:
+            raise ValueError(
+                f"pixel_values must be [rows, {width}] (C·T·P² = {self.config.in_channels}·"
+                f"{self.config.temporal_patch_size}·{self.config.patch_size}²), got {tuple(pixel_values.shape)}"
+            )
+        if pixel_values.shape[0] != rows_of(grids):
+            per_item = [int(t * h * w) for t, h, w in grids]
+            raise ValueError(
+                f"pixel_values has {pixel_values.shape[0]} rows but grid_thw needs Σ t·h·w = {rows_of(grids)} "
+                f"(per item: {per_item})"
+            )
+        return grids
+
+    def forward(self, pixel_values: torch.Tensor, grid_thw) -> torch.Tensor:
+        """Merger output [Σ t·h·w / m², out_hidden_size] for a batch; a video row (t > 1) is t segments."""
+        grids = self.check_inputs(pixel_values, grid_thw)
+        if len(grids) == 0:
+            return pixel_values.new_zeros((0, self.config.out_hidden_size), dtype=self.dtype)
+        meta = build_metadata(grids, self.config.spatial_merge_size).to(self.device)
+        return self.forward_static(pixel_values, meta)
+
+    def forward_static(self, pixels: torch.Tensor, meta: EncoderMetadata) -> torch.Tensor:
+        """Encode a padded batch of ``meta.shape.rows`` rows; padded output tokens are zero. No host syncs."""
+        cfg = self.config
+        if pixels.shape != (meta.shape.rows, cfg.patch_dim):
+            raise ValueError(f"pixels must be {(meta.shape.rows, cfg.patch_dim)}, got {tuple(pixels.shape)}")
+        backend = self.attention_backend()
+        conv = self.patch_embed.proj
+        x = F.linear(pixels.to(self.dtype), conv.weight.view(cfg.hidden_size, -1), conv.bias)
+        x = self.post_conv_layernorm(x)
+        cos, sin = rotary_cos_sin(meta.h_idx, meta.w_idx, self.rotary_pos_emb.inv_freq)
+        table = self.embeddings.position_embedding.weight
+        x = x + interpolate_pos_embed(table, meta.h_idx, meta.w_idx, meta.target_h, meta.target_w, check_values=False)
+        for block in self.blocks:
+            x = block(x, cos, sin, meta, backend)
+        x = self.post_layernorm(x)
+        x = x.view(-1, cfg.merge_area, cfg.hidden_size).transpose(1, 2).reshape(-1, cfg.merge_area * cfg.hidden_size)
+        x = F.linear(x, self.downsample.weight.view(cfg.out_hidden_size, -1), self.downsample.bias)
+        x = self.merger(x)
+        return x.masked_fill(meta.token_valid[:, None] == 0, 0)
