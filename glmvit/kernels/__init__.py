@@ -1,8 +1,6 @@
 """Position-table interpolation: one call for a whole packed batch, Triton on CUDA, exact torch fallback elsewhere."""
 from __future__ import annotations
 
-import os
-
 import torch
 
 from .reference import interpolate_pos_embed_torch
@@ -22,7 +20,10 @@ def triton_available() -> bool:
 
 
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """True when the Triton kernel was decorated for the CPU interpreter (TRITON_INTERPRET=1 before its import)."""
+    from .triton_bicubic import INTERPRETED
+
+    return INTERPRETED
 
 
 def uses_triton(table: torch.Tensor) -> bool:
@@ -37,6 +38,8 @@ def uses_triton(table: torch.Tensor) -> bool:
 def _validate(table, h_idx, w_idx, target_h, target_w, mode, check_values):
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if not table.is_floating_point():
+        raise ValueError(f"table must be a floating-point tensor, got {table.dtype}")
     if table.ndim != 2:
         raise ValueError(f"table must be [G*G, D], got shape {tuple(table.shape)}")
     grid = int(round(table.shape[0] ** 0.5))
