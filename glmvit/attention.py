@@ -24,10 +24,13 @@ def _has_varlen() -> bool:
     return importlib.util.find_spec("torch.nn.attention.varlen") is not None
 
 
-def available_backends(device: torch.device | str) -> list[str]:
-    """Backends that can run on ``device`` in this environment."""
+HALF = (torch.float16, torch.bfloat16)
+
+
+def available_backends(device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> list[str]:
+    """Backends that can run on ``device`` for ``dtype`` here (the flash kernels take fp16/bf16 only)."""
     names = ["sdpa_masked", "segments"]
-    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+    if torch.device(device).type == "cuda" and torch.cuda.is_available() and dtype in HALF:
         if importlib.util.find_spec("flash_attn") is not None:
             names.insert(0, "flash_attn")
         if _has_varlen():
@@ -35,17 +38,19 @@ def available_backends(device: torch.device | str) -> list[str]:
     return names
 
 
-def default_backend(device: torch.device | str) -> str:
-    return available_backends(device)[0]
+def default_backend(device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> str:
+    return available_backends(device, dtype)[0]
 
 
-def check_backend(name: str, device: torch.device | str) -> str:
-    """Return ``name`` if it can run on ``device``; otherwise raise a ValueError saying what can."""
+def check_backend(name: str, device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> str:
+    """Return ``name`` if it can run on ``device`` for ``dtype``; otherwise raise a ValueError saying what can."""
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {BACKENDS}")
-    ok = available_backends(device)
+    ok = available_backends(device, dtype)
     if name not in ok:
-        raise ValueError(f"attention backend {name!r} is not available on {torch.device(device)}; available: {ok}")
+        raise ValueError(
+            f"attention backend {name!r} is not available on {torch.device(device)} for {dtype}; available: {ok}"
+        )
     return name
 
 
@@ -56,7 +61,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta, backend: str
         from torch.nn.attention.varlen import varlen_attn
 
         m = meta.max_seqlen
-        return varlen_attn(q, k, v, meta.cu_seqlens, meta.cu_seqlens, m, m, is_causal=False)
+        return varlen_attn(q, k, v, meta.cu_seqlens, meta.cu_seqlens, m, m)  # non-causal by default
     if backend == "flash_attn":
         from flash_attn import flash_attn_varlen_func
 

@@ -140,8 +140,8 @@ class GlmVisionEncoder(nn.Module):
     def attention_backend(self) -> str:
         """The attention backend in use: the one set (checked against the device) or the device's default."""
         if self.attn_backend is None:
-            return default_backend(self.device)
-        return check_backend(self.attn_backend, self.device)
+            return default_backend(self.device, self.dtype)
+        return check_backend(self.attn_backend, self.device, self.dtype)
 
     def check_inputs(self, pixel_values: torch.Tensor, grid_thw):
         """Validate a batch; returns the grids as an [n, 3] int64 numpy array."""
@@ -175,8 +175,10 @@ class GlmVisionEncoder(nn.Module):
         if pixels.shape != (meta.shape.rows, cfg.patch_dim):
             raise ValueError(f"pixels must be {(meta.shape.rows, cfg.patch_dim)}, got {tuple(pixels.shape)}")
         backend = self.attention_backend()
+        valid_rows = meta.token_valid[:, None].expand(-1, cfg.merge_area).reshape(-1, 1) != 0
+        pixels = torch.where(valid_rows, pixels.to(self.dtype), 0)  # whatever sits in padded rows stays there
         conv = self.patch_embed.proj
-        x = F.linear(pixels.to(self.dtype), conv.weight.view(cfg.hidden_size, -1), conv.bias)
+        x = F.linear(pixels, conv.weight.view(cfg.hidden_size, -1), conv.bias)
         x = self.post_conv_layernorm(x)
         cos, sin = rotary_cos_sin(meta.h_idx, meta.w_idx, self.rotary_pos_emb.inv_freq)
         table = self.embeddings.position_embedding.weight

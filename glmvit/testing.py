@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -57,3 +58,26 @@ def flatten_video_grids(grids) -> torch.Tensor:
     """Split each [t, h, w] row into t rows [1, h, w]: what transformers' tower needs for videos."""
     rows = [[1, int(h), int(w)] for t, h, w in np.asarray(grids).reshape(-1, 3) for _ in range(int(t))]
     return torch.tensor(rows, dtype=torch.long).reshape(-1, 3)
+
+
+SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "nonzero", "__bool__", "__int__", "__float__", "__index__")
+
+
+@contextmanager
+def forbid_host_syncs():
+    """Make every Tensor method that reads device data on the host raise while the block runs (CPU check)."""
+    saved = {name: getattr(torch.Tensor, name) for name in SYNC_METHODS}
+
+    def forbidden(name):
+        def raise_(*args, **kwargs):
+            raise AssertionError(f"host sync: Tensor.{name}() called inside a graph-safe region")
+
+        return raise_
+
+    try:
+        for name in SYNC_METHODS:
+            setattr(torch.Tensor, name, forbidden(name))
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)

@@ -1,0 +1,248 @@
+"""CUDA-graph capture and replay of the encoder, one graph per token budget, with eager fallback.
+
+``EncoderGraphRunner(model, budget_config, backend="cuda")`` captures ``forward_static`` once per budget
+(largest first, into one shared memory pool). ``run(pixel_values, grid_thw)`` packs the items into batches
+(``glmvit.budget.plan_batches``), and for each batch builds the host metadata, copies pixels and metadata into
+the budget's static buffers, replays the graph and clones every item's rows out of the static output buffer.
+What no budget fits runs eagerly. ``backend="emulate"`` does the same bookkeeping on any device but calls
+``forward_static`` where a graph would replay: the CPU teaching and test path (it never claims to be a graph).
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .attention import GRAPH_SAFE
+from .budget import BudgetConfig, plan_batches
+from .metadata import BatchShape, EncoderMetadata, build_metadata
+from .model import GlmVisionEncoder
+
+BACKENDS = ("cuda", "emulate")
+
+
+@dataclass
+class BudgetGraph:
+    """Everything one budget owns: its static shape, buffers and (on CUDA) its graph."""
+
+    budget: int
+    shape: BatchShape
+    pixels: torch.Tensor
+    meta: EncoderMetadata
+    output: torch.Tensor
+    graph: "torch.cuda.CUDAGraph | None" = None
+    filled_rows: int = 0
+    pointers: tuple[int, ...] = ()
+    capture_s: float = 0.0
+    graph_bytes: int = 0
+    buffer_bytes: int = 0
+
+    def data_pointers(self) -> tuple[int, ...]:
+        return (self.pixels.data_ptr(), self.meta.packed.data_ptr(), self.output.data_ptr())
+
+
+@dataclass
+class RunnerStats:
+    """Counters since construction (or ``reset()``): what ran how, and where time went."""
+
+    runs: int = 0
+    items: int = 0
+    replays: int = 0
+    eager_batches: int = 0
+    fallback_items: int = 0
+    real_tokens: int = 0
+    budget_tokens: int = 0
+    host_s: float = 0.0  # planning, metadata, copies and launches on the host
+    total_s: float = 0.0  # wall time of run() up to the results being ready (synchronised on CUDA)
+    capture: dict[int, dict] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def padding_fraction(self) -> float:
+        """Padded tokens / budget tokens over all replays (0 when nothing replayed)."""
+        return 1 - self.real_tokens / self.budget_tokens if self.budget_tokens else 0.0
+
+    def as_dict(self) -> dict:
+        d = {k: v for k, v in vars(self).items() if k not in ("capture", "failed")}
+        d["padding_fraction"] = self.padding_fraction
+        d["capture"] = self.capture
+        d["failed"] = self.failed
+        return d
+
+
+def _oom_request(err: BaseException) -> str:
+    found = re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", str(err))
+    return found.group(1) if found else "an unknown amount"
+
+
+class EncoderGraphRunner:
+    """Serve any batch of images and video frames from a few captured budgets (see module docstring)."""
+
+    def __init__(
+        self,
+        model: GlmVisionEncoder,
+        budget_config: BudgetConfig,
+        backend: str = "cuda",
+        packer: str = "ffd",
+        check_pointers: bool = False,
+        progress: bool = True,
+    ):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if backend == "cuda" and model.device.type != "cuda":
+            raise ValueError("backend='cuda' needs the model on a CUDA device; use backend='emulate' elsewhere")
+        attn = model.attention_backend()
+        if attn not in GRAPH_SAFE:
+            raise ValueError(f"attention backend {attn!r} is not graph-safe; use one of {GRAPH_SAFE}")
+        self.model = model
+        self.config = budget_config
+        self.backend = backend
+        self.packer = packer
+        self.check_pointers = check_pointers
+        self.progress = progress
+        self.graphs: dict[int, BudgetGraph] = {}
+        self.pool = None
+        self.stats = RunnerStats()
+
+    # ---- capture -------------------------------------------------------------------------------------------
+    def batch_shape(self, budget: int) -> BatchShape:
+        """Static shape of a budget: rows = budget·m², segment slots = min(max_frames, budget) (≥ 1 token each)."""
+        rows = budget * self.model.config.merge_area
+        return BatchShape(rows=rows, segments=min(self.config.max_frames, budget), max_seqlen=rows)
+
+    def _allocate(self, budget: int) -> BudgetGraph:
+        cfg, dev = self.model.config, self.model.device
+        shape = self.batch_shape(budget)
+        pixels = torch.zeros(shape.rows, cfg.patch_dim, dtype=self.model.dtype, device=dev)
+        meta = build_metadata(np.zeros((0, 3), np.int64), cfg.spatial_merge_size, shape).to(dev)
+        output = torch.zeros(budget, cfg.out_hidden_size, dtype=self.model.dtype, device=dev)
+        nbytes = sum(t.numel() * t.element_size() for t in (pixels, meta.packed, output))
+        return BudgetGraph(budget, shape, pixels, meta, output, buffer_bytes=nbytes)
+
+    def _capture_one(self, bg: BudgetGraph) -> None:
+        model = self.model
+        if self.backend == "emulate":
+            bg.output.copy_(model.forward_static(bg.pixels, bg.meta))
+            return
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            bg.output.copy_(model.forward_static(bg.pixels, bg.meta))  # warm-up: autotuning, lazy init
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_reserved()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            bg.output.copy_(model.forward_static(bg.pixels, bg.meta))
+        torch.cuda.synchronize()
+        bg.graph = graph
+        bg.graph_bytes = torch.cuda.memory_reserved() - before
+
+    @torch.inference_mode()
+    def capture(self) -> "EncoderGraphRunner":
+        """Capture every budget, largest first into one pool; a budget that runs out of memory is skipped."""
+        budgets = sorted(self.config.token_budgets, reverse=True)
+        label = "capturing" if self.backend == "cuda" else "preparing (emulated, no graphs)"
+        for budget in tqdm(budgets, desc=label, unit="budget", disable=not self.progress):
+            start = time.perf_counter()
+            try:
+                bg = self._allocate(budget)
+                self._capture_one(bg)
+            except torch.OutOfMemoryError as err:
+                self.stats.failed[budget] = (
+                    f"budget {budget} tokens: out of memory while capturing (it asked for {_oom_request(err)}; "
+                    f"{torch.cuda.mem_get_info()[0] / 2**30:.2f} GiB free); this budget falls back to eager"
+                )
+                bg = None
+                torch.cuda.empty_cache()
+            if bg is None:
+                continue
+            bg.capture_s = time.perf_counter() - start
+            bg.pointers = bg.data_pointers()
+            self.graphs[budget] = bg
+            self.stats.capture[budget] = {
+                "seconds": bg.capture_s,
+                "graph_bytes": bg.graph_bytes,
+                "buffer_bytes": bg.buffer_bytes,
+                "rows": bg.shape.rows,
+                "segments": bg.shape.segments,
+            }
+        for message in self.stats.failed.values():
+            print(message)
+        return self
+
+    # ---- replay --------------------------------------------------------------------------------------------
+    def _fit(self, tokens: int, frames: int) -> BudgetGraph | None:
+        """Smallest captured budget whose token and frame capacity hold the batch."""
+        for budget in sorted(self.graphs):
+            bg = self.graphs[budget]
+            if tokens <= budget and frames <= bg.shape.segments:
+                return bg
+        return None
+
+    def _replay(self, bg: BudgetGraph, pixels: list[torch.Tensor], grids: np.ndarray) -> torch.Tensor:
+        if self.check_pointers and bg.data_pointers() != bg.pointers:
+            raise RuntimeError(f"budget {bg.budget}: a captured buffer was rebound (data pointer changed)")
+        host = build_metadata(grids, self.model.config.spatial_merge_size, bg.shape)
+        offset = 0
+        for chunk in pixels:
+            bg.pixels[offset : offset + chunk.shape[0]].copy_(chunk, non_blocking=True)
+            offset += chunk.shape[0]
+        if bg.filled_rows > offset:
+            bg.pixels[offset : bg.filled_rows].zero_()
+        bg.filled_rows = offset
+        packed = torch.from_numpy(host.packed)
+        bg.meta.packed.copy_(packed.pin_memory() if bg.meta.packed.is_cuda else packed, non_blocking=True)
+        if self.backend == "cuda":
+            bg.graph.replay()
+        else:
+            bg.output.copy_(self.model.forward_static(bg.pixels, bg.meta))
+        return bg.output
+
+    @torch.inference_mode()
+    def run(self, pixel_values: torch.Tensor, grid_thw) -> list[torch.Tensor]:
+        """Encode a batch of images/videos; returns one [tokens_i, out_hidden_size] tensor per item, in order."""
+        start = time.perf_counter()
+        model = self.model
+        grids = model.check_inputs(pixel_values, grid_thw)
+        merge_area = model.config.merge_area
+        item_rows = (grids[:, 0] * grids[:, 1] * grids[:, 2]).astype(np.int64)
+        row_start = np.concatenate([[0], np.cumsum(item_rows)])
+        items = [(int(r) // merge_area, int(t)) for r, t in zip(item_rows, grids[:, 0])]
+        plan = plan_batches(items, self.config, packer=self.packer) if items else None
+        results: list[torch.Tensor | None] = [None] * len(items)
+        host_s = time.perf_counter() - start
+        for batch in plan.batches if plan else []:
+            idx = list(batch.item_indices)
+            tokens = sum(items[i][0] for i in idx)
+            frames = sum(items[i][1] for i in idx)
+            chunks = [pixel_values[row_start[i] : row_start[i + 1]] for i in idx]
+            bg = self._fit(tokens, frames) if batch.budget is not None else None
+            if bg is None:
+                out = model.forward(torch.cat(chunks).to(model.device), grids[idx])
+                self.stats.eager_batches += 1
+                self.stats.fallback_items += len(idx)
+            else:
+                t0 = time.perf_counter()
+                out = self._replay(bg, chunks, grids[idx])
+                host_s += time.perf_counter() - t0
+                self.stats.replays += 1
+                self.stats.real_tokens += tokens
+                self.stats.budget_tokens += bg.budget
+            offset = 0
+            for i in idx:
+                results[i] = out[offset : offset + items[i][0]].clone()
+                offset += items[i][0]
+        if self.backend == "cuda":
+            torch.cuda.current_stream().synchronize()  # the caller needs the results; makes total_s honest
+        self.stats.runs += 1
+        self.stats.items += len(items)
+        self.stats.host_s += host_s
+        self.stats.total_s += time.perf_counter() - start
+        return results

@@ -1,0 +1,121 @@
+"""Our encoder against transformers' Glm4vVisionModel on the same random weights (fp32, CPU)."""
+import pytest
+import torch
+
+from glmvit import GlmVisionEncoder, VisionConfig
+from glmvit.testing import flatten_video_grids, random_batch
+
+GRID_MIXES = [
+    [[1, 4, 6]],  # non-square
+    [[1, 2, 2]],  # a single merge block
+    [[1, 8, 8]],  # the table's own size (G = 8 in the tiny config)
+    [[1, 24, 24]],  # larger than the table
+    [[1, 40, 6]],  # extreme aspect ratio
+    [[1, 4, 6], [1, 8, 4], [1, 6, 4]],  # several images
+    [[2, 6, 4]],  # a video, t = 2
+    [[1, 4, 6], [3, 4, 4], [1, 2, 10]],  # images around a t = 3 video
+    [[2, 2, 2], [1, 12, 2], [2, 10, 6]],  # two videos and an image
+]
+
+
+@pytest.mark.parametrize("grids", GRID_MIXES, ids=lambda g: "+".join("x".join(map(str, r)) for r in g))
+@pytest.mark.parametrize("backend", ["sdpa_masked", "segments"])
+def test_matches_transformers(tiny_hf, tiny_model, tiny_config, grids, backend):
+    pixels, grid = random_batch(grids, tiny_config, seed=len(grids))
+    with torch.no_grad():
+        expected = tiny_hf(pixels, flatten_video_grids(grid)).pooler_output
+        tiny_model.attn_backend = backend
+        got = tiny_model(pixels, grid)
+    tiny_model.attn_backend = None
+    assert got.shape == expected.shape == (int(grid.prod(dim=1).sum()) // 4, tiny_config.out_hidden_size)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_state_dict_matches_transformers(tiny_hf, tiny_config):
+    ours = GlmVisionEncoder(tiny_config).state_dict()
+    theirs = tiny_hf.state_dict()
+    assert sorted(ours) == sorted(theirs)
+    assert all(ours[k].shape == theirs[k].shape for k in ours)
+
+
+def test_full_size_state_dict_shapes():
+    with torch.device("meta"):
+        model = GlmVisionEncoder(VisionConfig.glm41v())
+    assert sum(p.numel() for p in model.parameters()) == 892_498_432
+    sd = model.state_dict()
+    assert sd["blocks.0.attn.qkv.weight"].shape == (4608, 1536)
+    assert sd["blocks.23.mlp.gate_proj.weight"].shape == (4096, 1536)
+    assert sd["merger.gate_proj.weight"].shape == (13696, 4096)
+    assert sd["downsample.weight"].shape == (4096, 1536, 2, 2)
+
+
+def test_video_equals_its_frames_as_images(tiny_model, tiny_config):
+    """A t = 3 video is three independent temporal patches with the image's position embedding."""
+    pixels, grid = random_batch([[3, 4, 6]], tiny_config, seed=3)
+    with torch.no_grad():
+        video = tiny_model(pixels, grid)
+        frames = tiny_model(pixels, torch.tensor([[1, 4, 6]] * 3))
+    torch.testing.assert_close(video, frames, atol=0, rtol=0)
+
+
+def test_empty_batch(tiny_model, tiny_config):
+    out = tiny_model(torch.zeros(0, tiny_config.patch_dim), torch.zeros(0, 3, dtype=torch.long))
+    assert out.shape == (0, tiny_config.out_hidden_size)
+
+
+@pytest.mark.parametrize(
+    "rows, grid, message",
+    [
+        (24, [1, 4, 6], r"shape \[n, 3\]"),
+        (24, [[1, 4, 6, 1]], r"shape \[n, 3\]"),
+        (0, [[0, 4, 6]], r"item 0: .*non-positive"),
+        (24, [[1, 4, 6], [1, -2, 2]], r"item 1: .*non-positive"),
+        (15, [[1, 3, 5]], r"item 0: .*not divisible by the spatial merge size"),
+        (25, [[1, 4, 6]], r"25 rows .* 24"),
+    ],
+)
+def test_bad_input_is_named(tiny_model, tiny_config, rows, grid, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_model(torch.zeros(rows, tiny_config.patch_dim), torch.tensor(grid))
+
+
+def test_bad_row_width(tiny_model):
+    with pytest.raises(ValueError, match=r"C·T·P²"):
+        tiny_model(torch.zeros(24, 100), torch.tensor([[1, 4, 6]]))
+
+
+def test_config_from_hf(tiny_hf, tiny_config):
+    assert VisionConfig.from_hf(tiny_hf.config) == tiny_config
+    assert VisionConfig.from_hf(tiny_hf.config.to_dict()) == tiny_config
+    full = {"model_type": "glm4v", "vision_config": {"depth": 24, "hidden_size": 1536, "num_heads": 12}}
+    assert VisionConfig.from_hf(full) == VisionConfig.glm41v()
+    with pytest.raises(ValueError, match="must be positive"):
+        VisionConfig(depth=0)
+
+
+def test_unknown_attention_backend(tiny_model, tiny_config):
+    tiny_model.attn_backend = "nope"
+    try:
+        with pytest.raises(ValueError, match="unknown attention backend"):
+            tiny_model(*random_batch([[1, 2, 2]], tiny_config))
+        tiny_model.attn_backend = "varlen"
+        with pytest.raises(ValueError, match="not available on cpu"):
+            tiny_model(*random_batch([[1, 2, 2]], tiny_config))
+    finally:
+        tiny_model.attn_backend = None
+
+
+@pytest.mark.slow
+def test_full_size_matches_transformers():
+    """GLM-4.1V vision tower, one 224² image, fp32 on CPU: relative error ≤ 1e-4."""
+    from glmvit.testing import encoder_like, hf_vision_model
+
+    config = VisionConfig.glm41v()
+    hf = hf_vision_model(config, seed=1)
+    model = encoder_like(hf, config)
+    pixels, grid = random_batch([[1, 16, 16]], config, seed=1)
+    with torch.no_grad():
+        expected = hf(pixels, grid).pooler_output
+        got = model(pixels, grid)
+    rel = ((got - expected).norm() / expected.norm()).item()
+    assert rel <= 1e-4, rel
