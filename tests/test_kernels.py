@@ -1,0 +1,224 @@
+"""Position-table interpolation against F.grid_sample: torch fallback, Triton under the interpreter, Triton on GPU.
+
+The oracle is exactly what transformers does: the table viewed as a (1, D, G, G) fp32 image, a normalised fp32
+grid built from the patch indices, and ``F.grid_sample(align_corners=False, padding_mode="border")``.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from glmvit.kernels import interpolate_pos_embed, interpolate_pos_embed_torch
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+MODES = ["bicubic", "bilinear"]
+
+
+def indices(grids, device="cpu"):
+    """int32 h_idx, w_idx, target_h, target_w for every patch of every (h, w) grid, items packed one after another."""
+    cols = [[torch.zeros(0, dtype=torch.long)] for _ in range(4)]
+    for h, w in grids:
+        hh, ww = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        for col, values in zip(cols, (hh, ww, torch.full((h, w), h), torch.full((h, w), w))):
+            col.append(values.flatten())
+    return tuple(torch.cat(c).to(device=device, dtype=torch.int32) for c in cols)
+
+
+def oracle(table, h_idx, w_idx, target_h, target_w, mode):
+    """transformers' computation: F.grid_sample on the table as an fp32 G×G image → [N, D] fp32."""
+    g = int(round(table.shape[0] ** 0.5))
+    image = table.float().view(g, g, -1).permute(2, 0, 1)[None]
+    x = ((w_idx.float() + 0.5) / target_w.float()) * 2 - 1
+    y = ((h_idx.float() + 0.5) / target_h.float()) * 2 - 1
+    grid = torch.stack([x, y], dim=-1).view(1, -1, 1, 2)
+    out = F.grid_sample(image, grid, mode=mode, align_corners=False, padding_mode="border")
+    return out[0, :, :, 0].T
+
+
+def max_diff(table, grids, mode, fn=interpolate_pos_embed):
+    args = indices(grids, table.device)
+    got = fn(table, *args, mode=mode)
+    assert got.shape == (args[0].shape[0], table.shape[1]) and got.dtype == table.dtype
+    return (got.float() - oracle(table, *args, mode)).abs().max().item()
+
+
+# Targets smaller than, equal to and larger than G, extreme aspect ratios, and several items in one call.
+CASES = {
+    8: [[(4, 6)], [(8, 8)], [(20, 14)], [(2, 200)], [(200, 2)], [(1, 1)], [(2, 2), (8, 8), (30, 4), (6, 50)]],
+    5: [[(2, 2)], [(5, 5)], [(3, 17)], [(1, 9), (9, 1), (12, 12)]],
+    24: [[(16, 16)], [(24, 24)], [(40, 6)], [(78, 138)], [(4, 214), (16, 16), (32, 32)]],
+}
+FALLBACK_CASES = [(g, grids) for g, cases in CASES.items() for grids in cases]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("g,grids", FALLBACK_CASES, ids=lambda v: str(v).replace(" ", ""))
+def test_fallback_matches_grid_sample(g, grids, mode):
+    table = torch.randn(g * g, 16, generator=torch.Generator().manual_seed(g))
+    assert max_diff(table, grids, mode, interpolate_pos_embed_torch) <= 1e-5
+
+
+def test_fallback_empty_batch():
+    args = indices([])
+    assert interpolate_pos_embed(torch.randn(64, 8), *args).shape == (0, 8)
+
+
+# ---------------------------------------------------------------------------------------------- bad inputs
+
+def _bad_inputs():
+    table = torch.randn(64, 8)
+    h, w, th, tw = indices([(4, 6)])
+    yield "same length", (table, h[:-1], w, th, tw)
+    yield "square", (torch.randn(63, 8), h, w, th, tw)
+    yield "table must be", (torch.randn(64, 8, 1), h, w, th, tw)
+    yield "positive", (table, h, w, th * 0, tw)
+    yield "positive", (table, h, w, th, tw - 7)
+    yield "outside its target", (table, h, w + 1, th, tw)
+    yield "outside its target", (table, h - 1, w, th, tw)
+    yield "int32", (table, h.long(), w, th, tw)
+    yield "floating-point", (table.int(), h, w, th, tw)
+    yield "is on meta", (table, h, w, th.to("meta"), tw)
+
+
+@pytest.mark.parametrize("message,args", list(_bad_inputs()), ids=lambda v: v if isinstance(v, str) else "")
+def test_bad_inputs_raise(message, args):
+    with pytest.raises(ValueError, match=message):
+        interpolate_pos_embed(*args)
+
+
+def test_bad_mode_raises():
+    with pytest.raises(ValueError, match="mode"):
+        interpolate_pos_embed(torch.randn(64, 8), *indices([(2, 2)]), mode="nearest")
+
+
+# ------------------------------------------------------------------------------ Triton under the interpreter
+
+# Tiny on purpose: the interpreter runs each program in numpy (≈ 30 ms each); these are ~250 programs in all.
+INTERPRETER_CASES = {
+    "G8-D32-smaller-equal-larger": (8, 32, [(4, 6), (8, 8), (12, 10)]),
+    "G8-D32-extreme-aspect": (8, 32, [(2, 40), (40, 2)]),
+    "G5-D8-mixed": (5, 8, [(1, 1), (3, 17), (9, 1)]),
+    "G24-D16-mixed": (24, 16, [(10, 12), (2, 30)]),
+    "G8-D520-two-channel-blocks": (8, 520, [(2, 3)]),
+}
+
+
+def _interpreter_child() -> None:
+    """Runs in a subprocess with TRITON_INTERPRET=1; prints one JSON dict of results."""
+    from glmvit import VisionConfig
+    from glmvit.kernels import interpreting, uses_triton
+    from glmvit.kernels.triton_bicubic import interpolate_pos_embed_triton
+    from glmvit.testing import encoder_like, hf_vision_model, random_batch
+
+    torch.set_num_threads(2)
+    results = {
+        "interpreting": interpreting(),
+        "dispatch_fp32": uses_triton(torch.zeros(4, 2)),
+        "dispatch_bf16": uses_triton(torch.zeros(4, 2, dtype=torch.bfloat16)),
+        "empty_shape": list(interpolate_pos_embed_triton(torch.randn(64, 8), *indices([]), mode="bicubic").shape),
+    }
+    for name, (g, d, grids) in INTERPRETER_CASES.items():
+        table = torch.randn(g * g, d, generator=torch.Generator().manual_seed(g + d))
+        for mode in MODES:
+            results[f"{name}-{mode}"] = max_diff(table, grids, mode, interpolate_pos_embed_triton)
+
+    config = VisionConfig.tiny()
+    hf = hf_vision_model(config, seed=0)
+    model = encoder_like(hf, config)
+    pixels, grid = random_batch([[1, 4, 6], [1, 8, 4]], config, seed=0)
+    with torch.no_grad():
+        expected = hf(pixels, grid).pooler_output
+        got = model(pixels, grid)
+    results["encoder_uses_triton"] = uses_triton(model.embeddings.position_embedding.weight)
+    results["encoder"] = (got - expected).abs().max().item()
+    print(json.dumps(results))
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    """Results of :func:`_interpreter_child` (the interpreter is chosen at import, hence a fresh process)."""
+    if not HAS_TRITON:
+        pytest.skip("triton is not installed: the kernel cannot run under the interpreter")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    code = "import test_kernels; test_kernels._interpreter_child()"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=os.path.dirname(__file__), env=env, capture_output=True, text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_interpreter_dispatch(interpreted):
+    assert interpreted["interpreting"] and interpreted["dispatch_fp32"] and interpreted["encoder_uses_triton"]
+    assert not interpreted["dispatch_bf16"]  # the interpreter cannot compute in bf16: the fallback runs
+    assert interpreted["empty_shape"] == [0, 8]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", INTERPRETER_CASES)
+def test_triton_interpreted_matches_grid_sample(interpreted, case, mode):
+    assert interpreted[f"{case}-{mode}"] <= 1e-5
+
+
+def test_encoder_with_interpreted_triton_matches_transformers(interpreted):
+    assert interpreted["encoder"] <= 1e-5
+
+
+# ---------------------------------------------------------------------------------------------- real GPU
+
+GPU_GRIDS = [(16, 16), (32, 32), (78, 138), (4, 214)]
+
+
+def _gpu_table(dtype):
+    return torch.randn(576, 1536, generator=torch.Generator().manual_seed(0)).to("cuda", dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES)
+def test_gpu_fp32_matches_grid_sample(mode):
+    from glmvit.kernels import uses_triton
+
+    table = _gpu_table(torch.float32)
+    assert uses_triton(table)
+    assert max_diff(table, GPU_GRIDS, mode) <= 1e-5
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_within_one_rounding():
+    """bf16 output = grid_sample's fp32 result rounded to bf16, up to one bf16 ulp."""
+    table = _gpu_table(torch.bfloat16)
+    args = indices(GPU_GRIDS, "cuda")
+    got = interpolate_pos_embed(table, *args).float()
+    rounded = oracle(table, *args, "bicubic").bfloat16().float()
+    ulp = torch.finfo(torch.bfloat16).eps * 2.0 ** torch.floor(torch.log2(rounded.abs().clamp_min(1e-30)))
+    assert ((got - rounded).abs() <= ulp).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_cuda_graph_replays_new_indices(dtype):
+    """Capture one call, overwrite the index tensors in place, replay: the output follows the new indices."""
+    table = _gpu_table(dtype)
+    first = indices([(16, 16), (32, 32)], "cuda")
+    second = indices([(40, 32)], "cuda")  # same token count (1280), different grid
+    static = [t.clone() for t in first]
+    before = interpolate_pos_embed(table, *static, check_values=False)  # also compiles, outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = interpolate_pos_embed(table, *static, check_values=False)
+    for dst, src in zip(static, second):
+        dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = interpolate_pos_embed(table, *second)
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+    assert not torch.equal(out, before)
