@@ -222,3 +222,35 @@ def test_gpu_cuda_graph_replays_new_indices(dtype):
     expected = interpolate_pos_embed(table, *second)
     torch.testing.assert_close(out, expected, atol=0, rtol=0)
     assert not torch.equal(out, before)
+
+
+# ---------------------------------------------------------------------------------------------- benchmark
+
+def test_bench_paths_compute_the_same():
+    """The benchmark's grid_sample baselines and the kernel path give the same result (fp32, fallback on CPU)."""
+    from glmvit import kernel_bench
+
+    table = torch.randn(576, 16, generator=torch.Generator().manual_seed(1))
+    inputs = kernel_bench.make_inputs([[1, 16, 16], [1, 6, 10], [1, 74, 74]], "cpu")
+    kernel, *baselines = (kernel_bench.run_path(path, table, inputs[path]) for path in kernel_bench.PATHS)
+    for out in baselines:
+        torch.testing.assert_close(out, kernel, atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without CUDA")
+def test_bench_exits_without_cuda():
+    from glmvit import kernel_bench
+
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        kernel_bench.main([])
+
+
+@pytest.mark.gpu
+def test_bench_writes_json(tmp_path):
+    from glmvit import kernel_bench
+
+    path = tmp_path / "bench.json"
+    assert kernel_bench.main(["--runs", "100", "--warmup", "5", "--json", str(path)]) == 0
+    record = json.loads(path.read_text())
+    assert [r["case"] for r in record["results"]] == list(kernel_bench.CASES)
+    assert all(r["median_us"]["triton"] > 0 for r in record["results"]) and record["provenance"]["gpu"]

@@ -1,0 +1,177 @@
+"""GPU benchmark: the Triton position-table interpolation (one launch per batch) against the grid_sample paths.
+
+Three ways to compute the bicubic position embedding of a batch, bf16 576×1536 table on CUDA:
+
+- ``triton``: :func:`glmvit.kernels.interpolate_pos_embed` on precomputed device metadata, one launch;
+- ``per_item``: for each item build its normalised grid, ``F.grid_sample`` on the fp32 table, then concatenate;
+- ``hf_batched``: what transformers 5.x's ``Glm4vVisionEmbeddings`` does: segment ids from the lengths, one
+  ``grid_sample`` over the whole batch.
+
+Each is timed with CUDA events (warm-up, then the median of ``--runs`` single calls)::
+
+    python -m glmvit.kernel_bench --json data/bench/interp_h200.json
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from .kernels import interpolate_pos_embed, uses_triton
+from .metadata import build_metadata
+
+# 224² → a 16×16 patch grid; 1024² → smart_resize rounds to 1036² = 74×74 patches (an even count per side).
+CASES = {
+    "1 x 224²": [[1, 16, 16]],
+    "4 x 224²": [[1, 16, 16]] * 4,
+    "16 x 224²": [[1, 16, 16]] * 16,
+    "1 x 1024²": [[1, 74, 74]],
+}
+PATHS = ("triton", "per_item", "hf_batched")
+
+
+def _fp32_image(table: torch.Tensor) -> torch.Tensor:
+    """The table as the (1, D, G, G) fp32 image grid_sample reads (transformers converts it on every call)."""
+    g = int(round(table.shape[0] ** 0.5))
+    return table.view(g, g, -1).permute(2, 0, 1).unsqueeze(0).float()
+
+
+def _sample(image: torch.Tensor, norm_w: torch.Tensor, norm_h: torch.Tensor) -> torch.Tensor:
+    grid = torch.stack((norm_w, norm_h), dim=-1).unsqueeze(0).unsqueeze(2)
+    out = F.grid_sample(image, grid, mode="bicubic", align_corners=False, padding_mode="border")
+    return out.squeeze(0).squeeze(-1).permute(1, 0)
+
+
+def per_item(table: torch.Tensor, items: list[tuple[torch.Tensor, torch.Tensor, int, int]]) -> torch.Tensor:
+    """One grid_sample per item (h_idx, w_idx, h, w), concatenated, cast to the table's dtype."""
+    image = _fp32_image(table)
+    outs = [_sample(image, ((w_idx + 0.5) / w) * 2 - 1, ((h_idx + 0.5) / h) * 2 - 1) for h_idx, w_idx, h, w in items]
+    return torch.cat(outs).to(table.dtype)
+
+
+def hf_batched(table, h_coords, w_coords, lengths, image_shapes) -> torch.Tensor:
+    """transformers' Glm4vVisionEmbeddings arithmetic: one grid_sample over the packed batch."""
+    image = _fp32_image(table)
+    positions = torch.arange(h_coords.shape[0], device=table.device)
+    seq_ids = (positions.unsqueeze(0) >= lengths.cumsum(0).unsqueeze(1)).sum(0)
+    target_h = image_shapes[seq_ids, 1].to(torch.float32)
+    target_w = image_shapes[seq_ids, 2].to(torch.float32)
+    norm_w = ((w_coords + 0.5) / target_w) * 2 - 1
+    norm_h = ((h_coords + 0.5) / target_h) * 2 - 1
+    return _sample(image, norm_w, norm_h).to(table.dtype)
+
+
+def make_inputs(grids, device):
+    """The arguments each path takes for one batch of [1, h, w] grids, on ``device``."""
+    meta = build_metadata(grids).to(device)
+    h_idx, w_idx = meta.h_idx.long(), meta.w_idx.long()
+    starts = [0]
+    for _, h, w in grids:
+        starts.append(starts[-1] + h * w)
+    items = [(h_idx[a:b], w_idx[a:b], h, w) for a, b, (_, h, w) in zip(starts, starts[1:], grids)]
+    lengths = torch.tensor([h * w for _, h, w in grids], device=device)
+    shapes = torch.tensor(grids, device=device)
+    return {
+        "triton": (meta.h_idx, meta.w_idx, meta.target_h, meta.target_w),
+        "per_item": (items,),
+        "hf_batched": (h_idx, w_idx, lengths, shapes),
+    }
+
+
+def run_path(path: str, table: torch.Tensor, args) -> torch.Tensor:
+    if path == "triton":
+        return interpolate_pos_embed(table, *args, check_values=False)
+    return (per_item if path == "per_item" else hf_batched)(table, *args)
+
+
+def time_cuda(fn, warmup: int, runs: int) -> float:
+    """Median of ``runs`` single calls in microseconds, each bracketed by CUDA events, after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(runs)]
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return 1000 * statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def _command(*args: str) -> str | None:
+    try:
+        return subprocess.run(args, capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def provenance() -> dict:
+    import triton
+
+    props = torch.cuda.get_device_properties(0)
+    driver = _command("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader") if shutil.which(
+        "nvidia-smi") else None
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return {
+        "gpu": props.name,
+        "compute_capability": f"{props.major}.{props.minor}",
+        "multiprocessors": props.multi_processor_count,
+        "memory_gib": round(props.total_memory / 2**30, 1),
+        "driver": driver.splitlines()[0] if driver else None,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton.__version__,
+        "git_commit": _command("git", "-C", repo, "rev-parse", "HEAD"),
+        "git_dirty": bool(_command("git", "-C", repo, "status", "--porcelain", "--untracked-files=no")),
+        "command": " ".join([sys.executable, *sys.argv]),
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=200, help="timed calls per measurement (>= 100; default 200)")
+    parser.add_argument("--warmup", type=int, default=25, help="untimed calls first (default 25)")
+    parser.add_argument("--json", metavar="PATH", help="write results and provenance to this JSON file")
+    args = parser.parse_args(argv)
+    if args.runs < 100:
+        parser.error("--runs must be at least 100")
+    if not torch.cuda.is_available():
+        sys.exit("kernel_bench needs a CUDA GPU (torch.cuda.is_available() is False); nothing was measured.")
+    table = torch.randn(576, 1536, generator=torch.Generator().manual_seed(0)).to("cuda", torch.bfloat16)
+    if not uses_triton(table):
+        sys.exit("the Triton kernel is not used for a CUDA table (Triton missing, or TRITON_INTERPRET is set).")
+
+    results = []
+    print(f"{'case':<10} {'tokens':>6} " + " ".join(f"{p + ' µs':>14}" for p in PATHS) + "   speedup vs per_item, hf_batched")
+    for name, grids in CASES.items():
+        inputs = make_inputs(grids, "cuda")
+        outputs = {path: run_path(path, table, inputs[path]) for path in PATHS}
+        max_diff = max((outputs["triton"].float() - outputs[p].float()).abs().max().item() for p in PATHS[1:])
+        times = {path: time_cuda(lambda p=path: run_path(p, table, inputs[p]), args.warmup, args.runs) for path in PATHS}
+        speedup = {p: times[p] / times["triton"] for p in PATHS[1:]}
+        results.append({"case": name, "grids": grids, "tokens": outputs["triton"].shape[0], "median_us": times,
+                        "speedup": speedup, "max_abs_diff_bf16": max_diff})
+        print(f"{name:<10} {outputs['triton'].shape[0]:>6} " + " ".join(f"{times[p]:>14.1f}" for p in PATHS)
+              + f"   {speedup['per_item']:>6.1f}x, {speedup['hf_batched']:.1f}x")
+
+    if args.json:
+        record = {"benchmark": "glmvit.kernel_bench", "table": [576, 1536], "dtype": "bfloat16", "mode": "bicubic",
+                  "runs": args.runs, "warmup": args.warmup, "provenance": provenance(), "results": results}
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=2)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
