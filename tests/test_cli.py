@@ -1,0 +1,42 @@
+"""The command line: the demo (main job), encode and plan run on CPU and say what they did."""
+import pytest
+from safetensors.torch import load_file
+
+from glmvit.__main__ import main
+
+
+def test_demo_encodes_every_sample_item(capsys):
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    for name in ("astronaut.jpg", "chelsea.jpg", "coffee.jpg", "rocket.jpg", "clip.gif"):
+        assert name in out
+    assert "emulated (no CUDA graphs on CPU)" in out
+    diff = float(out.rsplit("max |runner − eager| = ", 1)[1].split()[0])
+    assert diff < 1e-4
+
+
+def test_encode_saves_embeddings(tmp_path, capsys):
+    dest = tmp_path / "emb.safetensors"
+    assert main(["encode", "data/images/coffee.jpg", "data/clip.gif", "--out", str(dest)]) == 0
+    saved = load_file(str(dest))
+    assert set(saved) == {"item_0", "item_1"} and saved["item_0"].shape[1] == 64
+    assert "video grid" in capsys.readouterr().out
+
+
+def test_encode_rejects_unknown_files(tmp_path):
+    (tmp_path / "notes.txt").write_text("hi")
+    with pytest.raises(ValueError, match="unsupported file type"):
+        main(["encode", str(tmp_path / "notes.txt")])
+    with pytest.raises(FileNotFoundError):
+        main(["encode", str(tmp_path / "missing.jpg")])
+
+
+def test_plan_compares_packers(capsys):
+    assert main(["plan", "--num-requests", "20", "--items-per-request", "3", "--range-ratio", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "vllm" in out and "ffd" in out
+
+
+def test_unknown_command_exits_with_usage():
+    with pytest.raises(SystemExit):
+        main(["fly"])

@@ -1,0 +1,66 @@
+"""The project's own files agree with each other: set-up commands, extras, constraints, notebook hygiene."""
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def makefile_var(name: str) -> str:
+    return re.search(rf"^{name}\s*\?=\s*(.+)$", (ROOT / "Makefile").read_text(), re.M).group(1).strip()
+
+
+def test_environment_yml_installs_the_same_extras_as_make():
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+    editable = next(line for line in pip if line.startswith("-e "))
+    extras = set(re.search(r"\[(.*)\]", editable).group(1).split(","))
+    assert extras == set(makefile_var("EXTRAS").split(","))
+    assert "-c constraints.txt" in pip
+    known = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    assert extras <= known
+
+
+def test_constraints_pin_every_direct_dependency():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = [re.split(r"[<>=!;\[ ]", d)[0].lower() for d in project["dependencies"]]
+    for extra in makefile_var("EXTRAS").split(","):
+        names += [re.split(r"[<>=!;\[ ]", d)[0].lower() for d in project["optional-dependencies"][extra]]
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[name.strip().lower().replace("_", "-")] = version.strip()
+    missing = sorted({n for n in names if n.replace("_", "-") not in pins})
+    assert not missing, f"constraints.txt does not pin {missing}"
+    assert "+" not in pins["torch"], "pin torch without a local build label so CUDA machines can resolve it"
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    assert "make test" in readme and "make demo" in readme
+    assert (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1] == "make test"
+
+
+def test_there_are_notebooks():
+    assert len(NOTEBOOKS) >= 2
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_follows_the_template(path):
+    nb = json.loads(path.read_text())
+    assert nb["metadata"]["kernelspec"]["name"] == "python3"
+    text = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    for heading in ("What you will build", "What you will learn", "What you need", "Exercises",
+                    "Where this lives in glmvit"):
+        assert heading.lower() in text.lower(), f"{path.name} lacks '{heading}'"
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            checked = "NBVAL_CHECK_OUTPUT" in "".join(cell["source"])
+            assert checked or not cell.get("outputs"), f"{path.name}: committed outputs"
+            assert cell.get("execution_count") is None or checked, f"{path.name}: committed execution counts"
