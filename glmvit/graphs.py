@@ -138,8 +138,19 @@ class EncoderGraphRunner:
         torch.cuda.synchronize()
         before = torch.cuda.memory_reserved()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            bg.output.copy_(model.forward_static(bg.pixels, bg.meta))
+        try:
+            # The outer stream context restores the caller's stream even if torch.cuda.graph's __exit__ fails in
+            # capture_end() (it would then skip restoring the stream and leave the capture stream current).
+            with torch.cuda.stream(torch.cuda.current_stream()), torch.cuda.graph(graph, pool=self.pool):
+                bg.output.copy_(model.forward_static(bg.pixels, bg.meta))
+        except BaseException:
+            # A failure mid-capture (e.g. out of memory) leaves a partial graph holding a share of the pool: drop it
+            # now rather than when the traceback dies. If no captured graph shares the pool, its use count falls to
+            # 0 and the allocator refuses to share it again, so the next capture must start a fresh pool.
+            del graph
+            if not self.graphs:
+                self.pool = None
+            raise
         torch.cuda.synchronize()
         bg.graph = graph
         bg.graph_bytes = torch.cuda.memory_reserved() - before
@@ -160,8 +171,11 @@ class EncoderGraphRunner:
                     f"{torch.cuda.mem_get_info()[0] / 2**30:.2f} GiB free); this budget falls back to eager"
                 )
                 bg = None
-                torch.cuda.empty_cache()
             if bg is None:
+                # Outside the except block, so the traceback (and the failed budget's buffers and partial graph it
+                # kept alive) is gone: finish the failed work, then hand its cached memory back to the driver.
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
                 continue
             bg.capture_s = time.perf_counter() - start
             bg.pointers = bg.data_pointers()
