@@ -1,0 +1,457 @@
+"""glmvit.budget: sizes, budgets, packing (property tests), the cost model, recommendations and workloads."""
+import itertools
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from glmvit import VisionConfig
+from glmvit.budget import (
+    BudgetConfig,
+    LatencyTable,
+    Plan,
+    TimeEstimate,
+    auto_budgets,
+    combined_stats,
+    compare_packers,
+    graph_memory,
+    grid_for,
+    load_latency_table,
+    output_tokens,
+    parse_bucket_config,
+    parse_budgets,
+    plan_batches,
+    plan_workload,
+    predict_time,
+    random_mm_workload,
+    recommend_budgets,
+    smart_resize,
+    total_graph_memory,
+    workload_from_sizes,
+)
+
+PACKERS = ["vllm", "ffd"]
+MIXED = {(224, 224, 1): 1, (448, 448, 1): 1, (672, 672, 1): 1, (896, 896, 1): 1, (1120, 1120, 1): 1,
+         (1344, 1344, 1): 1}
+
+
+@st.composite
+def workloads(draw):
+    """A BudgetConfig and one request's items, some larger than every budget or with too many frames."""
+    budgets = draw(st.lists(st.integers(1, 512), min_size=1, max_size=6))
+    max_items = draw(st.integers(1, min(min(budgets), 12)))
+    max_frames = draw(st.integers(max_items, max_items + 16))
+    top_tokens, top_frames = draw(st.integers(1, 640)), draw(st.integers(1, 12))
+    items = draw(st.lists(st.tuples(st.integers(1, top_tokens), st.integers(1, top_frames)), max_size=40))
+    return BudgetConfig(tuple(budgets), max_items, max_frames), items
+
+
+@st.composite
+def frame_bound_workloads(draw):
+    """Equal-token items whose frames, not tokens, decide the packing (where plain FFD can lose to next-fit)."""
+    max_items = draw(st.integers(2, 6))
+    max_frames = draw(st.integers(2 * max_items, 4 * max_items))
+    items = draw(st.lists(st.tuples(st.just(1), st.integers(1, 9)), min_size=4, max_size=10))
+    return BudgetConfig((max_items,), max_items, max_frames), items
+
+
+def fits(item, config):
+    return item[0] <= config.largest and item[1] <= config.max_frames
+
+
+# ----------------------------------------------------------------------------------------- packing properties
+@pytest.mark.parametrize("packer", PACKERS)
+@settings(max_examples=500, deadline=None)
+@given(case=workloads())
+def test_every_item_in_exactly_one_batch(packer, case):
+    config, items = case
+    plan = plan_batches(items, config, packer)
+    placed = [i for b in plan.batches for i in b.item_indices]
+    assert sorted(placed) == list(range(len(items)))
+
+
+@pytest.mark.parametrize("packer", PACKERS)
+@settings(max_examples=500, deadline=None)
+@given(case=workloads())
+def test_limits_and_smallest_fitting_budget(packer, case):
+    config, items = case
+    for batch in plan_batches(items, config, packer).batches:
+        members = [items[i] for i in batch.item_indices]
+        assert batch.tokens == sum(t for t, _ in members) and batch.frames == sum(f for _, f in members)
+        if batch.budget is None:
+            continue
+        assert len(members) <= config.max_items
+        assert batch.tokens <= config.largest and batch.frames <= config.max_frames
+        assert batch.budget == min(b for b in config.token_budgets if b >= batch.tokens)
+
+
+@pytest.mark.parametrize("packer", PACKERS)
+@settings(max_examples=500, deadline=None)
+@given(case=workloads())
+def test_oversize_items_fall_back_alone(packer, case):
+    config, items = case
+    fallbacks = [b for b in plan_batches(items, config, packer).batches if b.budget is None]
+    assert all(len(b.item_indices) == 1 for b in fallbacks)
+    assert sorted(b.item_indices[0] for b in fallbacks) == [i for i, it in enumerate(items) if not fits(it, config)]
+
+
+@pytest.mark.parametrize("strategy", [workloads(), frame_bound_workloads()], ids=["mixed", "frame-bound"])
+@settings(max_examples=500, deadline=None)
+@given(data=st.data())
+def test_ffd_never_needs_more_batches_than_vllm(strategy, data):
+    case = data.draw(strategy)
+    config, items = case
+    stats = compare_packers(items, config)
+    assert stats["ffd"].batches <= stats["vllm"].batches
+
+
+@settings(max_examples=500, deadline=None)
+@given(case=workloads())
+def test_vllm_packer_is_next_fit_in_ascending_order(case):
+    config, items = case
+    batches = [b for b in plan_batches(items, config, "vllm").batches if b.budget is not None]
+    order = [i for b in batches for i in b.item_indices]
+    assert order == sorted(order, key=lambda i: items[i][0])
+    for batch, following in zip(batches, batches[1:]):  # a batch closes only when the next item does not fit
+        t, f = items[following.item_indices[0]]
+        assert (len(batch.item_indices) == config.max_items or batch.tokens + t > config.largest
+                or batch.frames + f > config.max_frames)
+
+
+@settings(max_examples=500, deadline=None)
+@given(case=workloads())
+def test_stats_add_up(case):
+    config, items = case
+    plan = plan_batches(items, config)
+    stats = plan.stats
+    replays = [b for b in plan.batches if b.budget is not None]
+    assert stats.real_tokens == sum(t for t, _ in items)
+    assert stats.budget_tokens - stats.padded_tokens == sum(b.tokens for b in replays)
+    assert stats.replays + stats.fallbacks == stats.batches == len(plan.batches)
+    assert 0.0 <= stats.padding_fraction < 1.0
+
+
+def test_ffd_beats_next_fit_on_a_frame_bound_example():
+    """The packer falls back to next-fit where plain FFD would need 3 batches (see _pack_ffd)."""
+    items = [(1, f) for f in (2, 7, 5, 1, 9, 2)]
+    stats = compare_packers(items, BudgetConfig((3,), 3, 14))
+    assert stats["ffd"].batches == stats["vllm"].batches == 2
+
+
+def test_ffd_packs_tighter_than_next_fit():
+    config = BudgetConfig((64, 128), max_items=4)
+    items = [(10, 1), (10, 1), (58, 1), (58, 1), (58, 1), (58, 1)]
+    stats = compare_packers(items, config)
+    assert stats["ffd"].batches == 2 < stats["vllm"].batches == 3
+
+
+def test_vllm_packer_worked_example():
+    config = BudgetConfig((256, 512), max_items=2)
+    plan = plan_batches([(300, 1), (100, 1), (200, 1), (5000, 1)], config, "vllm")
+    assert [(b.item_indices, b.budget) for b in plan.batches] == [((1, 2), 512), ((0,), 512), ((3,), None)]
+
+
+def test_empty_request_gives_empty_plan():
+    assert plan_batches([], BudgetConfig()) == Plan(())
+
+
+@pytest.mark.parametrize("item", [(0, 1), (-5, 1), (10, 0), (10, -1), (2.5, 1), (10,)])
+def test_bad_items_are_rejected(item):
+    with pytest.raises(ValueError, match="item 1"):
+        plan_batches([(64, 1), item], BudgetConfig())
+
+
+def test_unknown_packer():
+    with pytest.raises(ValueError, match="unknown packer 'best'"):
+        plan_batches([(64, 1)], BudgetConfig(), "best")
+
+
+# ------------------------------------------------------------------------------------------------ budgets
+@pytest.mark.parametrize("lo, hi, expected", [
+    (64, 1024, [64, 128, 256, 512, 1024]),
+    (64, 800, [64, 128, 256, 512, 800]),
+    (64, 64, [64]),
+])
+def test_auto_budgets(lo, hi, expected):
+    assert list(auto_budgets(lo, hi)) == expected
+
+
+def test_auto_budgets_empty_range():
+    with pytest.raises(ValueError, match="lo=128 > hi=64"):
+        auto_budgets(128, 64)
+
+
+def test_budget_config_defaults_follow_vllm():
+    config = BudgetConfig()
+    assert config.token_budgets == auto_budgets(64, 4096)
+    assert config.max_items == 64 and config.max_frames == 64
+    assert BudgetConfig((512, 128)).max_items == 64
+    assert BudgetConfig((16, 1024)).max_items == 16
+
+
+def test_budget_config_sorts_and_deduplicates():
+    config = BudgetConfig([256, 64, 256, 128], max_items=4, max_frames=8)
+    assert config.token_budgets == (64, 128, 256)
+    assert config.budget_for(65) == 128 and config.budget_for(64) == 64 and config.budget_for(257) is None
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"token_budgets": [64, 0]}, "token budget must be a positive integer, got 0"),
+    ({"token_budgets": [64, -128]}, "got -128"),
+    ({"token_budgets": [64, 96.5]}, "got 96.5"),
+    ({"token_budgets": [64, "128"]}, "got '128'"),
+    ({"token_budgets": [True]}, "got True"),
+    ({"token_budgets": [64, 128], "max_items": 65}, "max_items=65 exceeds the smallest budget 64"),
+    ({"max_items": 0}, "max_items must be a positive integer, got 0"),
+    ({"max_items": 8, "max_frames": 4}, "max_frames=4 is below max_items=8"),
+])
+def test_budget_config_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        BudgetConfig(**kwargs)
+
+
+def test_parse_budgets():
+    assert parse_budgets("64, 128 256") == (64, 128, 256)
+    assert parse_budgets(" auto ") is None and parse_budgets("") is None
+    with pytest.raises(ValueError, match="budget 'abc' is not an integer"):
+        parse_budgets("64, abc")
+
+
+# -------------------------------------------------------------------------------------------- smart_resize
+@pytest.mark.parametrize("size, resized, tokens", [  # the table of examples, glm4v-vision-encoder.md §9
+    ((224, 224), (224, 224), 64),
+    ((480, 640), (476, 644), 391),
+    ((1080, 1920), (1092, 1932), 2691),
+    ((100, 100), (112, 112), 16),
+    ((70, 70), (84, 84), 9),
+    ((50, 3000), (56, 2996), 214),
+    ((4000, 3000), (2520, 1876), 6030),
+])
+def test_smart_resize_table(size, resized, tokens):
+    assert smart_resize(*size) == resized
+    t, h, w = grid_for(*size)
+    assert (t, h * 14, w * 14) == (1, *resized)
+    assert output_tokens(t, h, w) == tokens
+
+
+def test_smart_resize_half_to_even_and_class_default_max():
+    assert smart_resize(238, 238) == (224, 224) and smart_resize(266, 266) == (280, 280)
+    assert smart_resize(4000, 3000, max_pixels=11_760_000) == (2800, 2100)
+
+
+@settings(max_examples=500, deadline=None)
+@given(h=st.integers(1, 6000), w=st.integers(1, 6000), frames=st.sampled_from([2, 4, 16, 64]))
+def test_smart_resize_matches_transformers(h, w, frames):
+    from transformers.models.glm4v.image_processing_pil_glm4v import smart_resize as hf_smart_resize
+
+    if max(h, w) / min(h, w) > 200:
+        return
+    kwargs = {"min_pixels": 12544, "max_pixels": 9_633_792}
+    assert smart_resize(h, w, num_frames=frames, **kwargs) == hf_smart_resize(frames, h, w, **kwargs)
+
+
+def test_smart_resize_errors():
+    with pytest.raises(ValueError, match="aspect ratio"):
+        smart_resize(28, 28 * 201)
+    with pytest.raises(ValueError, match="num_frames=1"):
+        smart_resize(224, 224, num_frames=1)
+    with pytest.raises(ValueError, match="multiple of the merge size"):
+        output_tokens(1, 15, 16)
+
+
+def test_video_grid_counts_frame_pairs():
+    assert grid_for(224, 224, 8) == (4, 16, 16)
+    assert grid_for(224, 224, 7) == (4, 16, 16)
+    item = workload_from_sizes([(224, 224, 8)])[0]
+    assert item.spec == (256, 4) and item.tokens == 256
+
+
+# ------------------------------------------------------------------------------------------------ workloads
+def test_random_mm_workload_is_seeded_and_follows_the_range():
+    kwargs = dict(num_requests=1000, items_per_request=3, range_ratio=0.6, limit_per_request=4)
+    a = random_mm_workload(MIXED, seed=1, **kwargs)
+    assert a == random_mm_workload(MIXED, seed=1, **kwargs) != random_mm_workload(MIXED, seed=2, **kwargs)
+    assert {len(r) for r in a} == {1, 2, 3, 4}  # [floor(1.2), min(ceil(4.8), 4)]
+
+
+def test_random_mm_workload_probabilities_and_string_form():
+    config = "{(224, 224, 1): 1, (448, 448, 1): 3, (896, 896, 1): 0}"
+    requests = random_mm_workload(config, 4000, seed=0)
+    assert requests == random_mm_workload(parse_bucket_config(config), 4000, seed=0)
+    sizes = [item.height for r in requests for item in r]
+    assert len(sizes) == 4000 and 896 not in sizes
+    assert abs(sizes.count(448) / 4000 - 0.75) < 0.03
+
+
+def test_random_mm_workload_video_items():
+    (item,), = random_mm_workload({(224, 224, 8): 1.0}, 1)
+    assert item.grid == (4, 16, 16) and item.spec == (256, 4)
+
+
+@pytest.mark.parametrize("config, message", [
+    ("{(224, 224, 1): }", "could not parse bucket_config"),
+    ("[(224, 224, 1)]", "must be a non-empty dict"),
+    ({}, "must be a non-empty dict"),
+    ({(224, 224, 1): 0.0}, "must sum to > 0"),
+    ({(224, 224, 1): -1.0}, "probability must be a number ≥ 0"),
+    ({(224, 224): 1.0}, r"bucket key must be \(height, width, frames\)"),
+    ({(224, 0, 1): 1.0}, "width must be a positive integer, got 0"),
+])
+def test_bucket_config_errors(config, message):
+    with pytest.raises(ValueError, match=message):
+        random_mm_workload(config, 10)
+
+
+def test_workload_range_errors():
+    with pytest.raises(ValueError, match="range_ratio"):
+        random_mm_workload(MIXED, 10, range_ratio=1.5)
+    with pytest.raises(ValueError, match="num_requests"):
+        random_mm_workload(MIXED, 0)
+
+
+# --------------------------------------------------------------------------------------------- cost model
+@pytest.mark.parametrize("vision_config", [VisionConfig.glm41v(), VisionConfig.tiny()])
+def test_graph_memory_grows_with_budget(vision_config):
+    memories = graph_memory(BudgetConfig(), vision_config)
+    assert [m.budget for m in memories] == list(BudgetConfig().token_budgets)
+    for small, large in zip(memories, memories[1:]):
+        assert small.static_bytes < large.static_bytes and small.pool_bytes < large.pool_bytes
+    assert total_graph_memory(memories) == sum(m.static_bytes for m in memories) + memories[-1].pool_bytes
+    wide = graph_memory(BudgetConfig(), vision_config, dtype="float32")
+    assert all(w.total_bytes > m.total_bytes for w, m in zip(wide, memories))
+
+
+def test_graph_memory_metadata_matches_the_packed_layout():
+    from glmvit.metadata import BatchShape
+
+    vc, config = VisionConfig.tiny(), BudgetConfig((64,), max_items=4, max_frames=8)
+    (memory,) = graph_memory(config, vc)
+    rows = 64 * vc.merge_area
+    metadata = BatchShape(rows, config.max_frames, rows).packed_size(vc.merge_area)
+    assert memory.static_bytes == 2 * (rows * vc.patch_dim + 64 * vc.out_hidden_size) + 4 * metadata
+
+
+def test_graph_memory_rejects_unknown_dtype():
+    with pytest.raises(ValueError, match="unknown dtype 'int8'"):
+        graph_memory(BudgetConfig(), VisionConfig.tiny(), dtype="int8")
+
+
+def synthetic_table():
+    """Made-up latencies for tests only (graph replay cheaper than eager, both growing with tokens)."""
+    tokens = [64, 128, 256, 512, 1024, 2048, 4096]
+    return LatencyTable(tuple(tokens), tuple(1.0 + 0.004 * t for t in tokens),
+                        tuple(6.0 + 0.005 * t for t in tokens), provenance={"source": "synthetic, tests"})
+
+
+def test_latency_table_interpolates_and_extrapolates():
+    table = synthetic_table()
+    assert table.graph_time(128) == pytest.approx(1.512)
+    assert table.graph_time(192) == pytest.approx((table.graph_time(128) + table.graph_time(256)) / 2)
+    assert table.eager_time(8192) == pytest.approx(6.0 + 0.005 * 8192)
+    steep = LatencyTable((100, 200), (1.0, 5.0), (1.0, 5.0))
+    assert steep.graph_time(10) == 0.0  # extrapolation never goes negative
+
+
+def test_load_latency_table_round_trip(tmp_path):
+    table = synthetic_table()
+    rows = [{"tokens": t, "graph_ms": g, "eager_ms": e} for t, g, e in zip(table.tokens, table.graph_ms, table.eager_ms)]
+    path = tmp_path / "latency.json"
+    path.write_text(json.dumps({"provenance": dict(table.provenance), "dtype": "bfloat16", "config": "glm41v",
+                                "budgets": rows[::-1]}))
+    assert load_latency_table(path) == table
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"budgets": [{"tokens": 64, "graph_ms": 1.0, "eager_ms": 2.0}]}, "at least 2 budgets"),
+    ({"budgets": [{"tokens": 64, "graph_ms": 1.0}, {"tokens": 128, "graph_ms": 2, "eager_ms": 3}]}, "expected budgets"),
+    ({"budgets": [{"tokens": 64, "graph_ms": 1, "eager_ms": 2}, {"tokens": 64, "graph_ms": 2, "eager_ms": 3}]},
+     "strictly increasing"),
+    ({"budgets": [{"tokens": 64, "graph_ms": -1, "eager_ms": 2}, {"tokens": 128, "graph_ms": 2, "eager_ms": 3}]},
+     "positive finite"),
+])
+def test_bad_latency_tables(data, message):
+    with pytest.raises(ValueError, match=message):
+        LatencyTable.from_dict(data)
+
+
+def test_predict_time():
+    table = synthetic_table()
+    plan = plan_batches([(64, 1), (64, 1), (5000, 1)], BudgetConfig((64, 128), max_items=2))
+    estimate = predict_time(plan, table)
+    assert estimate.graph_ms == pytest.approx(table.graph_time(128))
+    assert estimate.fallback_ms == pytest.approx(table.eager_time(5000))
+    assert estimate.eager_ms == pytest.approx(table.eager_time(128) + table.eager_time(5000))
+    assert estimate.total_ms < estimate.eager_ms
+
+
+# ---------------------------------------------------------------------------------------------- recommend
+def mixed_workload(n=300, seed=42):
+    return random_mm_workload(MIXED, n, items_per_request=3, range_ratio=0.6, seed=seed, limit_per_request=4)
+
+
+def workload_cost(requests, budgets, table=None):
+    plans = plan_workload(requests, BudgetConfig(budgets, max_items=64))
+    time = sum((predict_time(p, table) for p in plans), TimeEstimate()) if table else None
+    return combined_stats(plans), time
+
+
+def test_recommend_respects_max_graphs_and_beats_auto_on_padding():
+    requests = mixed_workload()
+    auto, _ = workload_cost(requests, None)
+    previous = math.inf
+    for k in range(1, 8):
+        budgets = recommend_budgets(requests, k)
+        stats, _ = workload_cost(requests, budgets)
+        assert len(budgets) <= k and stats.fallbacks == 0
+        assert stats.padded_tokens <= previous  # more graphs never pad more
+        previous = stats.padded_tokens
+    assert previous <= auto.padded_tokens
+
+
+def test_recommend_beats_auto_on_predicted_time():
+    requests, table = mixed_workload(), synthetic_table()
+    budgets = recommend_budgets(requests, 7, table=table, objective="time")
+    _, mine = workload_cost(requests, budgets, table)
+    _, auto = workload_cost(requests, None, table)
+    assert len(budgets) <= 7 and mine.total_ms <= auto.total_ms
+
+
+def test_recommend_is_optimal_among_candidate_subsets():
+    requests = random_mm_workload(MIXED, 40, items_per_request=2, range_ratio=0.5, seed=3)
+    candidates = [256, 576, 1024, 1600, 2304, 4096]
+    budgets = recommend_budgets(requests, 3, candidates=candidates)
+    best = min(
+        (workload_cost(requests, subset)[0].padded_tokens
+         for k in (1, 2, 3) for subset in itertools.combinations(candidates, k)
+         if workload_cost(requests, subset)[0].fallbacks == 0),
+    )
+    assert workload_cost(requests, budgets)[0].padded_tokens == best
+
+
+def test_recommend_respects_the_memory_limit():
+    requests, vc = mixed_workload(), VisionConfig.glm41v()
+    unlimited = recommend_budgets(requests, 7)
+    limit = total_graph_memory(graph_memory(BudgetConfig(unlimited, 64), vc)) * 2 // 3
+    budgets = recommend_budgets(requests, 7, memory_limit_bytes=limit)
+    assert total_graph_memory(graph_memory(BudgetConfig(budgets, 64), vc)) <= limit
+    with pytest.raises(ValueError, match="no budget set fits in memory_limit_bytes=1000"):
+        recommend_budgets(requests, 7, memory_limit_bytes=1000)
+
+
+def test_recommend_seed_workload_needs_one_graph():
+    requests = random_mm_workload({(224, 224, 1): 1.0}, 1000, seed=42)
+    assert recommend_budgets(requests, 7) == (64,)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"objective": "time"}, "needs a latency table"),
+    ({"objective": "speed"}, "objective must be"),
+    ({"max_graphs": 0}, "max_graphs must be a positive integer"),
+    ({"candidates": [8, 16], "max_items": 32}, "no candidate budget is ≥ max_items=32"),
+])
+def test_recommend_errors(kwargs, message):
+    args = {"max_graphs": 3, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        recommend_budgets(mixed_workload(20), **args)
