@@ -1,0 +1,177 @@
+"""python -m glmvit bench on CPU: tiny config, emulated graph runner, JSON structure, FLOPs, bucket-config errors.
+
+Performance is measured by the benchmark, never asserted here: only structure and arithmetic are checked.
+"""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from glmvit import VisionConfig
+from glmvit.bench import (WORKLOADS, encoder_flops, flops_breakdown, floor_ms, main, parse_modes, square_grid)
+from glmvit.budget import grid_for, load_latency_table, parse_bucket_config
+from glmvit.demo import build_model
+
+CPU_ARGS = ["--device", "cpu", "--config", "tiny", "--num-requests", "3", "--warmup", "1", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def bench_json(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "bench.json"
+    # images and 4-frame clips (grid [2, 8, 8]) mixed, 1-3 items per request: exercises video flattening for
+    # transformers, packing for the runner, and ratios over a workload whose requests differ
+    assert main([*CPU_ARGS, "--bucket-config", "{(112, 112, 1): 0.5, (112, 112, 4): 0.5}",
+                 "--items-per-request", "2", "--range-ratio", "0.5", "--seed", "1", "--json", str(path)]) == 0
+    return json.loads(path.read_text())
+
+
+def test_json_structure(bench_json):
+    r = bench_json
+    for key in ("benchmark", "provenance", "settings", "workload", "floor", "flops", "modes", "ratios", "accuracy"):
+        assert key in r, key
+    prov = r["provenance"]
+    for key in ("torch", "triton", "transformers", "git_commit", "command", "date_utc", "device", "gpu", "driver"):
+        assert key in prov or key in ("gpu", "driver"), key
+    assert prov["device"] == "cpu" and "bench" in prov["command"] and "--json" in prov["command"]
+    assert r["settings"]["dtype"] == "float32" and r["settings"]["config"] == "tiny"
+    assert r["workload"]["requests"] == len(r["workload"]["grids"]) == 3
+
+
+def test_every_mode_present_and_graph_is_labelled_emulated(bench_json):
+    modes = bench_json["modes"]
+    assert list(modes) == ["transformers", "eager", "graph-emulated"]
+    assert "graph" not in modes and bench_json["settings"]["modes"] == list(modes)
+    for label, m in modes.items():
+        assert m["requests"] == 3 and len(m["ms"]) == 3
+        for key in ("mean_ms", "median_ms", "std_ms", "p99_ms", "items_per_s", "tokens_per_s", "achieved_tflops",
+                    "vs_floor_median"):
+            assert math.isfinite(m[key]) and m[key] >= 0, (label, key)
+        assert m["min_ms"] <= m["median_ms"] <= m["max_ms"]
+    g = modes["graph-emulated"]
+    assert g["backend"] == "emulate" and g["capture"] and g["runner"]["replays"] >= 3
+    assert all(a["max_abs_diff"] < 1e-4 and a["min_cosine"] > 0.9999 for a in bench_json["accuracy"].values())
+
+
+def test_ratios_are_consistent(bench_json):
+    ratios = bench_json["ratios"]
+    labels = list(bench_json["modes"])
+    assert set(ratios) == set(labels)
+    for a in labels:
+        assert ratios[a][a] == pytest.approx(1.0)
+        for b in labels:
+            assert ratios[a][b] * ratios[b][a] == pytest.approx(1.0, rel=1e-9)
+            assert ratios[a][b] == pytest.approx(bench_json["modes"][a]["median_ms"] / bench_json["modes"][b]["median_ms"])
+
+
+def test_floor_is_computed(bench_json):
+    f = bench_json["floor"]
+    assert f["matmul_tflops"] > 0 and f["copy_gbps"] > 0
+    config = VisionConfig.tiny()
+    assert f["parameters"] == 182_400 and f["weight_bytes"] == 4 * 182_400
+    grids = bench_json["workload"]["grids"]
+    for g, flops, fl in zip(grids, bench_json["flops"]["per_request"], f["per_request_ms"]):
+        assert flops == encoder_flops(config, g)
+        assert fl == pytest.approx(floor_ms(flops, f["weight_bytes"], f["matmul_tflops"], f["copy_gbps"]))
+        assert fl >= 1e3 * f["weight_bytes"] / (f["copy_gbps"] * 1e9) * (1 - 1e-12)
+
+
+def test_flops_by_hand():
+    c = VisionConfig.tiny()  # depth 2, hidden 64, out_hidden (block MLP width) 64, intermediate 128, patch_dim 1176
+    grids = [[1, 2, 2]]  # 4 patches, 1 token, one segment of 4
+    n, t = 4, 1
+    hand = (2 * n * 1176 * 64  # patch embed
+            + 2 * (2 * n * 64 * 192 + 2 * n * 64 * 64 + 3 * 2 * n * 64 * 64)  # two blocks: qkv, proj, gate/up/down
+            + 2 * t * 256 * 64  # downsample 2×2·64 → 64
+            + 2 * t * 64 * 64 + 3 * 2 * t * 64 * 128  # merger proj, gate/up/down
+            + 2 * 4 * 4 * 4 * 64)  # attention: depth · 4 · L² · hidden, L = 4
+    assert encoder_flops(c, grids) == hand == 1_159_168
+    # a video row is t segments of h·w: attention grows linearly in t, not quadratically
+    two = flops_breakdown(c, [[2, 2, 2]])
+    assert two["attention"] == 2 * flops_breakdown(c, grids)["attention"]
+    assert two["matmul"] == 2 * flops_breakdown(c, grids)["matmul"]
+
+
+@pytest.mark.parametrize("backend", ["segments", "sdpa_masked"])
+def test_flops_against_flop_counter(backend):
+    """FlopCounterMode on our eager forward agrees with the analytic matmul count exactly.
+
+    Attention: with the ``segments`` backend attention is per-segment matmuls (aten.bmm), counted as 4·Σ L²·H, so
+    the totals agree too. With ``sdpa_masked`` the CPU runs ``_scaled_dot_product_flash_attention_for_cpu``,
+    which FlopCounterMode has no formula for, so it counts no attention at all (on a GPU its SDPA formulas would
+    count the dense masked cost 4·N²·H over all N rows, not the useful Σ L²).
+    """
+    config = VisionConfig.tiny()
+    model = build_model(config, torch.device("cpu"), torch.float32, None)
+    model.attn_backend = backend
+    grids = np.array([[2, 4, 6], [1, 8, 4]])
+    pixels = torch.randn(int(grids.prod(1).sum()), config.patch_dim)
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        model(pixels, grids)
+    counts = {str(k): v for k, v in counter.get_flop_counts()["Global"].items()}
+    expected = flops_breakdown(config, grids)
+    assert counts["aten.addmm"] + counts["aten.mm"] == expected["matmul"]
+    if backend == "segments":
+        assert counts["aten.bmm"] == expected["attention"]
+        assert counter.get_total_flops() == expected["total"]
+    else:
+        assert counter.get_total_flops() == expected["matmul"]
+
+
+def test_workload_presets():
+    assert grid_for(224, 224, 8) == (4, 16, 16)  # the seed's video workload
+    assert grid_for(448, 448, 1) == (1, 32, 32)
+    assert WORKLOADS["img8x448"][1] == 8 and WORKLOADS["video8x224"][0] == {(224, 224, 8): 1.0}
+
+
+def test_square_grid():
+    for budget in (64, 128, 256, 1536, 4096, 7):
+        t, h, w = square_grid(budget)
+        assert t == 1 and h * w == 4 * budget and h % 2 == 0 and w % 2 == 0 and h <= w
+    assert square_grid(64) == [1, 16, 16] and square_grid(128) == [1, 16, 32]
+
+
+def test_bucket_config_strings_parse():
+    assert parse_bucket_config("{(224, 224, 1): 1.0}") == {(224, 224, 1): 1.0}
+    assert parse_bucket_config("{(224,224,1): 3, (448, 448, 8): 1}") == {(224, 224, 1): 0.75, (448, 448, 8): 0.25}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{(224, 224): 1.0}", "bucket key must be (height, width, frames)"),
+    ("{(224, 224, 1): }", "could not parse bucket_config"),
+    ("[(224, 224, 1)]", "must be a non-empty dict"),
+    ("{(224, 224, 1): -1}", "probability must be a number"),
+    ("{(224, 0, 1): 1}", "must be a positive integer"),
+])
+def test_bad_bucket_config_is_a_clear_cli_error(text, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([*CPU_ARGS, "--bucket-config", text])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_modes():
+    assert parse_modes("transformers, eager,graph-emulated", torch.device("cpu")) == ["transformers", "eager", "graph"]
+    with pytest.raises(ValueError, match="unknown mode 'fast'"):
+        parse_modes("eager,fast", torch.device("cpu"))
+
+
+def test_compile_is_skipped_on_cpu(tmp_path):
+    path = tmp_path / "b.json"
+    assert main([*CPU_ARGS, "--workload", "img1x224", "--num-requests", "1", "--modes", "eager,compile",
+                 "--json", str(path)]) == 0
+    r = json.loads(path.read_text())
+    assert list(r["modes"]) == ["eager"] and "CUDA" in r["skipped"]["compile"]
+
+
+def test_latency_table_loads(tmp_path):
+    path = tmp_path / "latency.json"
+    assert main(["--device", "cpu", "--config", "tiny", "--quiet", "--warmup", "0", "--latency-runs", "1",
+                 "--budgets", "16,64", "--latency-table", str(path)]) == 0
+    table = load_latency_table(path)
+    assert table.tokens == (16, 64) and table.config == "tiny" and table.dtype == "float32"
+    raw = json.loads(path.read_text())
+    assert raw["provenance"]["graph"].startswith("emulated") and [b["grid"] for b in raw["budgets"]] == [
+        [1, 8, 8], [1, 16, 16]]
