@@ -90,6 +90,7 @@ class EncoderGraphRunner:
         packer: str = "ffd",
         check_pointers: bool = False,
         progress: bool = True,
+        compile: bool = False,
     ):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -104,6 +105,10 @@ class EncoderGraphRunner:
         self.packer = packer
         self.check_pointers = check_pointers
         self.progress = progress
+        # torch.compile fuses the small elementwise kernels (norms, rotary, SwiGLU) before capture: about 2× faster
+        # replays on an H200, at the cost of ~25 s compile per budget and bf16 rounding that differs from forward.
+        self.compiled = compile
+        self.forward_static = torch.compile(model.forward_static, dynamic=False) if compile else model.forward_static
         self.graphs: dict[int, BudgetGraph] = {}
         self.pool = None
         self.stats = RunnerStats()
@@ -126,14 +131,15 @@ class EncoderGraphRunner:
     def _capture_one(self, bg: BudgetGraph) -> None:
         model = self.model
         if self.backend == "emulate":
-            bg.output.copy_(model.forward_static(bg.pixels, bg.meta))
+            bg.output.copy_(self.forward_static(bg.pixels, bg.meta))
             return
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            bg.output.copy_(model.forward_static(bg.pixels, bg.meta))  # warm-up: autotuning, lazy init
+            for _ in range(2 if self.compiled else 1):  # warm-up: compilation, autotuning, lazy init
+                bg.output.copy_(self.forward_static(bg.pixels, bg.meta))
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         before = torch.cuda.memory_reserved()
@@ -142,7 +148,7 @@ class EncoderGraphRunner:
             # The outer stream context restores the caller's stream even if torch.cuda.graph's __exit__ fails in
             # capture_end() (it would then skip restoring the stream and leave the capture stream current).
             with torch.cuda.stream(torch.cuda.current_stream()), torch.cuda.graph(graph, pool=self.pool):
-                bg.output.copy_(model.forward_static(bg.pixels, bg.meta))
+                bg.output.copy_(self.forward_static(bg.pixels, bg.meta))
         except BaseException:
             # A failure mid-capture (e.g. out of memory) leaves a partial graph holding a share of the pool: drop it
             # now rather than when the traceback dies. If no captured graph shares the pool, its use count falls to
@@ -159,6 +165,12 @@ class EncoderGraphRunner:
     def capture(self) -> "EncoderGraphRunner":
         """Capture every budget, largest first into one pool; a budget that runs out of memory is skipped."""
         budgets = sorted(self.config.token_budgets, reverse=True)
+        if self.compiled:  # one compiled specialisation per budget shape
+            import torch._dynamo.config as dynamo_config
+
+            for knob in ("cache_size_limit", "recompile_limit"):
+                if hasattr(dynamo_config, knob):
+                    setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), 2 * len(budgets) + 8))
         label = "capturing" if self.backend == "cuda" else "preparing (emulated, no graphs)"
         for budget in tqdm(budgets, desc=label, unit="budget", disable=not self.progress):
             start = time.perf_counter()
@@ -216,7 +228,7 @@ class EncoderGraphRunner:
         if self.backend == "cuda":
             bg.graph.replay()
         else:
-            bg.output.copy_(self.model.forward_static(bg.pixels, bg.meta))
+            bg.output.copy_(self.forward_static(bg.pixels, bg.meta))
         return bg.output
 
     @torch.inference_mode()
