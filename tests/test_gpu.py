@@ -1,0 +1,406 @@
+"""GPU tests: fp32 parity with transformers on CUDA, forward_static in bf16 for every graph-safe attention backend,
+no host syncs, and EncoderGraphRunner with real CUDA graphs (capture, bitwise replay, ownership, NaN-poisoned
+padding, images + videos, 2,000 random replays, capture out of memory). Every test is marked ``gpu`` and is
+skipped without CUDA (tests/conftest.py). Run: ``pytest -m gpu tests/test_gpu.py``.
+
+Runner tests use the full GLM-4.1V tower in bfloat16 with random weights (``glmvit.demo.build_model``); oracle
+comparisons that need exactness run in float32 with the ``sdpa_masked`` backend (the flash kernels take bf16 only).
+"""
+import gc
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from glmvit import VisionConfig
+from glmvit.attention import available_backends
+from glmvit.budget import BudgetConfig
+from glmvit.demo import build_model
+from glmvit.graphs import EncoderGraphRunner
+from glmvit.metadata import BatchShape, build_metadata
+from glmvit.testing import encoder_like, flatten_video_grids, hf_vision_model
+
+pytestmark = pytest.mark.gpu
+
+BF16_ULPS = 2
+BF16_BACKENDS = [b for b in available_backends("cuda", torch.bfloat16) if b != "segments"]
+RUNNER_CONFIG = BudgetConfig((64, 256, 1024), max_items=4, max_frames=32)
+CUDA = torch.device("cuda")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------------------------
+def bf16_ulp(x: torch.Tensor) -> torch.Tensor:
+    """Spacing of bf16 numbers at |x|: 2^(floor(log2|x|) − 7) (8 significant bits); tiny for x = 0."""
+    mag = x.float().abs().clamp_min(torch.finfo(torch.float32).tiny)
+    return torch.exp2(torch.floor(torch.log2(mag)) - 7)
+
+
+def assert_within_bf16_ulps(a: torch.Tensor, b: torch.Tensor, ulps: int = BF16_ULPS) -> None:
+    """Elementwise |a − b| ≤ ulps · max(ulp(b), ulp(max |b|) · 2^-8), with ulp(x) = 2^(floor(log2|x|) − 7).
+
+    ``b`` is the reference. The floor (ulps of the tensor's largest magnitude, scaled by 2^-8) keeps values near
+    zero, whose own ulp is tiny, from demanding more precision than the tensor's scale carries. Both must be
+    finite and of the same shape. The failure message gives the worst error in ulps and how many elements fail.
+    """
+    assert a.shape == b.shape, f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}"
+    a, b = a.float(), b.float()
+    assert torch.isfinite(a).all() and torch.isfinite(b).all(), "non-finite values"
+    if b.numel() == 0:
+        return
+    unit = torch.maximum(bf16_ulp(b), bf16_ulp(b.abs().max()) * 2.0**-8)
+    err = (a - b).abs()
+    bad = err > ulps * unit
+    if bad.any():
+        worst = (err / unit).max().item()
+        raise AssertionError(
+            f"{int(bad.sum())} of {b.numel()} elements differ by more than {ulps} bf16 ulps "
+            f"(worst {worst:.1f} ulps, max |a − b| = {err.max().item():.3g}, max |b| = {b.abs().max().item():.3g})"
+        )
+
+
+def random_pixels(grids, dtype, seed=0, device=CUDA) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random pixel rows for ``grids`` (drawn in fp32 on the CPU, then cast) and the grid tensor."""
+    grid = torch.as_tensor(np.asarray(grids), dtype=torch.long).reshape(-1, 3)
+    rows = int(grid.prod(dim=1).sum())
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, 1176, generator=gen).to(device, dtype), grid
+
+
+def padded(pixels, grid, tokens, segments, fill=0.0, merge=2):
+    """A static batch of ``tokens`` output tokens (rows = 4·tokens), metadata on the device, padding = fill."""
+    rows = tokens * merge * merge
+    meta = build_metadata(grid, merge, BatchShape(rows, segments, rows)).to(pixels.device)
+    buf = torch.full((rows, pixels.shape[1]), fill, dtype=pixels.dtype, device=pixels.device)
+    buf[: pixels.shape[0]] = pixels
+    return buf, meta
+
+
+def per_item(model, pixels, grid):
+    """model.forward on each item alone (the eager reference)."""
+    outs, start = [], 0
+    for t, h, w in grid.tolist():
+        rows = t * h * w
+        outs.append(model(pixels[start : start + rows], torch.tensor([[t, h, w]])))
+        start += rows
+    return outs
+
+
+def assert_per_item(model, outs, pixels, grid) -> None:
+    """Every runner result within BF16_ULPS of model.forward on that item alone (temporaries die on return)."""
+    with torch.inference_mode():
+        expected = per_item(model, pixels, grid)
+    assert len(outs) == len(expected)
+    for out, ref in zip(outs, expected):
+        assert_within_bf16_ulps(out, ref)
+
+
+def free_cuda():
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# fixtures
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def full():
+    """The full GLM-4.1V tower, bf16, random weights, on CUDA (default attention backend)."""
+    model = build_model(VisionConfig.glm41v(), CUDA, torch.bfloat16, None)
+    yield model
+    del model
+    free_cuda()
+
+
+@pytest.fixture(scope="module")
+def runner(full):
+    return EncoderGraphRunner(full, RUNNER_CONFIG, backend="cuda", check_pointers=True, progress=False).capture()
+
+
+@pytest.fixture
+def exact_fp32():
+    """No TF32 anywhere (transformers' Conv3d / Conv2d go through cuDNN, which allows TF32 by default)."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@pytest.fixture
+def backend(full, request):
+    """Set the full model's attention backend for one test, then restore it."""
+    saved = full.attn_backend
+    full.attn_backend = request.param
+    yield request.param
+    full.attn_backend = saved
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# fp32 parity with transformers on CUDA
+# ---------------------------------------------------------------------------------------------------------------
+TINY_GRIDS = [[1, 4, 6], [2, 6, 4], [1, 8, 4]]
+
+
+@pytest.mark.usefixtures("exact_fp32")
+def test_tiny_fp32_forward_and_static_equal_transformers():
+    config = VisionConfig.tiny()
+    hf = hf_vision_model(config, seed=0).cuda()
+    model = encoder_like(hf, config, attn_backend="sdpa_masked").cuda()
+    pixels, grid = random_pixels(TINY_GRIDS, torch.float32, seed=1)
+    tokens = pixels.shape[0] // 4
+    with torch.no_grad():
+        expected = hf(pixels, flatten_video_grids(grid).cuda()).pooler_output
+        eager = model(pixels, grid)
+        static = model.forward_static(*padded(pixels, grid, tokens + 13, segments=8))
+    torch.testing.assert_close(eager, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(static[:tokens], expected, atol=1e-5, rtol=0)
+    assert torch.all(static[tokens:] == 0)
+
+
+@pytest.mark.usefixtures("exact_fp32")
+def test_full_fp32_one_image_equals_transformers():
+    """The full tower in fp32 on one 224² image (grid [1, 16, 16]): relative error ≤ 1e-4 vs transformers."""
+    from transformers.models.glm4v.configuration_glm4v import Glm4vVisionConfig
+    from transformers.models.glm4v.modeling_glm4v import Glm4vVisionModel
+
+    config = VisionConfig.glm41v()
+    model = build_model(config, CUDA, torch.float32, None, seed=1)
+    model.attn_backend = "sdpa_masked"
+    hf_config = Glm4vVisionConfig(**config.to_hf_dict())
+    hf_config._attn_implementation = "eager"
+    with torch.device("cuda"):
+        hf = Glm4vVisionModel(hf_config).eval()
+    hf.load_state_dict(model.state_dict(), strict=True)
+    hf.cuda()  # buffers too (inv_freq)
+    assert all(b.is_cuda for b in hf.buffers()) and all(p.is_cuda for p in hf.parameters())
+    pixels, grid = random_pixels([[1, 16, 16]], torch.float32, seed=2)
+    with torch.no_grad():
+        expected = hf(pixels, grid.cuda()).pooler_output
+        got = model(pixels, grid)
+    assert got.shape == expected.shape == (64, config.out_hidden_size)
+    rel = ((got - expected).norm() / expected.norm()).item()
+    del model, hf
+    free_cuda()
+    assert rel <= 1e-4, f"relative error {rel:.3g}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# forward_static in bf16, every graph-safe backend
+# ---------------------------------------------------------------------------------------------------------------
+BF16_GRIDS = [[1, 16, 16], [1, 12, 20], [2, 8, 8]]  # 64 + 60 + 32 = 156 tokens, padded to 256
+
+
+@pytest.mark.parametrize("backend", BF16_BACKENDS, indirect=True)
+def test_static_padded_equals_forward_bf16(full, backend):
+    pixels, grid = random_pixels(BF16_GRIDS, torch.bfloat16, seed=3)
+    tokens = pixels.shape[0] // 4
+    with torch.inference_mode():
+        eager = full(pixels, grid)
+        static = full.forward_static(*padded(pixels, grid, 256, segments=32))
+    assert_within_bf16_ulps(static[:tokens], eager)
+    assert torch.all(static[tokens:] == 0)
+
+
+@pytest.mark.parametrize("backend", BF16_BACKENDS, indirect=True)
+def test_nan_padding_leaves_real_tokens_bitwise_unchanged(full, backend):
+    pixels, grid = random_pixels(BF16_GRIDS, torch.bfloat16, seed=4)
+    tokens = pixels.shape[0] // 4
+    with torch.inference_mode():
+        clean = full.forward_static(*padded(pixels, grid, 256, segments=32))
+        poisoned = full.forward_static(*padded(pixels, grid, 256, segments=32, fill=float("nan")))
+    assert torch.equal(clean, poisoned)
+    assert torch.isfinite(poisoned).all() and torch.all(poisoned[tokens:] == 0)
+
+
+@pytest.mark.parametrize("backend", BF16_BACKENDS, indirect=True)
+def test_forward_static_makes_no_host_sync(full, backend):
+    pixels, grid = random_pixels(BF16_GRIDS, torch.bfloat16, seed=5)
+    buf, meta = padded(pixels, grid, 256, segments=32)
+    with torch.inference_mode():
+        full.forward_static(buf, meta)  # warm-up: kernel compilation and autotuning happen here
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = full.forward_static(buf, meta)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# EncoderGraphRunner with CUDA graphs
+# ---------------------------------------------------------------------------------------------------------------
+def test_every_budget_is_captured(runner):
+    s = runner.stats
+    assert set(s.capture) == set(RUNNER_CONFIG.token_budgets) and not s.failed
+    for budget, info in s.capture.items():
+        assert runner.graphs[budget].graph is not None
+        assert info["segments"] == min(RUNNER_CONFIG.max_frames, budget) and info["rows"] == 4 * budget
+        assert info["seconds"] > 0 and info["buffer_bytes"] > 0
+
+
+def test_replay_equals_eager_static_bitwise_and_forward_per_item(runner, full):
+    pixels, grid = random_pixels([[1, 16, 16], [1, 8, 12]], torch.bfloat16, seed=6)  # 64 + 24 tokens → budget 256
+    outs = runner.run(pixels, grid)
+    bg = runner.graphs[256]
+    assert bg.filled_rows == pixels.shape[0]
+    with torch.inference_mode():
+        eager_static = full.forward_static(bg.pixels, bg.meta)  # same static buffers, same batch, no graph
+        torch.testing.assert_close(bg.output, eager_static, atol=0, rtol=0)
+    assert torch.equal(torch.cat(outs), bg.output[: sum(o.shape[0] for o in outs)])
+    assert_per_item(full, outs, pixels, grid)
+
+
+def test_small_large_small_keeps_earlier_results(runner, full):
+    small = random_pixels([[1, 8, 8]], torch.bfloat16, seed=7)  # budget 64
+    large = random_pixels([[1, 32, 32], [2, 16, 16], [1, 16, 24]], torch.bfloat16, seed=8)  # 256 + 128 + 96 → 1024
+    first = runner.run(*small)
+    kept = [t.clone() for t in first]
+    middle = runner.run(*large)
+    again = runner.run(*small)
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(first, kept))
+    assert all(torch.equal(a, b) for a, b in zip(again, kept))  # same batch, same graph: bitwise
+    assert_per_item(full, middle, *large)
+
+
+def test_nan_poisoned_padding_in_the_graph(runner):
+    pixels, grid = random_pixels([[1, 12, 16]], torch.bfloat16, seed=9)  # 48 tokens → budget 64, 16 padded
+    (out,) = runner.run(pixels, grid)
+    bg = runner.graphs[64]
+    before = bg.output.clone()
+    bg.pixels[bg.filled_rows :] = float("nan")  # runner.run zeroes only rows an earlier batch filled: poison directly
+    bg.graph.replay()
+    torch.cuda.synchronize()
+    assert torch.isnan(bg.pixels[bg.filled_rows :]).all()
+    assert torch.equal(bg.output[:48], before[:48]) and torch.equal(bg.output[:48], out)
+    assert torch.all(bg.output[48:] == 0) and torch.isfinite(bg.output).all()
+    bg.pixels[bg.filled_rows :] = 0
+
+
+def test_mixed_images_and_videos_equal_per_item_eager(runner, full):
+    grids = [[1, 16, 16], [4, 8, 8], [1, 10, 14], [2, 12, 12]]  # 64 + 64 + 35 + 72 tokens, 8 temporal patches
+    pixels, grid = random_pixels(grids, torch.bfloat16, seed=10)
+    replays = runner.stats.replays
+    outs = runner.run(pixels, grid)
+    assert runner.stats.replays > replays and runner.graphs[256].filled_rows == pixels.shape[0]
+    assert_per_item(full, outs, pixels, grid)
+
+
+def test_video_clips_through_the_runner(runner, full):
+    """An 8-frame 224² clip (grid [4, 16, 16], 256 tokens) alone, then two clips in one batch."""
+    for grids, seed in (([[4, 16, 16]], 11), ([[4, 16, 16], [2, 16, 16]], 12)):
+        pixels, grid = random_pixels(grids, torch.bfloat16, seed=seed)
+        fallbacks = runner.stats.fallback_items
+        outs = runner.run(pixels, grid)
+        assert runner.stats.fallback_items == fallbacks
+        assert [tuple(o.shape) for o in outs] == [(t * h * w // 4, 4096) for t, h, w in grids]
+        assert_per_item(full, outs, pixels, grid)
+
+
+def test_two_thousand_random_batches(runner, full):
+    """2,000 replays of random image/video mixes: no memory growth after the first 50, 20 sampled checks."""
+    rng = np.random.default_rng(13)
+    sampled = set(rng.choice(np.arange(50, 2000), size=20, replace=False).tolist())
+    base = None
+    peak_after_warmup = 0
+    fallbacks = runner.stats.fallback_items
+    for i in range(2000):
+        grids = []
+        for _ in range(int(rng.integers(1, 5))):
+            if rng.random() < 0.7:
+                grids.append([1, *(2 * rng.integers(4, 9, size=2)).tolist()])  # images of 8..16 × 8..16 patches
+            else:
+                grids.append([int(rng.integers(2, 5)), *(2 * rng.integers(4, 7, size=2)).tolist()])  # small clips
+        grid = torch.tensor(grids)
+        pixels = torch.randn(int(grid.prod(dim=1).sum()), 1176, device=CUDA, dtype=torch.bfloat16)
+        outs = runner.run(pixels, grid)
+        assert len(outs) == len(grids)
+        if i in sampled:
+            assert_per_item(full, outs, pixels, grid)
+        del outs, pixels
+        if i == 49:
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+        elif i > 49:
+            peak_after_warmup = max(peak_after_warmup, torch.cuda.memory_allocated())
+    torch.cuda.synchronize()
+    assert runner.stats.fallback_items == fallbacks
+    assert torch.cuda.memory_allocated() <= base, (torch.cuda.memory_allocated(), base)
+    assert peak_after_warmup <= base, (peak_after_warmup, base)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# capture out of memory
+# ---------------------------------------------------------------------------------------------------------------
+def _limit_memory(headroom: int) -> None:
+    """Let the caching allocator reserve at most what it holds now plus ``headroom`` bytes."""
+    free_cuda()
+    total = torch.cuda.mem_get_info()[1]
+    torch.cuda.set_per_process_memory_fraction(min(1.0, (torch.cuda.memory_reserved() + headroom) / total))
+
+
+def test_capture_out_of_memory_skips_the_budget_and_falls_back(full):
+    """65,536 tokens cannot be captured within 2 GiB of headroom (its static buffers alone take 1.15 GB, its
+    activations far more); 64 and 256 can. A batch above 256 tokens then runs eagerly."""
+    config = BudgetConfig((64, 256, 65536), max_items=4, max_frames=32)
+    try:
+        _limit_memory(2 * 2**30)
+        small = EncoderGraphRunner(full, config, backend="cuda", progress=False).capture()
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    try:
+        assert set(small.stats.failed) == {65536}, small.stats.failed
+        message = small.stats.failed[65536]
+        assert "out of memory" in message and "65536" in message and "unknown amount" not in message
+        assert any(unit in message for unit in ("KiB", "MiB", "GiB")), message
+        assert set(small.stats.capture) == {64, 256} and set(small.graphs) == {64, 256}
+        big = random_pixels([[1, 32, 40]], torch.bfloat16, seed=14)  # 320 tokens: no captured graph holds it
+        assert_per_item(full, small.run(*big), *big)
+        assert small.stats.fallback_items == 1 and small.stats.eager_batches == 1 and small.stats.replays == 0
+        tiny = random_pixels([[1, 8, 8]], torch.bfloat16, seed=15)  # 16 tokens: the 64 graph
+        assert_per_item(full, small.run(*tiny), *tiny)
+        assert small.stats.replays == 1 and small.graphs[64].filled_rows == 64
+    finally:
+        del small
+        free_cuda()
+
+
+def test_out_of_memory_in_the_middle_of_capture(full, monkeypatch):
+    """Run out of memory inside torch.cuda.graph (after kernels were recorded) on the first, largest budget: that
+    budget is skipped, the next one is captured into a fresh pool, the stream is restored, replays are right."""
+    original = full.forward_static
+    headroom = 2 * 2**30
+
+    def forward_static(pixels, meta):
+        out = original(pixels, meta)
+        if torch.cuda.is_current_stream_capturing() and meta.shape.rows == 4 * 256:
+            torch.empty(2 * headroom, dtype=torch.uint8, device=CUDA)  # more than the allocator may reserve
+        return out
+
+    monkeypatch.setattr(full, "forward_static", forward_static)
+    config = BudgetConfig((64, 256), max_items=4, max_frames=32)
+    try:
+        _limit_memory(headroom)
+        run = EncoderGraphRunner(full, config, backend="cuda", progress=False).capture()
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    monkeypatch.undo()
+    try:
+        assert set(run.stats.failed) == {256} and "out of memory" in run.stats.failed[256]
+        assert set(run.graphs) == {64}
+        assert torch.cuda.current_stream() == torch.cuda.default_stream()
+        assert not torch.cuda.is_current_stream_capturing()
+        fits = random_pixels([[1, 8, 12]], torch.bfloat16, seed=16)  # 24 tokens: the 64 graph
+        assert_per_item(full, run.run(*fits), *fits)
+        assert run.stats.replays == 1 and run.stats.fallback_items == 0
+        over = random_pixels([[1, 16, 24]], torch.bfloat16, seed=17)  # 96 tokens: the 256 budget failed → eager
+        assert_per_item(full, run.run(*over), *over)
+        assert run.stats.replays == 1 and run.stats.fallback_items == 1
+    finally:
+        del run
+        free_cuda()
