@@ -11,7 +11,7 @@ import bisect
 import json
 import math
 import numbers
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -194,7 +194,7 @@ class PlanStats:
         return self.padded_tokens / self.budget_tokens if self.budget_tokens else 0.0
 
     def __add__(self, other: "PlanStats") -> "PlanStats":
-        return PlanStats(*(a + b for a, b in zip(astuple(self), astuple(other))))
+        return PlanStats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
 
 @dataclass(frozen=True)
@@ -431,7 +431,7 @@ class TimeEstimate:
         return self.graph_ms + self.fallback_ms
 
     def __add__(self, other: "TimeEstimate") -> "TimeEstimate":
-        return TimeEstimate(*(a + b for a, b in zip(astuple(self), astuple(other))))
+        return TimeEstimate(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
 
 def predict_time(plan: Plan, table: LatencyTable) -> TimeEstimate:
