@@ -125,11 +125,11 @@ class BudgetExplorer:
                                               continuous_update=False)
         self.items_per_request = widgets.IntSlider(1, 1, 8, description="items/request", continuous_update=False,
                                                    style=style)
-        self.seed = widgets.IntText(42, description="seed", layout=widgets.Layout(width="9em"))
+        self.seed = widgets.IntText(42, description="seed", layout=widgets.Layout(width="12em"))
         self.max_graphs = widgets.IntSlider(7, 1, 12, description="max graphs", continuous_update=False)
         self.memory_gib = widgets.BoundedFloatText(0.0, min=0.0, max=1024.0, step=0.5, style=style,
                                                    description="memory limit GiB (0 = none)",
-                                                   layout=widgets.Layout(width="16em"))
+                                                   layout=widgets.Layout(width="24em"))
         self.recommend = widgets.Button(description="Recommend", button_style="info",
                                         tooltip="fill the budgets field with recommend_budgets")
         self.message = widgets.HTML()
