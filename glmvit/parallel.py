@@ -30,7 +30,6 @@ import numbers
 import os
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import time
