@@ -65,6 +65,12 @@ def test_fallback_matches_grid_sample(g, grids, mode):
     assert max_diff(table, grids, mode, interpolate_pos_embed_torch) <= 1e-5
 
 
+def test_fallback_full_size_table():
+    """The real 576 × 1536 shape: many samples on a steep random table expose coordinate rounding."""
+    table = torch.randn(576, 1536, generator=torch.Generator().manual_seed(0))
+    assert max_diff(table, [(16, 16), (4, 214)], "bicubic", interpolate_pos_embed_torch) <= 1e-5
+
+
 def test_fallback_empty_batch():
     args = indices([])
     assert interpolate_pos_embed(torch.randn(64, 8), *args).shape == (0, 8)

@@ -4,7 +4,7 @@ Spec (``reference.py``, which follows ATen's ``grid_sample(align_corners=False, 
 token and per axis:
 
 1. normalised coordinate  x = ((w + 0.5) / W) · 2 − 1      (fp32, as transformers builds the grid)
-2. table coordinate       ix = ((x + 1) · G − 1) / 2       (align_corners=False)
+2. table coordinate       ix = ((x + 1) · G − 1) / 2       (align_corners=False; the product-difference rounded once)
 3. bicubic: taps floor(ix) − 1 … floor(ix) + 2 with Keys weights (a = −0.75), every tap clamped to [0, G − 1];
    sum along each row first (Σ_j v · wx_j), then over the rows (Σ_i row_i · wy_i), all in fp32.
    bilinear: clip ix to [0, G − 1] first, then the 2×2 lerp.
@@ -46,9 +46,10 @@ def _cubic_weights(t, A: tl.constexpr):
 
 @triton.jit
 def _source_coord(idx, target, G: tl.constexpr):
-    """Steps 1-2 for [BLOCK_N] tokens, with IEEE round-to-nearest divisions like torch's."""
+    """Steps 1-2 for [BLOCK_N] tokens: an IEEE round-to-nearest division like torch's, and (x + 1)·G − 1 as one
+    explicit fma, as ATen's kernels compute it (whatever the compiler would contract); halving is exact."""
     normalised = tl.math.div_rn(idx.to(tl.float32) + 0.5, target.to(tl.float32)) * 2 - 1
-    return tl.math.div_rn((normalised + 1) * G - 1, 2.0)
+    return tl.fma(normalised + 1, G * 1.0, -1.0) * 0.5
 
 
 @triton.jit
