@@ -552,6 +552,7 @@ def latency_table(args, argv) -> dict:
                          "graph_p99_ms": float(np.percentile(graph, 99)) if graph else None,
                          "flops": encoder_flops(config, grid)})
     return {
+        "benchmark": "glmvit.bench.latency_table",
         "provenance": {**provenance(device, argv), "graph_backend": backend,
                        "graph": "CUDA graphs" if backend == "cuda" else "emulated (no CUDA graphs)",
                        "runs": args.latency_runs, "warmup": args.warmup, "statistic": "median"},
@@ -593,6 +594,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--config", choices=["full", "tiny"], default=None, help="default full on CUDA, tiny on CPU")
     m.add_argument("--weights", default=None, help="a checkpoint (default: random weights)")
     m.add_argument("--device", default="cuda" if cuda else "cpu")
+    m.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) first (CPU runs; on a "
+                   "busy machine 1 is the least noisy)")
     m.add_argument("--warmup", type=int, default=5, help="untimed requests per mode first (default 5)")
     m.add_argument("--matmul-size", type=int, default=None, help="n of the floor's n³ matmul (8192 CUDA, 512 CPU)")
     o = p.add_argument_group("output")
@@ -625,6 +628,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be ≥ 1")
     if args.warmup < 0:
         parser.error("--warmup must be ≥ 0")
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be ≥ 1")
     try:
         parse_bucket_config(args.bucket_config)
         parse_modes(args.modes, device)
@@ -632,6 +637,16 @@ def main(argv: list[str] | None = None) -> int:
             parse_budgets(args.budgets)
     except ValueError as err:
         parser.error(str(err))
+    threads = torch.get_num_threads()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        return _run(args, argv)
+    finally:
+        torch.set_num_threads(threads)  # main() is also called from notebooks and tests: leave no global change
+
+
+def _run(args, argv) -> int:
     if args.latency_table:
         table = latency_table(args, argv)
         print(f"\n{'tokens':>7} {'grid':>14} {'eager ms':>10} {'graph ms':>10}")

@@ -15,7 +15,7 @@ from glmvit.bench import (WORKLOADS, encoder_flops, flops_breakdown, floor_ms, m
 from glmvit.budget import grid_for, load_latency_table, parse_bucket_config
 from glmvit.demo import build_model
 
-CPU_ARGS = ["--device", "cpu", "--config", "tiny", "--num-requests", "3", "--warmup", "1", "--quiet"]
+CPU_ARGS = ["--device", "cpu", "--config", "tiny", "--num-requests", "3", "--warmup", "1", "--quiet", "--threads", "1"]
 
 
 @pytest.fixture(scope="module")
