@@ -142,6 +142,7 @@ class EncoderGraphRunner:
                 bg.output.copy_(self.forward_static(bg.pixels, bg.meta))
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # torch.cuda.graph empties the cache on entry too: measure from the same point
         before = torch.cuda.memory_reserved()
         graph = torch.cuda.CUDAGraph()
         try:
