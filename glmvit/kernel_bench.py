@@ -151,12 +151,13 @@ def main(argv=None) -> int:
         sys.exit("the Triton kernel is not used for a CUDA table (Triton missing, or TRITON_INTERPRET is set).")
 
     results = []
-    print(f"{'case':<10} {'tokens':>6} " + " ".join(f"{p + ' µs':>14}" for p in PATHS) + "   speedup vs per_item, hf_batched")
+    header = " ".join(f"{p + ' µs':>14}" for p in PATHS)
+    print(f"{'case':<10} {'tokens':>6} {header}   speedup vs per_item, hf_batched")
     for name, grids in CASES.items():
         inputs = make_inputs(grids, "cuda")
         outputs = {path: run_path(path, table, inputs[path]) for path in PATHS}
         max_diff = max((outputs["triton"].float() - outputs[p].float()).abs().max().item() for p in PATHS[1:])
-        times = {path: time_cuda(lambda p=path: run_path(p, table, inputs[p]), args.warmup, args.runs) for path in PATHS}
+        times = {p: time_cuda(lambda p=p: run_path(p, table, inputs[p]), args.warmup, args.runs) for p in PATHS}
         speedup = {p: times[p] / times["triton"] for p in PATHS[1:]}
         results.append({"case": name, "grids": grids, "tokens": outputs["triton"].shape[0], "median_us": times,
                         "speedup": speedup, "max_abs_diff_bf16": max_diff})

@@ -1,8 +1,8 @@
 """Pure-torch position-table interpolation with the exact arithmetic of ``F.grid_sample`` (CPU/GPU fallback).
 
 For every token: normalised coordinate x = ((w + 0.5) / W) · 2 − 1 (as transformers computes it), unnormalised
-to the table as ix = ((x + 1) · G − 1) / 2 (align_corners=False, one rounding as in an fma), then a 4×4 Keys-cubic (a = −0.75) gather with
-every tap clamped to the border — the same steps, in the same order, as ATen's grid sampler.
+to the table as ix = ((x + 1) · G − 1) / 2 (align_corners=False; rounded once, as an fma), then a 4×4 Keys-cubic
+(a = −0.75) gather with every tap clamped to the border — the same steps, in the same order, as ATen's grid sampler.
 """
 from __future__ import annotations
 
