@@ -535,21 +535,12 @@ def recommend_budgets(workload_items: Sequence[Sequence[Any]], max_graphs: int, 
 
     best: tuple | None = None
     for top in tops:
-        plans = plan_workload(requests, BudgetConfig((top,), max_items, max_frames), packer)
-        sizes = [b.tokens for p in plans for b in p.batches if b.budget is not None]
-        eager = [b.tokens for p in plans for b in p.batches if b.budget is None]
-        lower = given or _powers_of_two(max_items, top) + [_round_up(s) for s in sizes]
-        cands = sorted({c for c in lower if max_items <= c < top}) + [top]
-        if objective == "time":
-            options = _best_subsets(sizes, cands, max_graphs, table.graph_time, 0.0)
-            eager_ms = sum(table.eager_time(t) for t in eager)
-        else:
-            options = _best_subsets(sizes, cands, max_graphs, float, -1.0)
-        for cost, budgets in options:
+        limits = BudgetConfig((top,), max_items, max_frames)
+        for key, budgets in _ranked_options(requests, limits, given, max_graphs, packer, objective, table):
             config = BudgetConfig(budgets, max_items, max_frames)
-            if memory_limit_bytes and total_graph_memory(graph_memory(config, vision_config, dtype)) > memory_limit_bytes:
+            memory = total_graph_memory(graph_memory(config, vision_config, dtype))
+            if memory_limit_bytes and memory > memory_limit_bytes:
                 continue
-            key = (cost + eager_ms, len(budgets)) if objective == "time" else (len(eager), cost, len(sizes), len(budgets))
             if best is None or key < best[0]:
                 best = (key, budgets)
     if best is None:
@@ -557,11 +548,30 @@ def recommend_budgets(workload_items: Sequence[Sequence[Any]], max_graphs: int, 
     return best[1]
 
 
+def _ranked_options(requests: list[list[tuple[int, int]]], limits: BudgetConfig, given: list[int] | None,
+                    max_graphs: int, packer: str, objective: str,
+                    table: LatencyTable | None) -> list[tuple[tuple, tuple[int, ...]]]:
+    """(ranking key, budgets) of the best 1..max_graphs budgets whose largest is ``limits.largest``."""
+    top, max_items = limits.largest, limits.max_items
+    plans = plan_workload(requests, limits, packer)
+    sizes = [b.tokens for p in plans for b in p.batches if b.budget is not None]
+    eager = [b.tokens for p in plans for b in p.batches if b.budget is None]
+    lower = given or _powers_of_two(max_items, top) + [_round_up(s) for s in sizes]
+    cands = sorted({c for c in lower if max_items <= c < top}) + [top]
+    if objective == "time":
+        eager_ms = sum(table.eager_time(t) for t in eager)
+        options = _best_subsets(sizes, cands, max_graphs, table.graph_time, 0.0)
+        return [((cost + eager_ms, len(budgets)), budgets) for cost, budgets in options]
+    options = _best_subsets(sizes, cands, max_graphs, float, -1.0)
+    return [((len(eager), cost, len(sizes), len(budgets)), budgets) for cost, budgets in options]
+
+
 def _default_tops(requests: list[list[tuple[int, int]]], max_items: int) -> list[int]:
     """Candidate largest budgets: powers of two up to the largest request, plus its and the largest item's size."""
     largest_request = max(sum(t for t, _ in r) for r in requests)
     largest_item = max(t for r in requests for t, _ in r)
-    return sorted(set(_powers_of_two(max_items, largest_request)) | {_round_up(largest_request), _round_up(largest_item)})
+    extra = {_round_up(largest_request), _round_up(largest_item)}
+    return sorted(set(_powers_of_two(max_items, largest_request)) | extra)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -356,7 +356,8 @@ def test_latency_table_interpolates_and_extrapolates():
 
 def test_load_latency_table_round_trip(tmp_path):
     table = synthetic_table()
-    rows = [{"tokens": t, "graph_ms": g, "eager_ms": e} for t, g, e in zip(table.tokens, table.graph_ms, table.eager_ms)]
+    columns = zip(table.tokens, table.graph_ms, table.eager_ms)
+    rows = [{"tokens": t, "graph_ms": g, "eager_ms": e} for t, g, e in columns]
     path = tmp_path / "latency.json"
     path.write_text(json.dumps({"provenance": dict(table.provenance), "dtype": "bfloat16", "config": "glm41v",
                                 "budgets": rows[::-1]}))
