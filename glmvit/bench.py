@@ -14,6 +14,7 @@ Modes (all on the same weights):
 - ``eager``: ``GlmVisionEncoder.forward(pixel_values, grid_thw)``;
 - ``graph``: ``EncoderGraphRunner(...).capture()`` then ``.run(...)``. Off CUDA the runner's ``emulate`` backend
   does the same bookkeeping without graphs, and the mode is labelled ``graph-emulated`` everywhere;
+- ``graph-compiled``: the same runner with ``forward_static`` compiled by ``torch.compile`` before capture (CUDA).
 - ``compile``: ``forward`` with ``forward_static`` wrapped in ``torch.compile`` (CUDA only, optional).
 
 The floor of a request is max(FLOPs / measured matmul rate, weight bytes / measured copy bandwidth), both measured
@@ -53,7 +54,7 @@ WORKLOADS: dict[str, tuple[dict[tuple[int, int, int], float], int]] = {
     "video8x224": ({(224, 224, 8): 1.0}, 1),  # one 8-frame 224² clip: grid [4, 16, 16], 256 tokens (the seed's video)
     "img8x448": ({(448, 448, 1): 1.0}, 8),  # eight 448² images: grids [1, 32, 32], 2048 tokens (the large budget)
 }
-MODES = ("transformers", "eager", "graph", "compile")
+MODES = ("transformers", "eager", "graph", "graph-compiled", "compile")
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "fp32": torch.float32, "float32": torch.float32}
 
@@ -237,11 +238,11 @@ def _make_mode(mode: str, model, args, device: torch.device, dtype: torch.dtype,
         return run
     if mode == "eager":
         return lambda pixels, grids, flat: model(pixels, grids)
-    if mode == "graph":
+    if mode in ("graph", "graph-compiled"):
         from .graphs import EncoderGraphRunner
 
         backend = "cuda" if device.type == "cuda" else "emulate"
-        runner = EncoderGraphRunner(model, budget_config, backend=backend)
+        runner = EncoderGraphRunner(model, budget_config, backend=backend, compile=mode == "graph-compiled")
         if device.type == "cuda":
             torch.cuda.synchronize()
             before = torch.cuda.memory_reserved()
@@ -341,8 +342,9 @@ def run_benchmark(args, argv) -> dict:
     dtype = DTYPES[args.dtype]
     torch.manual_seed(args.seed)
     modes = parse_modes(args.modes, device)
-    if "compile" in modes and device.type != "cuda":
-        print("compile: skipped (torch.compile mode is only benchmarked on CUDA)", file=sys.stderr)
+    for mode in ("compile", "graph-compiled"):
+        if mode in modes and device.type != "cuda":
+            print(f"{mode}: skipped (torch.compile modes are only benchmarked on CUDA)", file=sys.stderr)
 
     if args.workload:
         bucket_config, items_per_request = WORKLOADS[args.workload]
@@ -396,8 +398,8 @@ def run_benchmark(args, argv) -> dict:
     outputs: dict[str, torch.Tensor] = {}
     for mode in modes:
         label = mode_label(mode, device)
-        if mode == "compile" and device.type != "cuda":
-            result["skipped"][label] = "torch.compile mode is only benchmarked on CUDA"
+        if mode in ("compile", "graph-compiled") and device.type != "cuda":
+            result["skipped"][label] = "torch.compile modes are only benchmarked on CUDA"
             continue
         n = len(requests) if mode != "transformers" else min(len(requests), args.transformers_requests or len(requests))
         record: dict[str, Any] = {"requests": n}
