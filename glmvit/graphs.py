@@ -4,6 +4,8 @@
 (largest first, into one shared memory pool). ``run(pixel_values, grid_thw)`` packs the items into batches
 (``glmvit.budget.plan_batches``), and for each batch builds the host metadata, copies pixels and metadata into
 the budget's static buffers, replays the graph and clones every item's rows out of the static output buffer.
+The metadata goes through one pinned staging buffer per budget (no per-batch pinning), and is not rebuilt at all
+when a batch has the same grids as the budget's previous one (a stream of same-sized images).
 What no budget fits runs eagerly. ``backend="emulate"`` does the same bookkeeping on any device but calls
 ``forward_static`` where a graph would replay: the CPU teaching and test path (it never claims to be a graph).
 """
@@ -35,7 +37,10 @@ class BudgetGraph:
     meta: EncoderMetadata
     output: torch.Tensor
     graph: "torch.cuda.CUDAGraph | None" = None
+    staging: torch.Tensor | None = None  # pinned host copy of meta.packed (CUDA): one per budget, reused
+    staged: "torch.cuda.Event | None" = None  # recorded after each copy out of ``staging``
     filled_rows: int = 0
+    staged_grids: bytes | None = None  # the grids whose metadata ``meta.packed`` holds now
     pointers: tuple[int, ...] = ()
     capture_s: float = 0.0
     graph_bytes: int = 0
@@ -126,7 +131,12 @@ class EncoderGraphRunner:
         meta = build_metadata(np.zeros((0, 3), np.int64), cfg.spatial_merge_size, shape).to(dev)
         output = torch.zeros(budget, cfg.out_hidden_size, dtype=self.model.dtype, device=dev)
         nbytes = sum(t.numel() * t.element_size() for t in (pixels, meta.packed, output))
-        return BudgetGraph(budget, shape, pixels, meta, output, buffer_bytes=nbytes)
+        bg = BudgetGraph(budget, shape, pixels, meta, output, buffer_bytes=nbytes)
+        if dev.type == "cuda":
+            bg.staging = torch.empty_like(meta.packed, device="cpu").pin_memory()
+            bg.staged = torch.cuda.Event()
+            bg.staged.record()
+        return bg
 
     def _capture_one(self, bg: BudgetGraph) -> None:
         model = self.model
@@ -216,7 +226,6 @@ class EncoderGraphRunner:
     def _replay(self, bg: BudgetGraph, pixels: list[torch.Tensor], grids: np.ndarray) -> torch.Tensor:
         if self.check_pointers and bg.data_pointers() != bg.pointers:
             raise RuntimeError(f"budget {bg.budget}: a captured buffer was rebound (data pointer changed)")
-        host = build_metadata(grids, self.model.config.spatial_merge_size, bg.shape)
         offset = 0
         for chunk in pixels:
             bg.pixels[offset : offset + chunk.shape[0]].copy_(chunk, non_blocking=True)
@@ -224,8 +233,17 @@ class EncoderGraphRunner:
         if bg.filled_rows > offset:
             bg.pixels[offset : bg.filled_rows].zero_()
         bg.filled_rows = offset
-        packed = torch.from_numpy(host.packed)
-        bg.meta.packed.copy_(packed.pin_memory() if bg.meta.packed.is_cuda else packed, non_blocking=True)
+        key = grids.tobytes()
+        if key != bg.staged_grids:  # same grids as this budget's last batch ⇒ its metadata is already in place
+            host = build_metadata(grids, self.model.config.spatial_merge_size, bg.shape)
+            if bg.staging is None:
+                bg.meta.packed.copy_(torch.from_numpy(host.packed))
+            else:
+                bg.staged.synchronize()  # the previous copy out of the staging buffer has run (a replay follows it)
+                bg.staging.numpy()[:] = host.packed
+                bg.meta.packed.copy_(bg.staging, non_blocking=True)
+                bg.staged.record()
+            bg.staged_grids = key
         if self.backend == "cuda":
             bg.graph.replay()
         else:

@@ -106,3 +106,19 @@ def test_rejects_what_cannot_be_captured(tiny_model):
 
 def test_emulation_never_claims_a_graph(runner):
     assert runner.backend == "emulate" and all(bg.graph is None for bg in runner.graphs.values())
+
+
+def test_metadata_is_rebuilt_only_when_the_grids_change(runner, tiny_model, tiny_config, monkeypatch):
+    """A budget keeps the metadata of its last batch: same grids ⇒ no rebuild; other grids ⇒ rebuilt and correct."""
+    import glmvit.graphs as graphs
+
+    calls = []
+    real = graphs.build_metadata
+    monkeypatch.setattr(graphs, "build_metadata", lambda *a, **k: calls.append(a[0].tolist()) or real(*a, **k))
+    a = random_batch([[1, 4, 4], [1, 2, 4]], tiny_config, seed=4)  # 6 tokens: budget 8
+    b = random_batch([[1, 2, 2], [1, 4, 2], [1, 2, 2]], tiny_config, seed=5)  # 4 tokens: budget 8, other layout
+    for pixels, grid in (a, a, b, a, a):
+        outs = runner.run(pixels, grid)
+        with torch.no_grad():
+            torch.testing.assert_close(torch.cat(outs), tiny_model(pixels, grid), atol=1e-5, rtol=1e-5)
+    assert len(calls) == 3  # a, b, a: the repeats reuse what the budget's buffers hold
