@@ -32,7 +32,6 @@ import json
 import math
 import os
 import platform
-import shutil
 import statistics
 import sys
 import time
@@ -45,6 +44,7 @@ from tqdm.auto import tqdm
 from .budget import BudgetConfig, parse_budgets, parse_bucket_config, random_mm_workload
 from .config import VisionConfig
 from .metadata import build_metadata
+from .provenance import git_state, gpu_driver
 from .testing import flatten_video_grids
 
 # name -> (bucket config, items per request): fixed workloads (range ratio 0, so every request is the same)
@@ -178,26 +178,19 @@ def _version(module: str) -> str | None:
 
 def provenance(device: torch.device | str, argv: Sequence[str] | None = None) -> dict:
     """Where and how a result was measured: device, driver, library versions, git commit, command line, date."""
-    from .kernel_bench import _command
-
     device = torch.device(device)
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     info: dict[str, Any] = {"device": str(device)}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        driver = _command("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader") if shutil.which(
-            "nvidia-smi") else None
         info.update(gpu=props.name, compute_capability=f"{props.major}.{props.minor}",
-                    memory_gib=round(props.total_memory / 2**30, 1),
-                    driver=driver.splitlines()[0] if driver else None, cuda=torch.version.cuda)
+                    memory_gib=round(props.total_memory / 2**30, 1), driver=gpu_driver(), cuda=torch.version.cuda)
     else:
         info.update(gpu=None, cpu=platform.processor() or platform.machine(), threads=torch.get_num_threads())
     argv = sys.argv[1:] if argv is None else list(argv)
     info.update(
         torch=torch.__version__, triton=_version("triton"), transformers=_version("transformers"),
         python=platform.python_version(),
-        git_commit=_command("git", "-C", repo, "rev-parse", "HEAD"),
-        git_dirty=bool(_command("git", "-C", repo, "status", "--porcelain", "--untracked-files=no")),
+        **git_state(),
         command=" ".join([sys.executable, "-m", "glmvit", "bench", *argv]),
         date_utc=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
@@ -309,6 +302,19 @@ def default_budgets(requests_grids: Sequence[np.ndarray], merge_area: int = 4) -
     return tuple(budgets)
 
 
+def workload_limits(requests_grids: Sequence[np.ndarray], smallest_budget: int, max_items: int | None = None,
+                    max_frames: int | None = None) -> tuple[int, int]:
+    """(max_items, max_frames) for a workload: the most items / temporal patches of any request, unless given.
+
+    Capped to fit the smallest budget (≥ 1 token per item); max_frames is at least max_items.
+    """
+    if max_items is None:
+        max_items = min(max(len(g) for g in requests_grids), smallest_budget)
+    if max_frames is None:
+        max_frames = max(max_items, max(int(g[:, 0].sum()) for g in requests_grids))
+    return max_items, max_frames
+
+
 def square_grid(budget: int, merge: int = 2) -> list[int]:
     """A one-image grid [1, h, w] with h·w = m²·budget, h and w multiples of m, as square as possible."""
     a = int(math.isqrt(budget))
@@ -360,7 +366,7 @@ def run_benchmark(args, argv) -> dict:
     grids = [np.array([item.grid for item in r], dtype=np.int64) for r in requests]
     budgets = parse_budgets(args.budgets) if args.budgets else None
     budgets = budgets or default_budgets(grids, config.merge_area)
-    budget_config = BudgetConfig(budgets, max_items=args.max_items, max_frames=args.max_frames)
+    budget_config = BudgetConfig(budgets, *workload_limits(grids, budgets[0], args.max_items, args.max_frames))
 
     # inputs, generated once, on the device
     gen = torch.Generator(device=device).manual_seed(args.seed)
@@ -562,6 +568,7 @@ def latency_table(args, argv) -> dict:
         "config": "glm41v" if args.config == "full" else "tiny",
         "attn_backend": model.attention_backend(),
         "budgets": [r for r in rows if r["graph_ms"] is not None],
+        "capture": {str(k): v for k, v in runner.stats.capture.items()},
         "failed": {str(k): v for k, v in runner.stats.failed.items()},
     }
 
@@ -589,8 +596,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time only the first N requests in transformers mode (it is slow)")
     m.add_argument("--budgets", default=None, help="graph token budgets, e.g. 64,128,256 (default: powers of two "
                    "from 64 up to the largest request)")
-    m.add_argument("--max-items", type=int, default=8, help="items per graph batch (default 8)")
-    m.add_argument("--max-frames", type=int, default=32, help="temporal patches per graph batch (default 32)")
+    m.add_argument("--max-items", type=int, default=None,
+                   help="items per graph batch (default: the most any request of the workload has)")
+    m.add_argument("--max-frames", type=int, default=None,
+                   help="temporal patches (attention segments) per graph batch (default: the most any request has; "
+                        "every segment slot is a row of the flash-attention grid, so unused slots cost time)")
     m.add_argument("--attn-backend", default=None, help="varlen, flash_attn, sdpa_masked (default: the device's)")
     m.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bf16 on CUDA, fp32 on CPU")
     m.add_argument("--config", choices=["full", "tiny"], default=None, help="default full on CUDA, tiny on CPU")

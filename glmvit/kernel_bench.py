@@ -17,9 +17,7 @@ import argparse
 import datetime
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 
 import torch
@@ -27,6 +25,7 @@ import torch.nn.functional as F
 
 from .kernels import interpolate_pos_embed, uses_triton
 from .metadata import build_metadata
+from .provenance import git_state, gpu_driver
 
 # 224² → a 16×16 patch grid; 1024² → smart_resize rounds to 1036² = 74×74 patches (an even count per side).
 CASES = {
@@ -106,31 +105,20 @@ def time_cuda(fn, warmup: int, runs: int) -> float:
     return 1000 * statistics.median(start.elapsed_time(end) for start, end in events)
 
 
-def _command(*args: str) -> str | None:
-    try:
-        return subprocess.run(args, capture_output=True, text=True, check=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def provenance() -> dict:
     import triton
 
     props = torch.cuda.get_device_properties(0)
-    driver = _command("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader") if shutil.which(
-        "nvidia-smi") else None
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return {
         "gpu": props.name,
         "compute_capability": f"{props.major}.{props.minor}",
         "multiprocessors": props.multi_processor_count,
         "memory_gib": round(props.total_memory / 2**30, 1),
-        "driver": driver.splitlines()[0] if driver else None,
+        "driver": gpu_driver(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "triton": triton.__version__,
-        "git_commit": _command("git", "-C", repo, "rev-parse", "HEAD"),
-        "git_dirty": bool(_command("git", "-C", repo, "status", "--porcelain", "--untracked-files=no")),
+        **git_state(),
         "command": " ".join([sys.executable, *sys.argv]),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }

@@ -28,9 +28,7 @@ import json
 import math
 import numbers
 import os
-import shutil
 import socket
-import subprocess
 import sys
 import time
 import zlib
@@ -43,6 +41,7 @@ import torch.distributed as dist
 
 from .graphs import EncoderGraphRunner
 from .model import GlmVisionEncoder
+from .provenance import git_state, gpu_driver
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -348,15 +347,6 @@ def init_distributed() -> tuple[int, int, torch.device]:
     return dist.get_rank(), dist.get_world_size(), device
 
 
-def _git(*args: str) -> str | None:
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        return subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True, check=True,
-                              timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def provenance(device: torch.device, argv: list[str]) -> dict:
     """Where and how a result was produced (gathered from every rank; call on all ranks)."""
     if device.type == "cuda":
@@ -368,13 +358,7 @@ def provenance(device: torch.device, argv: list[str]) -> dict:
     mine["host"] = socket.gethostname()
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
-    driver = None
-    if device.type == "cuda" and shutil.which("nvidia-smi"):
-        try:
-            driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                    capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
-        except (OSError, subprocess.SubprocessError, IndexError):
-            driver = None
+    driver = gpu_driver() if device.type == "cuda" else None
     world = dist.get_world_size()
     return {
         "ranks": everyone,
@@ -383,8 +367,7 @@ def provenance(device: torch.device, argv: list[str]) -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else None,
-        "git_commit": _git("rev-parse", "HEAD"),
-        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        **git_state(),
         "command": f"torchrun --nproc-per-node {os.environ.get('LOCAL_WORLD_SIZE', world)} -m glmvit.parallel "
                    + " ".join(argv),
         "argv": [sys.executable, *sys.argv],

@@ -175,3 +175,15 @@ def test_latency_table_loads(tmp_path):
     raw = json.loads(path.read_text())
     assert raw["provenance"]["graph"].startswith("emulated") and [b["grid"] for b in raw["budgets"]] == [
         [1, 8, 8], [1, 16, 16]]
+    assert set(raw["capture"]) == {"16", "64"} and all(c["seconds"] >= 0 for c in raw["capture"].values())
+
+
+def test_workload_limits_size_the_segment_slots_to_the_workload():
+    from glmvit.bench import workload_limits
+
+    images = [np.array([[1, 16, 16]]), np.array([[1, 16, 16], [1, 8, 8]])]
+    assert workload_limits(images, 64) == (2, 2)
+    clip = [np.array([[4, 16, 16]])]
+    assert workload_limits(clip, 256) == (1, 4)
+    assert workload_limits(images, 1) == (1, 2)  # one token per item at most in a 1-token budget
+    assert workload_limits(images, 64, max_items=3, max_frames=5) == (3, 5)
