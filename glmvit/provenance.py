@@ -1,7 +1,8 @@
 """Where a recorded result came from: the git commit of this checkout and the GPU driver.
 
-A copy of the working tree without ``.git`` (e.g. the tree a remote GPU machine receives) cannot ask git, so
-``GLMVIT_GIT_COMMIT`` may name the commit instead; ``git_dirty`` is then ``None`` (unknown), never ``False``.
+A copy of the working tree sent to another machine may carry no ``.git``, or a stale one that names an older
+commit, so ``GLMVIT_GIT_COMMIT``, when set, names the commit and wins over git; ``git_dirty`` is then ``None``
+(unknown), never ``False``.
 """
 from __future__ import annotations
 
@@ -22,13 +23,15 @@ def command_output(*args: str) -> str | None:
 
 
 def git_state() -> dict:
-    """{"git_commit", "git_dirty", "commit_source"}: from git when the checkout has one, else from the env var."""
+    """{"git_commit", "git_dirty", "commit_source"}: from ``GLMVIT_GIT_COMMIT`` when set, else from git."""
+    given = os.environ.get(COMMIT_ENV)
+    if given:
+        return {"git_commit": given, "git_dirty": None, "commit_source": COMMIT_ENV}
     commit = command_output("git", "-C", REPO, "rev-parse", "HEAD")
-    if commit:
-        dirty = command_output("git", "-C", REPO, "status", "--porcelain", "--untracked-files=no")
-        return {"git_commit": commit, "git_dirty": bool(dirty), "commit_source": "git"}
-    given = os.environ.get(COMMIT_ENV) or None
-    return {"git_commit": given, "git_dirty": None, "commit_source": COMMIT_ENV if given else None}
+    if not commit:
+        return {"git_commit": None, "git_dirty": None, "commit_source": None}
+    dirty = command_output("git", "-C", REPO, "status", "--porcelain", "--untracked-files=no")
+    return {"git_commit": commit, "git_dirty": bool(dirty), "commit_source": "git"}
 
 
 def gpu_driver() -> str | None:
