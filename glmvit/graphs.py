@@ -25,6 +25,7 @@ from .metadata import BatchShape, EncoderMetadata, build_metadata
 from .model import GlmVisionEncoder
 
 BACKENDS = ("cuda", "emulate")
+LAYOUT_CACHE_SIZE = 1024  # distinct request layouts (grids) whose plans are kept
 
 
 @dataclass
@@ -48,6 +49,18 @@ class BudgetGraph:
 
     def data_pointers(self) -> tuple[int, ...]:
         return (self.pixels.data_ptr(), self.meta.packed.data_ptr(), self.output.data_ptr())
+
+
+@dataclass(frozen=True, eq=False)
+class BatchStep:
+    """One planned batch of a request: its items, their pixel rows and tokens, and the graph (None = eager)."""
+
+    items: tuple[int, ...]
+    tokens: int
+    graph: BudgetGraph | None
+    grids: np.ndarray
+    rows: list[tuple[int, int]]
+    item_tokens: list[int]
 
 
 @dataclass
@@ -117,6 +130,7 @@ class EncoderGraphRunner:
         self.graphs: dict[int, BudgetGraph] = {}
         self.pool = None
         self.stats = RunnerStats()
+        self._layouts: dict[bytes, list[BatchStep]] = {}  # plans by the request's grids; reset by capture()
 
     # ---- capture -------------------------------------------------------------------------------------------
     def batch_shape(self, budget: int) -> BatchShape:
@@ -176,6 +190,7 @@ class EncoderGraphRunner:
     def capture(self) -> "EncoderGraphRunner":
         """Capture every budget, largest first into one pool; a budget that runs out of memory is skipped."""
         budgets = sorted(self.config.token_budgets, reverse=True)
+        self._layouts.clear()  # plans name the graphs they replay
         if self.compiled:  # one compiled specialisation per budget shape
             import torch._dynamo.config as dynamo_config
 
@@ -250,44 +265,60 @@ class EncoderGraphRunner:
             bg.output.copy_(self.forward_static(bg.pixels, bg.meta))
         return bg.output
 
+    def _layout(self, grids: np.ndarray) -> list[BatchStep]:
+        """The batches of a request with these grids: planned once per distinct grids, then reused."""
+        key = grids.tobytes()
+        steps = self._layouts.get(key)
+        if steps is not None:
+            return steps
+        merge_area = self.model.config.merge_area
+        item_rows = (grids[:, 0] * grids[:, 1] * grids[:, 2]).astype(np.int64)
+        row_start = np.concatenate([[0], np.cumsum(item_rows)])
+        items = [(int(r) // merge_area, int(t)) for r, t in zip(item_rows, grids[:, 0])]
+        plan = plan_batches(items, self.config, packer=self.packer) if items else None
+        steps = []
+        for batch in plan.batches if plan else []:
+            idx = tuple(batch.item_indices)
+            tokens = sum(items[i][0] for i in idx)
+            frames = sum(items[i][1] for i in idx)
+            graph = self._fit(tokens, frames) if batch.budget is not None else None
+            steps.append(BatchStep(idx, tokens, graph, grids[list(idx)], [(int(row_start[i]), int(row_start[i + 1]))
+                                   for i in idx], [items[i][0] for i in idx]))
+        if len(self._layouts) >= LAYOUT_CACHE_SIZE:
+            self._layouts.clear()
+        self._layouts[key] = steps
+        return steps
+
     @torch.inference_mode()
     def run(self, pixel_values: torch.Tensor, grid_thw) -> list[torch.Tensor]:
         """Encode a batch of images/videos; returns one [tokens_i, out_hidden_size] tensor per item, in order."""
         start = time.perf_counter()
         model = self.model
         grids = model.check_inputs(pixel_values, grid_thw)
-        merge_area = model.config.merge_area
-        item_rows = (grids[:, 0] * grids[:, 1] * grids[:, 2]).astype(np.int64)
-        row_start = np.concatenate([[0], np.cumsum(item_rows)])
-        items = [(int(r) // merge_area, int(t)) for r, t in zip(item_rows, grids[:, 0])]
-        plan = plan_batches(items, self.config, packer=self.packer) if items else None
-        results: list[torch.Tensor | None] = [None] * len(items)
+        steps = self._layout(grids)
+        results: list[torch.Tensor | None] = [None] * len(grids)
         host_s = time.perf_counter() - start
-        for batch in plan.batches if plan else []:
-            idx = list(batch.item_indices)
-            tokens = sum(items[i][0] for i in idx)
-            frames = sum(items[i][1] for i in idx)
-            chunks = [pixel_values[row_start[i] : row_start[i + 1]] for i in idx]
-            bg = self._fit(tokens, frames) if batch.budget is not None else None
-            if bg is None:
-                out = model.forward(torch.cat(chunks).to(model.device), grids[idx])
+        for step in steps:
+            chunks = [pixel_values[a:b] for a, b in step.rows]
+            if step.graph is None:
+                out = model.forward(torch.cat(chunks).to(model.device), step.grids)
                 self.stats.eager_batches += 1
-                self.stats.fallback_items += len(idx)
+                self.stats.fallback_items += len(step.items)
             else:
                 t0 = time.perf_counter()
-                out = self._replay(bg, chunks, grids[idx])
+                out = self._replay(step.graph, chunks, step.grids)
                 host_s += time.perf_counter() - t0
                 self.stats.replays += 1
-                self.stats.real_tokens += tokens
-                self.stats.budget_tokens += bg.budget
+                self.stats.real_tokens += step.tokens
+                self.stats.budget_tokens += step.graph.budget
             offset = 0
-            for i in idx:
-                results[i] = out[offset : offset + items[i][0]].clone()
-                offset += items[i][0]
+            for i, n in zip(step.items, step.item_tokens):
+                results[i] = out[offset : offset + n].clone()
+                offset += n
         if self.backend == "cuda":
             torch.cuda.current_stream().synchronize()  # the caller needs the results; makes total_s honest
         self.stats.runs += 1
-        self.stats.items += len(items)
+        self.stats.items += len(grids)
         self.stats.host_s += host_s
         self.stats.total_s += time.perf_counter() - start
         return results

@@ -122,3 +122,20 @@ def test_metadata_is_rebuilt_only_when_the_grids_change(runner, tiny_model, tiny
         with torch.no_grad():
             torch.testing.assert_close(torch.cat(outs), tiny_model(pixels, grid), atol=1e-5, rtol=1e-5)
     assert len(calls) == 3  # a, b, a: the repeats reuse what the budget's buffers hold
+
+
+def test_a_request_layout_is_planned_once(runner, tiny_config, monkeypatch):
+    """Requests with the same grids reuse their plan; a new capture() forgets plans (they name its graphs)."""
+    import glmvit.graphs as graphs
+
+    calls = []
+    real = graphs.plan_batches
+    monkeypatch.setattr(graphs, "plan_batches", lambda *a, **k: calls.append(1) or real(*a, **k))
+    request = random_batch([[1, 4, 4], [1, 12, 12], [2, 2, 2]], tiny_config, seed=6)  # one oversize item: eager
+    first = runner.run(*request)
+    second = runner.run(*request)
+    assert len(calls) == 1 and all(torch.equal(a, b) for a, b in zip(first, second))
+    assert runner.stats.eager_batches == 2 and runner.stats.replays == 2
+    runner.capture()
+    runner.run(*request)
+    assert len(calls) == 2
