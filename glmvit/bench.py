@@ -248,7 +248,11 @@ def _make_mode(mode: str, model, args, device: torch.device, dtype: torch.dtype,
             record["capture_reserved_bytes"] = torch.cuda.memory_reserved() - before
         record["backend"] = backend
         record["_runner"] = runner
-        return lambda pixels, grids, flat: torch.cat(runner.run(pixels, grids))
+        def run_graphs(pixels, grids, flat):
+            outs = runner.run(pixels, grids)  # per-item clones, ready (run() synchronises)
+            return outs[0] if len(outs) == 1 else torch.cat(outs)  # the other modes return one tensor
+
+        return run_graphs
     if mode == "compile":
         static = torch.compile(model.forward_static, dynamic=False)
         merge = model.config.spatial_merge_size
