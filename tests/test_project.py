@@ -64,3 +64,12 @@ def test_notebook_follows_the_template(path):
             checked = "NBVAL_CHECK_OUTPUT" in "".join(cell["source"])
             assert checked or not cell.get("outputs"), f"{path.name}: committed outputs"
             assert cell.get("execution_count") is None or checked, f"{path.name}: committed execution counts"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "data" / "bench").glob("*.json")), ids=lambda p: p.name)
+def test_recorded_gpu_results_carry_their_provenance(path):
+    """Every recorded result names its GPU, library versions, the exact commit measured and the command."""
+    prov = json.loads(path.read_text())["provenance"]
+    assert prov["gpu"] and prov["torch"] and prov["triton"] and prov["date_utc"]
+    assert re.fullmatch(r"[0-9a-f]{40}", prov["git_commit"] or ""), prov.get("git_commit")
+    assert "glmvit" in prov["command"] or "bench" in prov["command"]
