@@ -299,7 +299,7 @@ def compare(got: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------------------------
 def default_budgets(requests_grids: Sequence[np.ndarray], merge_area: int = 4) -> tuple[int, ...]:
     """Powers of two from 64 to the first one ≥ the largest request (in output tokens)."""
-    largest = max(int((g[:, 0] * g[:, 1] * g[:, 2]).sum()) // merge_area for g in requests_grids)
+    largest = max((int((g[:, 0] * g[:, 1] * g[:, 2]).sum()) // merge_area for g in requests_grids), default=0)
     budgets = [64]
     while budgets[-1] < largest:
         budgets.append(budgets[-1] * 2)
@@ -310,12 +310,12 @@ def workload_limits(requests_grids: Sequence[np.ndarray], smallest_budget: int, 
                     max_frames: int | None = None) -> tuple[int, int]:
     """(max_items, max_frames) for a workload: the most items / temporal patches of any request, unless given.
 
-    Capped to fit the smallest budget (≥ 1 token per item); max_frames is at least max_items.
+    At least 1, capped to fit the smallest budget (≥ 1 token per item); max_frames is at least max_items.
     """
     if max_items is None:
-        max_items = min(max(len(g) for g in requests_grids), smallest_budget)
+        max_items = min(max([len(g) for g in requests_grids] + [1]), smallest_budget)
     if max_frames is None:
-        max_frames = max(max_items, max(int(g[:, 0].sum()) for g in requests_grids))
+        max_frames = max([max_items] + [int(g[:, 0].sum()) for g in requests_grids])
     return max_items, max_frames
 
 

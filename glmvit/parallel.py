@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import numbers
 import os
 import socket
@@ -39,6 +38,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .bench import default_budgets, workload_limits
 from .graphs import EncoderGraphRunner
 from .model import GlmVisionEncoder
 from .provenance import git_state, gpu_driver
@@ -398,16 +398,10 @@ def demo_requests(args, config, device, dtype):
 
 
 def _budgets_for(requests, merge_area: int) -> tuple[tuple[int, ...], int, int]:
-    """Powers of two from 64 up to the largest request's tokens; max items / frames of the largest request."""
-    tokens = [int((g[:, 0] * g[:, 1] * g[:, 2]).sum()) // merge_area for _, g in requests] or [64]
-    top = 2 ** math.ceil(math.log2(max(max(tokens), 64)))
-    budgets, b = [], 64
-    while b <= top:
-        budgets.append(b)
-        b *= 2
-    max_items = max([len(g) for _, g in requests] + [1])
-    max_frames = max([int(g[:, 0].sum()) for _, g in requests] + [1])
-    return tuple(budgets), min(max_items, budgets[0]), max(max_frames, max_items)
+    """The bench's defaults: powers of two from 64 up to the largest request; max items / frames of any request."""
+    grids = [g for _, g in requests]
+    budgets = default_budgets(grids, merge_area)
+    return (budgets, *workload_limits(grids, budgets[0]))
 
 
 def _time_requests(fn, requests, device) -> list[float]:
