@@ -2,7 +2,7 @@
 
 ``EncoderGraphRunner(model, budget_config, backend="cuda")`` captures ``forward_static`` once per budget
 (largest first, into one shared memory pool). ``run(pixel_values, grid_thw)`` packs the items into batches
-(``glmvit.budget.plan_batches``), and for each batch builds the host metadata, copies pixels and metadata into
+(``glmvit.packing.plan_batches``), and for each batch builds the host metadata, copies pixels and metadata into
 the budget's static buffers, replays the graph and clones every item's rows out of the static output buffer.
 The metadata goes through one pinned staging buffer per budget (no per-batch pinning), and is not rebuilt at all
 when a batch has the same grids as the budget's previous one (a stream of same-sized images).
@@ -11,18 +11,23 @@ What no budget fits runs eagerly. ``backend="emulate"`` does the same bookkeepin
 """
 from __future__ import annotations
 
+import logging
 import re
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from .attention import GRAPH_SAFE
-from .budget import BudgetConfig, plan_batches
+from .geometry import ItemSpec
 from .metadata import BatchShape, EncoderMetadata, build_metadata
 from .model import GlmVisionEncoder
+from .packing import BudgetConfig, plan_batches
+
+log = logging.getLogger(__name__)
 
 BACKENDS = ("cuda", "emulate")
 LAYOUT_CACHE_SIZE = 1024  # distinct request layouts (grids) whose plans are kept
@@ -107,8 +112,8 @@ class EncoderGraphRunner:
         backend: str = "cuda",
         packer: str = "ffd",
         check_pointers: bool = False,
-        progress: bool = True,
-        compile: bool = False,
+        progress: bool = False,
+        torch_compile: bool = False,
     ):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -123,10 +128,11 @@ class EncoderGraphRunner:
         self.packer = packer
         self.check_pointers = check_pointers
         self.progress = progress
-        # torch.compile fuses the small elementwise kernels (norms, rotary, SwiGLU) before capture: about 2× faster
-        # replays on an H200, at the cost of ~25 s compile per budget and bf16 rounding that differs from forward.
-        self.compiled = compile
-        self.forward_static = torch.compile(model.forward_static, dynamic=False) if compile else model.forward_static
+        # torch.compile fuses the small elementwise kernels (norms, rotary, SwiGLU) before capture: faster replays,
+        # at the cost of a compile per budget shape and bf16 rounding that differs from the uncompiled forward.
+        self.compiled = torch_compile
+        self.forward_static = torch.compile(model.forward_static, dynamic=False) if torch_compile \
+            else model.forward_static
         self.graphs: dict[int, BudgetGraph] = {}
         self.pool = None
         self.stats = RunnerStats()
@@ -134,9 +140,9 @@ class EncoderGraphRunner:
 
     # ---- capture -------------------------------------------------------------------------------------------
     def batch_shape(self, budget: int) -> BatchShape:
-        """Static shape of a budget: rows = budget·m², segment slots = min(max_frames, budget) (≥ 1 token each)."""
+        """Static shape of a budget: rows = budget·m², segment slots = min(max_segments, budget) (≥ 1 token each)."""
         rows = budget * self.model.config.merge_area
-        return BatchShape(rows=rows, segments=min(self.config.max_frames, budget), max_seqlen=rows)
+        return BatchShape(rows=rows, segments=min(self.config.max_segments, budget), max_seqlen=rows)
 
     def _allocate(self, budget: int) -> BudgetGraph:
         cfg, dev = self.model.config, self.model.device
@@ -226,15 +232,15 @@ class EncoderGraphRunner:
                 "segments": bg.shape.segments,
             }
         for message in self.stats.failed.values():
-            print(message)
+            log.warning(message)
         return self
 
     # ---- replay --------------------------------------------------------------------------------------------
-    def _fit(self, tokens: int, frames: int) -> BudgetGraph | None:
-        """Smallest captured budget whose token and frame capacity hold the batch."""
+    def _fit(self, tokens: int, segments: int) -> BudgetGraph | None:
+        """Smallest captured budget whose token and segment capacity hold the batch."""
         for budget in sorted(self.graphs):
             bg = self.graphs[budget]
-            if tokens <= budget and frames <= bg.shape.segments:
+            if tokens <= budget and segments <= bg.shape.segments:
                 return bg
         return None
 
@@ -265,6 +271,23 @@ class EncoderGraphRunner:
             bg.output.copy_(self.forward_static(bg.pixels, bg.meta))
         return bg.output
 
+    @torch.inference_mode()
+    def replay(self, budget: int, pixel_values: torch.Tensor, grid_thw: Any) -> torch.Tensor:
+        """Run one batch in the graph of ``budget`` (it must fit there), whatever smaller budget would also fit.
+
+        Returns the budget's static output buffer [budget, out_hidden_size] (padded tokens are zero); the next replay
+        of this budget overwrites it, so clone what you keep. For measuring one budget on any layout.
+        """
+        grids = self.model.check_inputs(pixel_values, grid_thw)
+        bg = self.graphs.get(budget)
+        if bg is None:
+            raise ValueError(f"budget {budget} is not captured (captured: {sorted(self.graphs)})")
+        tokens, segments = int((grids.prod(axis=1)).sum()) // self.model.config.merge_area, int(grids[:, 0].sum())
+        if tokens > budget or segments > bg.shape.segments:
+            raise ValueError(f"a batch of {tokens} tokens in {segments} segments does not fit budget {budget} "
+                             f"({bg.shape.segments} segment slots)")
+        return self._replay(bg, [pixel_values], grids)
+
     def _layout(self, grids: np.ndarray) -> list[BatchStep]:
         """The batches of a request with these grids: planned once per distinct grids, then reused."""
         key = grids.tobytes()
@@ -274,16 +297,14 @@ class EncoderGraphRunner:
         merge_area = self.model.config.merge_area
         item_rows = (grids[:, 0] * grids[:, 1] * grids[:, 2]).astype(np.int64)
         row_start = np.concatenate([[0], np.cumsum(item_rows)])
-        items = [(int(r) // merge_area, int(t)) for r, t in zip(item_rows, grids[:, 0])]
+        items = [ItemSpec(int(r) // merge_area, int(t)) for r, t in zip(item_rows, grids[:, 0], strict=True)]
         plan = plan_batches(items, self.config, packer=self.packer) if items else None
         steps = []
         for batch in plan.batches if plan else []:
             idx = tuple(batch.item_indices)
-            tokens = sum(items[i][0] for i in idx)
-            frames = sum(items[i][1] for i in idx)
-            graph = self._fit(tokens, frames) if batch.budget is not None else None
-            steps.append(BatchStep(idx, tokens, graph, grids[list(idx)], [(int(row_start[i]), int(row_start[i + 1]))
-                                   for i in idx], [items[i][0] for i in idx]))
+            graph = self._fit(batch.tokens, batch.segments) if batch.budget is not None else None
+            rows = [(int(row_start[i]), int(row_start[i + 1])) for i in idx]
+            steps.append(BatchStep(idx, batch.tokens, graph, grids[list(idx)], rows, [items[i].tokens for i in idx]))
         if len(self._layouts) >= LAYOUT_CACHE_SIZE:
             self._layouts.clear()
         self._layouts[key] = steps

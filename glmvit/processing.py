@@ -17,25 +17,30 @@ import torch
 from PIL import Image, ImageSequence, UnidentifiedImageError
 from transformers.image_transforms import convert_to_rgb
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, load_image
-from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil, smart_resize
+from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil
+
+from .geometry import (
+    FACTOR,
+    IMAGE_MAX_PIXELS,
+    IMAGE_MIN_PIXELS,
+    MERGE_SIZE,
+    PATCH_SIZE,
+    TEMPORAL_PATCH_SIZE,
+    VIDEO_MAX_PIXELS,
+    smart_resize,
+)
 
 __all__ = [
     "VisionInputs",
     "process_images",
     "process_video",
-    "smart_resize",
     "sample_frame_indices_glm41v",
     "sample_frame_indices_glm46v",
     "patchify_image",
     "patchify_video",
 ]
 
-PATCH = 14
-TEMPORAL = 2
-MERGE = 2
-IMAGE_MIN_PIXELS = 112 * 112
-IMAGE_MAX_PIXELS = 28 * 28 * 2 * 6144  # 9,633,792: what GLM-4V checkpoints ship
-VIDEO_MAX_PIXELS = 28 * 28 * 2 * 30000  # the video processors' longest_edge; counts t̄·h·w
+PATCH, TEMPORAL, MERGE = PATCH_SIZE, TEMPORAL_PATCH_SIZE, MERGE_SIZE
 RULES = ("glm41v", "glm46v")
 KINDS = ("image", "video")
 
@@ -320,15 +325,8 @@ def process_video(
         indices = sample_frame_indices_glm46v(len(frames), rate)
     if not indices:
         raise ValueError(f"video {source or '(array)'}: too short, no frame sampled")
-    height, width = smart_resize(
-        num_frames=len(indices),
-        height=frames.shape[1],
-        width=frames.shape[2],
-        temporal_factor=TEMPORAL,
-        factor=PATCH * MERGE,
-        min_pixels=min_pixels,
-        max_pixels=max_pixels,
-    )
+    height, width = smart_resize(frames.shape[1], frames.shape[2], len(indices), factor=FACTOR,
+                                 min_pixels=min_pixels, max_pixels=max_pixels, temporal_factor=TEMPORAL)
     pixels = np.stack([_normalised_frame(frames[i], height, width) for i in indices])
     return VisionInputs(
         pixel_values=patchify_video(torch.from_numpy(pixels)),

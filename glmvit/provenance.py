@@ -1,4 +1,4 @@
-"""Where a recorded result came from: the git commit of this checkout and the GPU driver.
+"""Where a recorded result came from: device, driver, library versions, the git commit, the command and the date.
 
 A copy of the working tree sent to another machine may carry no ``.git``, or a stale one that names an older
 commit, so ``GLMVIT_GIT_COMMIT``, when set, names the commit and wins over git; ``git_dirty`` is then ``None``
@@ -6,9 +6,15 @@ commit, so ``GLMVIT_GIT_COMMIT``, when set, names the commit and wins over git; 
 """
 from __future__ import annotations
 
+import datetime
 import os
+import platform
 import shutil
 import subprocess
+import sys
+from typing import Any
+
+import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMIT_ENV = "GLMVIT_GIT_COMMIT"
@@ -40,3 +46,30 @@ def gpu_driver() -> str | None:
         return None
     out = command_output("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
     return out.splitlines()[0] if out else None
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except Exception:  # noqa: BLE001 - a missing or broken optional package is just "not there"
+        return None
+
+
+def collect(device: torch.device | str, command: str | None = None) -> dict[str, Any]:
+    """Where and how a result was measured: device, driver, library versions, git commit, command line, date."""
+    device = torch.device(device)
+    info: dict[str, Any] = {"device": str(device)}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(gpu=props.name, compute_capability=f"{props.major}.{props.minor}",
+                    multiprocessors=props.multi_processor_count, memory_gib=round(props.total_memory / 2**30, 1),
+                    driver=gpu_driver(), cuda=torch.version.cuda)
+    else:
+        info.update(gpu=None, cpu=platform.processor() or platform.machine(), threads=torch.get_num_threads())
+    info.update(
+        torch=torch.__version__, triton=_version("triton"), transformers=_version("transformers"),
+        python=platform.python_version(), **git_state(),
+        command=command if command is not None else " ".join([sys.executable, *sys.argv]),
+        date_utc=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )
+    return info

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from glmvit import VisionConfig
-from glmvit.testing import encoder_like, hf_vision_model
+from glmvit.oracle import encoder_like, hf_vision_model
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 

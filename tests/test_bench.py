@@ -11,9 +11,14 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from glmvit import VisionConfig
-from glmvit.bench import (WORKLOADS, encoder_flops, flops_breakdown, floor_ms, main, parse_modes, square_grid)
-from glmvit.budget import grid_for, load_latency_table, parse_bucket_config
-from glmvit.demo import build_model
+from glmvit.cli.bench import main, parse_modes
+from glmvit.cli.latency import square_grid
+from glmvit.floor import encoder_flops, floor_ms, flops_breakdown
+from glmvit.workloads import PRESETS
+from glmvit.costmodel import load_latency_table
+from glmvit.geometry import grid_for
+from glmvit.workloads import parse_bucket_config
+from glmvit.cli.common import build_model
 
 CPU_ARGS = ["--device", "cpu", "--config", "tiny", "--num-requests", "3", "--warmup", "1", "--quiet", "--threads", "1"]
 
@@ -123,7 +128,9 @@ def test_flops_against_flop_counter(backend):
 def test_workload_presets():
     assert grid_for(224, 224, 8) == (4, 16, 16)  # the seed's video workload
     assert grid_for(448, 448, 1) == (1, 32, 32)
-    assert WORKLOADS["img8x448"][1] == 8 and WORKLOADS["video8x224"][0] == {(224, 224, 8): 1.0}
+    assert PRESETS["img8x448"].items_per_request == 8 and PRESETS["video8x224"].bucket_config == {(224, 224, 8): 1.0}
+    sizes = {len(r) for r in PRESETS["mixed-img"].requests(200)}
+    assert sizes == {1, 2, 3, 4}  # 1–4 images per request, as the preset says
 
 
 def test_square_grid():
@@ -153,9 +160,9 @@ def test_bad_bucket_config_is_a_clear_cli_error(text, message, capsys):
 
 
 def test_bad_modes():
-    assert parse_modes("transformers, eager,graph-emulated", torch.device("cpu")) == ["transformers", "eager", "graph"]
+    assert parse_modes("transformers, eager,graph-emulated") == ["transformers", "eager", "graph"]
     with pytest.raises(ValueError, match="unknown mode 'fast'"):
-        parse_modes("eager,fast", torch.device("cpu"))
+        parse_modes("eager,fast")
 
 
 def test_compile_is_skipped_on_cpu(tmp_path):
@@ -167,23 +174,30 @@ def test_compile_is_skipped_on_cpu(tmp_path):
 
 
 def test_latency_table_loads(tmp_path):
+    from glmvit.cli.latency import main as latency_main
+
     path = tmp_path / "latency.json"
-    assert main(["--device", "cpu", "--config", "tiny", "--quiet", "--warmup", "0", "--latency-runs", "1",
-                 "--budgets", "16,64", "--latency-table", str(path)]) == 0
+    assert latency_main(["--device", "cpu", "--config", "tiny", "--quiet", "--warmup", "0", "--runs", "1",
+                         "--budgets", "16,64,128", "--json", str(path)]) == 0
     table = load_latency_table(path)
-    assert table.tokens == (16, 64) and table.config == "tiny" and table.dtype == "float32"
+    assert table.tokens == (16, 64, 128) and table.config == "tiny" and table.dtype == "float32"
     raw = json.loads(path.read_text())
-    assert raw["provenance"]["graph"].startswith("emulated") and [b["grid"] for b in raw["budgets"]] == [
-        [1, 8, 8], [1, 16, 16]]
-    assert set(raw["capture"]) == {"16", "64"} and all(c["seconds"] >= 0 for c in raw["capture"].values())
+    assert raw["provenance"]["graph_backend"] == "emulate"
+    assert [b["grid"] for b in raw["budgets"]] == [[1, 8, 8], [1, 16, 16], [1, 16, 32]]
+    names = [x["name"] for x in raw["budgets"][2]["layouts"]]
+    assert names == ["full", "half", "one-small", "many-small"]  # 128 tokens: no room for the 256-token clip
+    for b in raw["budgets"]:  # the table's graph time of a budget is its slowest layout
+        assert b["graph_ms"] == max(x["graph_ms"] for x in b["layouts"]) >= b["full_graph_ms"]
+    assert set(raw["capture"]) == {"16", "64", "128"} and all(c["seconds"] >= 0 for c in raw["capture"].values())
 
 
-def test_workload_limits_size_the_segment_slots_to_the_workload():
-    from glmvit.bench import workload_limits
+def test_default_limits_size_the_segment_slots_to_the_workload():
+    from glmvit.geometry import ItemSpec
+    from glmvit.packing import BudgetConfig
 
-    images = [np.array([[1, 16, 16]]), np.array([[1, 16, 16], [1, 8, 8]])]
-    assert workload_limits(images, 64) == (2, 2)
-    clip = [np.array([[4, 16, 16]])]
-    assert workload_limits(clip, 256) == (1, 4)
-    assert workload_limits(images, 1) == (1, 2)  # one token per item at most in a 1-token budget
-    assert workload_limits(images, 64, max_items=3, max_frames=5) == (3, 5)
+    images = [[ItemSpec(64, 1)], [ItemSpec(64, 1), ItemSpec(16, 1)]]
+    config = BudgetConfig.for_requests(images)
+    assert (config.max_items, config.max_segments) == (2, 2)
+    assert BudgetConfig.for_requests([[ItemSpec(256, 4)]]).max_segments == 4
+    tiny = BudgetConfig.for_requests(images, token_budgets=(1, 128))
+    assert (tiny.max_items, tiny.max_segments) == (1, 2)  # one token per item at most in a 1-token budget

@@ -1,4 +1,4 @@
-"""glmvit.budget: sizes, budgets, packing (property tests), the cost model, recommendations and workloads."""
+"""glmvit.geometry, glmvit.packing (property tests), glmvit.costmodel (cost model, recommendations) and glmvit.workloads."""
 import itertools
 import json
 import math
@@ -8,29 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from glmvit import VisionConfig
-from glmvit.budget import (
-    BudgetConfig,
-    LatencyTable,
-    Plan,
-    TimeEstimate,
-    auto_budgets,
-    combined_stats,
-    compare_packers,
-    graph_memory,
-    grid_for,
-    load_latency_table,
-    output_tokens,
-    parse_bucket_config,
-    parse_budgets,
-    plan_batches,
-    plan_workload,
-    predict_time,
-    random_mm_workload,
-    recommend_budgets,
-    smart_resize,
-    total_graph_memory,
-    workload_from_sizes,
-)
+from glmvit.costmodel import (graph_memory, LatencyTable, load_latency_table, predict_time, recommend_budgets, TimeEstimate, total_graph_memory)
+from glmvit.geometry import grid_for, output_tokens, smart_resize
+from glmvit.geometry import ItemSpec
+from glmvit.packing import (auto_budgets, BudgetConfig, combined_stats, compare_packers, parse_budgets, Plan, plan_batches, plan_workload)
+from glmvit.workloads import parse_bucket_config, random_mm_workload, workload_from_sizes
 
 PACKERS = ["vllm", "ffd"]
 MIXED = {(224, 224, 1): 1, (448, 448, 1): 1, (672, 672, 1): 1, (896, 896, 1): 1, (1120, 1120, 1): 1,
@@ -42,23 +24,23 @@ def workloads(draw):
     """A BudgetConfig and one request's items, some larger than every budget or with too many frames."""
     budgets = draw(st.lists(st.integers(1, 512), min_size=1, max_size=6))
     max_items = draw(st.integers(1, min(min(budgets), 12)))
-    max_frames = draw(st.integers(max_items, max_items + 16))
+    max_segments = draw(st.integers(max_items, max_items + 16))
     top_tokens, top_frames = draw(st.integers(1, 640)), draw(st.integers(1, 12))
     items = draw(st.lists(st.tuples(st.integers(1, top_tokens), st.integers(1, top_frames)), max_size=40))
-    return BudgetConfig(tuple(budgets), max_items, max_frames), items
+    return BudgetConfig.resolve(tuple(budgets), max_items, max_segments), items
 
 
 @st.composite
 def frame_bound_workloads(draw):
     """Equal-token items whose frames, not tokens, decide the packing (where plain FFD can lose to next-fit)."""
     max_items = draw(st.integers(2, 6))
-    max_frames = draw(st.integers(2 * max_items, 4 * max_items))
+    max_segments = draw(st.integers(2 * max_items, 4 * max_items))
     items = draw(st.lists(st.tuples(st.just(1), st.integers(1, 9)), min_size=4, max_size=10))
-    return BudgetConfig((max_items,), max_items, max_frames), items
+    return BudgetConfig.resolve((max_items,), max_items, max_segments), items
 
 
 def fits(item, config):
-    return item[0] <= config.largest and item[1] <= config.max_frames
+    return item[0] <= config.largest and item[1] <= config.max_segments
 
 
 # ----------------------------------------------------------------------------------------- packing properties
@@ -79,11 +61,11 @@ def test_limits_and_smallest_fitting_budget(packer, case):
     config, items = case
     for batch in plan_batches(items, config, packer).batches:
         members = [items[i] for i in batch.item_indices]
-        assert batch.tokens == sum(t for t, _ in members) and batch.frames == sum(f for _, f in members)
+        assert batch.tokens == sum(t for t, _ in members) and batch.segments == sum(f for _, f in members)
         if batch.budget is None:
             continue
         assert len(members) <= config.max_items
-        assert batch.tokens <= config.largest and batch.frames <= config.max_frames
+        assert batch.tokens <= config.largest and batch.segments <= config.max_segments
         assert batch.budget == min(b for b in config.token_budgets if b >= batch.tokens)
 
 
@@ -117,7 +99,7 @@ def test_vllm_packer_is_next_fit_in_ascending_order(case):
     for batch, following in zip(batches, batches[1:]):  # a batch closes only when the next item does not fit
         t, f = items[following.item_indices[0]]
         assert (len(batch.item_indices) == config.max_items or batch.tokens + t > config.largest
-                or batch.frames + f > config.max_frames)
+                or batch.segments + f > config.max_segments)
 
 
 @settings(max_examples=500, deadline=None)
@@ -136,36 +118,36 @@ def test_stats_add_up(case):
 def test_ffd_beats_next_fit_on_a_frame_bound_example():
     """The packer falls back to next-fit where plain FFD would need 3 batches (see _pack_ffd)."""
     items = [(1, f) for f in (2, 7, 5, 1, 9, 2)]
-    stats = compare_packers(items, BudgetConfig((3,), 3, 14))
+    stats = compare_packers(items, BudgetConfig.resolve((3,), 3, 14))
     assert stats["ffd"].batches == stats["vllm"].batches == 2
 
 
 def test_ffd_packs_tighter_than_next_fit():
-    config = BudgetConfig((64, 128), max_items=4)
+    config = BudgetConfig.resolve((64, 128), max_items=4)
     items = [(10, 1), (10, 1), (58, 1), (58, 1), (58, 1), (58, 1)]
     stats = compare_packers(items, config)
     assert stats["ffd"].batches == 2 < stats["vllm"].batches == 3
 
 
 def test_vllm_packer_worked_example():
-    config = BudgetConfig((256, 512), max_items=2)
+    config = BudgetConfig.resolve((256, 512), max_items=2)
     plan = plan_batches([(300, 1), (100, 1), (200, 1), (5000, 1)], config, "vllm")
     assert [(b.item_indices, b.budget) for b in plan.batches] == [((1, 2), 512), ((0,), 512), ((3,), None)]
 
 
 def test_empty_request_gives_empty_plan():
-    assert plan_batches([], BudgetConfig()) == Plan(())
+    assert plan_batches([], BudgetConfig.resolve()) == Plan(())
 
 
 @pytest.mark.parametrize("item", [(0, 1), (-5, 1), (10, 0), (10, -1), (2.5, 1), (10,)])
 def test_bad_items_are_rejected(item):
     with pytest.raises(ValueError, match="item 1"):
-        plan_batches([(64, 1), item], BudgetConfig())
+        plan_batches([(64, 1), item], BudgetConfig.resolve())
 
 
 def test_unknown_packer():
     with pytest.raises(ValueError, match="unknown packer 'best'"):
-        plan_batches([(64, 1)], BudgetConfig(), "best")
+        plan_batches([(64, 1)], BudgetConfig.resolve(), "best")
 
 
 # ------------------------------------------------------------------------------------------------ budgets
@@ -184,15 +166,15 @@ def test_auto_budgets_empty_range():
 
 
 def test_budget_config_defaults_follow_vllm():
-    config = BudgetConfig()
+    config = BudgetConfig.resolve()
     assert config.token_budgets == auto_budgets(64, 4096)
-    assert config.max_items == 64 and config.max_frames == 64
-    assert BudgetConfig((512, 128)).max_items == 64
-    assert BudgetConfig((16, 1024)).max_items == 16
+    assert config.max_items == 64 and config.max_segments == 64
+    assert BudgetConfig.resolve((512, 128)).max_items == 64
+    assert BudgetConfig.resolve((16, 1024)).max_items == 16
 
 
 def test_budget_config_sorts_and_deduplicates():
-    config = BudgetConfig([256, 64, 256, 128], max_items=4, max_frames=8)
+    config = BudgetConfig.resolve([256, 64, 256, 128], max_items=4, max_segments=8)
     assert config.token_budgets == (64, 128, 256)
     assert config.budget_for(65) == 128 and config.budget_for(64) == 64 and config.budget_for(257) is None
 
@@ -205,11 +187,25 @@ def test_budget_config_sorts_and_deduplicates():
     ({"token_budgets": [True]}, "got True"),
     ({"token_budgets": [64, 128], "max_items": 65}, "max_items=65 exceeds the smallest budget 64"),
     ({"max_items": 0}, "max_items must be a positive integer, got 0"),
-    ({"max_items": 8, "max_frames": 4}, "max_frames=4 is below max_items=8"),
+    ({"max_items": 8, "max_segments": 4}, "max_segments=4 is below max_items=8"),
 ])
 def test_budget_config_validation(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        BudgetConfig(**kwargs)
+        BudgetConfig.resolve(**kwargs)
+
+
+@pytest.mark.parametrize("budgets", [(128, 64), (64, 64), ()])
+def test_budget_config_itself_takes_resolved_budgets_only(budgets):
+    """The constructor never fills or reorders anything: resolve() does (a config's fields are what it holds)."""
+    with pytest.raises(ValueError, match="strictly increasing"):
+        BudgetConfig(budgets, 1, 1)
+
+
+def test_for_requests_sizes_a_workload():
+    requests = [[ItemSpec(64, 1)] * 3, [ItemSpec(1000, 4)]]
+    config = BudgetConfig.for_requests(requests)
+    assert config == BudgetConfig((64, 128, 256, 512, 1024), 3, 4)
+    assert BudgetConfig.for_requests(requests, max_items=2, max_segments=9) == BudgetConfig(config.token_budgets, 2, 9)
 
 
 def test_parse_budgets():
@@ -265,7 +261,7 @@ def test_video_grid_counts_frame_pairs():
     assert grid_for(224, 224, 8) == (4, 16, 16)
     assert grid_for(224, 224, 7) == (4, 16, 16)
     item = workload_from_sizes([(224, 224, 8)])[0]
-    assert item.spec == (256, 4) and item.tokens == 256
+    assert item.spec == ItemSpec(tokens=256, segments=4)
 
 
 # ------------------------------------------------------------------------------------------------ workloads
@@ -314,28 +310,28 @@ def test_workload_range_errors():
 # --------------------------------------------------------------------------------------------- cost model
 @pytest.mark.parametrize("vision_config", [VisionConfig.glm41v(), VisionConfig.tiny()])
 def test_graph_memory_grows_with_budget(vision_config):
-    memories = graph_memory(BudgetConfig(), vision_config)
-    assert [m.budget for m in memories] == list(BudgetConfig().token_budgets)
+    memories = graph_memory(BudgetConfig.resolve(), vision_config)
+    assert [m.budget for m in memories] == list(BudgetConfig.resolve().token_budgets)
     for small, large in zip(memories, memories[1:]):
         assert small.static_bytes < large.static_bytes and small.pool_bytes < large.pool_bytes
     assert total_graph_memory(memories) == sum(m.static_bytes for m in memories) + memories[-1].pool_bytes
-    wide = graph_memory(BudgetConfig(), vision_config, dtype="float32")
+    wide = graph_memory(BudgetConfig.resolve(), vision_config, dtype="float32")
     assert all(w.total_bytes > m.total_bytes for w, m in zip(wide, memories))
 
 
 def test_graph_memory_metadata_matches_the_packed_layout():
     from glmvit.metadata import BatchShape
 
-    vc, config = VisionConfig.tiny(), BudgetConfig((64,), max_items=4, max_frames=8)
+    vc, config = VisionConfig.tiny(), BudgetConfig.resolve((64,), max_items=4, max_segments=8)
     (memory,) = graph_memory(config, vc)
     rows = 64 * vc.merge_area
-    metadata = BatchShape(rows, config.max_frames, rows).packed_size(vc.merge_area)
+    metadata = BatchShape(rows, config.max_segments, rows).packed_size(vc.merge_area)
     assert memory.static_bytes == 2 * (rows * vc.patch_dim + 64 * vc.out_hidden_size) + 4 * metadata
 
 
 def test_graph_memory_rejects_unknown_dtype():
     with pytest.raises(ValueError, match="unknown dtype 'int8'"):
-        graph_memory(BudgetConfig(), VisionConfig.tiny(), dtype="int8")
+        graph_memory(BudgetConfig.resolve(), VisionConfig.tiny(), dtype="int8")
 
 
 def synthetic_table():
@@ -379,7 +375,7 @@ def test_bad_latency_tables(data, message):
 
 def test_predict_time():
     table = synthetic_table()
-    plan = plan_batches([(64, 1), (64, 1), (5000, 1)], BudgetConfig((64, 128), max_items=2))
+    plan = plan_batches([(64, 1), (64, 1), (5000, 1)], BudgetConfig.resolve((64, 128), max_items=2))
     estimate = predict_time(plan, table)
     assert estimate.graph_ms == pytest.approx(table.graph_time(128))
     assert estimate.fallback_ms == pytest.approx(table.eager_time(5000))
@@ -388,12 +384,17 @@ def test_predict_time():
 
 
 # ---------------------------------------------------------------------------------------------- recommend
+def specs(requests):
+    return [[item.spec for item in request] for request in requests]
+
+
 def mixed_workload(n=300, seed=42):
-    return random_mm_workload(MIXED, n, items_per_request=3, range_ratio=0.6, seed=seed, limit_per_request=4)
+    """Requests as ItemSpec lists (what packing and the cost model take)."""
+    return specs(random_mm_workload(MIXED, n, items_per_request=3, range_ratio=0.6, seed=seed, limit_per_request=4))
 
 
 def workload_cost(requests, budgets, table=None):
-    plans = plan_workload(requests, BudgetConfig(budgets, max_items=64))
+    plans = plan_workload(requests, BudgetConfig.resolve(budgets, max_items=64))
     time = sum((predict_time(p, table) for p in plans), TimeEstimate()) if table else None
     return combined_stats(plans), time
 
@@ -420,7 +421,7 @@ def test_recommend_beats_auto_on_predicted_time():
 
 
 def test_recommend_is_optimal_among_candidate_subsets():
-    requests = random_mm_workload(MIXED, 40, items_per_request=2, range_ratio=0.5, seed=3)
+    requests = specs(random_mm_workload(MIXED, 40, items_per_request=2, range_ratio=0.5, seed=3))
     candidates = [256, 576, 1024, 1600, 2304, 4096]
     budgets = recommend_budgets(requests, 3, candidates=candidates)
     best = min(
@@ -434,16 +435,21 @@ def test_recommend_is_optimal_among_candidate_subsets():
 def test_recommend_respects_the_memory_limit():
     requests, vc = mixed_workload(), VisionConfig.glm41v()
     unlimited = recommend_budgets(requests, 7)
-    limit = total_graph_memory(graph_memory(BudgetConfig(unlimited, 64), vc)) * 2 // 3
+    limit = total_graph_memory(graph_memory(BudgetConfig.resolve(unlimited, 64), vc)) * 2 // 3
     budgets = recommend_budgets(requests, 7, memory_limit_bytes=limit)
-    assert total_graph_memory(graph_memory(BudgetConfig(budgets, 64), vc)) <= limit
+    assert total_graph_memory(graph_memory(BudgetConfig.resolve(budgets, 64), vc)) <= limit
     with pytest.raises(ValueError, match="no budget set fits in memory_limit_bytes=1000"):
         recommend_budgets(requests, 7, memory_limit_bytes=1000)
 
 
 def test_recommend_seed_workload_needs_one_graph():
-    requests = random_mm_workload({(224, 224, 1): 1.0}, 1000, seed=42)
+    requests = specs(random_mm_workload({(224, 224, 1): 1.0}, 1000, seed=42))
     assert recommend_budgets(requests, 7) == (64,)
+
+
+def test_recommend_refuses_anything_but_item_specs():
+    with pytest.raises(ValueError, match="item 0 must be an ItemSpec"):
+        recommend_budgets(random_mm_workload(MIXED, 2, seed=0), 3)
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -23,12 +23,20 @@ def test_encode_saves_embeddings(tmp_path, capsys):
     assert "video grid" in capsys.readouterr().out
 
 
-def test_encode_rejects_unknown_files(tmp_path):
+def test_encode_rejects_unknown_files_in_one_line(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("hi")
-    with pytest.raises(ValueError, match="unsupported file type"):
-        main(["encode", str(tmp_path / "notes.txt")])
-    with pytest.raises(FileNotFoundError):
-        main(["encode", str(tmp_path / "missing.jpg")])
+    assert main(["encode", str(tmp_path / "notes.txt")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "notes.txt: unsupported file type '.txt'" in err and "Traceback" not in err
+    assert main(["encode", str(tmp_path / "missing.jpg")]) == 1
+    assert "missing.jpg: no such file" in capsys.readouterr().err
+
+
+def test_encode_checks_the_output_before_any_work(tmp_path, capsys):
+    out = tmp_path / "is-a-folder.safetensors"
+    out.mkdir()
+    assert main(["encode", "data/images/coffee.jpg", "--out", str(out)]) == 1
+    assert "is a directory" in capsys.readouterr().err
 
 
 def test_plan_compares_packers(capsys):

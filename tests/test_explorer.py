@@ -4,10 +4,13 @@ import json
 import ipywidgets as widgets
 import pytest
 
-from glmvit.budget import BudgetConfig, combined_stats, plan_workload, random_mm_workload, recommend_budgets
-from glmvit.explorer import PRESETS, BudgetExplorer, explorer
+from glmvit.costmodel import recommend_budgets
+from glmvit.packing import BudgetConfig, combined_stats, plan_workload
+from glmvit.workloads import random_mm_workload
+from glmvit.cli.explorer import BudgetExplorer, explorer
+from glmvit.workloads import PRESETS
 
-MIXED = "mixed 224²–1344², 1–4 per request"
+MIXED = "mixed-large"
 
 
 @pytest.fixture
@@ -23,6 +26,10 @@ def table_path(tmp_path):
     path.write_text(json.dumps({"provenance": {"source": "synthetic test table"}, "dtype": "bfloat16",
                                 "config": "glm41v", "budgets": rows}))
     return path
+
+
+def specs(requests):
+    return [[item.spec for item in request] for request in requests]
 
 
 def preset_requests(app):
@@ -45,11 +52,11 @@ def test_numbers_follow_the_controls(app, packer):
     app.packer.value = packer
     app.budgets.value = "256, 1024, 4096"
     app.max_items.value = 4
-    app.max_frames.value = 4
-    stats = combined_stats(plan_workload(preset_requests(app), BudgetConfig((256, 1024, 4096), 4, 4), packer))
+    app.max_segments.value = 4
+    stats = combined_stats(plan_workload(specs(preset_requests(app)), BudgetConfig((256, 1024, 4096), 4, 4), packer))
     assert f"<b>{stats.batches} (" in app.summary.value
     assert f"{stats.padding_fraction:.1%} of replayed tokens ({stats.padded_tokens} tokens" in app.summary.value
-    assert "4 items, 4 frames" in app.summary.value
+    assert "4 items, 4 segments" in app.summary.value
 
 
 def test_preset_sets_items_per_request(app):
@@ -60,23 +67,23 @@ def test_preset_sets_items_per_request(app):
 
 
 def test_frame_limit_sends_videos_to_eager(app):
-    app.preset.value = "video 224² × 8 frames"
+    app.preset.value = "video8x224"
     assert "fallbacks (eager items)</td><td><b>0<" in app.summary.value
-    app.max_items.value, app.max_frames.value = 1, 2  # a video of 8 frames has 4 temporal patches
+    app.max_items.value, app.max_segments.value = 1, 2  # a video of 8 frames has 4 temporal patches
     assert "fallbacks (eager items)</td><td><b>1000<" in app.summary.value
 
 
-@pytest.mark.parametrize("budgets, max_items, max_frames, message", [
+@pytest.mark.parametrize("budgets, max_items, max_segments, message", [
     ("64, abc", 8, 8, "budget &#x27;abc&#x27; is not an integer"),
     ("32, 128", 64, 64, "max_items=64 exceeds the smallest budget 32"),
     ("0, 128", 8, 8, "token budget must be a positive integer, got 0"),
-    ("auto", 16, 8, "max_frames=8 is below max_items=16"),
+    ("auto", 16, 8, "max_segments=8 is below max_items=16"),
 ])
-def test_bad_input_shows_a_message_not_a_traceback(app, budgets, max_items, max_frames, message):
-    app.max_items.value, app.max_frames.value, app.budgets.value = max_items, max_frames, budgets
+def test_bad_input_shows_a_message_not_a_traceback(app, budgets, max_items, max_segments, message):
+    app.max_items.value, app.max_segments.value, app.budgets.value = max_items, max_segments, budgets
     assert "glmvit-error" in app.message.value and message in app.message.value
     assert app.summary.value == "" and bytes(app.picture.value) == b""
-    app.max_items.value, app.max_frames.value, app.budgets.value = 8, 8, "auto"
+    app.max_items.value, app.max_segments.value, app.budgets.value = 8, 8, "auto"
     assert app.message.value == "" and "64, 128" in app.summary.value
 
 
@@ -84,7 +91,7 @@ def test_recommend_fills_the_budgets_field(app):
     app.preset.value = MIXED
     app.max_graphs.value = 4
     app.recommend.click()
-    expected = recommend_budgets(preset_requests(app), 4, max_items=64, max_frames=64)
+    expected = recommend_budgets(specs(preset_requests(app)), 4, max_items=64, max_segments=64)
     assert app.budgets.value == ", ".join(map(str, expected))
     assert f"<b>{app.budgets.value}</b>" in app.summary.value
     assert "minimising predicted padding" in app.message.value

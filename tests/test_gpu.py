@@ -15,11 +15,11 @@ import torch
 
 from glmvit import VisionConfig
 from glmvit.attention import available_backends
-from glmvit.budget import BudgetConfig
-from glmvit.demo import build_model
+from glmvit.packing import BudgetConfig
+from glmvit.cli.common import build_model
 from glmvit.graphs import EncoderGraphRunner
 from glmvit.metadata import BatchShape, build_metadata
-from glmvit.testing import encoder_like, flatten_video_grids, hf_vision_model
+from glmvit.oracle import encoder_like, flatten_video_grids, hf_vision_model
 
 pytestmark = pytest.mark.gpu
 
@@ -28,7 +28,7 @@ BF16_ULPS = 2
 # round differently through 24 bf16 layers. Measured on an H200: up to 7.2 ulps of the output's largest magnitude.
 BATCH_ULPS_AT_SCALE = 8
 BF16_BACKENDS = [b for b in available_backends("cuda", torch.bfloat16) if b != "segments"]
-RUNNER_CONFIG = BudgetConfig((64, 256, 1024), max_items=4, max_frames=32)
+RUNNER_CONFIG = BudgetConfig((64, 256, 1024), max_items=4, max_segments=32)
 CUDA = torch.device("cuda")
 
 
@@ -252,7 +252,7 @@ def test_every_budget_is_captured(runner):
     assert set(s.capture) == set(RUNNER_CONFIG.token_budgets) and not s.failed
     for budget, info in s.capture.items():
         assert runner.graphs[budget].graph is not None
-        assert info["segments"] == min(RUNNER_CONFIG.max_frames, budget) and info["rows"] == 4 * budget
+        assert info["segments"] == min(RUNNER_CONFIG.max_segments, budget) and info["rows"] == 4 * budget
         assert info["seconds"] > 0 and info["buffer_bytes"] > 0
 
 
@@ -362,7 +362,7 @@ def _limit_memory(headroom: int) -> None:
 def test_capture_out_of_memory_skips_the_budget_and_falls_back(full):
     """65,536 tokens cannot be captured within 2 GiB of headroom (its static buffers alone take 1.15 GB, its
     activations far more); 64 and 256 can. A batch above 256 tokens then runs eagerly."""
-    config = BudgetConfig((64, 256, 65536), max_items=4, max_frames=32)
+    config = BudgetConfig((64, 256, 65536), max_items=4, max_segments=32)
     try:
         _limit_memory(2 * 2**30)
         small = EncoderGraphRunner(full, config, backend="cuda", progress=False).capture()
@@ -398,7 +398,7 @@ def test_out_of_memory_in_the_middle_of_capture(full, monkeypatch):
         return out
 
     monkeypatch.setattr(full, "forward_static", forward_static)
-    config = BudgetConfig((64, 256), max_items=4, max_frames=32)
+    config = BudgetConfig((64, 256), max_items=4, max_segments=32)
     try:
         _limit_memory(headroom)
         run = EncoderGraphRunner(full, config, backend="cuda", progress=False).capture()

@@ -3,11 +3,11 @@ import numpy as np
 import pytest
 import torch
 
-from glmvit.budget import BudgetConfig
+from glmvit.packing import BudgetConfig
 from glmvit.graphs import EncoderGraphRunner
-from glmvit.testing import random_batch
+from glmvit.workloads import random_batch
 
-CONFIG = BudgetConfig(token_budgets=(8, 16, 32), max_items=4, max_frames=8)
+CONFIG = BudgetConfig(token_budgets=(8, 16, 32), max_items=4, max_segments=8)
 
 
 def random_grids(rng, n):
@@ -72,7 +72,7 @@ def test_stats_add_up(runner, tiny_config):
 
 def test_frame_capacity_overflow_falls_back(tiny_model, tiny_config):
     """A clip with more temporal patches than any graph's frame capacity runs eagerly instead of crashing."""
-    config = BudgetConfig(token_budgets=(16, 32), max_items=2, max_frames=3)
+    config = BudgetConfig(token_budgets=(16, 32), max_items=2, max_segments=3)
     runner = EncoderGraphRunner(tiny_model, config, backend="emulate", progress=False).capture()
     pixels, grid = random_batch([[5, 2, 2]], tiny_config, seed=5)  # 5 tokens but 5 temporal patches
     out = runner.run(pixels, grid)

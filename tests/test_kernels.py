@@ -121,7 +121,8 @@ def _interpreter_child() -> None:
     from glmvit import VisionConfig
     from glmvit.kernels import interpreting, uses_triton
     from glmvit.kernels.triton_bicubic import interpolate_pos_embed_triton
-    from glmvit.testing import encoder_like, hf_vision_model, random_batch
+    from glmvit.oracle import encoder_like, hf_vision_model
+    from glmvit.workloads import random_batch
 
     torch.set_num_threads(2)
     results = {
@@ -238,7 +239,7 @@ def test_gpu_cuda_graph_replays_new_indices(dtype):
 
 def test_bench_paths_compute_the_same():
     """The benchmark's grid_sample baselines and the kernel path give the same result (fp32, fallback on CPU)."""
-    from glmvit import kernel_bench
+    from glmvit.cli import bench_interp as kernel_bench
 
     table = torch.randn(576, 16, generator=torch.Generator().manual_seed(1))
     inputs = kernel_bench.make_inputs([[1, 16, 16], [1, 6, 10], [1, 74, 74]], "cpu")
@@ -249,7 +250,7 @@ def test_bench_paths_compute_the_same():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without CUDA")
 def test_bench_exits_without_cuda():
-    from glmvit import kernel_bench
+    from glmvit.cli import bench_interp as kernel_bench
 
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         kernel_bench.main([])
@@ -257,7 +258,7 @@ def test_bench_exits_without_cuda():
 
 @pytest.mark.gpu
 def test_bench_writes_json(tmp_path):
-    from glmvit import kernel_bench
+    from glmvit.cli import bench_interp as kernel_bench
 
     path = tmp_path / "bench.json"
     assert kernel_bench.main(["--runs", "100", "--warmup", "5", "--json", str(path)]) == 0

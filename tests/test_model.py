@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from glmvit import GlmVisionEncoder, VisionConfig
-from glmvit.testing import flatten_video_grids, random_batch
+from glmvit.oracle import flatten_video_grids
+from glmvit.workloads import random_batch
 
 GRID_MIXES = [
     [[1, 4, 6]],  # non-square
@@ -108,7 +109,7 @@ def test_unknown_attention_backend(tiny_model, tiny_config):
 @pytest.mark.slow
 def test_full_size_matches_transformers():
     """GLM-4.1V vision tower, one 224² image, fp32 on CPU: relative error ≤ 1e-4."""
-    from glmvit.testing import encoder_like, hf_vision_model
+    from glmvit.oracle import encoder_like, hf_vision_model
 
     config = VisionConfig.glm41v()
     hf = hf_vision_model(config, seed=1)

@@ -22,12 +22,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from glmvit import VisionConfig
-from glmvit.budget import BudgetConfig
+from glmvit.packing import BudgetConfig
 from glmvit.graphs import EncoderGraphRunner
 from glmvit.model import GlmVisionEncoder
 from glmvit.parallel import (Assignment, DataParallelEncoder, balance_items, encode_data_parallel, free_port,
                              patch_counts_of, round_robin_items)
-from glmvit.testing import randomize_, random_batch
+from glmvit.random_weights import randomize_
+from glmvit.workloads import random_batch
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -121,7 +122,7 @@ def test_needs_an_initialised_group():
 # ---------------------------------------------------------------------------------------------------------------
 # Real process groups (gloo on CPU; NCCL on ≥ 2 GPUs)
 # ---------------------------------------------------------------------------------------------------------------
-BUDGETS = BudgetConfig(token_budgets=(8, 16, 32), max_items=4, max_frames=8)
+BUDGETS = BudgetConfig(token_budgets=(8, 16, 32), max_items=4, max_segments=8)
 CASES = {
     "one_item": [[1, 4, 4]],  # fewer items than ranks: the other ranks send only padding
     "two_items": [[1, 4, 6], [1, 2, 2]],

@@ -23,7 +23,7 @@ from glmvit.processing import (
     sample_frame_indices_glm41v,
     sample_frame_indices_glm46v,
 )
-from glmvit.testing import flatten_video_grids
+from glmvit.oracle import flatten_video_grids
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 IMAGES = sorted((DATA / "images").glob("*.jpg"))

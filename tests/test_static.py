@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from glmvit.metadata import BatchShape, build_metadata
-from glmvit.testing import flatten_video_grids, forbid_host_syncs, random_batch
+from glmvit.oracle import flatten_video_grids
+from glmvit.testing import forbid_host_syncs
+from glmvit.workloads import random_batch
 
 BATCHES = [[[1, 4, 6]], [[1, 4, 6], [1, 8, 4]], [[2, 6, 4], [1, 2, 2]], [[3, 4, 4]]]
 GRAPH_SAFE_CPU = ["sdpa_masked"]

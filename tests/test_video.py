@@ -7,11 +7,12 @@ import pytest
 import torch
 
 from glmvit import VisionConfig
-from glmvit.budget import BudgetConfig
+from glmvit.packing import BudgetConfig
 from glmvit.graphs import EncoderGraphRunner
 from glmvit.metadata import BatchShape
 from glmvit.processing import VisionInputs, patchify_video, process_images, process_video
-from glmvit.testing import encoder_like, randomize_
+from glmvit.oracle import encoder_like
+from glmvit.random_weights import randomize_
 
 CLIP = Path(__file__).resolve().parent.parent / "data" / "clip.gif"
 
@@ -114,7 +115,7 @@ def test_the_sample_clip_equals_get_video_features(glm4v, encoder):
 
 
 # --- video through the runner (emulate) ---------------------------------------------------------------------------
-CONFIG = BudgetConfig(token_budgets=(8, 32, 64), max_items=4, max_frames=12)
+CONFIG = BudgetConfig(token_budgets=(8, 32, 64), max_items=4, max_segments=12)
 
 
 def mixed_batch():
@@ -145,10 +146,10 @@ def test_mixed_images_and_videos_through_the_runner(encoder):
 
 
 def test_clip_over_the_frame_limit_falls_back(encoder):
-    """A clip with more temporal patches than max_frames runs eagerly alone; the rest of the batch still replays."""
-    config = BudgetConfig(token_budgets=(8, 32, 64), max_items=4, max_frames=6)
+    """A clip with more temporal patches than max_segments runs eagerly alone; the rest of the batch still replays."""
+    config = BudgetConfig(token_budgets=(8, 32, 64), max_items=4, max_segments=6)
     batch = VisionInputs.concat([mixed_batch(), process_video(frames(17, seed=40), video_fps=VIDEO_FPS, **SMALL)])
-    assert batch.grid_thw[-1, 0].item() == 9 > config.max_frames  # 9 temporal patches, only 54 tokens
+    assert batch.grid_thw[-1, 0].item() == 9 > config.max_segments  # 9 temporal patches, only 54 tokens
     runner = EncoderGraphRunner(encoder, config, backend="emulate", progress=False).capture()
     outs = runner.run(batch.pixel_values, batch.grid_thw)
     for out, expected in zip(outs, per_item_eager(encoder, batch), strict=True):
@@ -156,16 +157,16 @@ def test_clip_over_the_frame_limit_falls_back(encoder):
     assert runner.stats.fallback_items == 1 and runner.stats.eager_batches == 1 and runner.stats.replays >= 1
 
 
-@pytest.mark.parametrize("max_frames", [4, 12, 100])
-def test_frame_capacity_sizing_is_reported_and_bounded(encoder, max_frames):
-    """segments = min(max_frames, budget) (a token per segment at least); buffer bytes follow the packed layout."""
+@pytest.mark.parametrize("max_segments", [4, 12, 100])
+def test_frame_capacity_sizing_is_reported_and_bounded(encoder, max_segments):
+    """segments = min(max_segments, budget) (a token per segment at least); buffer bytes follow the packed layout."""
     cfg = encoder.config
-    config = BudgetConfig(token_budgets=(8, 32, 64), max_items=4, max_frames=max_frames)
+    config = BudgetConfig(token_budgets=(8, 32, 64), max_items=4, max_segments=max_segments)
     runner = EncoderGraphRunner(encoder, config, backend="emulate", progress=False).capture()
     assert set(runner.stats.capture) == set(config.token_budgets)
     for budget, info in runner.stats.capture.items():
         rows = budget * cfg.merge_area
-        segments = min(max_frames, budget)
+        segments = min(max_segments, budget)
         assert info["segments"] == segments and info["rows"] == rows
         packed = BatchShape(rows, segments, rows).packed_size(cfg.merge_area)
         assert packed == segments + 2 + 5 * rows + rows // cfg.merge_area

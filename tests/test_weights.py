@@ -4,7 +4,8 @@ import torch
 from safetensors.torch import save_file
 
 from glmvit import GlmVisionEncoder, VisionConfig, load_vision_weights
-from glmvit.testing import random_batch, randomize_
+from glmvit.random_weights import randomize_
+from glmvit.workloads import random_batch
 
 
 @pytest.fixture(scope="module")

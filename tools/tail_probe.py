@@ -15,12 +15,12 @@ import time
 import numpy as np
 import torch
 
-from glmvit.budget import BudgetConfig
+from glmvit.packing import BudgetConfig
 from glmvit.config import VisionConfig
 from glmvit.graphs import EncoderGraphRunner
 from glmvit.model import GlmVisionEncoder
 from glmvit.provenance import git_state
-from glmvit.testing import randomize_
+from glmvit.random_weights import randomize_
 
 
 class TimedGraph:

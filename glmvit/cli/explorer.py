@@ -1,6 +1,7 @@
-"""The budget explorer: an ipywidgets app wiring the pure functions of :mod:`glmvit.budget`.
+"""The budget explorer: an ipywidgets app over :mod:`glmvit.packing`, :mod:`glmvit.costmodel` and
+:mod:`glmvit.workloads`.
 
-``explorer()`` returns the widget. Every number it shows comes from ``glmvit.budget``; predicted times need a
+``explorer()`` returns the widget. Every number it shows comes from those modules; predicted times need a
 measured latency table (``data/bench/latency_h200.json``) and are not shown without one.
 """
 from __future__ import annotations
@@ -16,45 +17,24 @@ import ipywidgets as widgets
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from .budget import (
-    BudgetConfig,
+from ..config import VisionConfig
+from ..geometry import ItemSpec
+from ..costmodel import (
     LatencyTable,
-    MMItem,
-    Plan,
     TimeEstimate,
-    combined_stats,
     graph_memory,
     load_latency_table,
-    parse_budgets,
-    plan_workload,
     predict_time,
-    random_mm_workload,
     recommend_budgets,
     total_graph_memory,
 )
-from .config import VisionConfig
+from ..packing import BudgetConfig, Plan, combined_stats, parse_budgets, plan_workload
+from ..workloads import PRESETS, MMItem, random_mm_workload
 
-DEFAULT_TABLE = Path(__file__).resolve().parents[1] / "data" / "bench" / "latency_h200.json"
+DEFAULT_TABLE = Path(__file__).resolve().parents[2] / "data" / "bench" / "latency_h200.json"
+EXPLORER_PRESETS = ("img1x224", "mixed-img", "mixed-av", "mixed-large", "video8x224")
 SAMPLE_REQUESTS = 8
 GIB = 2**30
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A random-mm workload: buckets {(height, width, frames): probability} and items per request."""
-
-    bucket_config: Mapping[tuple[int, int, int], float]
-    items_per_request: int
-    range_ratio: float = 0.0
-    limit_per_request: int | None = None
-
-
-PRESETS = {
-    "seed: 224² images, 1 per request": Preset({(224, 224, 1): 1.0}, 1),
-    "mixed 224²–1344², 1–4 per request": Preset({(s, s, 1): 1.0 for s in (224, 448, 672, 896, 1120, 1344)}, 3,
-                                                 range_ratio=0.6, limit_per_request=4),
-    "video 224² × 8 frames": Preset({(224, 224, 8): 1.0}, 1),
-}
 
 
 @lru_cache(maxsize=16)
@@ -74,9 +54,9 @@ def packing_figure(requests: list[list[MMItem]], plans: list[Plan], title: str =
         for batch in plan.batches:
             bottom = 0
             for k, i in enumerate(batch.item_indices):
-                for column, value in zip(bars[batch.budget is None], (x, items[i].tokens, bottom, f"C{k % 10}")):
+                for column, value in zip(bars[batch.budget is None], (x, items[i].spec.tokens, bottom, f"C{k % 10}")):
                     column.append(value)
-                bottom += items[i].tokens
+                bottom += items[i].spec.tokens
             if batch.budget is not None:
                 ticks.append((x, batch.budget))
             x += 1
@@ -115,12 +95,13 @@ class BudgetExplorer:
         self.vision_config = vision_config or VisionConfig.glm41v()
         self.table, self._table_note = self._load_table(latency_table)
         style = {"description_width": "initial"}
-        self.preset = widgets.Dropdown(options=list(PRESETS), description="workload", style=style)
+        self.preset = widgets.Dropdown(options=[(f"{k}: {PRESETS[k].description}", k) for k in EXPLORER_PRESETS],
+                                      description="workload", style=style)
         self.packer = widgets.ToggleButtons(options=[("FFD", "ffd"), ("vLLM next-fit", "vllm")], description="packer")
         self.budgets = widgets.Text(value="auto", description="budgets", continuous_update=False,
                                     placeholder="64, 256, 1024 or auto", style=style)
         self.max_items = widgets.IntSlider(64, 1, 64, description="max items", continuous_update=False)
-        self.max_frames = widgets.IntSlider(64, 1, 512, description="max frames", continuous_update=False)
+        self.max_segments = widgets.IntSlider(64, 1, 512, description="max segments", continuous_update=False)
         self.num_requests = widgets.IntSlider(1000, 10, 2000, step=10, description="requests",
                                               continuous_update=False)
         self.items_per_request = widgets.IntSlider(1, 1, 8, description="items/request", continuous_update=False,
@@ -139,12 +120,12 @@ class BudgetExplorer:
             widgets.HTML("<h3>glmvit budget explorer</h3>"),
             widgets.HBox([self.preset, self.packer]),
             widgets.HBox([self.num_requests, self.items_per_request, self.seed]),
-            widgets.HBox([self.budgets, self.max_items, self.max_frames]),
+            widgets.HBox([self.budgets, self.max_items, self.max_segments]),
             widgets.HBox([self.recommend, self.max_graphs, self.memory_gib]),
             self.message, self.summary, self.picture,
         ])
         self.preset.observe(self._on_preset, names="value")
-        for w in (self.packer, self.budgets, self.max_items, self.max_frames, self.num_requests,
+        for w in (self.packer, self.budgets, self.max_items, self.max_segments, self.num_requests,
                   self.items_per_request, self.seed):
             w.observe(self._on_change, names="value")
         self.recommend.on_click(self._on_recommend)
@@ -163,7 +144,7 @@ class BudgetExplorer:
         return _workload(self.preset.value, self.num_requests.value, self.items_per_request.value, self.seed.value)
 
     def _config(self) -> BudgetConfig:
-        return BudgetConfig(parse_budgets(self.budgets.value), self.max_items.value, self.max_frames.value)
+        return BudgetConfig.resolve(parse_budgets(self.budgets.value), self.max_items.value, self.max_segments.value)
 
     def _on_preset(self, change: Any = None) -> None:
         self.items_per_request.value = PRESETS[self.preset.value].items_per_request
@@ -185,14 +166,15 @@ class BudgetExplorer:
         self.picture.value = b""
 
     def _show(self, requests: list[list[MMItem]], config: BudgetConfig) -> None:
-        plans = plan_workload(requests, config, self.packer.value)
+        specs = _specs(requests)
+        plans = plan_workload(specs, config, self.packer.value)
         other = "vllm" if self.packer.value == "ffd" else "ffd"
-        other_stats = combined_stats(plan_workload(requests, config, other))
+        other_stats = combined_stats(plan_workload(specs, config, other))
         stats = combined_stats(plans)
         memories = graph_memory(config, self.vision_config)
         rows = [
             ("budgets", ", ".join(map(str, config.token_budgets))),
-            ("limits per batch", f"{config.max_items} items, {config.max_frames} frames"),
+            ("limits per batch", f"{config.max_items} items, {config.max_segments} segments"),
             ("workload", f"{len(requests)} requests, {sum(map(len, requests))} items, {stats.real_tokens} tokens"),
             ("batches", f"{stats.batches} ({other}: {other_stats.batches})"),
             ("replays", str(stats.replays)),
@@ -219,8 +201,8 @@ class BudgetExplorer:
         try:
             requests, config = self._requests(), self._config()
             limit = int(self.memory_gib.value * GIB) or None
-            budgets = recommend_budgets(requests, self.max_graphs.value, limit, self.table, objective,
-                                        max_items=config.max_items, max_frames=config.max_frames,
+            budgets = recommend_budgets(_specs(requests), self.max_graphs.value, limit, self.table, objective,
+                                        max_items=config.max_items, max_segments=config.max_segments,
                                         packer=self.packer.value, vision_config=self.vision_config)
         except ValueError as err:
             self.message.value = _error_html(err)
@@ -228,6 +210,10 @@ class BudgetExplorer:
         self.budgets.value = ", ".join(map(str, budgets))
         self.message.value = f"<span class='glmvit-info'>recommended {len(budgets)} budgets minimising predicted " \
                              f"{objective}</span>"
+
+
+def _specs(requests: list[list[MMItem]]) -> list[list[ItemSpec]]:
+    return [[item.spec for item in request] for request in requests]
 
 
 def _error_html(err: Any) -> str:

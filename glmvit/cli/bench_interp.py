@@ -9,23 +9,22 @@ Three ways to compute the bicubic position embedding of a batch, bf16 576×1536 
 
 Each is timed with CUDA events (warm-up, then the median of ``--runs`` single calls)::
 
-    python -m glmvit.kernel_bench --json data/bench/interp_h200.json
+    python -m glmvit bench-interp --json data/bench/interp_h200.json
 """
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
 import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 
-from .kernels import interpolate_pos_embed, uses_triton
-from .metadata import build_metadata
-from .provenance import git_state, gpu_driver
+from ..kernels import interpolate_pos_embed, uses_triton
+from ..metadata import build_metadata
+from ..provenance import collect
+from ..timing import time_calls
+from .common import check_writable, write_json
 
 # 224² → a 16×16 patch grid; 1024² → smart_resize rounds to 1036² = 74×74 patches (an even count per side).
 CASES = {
@@ -91,47 +90,29 @@ def run_path(path: str, table: torch.Tensor, args) -> torch.Tensor:
     return (per_item if path == "per_item" else hf_batched)(table, *args)
 
 
-def time_cuda(fn, warmup: int, runs: int) -> float:
-    """Median of ``runs`` single calls in microseconds, each bracketed by CUDA events, after ``warmup`` calls."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(runs)]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return 1000 * statistics.median(start.elapsed_time(end) for start, end in events)
+def time_us(fn, warmup: int, runs: int) -> float:
+    """Median of ``runs`` single calls in microseconds, each bracketed by CUDA events, after ``warmup`` calls.
+
+    A single call's events bracket its launch too: this is the cost of one call issued alone, not the in-graph
+    kernel time (which a profiler of a replay reports).
+    """
+    return 1000 * statistics.median(time_calls(fn, "cuda", runs, warmup, on_device=True))
 
 
-def provenance() -> dict:
-    import triton
-
-    props = torch.cuda.get_device_properties(0)
-    return {
-        "gpu": props.name,
-        "compute_capability": f"{props.major}.{props.minor}",
-        "multiprocessors": props.multi_processor_count,
-        "memory_gib": round(props.total_memory / 2**30, 1),
-        "driver": gpu_driver(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "triton": triton.__version__,
-        **git_state(),
-        "command": " ".join([sys.executable, *sys.argv]),
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = argparse.ArgumentParser(prog="python -m glmvit bench-interp", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=200, help="timed calls per measurement (>= 100; default 200)")
     parser.add_argument("--warmup", type=int, default=25, help="untimed calls first (default 25)")
     parser.add_argument("--json", metavar="PATH", help="write results and provenance to this JSON file")
     args = parser.parse_args(argv)
     if args.runs < 100:
         parser.error("--runs must be at least 100")
+    if args.json:
+        try:
+            check_writable(args.json)
+        except OSError as err:
+            parser.error(str(err))
     if not torch.cuda.is_available():
         sys.exit("kernel_bench needs a CUDA GPU (torch.cuda.is_available() is False); nothing was measured.")
     table = torch.randn(576, 1536, generator=torch.Generator().manual_seed(0)).to("cuda", torch.bfloat16)
@@ -145,7 +126,7 @@ def main(argv=None) -> int:
         inputs = make_inputs(grids, "cuda")
         outputs = {path: run_path(path, table, inputs[path]) for path in PATHS}
         max_diff = max((outputs["triton"].float() - outputs[p].float()).abs().max().item() for p in PATHS[1:])
-        times = {p: time_cuda(lambda p=p: run_path(p, table, inputs[p]), args.warmup, args.runs) for p in PATHS}
+        times = {p: time_us(lambda p=p: run_path(p, table, inputs[p]), args.warmup, args.runs) for p in PATHS}
         speedup = {p: times[p] / times["triton"] for p in PATHS[1:]}
         results.append({"case": name, "grids": grids, "tokens": outputs["triton"].shape[0], "median_us": times,
                         "speedup": speedup, "max_abs_diff_bf16": max_diff})
@@ -153,14 +134,9 @@ def main(argv=None) -> int:
               + f"   {speedup['per_item']:>6.1f}x, {speedup['hf_batched']:.1f}x")
 
     if args.json:
-        record = {"benchmark": "glmvit.kernel_bench", "table": [576, 1536], "dtype": "bfloat16", "mode": "bicubic",
-                  "runs": args.runs, "warmup": args.warmup, "provenance": provenance(), "results": results}
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(record, f, indent=2)
-        print(f"wrote {args.json}")
+        record = {"benchmark": "glmvit.cli.bench_interp", "table": [576, 1536], "dtype": "bfloat16",
+                  "mode": "bicubic", "runs": args.runs, "warmup": args.warmup,
+                  "provenance": collect("cuda", " ".join([sys.executable, "-m", "glmvit", "bench-interp", *argv])),
+                  "results": results}
+        write_json(args.json, record)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

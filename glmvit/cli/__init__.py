@@ -1,0 +1,40 @@
+"""The commands (``python -m glmvit COMMAND``) and the explorer app: the tool layer over the library.
+
+Nothing in the library imports from here. Every command shares :mod:`glmvit.cli.common` for the device / config /
+dtype policy, model building, JSON output with provenance, and one-line errors.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+COMMANDS = {
+    "demo": ("glmvit.cli.demo", "encode the sample images and clip with the embedded default model"),
+    "encode": ("glmvit.cli.encode", "encode image/video files and print (or save) their embeddings"),
+    "plan": ("glmvit.cli.plan", "pack a workload into token budgets and print the plan statistics"),
+    "bench": ("glmvit.cli.bench", "benchmark transformers vs eager vs CUDA graphs vs the GPU's floor"),
+    "latency": ("glmvit.cli.latency", "measure the latency table (every budget, several layouts) for the cost model"),
+    "bench-interp": ("glmvit.cli.bench_interp", "benchmark the Triton interpolation kernel vs grid_sample"),
+    "dp-bench": ("glmvit.cli.dp_bench", "data-parallel demo/benchmark (launch with torchrun -m glmvit.cli.dp_bench)"),
+}
+USER_ERRORS = (ValueError, OSError)  # bad input or files: one line, no traceback (GLMVIT_DEBUG=1 shows it)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        parser = argparse.ArgumentParser(prog="python -m glmvit")
+        parser.add_argument("command", choices=list(COMMANDS),
+                            help="; ".join(f"{k}: {v[1]}" for k, v in COMMANDS.items()))
+        parser.parse_args(argv[:1])
+        return 2
+    module = importlib.import_module(COMMANDS[argv[0]][0])
+    try:
+        return module.main(argv[1:]) or 0
+    except USER_ERRORS as err:
+        if os.environ.get("GLMVIT_DEBUG"):
+            raise
+        print(f"glmvit {argv[0]}: error: {err}", file=sys.stderr)
+        return 1

@@ -1,0 +1,421 @@
+"""``python -m glmvit bench``: transformers vs eager vs CUDA graphs (vs torch.compile) vs the GPU's floor.
+
+Modelled on ``vllm bench mm-processor`` with the ``random-mm`` dataset: requests of images and videos drawn from a
+bucket config ``{(height, width, frames): probability}`` (or a named preset, :data:`glmvit.workloads.PRESETS`);
+every item is resized with GLM-4V's ``smart_resize`` to its patch grid. Each request's pixel rows are generated once
+up front (random normal, on the device), so timing excludes preprocessing. Requests are sent one at a time in
+arrival order (never sorted). Per request and mode we time the wall time of the encoder call *including its host
+preparation* (metadata, planning, copies), between two synchronisations.
+
+Modes (all on the same weights):
+
+- ``transformers``: transformers' ``Glm4vVisionModel`` (attention "sdpa"); a video row [t, h, w] is given to it
+  as t rows [1, h, w] (what its tower needs);
+- ``eager``: ``GlmVisionEncoder.forward(pixel_values, grid_thw)``;
+- ``graph``: ``EncoderGraphRunner(...).capture()`` then ``.run(...)``. Off CUDA the runner's ``emulate`` backend
+  does the same bookkeeping without graphs, and the mode is labelled ``graph-emulated`` everywhere;
+- ``graph-compiled``: the same runner with ``forward_static`` compiled by ``torch.compile`` before capture (CUDA);
+- ``compile``: ``forward`` with ``forward_static`` wrapped in ``torch.compile`` (CUDA only, optional).
+
+The floor of a request is max(FLOPs / measured matmul rate, weight bytes / measured copy bandwidth), both measured
+in the same run on the same device; FLOPs are analytic (:func:`glmvit.floor.encoder_flops`). Examples::
+
+    python -m glmvit bench --workload img1x224 --num-requests 200 --json data/bench/img1x224_h200.json
+    python -m glmvit bench --workload mixed-img --num-requests 500 --predict data/bench/latency_h200.json
+    python -m glmvit bench --bucket-config "{(224, 224, 1): 0.7, (448, 448, 1): 0.3}" --items-per-request 2
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..costmodel import load_latency_table, predict_time
+from ..floor import floor_ms, flops_breakdown, measure_copy_bandwidth, measure_matmul_tflops, weight_bytes
+from ..graphs import EncoderGraphRunner, RunnerStats
+from ..metadata import build_metadata
+from ..model import GlmVisionEncoder
+from ..oracle import flatten_video_grids, hf_twin
+from ..packing import BudgetConfig, parse_budgets, plan_batches
+from ..provenance import collect
+from ..timing import summarise, sync
+from ..workloads import PRESETS, parse_bucket_config, random_mm_workload
+from .common import DTYPES, add_model_args, check_writable, model_from_args, resolve_model_args, write_json
+
+MODES = ("transformers", "eager", "graph", "graph-compiled", "compile")
+MAX_REQUESTS = 100_000
+Encode = Callable[[torch.Tensor, np.ndarray, torch.Tensor], torch.Tensor]
+
+
+def mode_label(mode: str, device: torch.device) -> str:
+    """The name a mode is reported under: ``graph`` off CUDA is ``graph-emulated`` (no CUDA graph is involved)."""
+    return "graph-emulated" if mode == "graph" and device.type != "cuda" else mode
+
+
+def parse_modes(text: str) -> list[str]:
+    """``"transformers,eager,graph"`` → canonical names (``graph-emulated`` is accepted for ``graph``)."""
+    modes: list[str] = []
+    for word in text.replace(",", " ").split():
+        word = "graph" if word == "graph-emulated" else word
+        if word not in MODES:
+            raise ValueError(f"unknown mode {word!r}; choose from {', '.join(MODES)}")
+        if word not in modes:
+            modes.append(word)
+    if not modes:
+        raise ValueError("no modes given")
+    return modes
+
+
+def compare(got: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
+    """max / mean |got − ref| and the smallest per-token cosine similarity, in float32."""
+    g, r = got.float(), ref.float()
+    diff = (g - r).abs()
+    cos = torch.nn.functional.cosine_similarity(g, r, dim=-1)
+    return {"max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
+            "min_cosine": float(cos.min()), "mean_cosine": float(cos.mean())}
+
+
+def make_mode(mode: str, model: GlmVisionEncoder, budget_config: BudgetConfig, record: dict[str, Any],
+              progress: bool) -> tuple[Encode, EncoderGraphRunner | None]:
+    """A callable (pixels, grids, flat_grids) -> output [tokens, out_hidden] for one mode, and its runner if any."""
+    device = model.device
+    if mode == "transformers":
+        hf = hf_twin(model)
+        return (lambda pixels, grids, flat: hf(pixels, flat).pooler_output), None
+    if mode == "eager":
+        return (lambda pixels, grids, flat: model(pixels, grids)), None
+    if mode in ("graph", "graph-compiled"):
+        backend = "cuda" if device.type == "cuda" else "emulate"
+        runner = EncoderGraphRunner(model, budget_config, backend=backend, torch_compile=mode == "graph-compiled",
+                                    progress=progress)
+        sync(device)
+        before = torch.cuda.memory_reserved() if device.type == "cuda" else 0
+        start = time.perf_counter()
+        runner.capture()
+        record.update(capture_s=time.perf_counter() - start, backend=backend,
+                      capture={str(k): v for k, v in runner.stats.capture.items()},
+                      capture_failed={str(k): v for k, v in runner.stats.failed.items()})
+        if device.type == "cuda":
+            record["capture_reserved_bytes"] = torch.cuda.memory_reserved() - before
+
+        def run_graphs(pixels: torch.Tensor, grids: np.ndarray, flat: torch.Tensor) -> torch.Tensor:
+            outs = runner.run(pixels, grids)  # per-item clones, ready (run() synchronises)
+            return outs[0] if len(outs) == 1 else torch.cat(outs)  # the other modes return one tensor
+
+        return run_graphs, runner
+    if mode == "compile":
+        static = torch.compile(model.forward_static, dynamic=False)
+        merge = model.config.spatial_merge_size
+
+        def run_compiled(pixels: torch.Tensor, grids: np.ndarray, flat: torch.Tensor) -> torch.Tensor:
+            model.check_inputs(pixels, grids)
+            return static(pixels, build_metadata(grids, merge).to(device))
+
+        return run_compiled, None
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+def _workload(args: argparse.Namespace) -> tuple[dict, int, float, int | None]:
+    if args.workload:
+        p = PRESETS[args.workload]
+        return dict(p.bucket_config), p.items_per_request, p.range_ratio, p.limit_per_request
+    return parse_bucket_config(args.bucket_config), args.items_per_request, args.range_ratio, None
+
+
+def _floor(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, model: torch.nn.Module) -> dict:
+    print("measuring the floor: matmul rate and copy bandwidth ...", file=sys.stderr)
+    tflops = measure_matmul_tflops(device, dtype, n=args.matmul_size)
+    gbps = measure_copy_bandwidth(device)
+    return {"matmul_tflops": tflops, "matmul_n": args.matmul_size or (8192 if device.type == "cuda" else 512),
+            "matmul_dtype": str(dtype).replace("torch.", ""), "copy_gbps": gbps, "weight_bytes": weight_bytes(model),
+            "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def _warm(fn: Encode, inputs: list[tuple], n: int, warmup: int, device: torch.device) -> float:
+    """Run ``warmup`` untimed requests (cycling over the first n); returns the seconds it took."""
+    start = time.perf_counter()
+    for i in range(warmup):
+        fn(*inputs[i % n])
+    sync(device)
+    return time.perf_counter() - start
+
+
+def _timed(fn: Encode, inputs: list[tuple], n: int, device: torch.device, label: str,
+           quiet: bool) -> tuple[list[float], torch.Tensor]:
+    """ms per request over the first n requests, in arrival order, and request 0's output."""
+    ms, first = [], None
+    for j in tqdm(range(n), desc=f"{label:>14}", unit="req", file=sys.stderr, disable=quiet):
+        t0 = time.perf_counter()
+        out = fn(*inputs[j])
+        sync(device)
+        ms.append((time.perf_counter() - t0) * 1e3)
+        if j == 0:
+            first = out.float().clone()
+    assert first is not None
+    return ms, first
+
+
+def _per_request_vs(ms: list[float], ref: list[float]) -> dict[str, float]:
+    """How a mode compares with a reference request by request: share slower, worst and median ratio."""
+    ratios = np.asarray(ms[: len(ref)]) / np.asarray(ref[: len(ms)])
+    return {"share_slower": float((ratios > 1).mean()), "share_over_1_1": float((ratios > 1.1).mean()),
+            "worst_ratio": float(ratios.max()), "median_ratio": float(np.median(ratios))}
+
+
+def run_benchmark(args: argparse.Namespace, command: str) -> dict:
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    torch.manual_seed(args.seed)
+    modes = parse_modes(args.modes)
+    buckets, items_per_request, range_ratio, limit = _workload(args)
+    requests = random_mm_workload(buckets, args.num_requests, items_per_request, range_ratio, args.seed, limit)
+    requests = [r for r in requests if r]  # vLLM's range can draw 0 items: nothing to encode
+    if not requests:
+        raise ValueError("the workload drew no items (raise --items-per-request or lower --range-ratio)")
+    model = model_from_args(args)
+    if args.attn_backend:
+        model.attn_backend = args.attn_backend
+        model.attention_backend()  # raises a clear error if the backend cannot run here
+    config = model.config
+    grids = [np.array([item.grid for item in r], dtype=np.int64) for r in requests]
+    specs = [[item.spec for item in r] for r in requests]
+    budget_config = BudgetConfig.for_requests(specs, parse_budgets(args.budgets) if args.budgets else None,
+                                              args.max_items, args.max_segments)
+
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    pixels = [torch.randn(int((g[:, 0] * g[:, 1] * g[:, 2]).sum()), config.patch_dim, device=device, dtype=dtype,
+                          generator=gen) for g in grids]
+    inputs = [(p, g, flatten_video_grids(g).to(device)) for p, g in zip(pixels, grids, strict=True)]
+    flops = [flops_breakdown(config, g) for g in grids]
+    tokens = [sum(s.tokens for s in r) for r in specs]
+    floor = _floor(args, device, dtype, model)
+    floors = [floor_ms(f["total"], floor["weight_bytes"], floor["matmul_tflops"], floor["copy_gbps"]) for f in flops]
+    plans = [plan_batches(r, budget_config) for r in specs]
+
+    result: dict[str, Any] = {
+        "benchmark": "glmvit.bench",
+        "provenance": collect(device, command),
+        "settings": {
+            "workload": args.workload, "bucket_config": {str(k): v for k, v in buckets.items()},
+            "items_per_request": items_per_request, "range_ratio": range_ratio, "limit_per_request": limit,
+            "num_requests": len(requests), "seed": args.seed, "budgets": list(budget_config.token_budgets),
+            "max_items": budget_config.max_items, "max_segments": budget_config.max_segments,
+            "attn_backend": model.attention_backend(), "dtype": str(dtype).replace("torch.", ""),
+            "config": args.config, "vision_config": vars(config).copy(), "weights": args.weights or "random",
+            "warmup": args.warmup, "transformers_requests": args.transformers_requests,
+            "modes": [mode_label(m, device) for m in modes], "order": "arrival order, one request at a time",
+            "timing": "wall time per request of the encoder call incl. host preparation, between synchronizes",
+        },
+        "workload": {"requests": len(requests), "items": sum(len(g) for g in grids), "tokens": sum(tokens),
+                     "patches": sum(int(p.shape[0]) for p in pixels), "grids": [g.tolist() for g in grids]},
+        "floor": {**floor, "per_request_ms": floors, "mean_ms": statistics.mean(floors),
+                  "definition": "max(FLOPs / matmul rate, weight bytes / copy bandwidth)"},
+        "flops": {"per_request": [f["total"] for f in flops], "total": sum(f["total"] for f in flops),
+                  "matmul": sum(f["matmul"] for f in flops), "attention": sum(f["attention"] for f in flops)},
+        "modes": {}, "skipped": {}, "accuracy": {},
+    }
+    outputs: dict[str, torch.Tensor] = {}
+    for mode in modes:
+        label = mode_label(mode, device)
+        if mode in ("compile", "graph-compiled") and device.type != "cuda":
+            result["skipped"][label] = "torch.compile modes are only benchmarked on CUDA"
+            continue
+        n = len(requests) if mode != "transformers" else min(len(requests), args.transformers_requests or len(requests))
+        record: dict[str, Any] = {"requests": n}
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        try:
+            with torch.inference_mode():
+                fn, runner = make_mode(mode, model, budget_config, record, not args.quiet)
+                record["warmup_s"] = _warm(fn, inputs, n, args.warmup, device)
+                if runner is not None:  # count only the timed requests
+                    runner.stats = RunnerStats(capture=runner.stats.capture, failed=runner.stats.failed)
+                ms, outputs[label] = _timed(fn, inputs, n, device, label, args.quiet)
+        except Exception as err:  # noqa: BLE001 - one failing mode (e.g. compile) must not lose the others
+            result["skipped"][label] = f"failed: {type(err).__name__}: {err}"
+            print(f"{label}: failed ({type(err).__name__}: {str(err)[:300]})", file=sys.stderr)
+            continue
+        total_s = sum(ms) / 1e3
+        record.update(summarise(ms), ms=ms, items_per_s=sum(len(g) for g in grids[:n]) / total_s,
+                      tokens_per_s=sum(tokens[:n]) / total_s,
+                      achieved_tflops=sum(f["total"] for f in flops[:n]) / total_s / 1e12,
+                      floor_ms_mean=statistics.mean(floors[:n]),
+                      vs_floor_median=float(np.median([m / fl for m, fl in zip(ms, floors, strict=False)])),
+                      vs_floor_mean=statistics.mean(ms) / statistics.mean(floors[:n]))
+        if runner is not None:
+            record["runner"] = runner.stats.as_dict()
+        if device.type == "cuda":
+            record["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        result["modes"][label] = record
+        del fn, runner  # free the transformers copy of the weights and the graphs before the next mode
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    _add_comparisons(result, outputs)
+    if args.predict:
+        result["prediction"] = _prediction(args.predict, plans, tokens, result["modes"])
+    return result
+
+
+def _add_comparisons(result: dict, outputs: dict[str, torch.Tensor]) -> None:
+    """Median ratios between modes, per-request comparison against eager, and accuracy on request 0."""
+    modes = result["modes"]
+    labels = list(modes)
+    common = min((modes[m]["requests"] for m in labels), default=0)
+    med = {m: float(np.median(modes[m]["ms"][:common])) for m in labels}
+    result["ratios"] = {a: {b: med[a] / med[b] for b in labels} for a in labels}
+    result["ratios_requests"] = common
+    if "eager" in modes:
+        for label in labels:
+            modes[label]["vs_eager_per_request"] = _per_request_vs(modes[label]["ms"], modes["eager"]["ms"])
+    ref = "eager" if "eager" in outputs else (labels[0] if labels else None)
+    for label, out in outputs.items():
+        result["accuracy"][label] = {"reference": ref, "request": 0, **compare(out, outputs[ref])}
+        if "transformers" in outputs:
+            result["accuracy"][label]["vs_transformers"] = compare(out, outputs["transformers"])
+
+
+def _prediction(path: str, plans: list, tokens: list[int], modes: dict) -> dict:
+    """The cost model's predicted mean ms per request (from a latency table) next to the measured means."""
+    table = load_latency_table(path)
+    estimates = [predict_time(plan, table) for plan in plans]
+    predicted = {"eager": statistics.mean(table.eager_time(t) for t in tokens),
+                 "graph": statistics.mean(e.total_ms for e in estimates)}
+    out: dict[str, Any] = {"table": path, "table_provenance": dict(table.provenance)}
+    for mode, ms in predicted.items():
+        if mode in modes:
+            measured = modes[mode]["mean_ms"]
+            out[mode] = {"predicted_mean_ms": ms, "measured_mean_ms": measured, "error": ms / measured - 1}
+    return out
+
+
+def print_report(result: dict) -> None:
+    s, w, fl = result["settings"], result["workload"], result["floor"]
+    prov = result["provenance"]
+    where = prov.get("gpu") or prov.get("cpu") or prov["device"]
+    print(f"\nglmvit bench: {s['workload'] or 'random-mm ' + str(s['bucket_config'])} · {w['requests']} requests, "
+          f"{w['items']} items, {w['tokens']} tokens · {s['config']} config, {s['dtype']}, attention "
+          f"{s['attn_backend']} · {where}")
+    print(f"budgets {s['budgets']} (max_items {s['max_items']}, max_segments {s['max_segments']}) · floor: matmul "
+          f"{fl['matmul_tflops']:.3g} TFLOP/s, copy {fl['copy_gbps']:.3g} GB/s, weights "
+          f"{fl['weight_bytes'] / 2**20:.1f} MiB → {fl['mean_ms']:.3g} ms/request")
+    head = f"{'mode':<15}{'reqs':>5}{'mean':>9}{'median':>9}{'P99':>9}{'tok/s':>11}{'TFLOP/s':>9}{'×floor':>8}" \
+           f"{'slower':>8}{'worst':>7}"
+    print("\n" + head + "\n" + "-" * len(head))
+    for label, r in result["modes"].items():
+        vs = r.get("vs_eager_per_request", {})
+        print(f"{label:<15}{r['requests']:>5}{r['mean_ms']:>9.3f}{r['median_ms']:>9.3f}{r['p99_ms']:>9.3f}"
+              f"{r['tokens_per_s']:>11.0f}{r['achieved_tflops']:>9.3g}{r['vs_floor_median']:>8.1f}"
+              f"{vs.get('share_slower', float('nan')):>8.1%}{vs.get('worst_ratio', float('nan')):>7.2f}")
+    print("(ms per request; ×floor = median of time / floor; slower = share of requests slower than eager; "
+          "worst = largest time / eager time)")
+    labels = list(result["ratios"])
+    if labels:
+        print(f"\nmedian ratio row / column (over the first {result['ratios_requests']} requests; > 1: row is slower)")
+        print(f"{'':<15}" + "".join(f"{b:>15}" for b in labels))
+        for a in labels:
+            print(f"{a:<15}" + "".join(f"{result['ratios'][a][b]:>15.2f}" for b in labels))
+    for label, r in result["modes"].items():
+        if "runner" in r:
+            mem = sum(c.get("graph_bytes", 0) for c in r["capture"].values())
+            print(f"\n{label}: {len(r['capture'])} budgets prepared in {r['capture_s']:.2f} s, graph pools "
+                  f"{mem / 2**20:.1f} MiB; padding {r['runner']['padding_fraction']:.1%}, "
+                  f"{r['runner']['replays']} replays, {r['runner']['fallback_items']} eager items")
+    for mode, p in result.get("prediction", {}).items():
+        if isinstance(p, dict) and "error" in p:
+            print(f"cost model, {mode}: predicted {p['predicted_mean_ms']:.3f} ms vs measured "
+                  f"{p['measured_mean_ms']:.3f} ms ({p['error']:+.1%})")
+    if result["accuracy"]:
+        print("\naccuracy on request 0 (vs " + next(iter(result["accuracy"].values()))["reference"] + "):")
+        for label, a in result["accuracy"].items():
+            print(f"  {label:<15} max |Δ| {a['max_abs_diff']:.3g}  mean |Δ| {a['mean_abs_diff']:.3g}  "
+                  f"min cosine {a['min_cosine']:.6f}")
+    for label, why in result["skipped"].items():
+        print(f"{label}: {why}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m glmvit bench", description=(__doc__ or "").split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    w = p.add_argument_group("workload (vLLM random-mm)")
+    w.add_argument("--workload", choices=list(PRESETS),
+                   help="a named preset: " + "; ".join(f"{k}: {v.description}" for k, v in PRESETS.items()))
+    w.add_argument("--bucket-config", default="{(224, 224, 1): 1.0}",
+                   help="{(height, width, frames): probability, ...} (ignored with --workload)")
+    w.add_argument("--items-per-request", type=int, default=1)
+    w.add_argument("--range-ratio", type=float, default=0.0, help="items per request uniform in n·[1−r, 1+r]")
+    w.add_argument("--num-requests", type=int, default=100)
+    m = p.add_argument_group("what runs")
+    m.add_argument("--modes", default="transformers,eager,graph", help="comma list of " + ", ".join(MODES) +
+                   " (graph is reported as graph-emulated off CUDA; compile modes are skipped off CUDA)")
+    m.add_argument("--transformers-requests", type=int, default=None,
+                   help="time only the first N requests in transformers mode (it is slow)")
+    m.add_argument("--budgets", default=None, help="graph token budgets, e.g. 64,128,256 (default: powers of two "
+                   "from 64 up to the largest request)")
+    m.add_argument("--max-items", type=int, default=None,
+                   help="items per graph batch (default: the most any request of the workload has)")
+    m.add_argument("--max-segments", type=int, default=None,
+                   help="attention segments (temporal patches) per graph batch (default: the most any request has; "
+                        "every segment slot is a row of the flash-attention grid, so unused slots cost time)")
+    m.add_argument("--attn-backend", default=None, help="varlen, flash_attn, sdpa_masked (default: the device's)")
+    m.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) first (CPU runs; on a "
+                   "busy machine 1 is the least noisy)")
+    m.add_argument("--warmup", type=int, default=5, help="untimed requests per mode first (default 5)")
+    m.add_argument("--matmul-size", type=int, default=None, help="n of the floor's n³ matmul (8192 CUDA, 512 CPU)")
+    add_model_args(p)
+    o = p.add_argument_group("output")
+    o.add_argument("--json", metavar="PATH", help="write every number, with provenance, to this JSON file")
+    o.add_argument("--predict", metavar="LATENCY_JSON", help="also print the cost model's prediction from this "
+                   "latency table (python -m glmvit latency) next to the measured means")
+    o.add_argument("--quiet", action="store_true", help="no progress bars")
+    return p
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every value checked before any work: one line and exit 2 for a bad one."""
+    resolve_model_args(parser, args)
+    if not 1 <= args.num_requests <= MAX_REQUESTS:
+        parser.error(f"--num-requests must be in [1, {MAX_REQUESTS:,}]")
+    for name in ("items_per_request", "max_items", "max_segments", "transformers_requests", "matmul_size", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be ≥ 1")
+    if args.warmup < 0:
+        parser.error("--warmup must be ≥ 0")
+    if not 0 <= args.range_ratio <= 1:
+        parser.error("--range-ratio must be in [0, 1]")
+    try:
+        parse_bucket_config(args.bucket_config)
+        parse_modes(args.modes)
+        budgets = parse_budgets(args.budgets) if args.budgets else None
+        if budgets:
+            BudgetConfig.resolve(budgets)
+        if args.json:
+            check_writable(args.json)
+        if args.predict:
+            load_latency_table(args.predict)
+    except (ValueError, OSError) as err:
+        parser.error(str(err))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args)
+    threads = torch.get_num_threads()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        result = run_benchmark(args, " ".join([sys.executable, "-m", "glmvit", "bench", *argv]))
+    finally:
+        torch.set_num_threads(threads)  # main() is also called from notebooks and tests: leave no global change
+    print_report(result)
+    if args.json:
+        write_json(args.json, result)
+    return 0

@@ -1,0 +1,134 @@
+"""``python -m glmvit latency``: the latency table of the cost model, measured on realistic layouts.
+
+For every budget, the same graph is replayed with several layouts — full (one image of the whole budget), half
+full, one small image, many small images, a video clip — and the same batches run eagerly. The table's ``graph_ms``
+of a budget is the slowest layout's median (what any batch in that graph may cost); ``eager_ms`` is the full
+layout's. :func:`glmvit.costmodel.load_latency_table` reads the JSON; the layouts stay in it for notebooks::
+
+    python -m glmvit latency --budgets 64,128,256,512,1024,2048,4096 --json data/bench/latency_h200.json
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..floor import encoder_flops
+from ..graphs import EncoderGraphRunner
+from ..model import GlmVisionEncoder
+from ..packing import BudgetConfig, parse_budgets
+from ..provenance import collect
+from ..timing import time_calls
+from .common import add_model_args, check_writable, model_from_args, resolve_model_args, write_json
+
+SMALL = [1, 16, 16]  # one 224² image: 64 tokens
+CLIP = [4, 16, 16]  # an 8-frame 224² clip: 4 segments, 256 tokens
+
+
+def square_grid(tokens: int, merge: int = 2) -> list[int]:
+    """A one-image grid [1, h, w] with h·w = m²·tokens, h and w multiples of m, as square as possible."""
+    a = math.isqrt(tokens)
+    while tokens % a:
+        a -= 1
+    return [1, merge * a, merge * (tokens // a)]
+
+
+def layouts(budget: int, max_items: int, max_segments: int, merge: int = 2) -> dict[str, list[list[int]]]:
+    """Named batches (grids) that fit ``budget`` tokens within the limits; the full one always comes first."""
+    out = {"full": [square_grid(budget, merge)]}
+    if budget >= 2 * 64:
+        out["half"] = [square_grid(budget // 2, merge)]
+        out["one-small"] = [SMALL]
+    many = min(max_items, max_segments, budget // 64)
+    if many > 1:
+        out["many-small"] = [SMALL] * many
+    if budget >= 256 and max_segments >= CLIP[0]:
+        out["video"] = [CLIP]
+    return out
+
+
+def measure(runner: EncoderGraphRunner, model: GlmVisionEncoder, runs: int, warmup: int, seed: int,
+            quiet: bool) -> list[dict[str, Any]]:
+    """Median and P99 ms of every layout of every captured budget, replayed in that budget and run eagerly."""
+    cfg, device = model.config, model.device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    rows = []
+    for budget in tqdm(sorted(runner.graphs), desc="latency table", unit="budget", file=sys.stderr, disable=quiet):
+        entry: dict[str, Any] = {"tokens": budget, "layouts": []}
+        for name, grid in layouts(budget, runner.config.max_items, runner.graphs[budget].shape.segments,
+                                  cfg.spatial_merge_size).items():
+            grids = np.array(grid, dtype=np.int64)
+            pixels = torch.randn(int(grids.prod(axis=1).sum()), cfg.patch_dim, device=device, dtype=model.dtype,
+                                 generator=gen)
+            graph = time_calls(lambda: runner.replay(budget, pixels, grids), device, runs, warmup)
+            eager = time_calls(lambda: model(pixels, grids), device, runs, warmup)
+            entry["layouts"].append({
+                "name": name, "grids": grids.tolist(), "items": len(grids),
+                "real_tokens": int(grids.prod(axis=1).sum()) // cfg.merge_area,
+                "graph_ms": float(np.median(graph)), "graph_p99_ms": float(np.percentile(graph, 99)),
+                "eager_ms": float(np.median(eager)), "eager_p99_ms": float(np.percentile(eager, 99)),
+                "flops": encoder_flops(cfg, grids)})
+        full = entry["layouts"][0]
+        entry.update(grid=full["grids"][0], eager_ms=full["eager_ms"], eager_p99_ms=full["eager_p99_ms"],
+                     full_graph_ms=full["graph_ms"], graph_ms=max(x["graph_ms"] for x in entry["layouts"]),
+                     graph_p99_ms=max(x["graph_p99_ms"] for x in entry["layouts"]), flops=full["flops"])
+        entry["worst_layout_vs_full"] = entry["graph_ms"] / full["graph_ms"]
+        rows.append(entry)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = argparse.ArgumentParser(prog="python -m glmvit latency", description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--budgets", default="64,128,256,512,1024,2048,4096", help="token budgets (at least two)")
+    parser.add_argument("--max-items", type=int, default=16, help="items per batch (default 16)")
+    parser.add_argument("--max-segments", type=int, default=32, help="segment slots per batch (default 32)")
+    parser.add_argument("--runs", type=int, default=20, help="timed runs per layout (default 20)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed runs per layout first (default 3)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile forward_static before capture")
+    parser.add_argument("--json", metavar="PATH", help="write the table with provenance here")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_model_args(parser)
+    args = parser.parse_args(argv)
+    resolve_model_args(parser, args)
+    try:
+        budgets = parse_budgets(args.budgets) or ()
+        if len(budgets) < 2:
+            raise ValueError("--budgets needs at least two budgets, e.g. 64,128,256,512")
+        config = BudgetConfig(tuple(sorted(budgets)), min(args.max_items, min(budgets)), args.max_segments)
+        if args.json:
+            check_writable(args.json)
+    except (ValueError, OSError) as err:
+        parser.error(str(err))
+    if args.runs < 1 or args.warmup < 0:
+        parser.error("--runs must be ≥ 1 and --warmup ≥ 0")
+    model = model_from_args(args)
+    backend = "cuda" if model.device.type == "cuda" else "emulate"
+    runner = EncoderGraphRunner(model, config, backend=backend, progress=not args.quiet,
+                                torch_compile=args.compile).capture()
+    with torch.inference_mode():
+        rows = measure(runner, model, args.runs, args.warmup, args.seed, args.quiet)
+    table = {
+        "benchmark": "glmvit.cli.latency",
+        "provenance": {**collect(model.device, " ".join([sys.executable, "-m", "glmvit", "latency", *argv])),
+                       "graph_backend": backend, "compiled": args.compile, "runs": args.runs, "warmup": args.warmup,
+                       "statistic": "median"},
+        "dtype": str(model.dtype).replace("torch.", ""), "config": "glm41v" if args.config == "full" else "tiny",
+        "attn_backend": model.attention_backend(), "max_items": config.max_items, "max_segments": config.max_segments,
+        "budgets": rows,
+        "capture": {str(k): v for k, v in runner.stats.capture.items()},
+        "failed": {str(k): v for k, v in runner.stats.failed.items()},
+    }
+    print(f"\n{'tokens':>7} {'eager ms':>9} {'full ms':>9} {'worst ms':>9} {'worst/full':>10}  worst layout")
+    for r in rows:
+        worst = max(r["layouts"], key=lambda x: x["graph_ms"])["name"]
+        print(f"{r['tokens']:>7} {r['eager_ms']:>9.3f} {r['full_graph_ms']:>9.3f} {r['graph_ms']:>9.3f} "
+              f"{r['worst_layout_vs_full']:>10.3f}  {worst}")
+    if args.json:
+        write_json(args.json, table)
+    return 0

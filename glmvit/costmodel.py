@@ -1,0 +1,286 @@
+"""The offline cost model: graph memory, a measured latency table, predicted time, and recommended budgets.
+
+Pure functions (numpy only, no torch) over :mod:`glmvit.packing` plans. Nothing here runs at serving time: it
+answers "which budgets should I capture, and what will they cost?" before a deployment.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import numbers
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from .config import VisionConfig
+from .geometry import ItemSpec
+from .packing import AUTO_RANGE, BudgetConfig, Plan, check_items, plan_workload, positive_int
+
+CANDIDATE_STEP = 64  # recommend_budgets rounds batch sizes up to this multiple
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+@dataclass(frozen=True)
+class GraphMemory:
+    """Estimated bytes one captured graph holds: its static buffers and its pool (activations of one forward)."""
+
+    budget: int
+    static_bytes: int
+    pool_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.static_bytes + self.pool_bytes
+
+
+def _dtype_bytes(dtype: str) -> int:
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPE_BYTES)}")
+    return DTYPE_BYTES[dtype]
+
+
+def graph_memory(config: BudgetConfig, vision_config: VisionConfig, dtype: str = "bfloat16") -> list[GraphMemory]:
+    """Analytic memory estimate per budget, for a ``glmvit.VisionConfig``.
+
+    rows = budget · merge_area patch rows. Static buffers: pixels rows × patch_dim (dtype), the int32 metadata
+    buffer of ``glmvit.metadata`` (max_segments + 2 + 5·rows + rows / merge_area) and the output budget × out_hidden
+    (dtype). Pool: the largest live activations of one forward, in dtype: a block's rows × (3·hidden for q/k/v +
+    2·mlp width for gate/up; GLM-4V's block MLP is out_hidden_size wide) plus the merger's budget × 2·intermediate.
+    """
+    size, vc = _dtype_bytes(dtype), vision_config
+    result = []
+    for budget in config.token_budgets:
+        rows = budget * vc.merge_area
+        metadata = config.max_segments + 2 + 5 * rows + rows // vc.merge_area
+        static = (rows * vc.patch_dim + budget * vc.out_hidden_size) * size + 4 * metadata
+        pool = (rows * (3 * vc.hidden_size + 2 * vc.out_hidden_size) + budget * 2 * vc.intermediate_size) * size
+        result.append(GraphMemory(budget, static, pool))
+    return result
+
+
+def total_graph_memory(memories: Iterable[GraphMemory]) -> int:
+    """Bytes for all graphs: every static buffer plus ONE shared pool (captured largest first, so the largest)."""
+    memories = list(memories)
+    return sum(m.static_bytes for m in memories) + max((m.pool_bytes for m in memories), default=0)
+
+
+@dataclass(frozen=True)
+class LatencyTable:
+    """Measured milliseconds per budget: graph replay and eager forward of a batch of that many tokens.
+
+    JSON format (``load_latency_table``)::
+
+        {"provenance": {"gpu": "...", "date": "...", "command": "..."},
+         "dtype": "bfloat16", "config": "glm41v",
+         "budgets": [{"tokens": 64, "graph_ms": 2.9, "eager_ms": 8.1}, ...]}
+
+    At least two entries; other token counts are interpolated linearly (extrapolated from the two nearest
+    entries, never below 0).
+    """
+
+    tokens: tuple[int, ...]
+    graph_ms: tuple[float, ...]
+    eager_ms: tuple[float, ...]
+    dtype: str = "bfloat16"
+    config: str = "glm41v"
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not len(self.tokens) == len(self.graph_ms) == len(self.eager_ms):
+            raise ValueError("latency table: tokens, graph_ms and eager_ms differ in length")
+        if len(self.tokens) < 2:
+            raise ValueError(f"latency table needs at least 2 budgets, got {len(self.tokens)}")
+        for t in self.tokens:
+            positive_int("latency table tokens", t)
+        if any(a >= b for a, b in zip(self.tokens, self.tokens[1:])):
+            raise ValueError(f"latency table tokens must be strictly increasing, got {list(self.tokens)}")
+        for ms in (*self.graph_ms, *self.eager_ms):
+            if not (isinstance(ms, numbers.Real) and math.isfinite(ms) and ms > 0):
+                raise ValueError(f"latency table times must be positive finite numbers, got {ms!r}")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "LatencyTable":
+        try:
+            rows = sorted(data["budgets"], key=lambda r: r["tokens"])
+            columns = ([r["tokens"] for r in rows], [r["graph_ms"] for r in rows], [r["eager_ms"] for r in rows])
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"latency table: expected budgets as [{{tokens, graph_ms, eager_ms}}, ...] ({err!r})")
+        return cls(*map(tuple, columns), dtype=data.get("dtype", "bfloat16"), config=data.get("config", "glm41v"),
+                   provenance=dict(data.get("provenance", {})))
+
+    def graph_time(self, budget: int) -> float:
+        return _linear(budget, self.tokens, self.graph_ms)
+
+    def eager_time(self, tokens: int) -> float:
+        return _linear(tokens, self.tokens, self.eager_ms)
+
+
+def _linear(x: float, xs: Sequence[int], ys: Sequence[float]) -> float:
+    i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+def load_latency_table(path: str | Path) -> LatencyTable:
+    with open(path) as f:
+        return LatencyTable.from_dict(json.load(f))
+
+
+@dataclass(frozen=True)
+class TimeEstimate:
+    """Predicted ms: replays of graphs, eager fallbacks, and the same batches all run eagerly (the baseline)."""
+
+    graph_ms: float = 0.0
+    fallback_ms: float = 0.0
+    eager_ms: float = 0.0
+
+    @property
+    def total_ms(self) -> float:
+        return self.graph_ms + self.fallback_ms
+
+    def __add__(self, other: "TimeEstimate") -> "TimeEstimate":
+        return TimeEstimate(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+
+def predict_time(plan: Plan, table: LatencyTable) -> TimeEstimate:
+    """Time of a plan: graph_ms(budget) per replay, eager_ms(tokens) per fallback and per batch of the baseline."""
+    replays = [b for b in plan.batches if b.budget is not None]
+    fallbacks = [b for b in plan.batches if b.budget is None]
+    return TimeEstimate(
+        graph_ms=sum(table.graph_time(b.budget) for b in replays),
+        fallback_ms=sum(table.eager_time(b.tokens) for b in fallbacks),
+        eager_ms=sum(table.eager_time(b.tokens) for b in plan.batches),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Recommending budgets
+# ---------------------------------------------------------------------------------------------------------------
+def _round_up(x: int, step: int = CANDIDATE_STEP) -> int:
+    return -(-x // step) * step
+
+
+def _powers_of_two(lo: int, hi: int) -> list[int]:
+    """Powers of two p with lo ≤ p and p < 2·hi (so the last one is ≥ hi)."""
+    p = 1
+    while p < lo:
+        p *= 2
+    out = []
+    while p < 2 * hi:
+        out.append(p)
+        p *= 2
+    return out
+
+
+def _best_subsets(sizes: list[int], cands: list[int], max_graphs: int, unit_cost: Callable[[int], float],
+                  token_coef: float) -> list[tuple[float, tuple[int, ...]]]:
+    """Exact DP: for m = 1..max_graphs, the cheapest m budgets from ``cands`` that include cands[-1].
+
+    A batch of x tokens replays the smallest chosen budget c ≥ x at cost unit_cost(c) + token_coef·x.
+    """
+    sizes_arr = np.sort(np.asarray(sizes, dtype=np.int64))
+    cnt = np.searchsorted(sizes_arr, cands, side="right")
+    tot = np.concatenate([[0], np.cumsum(sizes_arr)])[cnt].astype(float)
+    a = np.array([unit_cost(c) for c in cands], dtype=float)
+    levels = [a * cnt + token_coef * tot]  # one budget: c_j covers every batch ≤ c_j
+    backs = []
+    for _ in range(1, min(max_graphs, len(cands))):
+        prev, best, arg = levels[-1], np.full(len(cands), np.inf), np.zeros(len(cands), dtype=int)
+        for j in range(1, len(cands)):
+            cost = prev[:j] + a[j] * (cnt[j] - cnt[:j]) + token_coef * (tot[j] - tot[:j])
+            arg[j] = int(np.argmin(cost))
+            best[j] = cost[arg[j]]
+        levels.append(best)
+        backs.append(arg)
+    results = []
+    for m, level in enumerate(levels, start=1):
+        if not np.isfinite(level[-1]):
+            continue
+        chosen, j = [len(cands) - 1], len(cands) - 1
+        for back in reversed(backs[: m - 1]):
+            j = int(back[j])
+            chosen.append(j)
+        results.append((float(level[-1]), tuple(cands[i] for i in reversed(chosen))))
+    return results
+
+
+def recommend_budgets(requests: Sequence[Sequence[ItemSpec]], max_graphs: int, memory_limit_bytes: int | None = None,
+                      table: LatencyTable | None = None, objective: str = "padding",
+                      candidates: Iterable[int] | None = None, *, max_items: int | None = None,
+                      max_segments: int | None = None, packer: str = "ffd",
+                      vision_config: VisionConfig | None = None,
+                      dtype: str = "bfloat16") -> tuple[int, ...]:
+    """At most ``max_graphs`` budgets minimising the predicted time or padding of a workload.
+
+    ``requests`` is a list of requests, each a list of :class:`~glmvit.geometry.ItemSpec`.
+    Method: the largest budget M alone decides the packing (packers look only at M and the limits), so each
+    candidate M packs the workload once; an exact dynamic programme then picks the other budgets below M.
+    Per-batch cost: padding → budget − tokens; time → ``table.graph_time(budget)``, plus ``eager_time`` of the
+    items that exceed M. Ranking: time → (ms, graphs); padding → (eager items, padded tokens, replays, graphs).
+    Default candidates: powers of two from max_items and the batch sizes rounded up to a multiple of 64; for M
+    only up to the first power of two ≥ the largest request, past which packing no longer changes.
+    A memory limit (``total_graph_memory`` of ``vision_config``, default GLM-4.1V) drops over-limit optima for
+    each (M, graph count): the answer then fits but may not be the constrained optimum.
+    """
+    if objective not in ("time", "padding"):
+        raise ValueError(f"objective must be 'time' or 'padding', got {objective!r}")
+    if objective == "time" and table is None:
+        raise ValueError("objective='time' needs a latency table")
+    max_graphs = positive_int("max_graphs", max_graphs)
+    if memory_limit_bytes is not None:
+        memory_limit_bytes = positive_int("memory_limit_bytes", memory_limit_bytes)
+    max_items = AUTO_RANGE[1] // AUTO_RANGE[0] if max_items is None else positive_int("max_items", max_items)
+    max_segments = max_items if max_segments is None else max_segments
+    specs = [check_items(r) for r in requests]
+    if not any(specs):
+        raise ValueError("the workload has no items")
+    vision_config = vision_config or VisionConfig.glm41v()
+    given = None if candidates is None else sorted({positive_int("candidate budget", c) for c in candidates})
+    tops = [c for c in (given or _default_tops(specs, max_items)) if c >= max_items]
+    if not tops:
+        raise ValueError(f"no candidate budget is ≥ max_items={max_items}")
+
+    best: tuple | None = None
+    for top in tops:
+        limits = BudgetConfig((top,), max_items, max_segments)
+        for key, budgets in _ranked_options(specs, limits, given, max_graphs, packer, objective, table):
+            config = BudgetConfig(budgets, max_items, max_segments)
+            memory = total_graph_memory(graph_memory(config, vision_config, dtype))
+            if memory_limit_bytes and memory > memory_limit_bytes:
+                continue
+            if best is None or key < best[0]:
+                best = (key, budgets)
+    if best is None:
+        raise ValueError(f"no budget set fits in memory_limit_bytes={memory_limit_bytes}")
+    return best[1]
+
+
+def _ranked_options(requests: list[list[ItemSpec]], limits: BudgetConfig, given: list[int] | None,
+                    max_graphs: int, packer: str, objective: str,
+                    table: LatencyTable | None) -> list[tuple[tuple, tuple[int, ...]]]:
+    """(ranking key, budgets) of the best 1..max_graphs budgets whose largest is ``limits.largest``."""
+    top, max_items = limits.largest, limits.max_items
+    plans = plan_workload(requests, limits, packer)
+    sizes = [b.tokens for p in plans for b in p.batches if b.budget is not None]
+    eager = [b.tokens for p in plans for b in p.batches if b.budget is None]
+    lower = given or _powers_of_two(max_items, top) + [_round_up(s) for s in sizes]
+    cands = sorted({c for c in lower if max_items <= c < top}) + [top]
+    if objective == "time":
+        eager_ms = sum(table.eager_time(t) for t in eager)
+        options = _best_subsets(sizes, cands, max_graphs, table.graph_time, 0.0)
+        return [((cost + eager_ms, len(budgets)), budgets) for cost, budgets in options]
+    options = _best_subsets(sizes, cands, max_graphs, float, -1.0)
+    return [((len(eager), cost, len(sizes), len(budgets)), budgets) for cost, budgets in options]
+
+
+def _default_tops(requests: list[list[ItemSpec]], max_items: int) -> list[int]:
+    """Candidate largest budgets: powers of two up to the largest request, plus its and the largest item's size."""
+    largest_request = max(sum(t for t, _ in r) for r in requests)
+    largest_item = max(t for r in requests for t, _ in r)
+    extra = {_round_up(largest_request), _round_up(largest_item)}
+    return sorted(set(_powers_of_two(max_items, largest_request)) | extra)
+
+

@@ -1,0 +1,88 @@
+"""Item geometry: pixels → GLM-4V's resize rule → patch grid [t, h, w] → what packing needs (:class:`ItemSpec`).
+
+One set of constants, taken from the tower's defaults (:class:`~glmvit.config.VisionConfig`) and from what the
+GLM-4V checkpoints' processors ship. Words used throughout the package:
+
+- a *frame* is one picture of a video (an image counts as one frame);
+- a *temporal patch* pairs two frames (``temporal_patch_size`` = 2): grid ``t`` counts them;
+- a *segment* is one attention segment: every temporal patch of every item is its own, so an item has t segments.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from .config import VisionConfig
+
+_DEFAULT = VisionConfig.glm41v()
+PATCH_SIZE = _DEFAULT.patch_size  # 14 px
+MERGE_SIZE = _DEFAULT.spatial_merge_size  # 2: a 2×2 block of patches is one output token
+TEMPORAL_PATCH_SIZE = _DEFAULT.temporal_patch_size  # 2 frames per temporal patch
+FACTOR = PATCH_SIZE * MERGE_SIZE  # 28 px: one output token's side
+IMAGE_MIN_PIXELS = 112 * 112  # Glm4vImageProcessor's size["shortest_edge"]
+IMAGE_MAX_PIXELS = 28 * 28 * 2 * 6144  # 9,633,792: size["longest_edge"] of the GLM-4V checkpoints
+VIDEO_MAX_PIXELS = 28 * 28 * 2 * 30000  # the video processors' longest_edge; counts t̄·h·w
+
+
+class ItemSpec(NamedTuple):
+    """What packing needs of one item: output tokens after the merge, and attention segments (temporal patches)."""
+
+    tokens: int
+    segments: int
+
+
+def smart_resize(height: int, width: int, num_frames: int = TEMPORAL_PATCH_SIZE, *, factor: int = FACTOR,
+                 min_pixels: int = IMAGE_MIN_PIXELS, max_pixels: int = IMAGE_MAX_PIXELS,
+                 temporal_factor: int = TEMPORAL_PATCH_SIZE) -> tuple[int, int]:
+    """GLM-4V's resize rule (transformers' ``image_processing_pil_glm4v.smart_resize``, arguments reordered).
+
+    Rounds each side to the nearest multiple of ``factor`` (Python ``round``: half to even), then rescales so that
+    frames · h · w stays within [min_pixels, max_pixels]. Images count as ``temporal_factor`` frames.
+    Returns (height, width) in pixels.
+    """
+    if num_frames < temporal_factor:
+        raise ValueError(f"num_frames={num_frames} must be at least temporal_factor={temporal_factor}")
+    if height <= 0 or width <= 0:
+        raise ValueError(f"image size must be positive, got {height}×{width}")
+    if min_pixels > max_pixels:
+        raise ValueError(f"min_pixels={min_pixels} is larger than max_pixels={max_pixels}")
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"aspect ratio of {height}×{width} exceeds 200")
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    t_bar = round(num_frames / temporal_factor) * temporal_factor
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt(num_frames * height * width / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (num_frames * height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def grid_for(height: int, width: int, frames: int = 1) -> tuple[int, int, int]:
+    """Patch grid (t, h, w) of an image (frames = 1) or a video of ``frames`` sampled frames (t = ceil(frames / 2))."""
+    if frames < 1:
+        raise ValueError(f"frames must be ≥ 1, got {frames}")
+    t = math.ceil(frames / TEMPORAL_PATCH_SIZE)
+    if frames == 1:
+        h_px, w_px = smart_resize(height, width)
+    else:
+        h_px, w_px = smart_resize(height, width, TEMPORAL_PATCH_SIZE * t, max_pixels=VIDEO_MAX_PIXELS)
+    return t, h_px // PATCH_SIZE, w_px // PATCH_SIZE
+
+
+def output_tokens(t: int, h: int, w: int, merge: int = MERGE_SIZE) -> int:
+    """Tokens the merger emits for a (t, h, w) patch grid: t·h·w / merge²."""
+    if h % merge or w % merge:
+        raise ValueError(f"grid {h}×{w} is not a multiple of the merge size {merge}")
+    return t * h * w // merge**2
+
+
+def item_spec(t: int, h: int, w: int, merge: int = MERGE_SIZE) -> ItemSpec:
+    """The :class:`ItemSpec` of a (t, h, w) grid: t segments, t·h·w / merge² tokens."""
+    return ItemSpec(output_tokens(t, h, w, merge), t)

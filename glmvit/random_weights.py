@@ -1,0 +1,31 @@
+"""Random but non-trivial weights, drawn the same way on every device: the embedded default model of the demo,
+the benchmark and the tests (which load the same draw into transformers' tower)."""
+from __future__ import annotations
+
+import math
+from typing import TypeVar
+
+import torch
+
+Module = TypeVar("Module", bound=torch.nn.Module)
+
+
+def randomize_(model: Module, seed: int = 0) -> Module:
+    """Overwrite every parameter in place: norm weights 1 + 0.5·N, biases 0.1·N, 1-D parameters and the position
+    table N, matrices N / sqrt(fan-in). Drawn in float32 on each parameter's device from one seeded generator per
+    device, in sorted name order (on CPU the values do not depend on the model's dtype)."""
+    generators: dict[torch.device, torch.Generator] = {}
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            gen = generators.setdefault(p.device, torch.Generator(device=p.device).manual_seed(seed))
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32, device=p.device)
+            if "norm" in name and name.endswith("weight"):
+                value = 1 + 0.5 * noise
+            elif name.endswith("bias"):
+                value = 0.1 * noise
+            elif p.ndim == 1 or "position_embedding" in name:
+                value = noise
+            else:
+                value = noise / math.sqrt(p[0].numel())
+            p.copy_(value)
+    return model
