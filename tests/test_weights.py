@@ -68,3 +68,45 @@ def test_pickle_checkpoints_are_refused(tmp_path, tiny_config):
         load_vision_weights(GlmVisionEncoder(tiny_config), tmp_path / "pytorch_model.bin")
     with pytest.raises(FileNotFoundError, match="no .safetensors"):
         load_vision_weights(GlmVisionEncoder(tiny_config), tmp_path)
+
+
+@pytest.mark.parametrize("name", ["Glm4vConfig", "Glm46VConfig", "Glm4vMoeConfig"])
+def test_transformers_glm4v_configs_give_the_glm41v_tower(name):
+    import transformers
+
+    config = getattr(transformers, name)()
+    for form in (config, config.to_dict(), config.vision_config, config.vision_config.to_dict()):
+        assert VisionConfig.from_hf(form) == VisionConfig.glm41v()
+
+
+LLAMA = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32}
+VISION = {"model_type": "glm4v_vision", "depth": 2, "hidden_size": 64, "num_heads": 4}
+
+
+@pytest.mark.parametrize("config, message", [
+    (LLAMA, r"model_type 'llama' is not a GLM-4V model"),
+    ({k: v for k, v in VISION.items() if k != "model_type"}, r"model_type None is not a GLM-4V model"),
+    ({"model_type": "glm_ocr", "vision_config": VISION}, r"model_type 'glm_ocr' is not a GLM-4V model"),
+    (LLAMA | {"model_type": "glm4v"}, r"'glm4v' config without a vision_config"),
+    ({"model_type": "glm4v", "vision_config": VISION | {"model_type": "siglip_vision_model"}},
+     r"vision_config has model_type 'siglip_vision_model'"),
+    ({"model_type": "glm4v", "vision_config": [1, 2]}, r"vision_config must be a JSON object"),
+    ([1, 2], r"config must be a JSON object"),
+    ({"model_type": "glm4v_vision", "hidden_size": 64}, r"vision_config lacks depth, num_heads"),
+    (VISION | {"depth": "2"}, r"vision_config.depth must be an integer, got '2'"),
+    (VISION | {"depth": True}, r"vision_config.depth must be an integer"),
+    (VISION | {"num_heads": 4.0}, r"vision_config.num_heads must be an integer"),
+    (VISION | {"rms_norm_eps": "small"}, r"vision_config.rms_norm_eps must be a number"),
+    (VISION | {"depth": 10**9}, r"depth 1000000000 is implausible"),
+    (VISION | {"depth": -1}, r"depth must be positive"),
+    (VISION | {"hidden_act": "gelu"}, r"hidden_act='silu'"),
+])
+def test_non_glm4v_config_is_refused(config, message):
+    with pytest.raises(ValueError, match=message):
+        VisionConfig.from_hf(config)
+
+
+def test_aliases_defer_to_the_canonical_name():
+    assert VisionConfig.from_hf(VISION | {"num_hidden_layers": 5}).depth == 2
+    assert VisionConfig.from_hf({"model_type": "glm4v_vision", "num_hidden_layers": 3, "hidden_size": 64,
+                                 "num_attention_heads": 4}).depth == 3
