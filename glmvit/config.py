@@ -6,6 +6,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 _HF_ALIASES = {"num_hidden_layers": "depth", "num_attention_heads": "num_heads"}
+GLM4V_MODEL_TYPES = ("glm4v", "glm4v_moe", "glm46v")  # full models whose vision_config is this tower
+GLM4V_VISION_TYPES = ("glm4v_vision", "glm4v_moe_vision")  # transformers' vision sub-configs of the same tower
+_REQUIRED = ("depth", "hidden_size", "num_heads")  # what tells a tower's size; the rest has GLM-4V defaults
+_MAX_DEPTH = 1024  # GLM-4V has 24 blocks; a config asking for millions would exhaust memory building modules
 
 
 @dataclass(frozen=True)
@@ -68,28 +72,25 @@ class VisionConfig:
 
     @classmethod
     def from_hf(cls, config: Any) -> "VisionConfig":
-        """Build from a transformers config object or a ``config.json`` dict (full model or vision sub-config)."""
-        if not isinstance(config, Mapping):
-            config = config.to_dict() if hasattr(config, "to_dict") else vars(config)
-        if "vision_config" in config:
-            config = config["vision_config"]
-        if not isinstance(config, Mapping):
-            config = config.to_dict()
-        names = {f.name for f in dataclasses.fields(cls)}
-        values: dict[str, Any] = {}
-        for key, value in config.items():
-            key = _HF_ALIASES.get(key, key)
-            if key in names:
-                values[key] = value
-        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-        if isinstance(rope, Mapping) and "rope_theta" in rope:
-            values["rope_theta"] = float(rope["rope_theta"])
-        act = config.get("hidden_act", "silu")
-        if act != "silu":
-            raise ValueError(f"only hidden_act='silu' is supported (GLM-4V), got {act!r}")
-        if config.get("attention_bias"):
-            raise ValueError("attention_bias=True is not a GLM-4V vision tower")
-        return cls(**values)
+        """Build from a transformers config object or a ``config.json`` dict (full GLM-4V model or vision sub-config).
+
+        Raises ValueError, saying what is wrong, for anything that is not a GLM-4V vision tower.
+        """
+        config = _as_dict(config, "config")
+        model_type = config.get("model_type")
+        if model_type in GLM4V_MODEL_TYPES:
+            if "vision_config" not in config:
+                raise ValueError(f"a {model_type!r} config without a vision_config")
+            vision = _as_dict(config["vision_config"], "vision_config")
+            if vision.get("model_type") not in (None, *GLM4V_VISION_TYPES, *GLM4V_MODEL_TYPES):
+                raise ValueError(f"vision_config has model_type {vision['model_type']!r}, not a GLM-4V vision tower "
+                                 f"(expected one of {GLM4V_VISION_TYPES})")
+        elif model_type in GLM4V_VISION_TYPES:
+            vision = config
+        else:
+            raise ValueError(f"model_type {model_type!r} is not a GLM-4V model "
+                             f"(expected one of {GLM4V_MODEL_TYPES + GLM4V_VISION_TYPES})")
+        return cls(**_vision_values(vision))
 
     def to_hf_dict(self) -> dict[str, Any]:
         """Keyword arguments for transformers' ``Glm4vVisionConfig`` describing the same tower."""
@@ -98,3 +99,42 @@ class VisionConfig:
         d["hidden_act"] = "silu"
         d["attention_bias"] = False
         return d
+
+
+def _as_dict(config: Any, what: str) -> Mapping[str, Any]:
+    if isinstance(config, Mapping):
+        return config
+    if hasattr(config, "to_dict"):
+        return config.to_dict()
+    raise ValueError(f"{what} must be a JSON object or a transformers config, got {type(config).__name__}")
+
+
+def _vision_values(vision: Mapping[str, Any]) -> dict[str, Any]:
+    """VisionConfig keyword arguments from a vision sub-config, each checked for its type."""
+    fields = {f.name: f.type for f in dataclasses.fields(VisionConfig)}
+    values: dict[str, Any] = {}
+    for key, value in vision.items():
+        name = _HF_ALIASES.get(key, key)
+        if name in fields and (name == key or name not in vision):
+            values[name] = value
+    rope = vision.get("rope_parameters") or vision.get("rope_scaling") or {}
+    if isinstance(rope, Mapping) and "rope_theta" in rope:
+        values["rope_theta"] = rope["rope_theta"]
+    missing = [name for name in _REQUIRED if name not in values]
+    if missing:
+        raise ValueError(f"vision_config lacks {', '.join(missing)}")
+    for name, value in values.items():
+        number = isinstance(value, int) or (fields[name] == "float" and isinstance(value, float))
+        if not number or isinstance(value, bool):
+            raise ValueError(f"vision_config.{name} must be {'a number' if fields[name] == 'float' else 'an integer'}, "
+                             f"got {value!r}")
+        if fields[name] == "float":
+            values[name] = float(value)
+    if values["depth"] > _MAX_DEPTH:
+        raise ValueError(f"vision_config.depth {values['depth']} is implausible (GLM-4V has 24; at most {_MAX_DEPTH})")
+    act = vision.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"only hidden_act='silu' is supported (GLM-4V), got {act!r}")
+    if vision.get("attention_bias"):
+        raise ValueError("attention_bias=True is not a GLM-4V vision tower")
+    return values

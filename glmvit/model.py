@@ -190,3 +190,15 @@ class GlmVisionEncoder(nn.Module):
         x = F.linear(x, self.downsample.weight.view(cfg.out_hidden_size, -1), self.downsample.bias)
         x = self.merger(x)
         return x.masked_fill(meta.token_valid[:, None] == 0, 0)
+
+    @classmethod
+    def from_pretrained(cls, path, dtype: torch.dtype | str | None = None, device: torch.device | str | None = None,
+                        attn_backend: str | None = None):
+        """The vision tower of a safetensors checkpoint (a directory, or a file with ``config.json`` beside it).
+
+        Config from ``config.json``; ``dtype=None`` keeps the checkpoint's; built without a full-precision copy;
+        returned in eval mode. See :func:`glmvit.weights.load_pretrained`.
+        """
+        from .weights import load_pretrained
+
+        return load_pretrained(cls, path, dtype=dtype, device=device, attn_backend=attn_backend)
