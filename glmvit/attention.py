@@ -77,7 +77,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta, backend: str
     if backend == "segments":
         cu = meta.host.packed[: meta.shape.segments + 2].tolist()
         out = torch.zeros_like(q)
-        for start, end in zip(cu[:-1], cu[1:]):
+        for start, end in zip(cu[:-1], cu[1:], strict=False):
             if end <= start or start >= meta.host.num_rows:
                 continue
             qs, ks, vs = (x[start:end].transpose(0, 1) for x in (q, k, v))

@@ -95,7 +95,7 @@ class LatencyTable:
             raise ValueError(f"latency table needs at least 2 budgets, got {len(self.tokens)}")
         for t in self.tokens:
             positive_int("latency table tokens", t)
-        if any(a >= b for a, b in zip(self.tokens, self.tokens[1:])):
+        if any(a >= b for a, b in zip(self.tokens, self.tokens[1:], strict=False)):
             raise ValueError(f"latency table tokens must be strictly increasing, got {list(self.tokens)}")
         for ms in (*self.graph_ms, *self.eager_ms):
             if not (isinstance(ms, numbers.Real) and math.isfinite(ms) and ms > 0):
@@ -107,9 +107,11 @@ class LatencyTable:
             rows = sorted(data["budgets"], key=lambda r: r["tokens"])
             columns = ([r["tokens"] for r in rows], [r["graph_ms"] for r in rows], [r["eager_ms"] for r in rows])
         except (KeyError, TypeError) as err:
-            raise ValueError(f"latency table: expected budgets as [{{tokens, graph_ms, eager_ms}}, ...] ({err!r})")
-        return cls(*map(tuple, columns), dtype=data.get("dtype", "bfloat16"), config=data.get("config", "glm41v"),
-                   provenance=dict(data.get("provenance", {})))
+            raise ValueError(f"latency table: expected budgets as [{{tokens, graph_ms, eager_ms}}, ...] ({err!r})") \
+                from None
+        tokens, graph_ms, eager_ms = (tuple(c) for c in columns)
+        return cls(tokens, graph_ms, eager_ms, dtype=data.get("dtype", "bfloat16"),
+                   config=data.get("config", "glm41v"), provenance=dict(data.get("provenance", {})))
 
     def graph_time(self, budget: int) -> float:
         return _linear(budget, self.tokens, self.graph_ms)
@@ -150,9 +152,9 @@ def predict_time(plan: Plan, table: LatencyTable) -> TimeEstimate:
     replays = [b for b in plan.batches if b.budget is not None]
     fallbacks = [b for b in plan.batches if b.budget is None]
     return TimeEstimate(
-        graph_ms=sum(table.graph_time(b.budget) for b in replays),
-        fallback_ms=sum(table.eager_time(b.tokens) for b in fallbacks),
-        eager_ms=sum(table.eager_time(b.tokens) for b in plan.batches),
+        graph_ms=sum((table.graph_time(b.budget) for b in replays if b.budget is not None), 0.0),
+        fallback_ms=sum((table.eager_time(b.tokens) for b in fallbacks), 0.0),
+        eager_ms=sum((table.eager_time(b.tokens) for b in plan.batches), 0.0),
     )
 
 
@@ -269,7 +271,8 @@ def _ranked_options(requests: list[list[ItemSpec]], limits: BudgetConfig, given:
     lower = given or _powers_of_two(max_items, top) + [_round_up(s) for s in sizes]
     cands = sorted({c for c in lower if max_items <= c < top}) + [top]
     if objective == "time":
-        eager_ms = sum(table.eager_time(t) for t in eager)
+        assert table is not None  # recommend_budgets checked it
+        eager_ms = sum((table.eager_time(t) for t in eager), 0.0)
         options = _best_subsets(sizes, cands, max_graphs, table.graph_time, 0.0)
         return [((cost + eager_ms, len(budgets)), budgets) for cost, budgets in options]
     options = _best_subsets(sizes, cands, max_graphs, float, -1.0)

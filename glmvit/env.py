@@ -201,7 +201,8 @@ def format_table(rows: list[Check]) -> str:
                  r.required.ljust(widths[3])]
         lines.append("  ".join(cells + ([r.note] if r.note else [])).rstrip())
     failed = [r.name for r in rows if r.status == FAIL]
-    lines.append(f"-> {len(failed)} problem(s): {', '.join(failed)}" if failed else "-> everything the notebooks need is here")
+    lines.append(f"-> {len(failed)} problem(s): {', '.join(failed)}" if failed
+                 else "-> everything the notebooks need is here")
     return "\n".join(lines)
 
 

@@ -134,7 +134,7 @@ class EncoderGraphRunner:
         self.forward_static = torch.compile(model.forward_static, dynamic=False) if torch_compile \
             else model.forward_static
         self.graphs: dict[int, BudgetGraph] = {}
-        self.pool = None
+        self.pool: Any = None  # the shared memory pool handle, from the first capture on
         self.stats = RunnerStats()
         self._layouts: dict[bytes, list[BatchStep]] = {}  # plans by the request's grids; reset by capture()
 
@@ -159,7 +159,6 @@ class EncoderGraphRunner:
         return bg
 
     def _capture_one(self, bg: BudgetGraph) -> None:
-        model = self.model
         if self.backend == "emulate":
             bg.output.copy_(self.forward_static(bg.pixels, bg.meta))
             return
@@ -257,7 +256,7 @@ class EncoderGraphRunner:
         key = grids.tobytes()
         if key != bg.staged_grids:  # same grids as this budget's last batch ⇒ its metadata is already in place
             host = build_metadata(grids, self.model.config.spatial_merge_size, bg.shape)
-            if bg.staging is None:
+            if bg.staging is None or bg.staged is None:
                 bg.meta.packed.copy_(torch.from_numpy(host.packed))
             else:
                 bg.staged.synchronize()  # the previous copy out of the staging buffer has run (a replay follows it)
@@ -265,7 +264,7 @@ class EncoderGraphRunner:
                 bg.meta.packed.copy_(bg.staging, non_blocking=True)
                 bg.staged.record()
             bg.staged_grids = key
-        if self.backend == "cuda":
+        if bg.graph is not None:
             bg.graph.replay()
         else:
             bg.output.copy_(self.forward_static(bg.pixels, bg.meta))
@@ -333,7 +332,7 @@ class EncoderGraphRunner:
                 self.stats.real_tokens += step.tokens
                 self.stats.budget_tokens += step.graph.budget
             offset = 0
-            for i, n in zip(step.items, step.item_tokens):
+            for i, n in zip(step.items, step.item_tokens, strict=False):
                 results[i] = out[offset : offset + n].clone()
                 offset += n
         if self.backend == "cuda":
@@ -342,4 +341,4 @@ class EncoderGraphRunner:
         self.stats.items += len(grids)
         self.stats.host_s += host_s
         self.stats.total_s += time.perf_counter() - start
-        return results
+        return [out for out in results if out is not None]  # every item was filled in by its batch

@@ -52,7 +52,7 @@ def as_grid_array(grid_thw) -> np.ndarray:
 
 
 def check_grids(grids: np.ndarray, merge: int) -> None:
-    for i, (t, h, w) in enumerate(grids):
+    for i, (_t, h, w) in enumerate(grids):
         if h % merge or w % merge:
             raise ValueError(f"item {i}: grid h×w = {h}×{w} is not divisible by the spatial merge size {merge}")
 

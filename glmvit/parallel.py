@@ -174,12 +174,14 @@ class DataParallelEncoder:
 
     def __init__(self, encoder_or_runner, group=None, check_inputs: bool = True):
         _require_group(group)
+        self.runner: EncoderGraphRunner | None
         if isinstance(encoder_or_runner, EncoderGraphRunner):
             self.runner, self.model = encoder_or_runner, encoder_or_runner.model
         elif isinstance(encoder_or_runner, GlmVisionEncoder):
             self.runner, self.model = None, encoder_or_runner
         else:
-            raise TypeError(f"expected an EncoderGraphRunner or a GlmVisionEncoder, got {type(encoder_or_runner).__name__}")
+            raise TypeError("expected an EncoderGraphRunner or a GlmVisionEncoder, "
+                            f"got {type(encoder_or_runner).__name__}")
         self.group = group
         self.check_inputs = check_inputs
         self.rank = dist.get_rank(group)
@@ -248,7 +250,7 @@ class DataParallelEncoder:
             for i in items:
                 results[i] = part[start : start + tokens[i]]
                 start += tokens[i]
-        return results
+        return [out for out in results if out is not None]  # every item belongs to exactly one rank
 
     # ---- the call ------------------------------------------------------------------------------------------
     def run(self, pixel_values: torch.Tensor, grid_thw, check: bool | None = None) -> list[torch.Tensor]:

@@ -75,7 +75,8 @@ class VisionInputs:
             )
         if sum(self.item_rows()) != self.pixel_values.shape[0]:
             raise ValueError(f"grids cover {sum(self.item_rows())} rows, pixel_values has {self.pixel_values.shape[0]}")
-        for i, (kind, (t, _, _), stamps) in enumerate(zip(self.kinds, self.grid_thw.tolist(), self.timestamps)):
+        rows = zip(self.kinds, self.grid_thw.tolist(), self.timestamps, strict=True)
+        for i, (kind, (t, _, _), stamps) in enumerate(rows):
             if kind not in KINDS:
                 raise ValueError(f"item {i}: kind must be one of {KINDS}, got {kind!r}")
             if kind == "image" and (t != 1 or stamps is not None):

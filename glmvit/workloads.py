@@ -56,8 +56,9 @@ def parse_bucket_config(bucket_config: str | Mapping[Any, Any]) -> dict[tuple[in
     for key, prob in bucket_config.items():
         if not (isinstance(key, tuple) and len(key) == 3):
             raise ValueError(f"bucket key must be (height, width, frames), got {key!r}")
-        key = tuple(positive_int(f"bucket {key} {name}", v) for name, v in zip(("height", "width", "frames"), key, strict=True))
-        if isinstance(prob, bool) or not isinstance(prob, numbers.Real) or not prob >= 0:
+        names = ("height", "width", "frames")
+        key = tuple(positive_int(f"bucket {key} {name}", v) for name, v in zip(names, key, strict=True))
+        if isinstance(prob, bool) or not isinstance(prob, numbers.Real) or not float(prob) >= 0:
             raise ValueError(f"bucket {key} probability must be a number ≥ 0, got {prob!r}")
         buckets[key] = float(prob)
     total = sum(buckets.values())

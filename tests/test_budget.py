@@ -1,4 +1,4 @@
-"""glmvit.geometry, glmvit.packing (property tests), glmvit.costmodel (cost model, recommendations) and glmvit.workloads."""
+"""glmvit.geometry, glmvit.packing (property tests), glmvit.costmodel (recommendations) and glmvit.workloads."""
 import itertools
 import json
 import math
@@ -8,10 +8,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from glmvit import VisionConfig
-from glmvit.costmodel import (graph_memory, LatencyTable, load_latency_table, predict_time, recommend_budgets, TimeEstimate, total_graph_memory)
-from glmvit.geometry import grid_for, output_tokens, smart_resize
-from glmvit.geometry import ItemSpec
-from glmvit.packing import (auto_budgets, BudgetConfig, combined_stats, compare_packers, parse_budgets, Plan, plan_batches, plan_workload)
+from glmvit.costmodel import (
+    LatencyTable,
+    TimeEstimate,
+    graph_memory,
+    load_latency_table,
+    predict_time,
+    recommend_budgets,
+    total_graph_memory,
+)
+from glmvit.geometry import ItemSpec, grid_for, output_tokens, smart_resize
+from glmvit.packing import (
+    BudgetConfig,
+    Plan,
+    auto_budgets,
+    combined_stats,
+    compare_packers,
+    parse_budgets,
+    plan_batches,
+    plan_workload,
+)
 from glmvit.workloads import parse_bucket_config, random_mm_workload, workload_from_sizes
 
 PACKERS = ["vllm", "ffd"]
@@ -96,7 +112,8 @@ def test_vllm_packer_is_next_fit_in_ascending_order(case):
     batches = [b for b in plan_batches(items, config, "vllm").batches if b.budget is not None]
     order = [i for b in batches for i in b.item_indices]
     assert order == sorted(order, key=lambda i: items[i][0])
-    for batch, following in zip(batches, batches[1:]):  # a batch closes only when the next item does not fit
+    # a batch closes only when the next item does not fit
+    for batch, following in zip(batches, batches[1:], strict=False):
         t, f = items[following.item_indices[0]]
         assert (len(batch.item_indices) == config.max_items or batch.tokens + t > config.largest
                 or batch.segments + f > config.max_segments)
@@ -312,11 +329,11 @@ def test_workload_range_errors():
 def test_graph_memory_grows_with_budget(vision_config):
     memories = graph_memory(BudgetConfig.resolve(), vision_config)
     assert [m.budget for m in memories] == list(BudgetConfig.resolve().token_budgets)
-    for small, large in zip(memories, memories[1:]):
+    for small, large in zip(memories, memories[1:], strict=False):
         assert small.static_bytes < large.static_bytes and small.pool_bytes < large.pool_bytes
     assert total_graph_memory(memories) == sum(m.static_bytes for m in memories) + memories[-1].pool_bytes
     wide = graph_memory(BudgetConfig.resolve(), vision_config, dtype="float32")
-    assert all(w.total_bytes > m.total_bytes for w, m in zip(wide, memories))
+    assert all(w.total_bytes > m.total_bytes for w, m in zip(wide, memories, strict=False))
 
 
 def test_graph_memory_metadata_matches_the_packed_layout():
@@ -352,7 +369,7 @@ def test_latency_table_interpolates_and_extrapolates():
 
 def test_load_latency_table_round_trip(tmp_path):
     table = synthetic_table()
-    columns = zip(table.tokens, table.graph_ms, table.eager_ms)
+    columns = zip(table.tokens, table.graph_ms, table.eager_ms, strict=False)
     rows = [{"tokens": t, "graph_ms": g, "eager_ms": e} for t, g, e in columns]
     path = tmp_path / "latency.json"
     path.write_text(json.dumps({"provenance": dict(table.provenance), "dtype": "bfloat16", "config": "glm41v",

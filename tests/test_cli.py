@@ -48,3 +48,28 @@ def test_plan_compares_packers(capsys):
 def test_unknown_command_exits_with_usage():
     with pytest.raises(SystemExit):
         main(["fly"])
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, tiny_config):
+    """A whole GLM-4V model (tiny) saved by transformers' save_pretrained: what a user points --weights at."""
+    from tests.test_weights import hf_full_model
+
+    path = tmp_path_factory.mktemp("ckpt")
+    hf_full_model(tiny_config, seed=5).save_pretrained(path, max_shard_size="200KB")
+    return path
+
+
+@pytest.mark.parametrize("command", [["demo"], ["encode", "data/images/coffee.jpg"],
+                                     ["bench", "--num-requests", "1", "--warmup", "0", "--modes", "eager", "--quiet"]])
+def test_weights_take_the_checkpoints_own_config_on_cpu(command, checkpoint, capsys):
+    """--weights on a CPU used to build the tiny config and fail on shapes: the checkpoint's config.json decides."""
+    assert main([*command, "--weights", str(checkpoint), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "Traceback" not in out and ("checkpoint" in out or "grid" in out or "eager" in out)
+
+
+def test_config_with_weights_is_refused_in_one_line(checkpoint, capsys):
+    with pytest.raises(SystemExit):
+        main(["demo", "--weights", str(checkpoint), "--config", "tiny"])
+    assert "--config applies to random weights" in capsys.readouterr().err

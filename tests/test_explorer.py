@@ -4,11 +4,10 @@ import json
 import ipywidgets as widgets
 import pytest
 
+from glmvit.cli.explorer import BudgetExplorer, explorer
 from glmvit.costmodel import recommend_budgets
 from glmvit.packing import BudgetConfig, combined_stats, plan_workload
-from glmvit.workloads import random_mm_workload
-from glmvit.cli.explorer import BudgetExplorer, explorer
-from glmvit.workloads import PRESETS
+from glmvit.workloads import PRESETS, random_mm_workload
 
 MIXED = "mixed-large"
 

@@ -7,7 +7,6 @@ Runner tests use the full GLM-4.1V tower in bfloat16 with random weights (``glmv
 comparisons that need exactness run in float32 with the ``sdpa_masked`` backend (the flash kernels take bf16 only).
 """
 import gc
-import math
 
 import numpy as np
 import pytest
@@ -15,11 +14,11 @@ import torch
 
 from glmvit import VisionConfig
 from glmvit.attention import available_backends
-from glmvit.packing import BudgetConfig
 from glmvit.cli.common import build_model
 from glmvit.graphs import EncoderGraphRunner
 from glmvit.metadata import BatchShape, build_metadata
 from glmvit.oracle import encoder_like, flatten_video_grids, hf_vision_model
+from glmvit.packing import BudgetConfig
 
 pytestmark = pytest.mark.gpu
 
@@ -106,7 +105,7 @@ def assert_per_item(model, outs, pixels, grid) -> None:
     with torch.inference_mode():
         expected = per_item(model, pixels, grid)
     assert len(outs) == len(expected)
-    for out, ref in zip(outs, expected):
+    for out, ref in zip(outs, expected, strict=False):
         assert_bf16_batch_close(out, ref)
 
 
@@ -122,7 +121,7 @@ def free_cuda():
 @pytest.fixture(scope="module")
 def full():
     """The full GLM-4.1V tower, bf16, random weights, on CUDA (default attention backend)."""
-    model = build_model(VisionConfig.glm41v(), CUDA, torch.bfloat16, None)
+    model = build_model(VisionConfig.glm41v(), CUDA, torch.bfloat16)
     yield model
     del model
     free_cuda()
@@ -180,7 +179,7 @@ def test_full_fp32_one_image_equals_transformers():
     from transformers.models.glm4v.modeling_glm4v import Glm4vVisionModel
 
     config = VisionConfig.glm41v()
-    model = build_model(config, CUDA, torch.float32, None, seed=1)
+    model = build_model(config, CUDA, torch.float32, seed=1)
     model.attn_backend = "sdpa_masked"
     hf_config = Glm4vVisionConfig(**config.to_hf_dict())
     hf_config._attn_implementation = "eager"
@@ -276,8 +275,8 @@ def test_small_large_small_keeps_earlier_results(runner, full):
     middle = runner.run(*large)
     again = runner.run(*small)
     torch.cuda.synchronize()
-    assert all(torch.equal(a, b) for a, b in zip(first, kept))
-    assert all(torch.equal(a, b) for a, b in zip(again, kept))  # same batch, same graph: bitwise
+    assert all(torch.equal(a, b) for a, b in zip(first, kept, strict=False))
+    assert all(torch.equal(a, b) for a, b in zip(again, kept, strict=False))  # same batch, same graph: bitwise
     assert_per_item(full, middle, *large)
 
 

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from glmvit.packing import BudgetConfig
 from glmvit.graphs import EncoderGraphRunner
+from glmvit.packing import BudgetConfig
 from glmvit.workloads import random_batch
 
 CONFIG = BudgetConfig(token_budgets=(8, 16, 32), max_items=4, max_segments=8)
@@ -39,7 +39,7 @@ def test_runner_equals_forward_per_item(runner, tiny_model, tiny_config, seed):
     assert len(outs) == len(grids)
     start = 0
     with torch.no_grad():
-        for out, (t, h, w) in zip(outs, grids):
+        for out, (t, h, w) in zip(outs, grids, strict=False):
             rows = t * h * w
             expected = tiny_model(pixels[start : start + rows], torch.tensor([[t, h, w]]))
             start += rows
@@ -54,7 +54,7 @@ def test_earlier_outputs_stay_unchanged(runner, tiny_config):
     kept = [t.clone() for t in first]
     runner.run(*large)
     again = runner.run(*random_batch([[1, 4, 6]], tiny_config, seed=3))
-    assert all(torch.equal(a, b) for a, b in zip(first, kept))
+    assert all(torch.equal(a, b) for a, b in zip(first, kept, strict=False))
     assert again[0].shape == (6, tiny_config.out_hidden_size)
 
 
@@ -134,7 +134,7 @@ def test_a_request_layout_is_planned_once(runner, tiny_config, monkeypatch):
     request = random_batch([[1, 4, 4], [1, 12, 12], [2, 2, 2]], tiny_config, seed=6)  # one oversize item: eager
     first = runner.run(*request)
     second = runner.run(*request)
-    assert len(calls) == 1 and all(torch.equal(a, b) for a, b in zip(first, second))
+    assert len(calls) == 1 and all(torch.equal(a, b) for a, b in zip(first, second, strict=False))
     assert runner.stats.eager_batches == 2 and runner.stats.replays == 2
     runner.capture()
     runner.run(*request)

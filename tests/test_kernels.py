@@ -26,7 +26,7 @@ def indices(grids, device="cpu"):
     cols = [[torch.zeros(0, dtype=torch.long)] for _ in range(4)]
     for h, w in grids:
         hh, ww = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-        for col, values in zip(cols, (hh, ww, torch.full((h, w), h), torch.full((h, w), w))):
+        for col, values in zip(cols, (hh, ww, torch.full((h, w), h), torch.full((h, w), w)), strict=False):
             col.append(values.flatten())
     return tuple(torch.cat(c).to(device=device, dtype=torch.int32) for c in cols)
 
@@ -226,7 +226,7 @@ def test_gpu_cuda_graph_replays_new_indices(dtype):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = interpolate_pos_embed(table, *static, check_values=False)
-    for dst, src in zip(static, second):
+    for dst, src in zip(static, second, strict=False):
         dst.copy_(src)
     graph.replay()
     torch.cuda.synchronize()

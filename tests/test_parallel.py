@@ -22,11 +22,18 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from glmvit import VisionConfig
-from glmvit.packing import BudgetConfig
 from glmvit.graphs import EncoderGraphRunner
 from glmvit.model import GlmVisionEncoder
-from glmvit.parallel import (Assignment, DataParallelEncoder, balance_items, encode_data_parallel, free_port,
-                             patch_counts_of, round_robin_items)
+from glmvit.packing import BudgetConfig
+from glmvit.parallel import (
+    Assignment,
+    DataParallelEncoder,
+    balance_items,
+    encode_data_parallel,
+    free_port,
+    patch_counts_of,
+    round_robin_items,
+)
 from glmvit.random_weights import randomize_
 from glmvit.workloads import random_batch
 
@@ -76,7 +83,7 @@ def test_matches_vllm_and_covers_every_item_once(seed):
     order, counts, loads = vllm_get_load_balance_assignment(sizes, world)
     assert (a.order, a.counts, list(a.loads)) == (order, counts, loads)
     assert sorted(a.order) == list(range(n)) and a.world_size == world
-    assert all(load == sum(sizes[i] for i in items) for load, items in zip(a.loads, a.ranks))
+    assert all(load == sum(sizes[i] for i in items) for load, items in zip(a.loads, a.ranks, strict=False))
     # the greedy invariant: replaying the decisions, each item went to a rank that was least loaded at the time
     running = [0] * world
     owner = {i: r for r, items in enumerate(a.ranks) for i in items}
@@ -170,7 +177,7 @@ def _check_case(dp, engine, model, grids_list, seed, tol):
             torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
     # 2) every rank's items equal, bitwise, that rank's batch run here alone
     for q, items in enumerate(assignment.ranks):
-        for i, ref in zip(items, _encode_rank_batch(engine, model, pixels, grids, items)):
+        for i, ref in zip(items, _encode_rank_batch(engine, model, pixels, grids, items), strict=False):
             assert torch.equal(outs[i], ref), f"item {i} (rank {q}'s batch) differs from a local run of that batch"
     # 3) every rank returns the same bits as rank 0
     flat = torch.cat(outs) if outs else torch.zeros(0, config.out_hidden_size, device=model.device)

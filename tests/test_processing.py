@@ -14,6 +14,7 @@ from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProce
 from transformers.models.glm4v.video_processing_glm4v import Glm4vVideoProcessor
 from transformers.video_utils import VideoMetadata
 
+from glmvit.oracle import flatten_video_grids
 from glmvit.processing import (
     VisionInputs,
     patchify_image,
@@ -23,7 +24,6 @@ from glmvit.processing import (
     sample_frame_indices_glm41v,
     sample_frame_indices_glm46v,
 )
-from glmvit.oracle import flatten_video_grids
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 IMAGES = sorted((DATA / "images").glob("*.jpg"))
@@ -188,7 +188,7 @@ def test_process_video_on_the_clip(rule):
     assert video.kinds == ["video"] and video.sources == [str(CLIP)]
     stamps = video.timestamps[0]
     assert stamps == [i / 10.0 for i in indices[::2]]
-    assert all(a < b for a, b in zip(stamps, stamps[1:]))
+    assert all(a < b for a, b in zip(stamps, stamps[1:], strict=False))
 
 
 @pytest.mark.parametrize("rule", ["glm41v", "glm46v"])
@@ -220,7 +220,7 @@ def test_concat_and_split():
     assert len(batch) == 3 and batch.kinds == ["image", "image", "video"]
     assert batch.item_rows() == images.item_rows() + video.item_rows()
     parts = batch.split()
-    assert all(torch.equal(a, b) for a, b in zip(parts, images.split() + video.split()))
+    assert all(torch.equal(a, b) for a, b in zip(parts, images.split() + video.split(), strict=False))
     assert batch.timestamps == [None, None, video.timestamps[0]]
     with pytest.raises(ValueError, match="rows"):
         VisionInputs(images.pixel_values[:-1], images.grid_thw, images.kinds, images.timestamps)

@@ -1,10 +1,10 @@
 """The project's own files agree with each other: set-up commands, extras, constraints, notebook hygiene."""
 import json
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -273,7 +273,9 @@ def _add_comparisons(result: dict, outputs: dict[str, torch.Tensor]) -> None:
     if "eager" in modes:
         for label in labels:
             modes[label]["vs_eager_per_request"] = _per_request_vs(modes[label]["ms"], modes["eager"]["ms"])
-    ref = "eager" if "eager" in outputs else (labels[0] if labels else None)
+    if not outputs:
+        return
+    ref = "eager" if "eager" in outputs else next(iter(outputs))
     for label, out in outputs.items():
         result["accuracy"][label] = {"reference": ref, "request": 0, **compare(out, outputs[ref])}
         if "transformers" in outputs:

@@ -74,7 +74,7 @@ def make_inputs(grids, device):
     starts = [0]
     for _, h, w in grids:
         starts.append(starts[-1] + h * w)
-    items = [(h_idx[a:b], w_idx[a:b], h, w) for a, b, (_, h, w) in zip(starts, starts[1:], grids)]
+    items = [(h_idx[a:b], w_idx[a:b], h, w) for a, b, (_, h, w) in zip(starts, starts[1:], grids, strict=False)]
     lengths = torch.tensor([h * w for _, h, w in grids], device=device)
     shapes = torch.tensor(grids, device=device)
     return {
@@ -84,9 +84,10 @@ def make_inputs(grids, device):
     }
 
 
-def run_path(path: str, table: torch.Tensor, args) -> torch.Tensor:
+def run_path(path: str, table: torch.Tensor, args: tuple) -> torch.Tensor:
     if path == "triton":
-        return interpolate_pos_embed(table, *args, check_values=False)
+        h_idx, w_idx, target_h, target_w = args
+        return interpolate_pos_embed(table, h_idx, w_idx, target_h, target_w, check_values=False)
     return (per_item if path == "per_item" else hf_batched)(table, *args)
 
 
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         inputs = make_inputs(grids, "cuda")
         outputs = {path: run_path(path, table, inputs[path]) for path in PATHS}
         max_diff = max((outputs["triton"].float() - outputs[p].float()).abs().max().item() for p in PATHS[1:])
-        times = {p: time_us(lambda p=p: run_path(p, table, inputs[p]), args.warmup, args.runs) for p in PATHS}
+        times = {p: time_us(lambda p=p, x=inputs[p]: run_path(p, table, x), args.warmup, args.runs) for p in PATHS}
         speedup = {p: times[p] / times["triton"] for p in PATHS[1:]}
         results.append({"case": name, "grids": grids, "tokens": outputs["triton"].shape[0], "median_us": times,
                         "speedup": speedup, "max_abs_diff_bf16": max_diff})

@@ -13,7 +13,6 @@ import torch
 from ..config import VisionConfig
 from ..model import GlmVisionEncoder
 from ..random_weights import randomize_
-from ..weights import load_vision_weights
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -23,7 +22,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model")
     g.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     g.add_argument("--config", choices=["auto", "tiny", "full"], default="auto",
-                   help="auto: the full GLM-4.1V tower on CUDA or with --weights, the tiny test tower on CPU")
+                   help="random weights only: auto = the full GLM-4.1V tower on CUDA, the tiny test tower on CPU "
+                        "(with --weights the checkpoint's config.json decides)")
     g.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bf16 on CUDA, fp32 on CPU")
     g.add_argument("--weights", default=None,
                    help="a checkpoint directory or .safetensors file (default: random weights, seeded)")
@@ -46,8 +46,10 @@ def resolve_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace
         parser.error(f"--device {args.device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
     if args.seed < 0:
         parser.error("--seed must be ≥ 0")
+    if args.weights and args.config != "auto":
+        parser.error("--config applies to random weights; with --weights the checkpoint's config.json decides")
     if args.config == "auto":
-        args.config = "full" if device.type == "cuda" or args.weights else "tiny"
+        args.config = "checkpoint" if args.weights else "full" if device.type == "cuda" else "tiny"
     if args.dtype is None:
         args.dtype = "bf16" if device.type == "cuda" else "fp32"
 
@@ -56,27 +58,26 @@ def vision_config(name: str) -> VisionConfig:
     return VisionConfig.glm41v() if name == "full" else VisionConfig.tiny()
 
 
-def build_model(config: VisionConfig, device: torch.device | str, dtype: torch.dtype, weights: str | None = None,
+def build_model(config: VisionConfig, device: torch.device | str, dtype: torch.dtype,
                 seed: int = 0) -> GlmVisionEncoder:
-    """A model on ``device`` in ``dtype`` (eval mode): a checkpoint's vision tower, or seeded random weights."""
+    """The embedded default: a model with seeded random weights on ``device`` in ``dtype`` (eval mode)."""
     with torch.device(device):
         model = GlmVisionEncoder(config)
-    if weights:
-        load_vision_weights(model, weights)
-    else:
-        randomize_(model, seed)
-    return model.to(dtype).eval()
+    return randomize_(model, seed).to(dtype).eval()
 
 
 def model_from_args(args: argparse.Namespace) -> GlmVisionEncoder:
-    """The model the resolved flags describe (see :func:`resolve_model_args`)."""
-    return build_model(vision_config(args.config), torch.device(args.device), DTYPES[args.dtype], args.weights,
-                       args.seed)
+    """The model the resolved flags describe: a checkpoint's tower (its own config) or random weights."""
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    if args.weights:
+        return GlmVisionEncoder.from_pretrained(args.weights, dtype=dtype, device=device)
+    return build_model(vision_config(args.config), device, dtype, args.seed)
 
 
 def describe(args: argparse.Namespace) -> str:
-    tower = "GLM-4.1V vision tower" if args.config == "full" else "tiny test tower"
-    weights = f"weights from {args.weights}" if args.weights else f"random weights (seed {args.seed})"
+    towers = {"full": "GLM-4.1V vision tower", "tiny": "tiny test tower", "checkpoint": "checkpoint's vision tower"}
+    tower = towers[args.config]
+    weights = f"from {args.weights}" if args.weights else f"random weights (seed {args.seed})"
     return f"{tower}, {args.dtype}, on {args.device}, {weights}"
 
 

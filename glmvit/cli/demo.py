@@ -27,8 +27,10 @@ def sample_inputs(data: Path = DATA, max_pixels: int | None = None) -> VisionInp
     images = sorted(p for p in (data / "images").glob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
     if not images or not (data / "clip.gif").exists():
         raise FileNotFoundError(f"{data}: expected images/*.jpg and clip.gif (run from a checkout, or pass --data)")
-    limits = {} if max_pixels is None else {"max_pixels": max_pixels}
-    return VisionInputs.concat([process_images(images, **limits), process_video(data / "clip.gif", **limits)])
+    if max_pixels is None:
+        return VisionInputs.concat([process_images(images), process_video(data / "clip.gif")])
+    return VisionInputs.concat([process_images(images, max_pixels=max_pixels),
+                                process_video(data / "clip.gif", max_pixels=max_pixels)])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,7 +27,8 @@ from ..parallel import DataParallelEncoder, DPStats, balance_items, free_port, p
 from ..provenance import collect
 from ..timing import summarise
 from ..workloads import parse_bucket_config, random_batch, random_mm_workload
-from .common import build_model, vision_config, write_json, check_writable
+from .common import build_model, check_writable, vision_config, write_json
+
 
 def init_distributed() -> tuple[int, int, torch.device]:
     """Initialise the default group from torchrun's environment (a 1-rank group without it): nccl on CUDA, else gloo."""
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         row_start = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         again = dp._encode_local(first_pixels, dp.model.check_inputs(first_pixels, first_grid),
                                  assignment.ranks[rank], row_start)
-        exact = all(torch.equal(outs[i], o) for i, o in zip(assignment.ranks[rank], again))
+        exact = all(torch.equal(outs[i], o) for i, o in zip(assignment.ranks[rank], again, strict=False))
         flag = torch.tensor([int(exact)], device=dp.comm_device)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         exact_all = bool(flag.item())

@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import html
 import io
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import ipywidgets as widgets
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from ..config import VisionConfig
-from ..geometry import ItemSpec
 from ..costmodel import (
     LatencyTable,
     TimeEstimate,
@@ -28,6 +26,7 @@ from ..costmodel import (
     recommend_budgets,
     total_graph_memory,
 )
+from ..geometry import ItemSpec
 from ..packing import BudgetConfig, Plan, combined_stats, parse_budgets, plan_workload
 from ..workloads import PRESETS, MMItem, random_mm_workload
 
@@ -48,13 +47,15 @@ def packing_figure(requests: list[list[MMItem]], plans: list[Plan], title: str =
     """One bar per batch with its items stacked, a black tick at the budget it replays; eager batches hatched red."""
     fig = Figure(figsize=(9, 3.6), dpi=90)
     ax = fig.add_subplot()
-    bars = {True: ([], [], [], []), False: ([], [], [], [])}  # eager? → x, height, bottom, colour
+    # eager? → x, height, bottom, colour
+    bars: dict[bool, tuple[list[Any], ...]] = {True: ([], [], [], []), False: ([], [], [], [])}
     ticks, x = [], 0
-    for items, plan in zip(requests, plans):
+    for items, plan in zip(requests, plans, strict=False):
         for batch in plan.batches:
             bottom = 0
             for k, i in enumerate(batch.item_indices):
-                for column, value in zip(bars[batch.budget is None], (x, items[i].spec.tokens, bottom, f"C{k % 10}")):
+                values = (x, items[i].spec.tokens, bottom, f"C{k % 10}")
+                for column, value in zip(bars[batch.budget is None], values, strict=True):
                     column.append(value)
                 bottom += items[i].spec.tokens
             if batch.budget is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -65,8 +66,8 @@ def measure(runner: EncoderGraphRunner, model: GlmVisionEncoder, runs: int, warm
             grids = np.array(grid, dtype=np.int64)
             pixels = torch.randn(int(grids.prod(axis=1).sum()), cfg.patch_dim, device=device, dtype=model.dtype,
                                  generator=gen)
-            graph = time_calls(lambda: runner.replay(budget, pixels, grids), device, runs, warmup)
-            eager = time_calls(lambda: model(pixels, grids), device, runs, warmup)
+            graph = time_calls(partial(runner.replay, budget, pixels, grids), device, runs, warmup)
+            eager = time_calls(partial(model, pixels, grids), device, runs, warmup)
             entry["layouts"].append({
                 "name": name, "grids": grids.tolist(), "items": len(grids),
                 "real_tokens": int(grids.prod(axis=1).sum()) // cfg.merge_area,

@@ -58,11 +58,11 @@ def interpolate_pos_embed_torch(table, h_idx, w_idx, target_h, target_w, mode: s
     wy = cubic_weights(iy - y0)
     wx = cubic_weights(ix - x0)
     cols = [(x0 + (j - 1)).clamp(0, grid - 1).long() for j in range(4)]
-    out = None
+    out = torch.zeros(y0.shape[0], t.shape[1], dtype=t.dtype, device=t.device)
     for i in range(4):
         r = row(y0 + (i - 1))
         acc = t[r + cols[0]] * wx[0][:, None]
         for j in range(1, 4):
             acc = acc + t[r + cols[j]] * wx[j][:, None]
-        out = acc * wy[i][:, None] if out is None else out + acc * wy[i][:, None]
+        out = out + acc * wy[i][:, None]
     return out.to(table.dtype)
