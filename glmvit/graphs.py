@@ -290,18 +290,21 @@ class EncoderGraphRunner:
         return steps
 
     @torch.inference_mode()
-    def run(self, pixel_values: torch.Tensor, grid_thw) -> list[torch.Tensor]:
-        """Encode a batch of images/videos; returns one [tokens_i, out_hidden_size] tensor per item, in order."""
+    def run(self, pixel_values: torch.Tensor, grid_thw, check_finite: bool = True) -> list[torch.Tensor]:
+        """Encode a batch of images/videos; returns one [tokens_i, out_hidden_size] tensor per item, in order.
+
+        ``check_finite=False`` skips the NaN/Inf pixel check (``model.check_inputs``) for pixels validated already.
+        """
         start = time.perf_counter()
         model = self.model
-        grids = model.check_inputs(pixel_values, grid_thw)
+        grids = model.check_inputs(pixel_values, grid_thw, check_finite)
         steps = self._layout(grids)
         results: list[torch.Tensor | None] = [None] * len(grids)
         host_s = time.perf_counter() - start
         for step in steps:
             chunks = [pixel_values[a:b] for a, b in step.rows]
             if step.graph is None:
-                out = model.forward(torch.cat(chunks).to(model.device), step.grids)
+                out = model.forward(torch.cat(chunks).to(model.device), step.grids, check_finite=False)
                 self.stats.eager_batches += 1
                 self.stats.fallback_items += len(step.items)
             else:

@@ -66,6 +66,20 @@ def rows_of(grids: np.ndarray) -> int:
     return int((grids[:, 0] * grids[:, 1] * grids[:, 2]).sum()) if len(grids) else 0
 
 
+def nonfinite_items(pixel_values: torch.Tensor, grids: np.ndarray) -> list[int]:
+    """Indices of the items (rows of ``grids``) whose pixel rows hold a NaN or an Inf. Reads the result on the host.
+
+    One pass sums every row (a NaN or Inf makes the sum non-finite); only rows whose sum is not finite, which a
+    finite row can also reach by overflow, are then checked value by value.
+    """
+    suspects = torch.nonzero(~torch.isfinite(pixel_values.sum(dim=1))).flatten()
+    if suspects.numel() == 0:
+        return []
+    bad_rows = suspects[~torch.isfinite(pixel_values[suspects]).all(dim=1)].cpu().numpy()
+    ends = np.cumsum(grids[:, 0] * grids[:, 1] * grids[:, 2])
+    return sorted(set(np.searchsorted(ends, bad_rows, side="right").tolist()))
+
+
 @lru_cache(maxsize=4096)
 def _frame_block(h: int, w: int, merge: int) -> np.ndarray:
     """[4, h·w] int32: h_idx, w_idx, target_h, target_w of one frame, cached per grid."""
