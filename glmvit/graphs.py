@@ -7,7 +7,8 @@ the budget's static buffers, replays the graph and clones every item's rows out 
 The metadata goes through one pinned staging buffer per budget (no per-batch pinning), and is not rebuilt at all
 when a batch has the same grids as the budget's previous one (a stream of same-sized images).
 What no budget fits runs eagerly. ``backend="emulate"`` does the same bookkeeping on any device but calls
-``forward_static`` where a graph would replay: the CPU teaching and test path (it never claims to be a graph).
+``forward_static`` where a graph would replay: the CPU teaching and test path (it never claims to be a graph, so it
+takes any attention backend, the per-segment CPU default included; ``backend="cuda"`` needs a graph-safe one).
 """
 from __future__ import annotations
 
@@ -115,7 +116,7 @@ class EncoderGraphRunner:
         if backend == "cuda" and model.device.type != "cuda":
             raise ValueError("backend='cuda' needs the model on a CUDA device; use backend='emulate' elsewhere")
         attn = model.attention_backend()
-        if attn not in GRAPH_SAFE:
+        if backend == "cuda" and attn not in GRAPH_SAFE:  # emulation replays nothing: any backend is correct
             raise ValueError(f"attention backend {attn!r} is not graph-safe; use one of {GRAPH_SAFE}")
         self.model = model
         self.config = budget_config
