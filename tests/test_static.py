@@ -3,11 +3,13 @@ import numpy as np
 import pytest
 import torch
 
+from glmvit.attention import available_backends
 from glmvit.metadata import BatchShape, build_metadata
 from glmvit.testing import flatten_video_grids, forbid_host_syncs, random_batch
 
 BATCHES = [[[1, 4, 6]], [[1, 4, 6], [1, 8, 4]], [[2, 6, 4], [1, 2, 2]], [[3, 4, 4]]]
 GRAPH_SAFE_CPU = ["sdpa_masked"]
+CPU_BACKENDS = available_backends("cpu", torch.float32)  # the per-segment default, then sdpa_masked
 
 
 def padded(pixels, grid, tokens, segments, merge=2, fill=0.0):
@@ -19,7 +21,7 @@ def padded(pixels, grid, tokens, segments, merge=2, fill=0.0):
 
 
 @pytest.mark.parametrize("grids", BATCHES)
-@pytest.mark.parametrize("backend", GRAPH_SAFE_CPU)
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_padded_static_equals_transformers_and_forward(tiny_hf, tiny_model, tiny_config, grids, backend):
     pixels, grid = random_batch(grids, tiny_config, seed=7)
     tokens = pixels.shape[0] // 4
