@@ -18,7 +18,7 @@ def crop_box(k: int) -> tuple[float, float, float, float]:
     """The crop box of frame k, eased (smoothstep) from START to END."""
     s = k / (FRAMES - 1)
     s = s * s * (3 - 2 * s)
-    return tuple(float(a + (b - a) * s) for a, b in zip(START, END))
+    return tuple(float(a + (b - a) * s) for a, b in zip(START, END, strict=False))
 
 
 def main() -> None:

@@ -1,17 +1,23 @@
 """Attention over packed segments, behind one interface: ``attend(q, k, v, meta, backend)``.
 
-q, k, v are (rows, heads, head_dim); segments come from the metadata. Backends:
+q, k, v are (rows, heads, head_dim); segments come from the metadata. Padded rows lie outside every segment
+(``glmvit.metadata``): what a backend leaves in them is never read by a real row. Backends:
 
 - ``varlen``: ``torch.nn.attention.varlen.varlen_attn`` (CUDA). Graph-safe: reads cu_seqlens from the device,
-  max_seqlen is the static worst case of the batch shape.
+  max_seqlen is the static worst case of the batch shape. Padded rows of its output are left as they were.
 - ``flash_attn``: FlashAttention's ``flash_attn_varlen_func`` when the package is installed (CUDA). Graph-safe.
-- ``sdpa_masked``: one SDPA call with a block-diagonal mask built on the device from segment ids. Shape-static
-  and graph-safe on any device; O(rows²) memory, so it is the CPU and reference path.
-- ``segments``: a Python loop over segments (reads cu_seqlens on the host). Eager reference only.
+- ``sdpa_masked``: one SDPA call with a block-diagonal mask built on the device from segment ids (a padded row
+  attends only to itself). Shape-static and graph-safe on any device; O(rows²) memory: the graph-safe reference.
+- ``segments``: one SDPA call per segment, reading cu_seqlens from the tensor (a host read: a sync on CUDA, so
+  eager only there). No (rows)² mask, O(rows) memory: the CPU default.
+
+Items cannot reach each other, NaN and Inf included: the varlen kernels and ``segments`` never combine rows of two
+segments, and ``sdpa_masked`` keeps non-finite keys and values out of its one big call (see ``_sdpa_masked``).
 """
 from __future__ import annotations
 
 import importlib.util
+from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
@@ -28,9 +34,15 @@ HALF = (torch.float16, torch.bfloat16)
 
 
 def available_backends(device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> list[str]:
-    """Backends that can run on ``device`` for ``dtype`` here (the flash kernels take fp16/bf16 only)."""
+    """Backends that can run on ``device`` for ``dtype`` here, the default first.
+
+    CUDA: the varlen kernels (fp16/bf16 only), then ``sdpa_masked`` (graph-safe in any dtype). Elsewhere there is
+    no graph to capture, so the per-segment loop comes first.
+    """
+    if torch.device(device).type != "cuda":
+        return ["segments", "sdpa_masked"]
     names = ["sdpa_masked", "segments"]
-    if torch.device(device).type == "cuda" and torch.cuda.is_available() and dtype in HALF:
+    if torch.cuda.is_available() and dtype in HALF:
         if importlib.util.find_spec("flash_attn") is not None:
             names.insert(0, "flash_attn")
         if _has_varlen():
@@ -54,34 +66,54 @@ def check_backend(name: str, device: torch.device | str, dtype: torch.dtype = to
     return name
 
 
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """SDPA on (rows, heads, d) tensors (viewed as the (1, heads, rows, d) it takes); returns (rows, heads, d)."""
+    q4, k4, v4 = (x.transpose(0, 1)[None] for x in (q, k, v))
+    return F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask)[0].transpose(0, 1)
+
+
+def _sdpa_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segment_ids: torch.Tensor) -> torch.Tensor:
+    """Block-diagonal attention in one SDPA call; a non-finite key or value reaches only its own segment.
+
+    SDPA applies the mask additively (NaN + -inf is NaN, and a zero weight times NaN is NaN), so a head's key and
+    value of a row holding NaN/Inf are zeroed first, which leaves every finite input bitwise as it is. The segments
+    that held one are then set to NaN in that head, as a per-segment attention leaves them. All static shapes.
+    """
+    mask = (segment_ids[:, None] == segment_ids[None, :])[None, None]
+    bad = ~(torch.isfinite(k).all(-1) & torch.isfinite(v).all(-1))  # (rows, heads)
+    k, v = (x.masked_fill(bad[..., None], 0) for x in (k, v))
+    out = _sdpa(q, k, v, mask)
+    # Segment ids are < rows (each real segment has ≥ 1 row, each padded row an id of its own): a rows-long tally.
+    hits = torch.zeros(bad.shape, dtype=torch.float32, device=bad.device).index_add_(0, segment_ids, bad.float())
+    return out.masked_fill(hits.index_select(0, segment_ids)[..., None] > 0, float("nan"))
+
+
+def _per_segment(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """One SDPA call per non-empty segment; rows outside every segment (padding) stay zero."""
+    out = torch.zeros_like(q)
+    cu = cu_seqlens.tolist()  # from the tensor, never a host copy: the runner refreshes only the device buffer
+    for start, end in pairwise(cu):
+        if end > start:
+            out[start:end] = _sdpa(q[start:end], k[start:end], v[start:end])
+    return out
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta, backend: str) -> torch.Tensor:
     """Non-causal attention within each segment; returns (rows, heads, head_dim)."""
-    scale = q.shape[-1] ** -0.5
     if backend == "varlen":
         from torch.nn.attention.varlen import varlen_attn
 
         m = meta.max_seqlen
-        return varlen_attn(q, k, v, meta.cu_seqlens, meta.cu_seqlens, m, m)  # non-causal by default
+        out = varlen_attn(q, k, v, meta.cu_seqlens, meta.cu_seqlens, m, m)  # non-causal by default
+        assert isinstance(out, torch.Tensor)  # a tuple only when asked for the log-sum-exp
+        return out
     if backend == "flash_attn":
         from flash_attn import flash_attn_varlen_func
 
         m = meta.max_seqlen
         return flash_attn_varlen_func(q, k, v, meta.cu_seqlens, meta.cu_seqlens, m, m, causal=False)
     if backend == "sdpa_masked":
-        seg = meta.segment_ids
-        mask = (seg[:, None] == seg[None, :])[None, None]
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=mask, scale=scale
-        )
-        return out[0].transpose(0, 1)
+        return _sdpa_masked(q, k, v, meta.segment_ids)
     if backend == "segments":
-        cu = meta.host.packed[: meta.shape.segments + 2].tolist()
-        out = torch.zeros_like(q)
-        for start, end in zip(cu[:-1], cu[1:], strict=False):
-            if end <= start or start >= meta.host.num_rows:
-                continue
-            qs, ks, vs = (x[start:end].transpose(0, 1) for x in (q, k, v))
-            weights = torch.softmax((qs @ ks.transpose(-1, -2)) * scale, dim=-1, dtype=torch.float32).to(q.dtype)
-            out[start:end] = (weights @ vs).transpose(0, 1)
-        return out
+        return _per_segment(q, k, v, meta.cu_seqlens)
     raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")

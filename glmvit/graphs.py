@@ -7,7 +7,8 @@ the budget's static buffers, replays the graph and clones every item's rows out 
 The metadata goes through one pinned staging buffer per budget (no per-batch pinning), and is not rebuilt at all
 when a batch has the same grids as the budget's previous one (a stream of same-sized images).
 What no budget fits runs eagerly. ``backend="emulate"`` does the same bookkeeping on any device but calls
-``forward_static`` where a graph would replay: the CPU teaching and test path (it never claims to be a graph).
+``forward_static`` where a graph would replay: the CPU teaching and test path (it never claims to be a graph, so it
+takes any attention backend, the per-segment CPU default included; ``backend="cuda"`` needs a graph-safe one).
 """
 from __future__ import annotations
 
@@ -120,7 +121,7 @@ class EncoderGraphRunner:
         if backend == "cuda" and model.device.type != "cuda":
             raise ValueError("backend='cuda' needs the model on a CUDA device; use backend='emulate' elsewhere")
         attn = model.attention_backend()
-        if attn not in GRAPH_SAFE:
+        if backend == "cuda" and attn not in GRAPH_SAFE:  # emulation replays nothing: any backend is correct
             raise ValueError(f"attention backend {attn!r} is not graph-safe; use one of {GRAPH_SAFE}")
         self.model = model
         self.config = budget_config
@@ -310,18 +311,21 @@ class EncoderGraphRunner:
         return steps
 
     @torch.inference_mode()
-    def run(self, pixel_values: torch.Tensor, grid_thw) -> list[torch.Tensor]:
-        """Encode a batch of images/videos; returns one [tokens_i, out_hidden_size] tensor per item, in order."""
+    def run(self, pixel_values: torch.Tensor, grid_thw, check_finite: bool = True) -> list[torch.Tensor]:
+        """Encode a batch of images/videos; returns one [tokens_i, out_hidden_size] tensor per item, in order.
+
+        ``check_finite=False`` skips the NaN/Inf pixel check (``model.check_inputs``) for pixels validated already.
+        """
         start = time.perf_counter()
         model = self.model
-        grids = model.check_inputs(pixel_values, grid_thw)
+        grids = model.check_inputs(pixel_values, grid_thw, check_finite)
         steps = self._layout(grids)
         results: list[torch.Tensor | None] = [None] * len(grids)
         host_s = time.perf_counter() - start
         for step in steps:
             chunks = [pixel_values[a:b] for a, b in step.rows]
             if step.graph is None:
-                out = model.forward(torch.cat(chunks).to(model.device), step.grids)
+                out = model.forward(torch.cat(chunks).to(model.device), step.grids, check_finite=False)
                 self.stats.eager_batches += 1
                 self.stats.fallback_items += len(step.items)
             else:

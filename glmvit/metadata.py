@@ -6,12 +6,17 @@ that fits the same :class:`BatchShape`. Layout of the single int32 buffer (``pac
     cu_seqlens [segments + 2] | h_idx [rows] | w_idx [rows] | target_h [rows] | target_w [rows]
     | segment_ids [rows] | token_valid [rows / m²]
 
-Real segments come first (one per temporal patch); one dummy segment then covers every padded row, so padding
-never shares a segment with a real row; unused slots repeat the last offset (zero-length segments).
+The real rows come first, one attention segment per temporal patch; ``cu_seqlens`` then repeats ``num_rows`` in
+every unused slot (zero-length segments), so the padded rows ``[num_rows, rows)`` lie outside every segment and
+cost the varlen kernels no attention work at all (``attention_work``). Whatever a kernel leaves in a padded row
+stays there: every other op is row-local, and the 2×2 downsample merges aligned blocks of m² rows, which never mix
+real and padded rows because every frame has a multiple of m² rows. In ``segment_ids`` each padded row has an id of
+its own (``n + i`` after the n real segments), so the masked backend lets it attend only to itself: linear work.
+``cu_seqlens`` keeps one slot more than ``segments`` (always empty), so the layout's size is unchanged.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -52,13 +57,27 @@ def as_grid_array(grid_thw) -> np.ndarray:
 
 
 def check_grids(grids: np.ndarray, merge: int) -> None:
-    for i, (_t, h, w) in enumerate(grids):
+    for i, (_, h, w) in enumerate(grids):
         if h % merge or w % merge:
             raise ValueError(f"item {i}: grid h×w = {h}×{w} is not divisible by the spatial merge size {merge}")
 
 
 def rows_of(grids: np.ndarray) -> int:
     return int((grids[:, 0] * grids[:, 1] * grids[:, 2]).sum()) if len(grids) else 0
+
+
+def nonfinite_items(pixel_values: torch.Tensor, grids: np.ndarray) -> list[int]:
+    """Indices of the items (rows of ``grids``) whose pixel rows hold a NaN or an Inf. Reads the result on the host.
+
+    One pass sums every row (a NaN or Inf makes the sum non-finite); only rows whose sum is not finite, which a
+    finite row can also reach by overflow, are then checked value by value.
+    """
+    suspects = torch.nonzero(~torch.isfinite(pixel_values.sum(dim=1))).flatten()
+    if suspects.numel() == 0:
+        return []
+    bad_rows = suspects[~torch.isfinite(pixel_values[suspects]).all(dim=1)].cpu().numpy()
+    ends = np.cumsum(grids[:, 0] * grids[:, 1] * grids[:, 2])
+    return sorted(set(np.searchsorted(ends, bad_rows, side="right").tolist()))
 
 
 @lru_cache(maxsize=4096)
@@ -81,15 +100,10 @@ class HostMetadata:
     merge_area: int
     grids: np.ndarray
     num_rows: int
-    item_tokens: list[int] = field(default_factory=list)
 
     @property
-    def num_segments(self) -> int:
-        return int(self.grids[:, 0].sum()) if len(self.grids) else 0
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_rows // self.merge_area
+    def cu_seqlens(self) -> np.ndarray:
+        return self.packed[: self.shape.segments + 2]
 
     def to(self, device: torch.device | str = "cpu") -> "EncoderMetadata":
         host = torch.from_numpy(self.packed)
@@ -114,7 +128,7 @@ class EncoderMetadata:
     target_w: torch.Tensor
     segment_ids: torch.Tensor
     token_valid: torch.Tensor
-    host: HostMetadata
+    host: HostMetadata  # the batch it was built for; the runner refreshes ``packed`` only, so read the tensors
 
     @classmethod
     def from_packed(cls, packed: torch.Tensor, host: HostMetadata) -> "EncoderMetadata":
@@ -123,7 +137,8 @@ class EncoderMetadata:
         for size in (s + 2, r, r, r, r, r, r // host.merge_area):
             views.append(packed[start : start + size])
             start += size
-        return cls(packed, host.shape, *views, host=host)
+        cu_seqlens, h_idx, w_idx, target_h, target_w, segment_ids, token_valid = views
+        return cls(packed, host.shape, cu_seqlens, h_idx, w_idx, target_h, target_w, segment_ids, token_valid, host)
 
     @property
     def max_seqlen(self) -> int:
@@ -137,7 +152,8 @@ def build_metadata(
 ) -> HostMetadata:
     """Metadata for the items of ``grid_thw`` (rows [t, h, w]); padded to ``shape`` if given, else exact.
 
-    Every temporal patch of every item is its own attention segment (t segments per item).
+    Every temporal patch of every item is its own attention segment (t segments per item); padded rows lie outside
+    every segment (see the module docstring).
     """
     grids = as_grid_array(grid_thw)
     check_grids(grids, merge)
@@ -157,7 +173,7 @@ def build_metadata(
     s, r = shape.segments, shape.rows
     cu = packed[: s + 2]
     cu[1 : len(frame_rows) + 1] = np.cumsum(frame_rows)
-    cu[len(frame_rows) + 1 :] = r  # dummy segment [num_rows, rows) for the padding, then empty slots
+    cu[len(frame_rows) + 1 :] = num_rows  # unused slots are empty: the padding lies outside every segment
     base = s + 2
     coords = packed[base : base + 4 * r].reshape(4, r)
     coords[2:, num_rows:] = 1  # padded rows sample a valid 1×1 target
@@ -170,8 +186,13 @@ def build_metadata(
             offset += n
     seg = packed[base + 4 * r : base + 5 * r]
     seg[:num_rows] = np.repeat(np.arange(len(frame_rows), dtype=np.int32), frame_rows)
-    seg[num_rows:] = len(frame_rows)
+    seg[num_rows:] = np.arange(len(frame_rows), len(frame_rows) + r - num_rows, dtype=np.int32)  # one id per row
     valid = packed[base + 5 * r :]
     valid[: num_rows // merge_area] = 1
-    item_tokens = [int(t * h * w) // merge_area for t, h, w in grids]
-    return HostMetadata(packed, shape, merge_area, grids, num_rows, item_tokens)
+    return HostMetadata(packed, shape, merge_area, grids, num_rows)
+
+
+def attention_work(meta: HostMetadata) -> int:
+    """Σ L² over the segments of ``meta.cu_seqlens``: the scores a varlen kernel computes, padding included."""
+    lengths = np.diff(np.asarray(meta.cu_seqlens, dtype=np.int64))
+    return int(np.dot(lengths, lengths))

@@ -13,6 +13,8 @@ out_hidden_size) → RMSNorm → 2×2 downsample conv → merger (Linear → Lay
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,7 +22,7 @@ from torch import nn
 from .attention import attend, check_backend, default_backend
 from .config import VisionConfig
 from .kernels import interpolate_pos_embed
-from .metadata import EncoderMetadata, as_grid_array, build_metadata, check_grids, rows_of
+from .metadata import EncoderMetadata, as_grid_array, build_metadata, check_grids, nonfinite_items, rows_of
 from .rotary import apply_rotary, inv_freq, rotary_cos_sin
 
 
@@ -107,9 +109,21 @@ class _PatchEmbed(nn.Module):
 
 
 class _Rotary(nn.Module):
+    """The rotary inverse frequencies, kept in float32 whatever dtype the model is cast to (as transformers does:
+    a bf16 copy would shift rotary angles by up to 0.09 rad at patch positions below 200)."""
+
+    inv_freq: torch.Tensor
+
     def __init__(self, config: VisionConfig):
         super().__init__()
-        self.register_buffer("inv_freq", inv_freq(config.head_dim, config.rope_theta), persistent=False)
+        self.head_dim, self.theta = config.head_dim, config.rope_theta
+        self.register_buffer("inv_freq", inv_freq(self.head_dim, self.theta), persistent=False)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> "_Rotary":
+        super()._apply(fn, recurse)
+        if self.inv_freq.dtype != torch.float32 and self.inv_freq.device.type != "meta":
+            self.inv_freq = inv_freq(self.head_dim, self.theta).to(self.inv_freq.device)
+        return self
 
 
 class GlmVisionEncoder(nn.Module):
@@ -143,8 +157,12 @@ class GlmVisionEncoder(nn.Module):
             return default_backend(self.device, self.dtype)
         return check_backend(self.attn_backend, self.device, self.dtype)
 
-    def check_inputs(self, pixel_values: torch.Tensor, grid_thw):
-        """Validate a batch; returns the grids as an [n, 3] int64 numpy array."""
+    def check_inputs(self, pixel_values: torch.Tensor, grid_thw, check_finite: bool = True):
+        """Validate a batch; returns the grids as an [n, 3] int64 numpy array.
+
+        ``check_finite`` also refuses NaN/Inf pixels, naming the items (a host read of one sum per row; pass False
+        for pixels validated already). Without it, a non-finite item still cannot change another item's output.
+        """
         grids = as_grid_array(grid_thw)
         check_grids(grids, self.config.spatial_merge_size)
         width = self.config.patch_dim
@@ -159,18 +177,28 @@ class GlmVisionEncoder(nn.Module):
                 f"pixel_values has {pixel_values.shape[0]} rows but grid_thw needs Σ t·h·w = {rows_of(grids)} "
                 f"(per item: {per_item})"
             )
+        bad = nonfinite_items(pixel_values, grids) if check_finite else []
+        if bad:
+            raise ValueError(f"pixel_values of item(s) {bad} hold NaN or Inf; fix or drop those items")
         return grids
 
-    def forward(self, pixel_values: torch.Tensor, grid_thw) -> torch.Tensor:
-        """Merger output [Σ t·h·w / m², out_hidden_size] for a batch; a video row (t > 1) is t segments."""
-        grids = self.check_inputs(pixel_values, grid_thw)
+    def forward(self, pixel_values: torch.Tensor, grid_thw, check_finite: bool = True) -> torch.Tensor:
+        """Merger output [Σ t·h·w / m², out_hidden_size] for a batch; a video row (t > 1) is t segments.
+
+        ``check_finite=False`` skips the NaN/Inf check of ``check_inputs`` (for pixels validated already).
+        """
+        grids = self.check_inputs(pixel_values, grid_thw, check_finite)
         if len(grids) == 0:
             return pixel_values.new_zeros((0, self.config.out_hidden_size), dtype=self.dtype)
         meta = build_metadata(grids, self.config.spatial_merge_size).to(self.device)
         return self.forward_static(pixel_values, meta)
 
     def forward_static(self, pixels: torch.Tensor, meta: EncoderMetadata) -> torch.Tensor:
-        """Encode a padded batch of ``meta.shape.rows`` rows; padded output tokens are zero. No host syncs."""
+        """Encode a padded batch of ``meta.shape.rows`` rows; padded output tokens are zero.
+
+        No host syncs with a graph-safe backend. Padded rows lie outside every attention segment and every other op
+        is row-local (the downsample merges aligned m²-row blocks), so nothing in a padded row reaches a real one.
+        """
         cfg = self.config
         if pixels.shape != (meta.shape.rows, cfg.patch_dim):
             raise ValueError(f"pixels must be {(meta.shape.rows, cfg.patch_dim)}, got {tuple(pixels.shape)}")

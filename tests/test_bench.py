@@ -2,6 +2,7 @@
 
 Performance is measured by the benchmark, never asserted here: only structure and arithmetic are checked.
 """
+import contextlib
 import json
 import math
 
@@ -103,8 +104,8 @@ def test_flops_by_hand():
 def test_flops_against_flop_counter(backend):
     """FlopCounterMode on our eager forward agrees with the analytic matmul count exactly.
 
-    Attention: with the ``segments`` backend attention is per-segment matmuls (aten.bmm), counted as 4·Σ L²·H, so
-    the totals agree too. With ``sdpa_masked`` the CPU runs ``_scaled_dot_product_flash_attention_for_cpu``,
+    Attention: with the ``segments`` backend attention is one SDPA call per segment; under the math SDPA kernel
+    those are matmuls (aten.bmm), counted as 4·Σ L²·H, so the totals agree too. With ``sdpa_masked`` the CPU runs ``_scaled_dot_product_flash_attention_for_cpu``,
     which FlopCounterMode has no formula for, so it counts no attention at all (on a GPU its SDPA formulas would
     count the dense masked cost 4·N²·H over all N rows, not the useful Σ L²).
     """
@@ -113,7 +114,9 @@ def test_flops_against_flop_counter(backend):
     model.attn_backend = backend
     grids = np.array([[2, 4, 6], [1, 8, 4]])
     pixels = torch.randn(int(grids.prod(1).sum()), config.patch_dim)
-    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+    math = torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH) if backend == "segments" \
+        else contextlib.nullcontext()
+    with torch.inference_mode(), math, FlopCounterMode(display=False) as counter:
         model(pixels, grids)
     counts = {str(k): v for k, v in counter.get_flop_counts()["Global"].items()}
     expected = flops_breakdown(config, grids)

@@ -1,7 +1,8 @@
 """GPU tests: fp32 parity with transformers on CUDA, forward_static in bf16 for every graph-safe attention backend,
-no host syncs, and EncoderGraphRunner with real CUDA graphs (capture, bitwise replay, ownership, NaN-poisoned
-padding, images + videos, 2,000 random replays, capture out of memory). Every test is marked ``gpu`` and is
-skipped without CUDA (tests/conftest.py). Run: ``pytest -m gpu tests/test_gpu.py``.
+no host syncs, item isolation (a NaN/Inf/overflowing item changes no other item, bitwise), padding outside every
+attention segment, and EncoderGraphRunner with real CUDA graphs (capture, bitwise replay, ownership, NaN-poisoned
+padding, a small item in a large graph, images + videos, 2,000 random replays, capture out of memory). Every test
+is marked ``gpu`` and is skipped without CUDA (tests/conftest.py). Run: ``pytest -m gpu tests/test_gpu.py``.
 
 Runner tests use the full GLM-4.1V tower in bfloat16 with random weights (``glmvit.demo.build_model``); oracle
 comparisons that need exactness run in float32 with the ``sdpa_masked`` backend (the flash kernels take bf16 only).
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+import glmvit.model as model_module
 from glmvit import VisionConfig
 from glmvit.attention import available_backends
 from glmvit.cli.common import build_model
@@ -107,6 +109,27 @@ def assert_per_item(model, outs, pixels, grid) -> None:
     assert len(outs) == len(expected)
     for out, ref in zip(outs, expected, strict=False):
         assert_bf16_batch_close(out, ref)
+
+
+def poisoned(pixels, grids, item, kind):
+    """A copy of ``pixels`` with one item poisoned: one NaN or +Inf pixel, or one patch row of 3e38 (finite in bf16,
+    so it passes the host check, and it overflows to Inf inside the tower)."""
+    out = pixels.clone()
+    rows = np.cumsum([0] + [t * h * w for t, h, w in grids])
+    row = int(rows[item] + rows[item + 1]) // 2
+    if kind == "huge":
+        out[row] = 3e38
+    else:
+        out[row, 7] = float(kind)
+    return out
+
+
+def other_tokens(total, grids, item):
+    """Boolean mask over ``total`` output tokens: everything but item ``item``'s tokens (padding included)."""
+    tokens = np.cumsum([0] + [t * h * w // 4 for t, h, w in grids])
+    keep = torch.ones(total, dtype=torch.bool, device=CUDA)
+    keep[int(tokens[item]) : int(tokens[item + 1])] = False
+    return keep
 
 
 def free_cuda():
@@ -243,6 +266,41 @@ def test_forward_static_makes_no_host_sync(full, backend):
     assert torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("backend", BF16_BACKENDS, indirect=True)
+def test_a_poisoned_item_leaves_every_other_item_bitwise_unchanged(full, backend):
+    """NaN, +Inf or an overflowing row in one item: every other item (and the zero padding) is bitwise what the
+    same batch gives with that item clean (same shapes, same kernels; only the poisoned item's values differ)."""
+    pixels, grid = random_pixels(BF16_GRIDS, torch.bfloat16, seed=18)
+    with torch.inference_mode():
+        clean = full.forward_static(*padded(pixels, grid, 256, segments=32))
+        for kind in ("nan", "inf", "huge"):
+            for item in range(len(BF16_GRIDS)):
+                out = full.forward_static(*padded(poisoned(pixels, BF16_GRIDS, item, kind), grid, 256, segments=32))
+                keep = other_tokens(256, BF16_GRIDS, item)
+                assert torch.equal(out[keep], clean[keep]), f"{kind} in item {item} changed another item ({backend})"
+
+
+@pytest.mark.parametrize("backend", BF16_BACKENDS, indirect=True)
+def test_nothing_left_in_padded_attention_rows_reaches_a_real_row(full, backend, monkeypatch):
+    """The varlen kernels leave the padded rows of their output unwritten (padding lies outside every segment):
+    fill them with NaN after every attention and the output must stay bitwise the same."""
+    pixels, grid = random_pixels(BF16_GRIDS, torch.bfloat16, seed=19)
+    buf, meta = padded(pixels, grid, 256, segments=32)
+    assert meta.cu_seqlens[-1].item() == pixels.shape[0]  # no segment reaches into the padding
+    real_attend = model_module.attend
+
+    def leaves_nan(q, k, v, meta, backend):
+        pad = meta.token_valid.repeat_interleave(4) == 0
+        return real_attend(q, k, v, meta, backend).masked_fill(pad[:, None, None], float("nan"))
+
+    with torch.inference_mode():
+        clean = full.forward_static(buf, meta)
+        monkeypatch.setattr(model_module, "attend", leaves_nan)
+        dirty = full.forward_static(buf, meta)
+    assert torch.equal(dirty, clean)
+    assert torch.isfinite(dirty).all() and torch.all(dirty[pixels.shape[0] // 4 :] == 0)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # EncoderGraphRunner with CUDA graphs
 # ---------------------------------------------------------------------------------------------------------------
@@ -294,6 +352,43 @@ def test_nan_poisoned_padding_in_the_graph(runner):
     assert torch.all(bg.output[48:] == 0) and torch.isfinite(bg.output).all()
     with torch.inference_mode():
         bg.pixels[bg.filled_rows :] = 0
+
+
+def test_poisoned_item_through_the_graph(runner):
+    """run() refuses NaN pixels naming the item; with the check skipped the replay keeps every other item bitwise."""
+    grids = [[1, 16, 16], [1, 8, 12], [2, 8, 8]]  # 64 + 24 + 32 tokens: one batch in the 256 graph
+    pixels, grid = random_pixels(grids, torch.bfloat16, seed=20)
+    clean = runner.run(pixels, grid)
+    with pytest.raises(ValueError, match=r"item\(s\) \[1\] hold NaN or Inf"):
+        runner.run(poisoned(pixels, grids, 1, "nan"), grid)
+    for kind in ("nan", "inf", "huge"):
+        outs = runner.run(poisoned(pixels, grids, 1, kind), grid, check_finite=False)
+        assert torch.equal(outs[0], clean[0]) and torch.equal(outs[2], clean[2]), kind
+
+
+def test_runner_on_cuda_refuses_a_backend_that_is_not_graph_safe(full, monkeypatch):
+    monkeypatch.setattr(full, "attn_backend", "segments")
+    with pytest.raises(ValueError, match="not graph-safe"):
+        EncoderGraphRunner(full, RUNNER_CONFIG, backend="cuda", progress=False)
+
+
+def test_a_small_item_in_a_large_graph(full):
+    """One 112² image (16 tokens) replayed in a 1024-token graph: the 1,008 padded tokens lie outside every
+    attention segment, so the replay equals the eager static forward bitwise. (What it costs is measured, not
+    asserted: the layout sweep of `python -m glmvit latency` records it.)"""
+    run = EncoderGraphRunner(full, BudgetConfig((1024,), 4, 32), backend="cuda", progress=False).capture()
+    try:
+        bg = run.graphs[1024]
+        small = random_pixels([[1, 8, 8]], torch.bfloat16, seed=22)
+        (out,) = run.run(*small)
+        with torch.inference_mode():
+            eager_static = full.forward_static(bg.pixels, bg.meta)
+        assert torch.equal(bg.output, eager_static) and torch.all(bg.output[16:] == 0)
+        assert torch.equal(out, bg.output[:16])
+        assert_per_item(full, [out], *small)
+    finally:
+        del run
+        free_cuda()
 
 
 def test_mixed_images_and_videos_equal_per_item_eager(runner, full):

@@ -120,3 +120,12 @@ def test_full_size_matches_transformers():
         got = model(pixels, grid)
     rel = ((got - expected).norm() / expected.norm()).item()
     assert rel <= 1e-4, rel
+
+
+def test_rotary_frequencies_stay_float32_when_the_model_is_cast(tiny_model):
+    """transformers keeps inv_freq in float32 under .to(bf16); a bf16 copy would move every rotary angle."""
+    import copy
+
+    cast = copy.deepcopy(tiny_model).to(torch.bfloat16)
+    assert cast.rotary_pos_emb.inv_freq.dtype == torch.float32
+    assert torch.equal(cast.rotary_pos_emb.inv_freq, tiny_model.rotary_pos_emb.inv_freq)

@@ -79,11 +79,11 @@ def test_explorer_renders_and_responds(voila_url):
             page.goto(voila_url, wait_until="commit")
             summary = page.locator(".glmvit-summary")
             expect(summary).to_contain_text("padding waste", timeout=90_000)
-            expect(summary).to_contain_text("64 items, 64 frames")
+            expect(summary).to_contain_text("64 items, 64 segments")
 
             page.locator(".widget-slider", has_text="max items").locator(".noUi-handle").focus()
             page.keyboard.press("ArrowLeft")
-            expect(summary).to_contain_text("63 items, 64 frames", timeout=30_000)
+            expect(summary).to_contain_text("63 items, 64 segments", timeout=30_000)
 
             budgets = page.get_by_placeholder("64, 256, 1024 or auto")
             budgets.fill("64, abc")

@@ -1,0 +1,75 @@
+"""The padded metadata layout: padding lies outside every attention segment, so it costs no attention work."""
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from glmvit.metadata import BatchShape, attention_work, build_metadata
+
+MERGE, AREA = 2, 4
+
+grid_rows = st.tuples(st.integers(1, 3), st.integers(1, 8).map(lambda n: 2 * n), st.integers(1, 8).map(lambda n: 2 * n))
+
+
+@st.composite
+def padded_layouts(draw):
+    """Random grids (images and clips) and a static shape with room to spare in rows, segment slots and length."""
+    grids = np.array(draw(st.lists(grid_rows, max_size=6)), dtype=np.int64).reshape(-1, 3)
+    frames = np.repeat(grids[:, 1] * grids[:, 2], grids[:, 0])
+    rows = int(frames.sum()) + AREA * draw(st.integers(0, 80))
+    segments = len(frames) + draw(st.integers(0, 4))
+    longest = int(frames.max()) if len(frames) else 0
+    return grids, BatchShape(rows, segments, longest + AREA * draw(st.integers(0, 8)))
+
+
+def views(meta):
+    """(cu_seqlens, segment_ids, token_valid) of a host metadata, as numpy arrays."""
+    s, r = meta.shape.segments, meta.shape.rows
+    base = s + 2 + 4 * r
+    return meta.packed[: s + 2], meta.packed[base : base + r], meta.packed[base + r :]
+
+
+@settings(max_examples=300, deadline=None)
+@given(padded_layouts())
+def test_padding_costs_no_attention_work(layout):
+    grids, shape = layout
+    padded, exact = build_metadata(grids, MERGE, shape), build_metadata(grids, MERGE)
+    real = int(sum(t * (h * w) ** 2 for t, h, w in grids))
+    assert attention_work(exact) == real
+    assert attention_work(padded) == real, "padded rows were put into an attention segment"
+
+
+@settings(max_examples=300, deadline=None)
+@given(padded_layouts())
+def test_padded_layout_invariants(layout):
+    grids, shape = layout
+    meta = build_metadata(grids, MERGE, shape)
+    cu, seg, valid = views(meta)
+    n, num_rows = int(grids[:, 0].sum()) if len(grids) else 0, meta.num_rows
+    frames = np.repeat(grids[:, 1] * grids[:, 2], grids[:, 0])
+    assert cu[0] == 0 and np.all(np.diff(cu) >= 0)
+    assert cu[1 : n + 1].tolist() == np.cumsum(frames).tolist()  # one segment per temporal patch, in order
+    assert np.all(cu[n + 1 :] == num_rows)  # every other slot is empty: padded rows lie in no segment
+    assert np.all(cu % AREA == 0)  # no 2×2 merge block straddles two segments or a segment and the padding
+    assert np.all(np.diff(cu) <= shape.max_seqlen)
+    for i in range(n):
+        assert np.all(seg[cu[i] : cu[i + 1]] == i)
+    pad_ids = seg[num_rows:]
+    assert len(set(pad_ids.tolist())) == len(pad_ids) and np.all(pad_ids >= n) and np.all(pad_ids < shape.rows)
+    assert valid.tolist() == [1] * (num_rows // AREA) + [0] * ((shape.rows - num_rows) // AREA)
+
+
+@settings(max_examples=100, deadline=None)
+@given(padded_layouts())
+def test_masked_backend_work_is_linear_in_the_padding(layout):
+    """sdpa_masked attends within equal segment ids: each padded row's block is itself alone (1 score per row)."""
+    grids, shape = layout
+    meta = build_metadata(grids, MERGE, shape)
+    _, seg, _ = views(meta)
+    _, counts = np.unique(seg, return_counts=True)
+    assert int((counts.astype(np.int64) ** 2).sum()) == attention_work(meta) + (shape.rows - meta.num_rows)
+
+
+def test_attention_work_by_hand():
+    meta = build_metadata([[1, 4, 6], [2, 2, 2]], MERGE, BatchShape(rows=64, segments=5, max_seqlen=64))
+    assert meta.cu_seqlens.tolist() == [0, 24, 28, 32, 32, 32, 32]
+    assert attention_work(meta) == 24**2 + 4**2 + 4**2
