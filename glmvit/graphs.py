@@ -115,6 +115,7 @@ class EncoderGraphRunner:
         check_pointers: bool = False,
         progress: bool = False,
         torch_compile: bool = False,
+        compile_dynamic: bool | None = None,
     ):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -130,9 +131,11 @@ class EncoderGraphRunner:
         self.check_pointers = check_pointers
         self.progress = progress
         # torch.compile fuses the small elementwise kernels (norms, rotary, SwiGLU) before capture: faster replays,
-        # at the cost of a compile per budget shape and bf16 rounding that differs from the uncompiled forward.
+        # with bf16 rounding that differs from the uncompiled forward. compile_dynamic: None (torch's default)
+        # compiles the first budget for its shape and the second once with symbolic sizes that every later budget
+        # reuses; False compiles every budget for its own shape; True compiles once, symbolically, from the start.
         self.compiled = torch_compile
-        self.forward_static = torch.compile(model.forward_static, dynamic=False) if torch_compile \
+        self.forward_static = torch.compile(model.forward_static, dynamic=compile_dynamic) if torch_compile \
             else model.forward_static
         self.graphs: dict[int, BudgetGraph] = {}
         self.pool: Any = None  # the shared memory pool handle, from the first capture on

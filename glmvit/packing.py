@@ -37,11 +37,21 @@ def auto_budgets(lo: int, hi: int) -> tuple[int, ...]:
     return tuple(budgets)
 
 
+LADDER_SPLIT = 512  # above this many tokens the default ladder steps by 1.5× and 4/3× instead of 2×
+
+
 def default_ladder(largest_request: int, smallest: int = SMALLEST_BUDGET) -> tuple[int, ...]:
-    """The default budgets: powers of two from ``smallest`` up to the first one ≥ the largest request's tokens."""
+    """The default budgets, from ``smallest`` up to the first one ≥ the largest request's tokens.
+
+    Powers of two up to 512 tokens, where a replay costs little more than its launch whatever the padding; above,
+    where a replay costs what its budget's matmuls cost, the powers of two get a midpoint (768, 1536, 3072, …) so
+    that a batch pads by at most a third instead of a half.
+    """
     budgets = [positive_int("smallest budget", smallest)]
     while budgets[-1] < largest_request:
-        budgets.append(budgets[-1] * 2)
+        last = budgets[-1]
+        is_power = last & (last - 1) == 0
+        budgets.append(last * 2 if last < LADDER_SPLIT else last * 3 // 2 if is_power else last * 4 // 3)
     return tuple(budgets)
 
 

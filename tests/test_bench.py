@@ -188,7 +188,7 @@ def test_latency_table_loads(tmp_path):
     assert raw["provenance"]["graph_backend"] == "emulate"
     assert [b["grid"] for b in raw["budgets"]] == [[1, 8, 8], [1, 16, 16], [1, 16, 32]]
     names = [x["name"] for x in raw["budgets"][2]["layouts"]]
-    assert names == ["full", "half", "one-small", "many-small"]  # 128 tokens: no room for the 256-token clip
+    assert names == ["full", "full-many", "half", "one-small", "many-small"]  # no room for the 256-token clip
     for b in raw["budgets"]:  # the table's graph time of a budget is its slowest layout
         assert b["graph_ms"] == max(x["graph_ms"] for x in b["layouts"]) >= b["full_graph_ms"]
     assert set(raw["capture"]) == {"16", "64", "128"} and all(c["seconds"] >= 0 for c in raw["capture"].values())

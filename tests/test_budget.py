@@ -24,6 +24,7 @@ from glmvit.packing import (
     auto_budgets,
     combined_stats,
     compare_packers,
+    default_ladder,
     parse_budgets,
     plan_batches,
     plan_workload,
@@ -218,10 +219,26 @@ def test_budget_config_itself_takes_resolved_budgets_only(budgets):
         BudgetConfig(budgets, 1, 1)
 
 
+@pytest.mark.parametrize("largest, ladder", [
+    (1, (64,)), (64, (64,)), (65, (64, 128)), (512, (64, 128, 256, 512)),
+    (6000, (64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144)),
+])
+def test_default_ladder(largest, ladder):
+    assert default_ladder(largest) == ladder
+
+
+@given(st.integers(1, 100_000))
+def test_default_ladder_pads_a_batch_by_at_most_a_third_above_512(tokens):
+    budget = BudgetConfig.for_requests([[ItemSpec(tokens, 1)]]).budget_for(tokens)
+    assert budget is not None and budget >= tokens
+    assert budget <= max(512, 2 * tokens) if tokens <= 512 else budget <= tokens * 3 / 2
+    assert budget <= 512 or (budget - tokens) / budget < 1 / 3 + 1e-12
+
+
 def test_for_requests_sizes_a_workload():
     requests = [[ItemSpec(64, 1)] * 3, [ItemSpec(1000, 4)]]
     config = BudgetConfig.for_requests(requests)
-    assert config == BudgetConfig((64, 128, 256, 512, 1024), 3, 4)
+    assert config == BudgetConfig((64, 128, 256, 512, 768, 1024), 3, 4)
     assert BudgetConfig.for_requests(requests, max_items=2, max_segments=9) == BudgetConfig(config.token_budgets, 2, 9)
 
 

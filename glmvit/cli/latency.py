@@ -40,8 +40,17 @@ def square_grid(tokens: int, merge: int = 2) -> list[int]:
 
 
 def layouts(budget: int, max_items: int, max_segments: int, merge: int = 2) -> dict[str, list[list[int]]]:
-    """Named batches (grids) that fit ``budget`` tokens within the limits; the full one always comes first."""
+    """Named batches (grids) that fit ``budget`` tokens within the limits; the full one always comes first.
+
+    "full" is one image of the whole budget (the most attention work a full batch can have); "full-many" fills
+    the budget with as many equal images as the limits allow (little attention work); the rest leave padding.
+    """
     out = {"full": [square_grid(budget, merge)]}
+    n = min(max_items, max_segments, budget // 64)
+    while n > 1 and budget % n:
+        n -= 1
+    if n > 1:
+        out["full-many"] = [square_grid(budget // n, merge)] * n
     if budget >= 2 * 64:
         out["half"] = [square_grid(budget // 2, merge)]
         out["one-small"] = [SMALL]
@@ -71,6 +80,7 @@ def measure(runner: EncoderGraphRunner, model: GlmVisionEncoder, runs: int, warm
             entry["layouts"].append({
                 "name": name, "grids": grids.tolist(), "items": len(grids),
                 "real_tokens": int(grids.prod(axis=1).sum()) // cfg.merge_area,
+                "segment_rows2": int((grids[:, 0] * (grids[:, 1] * grids[:, 2]) ** 2).sum()),
                 "graph_ms": float(np.median(graph)), "graph_p99_ms": float(np.percentile(graph, 99)),
                 "eager_ms": float(np.median(eager)), "eager_p99_ms": float(np.percentile(eager, 99)),
                 "flops": encoder_flops(cfg, grids)})
