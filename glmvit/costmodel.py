@@ -69,16 +69,18 @@ def total_graph_memory(memories: Iterable[GraphMemory]) -> int:
 
 @dataclass(frozen=True)
 class LatencyTable:
-    """Measured milliseconds per budget: graph replay and eager forward of a batch of that many tokens.
+    """Measured milliseconds per budget, and how attention adds to them: the cost model's data.
 
-    JSON format (``load_latency_table``)::
+    Since padded rows sit outside every attention segment, a replay of budget B costs its matmuls (all B tokens,
+    padding included: ``graph_ms``) plus the attention of its real segments, ``attention_ms`` per 10⁶ of Σ L²
+    (L = patch rows of a segment). An eager forward of T tokens costs the same on the GPU, and never less than
+    ``eager_floor_ms``, the host's time to launch a forward's ~300 kernels (it dominates small batches).
+    Without an attention fit (``attention_ms`` = 0), ``eager_ms`` is read per token count instead.
 
-        {"provenance": {"gpu": "...", "date": "...", "command": "..."},
-         "dtype": "bfloat16", "config": "glm41v",
-         "budgets": [{"tokens": 64, "graph_ms": 2.9, "eager_ms": 8.1}, ...]}
-
-    At least two entries; other token counts are interpolated linearly (extrapolated from the two nearest
-    entries, never below 0).
+    JSON (``load_latency_table``): what ``python -m glmvit latency`` writes — per budget a list of ``layouts``
+    (``real_tokens``, ``segment_rows2``, ``graph_ms``, ``eager_ms``, and P99s), from which :meth:`from_dict` fits
+    the model; or a plain ``{"budgets": [{"tokens", "graph_ms", "eager_ms"}, ...]}``. At least two budgets; other
+    token counts are interpolated linearly (extrapolated from the two nearest, never below 0).
     """
 
     tokens: tuple[int, ...]
@@ -87,6 +89,8 @@ class LatencyTable:
     dtype: str = "bfloat16"
     config: str = "glm41v"
     provenance: Mapping[str, Any] = field(default_factory=dict)
+    attention_ms: float = 0.0  # per 10⁶ rows² of Σ L²
+    eager_floor_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if not len(self.tokens) == len(self.graph_ms) == len(self.eager_ms):
@@ -100,24 +104,56 @@ class LatencyTable:
         for ms in (*self.graph_ms, *self.eager_ms):
             if not (isinstance(ms, numbers.Real) and math.isfinite(ms) and ms > 0):
                 raise ValueError(f"latency table times must be positive finite numbers, got {ms!r}")
+        for name in ("attention_ms", "eager_floor_ms"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"latency table {name} must be a finite number ≥ 0, got {value!r}")
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "LatencyTable":
+    def from_dict(cls, data: Mapping[str, Any]) -> LatencyTable:
         try:
             rows = sorted(data["budgets"], key=lambda r: r["tokens"])
+            if all(r.get("layouts") for r in rows):
+                return _fit(rows, data)
             columns = ([r["tokens"] for r in rows], [r["graph_ms"] for r in rows], [r["eager_ms"] for r in rows])
         except (KeyError, TypeError) as err:
             raise ValueError(f"latency table: expected budgets as [{{tokens, graph_ms, eager_ms}}, ...] ({err!r})") \
                 from None
         tokens, graph_ms, eager_ms = (tuple(c) for c in columns)
-        return cls(tokens, graph_ms, eager_ms, dtype=data.get("dtype", "bfloat16"),
-                   config=data.get("config", "glm41v"), provenance=dict(data.get("provenance", {})))
+        return cls(tokens, graph_ms, eager_ms, **_labels(data))
 
-    def graph_time(self, budget: int) -> float:
-        return _linear(budget, self.tokens, self.graph_ms)
+    def graph_time(self, budget: int, segment_rows2: int = 0) -> float:
+        """A replay of ``budget``'s graph whose real segments have Σ L² = ``segment_rows2``."""
+        return _linear(budget, self.tokens, self.graph_ms) + self.attention_ms * segment_rows2 / 1e6
 
-    def eager_time(self, tokens: int) -> float:
-        return _linear(tokens, self.tokens, self.eager_ms)
+    def eager_time(self, tokens: int, segment_rows2: int = 0) -> float:
+        """One eager forward of ``tokens`` tokens whose segments have Σ L² = ``segment_rows2``."""
+        if not self.attention_ms:
+            return _linear(tokens, self.tokens, self.eager_ms)
+        return max(self.eager_floor_ms, self.graph_time(tokens, segment_rows2))
+
+
+def _labels(data: Mapping[str, Any]) -> dict[str, Any]:
+    return {"dtype": data.get("dtype", "bfloat16"), "config": data.get("config", "glm41v"),
+            "provenance": dict(data.get("provenance", {}))}
+
+
+def _fit(rows: list[Mapping[str, Any]], data: Mapping[str, Any]) -> LatencyTable:
+    """The model of :class:`LatencyTable` from measured layouts: attention_ms by least squares within each budget
+    (layouts of one budget differ only in their attention), each budget's graph_ms = mean of replay − attention,
+    eager_floor_ms = median eager time of layouts ≤ 256 tokens (where launches, not the GPU, set the time)."""
+    dx, dy = [], []
+    for r in rows:
+        work = np.array([x["segment_rows2"] / 1e6 for x in r["layouts"]])
+        ms = np.array([x["graph_ms"] for x in r["layouts"]])
+        dx += list(work - work.mean())
+        dy += list(ms - ms.mean())
+    slope = max(0.0, float(np.dot(dx, dy) / np.dot(dx, dx))) if np.dot(dx, dx) > 0 else 0.0
+    base = [float(np.mean([x["graph_ms"] - slope * x["segment_rows2"] / 1e6 for x in r["layouts"]])) for r in rows]
+    small = [x["eager_ms"] for r in rows for x in r["layouts"] if x["real_tokens"] <= 256]
+    eager = [float(r["eager_ms"]) for r in rows]
+    return LatencyTable(tuple(int(r["tokens"]) for r in rows), tuple(base), tuple(eager), **_labels(data),
+                        attention_ms=slope, eager_floor_ms=float(np.median(small)) if small else 0.0)
 
 
 def _linear(x: float, xs: Sequence[int], ys: Sequence[float]) -> float:
@@ -133,7 +169,7 @@ def load_latency_table(path: str | Path) -> LatencyTable:
 
 @dataclass(frozen=True)
 class TimeEstimate:
-    """Predicted ms: replays of graphs, eager fallbacks, and the same batches all run eagerly (the baseline)."""
+    """Predicted ms: replays of graphs, eager fallbacks, and the baseline: the whole request in one eager forward."""
 
     graph_ms: float = 0.0
     fallback_ms: float = 0.0
@@ -148,13 +184,14 @@ class TimeEstimate:
 
 
 def predict_time(plan: Plan, table: LatencyTable) -> TimeEstimate:
-    """Time of a plan: graph_ms(budget) per replay, eager_ms(tokens) per fallback and per batch of the baseline."""
-    replays = [b for b in plan.batches if b.budget is not None]
-    fallbacks = [b for b in plan.batches if b.budget is None]
+    """Time of one request's plan: a replay per batch (its budget, its real attention), an eager forward per
+    fallback, and the baseline: the whole request in one eager forward."""
+    tokens = sum(b.tokens for b in plan.batches)
+    work = sum(b.segment_rows2 for b in plan.batches)
     return TimeEstimate(
-        graph_ms=sum((table.graph_time(b.budget) for b in replays if b.budget is not None), 0.0),
-        fallback_ms=sum((table.eager_time(b.tokens) for b in fallbacks), 0.0),
-        eager_ms=sum((table.eager_time(b.tokens) for b in plan.batches), 0.0),
+        graph_ms=sum((table.graph_time(b.budget, b.segment_rows2) for b in plan.batches if b.budget is not None), 0.0),
+        fallback_ms=sum((table.eager_time(b.tokens, b.segment_rows2) for b in plan.batches if b.budget is None), 0.0),
+        eager_ms=table.eager_time(tokens, work) if plan.batches else 0.0,
     )
 
 

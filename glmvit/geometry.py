@@ -30,6 +30,12 @@ class ItemSpec(NamedTuple):
     tokens: int
     segments: int
 
+    @property
+    def segment_rows2(self) -> int:
+        """Σ L² over the item's segments, L = patch rows per segment (its segments are equal): attention work."""
+        rows = self.tokens * MERGE_SIZE**2
+        return rows * rows // self.segments
+
 
 def smart_resize(height: int, width: int, num_frames: int = TEMPORAL_PATCH_SIZE, *, factor: int = FACTOR,
                  min_pixels: int = IMAGE_MIN_PIXELS, max_pixels: int = IMAGE_MAX_PIXELS,

@@ -134,6 +134,7 @@ class Batch:
     tokens: int
     segments: int
     budget: int | None
+    segment_rows2: int = 0  # Σ L² over the batch's segments: what its attention costs
 
     @property
     def padding(self) -> int:
@@ -252,8 +253,9 @@ def plan_batches(items: Iterable[Sequence[int]], config: BudgetConfig, packer: s
     batches = []
     for group in groups:
         tokens, segments = sum(specs[i].tokens for i in group), sum(specs[i].segments for i in group)
-        batches.append(Batch(tuple(group), tokens, segments, config.budget_for(tokens)))
-    batches += [Batch((i,), *specs[i], None) for i, ok in enumerate(fits) if not ok]
+        work = sum(specs[i].segment_rows2 for i in group)
+        batches.append(Batch(tuple(group), tokens, segments, config.budget_for(tokens), work))
+    batches += [Batch((i,), *specs[i], None, specs[i].segment_rows2) for i, ok in enumerate(fits) if not ok]
     return Plan(tuple(batches))
 
 

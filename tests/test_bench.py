@@ -105,9 +105,10 @@ def test_flops_against_flop_counter(backend):
     """FlopCounterMode on our eager forward agrees with the analytic matmul count exactly.
 
     Attention: with the ``segments`` backend attention is one SDPA call per segment; under the math SDPA kernel
-    those are matmuls (aten.bmm), counted as 4·Σ L²·H, so the totals agree too. With ``sdpa_masked`` the CPU runs ``_scaled_dot_product_flash_attention_for_cpu``,
-    which FlopCounterMode has no formula for, so it counts no attention at all (on a GPU its SDPA formulas would
-    count the dense masked cost 4·N²·H over all N rows, not the useful Σ L²).
+    those are matmuls (aten.bmm), counted as 4·Σ L²·H, so the totals agree too. With ``sdpa_masked`` the CPU runs
+    ``_scaled_dot_product_flash_attention_for_cpu``, which FlopCounterMode has no formula for, so it counts no
+    attention at all (on a GPU its SDPA formulas would count the dense masked cost 4·N²·H over all N rows, not the
+    useful Σ L²).
     """
     config = VisionConfig.tiny()
     model = build_model(config, torch.device("cpu"), torch.float32)

@@ -2,6 +2,7 @@
 import itertools
 import json
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -413,8 +414,17 @@ def test_predict_time():
     estimate = predict_time(plan, table)
     assert estimate.graph_ms == pytest.approx(table.graph_time(128))
     assert estimate.fallback_ms == pytest.approx(table.eager_time(5000))
-    assert estimate.eager_ms == pytest.approx(table.eager_time(128) + table.eager_time(5000))
-    assert estimate.total_ms < estimate.eager_ms
+    assert estimate.eager_ms == pytest.approx(table.eager_time(5128))  # the whole request in one forward
+
+
+def test_predict_time_adds_the_real_attention():
+    table = LatencyTable((64, 128), (4.0, 5.0), (15.0, 16.0), attention_ms=0.5, eager_floor_ms=15.0)
+    clip, image = ItemSpec(256, 4), ItemSpec(64, 1)  # Σ L²: 4 segments of 256 rows; one of 256 rows
+    assert clip.segment_rows2 == 4 * 256**2 and image.segment_rows2 == 256**2
+    plan = plan_batches([image, image], BudgetConfig((64, 128), 2, 2))
+    estimate = predict_time(plan, table)
+    assert estimate.graph_ms == pytest.approx(5.0 + 0.5 * 2 * 256**2 / 1e6)
+    assert estimate.eager_ms == 15.0  # the host's launch time bounds a small eager forward from below
 
 
 # ---------------------------------------------------------------------------------------------- recommend
@@ -496,3 +506,37 @@ def test_recommend_errors(kwargs, message):
     args = {"max_graphs": 3, **kwargs}
     with pytest.raises(ValueError, match=message):
         recommend_budgets(mixed_workload(20), **args)
+
+
+# ------------------------------------------------------------------ the cost model against recorded H200 runs
+BENCH = Path(__file__).resolve().parents[1] / "data" / "bench"
+
+
+def recorded_prediction_errors(workload_json):
+    """Predicted vs measured mean ms per mode, for a recorded mixed benchmark and the recorded latency sweep."""
+    table = load_latency_table(BENCH / "latency_h200.json")
+    run = json.loads((BENCH / workload_json).read_text())
+    s = run["settings"]
+    config = BudgetConfig(tuple(s["budgets"]), s["max_items"], s["max_segments"])
+    requests = [[ItemSpec(t * h * w // 4, t) for t, h, w in grids] for grids in run["workload"]["grids"]]
+    plans = [plan_batches(request, config) for request in requests]
+    estimates = [predict_time(plan, table) for plan in plans]
+    predicted = {"graph": sum(e.total_ms for e in estimates), "eager": sum(e.eager_ms for e in estimates)}
+    return {mode: predicted[mode] / sum(run["modes"][mode]["ms"]) - 1 for mode in predicted}
+
+
+@pytest.mark.parametrize("workload_json", sorted(p.name for p in BENCH.glob("mixed_*_h200.json")))
+def test_cost_model_predicts_recorded_mixed_workloads_within_15_percent(workload_json):
+    """The model is fitted on the latency sweep's synthetic layouts only; the mixed workload is out of sample."""
+    for mode, error in recorded_prediction_errors(workload_json).items():
+        assert abs(error) <= 0.15, f"{mode}: predicted {error:+.1%} off the measured mean"
+
+
+def test_latency_fit_separates_matmuls_from_attention():
+    table = load_latency_table(BENCH / "latency_h200.json")
+    assert table.attention_ms > 0 and table.eager_floor_ms > 0
+    raw = json.loads((BENCH / "latency_h200.json").read_text())
+    for budget in raw["budgets"]:  # every measured layout within 10% of the two-term model
+        for layout in budget["layouts"]:
+            model = table.graph_time(budget["tokens"], layout["segment_rows2"])
+            assert model == pytest.approx(layout["graph_ms"], rel=0.10), (budget["tokens"], layout["name"])

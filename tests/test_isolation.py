@@ -4,7 +4,6 @@ pixels are reported by item; the CPU default attention never builds a (rows)² t
 import numpy as np
 import pytest
 import torch
-from glmvit.packing import BudgetConfig
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -13,6 +12,7 @@ from glmvit.attention import available_backends, default_backend
 from glmvit.graphs import EncoderGraphRunner
 from glmvit.metadata import BatchShape, build_metadata, nonfinite_items
 from glmvit.oracle import flatten_video_grids
+from glmvit.packing import BudgetConfig
 from glmvit.workloads import random_batch
 
 CPU_BACKENDS = available_backends("cpu", torch.float32)  # segments (the default), sdpa_masked

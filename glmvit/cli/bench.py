@@ -258,7 +258,7 @@ def run_benchmark(args: argparse.Namespace, command: str) -> dict:
             torch.cuda.empty_cache()
     _add_comparisons(result, outputs)
     if args.predict:
-        result["prediction"] = _prediction(args.predict, plans, tokens, result["modes"])
+        result["prediction"] = _prediction(args.predict, plans, result["modes"])
     return result
 
 
@@ -282,11 +282,11 @@ def _add_comparisons(result: dict, outputs: dict[str, torch.Tensor]) -> None:
             result["accuracy"][label]["vs_transformers"] = compare(out, outputs["transformers"])
 
 
-def _prediction(path: str, plans: list, tokens: list[int], modes: dict) -> dict:
+def _prediction(path: str, plans: list, modes: dict) -> dict:
     """The cost model's predicted mean ms per request (from a latency table) next to the measured means."""
     table = load_latency_table(path)
     estimates = [predict_time(plan, table) for plan in plans]
-    predicted = {"eager": statistics.mean(table.eager_time(t) for t in tokens),
+    predicted = {"eager": statistics.mean(e.eager_ms for e in estimates),
                  "graph": statistics.mean(e.total_ms for e in estimates)}
     out: dict[str, Any] = {"table": path, "table_provenance": dict(table.provenance)}
     for mode, ms in predicted.items():
