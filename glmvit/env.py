@@ -7,6 +7,9 @@
 - ``[FAIL]`` missing or older than required, for something the notebooks need;
 - ``[--]``   optional here and absent (no CUDA GPU, no Triton): the notebooks still run, some cells are skipped.
 
+``run_or_replay(name, compute)`` is how a notebook's GPU cell runs everywhere: computed on a CUDA machine, and
+replayed from ``data/notebooks/NAME.json`` (recorded on the H200) elsewhere.
+
 ``setup_notebook()`` fixes the seeds, the CPU thread count and the matplotlib defaults so that every notebook
 computes and draws the same thing on every machine.
 
@@ -16,14 +19,16 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata as metadata
+import json
 import os
 import random
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
-__all__ = ["Check", "env_check", "setup_notebook", "lower_bounds"]
+__all__ = ["Check", "env_check", "setup_notebook", "lower_bounds", "run_or_replay"]
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 
@@ -222,3 +227,31 @@ def setup_notebook(seed: int = 0, threads: int = 2, figsize: tuple[float, float]
         return
     matplotlib.rcParams.update({"figure.figsize": figsize, "figure.dpi": dpi, "savefig.dpi": dpi,
                                 "axes.grid": False, "font.size": 10})
+
+
+RECORDED = Path(__file__).resolve().parent.parent / "data" / "notebooks"
+RECORD_ENV = "GLMVIT_RECORD"
+
+
+def run_or_replay(name: str, compute: Callable[[], dict[str, Any]], needs: str = "a CUDA GPU") -> dict[str, Any]:
+    """A notebook's GPU cell, runnable everywhere: on a CUDA machine ``compute()`` runs (and, with
+    ``GLMVIT_RECORD=1``, its JSON-able result is saved as ``data/notebooks/NAME.json`` with provenance); elsewhere
+    the recorded result is returned, marked ``"replayed": True``, and the cell says so."""
+    import torch
+
+    from .provenance import collect
+
+    path = RECORDED / f"{name}.json"
+    if torch.cuda.is_available():
+        result = {**compute(), "provenance": collect("cuda"), "replayed": False}
+        if os.environ.get(RECORD_ENV) == "1":
+            RECORDED.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(result, indent=1) + "\n")
+        return result
+    if not path.exists():
+        raise FileNotFoundError(f"this cell needs {needs}, and no recorded result {path.name} is in data/notebooks/")
+    result = json.loads(path.read_text())
+    prov = result.get("provenance", {})
+    print(f"needs {needs}: showing the result recorded on {prov.get('gpu')} ({prov.get('date_utc')}, "
+          f"commit {str(prov.get('git_commit'))[:10]}) from data/notebooks/{path.name}")
+    return {**result, "replayed": True}

@@ -15,10 +15,10 @@ import time
 import numpy as np
 import torch
 
-from glmvit.packing import BudgetConfig
 from glmvit.config import VisionConfig
 from glmvit.graphs import EncoderGraphRunner
 from glmvit.model import GlmVisionEncoder
+from glmvit.packing import BudgetConfig
 from glmvit.provenance import git_state
 from glmvit.random_weights import randomize_
 
