@@ -1,0 +1,143 @@
+"""The install path: constraints.txt resolves beside torch's own pins.
+
+constraints.txt must install with a CPU build of torch and with PyPI's default (CUDA) torch wheel on Linux x86-64.
+A CPU build's requirements are read from the installed torch; the CUDA wheel's cannot be (CI has no CUDA build), so
+they are recorded below from the wheel itself.
+"""
+import importlib.metadata
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Requires-Dist of torch 2.13.0's default Linux x86-64 wheel on PyPI (torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl,
+# its torch-2.13.0.dist-info/METADATA; the `extra == ...` lines left out). When constraints.txt's torch pin moves,
+# read the new wheel's METADATA and replace both.
+TORCH_CUDA_WHEEL_VERSION = "2.13.0"
+TORCH_CUDA_WHEEL_REQUIRES = [
+    "filelock",
+    "typing-extensions>=4.10.0",
+    "setuptools>=77.0.3",
+    "sympy>=1.13.3",
+    "networkx>=2.5.1",
+    "jinja2",
+    "fsspec>=0.8.5",
+    'cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==13.0.3; platform_system == "Linux"',
+    'cuda-bindings<14,>=13.0.3; platform_system == "Linux" and python_version < "3.15"',
+    'nvidia-cudnn-cu13==9.20.0.48; platform_system == "Linux"',
+    'nvidia-cusparselt-cu13==0.8.1; platform_system == "Linux"',
+    'nvidia-nccl-cu13==2.29.7; platform_system == "Linux"',
+    'nvidia-nvshmem-cu13==3.4.5; platform_system == "Linux"',
+    'triton==3.7.1; platform_system == "Linux" and python_version < "3.15"',
+]
+LINUX_X86_64 = {"platform_system": "Linux", "sys_platform": "linux", "platform_machine": "x86_64", "os_name": "posix"}
+
+
+def constraint_pins(text: str) -> dict[str, str]:
+    """`name==version` lines of a constraints file, by canonical name."""
+    pins = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            req = Requirement(line)
+            (spec,) = req.specifier
+            assert spec.operator == "==", f"constraints.txt should pin exactly: {line}"
+            pins[canonicalize_name(req.name)] = spec.version
+    return pins
+
+
+def applicable(requires: list[str], env: dict | None = None) -> list[Requirement]:
+    """The requirements that apply on `env` (default: this interpreter), extras left out."""
+    out = []
+    for line in requires:
+        req = Requirement(line)
+        if req.marker is None or req.marker.evaluate({**(env or {}), "extra": ""}):
+            out.append(req)
+    return out
+
+
+def contradictions(pins: dict[str, str], requires: list[Requirement]) -> list[str]:
+    """Pins that a requirement does not allow: with these pip ends in ResolutionImpossible."""
+    return [
+        f"constraints pin {name}=={pins[name]}, torch requires {req}"
+        for req in requires
+        if (name := canonicalize_name(req.name)) in pins and not req.specifier.contains(pins[name], prereleases=True)
+    ]
+
+
+def exact_pins(requires: list[Requirement]) -> set[str]:
+    return {canonicalize_name(r.name) for r in requires if any(s.operator in ("==", "===") for s in r.specifier)}
+
+
+def makefile_default(name: str) -> str:
+    return re.search(rf"^{name}\s*\?=[ \t]*(.*)$", (ROOT / "Makefile").read_text(), re.M).group(1).strip()
+
+
+@pytest.fixture(scope="module")
+def pins():
+    return constraint_pins((ROOT / "constraints.txt").read_text())
+
+
+# --- constraints.txt against torch -----------------------------------------------------------------------------------
+
+
+def test_the_checks_catch_what_broke_the_cuda_install():
+    """triton==3.9.0 beside torch 2.13.0's triton==3.7.1 was the ResolutionImpossible; a sympy below torch's too."""
+    cuda = applicable(TORCH_CUDA_WHEEL_REQUIRES, LINUX_X86_64)
+    assert contradictions({"triton": "3.9.0", "sympy": "1.13.1", "numpy": "2.4.6"}, cuda) == [
+        "constraints pin sympy==1.13.1, torch requires sympy>=1.13.3",
+        'constraints pin triton==3.9.0, torch requires triton==3.7.1; platform_system == "Linux" and python_version < "3.15"',
+    ]
+    assert {"triton", "nvidia-nccl-cu13", "cuda-toolkit"} <= exact_pins(cuda)
+    assert "sympy" not in exact_pins(cuda)
+    assert not applicable(['triton==3.7.1; platform_system == "Linux"'], {**LINUX_X86_64, "platform_system": "Darwin"})
+
+
+def test_the_recorded_cuda_wheel_is_the_pinned_torch(pins):
+    assert pins["torch"] == TORCH_CUDA_WHEEL_VERSION, (
+        f"constraints.txt pins torch=={pins['torch']}: record that wheel's Requires-Dist in TORCH_CUDA_WHEEL_REQUIRES"
+    )
+    assert "+" not in pins["torch"], "pin torch without a local build label so CUDA machines can resolve it"
+
+
+def test_constraints_pin_nothing_torchs_cuda_wheel_pins_exactly(pins):
+    pinned_twice = sorted(exact_pins(applicable(TORCH_CUDA_WHEEL_REQUIRES, LINUX_X86_64)) & set(pins))
+    assert not pinned_twice, f"torch's CUDA wheel pins {pinned_twice} itself: leave them out of constraints.txt"
+
+
+def test_constraints_agree_with_torchs_cuda_wheel(pins):
+    for py in ("3.11", "3.12", "3.13"):
+        cuda = applicable(TORCH_CUDA_WHEEL_REQUIRES, {**LINUX_X86_64, "python_version": py})
+        assert not contradictions(pins, cuda)
+
+
+def test_constraints_agree_with_the_installed_torch(pins):
+    installed = importlib.metadata.version("torch")
+    if Version(installed).base_version != pins["torch"]:
+        pytest.skip(f"torch {installed} is installed, constraints.txt is for {pins['torch']}")
+    assert not contradictions(pins, applicable(importlib.metadata.requires("torch") or []))
+
+
+def test_constraints_pin_every_direct_dependency(pins):
+    """Every dependency `make` installs is pinned, except those torch's CUDA wheel pins itself (triton)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = makefile_default("EXTRAS").split(",")
+    wanted = project["dependencies"] + [d for extra in extras for d in project["optional-dependencies"][extra]]
+    names = {canonicalize_name(Requirement(d).name) for d in wanted}
+    torch_owned = exact_pins(applicable(TORCH_CUDA_WHEEL_REQUIRES, LINUX_X86_64))
+    assert "triton" in names & torch_owned
+    missing = sorted(names - torch_owned - set(pins))
+    assert not missing, f"constraints.txt does not pin {missing}"
+
+
+def test_constraints_meet_pyprojects_lower_bounds(pins):
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for line in project["dependencies"]:
+        req = Requirement(line)
+        assert req.specifier.contains(pins[canonicalize_name(req.name)]), (req, pins[canonicalize_name(req.name)])
