@@ -6,8 +6,11 @@ EXTRAS ?= test,notebooks
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.glmvit-installed
 PYTEST_NB := --nbval-lax --nbval-current-env --nbval-cell-timeout=600 -p no:cacheprovider
+# The oldest transformers pyproject.toml allows, read from it, and the venv `make test-oldest` puts it in.
+TRANSFORMERS_OLDEST := $(shell sed -n 's/^ *"transformers *>= *\([0-9.]*\).*/\1/p' pyproject.toml)
+OLDEST_VENV ?= $(VENV)/oldest
 
-.PHONY: demo test test-gpu lab explorer env browser
+.PHONY: demo test test-gpu test-oldest lab explorer env browser
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +31,16 @@ test: $(STAMP) browser
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -m "gpu or multigpu" tests
 	$(BIN)/python -m pytest $(PYTEST_NB) notebooks
+
+## The lower end of the supported range: the processing tests under the oldest transformers pyproject.toml allows,
+## in a venv of its own ($(OLDEST_VENV)); torch as constraints.txt pins it.
+test-oldest:
+	test -x $(OLDEST_VENV)/bin/python || $(PYTHON) -m venv $(OLDEST_VENV)
+	grep -E '^torch==' constraints.txt > $(OLDEST_VENV)/torch-constraint.txt
+	$(OLDEST_VENV)/bin/python -m pip install --quiet -c $(OLDEST_VENV)/torch-constraint.txt \
+	    -e . "transformers==$(TRANSFORMERS_OLDEST)" "pytest>=8.0"
+	$(OLDEST_VENV)/bin/python -c "import glmvit.processing, transformers; print('transformers', transformers.__version__)"
+	$(OLDEST_VENV)/bin/python -m pytest -p no:cacheprovider tests/test_processing.py
 
 ## The walkthrough in JupyterLab.
 lab: $(STAMP)

@@ -1,11 +1,13 @@
-"""The install path: constraints.txt resolves beside torch's own pins.
+"""The install path: constraints.txt resolves beside torch's own pins; `make test-oldest` tests the lower end.
 
 constraints.txt must install with a CPU build of torch and with PyPI's default (CUDA) torch wheel on Linux x86-64.
 A CPU build's requirements are read from the installed torch; the CUDA wheel's cannot be (CI has no CUDA build), so
 they are recorded below from the wheel itself.
 """
 import importlib.metadata
+import os
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -141,3 +143,27 @@ def test_constraints_meet_pyprojects_lower_bounds(pins):
     for line in project["dependencies"]:
         req = Requirement(line)
         assert req.specifier.contains(pins[canonicalize_name(req.name)]), (req, pins[canonicalize_name(req.name)])
+
+
+# --- the Makefile --------------------------------------------------------------------------------------------------
+
+
+def make_env() -> dict[str, str]:
+    """This environment without an enclosing `make test`'s flags (a -n or -j there must not reach these runs)."""
+    return {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+
+
+def make_dry_run(*args: str, installed: bool = True) -> str:
+    """The commands `make` would run (make -n); `installed`: as if .venv were set up (its stamp is not remade)."""
+    assume = ["-o", f"{makefile_default('VENV')}/.glmvit-installed"] if installed else []
+    out = subprocess.run(["make", "-n", *assume, *args], cwd=ROOT, env=make_env(), capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_test_oldest_installs_pyprojects_lowest_transformers():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (bound,) = [Requirement(d).specifier for d in project["dependencies"] if Requirement(d).name == "transformers"]
+    (lower,) = [s.version for s in bound if s.operator == ">="]
+    commands = make_dry_run("test-oldest")
+    assert f'"transformers=={lower}"' in commands and "tests/test_processing.py" in commands
