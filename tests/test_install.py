@@ -1,4 +1,4 @@
-"""The install path: constraints.txt resolves beside torch's own pins; `make test-oldest` tests the lower end.
+"""The install path: constraints.txt resolves beside torch's own pins, and the Makefile's commands do what the README says.
 
 constraints.txt must install with a CPU build of torch and with PyPI's default (CUDA) torch wheel on Linux x86-64.
 A CPU build's requirements are read from the installed torch; the CUDA wheel's cannot be (CI has no CUDA build), so
@@ -7,7 +7,11 @@ they are recorded below from the wheel itself.
 import importlib.metadata
 import os
 import re
+import signal
+import socket
 import subprocess
+import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -161,9 +165,81 @@ def make_dry_run(*args: str, installed: bool = True) -> str:
     return out.stdout
 
 
+def test_lab_and_explorer_run_headless_as_root_on_loopback_by_default():
+    lab = make_dry_run("lab")
+    assert "jupyter lab notebooks/" in lab
+    for flag in ("--no-browser", "--allow-root", "--ip=127.0.0.1", "--port=8888"):
+        assert flag in lab.split(), lab
+    explorer = make_dry_run("explorer")
+    for flag in ("--no-browser", "--Voila.ip=127.0.0.1", "--port=8866"):
+        assert flag in explorer.split(), explorer
+
+
+def test_lab_and_explorer_take_a_port_and_a_host():
+    assert {"--ip=0.0.0.0", "--port=8899"} <= set(make_dry_run("lab", "PORT=8899", "HOST=0.0.0.0").split())
+    assert {"--Voila.ip=0.0.0.0", "--port=8899"} <= set(make_dry_run("explorer", "PORT=8899", "HOST=0.0.0.0").split())
+
+
+def test_env_knobs_reach_venv_and_pip():
+    default = make_dry_run("-B", "env", installed=False)
+    assert "-m venv .venv" in default and "-c constraints.txt" in default and '-e ".[test,notebooks]"' in default
+    cuda = make_dry_run(
+        "-B", "env", "VENV_FLAGS=--system-site-packages", "CONSTRAINTS=", "EXTRAS=", "PIP_FLAGS=--no-index",
+        installed=False,
+    )
+    assert "-m venv --system-site-packages .venv" in cuda
+    assert "-c " not in cuda and "--no-index" in cuda and '-e "."' in cuda
+
+
 def test_test_oldest_installs_pyprojects_lowest_transformers():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     (bound,) = [Requirement(d).specifier for d in project["dependencies"] if Requirement(d).name == "transformers"]
     (lower,) = [s.version for s in bound if s.operator == ">="]
     commands = make_dry_run("test-oldest")
     assert f'"transformers=={lower}"' in commands and "tests/test_processing.py" in commands
+
+
+def test_every_make_variable_the_readme_names_exists():
+    readme = (ROOT / "README.md").read_text()
+    named = {var for cmd in re.findall(r"\bmake [^\n`]*", readme) for var in re.findall(r"\b([A-Z][A-Z_]{2,})=", cmd)}
+    assert {"PORT", "VENV_FLAGS", "CONSTRAINTS"} <= named
+    for name in named:
+        assert re.search(rf"^{name}\s*\?=", (ROOT / "Makefile").read_text(), re.M), f"README names make {name}=, Makefile lacks it"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("target", ["lab", "explorer"])
+def test_lab_and_explorer_start_here_as_whoever_runs_them(target, tmp_path):
+    """Started through make, as this user (root in CI and in containers): each listens on the port it was given."""
+    venv = Path(sys.prefix)
+    if not (venv / "bin" / ("jupyter" if target == "lab" else "voila")).exists():
+        pytest.skip(f"{target}'s server is not installed in {venv}")
+    port = _free_port()
+    log = tmp_path / "server.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            ["make", "-o", f"{venv}/.glmvit-installed", target, f"VENV={venv}", f"PORT={port}"],
+            cwd=ROOT, env=make_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, f"make {target} exited {proc.returncode} (uid {os.geteuid()}):\n{log.read_text()}"
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.25)
+        else:
+            pytest.fail(f"make {target} did not listen on 127.0.0.1:{port} within 60 s:\n{log.read_text()}")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
