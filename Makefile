@@ -3,6 +3,7 @@
 #
 # Knobs (all optional; README "Set-up" says when to use them):
 #   VENV_FLAGS=--system-site-packages   let .venv see the machine's own packages (a preinstalled CUDA torch)
+#   VENV=/path/to/env                   use an environment that exists (one with a CUDA torch): glmvit goes into it
 #   CONSTRAINTS=                        install without constraints.txt's exact versions (keep what the machine has)
 #   PIP_FLAGS=--no-index                extra pip flags (--no-index: install nothing from the network)
 #   EXTRAS=                             install glmvit alone, without the test/notebook tools
@@ -26,7 +27,7 @@ OLDEST_VENV ?= $(VENV)/oldest
 .PHONY: demo test test-gpu test-oldest lab explorer env browser
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
-	$(strip $(PYTHON) -m venv $(VENV_FLAGS) $(VENV))
+	test -x $(BIN)/python || $(strip $(PYTHON) -m venv $(VENV_FLAGS) $(VENV))
 	$(PIP_INSTALL) -e "$(if $(EXTRAS),.[$(EXTRAS)],.)"
 	touch $(STAMP)
 

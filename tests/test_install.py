@@ -191,6 +191,21 @@ def test_env_knobs_reach_venv_and_pip():
     assert "-c " not in cuda and "--no-index" in cuda and '-e "."' in cuda
 
 
+def test_an_existing_environment_is_installed_into_not_recreated(tmp_path):
+    """VENV may name an environment that already holds a CUDA torch: make installs into it, never runs `venv` over it."""
+    python = tmp_path / "bin" / "python"  # stands in for the environment's python: records how it was called
+    python.parent.mkdir()
+    python.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/calls\n')
+    python.chmod(0o755)
+    out = subprocess.run(
+        ["make", "-B", f"VENV={tmp_path}", "PYTHON=false", "CONSTRAINTS=", "env"],  # PYTHON=false: `venv` would fail
+        cwd=ROOT, env=make_env(), capture_output=True, text=True,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (tmp_path / "calls").read_text().split() == ["-m", "pip", "install", "--quiet", "-e", ".[test,notebooks]"]
+    assert (tmp_path / ".glmvit-installed").exists()
+
+
 def test_test_oldest_installs_pyprojects_lowest_transformers():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     (bound,) = [Requirement(d).specifier for d in project["dependencies"] if Requirement(d).name == "transformers"]
