@@ -1,17 +1,34 @@
 # Two commands do all set-up on a fresh machine:  `make demo`  and  `make test`.
 # Both create the virtual environment (.venv) from pyproject.toml + constraints.txt when it is missing.
-PYTHON ?= python3
-VENV   ?= .venv
-EXTRAS ?= test,notebooks
-BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.glmvit-installed
-PYTEST_NB := --nbval-lax --nbval-current-env --nbval-cell-timeout=600 -p no:cacheprovider
+#
+# Knobs (all optional; README "Set-up" says when to use them):
+#   VENV_FLAGS=--system-site-packages   let .venv see the machine's own packages (a preinstalled CUDA torch)
+#   VENV=/path/to/env                   use an environment that exists (one with a CUDA torch): glmvit goes into it
+#   CONSTRAINTS=                        install without constraints.txt's exact versions (keep what the machine has)
+#   PIP_FLAGS=--no-index                extra pip flags (--no-index: install nothing from the network)
+#   EXTRAS=                             install glmvit alone, without the test/notebook tools
+#   HOST=0.0.0.0 PORT=8899              where `make lab` / `make explorer` listen (default 127.0.0.1, 8888 / 8866)
+PYTHON      ?= python3
+VENV        ?= .venv
+VENV_FLAGS  ?=
+CONSTRAINTS ?= constraints.txt
+PIP_FLAGS   ?=
+EXTRAS      ?= test,notebooks
+HOST        ?= 127.0.0.1
+PORT        ?=
+BIN         := $(VENV)/bin
+STAMP       := $(VENV)/.glmvit-installed
+PIP_INSTALL := $(strip $(BIN)/python -m pip install --quiet $(PIP_FLAGS) $(if $(CONSTRAINTS),-c $(CONSTRAINTS)))
+PYTEST_NB   := --nbval-lax --nbval-current-env --nbval-cell-timeout=600 -p no:cacheprovider
+# The oldest transformers pyproject.toml allows, read from it, and the venv `make test-oldest` puts it in.
+TRANSFORMERS_OLDEST := $(shell sed -n 's/^ *"transformers *>= *\([0-9.]*\).*/\1/p' pyproject.toml)
+OLDEST_VENV ?= $(VENV)/oldest
 
-.PHONY: demo test test-gpu lab explorer env browser
+.PHONY: demo test test-gpu test-oldest lab explorer env browser
 
-$(STAMP): pyproject.toml constraints.txt
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	test -x $(BIN)/python || $(strip $(PYTHON) -m venv $(VENV_FLAGS) $(VENV))
+	$(PIP_INSTALL) -e "$(if $(EXTRAS),.[$(EXTRAS)],.)"
 	touch $(STAMP)
 
 env: $(STAMP)
@@ -29,13 +46,23 @@ test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -m "gpu or multigpu" tests
 	$(BIN)/python -m pytest $(PYTEST_NB) notebooks
 
-## The walkthrough in JupyterLab.
+## The lower end of the supported range: the processing tests under the oldest transformers pyproject.toml allows,
+## in a venv of its own ($(OLDEST_VENV)); torch as constraints.txt pins it (or the machine's, with CONSTRAINTS=).
+test-oldest:
+	test -x $(OLDEST_VENV)/bin/python || $(strip $(PYTHON) -m venv $(VENV_FLAGS) $(OLDEST_VENV))
+	$(if $(CONSTRAINTS),grep -E '^torch==' $(CONSTRAINTS),true) > $(OLDEST_VENV)/torch-constraint.txt
+	$(strip $(OLDEST_VENV)/bin/python -m pip install --quiet $(PIP_FLAGS)) -c $(OLDEST_VENV)/torch-constraint.txt \
+	    -e . "transformers==$(TRANSFORMERS_OLDEST)" "pytest>=8.0"
+	$(OLDEST_VENV)/bin/python -c "import glmvit.processing, transformers; print('transformers', transformers.__version__)"
+	$(OLDEST_VENV)/bin/python -m pytest -p no:cacheprovider tests/test_processing.py
+
+## The walkthrough in JupyterLab (no browser is opened: open the printed URL; root is allowed, as in containers).
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab notebooks/ --no-browser --allow-root --ip=$(HOST) --port=$(or $(PORT),8888)
 
 ## The budget explorer as a standalone page (Voilà).
 explorer: $(STAMP)
-	$(BIN)/voila notebooks/explorer.ipynb
+	$(BIN)/voila notebooks/explorer.ipynb --no-browser --Voila.ip=$(HOST) --port=$(or $(PORT),8866)
 
 browser:
 	@command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || \
