@@ -10,9 +10,12 @@ case and the parametrised tests below read them. Oracles, computed in every rank
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
+import functools
 import json
 import os
+import time
 import traceback
 
 import numpy as np
@@ -21,17 +24,23 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from glmvit import VisionConfig
+from glmvit import VisionConfig, parallel
 from glmvit.graphs import EncoderGraphRunner
 from glmvit.model import GlmVisionEncoder
 from glmvit.packing import BudgetConfig
 from glmvit.parallel import (
+    CHECKSUM_MODULUS,
+    FINGERPRINT_FIELDS,
     Assignment,
     DataParallelEncoder,
+    RankFailed,
+    RequestMismatch,
     balance_items,
     encode_data_parallel,
     free_port,
     patch_counts_of,
+    pixel_checksum,
+    request_fingerprint,
     round_robin_items,
 )
 from glmvit.random_weights import randomize_
@@ -120,6 +129,47 @@ def test_patch_counts_are_input_rows():
     assert patch_counts_of(torch.zeros(0, 3, dtype=torch.long)) == []
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# The request fingerprint (pure)
+# ---------------------------------------------------------------------------------------------------------------
+def _checksum_reference(x):
+    """pixel_checksum spelled out with Python integers: no chunks, no int64, no modulus until the end."""
+    bits = x.contiguous().view(torch.int16).tolist()
+    rows = [sum(r) for r in bits]
+    cols = [sum(c) for c in zip(*bits, strict=True)]
+    p = CHECKSUM_MODULUS
+    return [sum(rows), sum((i + 1) * s for i, s in enumerate(rows)) % p,
+            sum((j + 1) * s for j, s in enumerate(cols)) % p]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk", [1 << 20, 50, 1])  # one chunk; several rows per chunk, ragged end; one row each
+def test_pixel_checksum_is_exact_whatever_the_chunks(monkeypatch, dtype, chunk):
+    x = (torch.randn(37, 24, generator=torch.Generator().manual_seed(1)) * 1e4).to(dtype)
+    x[3, 5], x[4, 6], x[5, 7] = float("nan"), float("inf"), -0.0  # bits, not values: NaN equals itself here
+    monkeypatch.setattr(parallel, "CHUNK_ELEMENTS", chunk)
+    assert pixel_checksum(x).tolist() == _checksum_reference(x)
+
+
+def test_fingerprint_tells_same_size_requests_apart(tiny_config):
+    pixels, grid = random_batch([[1, 4, 4], [1, 4, 4]], tiny_config, seed=0)
+    grids = grid.numpy()
+    base = request_fingerprint(pixels, grids)
+
+    def differs(p, g=grids):
+        other = request_fingerprint(p, np.asarray(g))
+        return {f for f, a, b in zip(FINGERPRINT_FIELDS, other.tolist(), base.tolist(), strict=True) if a != b}
+
+    one_ulp = pixels.clone()
+    one_ulp[20, 7] = torch.nextafter(one_ulp[20, 7], torch.tensor(float("inf")))
+    swapped = torch.cat([pixels[16:], pixels[:16]])  # the two images in the other order: the same grids
+    bgr = pixels.view(32, 3, -1).flip(1).reshape(32, -1)  # channels in the other order: every row keeps its values
+    assert differs(pixels.clone()) == set()
+    assert differs(one_ulp) == differs(swapped) == differs(bgr) == {"pixels"}
+    assert differs(pixels, [[1, 2, 8], [1, 4, 4]]) == {"grid_thw"}
+    assert "dtype" in differs(pixels.to(torch.bfloat16))
+
+
 def test_needs_an_initialised_group():
     assert not dist.is_initialized()
     with pytest.raises(RuntimeError, match="initialised process group"):
@@ -194,12 +244,113 @@ def _check_case(dp, engine, model, grids_list, seed, tol):
 
 def _mismatch_raises_everywhere(dp, model):
     grids = [[1, 4, 4]] if dist.get_rank() == 0 else [[1, 4, 6]]
+    _expect(functools.partial(dp.run, *random_batch(grids, model.config, seed=0)), RequestMismatch,
+            "rank 1 differs from rank 0 in rows, grid_thw, pixels")
+
+
+# ---- faults: every rank raises the same way, before the gather, and the next request works --------------------
+def _expect(call, error_type, *fragments):
+    """``call()`` must raise ``error_type`` with every fragment in its message; returns the error."""
     try:
-        dp.run(*random_batch(grids, model.config, seed=0))
-    except ValueError as err:
-        assert "disagree" in str(err) and "rank 1" in str(err)
+        call()
+    except error_type as err:
+        assert all(f in str(err) for f in fragments), f"{fragments} not all in: {err}"
+        return err
+    raise AssertionError(f"expected {error_type.__name__}, nothing was raised")
+
+
+def _stream(model, k):
+    """Request k of a stream of same-size images (two 4×4-patch images): every request passes a grid-only check."""
+    pixels, grids = random_batch([[1, 4, 4], [1, 4, 4]], model.config, seed=1000 + k)
+    return pixels.to(model.device), grids
+
+
+def _works(dp, model, request, tol, **kwargs):
+    """The request goes through and every item equals its per-item eager forward."""
+    pixels, grids = request
+    outs = dp.run(pixels, grids, **kwargs)
+    assert len(outs) == len(grids)
+    start = np.concatenate([[0], np.cumsum(patch_counts_of(grids))]).astype(int)
+    with torch.inference_mode():
+        for i, out in enumerate(outs):
+            ref = model(pixels[start[i] : start[i + 1]], grids[i : i + 1])
+            torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+
+
+def _skip_with_request_ids(engine, model, tol):
+    dp, rank, last = DataParallelEncoder(engine), dist.get_rank(), dist.get_world_size() - 1
+    _works(dp, model, _stream(model, 0), tol, request_id=0)
+    k = 2 if rank == last else 1  # the last rank's caller caught a preprocessing error on request 1 and skipped it
+    err = _expect(functools.partial(dp.run, *_stream(model, k), request_id=k), RequestMismatch, "out of step",
+                  f"rank {last} at request 2", "continue from request_id 3")
+    assert err.request_ids == [1] * last + [2] and err.resume_at == 3
+    if rank == 0:  # a rank that does not resume at resume_at is refused, and the others hear of it
+        _expect(functools.partial(dp.run, *_stream(model, 2), request_id=2), ValueError, "request_id 2 is spent")
     else:
-        raise AssertionError("a request that differs across ranks was accepted")
+        _expect(functools.partial(dp.run, *_stream(model, 3), request_id=3), RankFailed,
+                "before encoding on rank(s) [0]", "request_id 2 is spent")
+    _works(dp, model, _stream(model, 4), tol, request_id=4)
+
+
+def _skip_without_request_ids(engine, model, tol):
+    dp, rank, last = DataParallelEncoder(engine), dist.get_rank(), dist.get_world_size() - 1
+    _works(dp, model, _stream(model, 0), tol)
+    ahead = int(rank == last)  # the last rank skipped request 1: from then on it is one request ahead
+    for k in (1, 2):  # out of step, every call raises on every rank: never another request's items
+        _expect(functools.partial(dp.run, *_stream(model, k + ahead)), RequestMismatch,
+                f"rank {last} differs from rank 0 in pixels", "nothing was encoded")
+    _works(dp, model, _stream(model, 4), tol)  # the callers realigned their streams
+
+
+def _pixels_differ(engine, model, tol):
+    dp = DataParallelEncoder(engine)
+    pixels, grids = _stream(model, 0)
+    if dist.get_rank() == 1:
+        pixels = pixels.clone()
+        pixels[-1, -1] += 1
+    err = _expect(functools.partial(dp.run, pixels, grids), RequestMismatch, "rank 1 differs from rank 0 in pixels")
+    assert "rank 2" not in str(err)
+    _works(dp, model, _stream(model, 1), tol)
+
+
+def _bad_input_on_one_rank(engine, model, tol):
+    dp = DataParallelEncoder(engine)
+    pixels, grids = _stream(model, 0)
+    if dist.get_rank() == 1:
+        _expect(functools.partial(dp.run, pixels[:-1], grids), ValueError, "rows")
+    else:
+        _expect(functools.partial(dp.run, pixels, grids), RankFailed, "before encoding on rank(s) [1]", "rows")
+    _works(dp, model, _stream(model, 1), tol)
+
+
+@contextlib.contextmanager
+def _runner_raises(runner):
+    def boom(*args, **kwargs):
+        raise RuntimeError("injected fault inside the runner")
+
+    runner.run = boom  # the instance attribute shadows the method
+    try:
+        yield
+    finally:
+        del runner.run
+
+
+def _encode_fails_on_one_rank(runner, model, tol):
+    dp = DataParallelEncoder(runner)
+    request = _stream(model, 0)  # two items: ranks 0 and 1 encode one each, a third rank none
+    if dist.get_rank() == 1:
+        with _runner_raises(runner):
+            _expect(functools.partial(dp.run, *request), RuntimeError, "injected fault")
+    else:
+        err = _expect(functools.partial(dp.run, *request), RankFailed, "while encoding on rank(s) [1]",
+                      "RuntimeError: injected fault")
+        assert err.failures == {1: "RuntimeError: injected fault inside the runner"}
+    _works(dp, model, _stream(model, 1), tol)
+
+
+FAULTS = {"skip_with_request_ids": _skip_with_request_ids, "skip_without_request_ids": _skip_without_request_ids,
+          "pixels_differ": _pixels_differ, "bad_input_on_one_rank": _bad_input_on_one_rank,
+          "encode_fails_on_one_rank": _encode_fails_on_one_rank}
 
 
 def _worker(rank, world, port, outdir, backend):
@@ -238,6 +389,12 @@ def _worker(rank, world, port, outdir, backend):
                 verdicts[key] = "ok"
             except Exception:
                 verdicts[key] = traceback.format_exc()
+        for name, fault in FAULTS.items():
+            try:
+                fault(runner, model, tol)
+                verdicts[f"fault:{name}"] = "ok"
+            except Exception:
+                verdicts[f"fault:{name}"] = traceback.format_exc()
     except Exception:
         verdicts["setup"] = traceback.format_exc()
     finally:
@@ -254,9 +411,16 @@ def _check_function(runner, model, tol):
         torch.testing.assert_close(torch.cat(outs), model(pixels.to(model.device), grids), atol=tol, rtol=tol)
 
 
-def _spawn(world, backend, tmp_path_factory):
+def _spawn(world, backend, tmp_path_factory, deadline_s=120):
+    """Run ``_worker`` on ``world`` ranks; kill them all if they outlive ``deadline_s`` (a hang fails, never waits)."""
     outdir = str(tmp_path_factory.mktemp(f"dp_{backend}_{world}"))
-    mp.spawn(_worker, args=(world, free_port(), outdir, backend), nprocs=world, join=True)
+    context = mp.spawn(_worker, args=(world, free_port(), outdir, backend), nprocs=world, join=False)
+    deadline = time.monotonic() + deadline_s
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for proc in context.processes:
+                proc.kill()
+            raise AssertionError(f"{world} {backend} ranks still running after {deadline_s} s")
     return [json.load(open(os.path.join(outdir, f"rank{r}.json"))) for r in range(world)]
 
 
@@ -266,7 +430,7 @@ def gloo_verdicts(tmp_path_factory):
 
 
 VERDICT_KEYS = ([f"runner:{c}" for c in CASES] + [f"eager:{c}" for c in ("mixed", "one_item", "empty")]
-                + ["mismatch", "after_mismatch", "function"])
+                + ["mismatch", "after_mismatch", "function"] + [f"fault:{name}" for name in FAULTS])
 
 
 def _assert_verdicts(per_rank, key):

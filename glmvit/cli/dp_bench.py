@@ -118,8 +118,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip timing the same requests single-process on rank 0")
-    parser.add_argument("--check-every-request", action="store_true",
-                        help="keep the cross-rank input check on while timing (one extra tiny collective)")
     parser.add_argument("--json", metavar="PATH", help="rank 0 writes results and provenance here")
     args = parser.parse_args(argv)
     if args.num_requests < 1 or args.warmup < 0 or args.items_per_request < 1:
@@ -158,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # -- verify the first request: DP vs per-item eager (tolerance), and per rank vs a local re-run (bitwise)
         first_pixels, first_grid = requests[0]
-        outs = dp.run(first_pixels, first_grid, check=True)
+        outs = dp.run(first_pixels, first_grid)
         sizes = patch_counts_of(first_grid)
         assignment = balance_items(sizes, world)
         row_start = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
@@ -188,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # -- time the data-parallel path
         def dp_call(p, g):
-            dp.run(p, g, check=args.check_every_request)
+            dp.run(p, g)
 
         _time_requests(dp_call, requests[: args.warmup], device)
         dp.stats = DPStats()
@@ -250,7 +248,6 @@ def main(argv: list[str] | None = None) -> int:
                     "workload": {"bucket_config": {str(k): v for k, v in buckets.items()},
                                  "items_per_request": args.items_per_request, "range_ratio": args.range_ratio,
                                  "num_requests": args.num_requests, "warmup": args.warmup, "seed": args.seed},
-                    "check_every_request": args.check_every_request,
                     "encoder_forward_ms": dps, "single_process_ms": sps,
                     "speedup_mean": sps["mean_ms"] / dps["mean_ms"] if sps else None,
                     "mean_imbalance": imbalance, "per_rank": per_rank, "verification": verification,
