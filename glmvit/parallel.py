@@ -130,9 +130,35 @@ def patch_counts_of(grid_thw) -> list[int]:
 # What the ranks agree on before encoding (pure, local)
 # ---------------------------------------------------------------------------------------------------------------
 CHECKSUM_MODULUS = 2**31 - 1  # a Mersenne prime: every weighted term stays below 2⁶², so int64 never overflows
-CHUNK_ELEMENTS = 1 << 20  # the int64 working copy of the pixel bits, per step: 8 MiB
+CHUNK_ELEMENTS = 1 << 22  # off the CPU, the int64 working copy of the pixel bits is made in steps of 32 MiB
 FINGERPRINT_FIELDS = ("items", "rows", "width", "dtype", "grid_thw", "pixels", "pixels", "pixels")
 MESSAGE_BYTES = 256  # a failing rank's one-line error travels to the others, UTF-8, truncated to this
+
+
+def _row_col_sums_numpy(bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row and column sums in int64 of a CPU integer tensor (numpy widens in small blocks: no int64 copy)."""
+    a = bits.numpy()
+    return torch.from_numpy(a.sum(axis=1, dtype=np.int64)), torch.from_numpy(a.sum(axis=0, dtype=np.int64))
+
+
+def _row_col_sums_torch(bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same on any device, through int64 copies of ``CHUNK_ELEMENTS`` at a time."""
+    rows, width = bits.shape
+    step = max(1, CHUNK_ELEMENTS // max(width, 1))
+    row_sums = [torch.zeros(0, dtype=torch.int64, device=bits.device)]
+    col_sums = torch.zeros(width, dtype=torch.int64, device=bits.device)
+    for r0 in range(0, rows, step):
+        chunk = bits[r0 : r0 + step].to(torch.int64)
+        row_sums.append(chunk.sum(dim=1))
+        col_sums += chunk.sum(dim=0)
+    return torch.cat(row_sums), col_sums
+
+
+def _weighted_mod(sums: torch.Tensor) -> torch.Tensor:
+    """Σ_i (i+1)·sums_i mod p, every term below 2⁶² (p = 2³¹−1)."""
+    p = CHECKSUM_MODULUS
+    weights = torch.arange(1, len(sums) + 1, dtype=torch.int64, device=sums.device) % p
+    return (sums % p * weights % p).sum() % p
 
 
 def pixel_checksum(pixel_values: torch.Tensor) -> torch.Tensor:
@@ -140,28 +166,16 @@ def pixel_checksum(pixel_values: torch.Tensor) -> torch.Tensor:
 
     The bits are read as 16-bit integers (8-bit for 1-byte dtypes) and summed in int64, so NaN, ±0 and rounding play
     no part and the order of summation does not matter: (Σ all, Σ_r (r+1)·rowsum_r mod p, Σ_c (c+1)·colsum_c mod p)
-    with p = 2³¹−1. Cost: one pass over the pixels, in 8 MiB int64 chunks, two reductions per chunk. It catches any
-    change of a single value, rows in another order (items swapped) and columns in another order (channels swapped);
-    it misses changes that keep every column sum and the row-weighted sum (+d and −d at the four corners of a
-    rectangle, say) and any collision made on purpose: it guards against accidents, not adversaries.
+    with p = 2³¹−1; the definition does not depend on the device. Cost: one read of the pixels (numpy on the CPU;
+    elsewhere int64 copies of 32 MiB at a time, a few kernels each). It catches any change of a single value, rows in
+    another order (items swapped) and columns in another order (channels swapped); it misses changes that keep every
+    column sum and the row-weighted sum (+d and −d at the four corners of a rectangle, say) and any collision made on
+    purpose: it guards against accidents, not adversaries.
     """
-    x = pixel_values.contiguous()
+    x = pixel_values.detach().contiguous()
     bits = x.view(torch.int8 if x.element_size() == 1 else torch.int16)
-    rows, width = bits.shape
-    p, device = CHECKSUM_MODULUS, bits.device
-    total = torch.zeros((), dtype=torch.int64, device=device)
-    row_weighted = torch.zeros((), dtype=torch.int64, device=device)
-    col_sums = torch.zeros(width, dtype=torch.int64, device=device)
-    step = max(1, CHUNK_ELEMENTS // max(width, 1))
-    for r0 in range(0, rows, step):
-        chunk = bits[r0 : r0 + step].to(torch.int64)
-        row_sums = chunk.sum(dim=1)
-        weights = torch.arange(r0 + 1, r0 + 1 + chunk.shape[0], dtype=torch.int64, device=device) % p
-        total += row_sums.sum()
-        row_weighted = (row_weighted + (row_sums % p * weights % p).sum()) % p
-        col_sums += chunk.sum(dim=0)
-    col_weights = torch.arange(1, width + 1, dtype=torch.int64, device=device)
-    return torch.stack([total, row_weighted, (col_sums % p * col_weights % p).sum() % p])
+    row_sums, col_sums = (_row_col_sums_numpy if bits.device.type == "cpu" else _row_col_sums_torch)(bits)
+    return torch.stack([row_sums.sum(), _weighted_mod(row_sums), _weighted_mod(col_sums)])
 
 
 def request_fingerprint(pixel_values: torch.Tensor, grids: np.ndarray) -> torch.Tensor:
