@@ -32,6 +32,7 @@ from glmvit.parallel import (
     CHECKSUM_MODULUS,
     FINGERPRINT_FIELDS,
     Assignment,
+    CollectiveError,
     DataParallelEncoder,
     RankFailed,
     RequestMismatch,
@@ -417,22 +418,23 @@ def _check_function(runner, model, tol):
         torch.testing.assert_close(torch.cat(outs), model(pixels.to(model.device), grids), atol=tol, rtol=tol)
 
 
-def _spawn(world, backend, tmp_path_factory, deadline_s=120):
-    """Run ``_worker`` on ``world`` ranks; kill them all if they outlive ``deadline_s`` (a hang fails, never waits)."""
-    outdir = str(tmp_path_factory.mktemp(f"dp_{backend}_{world}"))
-    context = mp.spawn(_worker, args=(world, free_port(), outdir, backend), nprocs=world, join=False)
+def _spawn(worker, world, outdir, *args, deadline_s=120):
+    """Run ``worker(rank, world, port, outdir, *args)`` on ``world`` ranks and read each rank's JSON record; kill
+    them all if they outlive ``deadline_s`` (a hang fails the test, it never waits for it)."""
+    context = mp.spawn(worker, args=(world, free_port(), outdir, *args), nprocs=world, join=False)
     deadline = time.monotonic() + deadline_s
     while not context.join(timeout=1):
         if time.monotonic() > deadline:
             for proc in context.processes:
                 proc.kill()
-            raise AssertionError(f"{world} {backend} ranks still running after {deadline_s} s")
+            raise AssertionError(f"{world} ranks of {worker.__name__} still running after {deadline_s} s")
     return [json.load(open(os.path.join(outdir, f"rank{r}.json"))) for r in range(world)]
 
 
 @pytest.fixture(scope="module")
 def gloo_verdicts(tmp_path_factory):
-    return {world: _spawn(world, "gloo", tmp_path_factory) for world in (2, 3)}
+    return {world: _spawn(_worker, world, str(tmp_path_factory.mktemp(f"dp_gloo_{world}")), "gloo")
+            for world in (2, 3)}
 
 
 VERDICT_KEYS = ([f"runner:{c}" for c in CASES] + [f"eager:{c}" for c in ("mixed", "one_item", "empty")]
@@ -455,6 +457,53 @@ def test_gloo_data_parallel(gloo_verdicts, world, key):
 @pytest.mark.multigpu
 @pytest.mark.timeout(300)
 def test_nccl_data_parallel_with_cuda_graphs(tmp_path_factory):
-    per_rank = _spawn(2, "nccl", tmp_path_factory)
+    per_rank = _spawn(_worker, 2, str(tmp_path_factory.mktemp("dp_nccl")), "nccl", deadline_s=280)
     for key in VERDICT_KEYS:
         _assert_verdicts(per_rank, key)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A stuck rank: the collective timeout turns it into an error (gloo, 2 ranks, a 2 s timeout)
+# ---------------------------------------------------------------------------------------------------------------
+STUCK_TIMEOUT_S = 2
+
+
+def _stuck_rank_worker(rank, world, port, outdir):
+    record = {}
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=STUCK_TIMEOUT_S))
+        model = randomize_(GlmVisionEncoder(VisionConfig.tiny()), seed=0).eval()
+        dp = DataParallelEncoder(model)
+        request = _stream(model, 0)
+        dp.run(*request)  # every rank is up and in step
+        if rank == 1:  # rank 1 hangs inside its encode for longer than the timeout, then carries on
+            forward = model.forward
+            model.forward = lambda *a, **k: time.sleep(STUCK_TIMEOUT_S + 1) or forward(*a, **k)
+        start = time.monotonic()
+        try:
+            dp.run(*request)
+            record["error"] = None
+        except CollectiveError as err:
+            record["error"] = str(err)
+        record["seconds"] = time.monotonic() - start
+    except Exception:
+        record["setup"] = traceback.format_exc()
+    finally:
+        with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+            json.dump(record, f)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@pytest.mark.timeout(90)
+def test_a_stuck_rank_becomes_an_error_within_the_timeout(tmp_path):
+    waiting, stuck = _spawn(_stuck_rank_worker, 2, str(tmp_path), deadline_s=60)
+    assert "setup" not in waiting and "setup" not in stuck, waiting.get("setup") or stuck.get("setup")
+    assert waiting["error"] and "rank 0: request 1: the status exchange did not complete" in waiting["error"]
+    assert STUCK_TIMEOUT_S - 0.5 <= waiting["seconds"] <= STUCK_TIMEOUT_S + 3  # the timeout, plus a loaded CI's slack
+    # the stuck rank, once awake, finds nobody in the exchange: an error too, not a hang and not an abort
+    assert stuck["error"] and "rank 1: request 1: the status exchange did not complete" in stuck["error"]
+    assert stuck["seconds"] <= 2 * STUCK_TIMEOUT_S + 1 + 3
+
