@@ -347,6 +347,10 @@ class DataParallelEncoder:
         message = _pack_message(_one_line(error) if error else "")
         return torch.cat([head.to(self.comm_device), fingerprint.to(self.comm_device), message.to(self.comm_device)])
 
+    def _status(self, error: Exception | None) -> torch.Tensor:
+        head = torch.tensor([error is not None], dtype=torch.int64)
+        return torch.cat([head, _pack_message(_one_line(error) if error else "")]).to(self.comm_device)
+
     def _raise_failures(self, failed: np.ndarray, messages: np.ndarray, error: Exception | None, request_id: int,
                         stage: str) -> None:
         """If any rank failed: the failing ranks raise their own error, every other rank :class:`RankFailed`."""
@@ -469,23 +473,27 @@ class DataParallelEncoder:
         times = {"check": t_checked - start, "local": 0.0, "sync": 0.0, "gather": 0.0}
         results: list[torch.Tensor] = []
         if sizes:  # every rank agreed on the same request: an empty one has nothing to encode or gather
-            mine = assignment.ranks[self.rank]
-            row_start = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-            local_outs, error = self._encode_or_error(pixel_values, grids, mine, row_start,
-                                                      sum(tokens[i] for i in mine))
-            t_local = time.perf_counter()
-            status = self._exchange(torch.cat([torch.tensor([error is not None]),
-                                               _pack_message(_one_line(error) if error else "")]).to(self.comm_device),
-                                    "status exchange", rid)
-            self._raise_failures(status[:, 0] != 0, status[:, 1:], error, rid, "while encoding")
-            t_synced = time.perf_counter()
-            results = self._gather(local_outs, assignment, tokens, rid)
-            self._sync()
-            times.update(local=t_local - t_checked, sync=t_synced - t_local, gather=time.perf_counter() - t_synced)
+            results = self._encode_and_gather(pixel_values, grids, assignment, tokens, rid, times)
         self._record(rid, assignment, tokens, times, time.perf_counter() - start)
         return results
 
     __call__ = run
+
+    def _encode_and_gather(self, pixel_values: torch.Tensor, grids: np.ndarray, assignment: Assignment,
+                           tokens: list[int], request_id: int, times: dict) -> list[torch.Tensor]:
+        """Encode this rank's items, agree that every rank succeeded, gather; fills ``times`` (seconds)."""
+        t0 = time.perf_counter()
+        mine = assignment.ranks[self.rank]
+        row_start = np.concatenate([[0], np.cumsum(grids.prod(axis=1))]).astype(np.int64)
+        local_outs, error = self._encode_or_error(pixel_values, grids, mine, row_start, sum(tokens[i] for i in mine))
+        t_local = time.perf_counter()
+        status = self._exchange(self._status(error), "status exchange", request_id)
+        self._raise_failures(status[:, 0] != 0, status[:, 1:], error, request_id, "while encoding")
+        t_synced = time.perf_counter()
+        results = self._gather(local_outs, assignment, tokens, request_id)
+        self._sync()
+        times.update(local=t_local - t0, sync=t_synced - t_local, gather=time.perf_counter() - t_synced)
+        return results
 
     def _record(self, request_id: int, assignment: Assignment, tokens: list[int], times: dict, total_s: float) -> None:
         s, mine = self.stats, assignment.ranks[self.rank]
