@@ -516,7 +516,7 @@ def test_a_stuck_rank_becomes_an_error_within_the_timeout(tmp_path):
 # The tool: glmvit.cli.dp_bench under torchrun (2 gloo ranks) and as `python -m glmvit dp-bench` (a world of one)
 # ---------------------------------------------------------------------------------------------------------------
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DP_BENCH_ARGS = ["--num-requests", "3", "--warmup", "1", "--fault-drill", "--timeout", "30"]
+DP_BENCH_ARGS = ["--device", "cpu", "--num-requests", "3", "--warmup", "1", "--fault-drill", "--timeout", "30"]
 
 
 def _run_killable(cmd, env, timeout_s):

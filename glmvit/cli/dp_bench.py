@@ -6,6 +6,7 @@ against per-item eager and writes the JSON::
     torchrun --nproc-per-node 2 -m glmvit.cli.dp_bench --modality video --items-per-request 2 \\
         --num-requests 200 --fault-drill --json data/bench/dp_video_2gpu.json
     torchrun --standalone --nproc-per-node 2 -m glmvit.cli.dp_bench --num-requests 20   # CPU, gloo
+    torchrun --standalone --nproc-per-node 2 -m glmvit.cli.dp_bench --device cpu         # the same on a GPU host
 
 ``--timeout`` (seconds, default 300) is the process group's collective timeout: a rank that waits longer than that
 for another one fails instead of hanging (gloo raises on the waiting ranks; NCCL's watchdog ends the process).
@@ -54,6 +55,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3, help="untimed requests first (default 3)")
     parser.add_argument("--mode", choices=["graph", "eager"], default="graph",
                         help="graph: EncoderGraphRunner (CUDA graphs on GPU, emulated on CPU); eager: model.forward")
+    parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                        help="auto: one CUDA GPU per rank over NCCL when CUDA is available, else the CPU over gloo")
     parser.add_argument("--config", choices=["auto", "tiny", "full"], default="auto",
                         help="auto: full GLM-4.1V tower in bf16 on CUDA, tiny in fp32 on CPU")
     parser.add_argument("--seed", type=int, default=0)
@@ -71,6 +74,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--num-requests and --items-per-request must be ≥ 1, --warmup ≥ 0")
     if not 0.0 <= args.range_ratio <= 1.0 or args.seed < 0 or not args.timeout > 0:
         parser.error("--range-ratio must be in [0, 1], --seed ≥ 0 and --timeout > 0")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA GPU is available here (torch.cuda.is_available() is False)")
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         if args.bucket_config:
             args.bucket_config = parse_bucket_config(args.bucket_config)
@@ -81,15 +88,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def init_distributed(timeout_s: float) -> tuple[int, int, torch.device]:
-    """Initialise the default group from torchrun's environment (a 1-rank group without it): nccl on CUDA, else gloo,
-    with ``timeout_s`` as the collective timeout."""
+def init_distributed(device_type: str, timeout_s: float) -> tuple[int, int, torch.device]:
+    """Initialise the default group from torchrun's environment (a 1-rank group without it): nccl on CUDA, gloo on
+    the CPU, with ``timeout_s`` as the collective timeout."""
     if "RANK" not in os.environ:  # plain `python -m glmvit dp-bench`: a world of one
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(free_port()))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     timeout = datetime.timedelta(seconds=timeout_s)
-    if torch.cuda.is_available():
+    if device_type == "cuda":
         if local_rank >= torch.cuda.device_count():
             raise RuntimeError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} CUDA devices are visible")
         device = torch.device("cuda", local_rank)
@@ -408,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
-    rank, world, device = init_distributed(args.timeout)
+    rank, world, device = init_distributed(args.device, args.timeout)
     try:
         b = setup(args, rank, world, device)
         verification, first_outs = verify_first_request(b)
