@@ -7,6 +7,11 @@ case and the parametrised tests below read them. Oracles, computed in every rank
 - the same runner on the same per-rank batch in-process (``torch.equal``): the gather moves bytes, it must not
   change a single bit, and shapes there match exactly;
 - rank 0's result broadcast (``torch.equal``): every rank returns the same list.
+
+The fault cases (``FAULTS``) run in the same spawns: a rank that skips a request, pixels that differ under equal grids,
+bad input or an encode error on one rank; each must raise on every rank before the gather, and the next request must
+work. A stuck rank (the collective timeout) and the ``dp_bench`` tool (torchrun, with its fault drill) get their own
+processes, each killed if it outlives its deadline.
 """
 from __future__ import annotations
 
