@@ -11,9 +11,23 @@ This is vLLM's ``mm_encoder_tp_mode="data"`` for the vision tower (vLLM's ``run_
    count (a rank without items sends only padding), and after the gather every rank strips the padding and puts the
    items back in input order. Every rank returns the full list.
 
-Works with NCCL (CUDA tensors) and gloo (CPU tensors). Every rank must be given the same request; by default a
-small all-gather of (item count, rows, grid CRC, width) checks that before anything else, so a mismatch raises the
-same clear error on every rank instead of hanging in the big gather.
+Works with NCCL (CUDA tensors) and gloo (CPU tensors). :meth:`DataParallelEncoder.run` keeps the ranks in step with
+two small all-gathers around the encode, so that the ranks never fall out of step silently:
+
+- **Before encoding** every rank sends a header: its request id (the caller's ``request_id``, or a per-rank call
+  counter), whether it could take the request (a bad grid, a bad id), and a fingerprint of the request
+  (:func:`request_fingerprint`: item count, rows, width, dtype, CRC-32 of grid_thw, and an exact checksum of the pixel
+  bits). Different ids or fingerprints raise :class:`RequestMismatch` (a ``ValueError``) on every rank, with the
+  request id where every rank can continue (``resume_at``); a rank that could not take the request raises its own
+  error and every other rank raises :class:`RankFailed`. Nothing is encoded in either case.
+- **After encoding** every rank sends whether its encode succeeded. A failure on any rank raises there (the original
+  error) and :class:`RankFailed` everywhere else; nobody enters the data gather, so nothing aborts or hangs, and the
+  next request works.
+- **Timeouts**: a rank that never arrives (stuck, killed) is bounded by the process group's timeout
+  (``init_process_group(timeout=...)``; gloo's default is 30 minutes, :mod:`glmvit.cli.dp_bench` sets
+  ``--timeout``). gloo then raises on the waiting ranks, reported as :class:`CollectiveError`; the group is not
+  usable afterwards (destroy it and start again). NCCL's watchdog enforces the same timeout by tearing the process
+  down. Errors that are not a timeout (a peer raised) never need it: they arrive through the exchanges above.
 
 The demo / benchmark on top of this is :mod:`glmvit.cli.dp_bench` (launched with torchrun).
 """
@@ -113,19 +127,126 @@ def patch_counts_of(grid_thw) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# What the ranks agree on before encoding (pure, local)
+# ---------------------------------------------------------------------------------------------------------------
+CHECKSUM_MODULUS = 2**31 - 1  # a Mersenne prime: every weighted term stays below 2⁶², so int64 never overflows
+CHUNK_ELEMENTS = 1 << 22  # off the CPU, the int64 working copy of the pixel bits is made in steps of 32 MiB
+FINGERPRINT_FIELDS = ("items", "rows", "width", "dtype", "grid_thw", "pixels", "pixels", "pixels")
+MESSAGE_BYTES = 256  # a failing rank's one-line error travels to the others, UTF-8, truncated to this
+
+
+def _row_col_sums_numpy(bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row and column sums in int64 of a CPU integer tensor (numpy widens in small blocks: no int64 copy)."""
+    a = bits.numpy()
+    return torch.from_numpy(a.sum(axis=1, dtype=np.int64)), torch.from_numpy(a.sum(axis=0, dtype=np.int64))
+
+
+def _row_col_sums_torch(bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same on any device, through int64 copies of ``CHUNK_ELEMENTS`` at a time."""
+    rows, width = bits.shape
+    step = max(1, CHUNK_ELEMENTS // max(width, 1))
+    row_sums = [torch.zeros(0, dtype=torch.int64, device=bits.device)]
+    col_sums = torch.zeros(width, dtype=torch.int64, device=bits.device)
+    for r0 in range(0, rows, step):
+        chunk = bits[r0 : r0 + step].to(torch.int64)
+        row_sums.append(chunk.sum(dim=1))
+        col_sums += chunk.sum(dim=0)
+    return torch.cat(row_sums), col_sums
+
+
+def _weighted_mod(sums: torch.Tensor) -> torch.Tensor:
+    """Σ_i (i+1)·sums_i mod p, every term below 2⁶² (p = 2³¹−1)."""
+    p = CHECKSUM_MODULUS
+    weights = torch.arange(1, len(sums) + 1, dtype=torch.int64, device=sums.device) % p
+    return (sums % p * weights % p).sum() % p
+
+
+def pixel_checksum(pixel_values: torch.Tensor) -> torch.Tensor:
+    """An exact checksum of the bits of a [rows, width] tensor: int64 [3] on its device, the same on every rank.
+
+    The bits are read as 16-bit integers (8-bit for 1-byte dtypes) and summed in int64, so NaN, ±0 and rounding play
+    no part and the order of summation does not matter: (Σ all, Σ_r (r+1)·rowsum_r mod p, Σ_c (c+1)·colsum_c mod p)
+    with p = 2³¹−1; the definition does not depend on the device. Cost: one read of the pixels (numpy on the CPU;
+    elsewhere int64 copies of 32 MiB at a time, a few kernels each). It catches any change of a single value, rows in
+    another order (items swapped) and columns in another order (channels swapped); it misses changes that keep every
+    column sum and the row-weighted sum (+d and −d at the four corners of a rectangle, say) and any collision made on
+    purpose: it guards against accidents, not adversaries.
+    """
+    x = pixel_values.detach().contiguous()
+    bits = x.view(torch.int8 if x.element_size() == 1 else torch.int16)
+    row_sums, col_sums = (_row_col_sums_numpy if bits.device.type == "cpu" else _row_col_sums_torch)(bits)
+    return torch.stack([row_sums.sum(), _weighted_mod(row_sums), _weighted_mod(col_sums)])
+
+
+def request_fingerprint(pixel_values: torch.Tensor, grids: np.ndarray) -> torch.Tensor:
+    """What every rank must agree on, int64 [8] on the pixels' device (names in ``FINGERPRINT_FIELDS``): items,
+    rows, width, CRC-32 of the dtype's name, CRC-32 of grid_thw, and :func:`pixel_checksum`."""
+    shape = [len(grids), int(pixel_values.shape[0]), int(pixel_values.shape[1]),
+             zlib.crc32(str(pixel_values.dtype).encode()),
+             zlib.crc32(np.ascontiguousarray(grids, dtype=np.int64).tobytes())]
+    head = torch.tensor(shape, dtype=torch.int64, device=pixel_values.device)
+    return torch.cat([head, pixel_checksum(pixel_values)])
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
+def _pack_message(text: str) -> torch.Tensor:
+    data = np.zeros(MESSAGE_BYTES, dtype=np.uint8)
+    raw = text.encode("utf-8")[:MESSAGE_BYTES]
+    data[: len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+    return torch.from_numpy(data.view(np.int64).copy())
+
+
+def _unpack_message(words: np.ndarray) -> str:
+    return np.ascontiguousarray(words, dtype=np.int64).tobytes().rstrip(b"\0").decode("utf-8", "replace")
+
+
+class RequestMismatch(ValueError):
+    """The ranks were given different requests or are out of step: raised on every rank, before anything is encoded.
+
+    ``request_ids[q]`` is rank q's request id. Every rank continues with a request id ≥ ``resume_at``: the ids up to
+    it are spent on every rank (a rank that offers one gets an error saying so).
+    """
+
+    def __init__(self, message: str, request_ids: list[int], resume_at: int):
+        super().__init__(message)
+        self.request_ids, self.resume_at = request_ids, resume_at
+
+
+class RankFailed(RuntimeError):
+    """Another rank failed this request (``failures``: rank → its error in one line); no rank returned anything.
+
+    The failing rank itself raises its own error. The ranks stay in step: the next request works.
+    """
+
+    def __init__(self, message: str, request_id: int, failures: dict[int, str]):
+        super().__init__(message)
+        self.request_id, self.failures = request_id, failures
+
+
+class CollectiveError(RuntimeError):
+    """An exchange did not complete: a rank stuck past the process group's timeout, a rank gone, or ranks out of
+    step in another collective. The process group is not usable afterwards."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The data-parallel encoder
 # ---------------------------------------------------------------------------------------------------------------
 @dataclass
 class DPStats:
-    """Counters since construction; ``last`` describes the most recent call."""
+    """Counters over the requests that returned since construction; ``last`` describes the most recent one."""
 
     calls: int = 0
     items: int = 0
     local_items: int = 0  # items this rank encoded
     local_tokens: int = 0  # output tokens this rank encoded
+    check_s: float = 0.0  # validate + fingerprint + the header exchange (waits for the last rank to arrive)
     local_s: float = 0.0  # select + encode on this rank (synchronised on CUDA)
-    gather_s: float = 0.0  # pack + all_gather + unpack; includes waiting for the slowest rank
-    check_s: float = 0.0  # the cross-rank input check
+    sync_s: float = 0.0  # the status exchange: waiting for the slowest rank to finish encoding
+    gather_s: float = 0.0  # pack + all_gather + unpack of the outputs (everyone has finished encoding by then)
     total_s: float = 0.0
     imbalance_sum: float = 0.0
     last: dict = field(default_factory=dict)
@@ -158,21 +279,24 @@ def _comm_device(group) -> torch.device:
     return torch.device("cpu")
 
 
-def request_signature(pixel_values: torch.Tensor, grids: np.ndarray) -> list[int]:
-    """Cheap fingerprint of a request that every rank must agree on: items, rows, CRC-32 of grid_thw, row width."""
-    crc = zlib.crc32(np.ascontiguousarray(grids, dtype=np.int64).tobytes())
-    return [len(grids), int(pixel_values.shape[0]), crc, int(pixel_values.shape[1]) if pixel_values.ndim == 2 else -1]
+def _check_request_id(request_id, last: int) -> int:
+    if isinstance(request_id, bool) or not isinstance(request_id, numbers.Integral) or request_id < 0:
+        raise ValueError(f"request_id must be a non-negative integer, got {request_id!r}")
+    if request_id <= last:
+        raise ValueError(f"request_id {request_id} is spent on this rank (the last one was {last}): request ids "
+                         "must increase (after a RequestMismatch, continue from its resume_at)")
+    return int(request_id)
 
 
 class DataParallelEncoder:
     """Encode a request across the ranks of ``group`` (default: the world); see the module docstring.
 
     ``encoder_or_runner`` is an :class:`~glmvit.graphs.EncoderGraphRunner` (captured) or a
-    :class:`~glmvit.model.GlmVisionEncoder` (eager). Every rank must construct one with the same weights.
-    ``check_inputs``: all-gather a request fingerprint first and raise on disagreement (one tiny extra collective).
+    :class:`~glmvit.model.GlmVisionEncoder` (eager). Every rank must construct one with the same weights, and call
+    :meth:`run` with the same requests in the same order.
     """
 
-    def __init__(self, encoder_or_runner, group=None, check_inputs: bool = True):
+    def __init__(self, encoder_or_runner, group=None):
         _require_group(group)
         self.runner: EncoderGraphRunner | None
         if isinstance(encoder_or_runner, EncoderGraphRunner):
@@ -183,28 +307,89 @@ class DataParallelEncoder:
             raise TypeError("expected an EncoderGraphRunner or a GlmVisionEncoder, "
                             f"got {type(encoder_or_runner).__name__}")
         self.group = group
-        self.check_inputs = check_inputs
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         self.backend = dist.get_backend(group)
         self.comm_device = _comm_device(group)
         self.stats = DPStats()
+        self.last_request_id = -1  # the last id this rank spent; ids must increase
 
-    # ---- pieces --------------------------------------------------------------------------------------------
+    # ---- the exchanges -------------------------------------------------------------------------------------
+    def _exchange(self, row: torch.Tensor, phase: str, request_id: int) -> np.ndarray:
+        """All-gather one small int64 row per rank: [world_size, len(row)] on the host."""
+        parts = [torch.empty_like(row) for _ in range(self.world_size)]
+        try:
+            dist.all_gather(parts, row, group=self.group)
+        except RuntimeError as err:  # gloo's timeouts and closed connections (DistBackendError is one)
+            raise CollectiveError(f"rank {self.rank}: request {request_id}: the {phase} did not complete (a rank is "
+                                  "stuck past the process group's timeout, gone, or out of step): "
+                                  f"{_one_line(err)}") from err
+        return torch.stack(parts).cpu().numpy()
+
+    def _prepare(self, pixel_values, grid_thw, request_id):
+        """This rank's request id, grids, fingerprint, or the error that stops it taking the request (never raises:
+        the other ranks must hear of it)."""
+        rid, grids, fingerprint = -1, None, None
+        try:
+            rid = self.last_request_id + 1 if request_id is None else _check_request_id(request_id,
+                                                                                       self.last_request_id)
+            self.last_request_id = rid
+            grids = self.model.check_inputs(pixel_values, grid_thw)
+            fingerprint = request_fingerprint(pixel_values, grids)
+        except Exception as err:
+            return rid, None, None, err
+        return rid, grids, fingerprint, None
+
+    def _header(self, request_id: int, fingerprint: torch.Tensor | None, error: Exception | None) -> torch.Tensor:
+        head = torch.tensor([request_id, error is not None], dtype=torch.int64)
+        if fingerprint is None:
+            fingerprint = torch.zeros(len(FINGERPRINT_FIELDS), dtype=torch.int64)
+        message = _pack_message(_one_line(error) if error else "")
+        return torch.cat([head.to(self.comm_device), fingerprint.to(self.comm_device), message.to(self.comm_device)])
+
+    def _status(self, error: Exception | None) -> torch.Tensor:
+        head = torch.tensor([error is not None], dtype=torch.int64)
+        return torch.cat([head, _pack_message(_one_line(error) if error else "")]).to(self.comm_device)
+
+    def _raise_failures(self, failed: np.ndarray, messages: np.ndarray, error: Exception | None, request_id: int,
+                        stage: str) -> None:
+        """If any rank failed: the failing ranks raise their own error, every other rank :class:`RankFailed`."""
+        if not failed.any():
+            return
+        if error is not None:
+            raise error
+        failures = {int(q): _unpack_message(messages[q]) for q in np.flatnonzero(failed)}
+        text = "; ".join(f"rank {q}: {m}" for q, m in failures.items())
+        raise RankFailed(f"rank {self.rank}: request {request_id} failed {stage} on rank(s) {sorted(failures)} "
+                         f"({text}); no rank returns results for it, the next request can proceed",
+                         request_id, failures)
+
+    def _agree(self, table: np.ndarray, request_id: int, error: Exception | None) -> None:
+        """Raise the same error on every rank unless every rank took the same request (ids and fingerprints)."""
+        n = len(FINGERPRINT_FIELDS)
+        ids, fingerprints = table[:, 0], table[:, 2 : 2 + n]
+        self._raise_failures(table[:, 1] != 0, table[:, 2 + n :], error, request_id, "before encoding")
+        resume_at = int(ids.max()) + 1
+        self.last_request_id = resume_at - 1
+        if (ids != ids[0]).any():
+            where = ", ".join(f"rank {q} at request {i}" for q, i in enumerate(ids.tolist()))
+            raise RequestMismatch(f"the ranks are out of step ({where}): a rank skipped or repeated a request; "
+                                  f"nothing was encoded; every rank must continue from request_id {resume_at}",
+                                  ids.tolist(), resume_at)
+        differ = [q for q in range(1, self.world_size) if (fingerprints[q] != fingerprints[0]).any()]
+        if differ:
+            what = "; ".join(f"rank {q} differs from rank 0 in "
+                             + ", ".join(dict.fromkeys(f for f, a, b in zip(FINGERPRINT_FIELDS, fingerprints[q],
+                                                                            fingerprints[0], strict=True) if a != b))
+                             for q in differ)
+            raise RequestMismatch(f"request {request_id}: the ranks were given different requests ({what}); nothing "
+                                  "was encoded; every rank must pass the same pixel_values and grid_thw in the same "
+                                  "order (pass request_id to find a rank that skipped one)", ids.tolist(), resume_at)
+
+    # ---- the pieces ----------------------------------------------------------------------------------------
     def _sync(self) -> None:
         if self.model.device.type == "cuda" or self.comm_device.type == "cuda":
             torch.cuda.current_stream().synchronize()
-
-    def _check(self, pixel_values: torch.Tensor, grids: np.ndarray) -> None:
-        mine = torch.tensor(request_signature(pixel_values, grids), dtype=torch.int64, device=self.comm_device)
-        everyone = [torch.empty_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(everyone, mine, group=self.group)
-        rows = [t.tolist() for t in everyone]
-        if any(r != rows[0] for r in rows):
-            table = "; ".join(f"rank {q}: items={r[0]} rows={r[1]} grid_crc={r[2]:#010x} width={r[3]}"
-                              for q, r in enumerate(rows))
-            raise ValueError("data-parallel encoding needs the same request (pixel_values, grid_thw) on every rank, "
-                             f"but the ranks disagree: {table}")
 
     def _encode_local(self, pixel_values: torch.Tensor, grids: np.ndarray, items: Sequence[int],
                       row_start: np.ndarray) -> list[torch.Tensor]:
@@ -218,29 +403,44 @@ class DataParallelEncoder:
         m2 = self.model.config.merge_area
         return list(out.split([int(row_start[i + 1] - row_start[i]) // m2 for i in items]))
 
-    def _gather(self, local_outs: list[torch.Tensor], assignment: Assignment, tokens: list[int]) -> list[torch.Tensor]:
+    def _encode_or_error(self, pixel_values: torch.Tensor, grids: np.ndarray, items: Sequence[int],
+                         row_start: np.ndarray, expected_tokens: int):
+        """This rank's outputs, or the error that stopped them (never raises: the other ranks must hear of it)."""
+        try:
+            outs = self._encode_local(pixel_values, grids, items, row_start)
+            self._sync()
+            got = sum(int(o.shape[0]) for o in outs)
+            if got != expected_tokens:
+                raise RuntimeError(f"rank {self.rank}: encoded {got} tokens but the assignment expects "
+                                   f"{expected_tokens}")
+        except Exception as err:
+            return [], err
+        return outs, None
+
+    def _gather(self, local_outs: list[torch.Tensor], assignment: Assignment, tokens: list[int],
+                request_id: int) -> list[torch.Tensor]:
         """Pad to the largest rank, all-gather, strip padding, reorder to input order."""
         width = self.model.config.out_hidden_size
         dtype = self.model.dtype
-        rank_tokens = [sum(tokens[i] for i in items) for items in assignment.ranks]
-        pad_to = max(rank_tokens)
+        pad_to = max(sum(tokens[i] for i in items) for items in assignment.ranks)
         send = torch.zeros(pad_to, width, dtype=dtype, device=self.comm_device)
         offset = 0
         for out in local_outs:
             send[offset : offset + out.shape[0]].copy_(out)
             offset += out.shape[0]
-        if offset != rank_tokens[self.rank]:
-            raise RuntimeError(f"rank {self.rank}: encoded {offset} tokens but the assignment expects "
-                               f"{rank_tokens[self.rank]}")
         # gloo does not reduce anything here, it only moves bytes: ship 2-byte floats as int16 (bf16-safe, bitwise).
         wire = send.view(torch.int16) if self.backend != "nccl" and send.element_size() == 2 else send
-        if self.backend == "nccl":
-            gathered = torch.empty(self.world_size * pad_to, width, dtype=wire.dtype, device=wire.device)
-            dist.all_gather_into_tensor(gathered, wire, group=self.group)
-            parts = list(gathered.view(self.world_size, pad_to, width))
-        else:
-            parts = [torch.empty_like(wire) for _ in range(self.world_size)]
-            dist.all_gather(parts, wire, group=self.group)
+        try:
+            if self.backend == "nccl":
+                gathered = torch.empty(self.world_size * pad_to, width, dtype=wire.dtype, device=wire.device)
+                dist.all_gather_into_tensor(gathered, wire, group=self.group)
+                parts = list(gathered.view(self.world_size, pad_to, width))
+            else:
+                parts = [torch.empty_like(wire) for _ in range(self.world_size)]
+                dist.all_gather(parts, wire, group=self.group)
+        except RuntimeError as err:
+            raise CollectiveError(f"rank {self.rank}: request {request_id}: the output gather did not complete: "
+                                  f"{_one_line(err)}") from err
         if wire is not send:
             parts = [p.view(dtype) for p in parts]
         results: list[torch.Tensor | None] = [None] * len(tokens)
@@ -253,61 +453,75 @@ class DataParallelEncoder:
         return [out for out in results if out is not None]  # every item belongs to exactly one rank
 
     # ---- the call ------------------------------------------------------------------------------------------
-    def run(self, pixel_values: torch.Tensor, grid_thw, check: bool | None = None) -> list[torch.Tensor]:
+    def run(self, pixel_values: torch.Tensor, grid_thw, request_id: int | None = None) -> list[torch.Tensor]:
         """The full request's per-item outputs [tokens_i, out_hidden_size], in input order, on every rank.
 
-        Returned tensors are views of one freshly allocated gather buffer (never of a graph's static buffer).
+        ``request_id``: the request's place in the caller's stream (increasing; gaps allowed). Without it each rank
+        numbers its calls, which still catches different requests (their fingerprints differ) but cannot say which
+        rank skipped one. Raises :class:`RequestMismatch`, :class:`RankFailed` (or this rank's own error) and
+        :class:`CollectiveError` as the module docstring says. Returned tensors are views of one freshly allocated
+        gather buffer (never of a graph's static buffer).
         """
         start = time.perf_counter()
-        grids = self.model.check_inputs(pixel_values, grid_thw)
-        check = self.check_inputs if check is None else check
-        if check:
-            self._check(pixel_values, grids)
+        rid, grids, fingerprint, error = self._prepare(pixel_values, grid_thw, request_id)
+        self._agree(self._exchange(self._header(rid, fingerprint, error), "request check", rid), rid, error)
+        assert grids is not None  # _agree raised this rank's error otherwise
         t_checked = time.perf_counter()
         sizes = [int(t * h * w) for t, h, w in grids]
-        m2 = self.model.config.merge_area
-        tokens = [s // m2 for s in sizes]
+        tokens = [s // self.model.config.merge_area for s in sizes]
         assignment = balance_items(sizes, self.world_size)
-        mine = assignment.ranks[self.rank]
-        if not sizes:  # every rank sees the same empty request: nothing to gather
-            results: list[torch.Tensor] = []
-            local_s = gather_s = 0.0
-        else:
-            row_start = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-            local_outs = self._encode_local(pixel_values, grids, mine, row_start)
-            self._sync()
-            t_local = time.perf_counter()
-            results = self._gather(local_outs, assignment, tokens)
-            self._sync()
-            local_s, gather_s = t_local - t_checked, time.perf_counter() - t_local
-        s = self.stats
-        s.calls += 1
-        s.items += len(sizes)
-        s.local_items += len(mine)
-        s.local_tokens += sum(tokens[i] for i in mine)
-        s.local_s += local_s
-        s.gather_s += gather_s
-        s.check_s += t_checked - start
-        s.imbalance_sum += assignment.imbalance
-        s.total_s += time.perf_counter() - start
-        s.last = {
-            "rank": self.rank,
-            "items_per_rank": assignment.counts,
-            "tokens_per_rank": [sum(tokens[i] for i in items) for items in assignment.ranks],
-            "patches_per_rank": list(assignment.loads),
-            "imbalance": assignment.imbalance,
-            "local_ms": local_s * 1e3,
-            "gather_ms": gather_s * 1e3,
-        }
+        times = {"check": t_checked - start, "local": 0.0, "sync": 0.0, "gather": 0.0}
+        results: list[torch.Tensor] = []
+        if sizes:  # every rank agreed on the same request: an empty one has nothing to encode or gather
+            results = self._encode_and_gather(pixel_values, grids, assignment, tokens, rid, times)
+        self._record(rid, assignment, tokens, times, time.perf_counter() - start)
         return results
 
     __call__ = run
 
+    def _encode_and_gather(self, pixel_values: torch.Tensor, grids: np.ndarray, assignment: Assignment,
+                           tokens: list[int], request_id: int, times: dict) -> list[torch.Tensor]:
+        """Encode this rank's items, agree that every rank succeeded, gather; fills ``times`` (seconds)."""
+        t0 = time.perf_counter()
+        mine = assignment.ranks[self.rank]
+        row_start = np.concatenate([[0], np.cumsum(grids.prod(axis=1))]).astype(np.int64)
+        local_outs, error = self._encode_or_error(pixel_values, grids, mine, row_start, sum(tokens[i] for i in mine))
+        t_local = time.perf_counter()
+        status = self._exchange(self._status(error), "status exchange", request_id)
+        self._raise_failures(status[:, 0] != 0, status[:, 1:], error, request_id, "while encoding")
+        t_synced = time.perf_counter()
+        results = self._gather(local_outs, assignment, tokens, request_id)
+        self._sync()
+        times.update(local=t_local - t0, sync=t_synced - t_local, gather=time.perf_counter() - t_synced)
+        return results
 
-def encode_data_parallel(runner_or_model, pixel_values: torch.Tensor, grid_thw, group=None,
-                         check_inputs: bool = True) -> list[torch.Tensor]:
+    def _record(self, request_id: int, assignment: Assignment, tokens: list[int], times: dict, total_s: float) -> None:
+        s, mine = self.stats, assignment.ranks[self.rank]
+        s.calls += 1
+        s.items += len(tokens)
+        s.local_items += len(mine)
+        s.local_tokens += sum(tokens[i] for i in mine)
+        s.check_s += times["check"]
+        s.local_s += times["local"]
+        s.sync_s += times["sync"]
+        s.gather_s += times["gather"]
+        s.total_s += total_s
+        s.imbalance_sum += assignment.imbalance
+        s.last = {
+            "rank": self.rank,
+            "request_id": request_id,
+            "items_per_rank": assignment.counts,
+            "tokens_per_rank": [sum(tokens[i] for i in items) for items in assignment.ranks],
+            "patches_per_rank": list(assignment.loads),
+            "imbalance": assignment.imbalance,
+            **{f"{k}_ms": v * 1e3 for k, v in times.items()},
+            "total_ms": total_s * 1e3,
+        }
+
+
+def encode_data_parallel(runner_or_model, pixel_values: torch.Tensor, grid_thw, group=None) -> list[torch.Tensor]:
     """One-shot :meth:`DataParallelEncoder.run` (build a :class:`DataParallelEncoder` once to keep its stats)."""
-    return DataParallelEncoder(runner_or_model, group=group, check_inputs=check_inputs).run(pixel_values, grid_thw)
+    return DataParallelEncoder(runner_or_model, group=group).run(pixel_values, grid_thw)
 
 
 def free_port() -> int:

@@ -7,12 +7,23 @@ case and the parametrised tests below read them. Oracles, computed in every rank
 - the same runner on the same per-rank batch in-process (``torch.equal``): the gather moves bytes, it must not
   change a single bit, and shapes there match exactly;
 - rank 0's result broadcast (``torch.equal``): every rank returns the same list.
+
+The fault cases (``FAULTS``) run in the same spawns: a rank that skips a request, pixels that differ under equal grids,
+bad input or an encode error on one rank; each must raise on every rank before the gather, and the next request must
+work. A stuck rank (the collective timeout) and the ``dp_bench`` tool (torchrun, with its fault drill) get their own
+processes, each killed if it outlives its deadline.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
+import functools
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 import traceback
 
 import numpy as np
@@ -21,17 +32,25 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from glmvit import VisionConfig
+from glmvit import VisionConfig, parallel
+from glmvit.cli import main as glmvit_main
 from glmvit.graphs import EncoderGraphRunner
 from glmvit.model import GlmVisionEncoder
 from glmvit.packing import BudgetConfig
 from glmvit.parallel import (
+    CHECKSUM_MODULUS,
+    FINGERPRINT_FIELDS,
     Assignment,
+    CollectiveError,
     DataParallelEncoder,
+    RankFailed,
+    RequestMismatch,
     balance_items,
     encode_data_parallel,
     free_port,
     patch_counts_of,
+    pixel_checksum,
+    request_fingerprint,
     round_robin_items,
 )
 from glmvit.random_weights import randomize_
@@ -120,6 +139,53 @@ def test_patch_counts_are_input_rows():
     assert patch_counts_of(torch.zeros(0, 3, dtype=torch.long)) == []
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# The request fingerprint (pure)
+# ---------------------------------------------------------------------------------------------------------------
+def _checksum_reference(x):
+    """pixel_checksum spelled out with Python integers: no chunks, no int64, no modulus until the end."""
+    bits = x.contiguous().view(torch.int16).tolist()
+    rows = [sum(r) for r in bits]
+    cols = [sum(c) for c in zip(*bits, strict=True)]
+    p = CHECKSUM_MODULUS
+    return [sum(rows), sum((i + 1) * s for i, s in enumerate(rows)) % p,
+            sum((j + 1) * s for j, s in enumerate(cols)) % p]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pixel_checksum_is_exact(monkeypatch, dtype):
+    x = (torch.randn(37, 24, generator=torch.Generator().manual_seed(1)) * 1e4).to(dtype)
+    x[3, 5], x[4, 6], x[5, 7] = float("nan"), float("inf"), -0.0  # bits, not values: NaN equals itself here
+    assert pixel_checksum(x).tolist() == _checksum_reference(x)
+    # the path taken off the CPU gives the same sums, whatever its chunks: one, several rows each with a ragged
+    # end, one row each
+    bits = x.view(torch.int16)
+    numpy_sums = parallel._row_col_sums_numpy(bits)
+    for chunk in (1 << 22, 50, 1):
+        monkeypatch.setattr(parallel, "CHUNK_ELEMENTS", chunk)
+        for got, expected in zip(parallel._row_col_sums_torch(bits), numpy_sums, strict=True):
+            assert torch.equal(got, expected)
+
+
+def test_fingerprint_tells_same_size_requests_apart(tiny_config):
+    pixels, grid = random_batch([[1, 4, 4], [1, 4, 4]], tiny_config, seed=0)
+    grids = grid.numpy()
+    base = request_fingerprint(pixels, grids)
+
+    def differs(p, g=grids):
+        other = request_fingerprint(p, np.asarray(g))
+        return {f for f, a, b in zip(FINGERPRINT_FIELDS, other.tolist(), base.tolist(), strict=True) if a != b}
+
+    one_ulp = pixels.clone()
+    one_ulp[20, 7] = torch.nextafter(one_ulp[20, 7], torch.tensor(float("inf")))
+    swapped = torch.cat([pixels[16:], pixels[:16]])  # the two images in the other order: the same grids
+    bgr = pixels.view(32, 3, -1).flip(1).reshape(32, -1)  # channels in the other order: every row keeps its values
+    assert differs(pixels.clone()) == set()
+    assert differs(one_ulp) == differs(swapped) == differs(bgr) == {"pixels"}
+    assert differs(pixels, [[1, 2, 8], [1, 4, 4]]) == {"grid_thw"}
+    assert "dtype" in differs(pixels.to(torch.bfloat16))
+
+
 def test_needs_an_initialised_group():
     assert not dist.is_initialized()
     with pytest.raises(RuntimeError, match="initialised process group"):
@@ -194,12 +260,113 @@ def _check_case(dp, engine, model, grids_list, seed, tol):
 
 def _mismatch_raises_everywhere(dp, model):
     grids = [[1, 4, 4]] if dist.get_rank() == 0 else [[1, 4, 6]]
+    _expect(functools.partial(dp.run, *random_batch(grids, model.config, seed=0)), RequestMismatch,
+            "rank 1 differs from rank 0 in rows, grid_thw, pixels")
+
+
+# ---- faults: every rank raises the same way, before the gather, and the next request works --------------------
+def _expect(call, error_type, *fragments):
+    """``call()`` must raise ``error_type`` with every fragment in its message; returns the error."""
     try:
-        dp.run(*random_batch(grids, model.config, seed=0))
-    except ValueError as err:
-        assert "disagree" in str(err) and "rank 1" in str(err)
+        call()
+    except error_type as err:
+        assert all(f in str(err) for f in fragments), f"{fragments} not all in: {err}"
+        return err
+    raise AssertionError(f"expected {error_type.__name__}, nothing was raised")
+
+
+def _stream(model, k):
+    """Request k of a stream of same-size images (two 4×4-patch images): every request passes a grid-only check."""
+    pixels, grids = random_batch([[1, 4, 4], [1, 4, 4]], model.config, seed=1000 + k)
+    return pixels.to(model.device), grids
+
+
+def _works(dp, model, request, tol, **kwargs):
+    """The request goes through and every item equals its per-item eager forward."""
+    pixels, grids = request
+    outs = dp.run(pixels, grids, **kwargs)
+    assert len(outs) == len(grids)
+    start = np.concatenate([[0], np.cumsum(patch_counts_of(grids))]).astype(int)
+    with torch.inference_mode():
+        for i, out in enumerate(outs):
+            ref = model(pixels[start[i] : start[i + 1]], grids[i : i + 1])
+            torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+
+
+def _skip_with_request_ids(engine, model, tol):
+    dp, rank, last = DataParallelEncoder(engine), dist.get_rank(), dist.get_world_size() - 1
+    _works(dp, model, _stream(model, 0), tol, request_id=0)
+    k = 2 if rank == last else 1  # the last rank's caller caught a preprocessing error on request 1 and skipped it
+    err = _expect(functools.partial(dp.run, *_stream(model, k), request_id=k), RequestMismatch, "out of step",
+                  f"rank {last} at request 2", "continue from request_id 3")
+    assert err.request_ids == [1] * last + [2] and err.resume_at == 3
+    if rank == 0:  # a rank that does not resume at resume_at is refused, and the others hear of it
+        _expect(functools.partial(dp.run, *_stream(model, 2), request_id=2), ValueError, "request_id 2 is spent")
     else:
-        raise AssertionError("a request that differs across ranks was accepted")
+        _expect(functools.partial(dp.run, *_stream(model, 3), request_id=3), RankFailed,
+                "before encoding on rank(s) [0]", "request_id 2 is spent")
+    _works(dp, model, _stream(model, 4), tol, request_id=4)
+
+
+def _skip_without_request_ids(engine, model, tol):
+    dp, rank, last = DataParallelEncoder(engine), dist.get_rank(), dist.get_world_size() - 1
+    _works(dp, model, _stream(model, 0), tol)
+    ahead = int(rank == last)  # the last rank skipped request 1: from then on it is one request ahead
+    for k in (1, 2):  # out of step, every call raises on every rank: never another request's items
+        _expect(functools.partial(dp.run, *_stream(model, k + ahead)), RequestMismatch,
+                f"rank {last} differs from rank 0 in pixels", "nothing was encoded")
+    _works(dp, model, _stream(model, 4), tol)  # the callers realigned their streams
+
+
+def _pixels_differ(engine, model, tol):
+    dp = DataParallelEncoder(engine)
+    pixels, grids = _stream(model, 0)
+    if dist.get_rank() == 1:
+        pixels = pixels.clone()
+        pixels[-1, -1] += 1
+    err = _expect(functools.partial(dp.run, pixels, grids), RequestMismatch, "rank 1 differs from rank 0 in pixels")
+    assert "rank 2" not in str(err)
+    _works(dp, model, _stream(model, 1), tol)
+
+
+def _bad_input_on_one_rank(engine, model, tol):
+    dp = DataParallelEncoder(engine)
+    pixels, grids = _stream(model, 0)
+    if dist.get_rank() == 1:
+        _expect(functools.partial(dp.run, pixels[:-1], grids), ValueError, "rows")
+    else:
+        _expect(functools.partial(dp.run, pixels, grids), RankFailed, "before encoding on rank(s) [1]", "rows")
+    _works(dp, model, _stream(model, 1), tol)
+
+
+@contextlib.contextmanager
+def _runner_raises(runner):
+    def boom(*args, **kwargs):
+        raise RuntimeError("injected fault inside the runner")
+
+    runner.run = boom  # the instance attribute shadows the method
+    try:
+        yield
+    finally:
+        del runner.run
+
+
+def _encode_fails_on_one_rank(runner, model, tol):
+    dp = DataParallelEncoder(runner)
+    request = _stream(model, 0)  # two items: ranks 0 and 1 encode one each, a third rank none
+    if dist.get_rank() == 1:
+        with _runner_raises(runner):
+            _expect(functools.partial(dp.run, *request), RuntimeError, "injected fault")
+    else:
+        err = _expect(functools.partial(dp.run, *request), RankFailed, "while encoding on rank(s) [1]",
+                      "RuntimeError: injected fault")
+        assert err.failures == {1: "RuntimeError: injected fault inside the runner"}
+    _works(dp, model, _stream(model, 1), tol)
+
+
+FAULTS = {"skip_with_request_ids": _skip_with_request_ids, "skip_without_request_ids": _skip_without_request_ids,
+          "pixels_differ": _pixels_differ, "bad_input_on_one_rank": _bad_input_on_one_rank,
+          "encode_fails_on_one_rank": _encode_fails_on_one_rank}
 
 
 def _worker(rank, world, port, outdir, backend):
@@ -238,6 +405,12 @@ def _worker(rank, world, port, outdir, backend):
                 verdicts[key] = "ok"
             except Exception:
                 verdicts[key] = traceback.format_exc()
+        for name, fault in FAULTS.items():
+            try:
+                fault(runner, model, tol)
+                verdicts[f"fault:{name}"] = "ok"
+            except Exception:
+                verdicts[f"fault:{name}"] = traceback.format_exc()
     except Exception:
         verdicts["setup"] = traceback.format_exc()
     finally:
@@ -254,19 +427,27 @@ def _check_function(runner, model, tol):
         torch.testing.assert_close(torch.cat(outs), model(pixels.to(model.device), grids), atol=tol, rtol=tol)
 
 
-def _spawn(world, backend, tmp_path_factory):
-    outdir = str(tmp_path_factory.mktemp(f"dp_{backend}_{world}"))
-    mp.spawn(_worker, args=(world, free_port(), outdir, backend), nprocs=world, join=True)
+def _spawn(worker, world, outdir, *args, deadline_s=120):
+    """Run ``worker(rank, world, port, outdir, *args)`` on ``world`` ranks and read each rank's JSON record; kill
+    them all if they outlive ``deadline_s`` (a hang fails the test, it never waits for it)."""
+    context = mp.spawn(worker, args=(world, free_port(), outdir, *args), nprocs=world, join=False)
+    deadline = time.monotonic() + deadline_s
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for proc in context.processes:
+                proc.kill()
+            raise AssertionError(f"{world} ranks of {worker.__name__} still running after {deadline_s} s")
     return [json.load(open(os.path.join(outdir, f"rank{r}.json"))) for r in range(world)]
 
 
 @pytest.fixture(scope="module")
 def gloo_verdicts(tmp_path_factory):
-    return {world: _spawn(world, "gloo", tmp_path_factory) for world in (2, 3)}
+    return {world: _spawn(_worker, world, str(tmp_path_factory.mktemp(f"dp_gloo_{world}")), "gloo")
+            for world in (2, 3)}
 
 
 VERDICT_KEYS = ([f"runner:{c}" for c in CASES] + [f"eager:{c}" for c in ("mixed", "one_item", "empty")]
-                + ["mismatch", "after_mismatch", "function"])
+                + ["mismatch", "after_mismatch", "function"] + [f"fault:{name}" for name in FAULTS])
 
 
 def _assert_verdicts(per_rank, key):
@@ -285,6 +466,121 @@ def test_gloo_data_parallel(gloo_verdicts, world, key):
 @pytest.mark.multigpu
 @pytest.mark.timeout(300)
 def test_nccl_data_parallel_with_cuda_graphs(tmp_path_factory):
-    per_rank = _spawn(2, "nccl", tmp_path_factory)
+    per_rank = _spawn(_worker, 2, str(tmp_path_factory.mktemp("dp_nccl")), "nccl", deadline_s=280)
     for key in VERDICT_KEYS:
         _assert_verdicts(per_rank, key)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A stuck rank: the collective timeout turns it into an error (gloo, 2 ranks, a 2 s timeout)
+# ---------------------------------------------------------------------------------------------------------------
+STUCK_TIMEOUT_S = 2
+
+
+def _stuck_rank_worker(rank, world, port, outdir):
+    record = {}
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=STUCK_TIMEOUT_S))
+        model = randomize_(GlmVisionEncoder(VisionConfig.tiny()), seed=0).eval()
+        dp = DataParallelEncoder(model)
+        request = _stream(model, 0)
+        dp.run(*request)  # every rank is up and in step
+        if rank == 1:  # rank 1 hangs inside its encode for longer than the timeout, then carries on
+            forward = model.forward
+            model.forward = lambda *a, **k: time.sleep(STUCK_TIMEOUT_S + 1) or forward(*a, **k)
+        start = time.monotonic()
+        try:
+            dp.run(*request)
+            record["error"] = None
+        except CollectiveError as err:
+            record["error"] = str(err)
+        record["seconds"] = time.monotonic() - start
+    except Exception:
+        record["setup"] = traceback.format_exc()
+    finally:
+        with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+            json.dump(record, f)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@pytest.mark.timeout(90)
+def test_a_stuck_rank_becomes_an_error_within_the_timeout(tmp_path):
+    waiting, stuck = _spawn(_stuck_rank_worker, 2, str(tmp_path), deadline_s=60)
+    assert "setup" not in waiting and "setup" not in stuck, waiting.get("setup") or stuck.get("setup")
+    assert waiting["error"] and "rank 0: request 1: the status exchange did not complete" in waiting["error"]
+    assert STUCK_TIMEOUT_S - 0.5 <= waiting["seconds"] <= STUCK_TIMEOUT_S + 3  # the timeout, plus a loaded CI's slack
+    # the stuck rank, once awake, finds nobody in the exchange: an error too, not a hang and not an abort
+    assert stuck["error"] and "rank 1: request 1: the status exchange did not complete" in stuck["error"]
+    assert stuck["seconds"] <= 2 * STUCK_TIMEOUT_S + 1 + 3
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The tool: glmvit.cli.dp_bench under torchrun (2 gloo ranks) and as `python -m glmvit dp-bench` (a world of one)
+# ---------------------------------------------------------------------------------------------------------------
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DP_BENCH_ARGS = ["--device", "cpu", "--num-requests", "3", "--warmup", "1", "--fault-drill", "--timeout", "30"]
+
+
+def _run_killable(cmd, env, timeout_s):
+    """subprocess.run in its own process group: on timeout the launcher AND its workers are killed."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError(f"{' '.join(cmd)} still running after {timeout_s} s") from None
+    return proc.returncode, out, err
+
+
+def _check_drill(drill, world):
+    victim = world - 1
+    assert drill["ok"] and drill["victim_rank"] == victim and drill["timeout_s"] == 30
+    errors = {r["rank"]: (r["error_type"], r["error"]) for r in drill["ranks"]}
+    assert errors[victim] == ("RuntimeError", f"fault drill: rank {victim} fails mid-request")
+    for q in range(victim):
+        assert errors[q][0] == "RankFailed" and f"rank {victim}: RuntimeError: fault drill" in errors[q][1]
+    assert all(r["seconds_to_error"] < 30 and r["next_request_ok"] for r in drill["ranks"])
+
+
+@pytest.mark.timeout(150)
+def test_dp_bench_two_gloo_ranks_with_the_fault_drill(tmp_path):
+    out = tmp_path / "dp.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "glmvit.cli.dp_bench", *DP_BENCH_ARGS, "--json", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
+    rc, stdout, stderr = _run_killable(cmd, env, timeout_s=120)
+    assert rc == 0, stderr[-3000:]
+    assert "fault drill: rank 1 raised mid-request" in stdout and "→ OK" in stdout
+    rec = json.loads(out.read_text())
+    assert (rec["world_size"], rec["backend"], rec["timeout_s"]) == (2, "gloo", 30)
+    assert rec["verification"]["ok"] and rec["encoder_forward_ms"]["mean_ms"] > 0
+    _check_drill(rec["fault_drill"], 2)
+    for r in rec["per_rank"]:
+        shares = r["gather_share_per_request"]
+        assert len(shares) == 3 and all(0 < s < 1 for s in shares)
+    assert rec["provenance"]["command"].startswith("torchrun --nproc-per-node 2 -m glmvit.cli.dp_bench")
+    assert len(rec["provenance"]["ranks"]) == 2
+
+
+@pytest.mark.timeout(90)
+def test_dp_bench_as_a_glmvit_command_in_a_world_of_one(tmp_path, monkeypatch, capsys):
+    for key, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=str(free_port())).items():
+        monkeypatch.setenv(key, value)  # undone after the test: nothing leaks into the other tests
+    out = tmp_path / "dp1.json"
+    threads = torch.get_num_threads()
+    try:
+        assert glmvit_main(["dp-bench", *DP_BENCH_ARGS, "--no-baseline", "--json", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)  # the tool sizes its thread pool for its rank; give this process its own back
+    assert not dist.is_initialized()
+    rec = json.loads(out.read_text())
+    assert rec["world_size"] == 1 and rec["single_process_ms"] is None
+    _check_drill(rec["fault_drill"], 1)
+    assert "verify request 0" in capsys.readouterr().out

@@ -4,16 +4,25 @@ Every rank builds the same model (same seed), the same requests and its own grap
 against per-item eager and writes the JSON::
 
     torchrun --nproc-per-node 2 -m glmvit.cli.dp_bench --modality video --items-per-request 2 \\
-        --num-requests 200 --json data/bench/dp_video_2gpu.json
+        --num-requests 200 --fault-drill --json data/bench/dp_video_2gpu.json
     torchrun --standalone --nproc-per-node 2 -m glmvit.cli.dp_bench --num-requests 20   # CPU, gloo
+    torchrun --standalone --nproc-per-node 2 -m glmvit.cli.dp_bench --device cpu         # the same on a GPU host
+
+``--timeout`` (seconds, default 300) is the process group's collective timeout: a rank that waits longer than that
+for another one fails instead of hanging (gloo raises on the waiting ranks; NCCL's watchdog ends the process).
+``--fault-drill`` makes the last rank raise inside its encode on one request: every rank must fail that request
+with an error (the last rank its own, the others ``RankFailed``) well within the timeout, and the next request must
+give the verified outputs again; the JSON records each rank's error and how long it took.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,29 +31,80 @@ import torch.distributed as dist
 
 from ..geometry import ItemSpec
 from ..graphs import EncoderGraphRunner
+from ..model import GlmVisionEncoder
 from ..packing import BudgetConfig
-from ..parallel import DataParallelEncoder, DPStats, balance_items, free_port, patch_counts_of
+from ..parallel import DataParallelEncoder, DPStats, RankFailed, balance_items, free_port, patch_counts_of
 from ..provenance import collect
 from ..timing import summarise
 from ..workloads import parse_bucket_config, random_batch, random_mm_workload
 from .common import build_model, check_writable, vision_config, write_json
 
+DEFAULT_TIMEOUT_S = 300
 
-def init_distributed() -> tuple[int, int, torch.device]:
-    """Initialise the default group from torchrun's environment (a 1-rank group without it): nccl on CUDA, else gloo."""
-    if "RANK" not in os.environ:  # plain `python -m glmvit.parallel --demo`: a world of one
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="torchrun --nproc-per-node N -m glmvit.cli.dp_bench",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modality", choices=["image", "video"], default="image",
+                        help="image: 224² images; video: 224² 8-frame clips (default image)")
+    parser.add_argument("--bucket-config", type=str, default=None,
+                        help="vLLM random-mm buckets instead, e.g. \"{(224, 224, 1): 0.7, (448, 448, 1): 0.3}\"")
+    parser.add_argument("--items-per-request", type=int, default=2)
+    parser.add_argument("--range-ratio", type=float, default=0.0, help="items per request vary by ±ratio (vLLM)")
+    parser.add_argument("--num-requests", type=int, default=50, help="timed requests (default 50)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed requests first (default 3)")
+    parser.add_argument("--mode", choices=["graph", "eager"], default="graph",
+                        help="graph: EncoderGraphRunner (CUDA graphs on GPU, emulated on CPU); eager: model.forward")
+    parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                        help="auto: one CUDA GPU per rank over NCCL when CUDA is available, else the CPU over gloo")
+    parser.add_argument("--config", choices=["auto", "tiny", "full"], default="auto",
+                        help="auto: full GLM-4.1V tower in bf16 on CUDA, tiny in fp32 on CPU")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip timing the same requests single-process on rank 0")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help=f"collective timeout in seconds (default {DEFAULT_TIMEOUT_S}); it also bounds how long "
+                             "the ranks wait for the slowest rank's setup and for rank 0's single-process baseline")
+    parser.add_argument("--fault-drill", action="store_true",
+                        help="after timing, the last rank raises inside one request: every rank must fail it "
+                             "cleanly within the timeout and encode the next one (recorded in the JSON)")
+    parser.add_argument("--json", metavar="PATH", help="rank 0 writes results and provenance here")
+    args = parser.parse_args(argv)
+    if args.num_requests < 1 or args.warmup < 0 or args.items_per_request < 1:
+        parser.error("--num-requests and --items-per-request must be ≥ 1, --warmup ≥ 0")
+    if not 0.0 <= args.range_ratio <= 1.0 or args.seed < 0 or not args.timeout > 0:
+        parser.error("--range-ratio must be in [0, 1], --seed ≥ 0 and --timeout > 0")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA GPU is available here (torch.cuda.is_available() is False)")
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        if args.bucket_config:
+            args.bucket_config = parse_bucket_config(args.bucket_config)
+        if args.json:
+            check_writable(args.json)
+    except (ValueError, OSError) as err:
+        parser.error(str(err))
+    return args
+
+
+def init_distributed(device_type: str, timeout_s: float) -> tuple[int, int, torch.device]:
+    """Initialise the default group from torchrun's environment (a 1-rank group without it): nccl on CUDA, gloo on
+    the CPU, with ``timeout_s`` as the collective timeout."""
+    if "RANK" not in os.environ:  # plain `python -m glmvit dp-bench`: a world of one
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(free_port()))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if torch.cuda.is_available():
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if device_type == "cuda":
         if local_rank >= torch.cuda.device_count():
             raise RuntimeError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} CUDA devices are visible")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
+        dist.init_process_group("nccl", device_id=device, timeout=timeout)
     else:
         device = torch.device("cpu")
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=timeout)
     return dist.get_rank(), dist.get_world_size(), device
 
 
@@ -62,7 +122,8 @@ def provenance(device: torch.device, argv: list[str]) -> dict:
     world = os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())
     command = f"torchrun --nproc-per-node {world} -m glmvit.cli.dp_bench " + " ".join(argv)
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else None
-    return {**collect(device, command), "ranks": everyone, "nccl": nccl}
+    gpus = [r["device"] for r in everyone] if device.type == "cuda" else []
+    return {**collect(device, command), "ranks": everyone, "gpus": gpus, "nccl": nccl}
 
 
 def demo_requests(args, config, device, dtype):
@@ -84,6 +145,106 @@ def _budget_config(requests: list, merge_area: int) -> BudgetConfig:
     return BudgetConfig.for_requests(specs)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Setup
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass
+class Bench:
+    """Everything the steps share: this rank, its model and engine, the encoder and the requests."""
+
+    args: argparse.Namespace
+    rank: int
+    world: int
+    device: torch.device
+    full: bool
+    dtype: torch.dtype
+    model: GlmVisionEncoder
+    runner: EncoderGraphRunner | None
+    engine_backend: str  # cuda (graphs), emulate (CPU stand-in for graphs) or eager
+    dp: DataParallelEncoder
+    buckets: dict
+    requests: list
+    budget_config: BudgetConfig
+
+
+def setup(args: argparse.Namespace, rank: int, world: int, device: torch.device) -> Bench:
+    full = args.config == "full" or (args.config == "auto" and device.type == "cuda")
+    config = vision_config("full" if full else "tiny")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = build_model(config, device, dtype, seed=args.seed)
+    buckets, requests = demo_requests(args, config, device, dtype)
+    budget_config = _budget_config(requests, config.merge_area)
+    runner: EncoderGraphRunner | None = None
+    engine: Any = model
+    engine_backend = "eager"
+    if args.mode == "graph":
+        engine_backend = "cuda" if device.type == "cuda" else "emulate"
+        runner = EncoderGraphRunner(model, budget_config, backend=engine_backend).capture()
+        engine = runner
+    bench = Bench(args, rank, world, device, full, dtype, model, runner, engine_backend, DataParallelEncoder(engine),
+                  buckets, requests, budget_config)
+    if rank == 0:
+        print(f"glmvit.parallel: {world} rank(s), {dist.get_backend()} on {device.type}, "
+              f"{'GLM-4.1V tower' if full else 'tiny config'} ({dtype}), mode {args.mode} ({engine_backend}); "
+              f"budgets {list(budget_config.token_budgets)}, max_items {budget_config.max_items}, "
+              f"max_segments {budget_config.max_segments}; collective timeout {args.timeout:g} s")
+    return bench
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Verify the first request
+# ---------------------------------------------------------------------------------------------------------------
+def _row_start(grid) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(patch_counts_of(grid))]).astype(np.int64)
+
+
+def _bitwise_vs_local(b: Bench, outs: list[torch.Tensor]) -> bool:
+    """Every rank's items equal, bitwise, that rank's batch re-run here alone (agreed across ranks)."""
+    pixels, grid = b.requests[0]
+    mine = balance_items(patch_counts_of(grid), b.world).ranks[b.rank]
+    again = b.dp._encode_local(pixels, b.model.check_inputs(pixels, grid), mine, _row_start(grid))
+    exact = all(torch.equal(outs[i], o) for i, o in zip(mine, again, strict=True))
+    flag = torch.tensor([int(exact)], device=b.dp.comm_device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def _max_diff_vs_eager(b: Bench, outs: list[torch.Tensor]) -> float:
+    """max |DP − per-item eager| over request 0, computed on rank 0 and broadcast (every rank returns one verdict)."""
+    pixels, grid = b.requests[0]
+    start = _row_start(grid)
+    max_diff = 0.0
+    if b.rank == 0:
+        with torch.inference_mode():
+            for i, (t, h, w) in enumerate(grid.tolist()):
+                ref = b.model(pixels[start[i] : start[i + 1]], torch.tensor([[t, h, w]]))
+                max_diff = max(max_diff, (outs[i].float() - ref.float()).abs().max().item())
+    diff = torch.tensor([max_diff], dtype=torch.float64, device=b.dp.comm_device)
+    dist.broadcast(diff, src=0)
+    return float(diff.item())
+
+
+def verify_first_request(b: Bench) -> tuple[dict, list[torch.Tensor]]:
+    """DP vs per-item eager (tolerance) and per rank vs a local re-run (bitwise); returns the verdict and outputs."""
+    pixels, grid = b.requests[0]
+    outs = b.dp.run(pixels, grid)
+    exact = _bitwise_vs_local(b, outs)
+    max_diff = _max_diff_vs_eager(b, outs)
+    tol = 1e-5 if b.dtype == torch.float32 else 0.016
+    ok = exact and max_diff <= tol and len(outs) == len(grid)
+    if b.rank == 0:
+        counts = balance_items(patch_counts_of(grid), b.world).counts
+        print(f"verify request 0 ({len(grid)} items, per rank {counts}): per-rank batches bitwise "
+              f"{'equal' if exact else 'DIFFERENT'}; max |DP − per-item eager| = {max_diff:.3g} "
+              f"(tolerance {tol}) → {'OK' if ok else 'FAILED'}")
+    verdict = {"items": len(grid), "exact_vs_same_batch_per_rank": exact, "max_abs_diff_vs_per_item_eager": max_diff,
+               "tolerance": tol, "ok": ok}
+    return verdict, outs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------------------------------------------
 def _time_requests(fn, requests, device) -> list[float]:
     """ms per request: all ranks start together (barrier), the clock stops when this rank has the full result."""
     out = []
@@ -99,165 +260,171 @@ def _time_requests(fn, requests, device) -> list[float]:
     return out
 
 
+def _rank_summary(stats: DPStats, calls: list[dict]) -> dict:
+    """This rank's share of the work and where its time went, per request on average; the all-gather's share of each
+    request (``gather_share_per_request``: output gather / whole call, after every rank has finished encoding)."""
+    n = stats.calls
+    share = [c["gather_ms"] / c["total_ms"] for c in calls]
+    return {"items": stats.local_items, "tokens": stats.local_tokens,
+            "check_ms_mean": stats.check_s * 1e3 / n, "local_ms_mean": stats.local_s * 1e3 / n,
+            "sync_ms_mean": stats.sync_s * 1e3 / n, "gather_ms_mean": stats.gather_s * 1e3 / n,
+            "gather_share_mean": float(np.mean(share)), "gather_share_p99": float(np.percentile(share, 99)),
+            "gather_share_per_request": share}
+
+
+def time_data_parallel(b: Bench) -> dict:
+    """Warm up, then time every request through the data-parallel encoder; the request's time is the slowest rank's."""
+    calls: list[dict] = []
+
+    def dp_call(pixels, grid):
+        b.dp.run(pixels, grid)
+        calls.append(b.dp.stats.last)
+
+    _time_requests(dp_call, b.requests[: b.args.warmup], b.device)
+    b.dp.stats, calls[:] = DPStats(), []
+    local_ms = _time_requests(dp_call, b.requests[b.args.warmup :], b.device)
+    worst = torch.tensor(local_ms, dtype=torch.float64, device=b.dp.comm_device)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # the ranks finish the gather together: the request is the max
+    per_rank: list = [None] * b.world
+    dist.all_gather_object(per_rank, _rank_summary(b.dp.stats, calls))
+    return {"dp_ms": worst.tolist(), "per_rank": per_rank, "mean_imbalance": b.dp.stats.mean_imbalance}
+
+
+def _time_alone(b: Bench) -> list[float]:
+    """ms per request for this rank's engine alone (graph runner or eager), after the warm-up requests."""
+    def call(pixels, grid):
+        return b.runner.run(pixels, grid) if b.runner is not None else b.model(pixels, grid)
+
+    out = []
+    with torch.inference_mode():
+        for pixels, grid in b.requests[: b.args.warmup]:
+            call(pixels, grid)
+        for pixels, grid in b.requests[b.args.warmup :]:
+            if b.device.type == "cuda":
+                torch.cuda.synchronize(b.device)
+            t0 = time.perf_counter()
+            call(pixels, grid)
+            if b.device.type == "cuda":
+                torch.cuda.synchronize(b.device)
+            out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def time_single_process(b: Bench) -> list[float] | None:
+    """The same requests on rank 0 alone, the other ranks waiting at a barrier (None with --no-baseline)."""
+    if b.args.no_baseline:
+        return None
+    single = _time_alone(b) if b.rank == 0 else None
+    dist.barrier()
+    return single
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fault drill
+# ---------------------------------------------------------------------------------------------------------------
+class _FaultyEncoder(DataParallelEncoder):
+    """The drill's injected fault: ``victim``'s encode raises, as a failing kernel or an out-of-memory would."""
+
+    def __init__(self, engine, victim: int):
+        super().__init__(engine)
+        self.victim = victim
+
+    def _encode_local(self, *args, **kwargs):
+        if self.rank == self.victim:
+            raise RuntimeError(f"fault drill: rank {self.rank} fails mid-request")
+        return super()._encode_local(*args, **kwargs)
+
+
+def _drill_verdict(record: dict, victim: int, timeout_s: float) -> bool:
+    expected = "RuntimeError" if record["rank"] == victim else RankFailed.__name__
+    return (record["error_type"] == expected and "fault drill" in record["error"]
+            and record["seconds_to_error"] < timeout_s and record["next_request_ok"])
+
+
+def fault_drill(b: Bench, first_outs: list[torch.Tensor]) -> dict:
+    """The last rank raises inside request 0; every rank must fail it within the timeout, then encode request 0
+    again through the normal encoder with the verified outputs, bit for bit."""
+    victim = b.world - 1
+    pixels, grid = b.requests[0]
+    dist.barrier()
+    t0 = time.perf_counter()
+    try:
+        _FaultyEncoder(b.runner if b.runner is not None else b.model, victim).run(pixels, grid)
+        error: Exception | None = None
+    except Exception as err:  # what a caller would catch; the verdict says whether it was the right one
+        error = err
+    record = {"rank": b.rank, "seconds_to_error": time.perf_counter() - t0,
+              "error_type": type(error).__name__ if error else None, "error": str(error) if error else None}
+    outs = b.dp.run(pixels, grid)
+    record["next_request_ok"] = len(outs) == len(first_outs) and all(
+        torch.equal(a, c) for a, c in zip(outs, first_outs, strict=True))
+    ranks: list = [None] * b.world
+    dist.all_gather_object(ranks, record)
+    ok = all(_drill_verdict(r, victim, b.args.timeout) for r in ranks)
+    if b.rank == 0:
+        slowest = max(r["seconds_to_error"] for r in ranks)
+        print(f"fault drill: rank {victim} raised mid-request; every rank failed it within {slowest * 1e3:.1f} ms "
+              f"(timeout {b.args.timeout:g} s) and the next request {'matched' if ok else 'FAILED'} → "
+              f"{'OK' if ok else 'FAILED'}")
+    return {"victim_rank": victim, "timeout_s": b.args.timeout, "ranks": ranks, "ok": ok}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------------------------
+def report(b: Bench, results: dict, argv: list[str]) -> None:
+    """Print the summary on rank 0 and write the JSON there (call on every rank: provenance is collective)."""
+    prov = provenance(b.device, argv)
+    if b.rank != 0:
+        return
+    dp, single = results["dp"], results["single_ms"]
+    dps = summarise(dp["dp_ms"])
+    print(f"encoder_forward_ms over {len(dp['dp_ms'])} requests ({b.world} ranks, data parallel): mean "
+          f"{dps['mean_ms']:.3f}  median {dps['median_ms']:.3f}  P99 {dps['p99_ms']:.3f}; "
+          f"mean imbalance {dp['mean_imbalance']:.3f}")
+    for q, r in enumerate(dp["per_rank"]):
+        print(f"  rank {q}: {r['items']} items, {r['tokens']} tokens; per request: check {r['check_ms_mean']:.3f} "
+              f"ms, local {r['local_ms_mean']:.3f} ms, wait for the slowest {r['sync_ms_mean']:.3f} ms, gather "
+              f"{r['gather_ms_mean']:.3f} ms ({100 * r['gather_share_mean']:.1f}% of the call, P99 "
+              f"{100 * r['gather_share_p99']:.1f}%)")
+    sps = summarise(single) if single else None
+    if sps:
+        print(f"encoder_forward_ms single process (rank 0 alone): mean {sps['mean_ms']:.3f}  median "
+              f"{sps['median_ms']:.3f}  P99 {sps['p99_ms']:.3f}; speed-up of the mean "
+              f"{sps['mean_ms'] / dps['mean_ms']:.2f}x")
+    if b.args.json:
+        args = b.args
+        write_json(args.json, {
+            "benchmark": "glmvit.parallel", "world_size": b.world, "backend": dist.get_backend(),
+            "device": b.device.type, "config": "glm41v" if b.full else "tiny", "dtype": str(b.dtype).split(".")[-1],
+            "mode": args.mode, "runner_backend": b.engine_backend, "budgets": list(b.budget_config.token_budgets),
+            "max_items": b.budget_config.max_items, "max_segments": b.budget_config.max_segments,
+            "timeout_s": args.timeout,
+            "workload": {"bucket_config": {str(k): v for k, v in b.buckets.items()},
+                         "items_per_request": args.items_per_request, "range_ratio": args.range_ratio,
+                         "num_requests": args.num_requests, "warmup": args.warmup, "seed": args.seed},
+            "encoder_forward_ms": dps, "single_process_ms": sps,
+            "speedup_mean": sps["mean_ms"] / dps["mean_ms"] if sps else None,
+            "mean_imbalance": dp["mean_imbalance"], "per_rank": dp["per_rank"],
+            "verification": results["verification"], "fault_drill": results["fault_drill"],
+            "provenance": prov,
+        })
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argparse.ArgumentParser(prog="torchrun --nproc-per-node N -m glmvit.cli.dp_bench",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--modality", choices=["image", "video"], default="image",
-                        help="image: 224² images; video: 224² 8-frame clips (default image)")
-    parser.add_argument("--bucket-config", type=str, default=None,
-                        help="vLLM random-mm buckets instead, e.g. \"{(224, 224, 1): 0.7, (448, 448, 1): 0.3}\"")
-    parser.add_argument("--items-per-request", type=int, default=2)
-    parser.add_argument("--range-ratio", type=float, default=0.0, help="items per request vary by ±ratio (vLLM)")
-    parser.add_argument("--num-requests", type=int, default=50, help="timed requests (default 50)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed requests first (default 3)")
-    parser.add_argument("--mode", choices=["graph", "eager"], default="graph",
-                        help="graph: EncoderGraphRunner (CUDA graphs on GPU, emulated on CPU); eager: model.forward")
-    parser.add_argument("--config", choices=["auto", "tiny", "full"], default="auto",
-                        help="auto: full GLM-4.1V tower in bf16 on CUDA, tiny in fp32 on CPU")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-baseline", action="store_true",
-                        help="skip timing the same requests single-process on rank 0")
-    parser.add_argument("--check-every-request", action="store_true",
-                        help="keep the cross-rank input check on while timing (one extra tiny collective)")
-    parser.add_argument("--json", metavar="PATH", help="rank 0 writes results and provenance here")
-    args = parser.parse_args(argv)
-    if args.num_requests < 1 or args.warmup < 0 or args.items_per_request < 1:
-        parser.error("--num-requests and --items-per-request must be ≥ 1, --warmup ≥ 0")
-    try:
-        if args.bucket_config:
-            args.bucket_config = parse_bucket_config(args.bucket_config)
-        if args.json:
-            check_writable(args.json)
-    except (ValueError, OSError) as err:
-        parser.error(str(err))
-
+    args = parse_args(argv)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
-    rank, world, device = init_distributed()
+    rank, world, device = init_distributed(args.device, args.timeout)
     try:
-        full = args.config == "full" or (args.config == "auto" and device.type == "cuda")
-        config = vision_config("full" if full else "tiny")
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        model = build_model(config, device, dtype, seed=args.seed)
-        buckets, requests = demo_requests(args, config, device, dtype)
-        budget_config = _budget_config(requests, config.merge_area)
-        budgets, max_items, max_segments = budget_config.token_budgets, budget_config.max_items, \
-            budget_config.max_segments
-        runner: EncoderGraphRunner | None = None
-        if args.mode == "graph":
-            backend = "cuda" if device.type == "cuda" else "emulate"
-            runner = EncoderGraphRunner(model, budget_config, backend=backend).capture()
-            engine: Any = runner
-        else:
-            backend, engine = "eager", model
-        dp = DataParallelEncoder(engine)
-        if rank == 0:
-            print(f"glmvit.parallel: {world} rank(s), {dist.get_backend()} on {device.type}, "
-                  f"{'GLM-4.1V tower' if full else 'tiny config'} ({dtype}), mode {args.mode} ({backend}); "
-                  f"budgets {list(budgets)}, max_items {max_items}, max_segments {max_segments}")
-
-        # -- verify the first request: DP vs per-item eager (tolerance), and per rank vs a local re-run (bitwise)
-        first_pixels, first_grid = requests[0]
-        outs = dp.run(first_pixels, first_grid, check=True)
-        sizes = patch_counts_of(first_grid)
-        assignment = balance_items(sizes, world)
-        row_start = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        again = dp._encode_local(first_pixels, dp.model.check_inputs(first_pixels, first_grid),
-                                 assignment.ranks[rank], row_start)
-        exact = all(torch.equal(outs[i], o) for i, o in zip(assignment.ranks[rank], again, strict=False))
-        flag = torch.tensor([int(exact)], device=dp.comm_device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        exact_all = bool(flag.item())
-        tol = 1e-5 if dtype == torch.float32 else 0.016
-        max_diff = 0.0
-        if rank == 0:
-            with torch.inference_mode():
-                for i, (t, h, w) in enumerate(first_grid.tolist()):
-                    ref = model(first_pixels[row_start[i] : row_start[i + 1]], torch.tensor([[t, h, w]]))
-                    max_diff = max(max_diff, (outs[i].float() - ref.float()).abs().max().item())
-        diff = torch.tensor([max_diff], dtype=torch.float64, device=dp.comm_device)
-        dist.broadcast(diff, src=0)  # every rank returns the same verdict
-        max_diff = float(diff.item())
-        ok = exact_all and max_diff <= tol and len(outs) == len(sizes)
-        verification = {"items": len(sizes), "exact_vs_same_batch_per_rank": exact_all,
-                        "max_abs_diff_vs_per_item_eager": max_diff, "tolerance": tol, "ok": ok}
-        if rank == 0:
-            print(f"verify request 0 ({len(sizes)} items, per rank {assignment.counts}): per-rank batches bitwise "
-                  f"{'equal' if exact_all else 'DIFFERENT'}; max |DP − per-item eager| = {max_diff:.3g} "
-                  f"(tolerance {tol}) → {'OK' if ok else 'FAILED'}")
-
-        # -- time the data-parallel path
-        def dp_call(p, g):
-            dp.run(p, g, check=args.check_every_request)
-
-        _time_requests(dp_call, requests[: args.warmup], device)
-        dp.stats = DPStats()
-        local_ms = _time_requests(dp_call, requests[args.warmup :], device)
-        # the request is done when the slowest rank has it (they finish the gather together; take the max)
-        worst = torch.tensor(local_ms, dtype=torch.float64, device=dp.comm_device)
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        dp_ms = worst.tolist()
-        per_rank: list = [None] * world
-        dist.all_gather_object(per_rank, {"items": dp.stats.local_items, "tokens": dp.stats.local_tokens,
-                                          "local_ms_mean": dp.stats.local_s * 1e3 / dp.stats.calls,
-                                          "gather_ms_mean": dp.stats.gather_s * 1e3 / dp.stats.calls})
-        imbalance = dp.stats.mean_imbalance
-
-        # -- the same requests single-process on rank 0 (others wait)
-        single = None
-        if not args.no_baseline:
-            if rank == 0:
-                def single_call(p, g):
-                    if runner is not None:
-                        runner.run(p, g)
-                    else:
-                        model(p, g)
-
-                with torch.inference_mode():
-                    for p, g in requests[: args.warmup]:
-                        single_call(p, g)
-                    single = []
-                    for p, g in requests[args.warmup :]:
-                        if device.type == "cuda":
-                            torch.cuda.synchronize(device)
-                        t0 = time.perf_counter()
-                        single_call(p, g)
-                        if device.type == "cuda":
-                            torch.cuda.synchronize(device)
-                        single.append((time.perf_counter() - t0) * 1e3)
-            dist.barrier()
-
-        prov = provenance(device, argv)
-        if rank == 0:
-            dps = summarise(dp_ms)
-            print(f"encoder_forward_ms over {len(dp_ms)} requests ({world} ranks, data parallel): mean "
-                  f"{dps['mean_ms']:.3f}  median {dps['median_ms']:.3f}  P99 {dps['p99_ms']:.3f}; "
-                  f"mean imbalance {imbalance:.3f}")
-            for q, r in enumerate(per_rank):
-                print(f"  rank {q}: {r['items']} items, {r['tokens']} tokens; local {r['local_ms_mean']:.3f} ms, "
-                      f"gather {r['gather_ms_mean']:.3f} ms per request")
-            sps = summarise(single) if single else None
-            if sps:
-                print(f"encoder_forward_ms single process (rank 0 alone): mean {sps['mean_ms']:.3f}  median "
-                      f"{sps['median_ms']:.3f}  P99 {sps['p99_ms']:.3f}; speed-up of the mean "
-                      f"{sps['mean_ms'] / dps['mean_ms']:.2f}x")
-            if args.json:
-                record = {
-                    "benchmark": "glmvit.parallel", "world_size": world, "backend": dist.get_backend(),
-                    "device": device.type, "config": "glm41v" if full else "tiny", "dtype": str(dtype).split(".")[-1],
-                    "mode": args.mode, "runner_backend": backend, "budgets": list(budgets), "max_items": max_items,
-                    "max_segments": max_segments,
-                    "workload": {"bucket_config": {str(k): v for k, v in buckets.items()},
-                                 "items_per_request": args.items_per_request, "range_ratio": args.range_ratio,
-                                 "num_requests": args.num_requests, "warmup": args.warmup, "seed": args.seed},
-                    "check_every_request": args.check_every_request,
-                    "encoder_forward_ms": dps, "single_process_ms": sps,
-                    "speedup_mean": sps["mean_ms"] / dps["mean_ms"] if sps else None,
-                    "mean_imbalance": imbalance, "per_rank": per_rank, "verification": verification,
-                    "provenance": prov,
-                }
-                write_json(args.json, record)
-        return 0 if ok else 1
+        b = setup(args, rank, world, device)
+        verification, first_outs = verify_first_request(b)
+        results: dict[str, Any] = {"verification": verification, "dp": time_data_parallel(b),
+                                   "single_ms": time_single_process(b)}
+        drill = fault_drill(b, first_outs) if args.fault_drill else None
+        results["fault_drill"] = drill
+        report(b, results, argv)
+        return 0 if verification["ok"] and (drill is None or drill["ok"]) else 1
     finally:
         dist.destroy_process_group()
 
