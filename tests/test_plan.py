@@ -1,9 +1,10 @@
-"""Budgets to production: traces, P99 and capture time from a latency table, the vLLM export."""
+"""Budgets to production: traces, P99 and capture time from a latency table, the vLLM export, ``glmvit plan``."""
 import json
 
 import numpy as np
 import pytest
 
+from glmvit.__main__ import main
 from glmvit.costmodel import (
     LatencyTable,
     evaluate_budgets,
@@ -159,3 +160,40 @@ def test_bad_traces_are_one_line_errors_naming_the_line(name, data, message):
 def test_load_trace_names_a_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing.csv: no such trace file"):
         load_trace(tmp_path / "missing.csv")
+
+
+# --- glmvit plan ------------------------------------------------------------------------------------------------------
+def test_plan_from_a_trace_compares_exports_and_reports(tmp_path, table_path, capsys):
+    trace = tmp_path / "trace.csv"
+    trace.write_bytes(TRACE)
+    export, report = tmp_path / "out" / "vllm.json", tmp_path / "plan.json"
+    assert main(["plan", "--trace", str(trace), "--latency-table", str(table_path), "--budgets", "64,1024,4096",
+                 "--max-items", "4", "--max-segments", "16", "--compare", "auto", "--export", str(export),
+                 "--json", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "trace " in out and "2 requests, 4 items" in out
+    assert "64, 1024, 4096" in out and "64, 128, 256, 512, 1024, 2048, 4096" in out  # side by side
+    assert "P99" in out and "capture time" in out and "(from the table's capture times)" in out
+    exported = json.loads(export.read_text())
+    assert exported == {"cudagraph_mm_encoder": True, "encoder_cudagraph_token_budgets": [64, 1024, 4096],
+                        "encoder_cudagraph_max_vision_items_per_batch": 4,
+                        "encoder_cudagraph_max_frames_per_batch": 16}
+    assert f"--compilation-config '{json.dumps(exported)}'" in out
+    data = json.loads(report.read_text())
+    assert [r["token_budgets"] for r in data["reports"]] == [[64, 1024, 4096], [64, 128, 256, 512, 1024, 2048, 4096]]
+    assert data["reports"][0]["graphs_ms"]["p99_ms"] > 0 and data["vllm_compilation_config"] == exported
+
+
+def test_plan_without_a_table_says_times_are_unknown(capsys):
+    assert main(["plan", "--workload", "video8x224", "--num-requests", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "predicted time" in out and "unknown (no latency table" in out and "graph memory" in out
+
+
+def test_plan_export_is_checked_before_planning(tmp_path, capsys):
+    folder = tmp_path / "taken.json"
+    folder.mkdir()
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "--num-requests", "5", "--export", str(folder)])
+    assert exc.value.code == 2 and "is a directory" in capsys.readouterr().err
+    assert not list(tmp_path.glob(".*"))  # no probe or temporary file left behind
