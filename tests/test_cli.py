@@ -1,7 +1,19 @@
-"""The command line: the demo (main job), encode and plan run on CPU and say what they did."""
+"""The command line: the demo (main job), encode and plan run on CPU and say what they did; every bad invocation
+of every command is one line on stderr and a non-zero exit, before any work."""
+import hashlib
+import json
+import os
+
 import pytest
+from PIL import Image
+from safetensors import safe_open
 from safetensors.torch import load_file
 
+import glmvit.cli.bench
+import glmvit.cli.common
+import glmvit.cli.encode
+import glmvit.cli.plan
+from glmvit import GlmVisionEncoder
 from glmvit.__main__ import main
 
 
@@ -15,28 +27,115 @@ def test_demo_encodes_every_sample_item(capsys):
     assert diff < 1e-4
 
 
-def test_encode_saves_embeddings(tmp_path, capsys):
-    dest = tmp_path / "emb.safetensors"
-    assert main(["encode", "data/images/coffee.jpg", "data/clip.gif", "--out", str(dest)]) == 0
+def test_encode_saves_embeddings_with_what_made_them(tmp_path, capsys):
+    dest, summary = tmp_path / "emb.safetensors", tmp_path / "emb.json"
+    assert main(["encode", "data/images/coffee.jpg", "data/clip.gif", "--out", str(dest), "--json", str(summary),
+                 "--quiet"]) == 0
     saved = load_file(str(dest))
     assert set(saved) == {"item_0", "item_1"} and saved["item_0"].shape[1] == 64
     assert "video grid" in capsys.readouterr().out
+    with safe_open(str(dest), "pt") as f:
+        meta = {k: json.loads(v) for k, v in f.metadata().items()}
+    image, video = meta["item_0"], meta["item_1"]
+    assert image["source"] == os.path.abspath("data/images/coffee.jpg") and image["kind"] == "image"
+    assert image["sha256"] == hashlib.sha256(open("data/images/coffee.jpg", "rb").read()).hexdigest()
+    assert image["timestamps"] is None and image["tokens"] == saved["item_0"].shape[0]
+    t, h, w = video["grid_thw"]
+    assert video["kind"] == "video" and len(video["timestamps"]) == t and t * h * w // 4 == saved["item_1"].shape[0]
+    assert video["frame_indices"] is None  # glmvit.processing does not report them yet
+    assert meta["dtype"] == "float32" and meta["vision_config"]["hidden_size"] == 64
+    assert meta["weights"] == {"random": True, "seed": 0} and "torch" in meta["provenance"]
+    report = json.loads(summary.read_text())
+    assert report["items"] == [image, video] and report["out"] == str(dest)
 
 
-def test_encode_rejects_unknown_files_in_one_line(tmp_path, capsys):
+def test_encode_records_the_checkpoints_identity(checkpoint, tmp_path):
+    dest = tmp_path / "emb.safetensors"
+    assert main(["encode", "data/images/coffee.jpg", "--weights", str(checkpoint), "--device", "cpu",
+                 "--out", str(dest)]) == 0
+    with safe_open(str(dest), "pt") as f:
+        weights = json.loads(f.metadata()["weights"])
+    shards = sorted(checkpoint.glob("*.safetensors"))
+    assert weights["path"] == str(checkpoint.resolve()) and len(shards) > 1
+    assert [f["name"] for f in weights["files"]] == [p.name for p in shards]
+    assert weights["hashed_json"] == ["config.json", "model.safetensors.index.json"] and len(weights["sha256"]) == 64
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Any model being built is a failure: the check must come first."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("work started before the arguments were checked")
+
+    monkeypatch.setattr(glmvit.cli.common, "build_model", refuse)
+    monkeypatch.setattr(GlmVisionEncoder, "from_pretrained", refuse)
+    monkeypatch.setattr(glmvit.cli.plan, "evaluate_budgets", refuse)
+    monkeypatch.setattr(glmvit.cli.bench, "run_benchmark", refuse)
+
+
+def bad_files(tmp_path):
+    """One file per way a user's file can be wrong, and the message naming it."""
+    jpeg = open("data/images/coffee.jpg", "rb").read()
+    png = tmp_path / "good.png"
+    Image.open("data/images/coffee.jpg").save(png)
+    (tmp_path / "folder.jpg").mkdir()
+    (tmp_path / "empty.png").write_bytes(b"")
+    (tmp_path / "truncated.jpg").write_bytes(jpeg[: len(jpeg) // 2])
+    (tmp_path / "truncated.png").write_bytes(png.read_bytes()[:2000])
+    (tmp_path / "text.gif").write_text("GIF? no, just text")
     (tmp_path / "notes.txt").write_text("hi")
-    assert main(["encode", str(tmp_path / "notes.txt")]) == 1
+    (tmp_path / "clip.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42")
+    Image.new("RGB", (6000, 20)).save(tmp_path / "sliver.png")
+    return {"missing.jpg": "missing.jpg: no such file", "folder.jpg": "folder.jpg: not a regular file",
+            "empty.png": "empty.png: empty file", "truncated.jpg": "truncated.jpg: cannot decode it",
+            "truncated.png": "truncated.png: cannot decode it",
+            "text.gif": "text.gif: not an image or animation that PIL can decode",
+            "notes.txt": "notes.txt: unsupported file type '.txt'", "clip.mp4": "clip.mp4: unsupported file type",
+            "sliver.png": "sliver.png: aspect ratio"}
+
+
+@pytest.mark.parametrize("name", ["missing.jpg", "folder.jpg", "empty.png", "truncated.jpg", "truncated.png",
+                                  "text.gif", "notes.txt", "clip.mp4", "sliver.png"])
+def test_encode_checks_every_file_before_loading_the_model(name, tmp_path, capsys, no_model):
+    message = bad_files(tmp_path)[name]
+    out = tmp_path / "emb.safetensors"
+    assert main(["encode", "data/images/coffee.jpg", str(tmp_path / name), "--out", str(out), "--quiet"]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "notes.txt: unsupported file type '.txt'" in err and "Traceback" not in err
-    assert main(["encode", str(tmp_path / "missing.jpg")]) == 1
-    assert "missing.jpg: no such file" in capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+    assert not out.exists()
 
 
-def test_encode_checks_the_output_before_any_work(tmp_path, capsys):
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads every file whatever its mode")
+def test_encode_names_an_unreadable_file(tmp_path, capsys, no_model):
+    path = tmp_path / "secret.jpg"
+    path.write_bytes(open("data/images/coffee.jpg", "rb").read())
+    path.chmod(0)
+    assert main(["encode", str(path)]) == 1
+    assert "secret.jpg: cannot read it (permission denied)" in capsys.readouterr().err
+
+
+def test_encode_failing_midway_writes_nothing(tmp_path, capsys, monkeypatch):
+    load = glmvit.cli.encode.load
+
+    def fail_on_the_clip(path, kind):
+        if kind == "video":
+            raise OSError("disk vanished")
+        return load(path, kind)
+
+    monkeypatch.setattr(glmvit.cli.encode, "load", fail_on_the_clip)
+    out, summary = tmp_path / "emb.safetensors", tmp_path / "emb.json"
+    assert main(["encode", "data/images/coffee.jpg", "data/clip.gif", "--out", str(out), "--json", str(summary),
+                 "--quiet"]) == 1
+    assert "disk vanished" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # no output, no temporary file
+
+
+def test_encode_checks_the_output_before_any_work(tmp_path, capsys, no_model):
     out = tmp_path / "is-a-folder.safetensors"
     out.mkdir()
-    assert main(["encode", "data/images/coffee.jpg", "--out", str(out)]) == 1
-    assert "is a directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["encode", "data/images/coffee.jpg", "--out", str(out)])
+    assert exc.value.code == 2 and "is a directory" in capsys.readouterr().err
 
 
 def test_plan_compares_packers(capsys):
@@ -73,3 +172,4 @@ def test_config_with_weights_is_refused_in_one_line(checkpoint, capsys):
     with pytest.raises(SystemExit):
         main(["demo", "--weights", str(checkpoint), "--config", "tiny"])
     assert "--config applies to random weights" in capsys.readouterr().err
+

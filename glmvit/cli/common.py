@@ -3,12 +3,14 @@ on sizes, and output written atomically (JSON with provenance)."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
 import tempfile
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, Iterator, NoReturn
 
 import torch
 
@@ -17,6 +19,7 @@ from ..costmodel import LatencyTable, graph_memory, load_latency_table, total_gr
 from ..model import GlmVisionEncoder
 from ..packing import BudgetConfig, parse_budgets
 from ..random_weights import randomize_
+from ..workloads import parse_bucket_config
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SEED_MAX = 2**32 - 1  # 32-bit seeds: what every generator accepts (numpy's legacy RandomState stops here)
@@ -109,12 +112,22 @@ def resolve_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace
         parser.error(f"--device {args.device}: no CUDA GPU is available here (torch.cuda.is_available() is False)")
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         parser.error(f"--device {args.device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    if args.weights and not Path(args.weights).exists():
+        parser.error(f"--weights {args.weights}: no such checkpoint directory or file")
     if args.weights and args.config != "auto":
         parser.error("--config applies to random weights; with --weights the checkpoint's config.json decides")
     if args.config == "auto":
         args.config = "checkpoint" if args.weights else "full" if device.type == "cuda" else "tiny"
     if args.dtype is None:
         args.dtype = "bf16" if device.type == "cuda" else "fp32"
+
+
+def bucket_config_arg(text: str) -> dict:
+    """An argparse ``type``: a random-mm bucket config ``{(height, width, frames): probability}``."""
+    try:
+        return parse_bucket_config(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def check_budget_config(config: BudgetConfig, dtype: str = "bfloat16") -> BudgetConfig:
@@ -187,22 +200,31 @@ def check_writable(path: str | Path) -> Path:
     return path
 
 
-def write_atomic(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path``, then rename it: no half-written output on failure."""
+@contextmanager
+def atomic_output(path: str | Path) -> Iterator[Path]:
+    """A temporary file beside ``path`` to write; renamed to ``path`` when the block ends, removed if it fails:
+    there is never a half-written ``path``. OS errors name ``path``."""
     path = Path(path)
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
     except OSError as err:
         raise OSError(f"{path}: cannot write here ({err.strerror or err})") from None
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        yield Path(tmp)
         os.replace(tmp, path)
     except BaseException as err:
-        os.unlink(tmp)
+        with suppress(FileNotFoundError):
+            os.unlink(tmp)
         if isinstance(err, OSError):
             raise OSError(f"{path}: writing failed ({err.strerror or err}); nothing was written") from None
         raise
+
+
+def write_atomic(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through :func:`atomic_output`: no half-written output on failure."""
+    with atomic_output(path) as tmp:
+        tmp.write_bytes(data)
 
 
 def read_latency_table(path: str | Path) -> LatencyTable:
@@ -221,3 +243,29 @@ def write_json(path: str | Path, data: Any) -> None:
     write_atomic(check_writable(path), (json.dumps(data, indent=1) + "\n").encode())
     print(f"wrote {path}")
 
+
+
+def device_memory_bytes(device: torch.device | str) -> int:
+    """Memory of ``device``: the GPU's total memory, or the host's physical memory for the CPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def weights_identity(path: str | Path) -> dict[str, Any]:
+    """A cheap identity of a checkpoint: its resolved path, its safetensors files' names and sizes, and one sha256
+    over those names and sizes and the bytes of its config.json and index. No weight is read."""
+    path = Path(path).resolve()
+    directory = path if path.is_dir() else path.parent
+    weights = sorted(directory.glob("*.safetensors")) if path.is_dir() else [path]
+    small = [f for f in (directory / "config.json", directory / "model.safetensors.index.json") if f.is_file()]
+    digest = hashlib.sha256()
+    files = []
+    for file in weights:
+        size = file.stat().st_size
+        files.append({"name": file.name, "bytes": size})
+        digest.update(f"{file.name}\t{size}\n".encode())
+    for file in small:
+        digest.update(f"{file.name}\n".encode() + file.read_bytes())
+    return {"path": str(path), "files": files, "hashed_json": [f.name for f in small], "sha256": digest.hexdigest()}

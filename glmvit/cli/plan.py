@@ -31,11 +31,12 @@ from ..geometry import ItemSpec
 from ..packing import PACKERS, BudgetConfig, combined_stats, plan_workload
 from ..provenance import collect
 from ..traces import load_trace
-from ..workloads import PRESETS, MMItem, parse_bucket_config, random_mm_workload
+from ..workloads import PRESETS, MMItem, random_mm_workload
 from .common import (
     DTYPES,
     SEED_MAX,
     Parser,
+    bucket_config_arg,
     budgets_arg,
     check_budget_config,
     check_writable,
@@ -51,14 +52,6 @@ MAX_ITEMS = 10_000_000  # planning is pure Python at ≈ 30 µs an item (both pa
 RANDOM_ONLY = ("num_requests", "items_per_request", "range_ratio", "seed")  # flags a trace has no use for
 PRESET_DECIDES = ("items_per_request", "range_ratio")  # flags a named preset sets itself
 GIB = 2**30
-
-
-def bucket_config_arg(text: str) -> dict:
-    """An argparse ``type``: a random-mm bucket config ``{(height, width, frames): probability}``."""
-    try:
-        return parse_bucket_config(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
