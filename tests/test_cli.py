@@ -5,6 +5,7 @@ import json
 import os
 
 import pytest
+import torch
 from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import load_file
@@ -173,3 +174,92 @@ def test_config_with_weights_is_refused_in_one_line(checkpoint, capsys):
         main(["demo", "--weights", str(checkpoint), "--config", "tiny"])
     assert "--config applies to random weights" in capsys.readouterr().err
 
+
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+UNWRITABLE = "{tmp}/a-file/out.json"  # a path below a regular file: no folder can be made there
+HUGE = "64,1000000000"
+BAD_INVOCATIONS = [
+    # (argv, what the one line must say); {tmp} is a fresh folder holding a regular file "a-file"
+    (["demo", "--seed", "-1"], "argument --seed: -1 is not in [0, 4,294,967,295]"),
+    (["demo", "--seed", "1.5"], "argument --seed: '1.5' is not an integer"),
+    (["demo", "--device", "bogus"], "--device 'bogus' is not a device"),
+    (["demo", "--device", "mps"], "only cuda and cpu are supported"),
+    pytest.param(["demo", "--device", "cuda"], "no CUDA GPU is available here", marks=NO_GPU),
+    (["demo", "--dtype", "fp8"], "argument --dtype: invalid choice: 'fp8'"),
+    (["demo", "--weights", "{tmp}/no-checkpoint"], "no-checkpoint: no such checkpoint directory or file"),
+    (["demo", "--data", "{tmp}"], "expected images/*.jpg and clip.gif"),
+    (["encode"], "the following arguments are required: files"),
+    (["encode", "data/images/coffee.jpg", "--out", UNWRITABLE], "out.json: cannot write here"),
+    (["encode", "data/images/coffee.jpg", "--json", UNWRITABLE], "out.json: cannot write here"),
+    (["encode", "data/images/coffee.jpg", "--out", "{tmp}/x", "--json", "{tmp}/x"], "name the same file"),
+    (["encode", "{tmp}/a-file"], "a-file: unsupported file type '(no suffix)'"),
+    (["plan", "--seed", "-1"], "argument --seed: -1 is not in"),
+    (["plan", "--range-ratio", "-1"], "argument --range-ratio: -1 is not in [0, 1]"),
+    (["plan", "--range-ratio", "nan"], "argument --range-ratio: nan is not in [0, 1]"),
+    (["plan", "--num-requests", "1e8"], "argument --num-requests: '1e8' is not an integer"),
+    (["plan", "--num-requests", "100000000"], "argument --num-requests: 100,000,000 is not in [1, 1,000,000]"),
+    (["plan", "--num-requests", "0"], "argument --num-requests: 0 is not in"),
+    (["plan", "--num-requests", "1000", "--items-per-request", "100000"], "more than 10,000,000 items"),
+    (["plan", "--budgets", HUGE], "budget 1,000,000,000 is not in [1, 131,072] tokens"),
+    (["plan", "--budgets", "64,abc"], "budget 'abc' is not an integer"),
+    (["plan", "--budgets", ",".join(str(64 * k) for k in range(1, 66))], "65 budgets: at most 64"),
+    (["plan", "--budgets", ",".join(str(131072 - k) for k in range(64))], "more than one H200"),
+    (["plan", "--compare", "0,64"], "argument --compare: budget 0 is not in"),
+    (["plan", "--max-items", "0"], "argument --max-items: 0 is not"),
+    (["plan", "--max-items", "100", "--budgets", "64,128"], "max_items=100 exceeds the smallest budget 64"),
+    (["plan", "--max-segments", "100000"], "max_segments=100,000 exceeds the largest budget 4,096"),
+    (["plan", "--trace", "{tmp}/missing.csv"], "missing.csv: no such trace file"),
+    (["plan", "--trace", "{tmp}/a-file"], "a trace must be .csv, .json, .jsonl"),
+    (["plan", "--trace", "{tmp}/t.csv", "--seed", "3"], "--seed with --trace: a trace has its own requests"),
+    (["plan", "--workload", "mixed-av", "--items-per-request", "2"], "--items-per-request with --workload"),
+    (["plan", "--workload", "nope"], "argument --workload: invalid choice: 'nope'"),
+    (["plan", "--bucket-config", "{(224, 224): 1}"], "bucket key must be (height, width, frames)"),
+    (["plan", "--packer", "best"], "argument --packer: invalid choice"),
+    (["plan", "--latency-table", "{tmp}/a-file"], "a-file: not a latency table"),
+    (["plan", "--latency-table", "{tmp}/none.json"], "none.json: cannot read the latency table"),
+    (["plan", "--export", UNWRITABLE], "out.json: cannot write here"),
+    (["plan", "--json", UNWRITABLE], "out.json: cannot write here"),
+    (["plan", "--export", "{tmp}/x", "--json", "{tmp}/x"], "--export and --json name the same file"),
+    (["bench", "--seed", "-1"], "argument --seed: -1 is not in"),
+    (["bench", "--range-ratio", "-1"], "argument --range-ratio: -1 is not in [0, 1]"),
+    (["bench", "--transformers-requests", "-1"], "argument --transformers-requests: -1 is not in"),
+    (["bench", "--matmul-size", "-1"], "argument --matmul-size: -1 is not in"),
+    (["bench", "--matmul-size", "8192", "--device", "cpu"], "--matmul-size 8,192: at most 4,096 on cpu"),
+    (["bench", "--device", "bogus"], "--device 'bogus' is not a device"),
+    (["bench", "--budgets", HUGE], "budget 1,000,000,000 is not in [1, 131,072] tokens"),
+    (["bench", "--num-requests", "1e8"], "argument --num-requests: '1e8' is not an integer"),
+    (["bench", "--num-requests", "1000000"], "argument --num-requests: 1,000,000 is not in [1, 100,000]"),
+    (["bench", "--items-per-request", "100000", "--num-requests", "100"], "more than 1,000,000 items"),
+    (["bench", "--workload", "img8x448", "--num-requests", "100000", "--device", "cpu"], "the workload's pixels"),
+    (["bench", "--max-items", "100", "--budgets", "64,128"], "max_items=100 exceeds the smallest budget 64"),
+    (["bench", "--threads", "0"], "argument --threads: 0 is not in"),
+    (["bench", "--warmup", "-1"], "argument --warmup: -1 is not in"),
+    (["bench", "--modes", "eager,fast"], "unknown mode 'fast'"),
+    (["bench", "--attn-backend", "nope"], "unknown attention backend 'nope'"),
+    (["bench", "--json", UNWRITABLE], "out.json: cannot write here"),
+    (["bench", "--predict", "{tmp}/a-file"], "a-file: not a latency table"),
+    (["latency", "--runs", "0"], "argument --runs: 0 is not in"),
+    (["latency", "--warmup", "-1"], "argument --warmup: -1 is not in"),
+    (["latency", "--budgets", "64"], "--budgets needs at least two budgets"),
+    (["latency", "--budgets", HUGE], "budget 1,000,000,000 is not in [1, 131,072] tokens"),
+    (["latency", "--max-items", "0"], "argument --max-items: 0 is not"),
+    (["latency", "--seed", "-1"], "argument --seed: -1 is not in"),
+    (["latency", "--device", "bogus"], "--device 'bogus' is not a device"),
+    (["latency", "--json", UNWRITABLE], "out.json: cannot write here"),
+]
+
+
+@pytest.mark.parametrize("argv, message", BAD_INVOCATIONS)
+def test_every_bad_invocation_is_one_line_before_any_work(argv, message, tmp_path, capsys, no_model):
+    (tmp_path / "a-file").write_text("not what was asked for")
+    (tmp_path / "t.csv").write_text("height,width\n224,224\n")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code not in (0, None)
+    assert err.count("\n") == 1 and "error:" in err and "Traceback" not in err, err
+    assert message in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "t.csv"]  # nothing written, nothing left
