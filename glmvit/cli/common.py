@@ -68,20 +68,24 @@ def float_in(lo: float, hi: float) -> Callable[[str], float]:
     return parse
 
 
-def budgets_arg(text: str) -> tuple[int, ...] | None:
-    """An argparse ``type``: budgets as text (``"64, 256"``; ``"auto"`` → None), each in [1, MAX_BUDGET_TOKENS]."""
-    try:
-        budgets = parse_budgets(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+def check_budgets(budgets: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """``budgets`` (None: auto) if there are at most MAX_BUDGETS, each in [1, MAX_BUDGET_TOKENS]; else ValueError."""
     if budgets and len(budgets) > MAX_BUDGETS:
-        raise argparse.ArgumentTypeError(f"{len(budgets)} budgets: at most {MAX_BUDGETS} (each is a captured graph)")
+        raise ValueError(f"{len(budgets)} budgets: at most {MAX_BUDGETS} (each is a captured graph)")
     for budget in budgets or ():
         if not 1 <= budget <= MAX_BUDGET_TOKENS:
-            raise argparse.ArgumentTypeError(
-                f"budget {budget:,} is not in [1, {MAX_BUDGET_TOKENS:,}] tokens (a batch never holds more than one "
-                "request, and a request must fit the 128K-token context of GLM-4.6V-Flash)")
+            raise ValueError(f"budget {budget:,} is not in [1, {MAX_BUDGET_TOKENS:,}] tokens (a batch never holds "
+                             "more than one request, and a request must fit the 128K-token context of "
+                             "GLM-4.6V-Flash)")
     return budgets
+
+
+def budgets_arg(text: str) -> tuple[int, ...] | None:
+    """An argparse ``type``: budgets as text (``"64, 256"``; ``"auto"`` → None), checked by :func:`check_budgets`."""
+    try:
+        return check_budgets(parse_budgets(text))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
