@@ -436,6 +436,8 @@ def _check_workload(args: argparse.Namespace, device: torch.device) -> None:
         raise ValueError("the workload drew no items (raise --items-per-request or lower --range-ratio)")
     specs = [[item.spec for item in r] for r in requests]
     config = BudgetConfig.for_requests(specs, args.budgets, args.max_items, args.max_segments)
+    if args.max_segments is None:  # the default may exceed small budgets; the runner never uses slots past them
+        config = BudgetConfig(config.token_budgets, config.max_items, min(config.max_segments, config.largest))
     check_budget_config(config, str(DTYPES[args.dtype]).removeprefix("torch."))
     rows = sum(int(np.prod(item.grid)) for r in requests for item in r)
     need = rows * VisionConfig().patch_dim * DTYPES[args.dtype].itemsize

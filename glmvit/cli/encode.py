@@ -12,8 +12,8 @@ only emulates); here the time goes mostly to decoding and resizing.
 (strings; every value is JSON) says what they are::
 
     item_<i>        {"source", "sha256", "kind", "grid_thw", "tokens", "frame_indices", "timestamps"}
-    vision_config   the tower's configuration        dtype      the dtype the model ran in
-    weights         {"path", "files", "sha256"} of the checkpoint, or {"random": true, "seed"}
+    vision_config   the tower's configuration        dtype, device, description   how the model ran
+    weights         {"path", "files", "hashed_json", "sha256"} of the checkpoint, or {"random": true, "seed"}
     provenance      versions, git commit, command, date
 
 ``source`` is the file's absolute path and ``sha256`` its content's hash; ``timestamps``: for a video, the time in

@@ -9,7 +9,7 @@ second budget set beside the first; ``--export`` writes the first as vLLM's ``--
     python -m glmvit latency --json latency.json              # once, on the GPU you deploy on
     python -m glmvit plan --trace trace.csv --latency-table latency.json --budgets 64,256,1024,4096 \\
         --compare auto --export vllm_compilation_config.json
-    vllm serve zai-org/GLM-4.1V-9B-Thinking --compilation-config "$(cat vllm_compilation_config.json)"
+    vllm serve THUDM/GLM-4.1V-9B-Thinking --compilation-config "$(cat vllm_compilation_config.json)"
 """
 from __future__ import annotations
 
