@@ -23,6 +23,7 @@ from typing import Any
 from ..costmodel import (
     BudgetReport,
     LatencyTable,
+    TimeSummary,
     evaluate_budgets,
     vllm_compilation_config,
     vllm_frames_needed,
@@ -179,7 +180,8 @@ def _capture_text(report: BudgetReport) -> str:
     return "unknown (the table has no capture times)" if report.graphs else "unknown (no latency table)"
 
 
-def _times(summary: Any) -> str:
+def _times(summary: TimeSummary | None) -> str:
+    assert summary is not None  # report_rows shows times only when every report has them
     return f"{summary.median_ms:.2f} · {summary.mean_ms:.2f} · {summary.p99_ms:.2f}"
 
 
@@ -227,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report_json(report: BudgetReport) -> dict[str, Any]:
-    def times(summary: Any) -> dict[str, float] | None:
+    def times(summary: TimeSummary | None) -> dict[str, float] | None:
         return None if summary is None else vars(summary)
 
     return {"token_budgets": list(report.config.token_budgets), "max_items": report.config.max_items,
