@@ -6,6 +6,7 @@ answers "which budgets should I capture, and what will they cost?" before a depl
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import json
 import math
 import numbers
@@ -17,7 +18,17 @@ import numpy as np
 
 from .config import VisionConfig
 from .geometry import ItemSpec
-from .packing import AUTO_RANGE, BudgetConfig, Plan, check_items, plan_workload, positive_int
+from .packing import (
+    AUTO_RANGE,
+    BudgetConfig,
+    Plan,
+    PlanStats,
+    check_items,
+    combined_stats,
+    plan_batches,
+    plan_workload,
+    positive_int,
+)
 
 CANDIDATE_STEP = 64  # recommend_budgets rounds batch sizes up to this multiple
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -81,6 +92,8 @@ class LatencyTable:
     (``real_tokens``, ``segment_rows2``, ``graph_ms``, ``eager_ms``, and P99s), from which :meth:`from_dict` fits
     the model; or a plain ``{"budgets": [{"tokens", "graph_ms", "eager_ms"}, ...]}``. At least two budgets; other
     token counts are interpolated linearly (extrapolated from the two nearest, never below 0).
+    Optional, as ``python -m glmvit latency`` writes them: P99 times (``graph_p99_ms`` / ``eager_p99_ms``; read
+    only when every budget has both) and ``"capture": {"64": {"seconds": 0.06}, ...}``, each graph's capture time.
     """
 
     tokens: tuple[int, ...]
@@ -91,6 +104,10 @@ class LatencyTable:
     provenance: Mapping[str, Any] = field(default_factory=dict)
     attention_ms: float = 0.0  # per 10⁶ rows² of Σ L²
     eager_floor_ms: float = 0.0
+    eager_floor_p99_ms: float = 0.0
+    graph_p99_ms: tuple[float, ...] | None = None
+    eager_p99_ms: tuple[float, ...] | None = None
+    capture_s: Mapping[int, float] = field(default_factory=dict)  # budget → seconds its capture took
 
     def __post_init__(self) -> None:
         if not len(self.tokens) == len(self.graph_ms) == len(self.eager_ms):
@@ -101,13 +118,21 @@ class LatencyTable:
             positive_int("latency table tokens", t)
         if any(a >= b for a, b in zip(self.tokens, self.tokens[1:], strict=False)):
             raise ValueError(f"latency table tokens must be strictly increasing, got {list(self.tokens)}")
-        for ms in (*self.graph_ms, *self.eager_ms):
+        p99 = (self.graph_p99_ms or ()) + (self.eager_p99_ms or ())
+        if (self.graph_p99_ms is None) != (self.eager_p99_ms is None) or \
+                any(c is not None and len(c) != len(self.tokens) for c in (self.graph_p99_ms, self.eager_p99_ms)):
+            raise ValueError("latency table: graph_p99_ms and eager_p99_ms need one value per budget, both or neither")
+        for ms in (*self.graph_ms, *self.eager_ms, *p99):
             if not (isinstance(ms, numbers.Real) and math.isfinite(ms) and ms > 0):
                 raise ValueError(f"latency table times must be positive finite numbers, got {ms!r}")
-        for name in ("attention_ms", "eager_floor_ms"):
+        for name in ("attention_ms", "eager_floor_ms", "eager_floor_p99_ms"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"latency table {name} must be a finite number ≥ 0, got {value!r}")
+        for budget, seconds in self.capture_s.items():
+            positive_int("latency table capture budget", budget)
+            if not (isinstance(seconds, numbers.Real) and math.isfinite(seconds) and seconds >= 0):
+                raise ValueError(f"latency table capture seconds must be finite numbers ≥ 0, got {seconds!r}")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LatencyTable:
@@ -120,7 +145,10 @@ class LatencyTable:
             raise ValueError(f"latency table: expected budgets as [{{tokens, graph_ms, eager_ms}}, ...] ({err!r})") \
                 from None
         tokens, graph_ms, eager_ms = (tuple(c) for c in columns)
-        return cls(tokens, graph_ms, eager_ms, **_labels(data))
+        p99 = all("graph_p99_ms" in r and "eager_p99_ms" in r for r in rows)
+        return cls(tokens, graph_ms, eager_ms, **_labels(data),
+                   graph_p99_ms=tuple(r["graph_p99_ms"] for r in rows) if p99 else None,
+                   eager_p99_ms=tuple(r["eager_p99_ms"] for r in rows) if p99 else None)
 
     def graph_time(self, budget: int, segment_rows2: int = 0) -> float:
         """A replay of ``budget``'s graph whose real segments have Σ L² = ``segment_rows2``."""
@@ -132,10 +160,27 @@ class LatencyTable:
             return _linear(tokens, self.tokens, self.eager_ms)
         return max(self.eager_floor_ms, self.graph_time(tokens, segment_rows2))
 
+    def p99(self) -> "LatencyTable | None":
+        """This table with every budget's P99 times in place of its medians; None when it has no P99 columns."""
+        if self.graph_p99_ms is None or self.eager_p99_ms is None:
+            return None
+        return dataclasses.replace(self, graph_ms=self.graph_p99_ms, eager_ms=self.eager_p99_ms, graph_p99_ms=None,
+                                   eager_p99_ms=None, eager_floor_ms=self.eager_floor_p99_ms or self.eager_floor_ms)
+
+    def capture_time(self, budget: int) -> float | None:
+        """Seconds to capture ``budget``'s graph: as measured, else interpolated between the measured budgets like
+        the times (None with fewer than two measured). The first capture of a run also pays one-time start-up."""
+        if budget in self.capture_s:
+            return self.capture_s[budget]
+        if len(self.capture_s) < 2:
+            return None
+        budgets = sorted(self.capture_s)
+        return _linear(budget, budgets, [self.capture_s[b] for b in budgets])
+
 
 def _labels(data: Mapping[str, Any]) -> dict[str, Any]:
     return {"dtype": data.get("dtype", "bfloat16"), "config": data.get("config", "glm41v"),
-            "provenance": dict(data.get("provenance", {}))}
+            "provenance": dict(data.get("provenance", {})), "capture_s": _capture_seconds(data.get("capture", {}))}
 
 
 def _fit(rows: list[Mapping[str, Any]], data: Mapping[str, Any]) -> LatencyTable:
@@ -152,8 +197,22 @@ def _fit(rows: list[Mapping[str, Any]], data: Mapping[str, Any]) -> LatencyTable
     base = [float(np.mean([x["graph_ms"] - slope * x["segment_rows2"] / 1e6 for x in r["layouts"]])) for r in rows]
     small = [x["eager_ms"] for r in rows for x in r["layouts"] if x["real_tokens"] <= 256]
     eager = [float(r["eager_ms"]) for r in rows]
+    small_p99 = [x["eager_p99_ms"] for r in rows for x in r["layouts"] if x["real_tokens"] <= 256]
+    # P99 columns: each budget's base plus the largest tail (P99 − median) of its layouts
+    tail = [max(x["graph_p99_ms"] - x["graph_ms"] for x in r["layouts"]) for r in rows]
+    eager_tail = [max(x["eager_p99_ms"] - x["eager_ms"] for x in r["layouts"]) for r in rows]
     return LatencyTable(tuple(int(r["tokens"]) for r in rows), tuple(base), tuple(eager), **_labels(data),
-                        attention_ms=slope, eager_floor_ms=float(np.median(small)) if small else 0.0)
+                        graph_p99_ms=tuple(b + t for b, t in zip(base, tail, strict=True)),
+                        eager_p99_ms=tuple(e + t for e, t in zip(eager, eager_tail, strict=True)), attention_ms=slope,
+                        eager_floor_ms=float(np.median(small)) if small else 0.0,
+                        eager_floor_p99_ms=float(np.median(small_p99)) if small_p99 else 0.0)
+
+def _capture_seconds(capture: Any) -> dict[int, float]:
+    """``{"64": {"seconds": 0.06, ...}, ...}`` (a latency table's ``capture``) → {64: 0.06, ...}."""
+    try:
+        return {int(budget): entry["seconds"] for budget, entry in capture.items()}
+    except (AttributeError, KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"latency table: expected capture as {{budget: {{seconds, ...}}, ...}} ({err!r})") from None
 
 
 def _linear(x: float, xs: Sequence[int], ys: Sequence[float]) -> float:
@@ -324,3 +383,98 @@ def _default_tops(requests: list[list[ItemSpec]], max_items: int) -> list[int]:
     return sorted(set(_powers_of_two(max_items, largest_request)) | extra)
 
 
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Evaluating a budget set for a deployment, and exporting it to vLLM
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TimeSummary:
+    """Mean, median and P99 of predicted milliseconds per request."""
+
+    mean_ms: float
+    median_ms: float
+    p99_ms: float
+
+    @classmethod
+    def of(cls, ms: Sequence[float]) -> "TimeSummary":
+        a = np.asarray(ms, dtype=np.float64)
+        if a.size == 0:
+            raise ValueError("no requests to summarise")
+        return cls(float(a.mean()), float(np.median(a)), float(np.percentile(a, 99)))
+
+
+@dataclass(frozen=True)
+class BudgetReport:
+    """What a budget set does to a workload: packing, graph memory, capture time and predicted time per request.
+
+    ``graphs``: predicted ms per request from the table's medians; ``graphs_at_p99``: the same with every batch at
+    its budget's P99 latency (a pessimistic request time: slow replays rarely all coincide); ``eager``: the same
+    items run eagerly. Each is None without a table (``graphs_at_p99`` also without P99 columns);
+    ``capture_s`` is None when the table has no capture times.
+    """
+
+    config: BudgetConfig
+    stats: PlanStats
+    graph_bytes: int  # total_graph_memory: every graph's static buffers plus the one shared pool
+    pool_bytes: int
+    capture_s: float | None = None
+    graphs: TimeSummary | None = None
+    graphs_at_p99: TimeSummary | None = None
+    eager: TimeSummary | None = None
+
+
+def capture_time(config: BudgetConfig, table: LatencyTable) -> float | None:
+    """Estimated seconds to capture every budget of ``config`` (:meth:`LatencyTable.capture_time`); None: unknown."""
+    seconds = [table.capture_time(b) for b in config.token_budgets]
+    return None if any(s is None for s in seconds) else sum(s for s in seconds if s is not None)
+
+
+def evaluate_budgets(requests: Sequence[Sequence[ItemSpec]], config: BudgetConfig, table: LatencyTable | None = None,
+                     vision_config: VisionConfig | None = None, dtype: str = "bfloat16",
+                     packer: str = "ffd") -> BudgetReport:
+    """Pack every request with ``config`` and report packing, memory (``vision_config``, default GLM-4.1V, in
+    ``dtype``), and with a latency table the capture time and the predicted mean / median / P99 ms per request."""
+    plans = plan_workload(requests, config, packer)
+    if not plans:
+        raise ValueError("the workload has no requests")
+    memories = graph_memory(config, vision_config or VisionConfig.glm41v(), dtype)
+    report = BudgetReport(config, combined_stats(plans), total_graph_memory(memories),
+                          max(m.pool_bytes for m in memories))
+    if table is None:
+        return report
+    estimates = [predict_time(p, table) for p in plans]
+    slow = table.p99()
+    return dataclasses.replace(
+        report, capture_s=capture_time(config, table), graphs=TimeSummary.of([e.total_ms for e in estimates]),
+        eager=TimeSummary.of([e.eager_ms for e in estimates]),
+        graphs_at_p99=None if slow is None else TimeSummary.of([predict_time(p, slow).total_ms for p in plans]))
+
+
+def vllm_frames_needed(requests: Iterable[Sequence[ItemSpec]], config: BudgetConfig) -> int:
+    """The most segments in one replayed batch when vLLM packs ``requests``: ascending tokens, next-fit on tokens
+    and items only; vLLM's packer has no frame check (``EncoderCudaGraphManager._execute_local`` in
+    vllm/v1/worker/encoder_cudagraph.py), so its frame capacity must hold what the other two limits let through."""
+    unbounded = BudgetConfig(config.token_budgets, config.max_items, config.largest)  # segments ≤ tokens
+    batches = [b for r in requests for b in plan_batches(r, unbounded, "vllm").batches if b.budget is not None]
+    return max((b.segments for b in batches), default=0)
+
+
+def vllm_compilation_config(config: BudgetConfig, frames: int | None = None) -> dict[str, Any]:
+    """``config`` as vLLM's ``--compilation-config`` JSON for encoder CUDA graphs.
+
+    The keys are the ``CompilationConfig`` fields (vllm/config/compilation.py) that ``EncoderCudaGraphManager``
+    reads (vllm/v1/worker/encoder_cudagraph.py). vLLM's "frames" size the ``cu_seqlens`` buffer: one entry per
+    attention sequence, i.e. per grid_thw time step, a temporal patch of 2 sampled frames (the capture grids of
+    ``prepare_encoder_cudagraph_capture_inputs`` in vllm/model_executor/models/qwen2_5_vl.py use T = frames per
+    item). That is a glmvit segment, so the frames are ``max_segments``, or ``frames`` when given (e.g.
+    :func:`vllm_frames_needed`, if larger). vLLM's own rule, max items ≤ the smallest budget, holds for every
+    :class:`BudgetConfig`.
+    """
+    frames = config.max_segments if frames is None else positive_int("frames", frames)
+    return {
+        "cudagraph_mm_encoder": True,
+        "encoder_cudagraph_token_budgets": list(config.token_budgets),
+        "encoder_cudagraph_max_vision_items_per_batch": config.max_items,
+        "encoder_cudagraph_max_frames_per_batch": frames,
+    }

@@ -205,3 +205,15 @@ def test_default_limits_size_the_segment_slots_to_the_workload():
     assert BudgetConfig.for_requests([[ItemSpec(256, 4)]]).max_segments == 4
     tiny = BudgetConfig.for_requests(images, token_budgets=(1, 128))
     assert (tiny.max_items, tiny.max_segments) == (1, 2)  # one token per item at most in a 1-token budget
+
+
+def test_default_segment_slots_never_refuse_small_budgets():
+    """Only a --max-segments the user gives can exceed the largest budget; the default one is sized to the
+    workload (8 segments for two 8-frame clips) and clamped, as the runner never uses slots past a budget."""
+    from glmvit.cli.bench import build_parser, check_args
+
+    parser = build_parser()
+    check_args(parser, parser.parse_args(["--workload", "video2x8x224", "--budgets", "2,4", "--device", "cpu"]))
+    with pytest.raises(SystemExit):
+        check_args(parser, parser.parse_args(["--workload", "video2x8x224", "--budgets", "2,4", "--max-segments", "8",
+                                              "--device", "cpu"]))

@@ -1,7 +1,20 @@
-"""The command line: the demo (main job), encode and plan run on CPU and say what they did."""
+"""The command line: the demo (main job), encode and plan run on CPU and say what they did; every bad invocation
+of every command is one line on stderr and a non-zero exit, before any work."""
+import hashlib
+import json
+import os
+
 import pytest
+import torch
+from PIL import Image
+from safetensors import safe_open
 from safetensors.torch import load_file
 
+import glmvit.cli.bench
+import glmvit.cli.common
+import glmvit.cli.encode
+import glmvit.cli.plan
+from glmvit import GlmVisionEncoder
 from glmvit.__main__ import main
 
 
@@ -15,28 +28,115 @@ def test_demo_encodes_every_sample_item(capsys):
     assert diff < 1e-4
 
 
-def test_encode_saves_embeddings(tmp_path, capsys):
-    dest = tmp_path / "emb.safetensors"
-    assert main(["encode", "data/images/coffee.jpg", "data/clip.gif", "--out", str(dest)]) == 0
+def test_encode_saves_embeddings_with_what_made_them(tmp_path, capsys):
+    dest, summary = tmp_path / "emb.safetensors", tmp_path / "emb.json"
+    assert main(["encode", "data/images/coffee.jpg", "data/clip.gif", "--out", str(dest), "--json", str(summary),
+                 "--quiet"]) == 0
     saved = load_file(str(dest))
     assert set(saved) == {"item_0", "item_1"} and saved["item_0"].shape[1] == 64
     assert "video grid" in capsys.readouterr().out
+    with safe_open(str(dest), "pt") as f:
+        meta = {k: json.loads(v) for k, v in f.metadata().items()}
+    image, video = meta["item_0"], meta["item_1"]
+    assert image["source"] == os.path.abspath("data/images/coffee.jpg") and image["kind"] == "image"
+    assert image["sha256"] == hashlib.sha256(open("data/images/coffee.jpg", "rb").read()).hexdigest()
+    assert image["timestamps"] is None and image["tokens"] == saved["item_0"].shape[0]
+    t, h, w = video["grid_thw"]
+    assert video["kind"] == "video" and len(video["timestamps"]) == t and t * h * w // 4 == saved["item_1"].shape[0]
+    assert video["frame_indices"] is None  # glmvit.processing does not report them yet
+    assert meta["dtype"] == "float32" and meta["vision_config"]["hidden_size"] == 64
+    assert meta["weights"] == {"random": True, "seed": 0} and "torch" in meta["provenance"]
+    report = json.loads(summary.read_text())
+    assert report["items"] == [image, video] and report["out"] == str(dest)
 
 
-def test_encode_rejects_unknown_files_in_one_line(tmp_path, capsys):
+def test_encode_records_the_checkpoints_identity(checkpoint, tmp_path):
+    dest = tmp_path / "emb.safetensors"
+    assert main(["encode", "data/images/coffee.jpg", "--weights", str(checkpoint), "--device", "cpu",
+                 "--out", str(dest)]) == 0
+    with safe_open(str(dest), "pt") as f:
+        weights = json.loads(f.metadata()["weights"])
+    shards = sorted(checkpoint.glob("*.safetensors"))
+    assert weights["path"] == str(checkpoint.resolve()) and len(shards) > 1
+    assert [f["name"] for f in weights["files"]] == [p.name for p in shards]
+    assert weights["hashed_json"] == ["config.json", "model.safetensors.index.json"] and len(weights["sha256"]) == 64
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Any model being built is a failure: the check must come first."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("work started before the arguments were checked")
+
+    monkeypatch.setattr(glmvit.cli.common, "build_model", refuse)
+    monkeypatch.setattr(GlmVisionEncoder, "from_pretrained", refuse)
+    monkeypatch.setattr(glmvit.cli.plan, "evaluate_budgets", refuse)
+    monkeypatch.setattr(glmvit.cli.bench, "run_benchmark", refuse)
+
+
+def bad_files(tmp_path):
+    """One file per way a user's file can be wrong, and the message naming it."""
+    jpeg = open("data/images/coffee.jpg", "rb").read()
+    png = tmp_path / "good.png"
+    Image.open("data/images/coffee.jpg").save(png)
+    (tmp_path / "folder.jpg").mkdir()
+    (tmp_path / "empty.png").write_bytes(b"")
+    (tmp_path / "truncated.jpg").write_bytes(jpeg[: len(jpeg) // 2])
+    (tmp_path / "truncated.png").write_bytes(png.read_bytes()[:2000])
+    (tmp_path / "text.gif").write_text("GIF? no, just text")
     (tmp_path / "notes.txt").write_text("hi")
-    assert main(["encode", str(tmp_path / "notes.txt")]) == 1
+    (tmp_path / "clip.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42")
+    Image.new("RGB", (6000, 20)).save(tmp_path / "sliver.png")
+    return {"missing.jpg": "missing.jpg: no such file", "folder.jpg": "folder.jpg: not a regular file",
+            "empty.png": "empty.png: empty file", "truncated.jpg": "truncated.jpg: cannot decode it",
+            "truncated.png": "truncated.png: cannot decode it",
+            "text.gif": "text.gif: not an image or animation that PIL can decode",
+            "notes.txt": "notes.txt: unsupported file type '.txt'", "clip.mp4": "clip.mp4: unsupported file type",
+            "sliver.png": "sliver.png: aspect ratio"}
+
+
+@pytest.mark.parametrize("name", ["missing.jpg", "folder.jpg", "empty.png", "truncated.jpg", "truncated.png",
+                                  "text.gif", "notes.txt", "clip.mp4", "sliver.png"])
+def test_encode_checks_every_file_before_loading_the_model(name, tmp_path, capsys, no_model):
+    message = bad_files(tmp_path)[name]
+    out = tmp_path / "emb.safetensors"
+    assert main(["encode", "data/images/coffee.jpg", str(tmp_path / name), "--out", str(out), "--quiet"]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "notes.txt: unsupported file type '.txt'" in err and "Traceback" not in err
-    assert main(["encode", str(tmp_path / "missing.jpg")]) == 1
-    assert "missing.jpg: no such file" in capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+    assert not out.exists()
 
 
-def test_encode_checks_the_output_before_any_work(tmp_path, capsys):
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads every file whatever its mode")
+def test_encode_names_an_unreadable_file(tmp_path, capsys, no_model):
+    path = tmp_path / "secret.jpg"
+    path.write_bytes(open("data/images/coffee.jpg", "rb").read())
+    path.chmod(0)
+    assert main(["encode", str(path)]) == 1
+    assert "secret.jpg: cannot read it (permission denied)" in capsys.readouterr().err
+
+
+def test_encode_failing_midway_writes_nothing(tmp_path, capsys, monkeypatch):
+    load = glmvit.cli.encode.load
+
+    def fail_on_the_clip(path, kind):
+        if kind == "video":
+            raise OSError("disk vanished")
+        return load(path, kind)
+
+    monkeypatch.setattr(glmvit.cli.encode, "load", fail_on_the_clip)
+    out, summary = tmp_path / "emb.safetensors", tmp_path / "emb.json"
+    assert main(["encode", "data/images/coffee.jpg", "data/clip.gif", "--out", str(out), "--json", str(summary),
+                 "--quiet"]) == 1
+    assert "disk vanished" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # no output, no temporary file
+
+
+def test_encode_checks_the_output_before_any_work(tmp_path, capsys, no_model):
     out = tmp_path / "is-a-folder.safetensors"
     out.mkdir()
-    assert main(["encode", "data/images/coffee.jpg", "--out", str(out)]) == 1
-    assert "is a directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["encode", "data/images/coffee.jpg", "--out", str(out)])
+    assert exc.value.code == 2 and "is a directory" in capsys.readouterr().err
 
 
 def test_plan_compares_packers(capsys):
@@ -73,3 +173,93 @@ def test_config_with_weights_is_refused_in_one_line(checkpoint, capsys):
     with pytest.raises(SystemExit):
         main(["demo", "--weights", str(checkpoint), "--config", "tiny"])
     assert "--config applies to random weights" in capsys.readouterr().err
+
+
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+UNWRITABLE = "{tmp}/a-file/out.json"  # a path below a regular file: no folder can be made there
+HUGE = "64,1000000000"
+BAD_INVOCATIONS = [
+    # (argv, what the one line must say); {tmp} is a fresh folder holding a regular file "a-file"
+    (["demo", "--seed", "-1"], "argument --seed: -1 is not in [0, 4,294,967,295]"),
+    (["demo", "--seed", "1.5"], "argument --seed: '1.5' is not an integer"),
+    (["demo", "--device", "bogus"], "--device 'bogus' is not a device"),
+    (["demo", "--device", "mps"], "only cuda and cpu are supported"),
+    pytest.param(["demo", "--device", "cuda"], "no CUDA GPU is available here", marks=NO_GPU),
+    (["demo", "--dtype", "fp8"], "argument --dtype: invalid choice: 'fp8'"),
+    (["demo", "--weights", "{tmp}/no-checkpoint"], "no-checkpoint: no such checkpoint directory or file"),
+    (["demo", "--data", "{tmp}"], "expected images/*.jpg and clip.gif"),
+    (["encode"], "the following arguments are required: files"),
+    (["encode", "data/images/coffee.jpg", "--out", UNWRITABLE], "out.json: cannot write here"),
+    (["encode", "data/images/coffee.jpg", "--json", UNWRITABLE], "out.json: cannot write here"),
+    (["encode", "data/images/coffee.jpg", "--out", "{tmp}/x", "--json", "{tmp}/x"], "name the same file"),
+    (["encode", "{tmp}/a-file"], "a-file: unsupported file type '(no suffix)'"),
+    (["plan", "--seed", "-1"], "argument --seed: -1 is not in"),
+    (["plan", "--range-ratio", "-1"], "argument --range-ratio: -1 is not in [0, 1]"),
+    (["plan", "--range-ratio", "nan"], "argument --range-ratio: nan is not in [0, 1]"),
+    (["plan", "--num-requests", "1e8"], "argument --num-requests: '1e8' is not an integer"),
+    (["plan", "--num-requests", "100000000"], "argument --num-requests: 100,000,000 is not in [1, 1,000,000]"),
+    (["plan", "--num-requests", "0"], "argument --num-requests: 0 is not in"),
+    (["plan", "--num-requests", "1000", "--items-per-request", "100000"], "more than 10,000,000 items"),
+    (["plan", "--budgets", HUGE], "budget 1,000,000,000 is not in [1, 131,072] tokens"),
+    (["plan", "--budgets", "64,abc"], "budget 'abc' is not an integer"),
+    (["plan", "--budgets", ",".join(str(64 * k) for k in range(1, 66))], "65 budgets: at most 64"),
+    (["plan", "--budgets", ",".join(str(131072 - k) for k in range(64))], "more than one H200"),
+    (["plan", "--compare", "0,64"], "argument --compare: budget 0 is not in"),
+    (["plan", "--max-items", "0"], "argument --max-items: 0 is not"),
+    (["plan", "--max-items", "100", "--budgets", "64,128"], "max_items=100 exceeds the smallest budget 64"),
+    (["plan", "--max-segments", "100000"], "max_segments=100,000 exceeds the largest budget 4,096"),
+    (["plan", "--trace", "{tmp}/missing.csv"], "missing.csv: no such trace file"),
+    (["plan", "--trace", "{tmp}/a-file"], "a trace must be .csv, .json, .jsonl"),
+    (["plan", "--trace", "{tmp}/t.csv", "--seed", "3"], "--seed with --trace: a trace has its own requests"),
+    (["plan", "--workload", "mixed-av", "--items-per-request", "2"], "--items-per-request with --workload"),
+    (["plan", "--workload", "nope"], "argument --workload: invalid choice: 'nope'"),
+    (["plan", "--bucket-config", "{(224, 224): 1}"], "bucket key must be (height, width, frames)"),
+    (["plan", "--packer", "best"], "argument --packer: invalid choice"),
+    (["plan", "--latency-table", "{tmp}/a-file"], "a-file: not a latency table"),
+    (["plan", "--latency-table", "{tmp}/none.json"], "none.json: cannot read the latency table"),
+    (["plan", "--export", UNWRITABLE], "out.json: cannot write here"),
+    (["plan", "--json", UNWRITABLE], "out.json: cannot write here"),
+    (["plan", "--export", "{tmp}/x", "--json", "{tmp}/x"], "--export and --json name the same file"),
+    (["bench", "--seed", "-1"], "argument --seed: -1 is not in"),
+    (["bench", "--range-ratio", "-1"], "argument --range-ratio: -1 is not in [0, 1]"),
+    (["bench", "--transformers-requests", "-1"], "argument --transformers-requests: -1 is not in"),
+    (["bench", "--matmul-size", "-1"], "argument --matmul-size: -1 is not in"),
+    (["bench", "--matmul-size", "8192", "--device", "cpu"], "--matmul-size 8,192: at most 4,096 on cpu"),
+    (["bench", "--device", "bogus"], "--device 'bogus' is not a device"),
+    (["bench", "--budgets", HUGE], "budget 1,000,000,000 is not in [1, 131,072] tokens"),
+    (["bench", "--num-requests", "1e8"], "argument --num-requests: '1e8' is not an integer"),
+    (["bench", "--num-requests", "1000000"], "argument --num-requests: 1,000,000 is not in [1, 100,000]"),
+    (["bench", "--items-per-request", "100000", "--num-requests", "100"], "more than 1,000,000 items"),
+    (["bench", "--workload", "img8x448", "--num-requests", "100000", "--device", "cpu"], "the workload's pixels"),
+    (["bench", "--max-items", "100", "--budgets", "64,128"], "max_items=100 exceeds the smallest budget 64"),
+    (["bench", "--threads", "0"], "argument --threads: 0 is not in"),
+    (["bench", "--warmup", "-1"], "argument --warmup: -1 is not in"),
+    (["bench", "--modes", "eager,fast"], "unknown mode 'fast'"),
+    (["bench", "--attn-backend", "nope"], "unknown attention backend 'nope'"),
+    (["bench", "--json", UNWRITABLE], "out.json: cannot write here"),
+    (["bench", "--predict", "{tmp}/a-file"], "a-file: not a latency table"),
+    (["latency", "--runs", "0"], "argument --runs: 0 is not in"),
+    (["latency", "--warmup", "-1"], "argument --warmup: -1 is not in"),
+    (["latency", "--budgets", "64"], "--budgets needs at least two budgets"),
+    (["latency", "--budgets", HUGE], "budget 1,000,000,000 is not in [1, 131,072] tokens"),
+    (["latency", "--max-items", "0"], "argument --max-items: 0 is not"),
+    (["latency", "--seed", "-1"], "argument --seed: -1 is not in"),
+    (["latency", "--device", "bogus"], "--device 'bogus' is not a device"),
+    (["latency", "--json", UNWRITABLE], "out.json: cannot write here"),
+]
+
+
+@pytest.mark.parametrize("argv, message", BAD_INVOCATIONS)
+def test_every_bad_invocation_is_one_line_before_any_work(argv, message, tmp_path, capsys, no_model):
+    (tmp_path / "a-file").write_text("not what was asked for")
+    (tmp_path / "t.csv").write_text("height,width\n224,224\n")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code not in (0, None)
+    assert err.count("\n") == 1 and "error:" in err and "Traceback" not in err, err
+    assert message in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "t.csv"]  # nothing written, nothing left

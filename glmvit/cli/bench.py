@@ -27,6 +27,8 @@ in the same run on the same device; FLOPs are analytic (:func:`glmvit.floor.enco
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import statistics
 import sys
 import time
@@ -36,20 +38,42 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..attention import check_backend
+from ..config import VisionConfig
 from ..costmodel import load_latency_table, predict_time
 from ..floor import floor_ms, flops_breakdown, measure_copy_bandwidth, measure_matmul_tflops, weight_bytes
 from ..graphs import EncoderGraphRunner, RunnerStats
 from ..metadata import build_metadata
 from ..model import GlmVisionEncoder
 from ..oracle import flatten_video_grids, hf_twin
-from ..packing import BudgetConfig, parse_budgets, plan_batches
+from ..packing import BudgetConfig, plan_batches
 from ..provenance import collect
 from ..timing import summarise, sync
-from ..workloads import PRESETS, parse_bucket_config, random_mm_workload
-from .common import DTYPES, add_model_args, check_writable, model_from_args, resolve_model_args, write_json
+from ..workloads import PRESETS, random_mm_workload
+from .common import (
+    DTYPES,
+    MAX_BUDGET_TOKENS,
+    Parser,
+    add_model_args,
+    bucket_config_arg,
+    budgets_arg,
+    check_budget_config,
+    check_writable,
+    device_memory_bytes,
+    float_in,
+    int_in,
+    model_from_args,
+    read_latency_table,
+    resolve_model_args,
+    write_json,
+)
 
 MODES = ("transformers", "eager", "graph", "graph-compiled", "compile")
 MAX_REQUESTS = 100_000
+MAX_ITEMS = 1_000_000  # every item's pixels are generated up front: 10⁶ 224² images alone are 600 GB in bf16
+MAX_WARMUP = 10_000
+MAX_MATMUL = {"cuda": 32_768, "cpu": 4_096}  # cuda: 3 n² bf16 operands = 6 GiB; cpu: 13 matmuls of 2n³ ≈ 30 s
+PIXEL_SHARE = 0.5  # the pixels stay resident for every mode: leave the other half for weights, activations, graphs
 Encode = Callable[[torch.Tensor, np.ndarray, torch.Tensor], torch.Tensor]
 
 
@@ -125,7 +149,7 @@ def _workload(args: argparse.Namespace) -> tuple[dict, int, float, int | None]:
     if args.workload:
         p = PRESETS[args.workload]
         return dict(p.bucket_config), p.items_per_request, p.range_ratio, p.limit_per_request
-    return parse_bucket_config(args.bucket_config), args.items_per_request, args.range_ratio, None
+    return dict(args.bucket_config), args.items_per_request, args.range_ratio, None
 
 
 def _floor(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, model: torch.nn.Module) -> dict:
@@ -184,8 +208,7 @@ def run_benchmark(args: argparse.Namespace, command: str) -> dict:
     config = model.config
     grids = [np.array([item.grid for item in r], dtype=np.int64) for r in requests]
     specs = [[item.spec for item in r] for r in requests]
-    budget_config = BudgetConfig.for_requests(specs, parse_budgets(args.budgets) if args.budgets else None,
-                                              args.max_items, args.max_segments)
+    budget_config = BudgetConfig.for_requests(specs, args.budgets, args.max_items, args.max_segments)
 
     gen = torch.Generator(device=device).manual_seed(args.seed)
     pixels = [torch.randn(int((g[:, 0] * g[:, 1] * g[:, 2]).sum()), config.patch_dim, device=device, dtype=dtype,
@@ -342,33 +365,36 @@ def print_report(result: dict) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m glmvit bench", description=(__doc__ or "").split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python -m glmvit bench", description=(__doc__ or "").split("\n\n")[0],
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     w = p.add_argument_group("workload (vLLM random-mm)")
     w.add_argument("--workload", choices=list(PRESETS),
                    help="a named preset: " + "; ".join(f"{k}: {v.description}" for k, v in PRESETS.items()))
-    w.add_argument("--bucket-config", default="{(224, 224, 1): 1.0}",
+    w.add_argument("--bucket-config", type=bucket_config_arg, default="{(224, 224, 1): 1.0}",
                    help="{(height, width, frames): probability, ...} (ignored with --workload)")
-    w.add_argument("--items-per-request", type=int, default=1)
-    w.add_argument("--range-ratio", type=float, default=0.0, help="items per request uniform in n·[1−r, 1+r]")
-    w.add_argument("--num-requests", type=int, default=100)
+    w.add_argument("--items-per-request", type=int_in(1, MAX_ITEMS), default=1)
+    w.add_argument("--range-ratio", type=float_in(0, 1), default=0.0, help="items per request uniform in n·[1−r, 1+r]")
+    w.add_argument("--num-requests", type=int_in(1, MAX_REQUESTS), default=100)
     m = p.add_argument_group("what runs")
     m.add_argument("--modes", default="transformers,eager,graph", help="comma list of " + ", ".join(MODES) +
                    " (graph is reported as graph-emulated off CUDA; compile modes are skipped off CUDA)")
-    m.add_argument("--transformers-requests", type=int, default=None,
+    m.add_argument("--transformers-requests", type=int_in(1, MAX_REQUESTS), default=None,
                    help="time only the first N requests in transformers mode (it is slow)")
-    m.add_argument("--budgets", default=None, help="graph token budgets, e.g. 64,128,256 (default: powers of two "
-                   "from 64 up to the largest request)")
-    m.add_argument("--max-items", type=int, default=None,
+    m.add_argument("--budgets", type=budgets_arg, default=None, help="graph token budgets, e.g. 64,128,256 "
+                   "(default: powers of two from 64 up to the largest request)")
+    m.add_argument("--max-items", type=int_in(1, MAX_BUDGET_TOKENS), default=None,
                    help="items per graph batch (default: the most any request of the workload has)")
-    m.add_argument("--max-segments", type=int, default=None,
+    m.add_argument("--max-segments", type=int_in(1, MAX_BUDGET_TOKENS), default=None,
                    help="attention segments (temporal patches) per graph batch (default: the most any request has; "
                         "every segment slot is a row of the flash-attention grid, so unused slots cost time)")
     m.add_argument("--attn-backend", default=None, help="varlen, flash_attn, sdpa_masked (default: the device's)")
-    m.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) first (CPU runs; on a "
-                   "busy machine 1 is the least noisy)")
-    m.add_argument("--warmup", type=int, default=5, help="untimed requests per mode first (default 5)")
-    m.add_argument("--matmul-size", type=int, default=None, help="n of the floor's n³ matmul (8192 CUDA, 512 CPU)")
+    m.add_argument("--threads", type=int_in(1, os.cpu_count() or 1), default=None, help="torch.set_num_threads(N) "
+                   "first (CPU runs; on a busy machine 1 is the least noisy)")
+    m.add_argument("--warmup", type=int_in(0, MAX_WARMUP), default=5,
+                   help="untimed requests per mode first (default 5)")
+    m.add_argument("--matmul-size", type=int_in(1, max(MAX_MATMUL.values())), default=None,
+                   help="n of the floor's n³ matmul (default 8192 CUDA, 512 CPU; at most "
+                        + ", ".join(f"{v:,} {k}" for k, v in MAX_MATMUL.items()) + ")")
     add_model_args(p)
     o = p.add_argument_group("output")
     o.add_argument("--json", metavar="PATH", help="write every number, with provenance, to this JSON file")
@@ -379,30 +405,46 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Every value checked before any work: one line and exit 2 for a bad one."""
+    """Every value checked before any work: one line and exit 2 for a bad one. The workload is drawn here once
+    to refuse what cannot run (no items, budgets that do not fit it, pixels that do not fit the device)."""
     resolve_model_args(parser, args)
-    if not 1 <= args.num_requests <= MAX_REQUESTS:
-        parser.error(f"--num-requests must be in [1, {MAX_REQUESTS:,}]")
-    for name in ("items_per_request", "max_items", "max_segments", "transformers_requests", "matmul_size", "threads"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name.replace('_', '-')} must be ≥ 1")
-    if args.warmup < 0:
-        parser.error("--warmup must be ≥ 0")
-    if not 0 <= args.range_ratio <= 1:
-        parser.error("--range-ratio must be in [0, 1]")
+    device = torch.device(args.device)
+    if args.matmul_size and args.matmul_size > MAX_MATMUL[device.type]:
+        parser.error(f"--matmul-size {args.matmul_size:,}: at most {MAX_MATMUL[device.type]:,} on {device.type}")
     try:
-        parse_bucket_config(args.bucket_config)
         parse_modes(args.modes)
-        budgets = parse_budgets(args.budgets) if args.budgets else None
-        if budgets:
-            BudgetConfig.resolve(budgets)
+        if args.attn_backend:
+            check_backend(args.attn_backend, device, DTYPES[args.dtype])
         if args.json:
             check_writable(args.json)
         if args.predict:
-            load_latency_table(args.predict)
+            read_latency_table(args.predict)
+        _check_workload(args, device)
     except (ValueError, OSError) as err:
         parser.error(str(err))
+
+
+def _check_workload(args: argparse.Namespace, device: torch.device) -> None:
+    buckets, items_per_request, range_ratio, limit = _workload(args)
+    most = min(math.ceil(items_per_request * (1 + range_ratio)), limit or math.inf)
+    if args.num_requests * most > MAX_ITEMS:
+        raise ValueError(f"{args.num_requests:,} requests of up to {most:,} items is more than {MAX_ITEMS:,} items "
+                         "(every item's pixels are generated before timing)")
+    requests = [r for r in random_mm_workload(buckets, args.num_requests, items_per_request, range_ratio, args.seed,
+                                              limit) if r]
+    if not requests:
+        raise ValueError("the workload drew no items (raise --items-per-request or lower --range-ratio)")
+    specs = [[item.spec for item in r] for r in requests]
+    config = BudgetConfig.for_requests(specs, args.budgets, args.max_items, args.max_segments)
+    if args.max_segments is None:  # the default may exceed small budgets; the runner never uses slots past them
+        config = BudgetConfig(config.token_budgets, config.max_items, min(config.max_segments, config.largest))
+    check_budget_config(config, str(DTYPES[args.dtype]).removeprefix("torch."))
+    rows = sum(int(np.prod(item.grid)) for r in requests for item in r)
+    need = rows * VisionConfig().patch_dim * DTYPES[args.dtype].itemsize
+    have = device_memory_bytes(device)
+    if need > PIXEL_SHARE * have:
+        raise ValueError(f"the workload's pixels need {need / 2**30:,.1f} GiB, more than half of {device}'s "
+                         f"{have / 2**30:,.0f} GiB (they stay resident for every mode): fewer or smaller requests")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,20 +1,91 @@
-"""What every command shares: the device / config / dtype policy, the model, JSON output with provenance."""
+"""What every command shares: one-line argument errors, the device / config / dtype policy, the model, the bounds
+on sizes, and output written atomically (JSON with provenance)."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import math
 import os
 import tempfile
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator, NoReturn
 
 import torch
 
 from ..config import VisionConfig
+from ..costmodel import LatencyTable, graph_memory, load_latency_table, total_graph_memory
 from ..model import GlmVisionEncoder
+from ..packing import BudgetConfig, parse_budgets
 from ..random_weights import randomize_
+from ..workloads import parse_bucket_config
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+SEED_MAX = 2**32 - 1  # 32-bit seeds: what every generator accepts (numpy's legacy RandomState stops here)
+# The largest token budget worth capturing. glmvit never packs items of different requests into one batch, so a
+# batch holds at most one request's visual tokens, and those must fit the language model's context: 128K tokens
+# for GLM-4.6V-Flash (64K for GLM-4.1V-9B-Thinking). vLLM likewise caps its automatic encoder budgets at
+# min(max_num_batched_tokens, max_model_len). A graph that large already takes tens of GiB (costmodel.graph_memory).
+MAX_BUDGET_TOKENS = 131_072
+MAX_BUDGETS = 64  # vLLM warns past 64 captured encoder graphs: each one costs capture time and static buffers
+H200_BYTES = 141 * 10**9  # one H200's HBM3e (NVIDIA's specification): the graphs of a budget set must fit in it
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (``prog: error: message``, exit status 2), without the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type``: an integer in [lo, hi] (hi None: no upper bound); anything else is a one-line error."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < lo or (hi is not None and value > hi):
+            bound = f"in [{lo:,}, {hi:,}]" if hi is not None else f"≥ {lo:,}"
+            raise argparse.ArgumentTypeError(f"{value:,} is not {bound}")
+        return value
+
+    return parse
+
+
+def float_in(lo: float, hi: float) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number in [lo, hi]."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (math.isfinite(value) and lo <= value <= hi):
+            raise argparse.ArgumentTypeError(f"{text} is not in [{lo:g}, {hi:g}]")
+        return value
+
+    return parse
+
+
+def check_budgets(budgets: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """``budgets`` (None: auto) if there are at most MAX_BUDGETS, each in [1, MAX_BUDGET_TOKENS]; else ValueError."""
+    if budgets and len(budgets) > MAX_BUDGETS:
+        raise ValueError(f"{len(budgets)} budgets: at most {MAX_BUDGETS} (each is a captured graph)")
+    for budget in budgets or ():
+        if not 1 <= budget <= MAX_BUDGET_TOKENS:
+            raise ValueError(f"budget {budget:,} is not in [1, {MAX_BUDGET_TOKENS:,}] tokens (a batch never holds "
+                             "more than one request, and a request must fit the 128K-token context of "
+                             "GLM-4.6V-Flash)")
+    return budgets
+
+
+def budgets_arg(text: str) -> tuple[int, ...] | None:
+    """An argparse ``type``: budgets as text (``"64, 256"``; ``"auto"`` → None), checked by :func:`check_budgets`."""
+    try:
+        return check_budgets(parse_budgets(text))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +98,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bf16 on CUDA, fp32 on CPU")
     g.add_argument("--weights", default=None,
                    help="a checkpoint directory or .safetensors file (default: random weights, seeded)")
-    g.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs (default 0)")
+    g.add_argument("--seed", type=int_in(0, SEED_MAX), default=0,
+                   help="seed of the random weights and inputs (default 0)")
 
 
 def resolve_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -44,14 +116,47 @@ def resolve_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace
         parser.error(f"--device {args.device}: no CUDA GPU is available here (torch.cuda.is_available() is False)")
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         parser.error(f"--device {args.device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
-    if args.seed < 0:
-        parser.error("--seed must be ≥ 0")
+    if args.weights and not Path(args.weights).exists():
+        parser.error(f"--weights {args.weights}: no such checkpoint directory or file")
     if args.weights and args.config != "auto":
         parser.error("--config applies to random weights; with --weights the checkpoint's config.json decides")
     if args.config == "auto":
         args.config = "checkpoint" if args.weights else "full" if device.type == "cuda" else "tiny"
     if args.dtype is None:
         args.dtype = "bf16" if device.type == "cuda" else "fp32"
+
+
+def bucket_config_arg(text: str) -> dict:
+    """An argparse ``type``: a random-mm bucket config ``{(height, width, frames): probability}``."""
+    try:
+        return parse_bucket_config(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def check_budget_config(config: BudgetConfig, dtype: str = "bfloat16") -> BudgetConfig:
+    """``config`` if one H200 can hold it for the GLM-4.1V tower in ``dtype``; otherwise a ValueError saying why.
+
+    Budgets are already ≤ MAX_BUDGET_TOKENS (:func:`budgets_arg`). Segment slots past the largest budget are never
+    used (every segment has at least one token); the graphs (costmodel's estimate) and the weights must fit.
+    """
+    if config.max_segments > config.largest:
+        raise ValueError(f"max_segments={config.max_segments:,} exceeds the largest budget {config.largest:,}: "
+                         "every segment has at least one token, so a batch never has more segments than tokens")
+    tower = VisionConfig.glm41v()
+    need = total_graph_memory(graph_memory(config, tower, dtype)) + tower_bytes(tower, dtype)
+    if need > H200_BYTES:
+        raise ValueError(f"{len(config.token_budgets)} budgets up to {config.largest:,} tokens need ≈ "
+                         f"{need / 2**30:,.0f} GiB for their graphs and the weights (costmodel.graph_memory, "
+                         f"GLM-4.1V, {dtype}): more than one H200 ({H200_BYTES / 2**30:.0f} GiB)")
+    return config
+
+
+def tower_bytes(config: VisionConfig, dtype: str = "bfloat16") -> int:
+    """Bytes of the parameters of a tower of ``config`` in ``dtype`` (counted on the meta device: nothing allocated)."""
+    with torch.device("meta"):
+        model = GlmVisionEncoder(config)
+    return sum(p.numel() for p in model.parameters()) * getattr(torch, dtype).itemsize
 
 
 def vision_config(name: str) -> VisionConfig:
@@ -82,30 +187,89 @@ def describe(args: argparse.Namespace) -> str:
 
 
 def check_writable(path: str | Path) -> Path:
-    """Fail now, before any work, if ``path`` cannot be written (its folder is created if missing)."""
+    """Fail now, before any work, if ``path`` cannot be written (its folder is created if missing): a file is
+    created and removed beside it, the way :func:`write_atomic` will write it."""
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{path}: is a directory, not an output file")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise PermissionError(f"{path}: cannot write here")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise OSError(f"{path}: cannot write here ({err.strerror or err})") from None
+    if path.exists() and not os.access(path, os.W_OK):
+        raise PermissionError(f"{path}: cannot write here (the file is read-only)")
     return path
 
 
-def write_atomic(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path``, then rename it: no half-written output on failure."""
+@contextmanager
+def atomic_output(path: str | Path) -> Iterator[Path]:
+    """A temporary file beside ``path`` to write; renamed to ``path`` when the block ends, removed if it fails:
+    there is never a half-written ``path``. OS errors name ``path``."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+    except OSError as err:
+        raise OSError(f"{path}: cannot write here ({err.strerror or err})") from None
+    try:
+        yield Path(tmp)
         os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
+    except BaseException as err:
+        with suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if isinstance(err, OSError):
+            raise OSError(f"{path}: writing failed ({err.strerror or err}); nothing was written") from None
         raise
+
+
+def write_atomic(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through :func:`atomic_output`: no half-written output on failure."""
+    with atomic_output(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def read_latency_table(path: str | Path) -> LatencyTable:
+    """:func:`glmvit.costmodel.load_latency_table`, with every problem a ValueError naming the file."""
+    try:
+        return load_latency_table(path)
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read the latency table ({err.strerror or err})") from None
+    except ValueError as err:
+        raise ValueError(f"{path}: not a latency table (make one with python -m glmvit latency --json PATH): "
+                         f"{err}") from None
 
 
 def write_json(path: str | Path, data: Any) -> None:
     """JSON (indent 1) written atomically; prints where it went."""
     write_atomic(check_writable(path), (json.dumps(data, indent=1) + "\n").encode())
     print(f"wrote {path}")
+
+
+
+def device_memory_bytes(device: torch.device | str) -> int:
+    """Memory of ``device``: the GPU's total memory, or the host's physical memory for the CPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def weights_identity(path: str | Path) -> dict[str, Any]:
+    """A cheap identity of a checkpoint: its resolved path, its safetensors files' names and sizes, and one sha256
+    over those names and sizes and the bytes of its config.json and index. No weight is read."""
+    path = Path(path).resolve()
+    directory = path if path.is_dir() else path.parent
+    weights = sorted(directory.glob("*.safetensors")) if path.is_dir() else [path]
+    small = [f for f in (directory / "config.json", directory / "model.safetensors.index.json") if f.is_file()]
+    digest = hashlib.sha256()
+    files = []
+    for file in weights:
+        size = file.stat().st_size
+        files.append({"name": file.name, "bytes": size})
+        digest.update(f"{file.name}\t{size}\n".encode())
+    for file in small:
+        digest.update(f"{file.name}\n".encode() + file.read_bytes())
+    return {"path": str(path), "files": files, "hashed_json": [f.name for f in small], "sha256": digest.hexdigest()}

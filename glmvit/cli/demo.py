@@ -5,7 +5,6 @@ full GLM-4.1V vision tower in bfloat16 (runner: CUDA graphs). ``--weights`` load
 """
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from ..graphs import EncoderGraphRunner
 from ..packing import BudgetConfig
 from ..processing import VisionInputs, process_images, process_video
 from ..timing import sync
-from .common import add_model_args, describe, model_from_args, resolve_model_args
+from .common import Parser, add_model_args, describe, model_from_args, resolve_model_args
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
@@ -34,15 +33,18 @@ def sample_inputs(data: Path = DATA, max_pixels: int | None = None) -> VisionInp
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m glmvit demo", description=__doc__)
+    parser = Parser(prog="python -m glmvit demo", description=__doc__)
     add_model_args(parser)
     parser.add_argument("--data", type=Path, default=DATA, help="a folder with images/ and clip.gif")
     args = parser.parse_args(argv)
     resolve_model_args(parser, args)
     device = torch.device(args.device)
+    try:
+        inputs = sample_inputs(args.data)  # before the model: a wrong --data fails at once
+    except (ValueError, OSError) as err:
+        parser.error(str(err))
     print(f"glmvit demo: {describe(args)}")
     model = model_from_args(args)
-    inputs = sample_inputs(args.data)
 
     print(f"\n{'item':<16} {'kind':<6} {'grid [t, h, w]':<16} {'tokens':>7} {'embedding':>14} {'eager ms':>9}")
     eager = []

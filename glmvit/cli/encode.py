@@ -1,64 +1,166 @@
-"""``python -m glmvit encode FILES...``: embeddings of image and video files (random weights unless --weights)."""
+"""``python -m glmvit encode FILES...``: embeddings of image and video files, saved with what made them.
+
+Every file is checked before the model is loaded — it exists, is a non-empty readable regular file of a supported
+type, decodes to its last byte and frame, and has a size GLM-4V's resize accepts — and a bad one stops the
+command with one line naming it. ``--out`` and ``--json`` are checked writable first and written atomically.
+
+Each item is encoded alone and eagerly: its embedding is the model's own output for it, with no packing or
+padding. The graph runner pays off for a stream of requests (capturing costs seconds and GPU memory; on a CPU it
+only emulates); here the time goes mostly to decoding and resizing.
+
+``--out`` is a safetensors file of float32 tensors ``item_0``, ``item_1``, … [tokens, out_hidden], whose metadata
+(strings; every value is JSON) says what they are::
+
+    item_<i>        {"source", "sha256", "kind", "grid_thw", "tokens", "frame_indices", "timestamps"}
+    vision_config   the tower's configuration        dtype, device, description   how the model ran
+    weights         {"path", "files", "hashed_json", "sha256"} of the checkpoint, or {"random": true, "seed"}
+    provenance      versions, git commit, command, date
+
+``source`` is the file's absolute path and ``sha256`` its content's hash; ``timestamps``: for a video, the time in
+seconds of the first frame of each temporal patch (null for an image).
+``frame_indices`` is null: :mod:`glmvit.processing` does not report the sampled frame indices yet.
+"""
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import sys
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors.torch import save
+from PIL import Image, ImageSequence, UnidentifiedImageError
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
 
+from ..geometry import smart_resize
+from ..model import GlmVisionEncoder
 from ..processing import VisionInputs, process_images, process_video
-from .common import add_model_args, check_writable, model_from_args, resolve_model_args, write_atomic
+from ..provenance import collect
+from .common import (
+    Parser,
+    add_model_args,
+    atomic_output,
+    check_writable,
+    describe,
+    model_from_args,
+    resolve_model_args,
+    weights_identity,
+    write_json,
+)
 from .demo import IMAGE_SUFFIXES
 
-VIDEO_SUFFIXES = (".gif", ".webp")
+VIDEO_SUFFIXES = (".gif", ".webp")  # animated ones; a still GIF or WebP is an image
+SUFFIXES = tuple(sorted(set(IMAGE_SUFFIXES + VIDEO_SUFFIXES)))
 
 
-def load_inputs(files: list[Path]) -> VisionInputs:
-    """Images by suffix; animated GIF/WebP files as videos (a still GIF/WebP is an image)."""
-    parts = []
-    for path in files:
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such file")
-        suffix = path.suffix.lower()
-        if suffix in VIDEO_SUFFIXES and _frames(path) > 1:
-            parts.append(process_video(path))
-        elif suffix in IMAGE_SUFFIXES + VIDEO_SUFFIXES:
-            parts.append(process_images([path]))
-        else:
-            raise ValueError(f"{path}: unsupported file type {suffix!r} "
-                             f"(images: {', '.join(IMAGE_SUFFIXES)}; videos: {', '.join(VIDEO_SUFFIXES)})")
-    return VisionInputs.concat(parts)
+def check_file(path: Path) -> str:
+    """The kind of ``path`` ("image" or "video") once it is known to load: otherwise one line naming it."""
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    if not path.is_file():
+        raise ValueError(f"{path}: not a regular file")
+    suffix = path.suffix.lower()
+    if suffix not in SUFFIXES:
+        raise ValueError(f"{path}: unsupported file type {suffix or '(no suffix)'!r} (images: "
+                         f"{', '.join(IMAGE_SUFFIXES)}; videos: animated {', '.join(VIDEO_SUFFIXES)})")
+    if path.stat().st_size == 0:
+        raise ValueError(f"{path}: empty file")
+    frames, (width, height) = _decode_all(path)
+    try:
+        smart_resize(height, width)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    return "video" if suffix in VIDEO_SUFFIXES and frames > 1 else "image"
 
 
-def _frames(path: Path) -> int:
-    from PIL import Image, UnidentifiedImageError
-
+def _decode_all(path: Path) -> tuple[int, tuple[int, int]]:
+    """Decode every frame (a truncated or corrupt file fails here); the frame count and the size."""
     try:
         with Image.open(path) as im:
-            return getattr(im, "n_frames", 1)
-    except UnidentifiedImageError as err:
-        raise ValueError(f"{path}: cannot decode it as an image or animation") from err
+            for frame in ImageSequence.Iterator(im):
+                frame.load()
+            return getattr(im, "n_frames", 1), im.size
+    except PermissionError:
+        raise ValueError(f"{path}: cannot read it (permission denied)") from None
+    except UnidentifiedImageError:
+        raise ValueError(f"{path}: not an image or animation that PIL can decode") from None
+    except Image.DecompressionBombError as err:
+        raise ValueError(f"{path}: too many pixels ({err})") from None
+    except (OSError, SyntaxError, ValueError, EOFError) as err:  # truncated or corrupt data
+        raise ValueError(f"{path}: cannot decode it ({err})") from None
+
+
+def load(path: Path, kind: str) -> VisionInputs:
+    """One checked file through the processor; an error still names the file."""
+    try:
+        return process_video(path) if kind == "video" else process_images([path])
+    except (ValueError, OSError) as err:
+        raise ValueError(f"{path}: {err}") from None
+
+
+def item_metadata(path: Path, inputs: VisionInputs, embedding: torch.Tensor) -> dict[str, Any]:
+    """What one encoded item is: its file (absolute path, sha256), its grid, its sampled frames' times."""
+    return {"source": str(path.resolve()), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            "kind": inputs.kinds[0], "grid_thw": inputs.grid_thw[0].tolist(), "tokens": embedding.shape[0],
+            "frame_indices": None, "timestamps": inputs.timestamps[0]}
+
+
+def model_metadata(args: argparse.Namespace, model: GlmVisionEncoder) -> dict[str, Any]:
+    weights = weights_identity(args.weights) if args.weights else {"random": True, "seed": args.seed}
+    return {"vision_config": vars(model.config), "dtype": str(model.dtype).removeprefix("torch."),
+            "weights": weights, "device": args.device, "description": describe(args)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="python -m glmvit encode", description=(__doc__ or "").split("\n\n")[0],
+                    formatter_class=argparse.RawDescriptionHelpFormatter, epilog=(__doc__ or "").split("\n\n", 1)[1])
+    parser.add_argument("files", nargs="+", type=Path, help=f"images and animations ({', '.join(SUFFIXES)})")
+    add_model_args(parser)
+    o = parser.add_argument_group("output")
+    o.add_argument("--out", type=Path, help="save the embeddings and their metadata as this .safetensors file")
+    o.add_argument("--json", type=Path, help="write a summary (items, model, provenance) as JSON")
+    o.add_argument("--quiet", action="store_true", help="no progress bars")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m glmvit encode", description=__doc__)
-    parser.add_argument("files", nargs="+", type=Path)
-    add_model_args(parser)
-    parser.add_argument("--out", type=Path, help="save the embeddings as a .safetensors file (item_0, item_1, ...)")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
     args = parser.parse_args(argv)
     resolve_model_args(parser, args)
-    if args.out:
-        check_writable(args.out)
-    inputs = load_inputs(args.files)
+    outputs = [p for p in (args.out, args.json) if p]
+    if len(outputs) == 2 and outputs[0].resolve() == outputs[1].resolve():
+        parser.error("--out and --json name the same file")
+    try:
+        for path in outputs:
+            check_writable(path)
+    except OSError as err:
+        parser.error(str(err))
+    bar = {"file": sys.stderr, "disable": args.quiet or len(args.files) == 1, "unit": "file"}
+    with tqdm(args.files, desc="checking", **bar) as files:  # closes the bar before an error is printed
+        kinds = [check_file(path) for path in files]
     model = model_from_args(args)
     device = torch.device(args.device)
-    with torch.inference_mode():
-        outs = [model(p.to(device), g[None]) for p, g in zip(inputs.split(), inputs.grid_thw, strict=True)]
-    for name, kind, grid, out in zip(inputs.sources, inputs.kinds, inputs.grid_thw.tolist(), outs, strict=True):
-        print(f"{name}: {kind} grid {grid} -> {tuple(out.shape)} {out.dtype}, mean {out.float().mean():+.4f}, "
-              f"std {out.float().std():.4f}")
+    items, tensors = [], {}
+    with torch.inference_mode(), tqdm(list(zip(args.files, kinds, strict=True)), desc="encoding", **bar) as todo:
+        for i, (path, kind) in enumerate(todo):
+            inputs = load(path, kind)
+            out = model(inputs.pixel_values.to(device), inputs.grid_thw).float().cpu()
+            tensors[f"item_{i}"] = out.contiguous()
+            items.append(item_metadata(path, inputs, out))
+            tqdm.write(f"{path}: {kind} grid {items[-1]['grid_thw']} -> {tuple(out.shape)}, mean {out.mean():+.4f}, "
+                       f"std {out.std():.4f}", file=sys.stdout)
+    info = model_metadata(args, model)
+    provenance = collect(device, " ".join([sys.executable, "-m", "glmvit", "encode", *argv]))
     if args.out:
-        write_atomic(args.out, save({f"item_{i}": o.float().cpu().contiguous() for i, o in enumerate(outs)}))
-        print(f"saved {len(outs)} embeddings to {args.out}")
+        metadata = {f"item_{i}": json.dumps(item) for i, item in enumerate(items)}
+        metadata.update({k: json.dumps(v) for k, v in info.items()}, provenance=json.dumps(provenance))
+        with atomic_output(args.out) as tmp:
+            save_file(tensors, str(tmp), metadata=metadata)
+        print(f"saved {len(items)} embeddings to {args.out}")
+    if args.json:
+        write_json(args.json, {"out": str(args.out) if args.out else None, "items": items, **info,
+                               "provenance": provenance})
     return 0

@@ -1,13 +1,16 @@
-"""The budget explorer: an ipywidgets app over :mod:`glmvit.packing`, :mod:`glmvit.costmodel` and
-:mod:`glmvit.workloads`.
+"""The budget explorer: an ipywidgets app over :mod:`glmvit.packing`, :mod:`glmvit.costmodel`,
+:mod:`glmvit.workloads` and :mod:`glmvit.traces` — ``glmvit plan`` with controls.
 
-``explorer()`` returns the widget. Every number it shows comes from those modules; predicted times need a
-measured latency table (``data/bench/latency_h200.json``) and are not shown without one.
+``explorer()`` returns the widget. The workload is a preset or a trace of real item sizes (a path, or an upload);
+times, P99 and capture time come from the latency table in the table field (the H200's by default; measure your
+GPU's with ``python -m glmvit latency --json PATH``) and are not shown without one. A second budget set can be
+shown beside the first, and the first is exported as vLLM's ``--compilation-config`` JSON.
 """
 from __future__ import annotations
 
 import html
 import io
+import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -17,23 +20,20 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from ..config import VisionConfig
-from ..costmodel import (
-    LatencyTable,
-    TimeEstimate,
-    graph_memory,
-    load_latency_table,
-    predict_time,
-    recommend_budgets,
-    total_graph_memory,
-)
+from ..costmodel import LatencyTable, evaluate_budgets, recommend_budgets
 from ..geometry import ItemSpec
-from ..packing import BudgetConfig, Plan, combined_stats, parse_budgets, plan_workload
+from ..packing import BudgetConfig, Plan, parse_budgets, plan_workload
+from ..traces import SUFFIXES, load_trace, parse_trace
 from ..workloads import PRESETS, MMItem, random_mm_workload
+from .common import check_budget_config, check_budgets, check_writable, read_latency_table, write_atomic
+from .plan import export_config, report_rows
 
-DEFAULT_TABLE = Path(__file__).resolve().parents[2] / "data" / "bench" / "latency_h200.json"
+H200_TABLE = Path(__file__).resolve().parents[2] / "data" / "bench" / "latency_h200.json"
+DEFAULT_TABLE = H200_TABLE if H200_TABLE.is_file() else None  # a checkout has it; an installed package may not
 EXPLORER_PRESETS = ("img1x224", "mixed-img", "mixed-av", "mixed-large", "video8x224")
 SAMPLE_REQUESTS = 8
 GIB = 2**30
+TRACE = "trace"  # the workload dropdown's value for the loaded trace
 
 
 @lru_cache(maxsize=16)
@@ -83,124 +83,194 @@ def figure_png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def _rows_html(rows: list[tuple[str, str]]) -> str:
-    body = "".join(f"<tr><td style='padding-right:1em'>{html.escape(k)}</td><td><b>{html.escape(v)}</b></td></tr>"
-                   for k, v in rows)
-    return f"<table class='glmvit-summary'>{body}</table>"
+def _rows_html(rows: list[tuple[str, ...]], heads: tuple[str, ...] = ()) -> str:
+    head = "".join(f"<th style='text-align:left;padding-right:1em'>{html.escape(h)}</th>" for h in heads)
+    body = "".join("<tr><td style='padding-right:1em'>" + html.escape(row[0]) + "</td>" +
+                   "".join(f"<td style='padding-right:1em'><b>{html.escape(v)}</b></td>" for v in row[1:]) + "</tr>"
+                   for row in rows)
+    return f"<table class='glmvit-summary'>{'<tr>' + head + '</tr>' if head else ''}{body}</table>"
 
 
 class BudgetExplorer:
-    """Widgets for a workload, budgets and limits; shows packing, padding, replays, memory and predicted time."""
+    """Widgets for a workload (preset or trace), budgets, limits, a latency table and a second budget set; shows
+    packing, padding, replays, memory, capture time and predicted median / P99 times, and exports to vLLM."""
 
     def __init__(self, latency_table: str | Path | None = DEFAULT_TABLE, vision_config: VisionConfig | None = None):
         self.vision_config = vision_config or VisionConfig.glm41v()
-        self.table, self._table_note = self._load_table(latency_table)
+        self.table: LatencyTable | None = None
+        self._table_note = ""
+        self._trace: list[list[MMItem]] = []
         style = {"description_width": "initial"}
-        self.preset = widgets.Dropdown(options=[(f"{k}: {PRESETS[k].description}", k) for k in EXPLORER_PRESETS],
-                                      description="workload", style=style)
+        wide = widgets.Layout(width="34em")
+        self.preset = widgets.Dropdown(options=self._workload_options(), description="workload", style=style)
         self.packer = widgets.ToggleButtons(options=[("FFD", "ffd"), ("vLLM next-fit", "vllm")], description="packer")
+        self.trace_path = widgets.Text(description="trace file", placeholder="trace.csv, .json or .jsonl",
+                                       continuous_update=False, style=style, layout=wide)
+        self.upload = widgets.FileUpload(accept=",".join(SUFFIXES), multiple=False, description="upload trace")
+        self.table_path = widgets.Text(value=str(latency_table or ""), description="latency table",
+                                       placeholder="python -m glmvit latency --json PATH", continuous_update=False,
+                                       style=style, layout=wide)
         self.budgets = widgets.Text(value="auto", description="budgets", continuous_update=False,
                                     placeholder="64, 256, 1024 or auto", style=style)
+        self.compare = widgets.Text(value="", description="compare with", continuous_update=False,
+                                    placeholder="second budget set (empty: none)", style=style)
         self.max_items = widgets.IntSlider(64, 1, 64, description="max items", continuous_update=False)
         self.max_segments = widgets.IntSlider(64, 1, 512, description="max segments", continuous_update=False)
         self.num_requests = widgets.IntSlider(1000, 10, 2000, step=10, description="requests",
                                               continuous_update=False)
         self.items_per_request = widgets.IntSlider(1, 1, 8, description="items/request", continuous_update=False,
                                                    style=style)
-        self.seed = widgets.IntText(42, description="seed", layout=widgets.Layout(width="12em"))
+        self.seed = widgets.BoundedIntText(42, min=0, max=2**32 - 1, description="seed",
+                                           layout=widgets.Layout(width="12em"))
         self.max_graphs = widgets.IntSlider(7, 1, 12, description="max graphs", continuous_update=False)
         self.memory_gib = widgets.BoundedFloatText(0.0, min=0.0, max=1024.0, step=0.5, style=style,
                                                    description="memory limit GiB (0 = none)",
                                                    layout=widgets.Layout(width="24em"))
         self.recommend = widgets.Button(description="Recommend", button_style="info",
                                         tooltip="fill the budgets field with recommend_budgets")
+        self.export_path = widgets.Text(value="vllm_compilation_config.json", description="export to",
+                                        style=style, layout=wide)
+        self.export = widgets.Button(description="Export vLLM config", button_style="success",
+                                     tooltip="write the first budget set as vLLM's --compilation-config JSON")
         self.message = widgets.HTML()
         self.summary = widgets.HTML()
+        self.export_text = widgets.HTML()
         self.picture = widgets.Image(format="png")
         self.widget = widgets.VBox([
             widgets.HTML("<h3>glmvit budget explorer</h3>"),
             widgets.HBox([self.preset, self.packer]),
+            widgets.HBox([self.trace_path, self.upload]),
             widgets.HBox([self.num_requests, self.items_per_request, self.seed]),
             widgets.HBox([self.budgets, self.max_items, self.max_segments]),
+            widgets.HBox([self.compare, self.table_path]),
             widgets.HBox([self.recommend, self.max_graphs, self.memory_gib]),
-            self.message, self.summary, self.picture,
+            self.message, self.summary,
+            widgets.HBox([self.export, self.export_path]), self.export_text,
+            self.picture,
         ])
+        self._load_table()
         self.preset.observe(self._on_preset, names="value")
-        for w in (self.packer, self.budgets, self.max_items, self.max_segments, self.num_requests,
+        for w in (self.packer, self.budgets, self.compare, self.max_items, self.max_segments, self.num_requests,
                   self.items_per_request, self.seed):
             w.observe(self._on_change, names="value")
+        self.table_path.observe(self._on_table, names="value")
+        self.trace_path.observe(self._on_trace_path, names="value")
+        self.upload.observe(self._on_upload, names="value")
         self.recommend.on_click(self._on_recommend)
+        self.export.on_click(self._on_export)
         self._on_preset()
 
-    @staticmethod
-    def _load_table(path: str | Path | None) -> tuple[LatencyTable | None, str]:
-        if path is None or not Path(path).exists():
-            return None, ""
+    # ---- inputs ------------------------------------------------------------------------------------------------
+    def _workload_options(self, trace: str = "") -> list[tuple[str, str]]:
+        options = [(f"{k}: {PRESETS[k].description}", k) for k in EXPLORER_PRESETS]
+        return options + [(f"trace: {trace}", TRACE)] if trace else options
+
+    def _load_table(self) -> None:
+        path = self.table_path.value.strip()
+        if not path:
+            self.table, self._table_note = None, ""
+            return
         try:
-            return load_latency_table(path), ""
-        except (ValueError, OSError) as err:
-            return None, _error_html(f"latency table {path} is unusable: {err}")
+            self.table, self._table_note = read_latency_table(path), ""
+        except ValueError as err:
+            self.table, self._table_note = None, _error_html(f"latency table unusable: {err}")
+
+    def _set_trace(self, requests: list[list[MMItem]], name: str) -> None:
+        self._trace = requests
+        label = f"{name} ({len(requests)} requests, {sum(map(len, requests))} items)"
+        self.preset.options = self._workload_options(label)
+        if self.preset.value == TRACE:
+            self._on_preset()
+        else:
+            self.preset.value = TRACE  # observed: _on_preset redraws
 
     def _requests(self) -> list[list[MMItem]]:
+        if self.preset.value == TRACE:
+            return self._trace
         return _workload(self.preset.value, self.num_requests.value, self.items_per_request.value, self.seed.value)
 
-    def _config(self) -> BudgetConfig:
-        return BudgetConfig.resolve(parse_budgets(self.budgets.value), self.max_items.value, self.max_segments.value)
+    def _configs(self) -> list[BudgetConfig]:
+        configs = [self._config(self.budgets.value)]
+        if self.compare.value.strip():
+            configs.append(self._config(self.compare.value, "compare with: "))
+        return configs
 
+    def _config(self, text: str, what: str = "") -> BudgetConfig:
+        try:
+            budgets = check_budgets(parse_budgets(text))
+            config = BudgetConfig.resolve(budgets, self.max_items.value, self.max_segments.value)
+            return check_budget_config(config)
+        except ValueError as err:
+            raise ValueError(f"{what}{err}") from None
+
+    # ---- events ------------------------------------------------------------------------------------------------
     def _on_preset(self, change: Any = None) -> None:
-        self.items_per_request.value = PRESETS[self.preset.value].items_per_request
+        random = self.preset.value != TRACE
+        for w in (self.num_requests, self.items_per_request, self.seed):
+            w.disabled = not random
+        if random:
+            self.items_per_request.value = PRESETS[self.preset.value].items_per_request
         self._on_change()
+
+    def _on_table(self, change: Any = None) -> None:
+        self._load_table()
+        self._on_change()
+
+    def _on_trace_path(self, change: Any = None) -> None:
+        path = self.trace_path.value.strip()
+        if not path:
+            return
+        try:
+            self._set_trace(load_trace(path), Path(path).name)
+        except (ValueError, OSError) as err:
+            self._show_error(err)
+
+    def _on_upload(self, change: Any = None) -> None:
+        if not self.upload.value:
+            return
+        upload = self.upload.value[0]
+        try:
+            self._set_trace(parse_trace(bytes(upload["content"]), upload["name"]), upload["name"])
+        except ValueError as err:
+            self._show_error(err)
 
     def _on_change(self, change: Any = None) -> None:
         try:
-            requests, config = self._requests(), self._config()
+            requests, configs = self._requests(), self._configs()
         except ValueError as err:
             self._show_error(err)
             return
         self.message.value = self._table_note
-        self._show(requests, config)
+        self._show(requests, configs)
 
     def _show_error(self, err: Exception) -> None:
         """Bad input: a visible message instead of numbers that no longer match the controls."""
         self.message.value = _error_html(err)
         self.summary.value = ""
+        self.export_text.value = ""
         self.picture.value = b""
 
-    def _show(self, requests: list[list[MMItem]], config: BudgetConfig) -> None:
+    def _show(self, requests: list[list[MMItem]], configs: list[BudgetConfig]) -> None:
         specs = _specs(requests)
-        plans = plan_workload(specs, config, self.packer.value)
-        other = "vllm" if self.packer.value == "ffd" else "ffd"
-        other_stats = combined_stats(plan_workload(specs, config, other))
-        stats = combined_stats(plans)
-        memories = graph_memory(config, self.vision_config)
-        rows = [
-            ("budgets", ", ".join(map(str, config.token_budgets))),
-            ("limits per batch", f"{config.max_items} items, {config.max_segments} segments"),
-            ("workload", f"{len(requests)} requests, {sum(map(len, requests))} items, {stats.real_tokens} tokens"),
-            ("batches", f"{stats.batches} ({other}: {other_stats.batches})"),
-            ("replays", str(stats.replays)),
-            ("fallbacks (eager items)", str(stats.fallbacks)),
-            ("padding waste", f"{stats.padding_fraction:.1%} of replayed tokens ({stats.padded_tokens} tokens; "
-                              f"{other}: {other_stats.padding_fraction:.1%})"),
-            ("graph memory (estimate, bf16)", f"{total_graph_memory(memories) / GIB:.2f} GiB for {len(memories)} "
-                                              f"graphs (pool {max(m.pool_bytes for m in memories) / GIB:.2f} GiB)"),
-            ("predicted time", self._time_text(plans)),
-        ]
-        self.summary.value = _rows_html(rows)
-        sample = requests[:SAMPLE_REQUESTS]
-        self.picture.value = figure_png(packing_figure(sample, plans[:SAMPLE_REQUESTS]))
-
-    def _time_text(self, plans: list[Plan]) -> str:
-        if self.table is None:
-            return "no latency table recorded (data/bench/latency_h200.json)"
-        t = sum((predict_time(p, self.table) for p in plans), TimeEstimate())
-        return (f"graphs {t.total_ms:.1f} ms (of which eager fallbacks {t.fallback_ms:.1f} ms) vs eager "
-                f"{t.eager_ms:.1f} ms ({self.table.config}, {self.table.dtype})")
+        reports = [evaluate_budgets(specs, c, self.table, self.vision_config, packer=self.packer.value)
+                   for c in configs]
+        rows = [("workload", *(f"{len(requests)} requests, {sum(map(len, requests))} items, "
+                               f"{r.stats.real_tokens} tokens" for r in reports))]
+        rows += report_rows(reports, specs, self.packer.value)
+        heads = ("", "budget set A", "budget set B") if len(configs) > 1 else ()
+        source = "" if self.table is None else \
+            f"times from {html.escape(self.table_path.value)} ({self.table.config}, {self.table.dtype}); "
+        where = f"<div class='glmvit-note'>{source}graph memory: an estimate for GLM-4.1V in bf16</div>"
+        self.summary.value = _rows_html(rows, heads) + where
+        self.export_text.value = "<pre class='glmvit-export'>" + html.escape(
+            json.dumps(export_config(configs[0], specs))) + "</pre>"
+        plans = plan_workload(specs[:SAMPLE_REQUESTS], configs[0], self.packer.value)
+        self.picture.value = figure_png(packing_figure(requests[:SAMPLE_REQUESTS], plans))
 
     def _on_recommend(self, button: Any = None) -> None:
         objective = "padding" if self.table is None else "time"
         try:
-            requests, config = self._requests(), self._config()
+            requests, config = self._requests(), self._config(self.budgets.value)
             limit = int(self.memory_gib.value * GIB) or None
             budgets = recommend_budgets(_specs(requests), self.max_graphs.value, limit, self.table, objective,
                                         max_items=config.max_items, max_segments=config.max_segments,
@@ -211,6 +281,18 @@ class BudgetExplorer:
         self.budgets.value = ", ".join(map(str, budgets))
         self.message.value = f"<span class='glmvit-info'>recommended {len(budgets)} budgets minimising predicted " \
                              f"{objective}</span>"
+
+    def _on_export(self, button: Any = None) -> None:
+        try:
+            configs = self._configs()
+            path = check_writable(self.export_path.value.strip() or "vllm_compilation_config.json")
+            data = export_config(configs[0], _specs(self._requests()))
+            write_atomic(path, (json.dumps(data, indent=1) + "\n").encode())
+        except (ValueError, OSError) as err:
+            self.message.value = _error_html(err)
+            return
+        self.message.value = f"<span class='glmvit-info'>wrote {html.escape(str(path))}: pass it to vLLM as " \
+                             f"--compilation-config \"$(cat {html.escape(str(path))})\"</span>"
 
 
 def _specs(requests: list[list[MMItem]]) -> list[list[ItemSpec]]:

@@ -9,7 +9,6 @@ layout's. :func:`glmvit.costmodel.load_latency_table` reads the JSON; the layout
 """
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from functools import partial
@@ -22,11 +21,24 @@ from tqdm.auto import tqdm
 from ..floor import encoder_flops
 from ..graphs import EncoderGraphRunner
 from ..model import GlmVisionEncoder
-from ..packing import BudgetConfig, parse_budgets
+from ..packing import BudgetConfig
 from ..provenance import collect
 from ..timing import time_calls
-from .common import add_model_args, check_writable, model_from_args, resolve_model_args, write_json
+from .common import (
+    DTYPES,
+    MAX_BUDGET_TOKENS,
+    Parser,
+    add_model_args,
+    budgets_arg,
+    check_budget_config,
+    check_writable,
+    int_in,
+    model_from_args,
+    resolve_model_args,
+    write_json,
+)
 
+MAX_RUNS = 10_000  # per layout, per budget, twice (graph and eager): more is hours, not precision
 SMALL = [1, 16, 16]  # one 224² image: 64 tokens
 CLIP = [4, 16, 16]  # an 8-frame 224² clip: 4 segments, 256 tokens
 
@@ -95,12 +107,16 @@ def measure(runner: EncoderGraphRunner, model: GlmVisionEncoder, runs: int, warm
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argparse.ArgumentParser(prog="python -m glmvit latency", description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--budgets", default="64,128,256,512,1024,2048,4096", help="token budgets (at least two)")
-    parser.add_argument("--max-items", type=int, default=16, help="items per batch (default 16)")
-    parser.add_argument("--max-segments", type=int, default=32, help="segment slots per batch (default 32)")
-    parser.add_argument("--runs", type=int, default=20, help="timed runs per layout (default 20)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed runs per layout first (default 3)")
+    parser = Parser(prog="python -m glmvit latency", description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--budgets", type=budgets_arg, default="64,128,256,512,1024,2048,4096",
+                        help="token budgets (at least two)")
+    parser.add_argument("--max-items", type=int_in(1, MAX_BUDGET_TOKENS), default=16,
+                        help="items per batch (default 16)")
+    parser.add_argument("--max-segments", type=int_in(1, MAX_BUDGET_TOKENS), default=32,
+                        help="segment slots per batch (default 32)")
+    parser.add_argument("--runs", type=int_in(1, MAX_RUNS), default=20, help="timed runs per layout (default 20)")
+    parser.add_argument("--warmup", type=int_in(0, MAX_RUNS), default=3,
+                        help="untimed runs per layout first (default 3)")
     parser.add_argument("--compile", action="store_true", help="torch.compile forward_static before capture")
     parser.add_argument("--json", metavar="PATH", help="write the table with provenance here")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -108,16 +124,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     resolve_model_args(parser, args)
     try:
-        budgets = parse_budgets(args.budgets) or ()
+        budgets = args.budgets or ()
         if len(budgets) < 2:
             raise ValueError("--budgets needs at least two budgets, e.g. 64,128,256,512")
-        config = BudgetConfig(tuple(sorted(budgets)), min(args.max_items, min(budgets)), args.max_segments)
+        config = BudgetConfig(tuple(sorted(budgets)), min(args.max_items, min(budgets)),
+                              min(args.max_segments, max(budgets)))  # slots past a budget's tokens are never used
+        check_budget_config(config, str(DTYPES[args.dtype]).removeprefix("torch."))
         if args.json:
             check_writable(args.json)
     except (ValueError, OSError) as err:
         parser.error(str(err))
-    if args.runs < 1 or args.warmup < 0:
-        parser.error("--runs must be ≥ 1 and --warmup ≥ 0")
     model = model_from_args(args)
     backend = "cuda" if model.device.type == "cuda" else "emulate"
     runner = EncoderGraphRunner(model, config, backend=backend, progress=not args.quiet,

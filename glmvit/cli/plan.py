@@ -1,37 +1,239 @@
-"""``python -m glmvit plan``: pack a random-mm workload into token budgets and compare the packers."""
+"""``python -m glmvit plan``: choose token budgets for a deployment and export them to vLLM.
+
+Packs a workload — a named preset, a random-mm bucket config, or a trace of real item sizes (CSV / JSON / JSON
+Lines of height, width, frames and optionally request; see :mod:`glmvit.traces`) — into a budget set, and reports
+batches, eager items, padding, graph memory (an estimate for the GLM-4.1V tower) and, with a latency table of
+your GPU, the capture time and the predicted median / mean / P99 milliseconds per request. ``--compare`` puts a
+second budget set beside the first; ``--export`` writes the first as vLLM's ``--compilation-config`` JSON::
+
+    python -m glmvit latency --json latency.json              # once, on the GPU you deploy on
+    python -m glmvit plan --trace trace.csv --latency-table latency.json --budgets 64,256,1024,4096 \\
+        --compare auto --export vllm_compilation_config.json
+    vllm serve THUDM/GLM-4.1V-9B-Thinking --compilation-config "$(cat vllm_compilation_config.json)"
+"""
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
 
-from ..packing import BudgetConfig, PlanStats, compare_packers, parse_budgets
-from ..workloads import random_mm_workload
+from ..costmodel import (
+    BudgetReport,
+    LatencyTable,
+    TimeSummary,
+    evaluate_budgets,
+    vllm_compilation_config,
+    vllm_frames_needed,
+)
+from ..geometry import ItemSpec
+from ..packing import PACKERS, BudgetConfig, combined_stats, plan_workload
+from ..provenance import collect
+from ..traces import load_trace
+from ..workloads import PRESETS, MMItem, random_mm_workload
+from .common import (
+    DTYPES,
+    SEED_MAX,
+    Parser,
+    bucket_config_arg,
+    budgets_arg,
+    check_budget_config,
+    check_writable,
+    float_in,
+    int_in,
+    read_latency_table,
+    write_atomic,
+    write_json,
+)
 
-MAX_REQUESTS = 1_000_000  # planning is pure Python: more than this is a typo, not a workload
+MAX_REQUESTS = 1_000_000
+MAX_ITEMS = 10_000_000  # planning is pure Python at ≈ 30 µs an item (both packers): 10⁷ items take ≈ 5 minutes
+RANDOM_ONLY = ("num_requests", "items_per_request", "range_ratio", "seed")  # flags a trace has no use for
+PRESET_DECIDES = ("items_per_request", "range_ratio")  # flags a named preset sets itself
+GIB = 2**30
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="python -m glmvit plan", description=(__doc__ or "").split("\n\n")[0],
+               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=(__doc__ or "").split("\n\n", 1)[1])
+    w = p.add_argument_group("workload (one of; default: --bucket-config \"{(224, 224, 1): 1.0}\")")
+    source = w.add_mutually_exclusive_group()
+    source.add_argument("--workload", choices=list(PRESETS), help="a named preset: " +
+                        "; ".join(f"{k}: {v.description}" for k, v in PRESETS.items()))
+    source.add_argument("--bucket-config", type=bucket_config_arg, help="{(height, width, frames): probability}")
+    source.add_argument("--trace", metavar="PATH", help="item sizes of real traffic: .csv with a header row, .json "
+                        "array or .jsonl of records {height, width, frames (default 1), request (optional: records "
+                        "with the same request are one request; without it each record is one)}")
+    w.add_argument("--num-requests", type=int_in(1, MAX_REQUESTS), help="random workloads: requests (default 1000)")
+    w.add_argument("--items-per-request", type=int_in(1, MAX_ITEMS), help="random: items per request (default 1)")
+    w.add_argument("--range-ratio", type=float_in(0, 1), help="random: items per request uniform in n·[1−r, 1+r]")
+    w.add_argument("--seed", type=int_in(0, SEED_MAX), help="random: seed (default 42)")
+    b = p.add_argument_group("budgets")
+    b.add_argument("--budgets", type=budgets_arg, default=None, help="comma-separated token budgets, or 'auto' "
+                   "(vLLM's: 64, 128, … 4096)")
+    b.add_argument("--compare", type=budgets_arg, metavar="BUDGETS", default=False,
+                   help="a second budget set to show beside the first (same limits), e.g. 64,256,1024 or auto")
+    b.add_argument("--max-items", type=int_in(1), help="items per batch (default: vLLM's, min(64, smallest budget))")
+    b.add_argument("--max-segments", type=int_in(1),
+                   help="attention segments (temporal patches) per batch (default: max items)")
+    b.add_argument("--packer", choices=list(PACKERS), default="ffd", help="how a request's items are packed "
+                   "(default ffd; vllm: vLLM's ascending next-fit)")
+    c = p.add_argument_group("cost")
+    c.add_argument("--latency-table", metavar="PATH", help="latency table measured on your GPU, made with "
+                   "'python -m glmvit latency --json PATH' (the H200's: data/bench/latency_h200.json); without "
+                   "one, times and capture time are not predicted")
+    c.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="for the graph memory estimate")
+    o = p.add_argument_group("output")
+    o.add_argument("--export", metavar="PATH", help="write the first budget set as vLLM's --compilation-config JSON")
+    o.add_argument("--json", metavar="PATH", help="write the whole report, with provenance, as JSON")
+    return p
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[list[MMItem]],
+                                                                                   list[BudgetConfig],
+                                                                                   LatencyTable | None]:
+    """Every value checked, every output checked writable, the workload drawn or read: before any planning."""
+    for flag, names, why in (("trace", RANDOM_ONLY, "a trace has its own requests"),
+                             ("workload", PRESET_DECIDES, "the preset sets them (use --bucket-config instead)")):
+        given = [f"--{name.replace('_', '-')}" for name in names if getattr(args, flag) and
+                 getattr(args, name) is not None]
+        if given:
+            parser.error(f"{', '.join(given)} with --{flag}: {why}")
+    outputs = [Path(p) for p in (args.export, args.json) if p]
+    if len(outputs) == 2 and outputs[0].resolve() == outputs[1].resolve():
+        parser.error("--export and --json name the same file")
+    dtype = str(DTYPES[args.dtype]).removeprefix("torch.")
+    try:
+        configs = [_budget_config(args.budgets, args, dtype)]
+        if args.compare is not False:
+            configs.append(_budget_config(args.compare, args, dtype, "--compare: "))
+        for path in outputs:
+            check_writable(path)
+        table = read_latency_table(args.latency_table) if args.latency_table else None
+        requests = load_trace(args.trace) if args.trace else _random_requests(args)
+    except (ValueError, OSError) as err:
+        parser.error(str(err))
+    return requests, configs, table
+
+
+def _budget_config(budgets: tuple[int, ...] | None, args: argparse.Namespace, dtype: str,
+                   what: str = "") -> BudgetConfig:
+    try:
+        return check_budget_config(BudgetConfig.resolve(budgets, args.max_items, args.max_segments), dtype)
+    except ValueError as err:
+        raise ValueError(f"{what}{err}") from None
+
+
+def _random_requests(args: argparse.Namespace) -> list[list[MMItem]]:
+    """The random workload of the flags; refuses more than MAX_ITEMS items before drawing any."""
+    if args.workload:
+        preset = PRESETS[args.workload]
+        buckets, n, ratio, limit = preset.bucket_config, preset.items_per_request, preset.range_ratio, \
+            preset.limit_per_request
+    else:
+        buckets, n, ratio, limit = args.bucket_config or {(224, 224, 1): 1.0}, args.items_per_request or 1, \
+            args.range_ratio or 0.0, None
+    requests = args.num_requests or 1000
+    most = min(math.ceil(n * (1 + ratio)), limit or math.inf)
+    if requests * most > MAX_ITEMS:
+        raise ValueError(f"{requests:,} requests of up to {most:,} items is more than {MAX_ITEMS:,} items "
+                         f"(planning takes ≈ 30 µs an item)")
+    return random_mm_workload(buckets, requests, n, ratio, 42 if args.seed is None else args.seed, limit)
+
+
+def report_rows(reports: list[BudgetReport], specs: list[list[ItemSpec]], packer: str) -> list[tuple[str, ...]]:
+    """The comparison as rows (label, value for each budget set): what ``plan`` prints and the explorer shows."""
+    other = next(name for name in PACKERS if name != packer)
+    rows: list[tuple[str, ...]] = [
+        ("budgets", *(", ".join(map(str, r.config.token_budgets)) for r in reports)),
+        ("limits per batch", *(f"{r.config.max_items} items, {r.config.max_segments} segments" for r in reports)),
+        (f"batches ({packer}; {other})", *(f"{r.stats.batches} ({other}: "
+                                           f"{combined_stats(plan_workload(specs, r.config, other)).batches})"
+                                           for r in reports)),
+        ("replays", *(str(r.stats.replays) for r in reports)),
+        ("eager items (over the limits)", *(str(r.stats.fallbacks) for r in reports)),
+        ("padding waste", *(f"{r.stats.padding_fraction:.1%} of replayed tokens ({r.stats.padded_tokens} tokens)"
+                            for r in reports)),
+        ("graph memory (estimate)", *(f"{r.graph_bytes / GIB:.2f} GiB (pool {r.pool_bytes / GIB:.2f} GiB)"
+                                      for r in reports)),
+        ("capture time", *(_capture_text(r) for r in reports)),
+    ]
+    if all(r.graphs is not None for r in reports):
+        rows += [
+            ("ms/request, graphs: median · mean · P99", *(_times(r.graphs) for r in reports)),
+            ("… every batch at its P99 latency: P99", *("unknown (the table has no P99 columns)"
+                                                        if r.graphs_at_p99 is None else f"{r.graphs_at_p99.p99_ms:.2f}"
+                                                        for r in reports)),
+            ("ms/request, all eager: median · mean · P99", *(_times(r.eager) for r in reports)),
+        ]
+    else:
+        rows.append(("predicted time", *("unknown (no latency table: make one with python -m glmvit latency)"
+                                         for _ in reports)))
+    return rows
+
+
+def _capture_text(report: BudgetReport) -> str:
+    if report.capture_s is not None:
+        return f"≈ {report.capture_s:.2f} s (from the table's capture times)"
+    return "unknown (the table has no capture times)" if report.graphs else "unknown (no latency table)"
+
+
+def _times(summary: TimeSummary | None) -> str:
+    assert summary is not None  # report_rows shows times only when every report has them
+    return f"{summary.median_ms:.2f} · {summary.mean_ms:.2f} · {summary.p99_ms:.2f}"
+
+
+def print_rows(rows: list[tuple[str, ...]]) -> None:
+    width = max(len(row[0]) for row in rows)
+    columns = [max(len(row[i]) for row in rows) for i in range(1, len(rows[0]))]
+    for row in rows:
+        values = "  │  ".join(f"{v:<{w}}" for v, w in zip(row[1:], columns, strict=True))
+        print(f"{row[0]:<{width}}  {values}".rstrip())
+
+
+def export_config(config: BudgetConfig, specs: list[list[ItemSpec]]) -> dict[str, Any]:
+    """vLLM's compilation config for ``config``, with frames enough for the batches vLLM's own packer makes."""
+    return vllm_compilation_config(config, max(config.max_segments, vllm_frames_needed(specs, config)))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m glmvit plan", description=__doc__)
-    parser.add_argument("--bucket-config", default="{(224, 224, 1): 1.0}", help="(height, width, frames): probability")
-    parser.add_argument("--items-per-request", type=int, default=1)
-    parser.add_argument("--range-ratio", type=float, default=0.0)
-    parser.add_argument("--num-requests", type=int, default=1000)
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--budgets", default="auto", help="comma-separated token budgets, or 'auto'")
-    parser.add_argument("--max-items", type=int, default=None)
-    parser.add_argument("--max-segments", type=int, default=None,
-                        help="attention segments (temporal patches) per batch (default: max items)")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
     args = parser.parse_args(argv)
-    if not 1 <= args.num_requests <= MAX_REQUESTS:
-        parser.error(f"--num-requests must be in [1, {MAX_REQUESTS:,}]")
-    config = BudgetConfig.resolve(parse_budgets(args.budgets), args.max_items, args.max_segments)
-    requests = random_mm_workload(args.bucket_config, args.num_requests, args.items_per_request,
-                                  args.range_ratio, args.seed)
-    print(f"budgets {list(config.token_budgets)}, max_items {config.max_items}, max_segments {config.max_segments}")
-    print(f"{'packer':<8} {'batches':>8} {'replays':>8} {'eager':>6} {'padding':>8}")
-    totals: dict[str, PlanStats] = {}
-    for request in requests:
-        for name, stats in compare_packers([item.spec for item in request], config).items():
-            totals[name] = totals.get(name, PlanStats()) + stats
-    for name, s in totals.items():
-        print(f"{name:<8} {s.batches:>8} {s.replays:>8} {s.fallbacks:>6} {s.padding_fraction:>8.1%}")
+    requests, configs, table = check_args(parser, args)
+    specs = [[item.spec for item in request] for request in requests]
+    dtype = str(DTYPES[args.dtype]).removeprefix("torch.")
+    reports = [evaluate_budgets(specs, c, table, dtype=dtype, packer=args.packer) for c in configs]
+    source = f"trace {args.trace}" if args.trace else f"workload {args.workload or 'random-mm'}"
+    print(f"{source}: {len(requests)} requests, {sum(map(len, requests))} items, "
+          f"{reports[0].stats.real_tokens} tokens; memory for GLM-4.1V in {dtype}"
+          + (f"; times from {args.latency_table} ({table.config}, {table.dtype})" if table else ""))
+    print_rows(report_rows(reports, specs, args.packer))
+    exported = export_config(configs[0], specs)
+    print(f"\nvLLM: --compilation-config '{json.dumps(exported)}'")
+    if exported["encoder_cudagraph_max_frames_per_batch"] > configs[0].max_segments:
+        print(f"(frames per batch raised from max_segments={configs[0].max_segments}: vLLM packs on tokens and "
+              "items only, and its batches of this workload reach that many temporal patches)")
+    if args.export:
+        write_atomic(args.export, (json.dumps(exported, indent=1) + "\n").encode())
+        print(f"wrote {args.export}")
+    if args.json:
+        write_json(args.json, {
+            "benchmark": "glmvit.cli.plan", "provenance": collect("cpu", " ".join([sys.executable, "-m", "glmvit",
+                                                                                    "plan", *argv])),
+            "source": source, "requests": len(requests), "packer": args.packer, "latency_table": args.latency_table,
+            "reports": [_report_json(r) for r in reports], "vllm_compilation_config": exported})
     return 0
+
+
+def _report_json(report: BudgetReport) -> dict[str, Any]:
+    def times(summary: TimeSummary | None) -> dict[str, float] | None:
+        return None if summary is None else vars(summary)
+
+    return {"token_budgets": list(report.config.token_budgets), "max_items": report.config.max_items,
+            "max_segments": report.config.max_segments, "stats": vars(report.stats),
+            "padding_fraction": report.stats.padding_fraction, "graph_bytes": report.graph_bytes,
+            "pool_bytes": report.pool_bytes, "capture_s": report.capture_s, "graphs_ms": times(report.graphs),
+            "graphs_at_p99_ms": times(report.graphs_at_p99), "eager_ms": times(report.eager)}

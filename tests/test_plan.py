@@ -1,0 +1,199 @@
+"""Budgets to production: traces, P99 and capture time from a latency table, the vLLM export, ``glmvit plan``."""
+import json
+
+import numpy as np
+import pytest
+
+from glmvit.__main__ import main
+from glmvit.costmodel import (
+    LatencyTable,
+    evaluate_budgets,
+    load_latency_table,
+    predict_time,
+    vllm_compilation_config,
+    vllm_frames_needed,
+)
+from glmvit.geometry import ItemSpec
+from glmvit.packing import BudgetConfig, plan_workload
+from glmvit.traces import MAX_FRAMES, load_trace, parse_trace
+from glmvit.workloads import make_item
+
+H200 = "data/bench/latency_h200.json"
+TRACE = b"request,height,width,frames\nr1,1080,1920,1\nr1,720,1280,16\nr2,224,224,\nr1,448,448,1\n"
+
+
+@pytest.fixture
+def table_path(tmp_path):
+    """A synthetic latency table with P99 columns and capture times, made up for these tests only."""
+    rows = [{"tokens": t, "graph_ms": 1.0 + 0.004 * t, "eager_ms": 6.0 + 0.005 * t,
+             "graph_p99_ms": 2.0 + 0.004 * t, "eager_p99_ms": 9.0 + 0.005 * t} for t in (64, 256, 1024, 4096)]
+    path = tmp_path / "latency.json"
+    path.write_text(json.dumps({"provenance": {"source": "synthetic test table"}, "budgets": rows,
+                                "capture": {"64": {"seconds": 0.5}, "4096": {"seconds": 2.5}}}))
+    return path
+
+
+# --- the latency table: P99 columns and capture times -------------------------------------------------------------
+def test_the_h200_table_gives_its_p99_columns_and_capture_times():
+    raw = json.loads(open(H200).read())
+    table = load_latency_table(H200)
+    rows = sorted(raw["budgets"], key=lambda r: r["tokens"])
+    assert table.graph_p99_ms == tuple(r["graph_p99_ms"] for r in rows)
+    assert table.eager_p99_ms == tuple(r["eager_p99_ms"] for r in rows)
+    assert table.capture_s == {int(k): v["seconds"] for k, v in raw["capture"].items()}
+    slow = table.p99()
+    assert slow.graph_time(4096) == rows[-1]["graph_p99_ms"] and slow.eager_time(64) == rows[0]["eager_p99_ms"]
+
+
+def test_capture_time_is_measured_or_interpolated(table_path):
+    table = load_latency_table(table_path)
+    assert table.capture_time(64) == 0.5 and table.capture_time(4096) == 2.5
+    assert table.capture_time(2080) == pytest.approx(1.5)  # halfway between the two measured budgets
+    only_one = LatencyTable((64, 128), (1.0, 2.0), (1.0, 2.0), capture_s={64: 0.5})
+    assert only_one.capture_time(64) == 0.5 and only_one.capture_time(128) is None
+
+
+def test_a_table_without_the_optional_columns_says_unknown():
+    table = LatencyTable.from_dict({"budgets": [{"tokens": 64, "graph_ms": 1.0, "eager_ms": 2.0, "graph_p99_ms": 1.5,
+                                                 "eager_p99_ms": 3.0}, {"tokens": 128, "graph_ms": 2.0,
+                                                                        "eager_ms": 3.0}]})
+    assert table.p99() is None and table.capture_time(64) is None  # P99 only when every budget has it
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"capture": [1, 2]}, "expected capture as"),
+    ({"capture": {"64": {"s": 1}}}, "expected capture as"),
+    ({"capture": {"64": {"seconds": -1}}}, "capture seconds must be finite numbers"),
+    ({"p99": -1.0}, "times must be positive finite numbers"),
+])
+def test_bad_optional_columns_are_refused(data, message):
+    p99 = data.pop("p99", 1.0)
+    rows = [{"tokens": t, "graph_ms": 1.0, "eager_ms": 1.0, "graph_p99_ms": p99, "eager_p99_ms": 1.0}
+            for t in (64, 128)]
+    with pytest.raises(ValueError, match=message):
+        LatencyTable.from_dict({"budgets": rows, **data})
+
+
+# --- evaluating a budget set ----------------------------------------------------------------------------------------
+def test_evaluate_budgets_matches_the_plans_by_hand(table_path):
+    table = load_latency_table(table_path)
+    requests = [[ItemSpec(64, 1)] * k for k in range(1, 30)] + [[ItemSpec(5000, 1)]]  # the last one runs eagerly
+    config = BudgetConfig((64, 256, 1024, 4096), 8, 8)
+    report = evaluate_budgets(requests, config, table)
+    totals = [predict_time(p, table).total_ms for p in plan_workload(requests, config)]
+    slow = [predict_time(p, table.p99()).total_ms for p in plan_workload(requests, config)]
+    assert report.graphs.p99_ms == pytest.approx(np.percentile(totals, 99))
+    assert report.graphs.median_ms == pytest.approx(np.median(totals))
+    assert report.graphs_at_p99.p99_ms == pytest.approx(np.percentile(slow, 99))
+    assert report.graphs_at_p99.p99_ms > report.graphs.p99_ms
+    assert report.stats.fallbacks == 1
+    assert report.capture_s == pytest.approx(0.5 + table.capture_time(256) + table.capture_time(1024) + 2.5)
+    no_table = evaluate_budgets(requests, config)
+    assert no_table.graphs is None and no_table.capture_s is None and no_table.stats == report.stats
+
+
+# --- the vLLM export --------------------------------------------------------------------------------------------------
+def test_vllm_export_has_vllms_keys_and_our_limits():
+    config = BudgetConfig((64, 256, 1024), 8, 16)
+    assert vllm_compilation_config(config) == {
+        "cudagraph_mm_encoder": True, "encoder_cudagraph_token_budgets": [64, 256, 1024],
+        "encoder_cudagraph_max_vision_items_per_batch": 8, "encoder_cudagraph_max_frames_per_batch": 16}
+
+
+def test_vllm_packs_without_a_frame_check_so_the_export_makes_room():
+    """Eight 64-token clips of 4 temporal patches fit 512 tokens and 8 items: vLLM puts them in one batch of 32
+    segments, where our packer (max_segments 8) makes four batches."""
+    config = BudgetConfig((64, 512), 8, 8)
+    requests = [[ItemSpec(64, 4)] * 8]
+    assert max(b.segments for b in plan_workload(requests, config)[0].batches) == 8
+    assert vllm_frames_needed(requests, config) == 32
+
+
+# --- traces -----------------------------------------------------------------------------------------------------------
+def test_a_csv_trace_groups_items_by_request():
+    requests = parse_trace(TRACE, "t.csv")
+    assert [[(i.height, i.width, i.num_frames) for i in r] for r in requests] == [
+        [(1080, 1920, 1), (720, 1280, 16), (448, 448, 1)], [(224, 224, 1)]]
+    assert requests[0][1] == make_item(720, 1280, 16) and requests[0][1].grid[0] == 8
+
+
+@pytest.mark.parametrize("name, data", [
+    ("t.json", b'[{"height": 224, "width": 224}, {"height": 448, "width": 448, "frames": 8}]'),
+    ("t.jsonl", b'{"height": 224, "width": 224}\n\n{"height": 448, "width": 448, "frames": 8}\n'),
+    ("t.csv", b"height,width,frames,timestamp\n224,224,1,3.5\n448,448,8,4.0\n"),
+])
+def test_without_a_request_field_every_record_is_a_request(name, data):
+    requests = parse_trace(data, name)
+    assert [[(i.height, i.num_frames) for i in r] for r in requests] == [[(224, 1)], [(448, 8)]]
+
+
+def test_json_requests_may_be_numbers_or_strings():
+    data = b'[{"height": 224, "width": 224, "request": 7}, {"height": 224, "width": 224, "request": "7"}]'
+    assert [len(r) for r in parse_trace(data, "t.json")] == [2]
+
+
+@pytest.mark.parametrize("name, data, message", [
+    ("t.csv", b"h,w\n1,2\n", "t.csv line 1: the header must name height and width"),
+    ("t.csv", b"height,width\n224,224\n224,abc\n", "t.csv line 3: width must be a positive integer, got 'abc'"),
+    ("t.csv", b"height,width\n224,0\n", "t.csv line 2: width must be a positive integer, got 0"),
+    ("t.csv", b"height,width\n224,\n", "t.csv line 2: width is missing"),
+    ("t.csv", b"height,width\n224,22400000\n", "t.csv line 2: aspect ratio of 224×22400000 exceeds 200"),
+    ("t.csv", f"height,width,frames\n224,224,{MAX_FRAMES + 1}\n".encode(), "t.csv line 2: frames 641 is more"),
+    ("t.csv", b"height,width,request\n224,224,\n", "t.csv line 2: request must be a non-empty string"),
+    ("t.csv", b"height,width\n1,2,3\n", "t.csv line 2: more values than header columns"),
+    ("t.csv", b"height,width\n", "t.csv: no items"),
+    ("t.csv", b"\xff\xfe", "t.csv: not UTF-8 text"),
+    ("t.jsonl", b'{"height": 224, "width": 224}\nnope\n', "t.jsonl line 2: not valid JSON"),
+    ("t.jsonl", b'{"height": 224}\n', "t.jsonl line 1: width is missing"),
+    ("t.json", b'{"height": 224}', "t.json: expected a JSON array of item objects, got dict"),
+    ("t.json", b'[{"height": 224, "width": 224}, 3]', "t.json record 2: expected an object"),
+    ("t.json", b'[{"height": 224.0, "width": 224}]', "t.json record 1: height must be a positive integer"),
+    ("t.json", b'[{"height": 224, "width": 224, "request": [1]}]', "t.json record 1: request must be"),
+    ("t.txt", b"height,width\n224,224\n", "t.txt: a trace must be .csv, .json, .jsonl"),
+])
+def test_bad_traces_are_one_line_errors_naming_the_line(name, data, message):
+    with pytest.raises(ValueError) as err:
+        parse_trace(data, name)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_load_trace_names_a_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.csv: no such trace file"):
+        load_trace(tmp_path / "missing.csv")
+
+
+# --- glmvit plan ------------------------------------------------------------------------------------------------------
+def test_plan_from_a_trace_compares_exports_and_reports(tmp_path, table_path, capsys):
+    trace = tmp_path / "trace.csv"
+    trace.write_bytes(TRACE)
+    export, report = tmp_path / "out" / "vllm.json", tmp_path / "plan.json"
+    assert main(["plan", "--trace", str(trace), "--latency-table", str(table_path), "--budgets", "64,1024,4096",
+                 "--max-items", "4", "--max-segments", "16", "--compare", "auto", "--export", str(export),
+                 "--json", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "trace " in out and "2 requests, 4 items" in out
+    assert "64, 1024, 4096" in out and "64, 128, 256, 512, 1024, 2048, 4096" in out  # side by side
+    assert "P99" in out and "capture time" in out and "(from the table's capture times)" in out
+    exported = json.loads(export.read_text())
+    assert exported == {"cudagraph_mm_encoder": True, "encoder_cudagraph_token_budgets": [64, 1024, 4096],
+                        "encoder_cudagraph_max_vision_items_per_batch": 4,
+                        "encoder_cudagraph_max_frames_per_batch": 16}
+    assert f"--compilation-config '{json.dumps(exported)}'" in out
+    data = json.loads(report.read_text())
+    assert [r["token_budgets"] for r in data["reports"]] == [[64, 1024, 4096], [64, 128, 256, 512, 1024, 2048, 4096]]
+    assert data["reports"][0]["graphs_ms"]["p99_ms"] > 0 and data["vllm_compilation_config"] == exported
+
+
+def test_plan_without_a_table_says_times_are_unknown(capsys):
+    assert main(["plan", "--workload", "video8x224", "--num-requests", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "predicted time" in out and "unknown (no latency table" in out and "graph memory" in out
+
+
+def test_plan_export_is_checked_before_planning(tmp_path, capsys):
+    folder = tmp_path / "taken.json"
+    folder.mkdir()
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "--num-requests", "5", "--export", str(folder)])
+    assert exc.value.code == 2 and "is a directory" in capsys.readouterr().err
+    assert not list(tmp_path.glob(".*"))  # no probe or temporary file left behind
