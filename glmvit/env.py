@@ -36,11 +36,11 @@ PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 # Keep in step with pyproject.toml; tests/test_env.py checks that they agree.
 FALLBACK_BOUNDS = {
     "python": "3.10",
-    "torch": "2.5",
+    "torch": "2.6",
     "numpy": "1.26",
     "pillow": "10.0",
     "safetensors": "0.4",
-    "transformers": "5.0",
+    "transformers": "5.21",
     "tqdm": "4.66",
     "triton": "3.0",
     "ipywidgets": "8.0",

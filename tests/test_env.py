@@ -34,7 +34,7 @@ def test_env_check_never_imports_the_triton_kernel_module():
 
 def test_lower_bounds_follow_pyproject_and_the_fallback_agrees():
     bounds = lower_bounds()
-    assert bounds["torch"] == "2.5" and bounds["transformers"] == "5.0" and bounds["python"] == "3.10"
+    assert {"torch", "transformers", "python"} <= set(bounds) and bounds["python"] == "3.10"
     for name, version in env.FALLBACK_BOUNDS.items():
         assert bounds[name] == version, name
     assert lower_bounds(env.PYPROJECT.parent / "missing.toml") == env.FALLBACK_BOUNDS

@@ -1,4 +1,4 @@
-"""The install path: constraints.txt resolves beside torch's own pins, and the Makefile's commands do what the README says.
+"""The install path: constraints.txt resolves beside torch's own pins; the Makefile's commands do what the README says.
 
 constraints.txt must install with a CPU build of torch and with PyPI's default (CUDA) torch wheel on Linux x86-64.
 A CPU build's requirements are read from the installed torch; the CUDA wheel's cannot be (CI has no CUDA build), so
@@ -12,17 +12,18 @@ import socket
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Requires-Dist of torch 2.13.0's default Linux x86-64 wheel on PyPI (torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl,
+# Requires-Dist of torch 2.13.0's default Linux x86-64 wheel on PyPI
+# (torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl,
 # its torch-2.13.0.dist-info/METADATA; the `extra == ...` lines left out). When constraints.txt's torch pin moves,
 # read the new wheel's METADATA and replace both.
 TORCH_CUDA_WHEEL_VERSION = "2.13.0"
@@ -34,7 +35,8 @@ TORCH_CUDA_WHEEL_REQUIRES = [
     "networkx>=2.5.1",
     "jinja2",
     "fsspec>=0.8.5",
-    'cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==13.0.3; platform_system == "Linux"',
+    "cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==13.0.3"
+    '; platform_system == "Linux"',
     'cuda-bindings<14,>=13.0.3; platform_system == "Linux" and python_version < "3.15"',
     'nvidia-cudnn-cu13==9.20.0.48; platform_system == "Linux"',
     'nvidia-cusparselt-cu13==0.8.1; platform_system == "Linux"',
@@ -98,7 +100,8 @@ def test_the_checks_catch_what_broke_the_cuda_install():
     cuda = applicable(TORCH_CUDA_WHEEL_REQUIRES, LINUX_X86_64)
     assert contradictions({"triton": "3.9.0", "sympy": "1.13.1", "numpy": "2.4.6"}, cuda) == [
         "constraints pin sympy==1.13.1, torch requires sympy>=1.13.3",
-        'constraints pin triton==3.9.0, torch requires triton==3.7.1; platform_system == "Linux" and python_version < "3.15"',
+        "constraints pin triton==3.9.0, torch requires triton==3.7.1"
+        '; platform_system == "Linux" and python_version < "3.15"',
     ]
     assert {"triton", "nvidia-nccl-cu13", "cuda-toolkit"} <= exact_pins(cuda)
     assert "sympy" not in exact_pins(cuda)
@@ -192,7 +195,7 @@ def test_env_knobs_reach_venv_and_pip():
 
 
 def test_an_existing_environment_is_installed_into_not_recreated(tmp_path):
-    """VENV may name an environment that already holds a CUDA torch: make installs into it, never runs `venv` over it."""
+    """VENV may name an environment that already holds a CUDA torch: make installs into it, never runs venv over it."""
     python = tmp_path / "bin" / "python"  # stands in for the environment's python: records how it was called
     python.parent.mkdir()
     python.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/calls\n')
@@ -219,7 +222,8 @@ def test_every_make_variable_the_readme_names_exists():
     named = {var for cmd in re.findall(r"\bmake [^\n`]*", readme) for var in re.findall(r"\b([A-Z][A-Z_]{2,})=", cmd)}
     assert {"PORT", "VENV_FLAGS", "CONSTRAINTS"} <= named
     for name in named:
-        assert re.search(rf"^{name}\s*\?=", (ROOT / "Makefile").read_text(), re.M), f"README names make {name}=, Makefile lacks it"
+        makefile = (ROOT / "Makefile").read_text()
+        assert re.search(rf"^{name}\s*\?=", makefile, re.M), f"README names make {name}=, Makefile lacks it"
 
 
 def _free_port() -> int:
@@ -244,7 +248,8 @@ def test_lab_and_explorer_start_here_as_whoever_runs_them(target, tmp_path):
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            assert proc.poll() is None, f"make {target} exited {proc.returncode} (uid {os.geteuid()}):\n{log.read_text()}"
+            exited = f"make {target} exited {proc.returncode} (uid {os.geteuid()}):\n{log.read_text()}"
+            assert proc.poll() is None, exited
             with socket.socket() as s:
                 if s.connect_ex(("127.0.0.1", port)) == 0:
                     break
