@@ -24,7 +24,7 @@ PYTEST_NB   := --nbval-lax --nbval-current-env --nbval-cell-timeout=600 -p no:ca
 TRANSFORMERS_OLDEST := $(shell sed -n 's/^ *"transformers *>= *\([0-9.]*\).*/\1/p' pyproject.toml)
 OLDEST_VENV ?= $(VENV)/oldest
 
-.PHONY: demo test test-gpu test-oldest lab explorer env browser
+.PHONY: demo test lint notebooks test-gpu test-oldest lab explorer env browser
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(strip $(PYTHON) -m venv $(VENV_FLAGS) $(VENV))
@@ -38,8 +38,17 @@ demo: $(STAMP)
 	$(BIN)/python -m glmvit demo
 
 ## Every test, the notebooks included (nbval). Installs Debian's chromium for the browser test when it can.
-test: $(STAMP) browser
+test: $(STAMP) browser lint
 	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=15 $(PYTEST_NB) tests notebooks
+
+## ruff and mypy, configured in pyproject.toml (make test runs them first).
+lint: $(STAMP)
+	$(BIN)/ruff check glmvit tests tools data conftest.py notebooks
+	$(BIN)/mypy
+
+## Execute every notebook in place and stamp its code hash (commit the outputs; a test keeps them fresh).
+notebooks: $(STAMP)
+	$(BIN)/python tools/execute_notebooks.py
 
 ## On a CUDA machine: the GPU tests and the notebooks' gpu cells.
 test-gpu: $(STAMP)

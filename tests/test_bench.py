@@ -38,8 +38,9 @@ def test_json_structure(bench_json):
     for key in ("benchmark", "provenance", "settings", "workload", "floor", "flops", "modes", "ratios", "accuracy"):
         assert key in r, key
     prov = r["provenance"]
-    for key in ("torch", "triton", "transformers", "git_commit", "command", "date_utc", "device", "gpu", "driver"):
-        assert key in prov or key in ("gpu", "driver"), key
+    for key in ("torch", "triton", "transformers", "git_commit", "command", "date_utc", "device", "gpu", "cpu"):
+        assert key in prov, key
+    assert prov["gpu"] is None and prov["device"] == "cpu"  # a CPU run says so
     assert prov["device"] == "cpu" and "bench" in prov["command"] and "--json" in prov["command"]
     assert r["settings"]["dtype"] == "float32" and r["settings"]["config"] == "tiny"
     assert r["workload"]["requests"] == len(r["workload"]["grids"]) == 3

@@ -2,11 +2,22 @@
 import glmvit.provenance as provenance
 
 
-def test_commit_from_git_in_this_checkout(monkeypatch):
+def test_commit_from_git_in_a_checkout(monkeypatch, tmp_path):
+    """A fresh repository with one commit: git_state names that commit, and sees a tracked edit as dirty."""
+    import subprocess
+
     monkeypatch.delenv(provenance.COMMIT_ENV, raising=False)
-    state = provenance.git_state()
-    if state["commit_source"] == "git":
-        assert len(state["git_commit"]) == 40 and isinstance(state["git_dirty"], bool)
+    run = lambda *args: subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True,  # noqa: E731
+                                       text=True).stdout.strip()
+    run("init", "-q")
+    (tmp_path / "f.txt").write_text("a")
+    run("add", "f.txt")
+    run("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "one")
+    monkeypatch.setattr(provenance, "REPO", str(tmp_path))
+    assert provenance.git_state() == {"git_commit": run("rev-parse", "HEAD"), "git_dirty": False,
+                                      "commit_source": "git"}
+    (tmp_path / "f.txt").write_text("b")
+    assert provenance.git_state()["git_dirty"] is True
 
 
 def test_the_environment_names_the_commit_and_wins_over_git(monkeypatch, tmp_path):

@@ -1,8 +1,8 @@
-"""The budget explorer served by Voilà and driven in a real headless Chromium (opt-in: ``pytest -m ui``).
+"""The budget explorer served by Voilà and driven in a real headless Chromium (part of make test; marked ``ui``).
 
-Needs Debian's chromium at /usr/bin/chromium (``apt-get install -y chromium``); every request that leaves the
-loopback interface is aborted, so the test runs offline. Drives every control a deployment decision needs: limits,
-budgets, a second budget set, a latency table path, a trace upload, Recommend and the vLLM export. Saves
+Skipped where Debian's chromium is missing (``apt-get install -y chromium``; make test installs it when it can);
+every request that leaves the loopback interface is aborted, so the test runs offline. Drives every control a
+deployment decision needs: limits, budgets, a second budget set, a latency table path, a trace upload, Recommend and the vLLM export. Saves
 test-output/explorer.png for a human to look at.
 """
 import json
