@@ -2,8 +2,8 @@
 
 Skipped where Debian's chromium is missing (``apt-get install -y chromium``; make test installs it when it can);
 every request that leaves the loopback interface is aborted, so the test runs offline. Drives every control a
-deployment decision needs: limits, budgets, a second budget set, a latency table path, a trace upload, Recommend and the vLLM export. Saves
-test-output/explorer.png for a human to look at.
+deployment decision needs: limits, budgets, a second budget set, a latency table path, a trace upload, Recommend
+and the vLLM export. Saves test-output/explorer.png for a human to look at.
 """
 import json
 import socket
