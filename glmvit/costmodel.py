@@ -53,13 +53,23 @@ def _dtype_bytes(dtype: str) -> int:
     return DTYPE_BYTES[dtype]
 
 
-def graph_memory(config: BudgetConfig, vision_config: VisionConfig, dtype: str = "bfloat16") -> list[GraphMemory]:
-    """Analytic memory estimate per budget, for a ``glmvit.VisionConfig``.
+# The graph pool per patch row and hidden unit, for 2-byte dtypes, and the pool's fixed part: fitted to the pool
+# growth of every recorded H200 capture (data/bench/*_h200.json, 256 to 24,576 rows; tests/test_budget.py checks
+# each within 15%). An eager forward's peak holds about 30 bytes per row·hidden (the rotary step keeps q/k in fp32
+# beside the bf16 qkv); a capture keeps more, as blocks freed inside it are not all reused. The fixed part is the
+# capture stream's own cuBLAS workspace. torch.compile fuses the fp32 temporaries away.
+POOL_BYTES_PER_ROW_HIDDEN = {False: 44.2, True: 26.9}  # keyed by "compiled"
+POOL_FIXED_BYTES = {False: 46_000_000, True: 25_000_000}
 
-    rows = budget · merge_area patch rows. Static buffers: pixels rows × patch_dim (dtype), the int32 metadata
-    buffer of ``glmvit.metadata`` (max_segments + 2 + 5·rows + rows / merge_area) and the output budget × out_hidden
-    (dtype). Pool: the largest live activations of one forward, in dtype: a block's rows × (3·hidden for q/k/v +
-    2·mlp width for gate/up; GLM-4V's block MLP is out_hidden_size wide) plus the merger's budget × 2·intermediate.
+
+def graph_memory(config: BudgetConfig, vision_config: VisionConfig, dtype: str = "bfloat16",
+                 compiled: bool = False) -> list[GraphMemory]:
+    """Memory estimate per budget, for a ``glmvit.VisionConfig``.
+
+    rows = budget · merge_area patch rows. Static buffers (exact): pixels rows × patch_dim (dtype), the int32
+    metadata buffer of ``glmvit.metadata`` (max_segments + 2 + 5·rows + rows / merge_area) and the output budget ×
+    out_hidden (dtype). Pool: ``POOL_FIXED_BYTES`` + rows · hidden · ``POOL_BYTES_PER_ROW_HIDDEN`` (scaled by the
+    dtype's size), the measured model above.
     """
     size, vc = _dtype_bytes(dtype), vision_config
     result = []
@@ -67,7 +77,8 @@ def graph_memory(config: BudgetConfig, vision_config: VisionConfig, dtype: str =
         rows = budget * vc.merge_area
         metadata = config.max_segments + 2 + 5 * rows + rows // vc.merge_area
         static = (rows * vc.patch_dim + budget * vc.out_hidden_size) * size + 4 * metadata
-        pool = (rows * (3 * vc.hidden_size + 2 * vc.out_hidden_size) + budget * 2 * vc.intermediate_size) * size
+        per_row = vc.hidden_size * POOL_BYTES_PER_ROW_HIDDEN[compiled] * size / 2
+        pool = POOL_FIXED_BYTES[compiled] + round(rows * per_row)
         result.append(GraphMemory(budget, static, pool))
     return result
 

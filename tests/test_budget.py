@@ -540,3 +540,22 @@ def test_latency_fit_separates_matmuls_from_attention():
         for layout in budget["layouts"]:
             model = table.graph_time(budget["tokens"], layout["segment_rows2"])
             assert model == pytest.approx(layout["graph_ms"], rel=0.10), (budget["tokens"], layout["name"])
+
+
+@pytest.mark.parametrize("path", sorted(BENCH.glob("*_h200.json")), ids=lambda p: p.name)
+def test_graph_memory_estimate_matches_every_recorded_pool_within_15_percent(path):
+    """The shared pool of a run is sized by its largest budget: the estimate of that pool vs the measured growth."""
+    run = json.loads(path.read_text())
+    captures = {mode: run["modes"][mode]["capture"] for mode in ("graph", "graph-compiled")
+                if mode in run.get("modes", {})}
+    if run.get("benchmark") == "glmvit.cli.latency":
+        captures = {"graph-compiled" if run["provenance"].get("compiled") else "graph": run["capture"]}
+    if not captures:
+        pytest.skip("no graphs in this run")
+    for mode, capture in captures.items():
+        config = BudgetConfig(tuple(sorted(int(b) for b in capture)), 1, max(c["segments"] for c in capture.values()))
+        estimate = max(m.pool_bytes for m in graph_memory(config, VisionConfig.glm41v(), compiled=mode != "graph"))
+        measured = sum(c["graph_bytes"] for c in capture.values())
+        assert estimate == pytest.approx(measured, rel=0.15), f"{mode}: {estimate >> 20} vs {measured >> 20} MiB"
+        static = sum(m.static_bytes for m in graph_memory(config, VisionConfig.glm41v()))
+        assert static == sum(c["buffer_bytes"] for c in capture.values())  # the static buffers are exact
