@@ -148,7 +148,8 @@ def _to_8bit(image: Image.Image, name: str) -> Image.Image:
 
     A transparency key (a 16-bit PNG's tRNS) becomes white, as compositing that pixel on white would.
     """
-    values = np.asarray(image).astype(np.float64)
+    with np.errstate(invalid="ignore"):  # signalling NaNs warn when cast; they are refused below
+        values = np.asarray(image).astype(np.float64)
     top = 1.0 if image.mode == "F" else 65535.0
     if values.size and not (np.isfinite(values).all() and 0 <= values.min() and values.max() <= top):
         raise ValueError(f"{name}: mode {image.mode} values span [{values.min()}, {values.max()}], outside "
@@ -439,6 +440,15 @@ def _sample(clip: _Clip, rule: str, fps: float | None) -> list[int]:
     return indices
 
 
+def _check_frame_count(clip: _Clip, frames: int, max_pixels: int) -> None:
+    """Each sampled frame keeps one 28 × 28 token at least: beyond max_pixels / 784 frames, max_pixels cannot
+    hold, and the frames alone would outgrow it (transformers goes on regardless)."""
+    if frames * FACTOR * FACTOR > max_pixels:
+        raise ValueError(f"{clip.name}: {frames:,} sampled frames need at least {frames:,}·28·28 = "
+                         f"{frames * FACTOR * FACTOR:,} pixels, more than max_pixels={max_pixels:,}; sample fewer "
+                         f"frames (a lower fps)")
+
+
 def _pil_frame(frame: Frame, height: int, width: int) -> np.ndarray:
     """Exactly the steps of ``Glm4vImageProcessorPil``: PIL bicubic, × 1/255 in float64 → float32, normalise."""
     resized = np.asarray(Image.fromarray(frame).resize((width, height), Image.Resampling.BICUBIC))
@@ -537,6 +547,7 @@ def process_video(
     resizer = _pil_frame if resize == "pil" else _torchvision_resizer()
     clip = _open_clip(video, video_fps, duration, max_decoded_pixels)
     indices = _sample(clip, rule, fps)
+    _check_frame_count(clip, len(indices), max_pixels)
     pixels = _resample(clip, indices, resizer, min_pixels, max_pixels)
     _, _, height, width = pixels.shape
     return VisionInputs(

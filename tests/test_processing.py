@@ -163,6 +163,15 @@ def test_min_pixels_above_max_pixels_is_an_error():
             call()
 
 
+def test_more_sampled_frames_than_max_pixels_can_hold_is_an_error():
+    """Each frame keeps one 28 × 28 token at least: 200 frames need 156,800 pixels; the output used to exceed
+    max_pixels (78,400) by that much, and with a requested fps far above 2 it grows without bound."""
+    frames = np.zeros((200, 28, 28, 3), np.uint8)
+    with pytest.raises(ValueError, match="200 sampled frames need at least 200·28·28 = 156,800 pixels"):
+        process_video(frames, fps=30, video_fps=30, max_pixels=28 * 28 * 100)
+    assert process_video(frames, fps=30, video_fps=30, max_pixels=28 * 28 * 200).grid_thw.tolist() == [[100, 2, 2]]
+
+
 # --- patchify ------------------------------------------------------------------------------------------------------
 
 
