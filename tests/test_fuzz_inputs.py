@@ -33,6 +33,7 @@ from glmvit.processing import (
     sample_frame_indices_glm46v,
 )
 
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:PIL.TiffImagePlugin")  # broken TIFFs say so, then fail
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ["1", "L", "LA", "La", "P", "PA", "RGB", "RGBA", "RGBa", "RGBX", "CMYK", "YCbCr", "LAB", "HSV",
          "I;16", "I;16B", "I", "F"]

@@ -331,6 +331,13 @@ def test_an_animation_without_frame_durations_needs_video_fps(tmp_path):
     assert process_video(path, video_fps=2).frame_indices == [[0, 1, 2, 3]]
 
 
+def test_decode_refuses_indices_outside_the_video():
+    info = probe(CLIP)
+    for indices in ([], [-1, 3], [0, 20]):
+        with pytest.raises(ValueError, match=r"frame indices must lie in \[0, 20\)"):
+            video_files.decode(CLIP, info, indices)
+
+
 def test_the_tiny_gif_writer_is_what_pil_reads(tmp_path):
     path = tiny_frames_gif(tmp_path / "t.gif", 5, 4, 3, delay_cs=7, offset=lambda k: (k, k))
     with Image.open(path) as im:
