@@ -1,24 +1,40 @@
 """Images and videos → pixel rows [rows, 1176] and grids [t, h, w] for the GLM-4V vision encoder.
 
-Images go through transformers' own ``Glm4vImageProcessorPil`` (explicitly: no torchvision fallback warning).
-transformers' video processors need torchvision, so videos are done here with the same steps: frame sampling
-by the GLM-4.1V or GLM-4.6V rule (pure re-implementations of their ``sample_frames``), ``smart_resize`` over the
-sampled frame count, PIL bicubic resize, rescale by 1/255 in float64 → float32, OpenAI CLIP normalisation in
-float32, and the video patchify (frame pairs are temporal patches).
+Images go through transformers' own ``Glm4vImageProcessorPil`` (explicitly: no torchvision fallback warning), fed
+RGB images converted here, so that the result is the same on every transformers ≥ 5.4:
+
+- transparency is composited on white, as transformers' ``convert_to_rgb`` does for PIL images since it learned
+  to (5.24 does; 5.4 and 5.17 drop the alpha channel, and its ``load_image`` drops it for paths on every version):
+  an RGBA file gives the same pixels by path and as a PIL image;
+- 16-bit and 32-bit images are scaled to 8 bits, never clipped (PIL's own ``convert("RGB")``, which transformers
+  uses, saturates them at 255): modes ``I;16*`` and ``I`` are read as 0..65535, mode ``F`` as 0..1; values
+  outside that range are an error naming the item;
+- paths are opened like transformers' ``load_image`` (EXIF orientation applied), and any decoding failure is one
+  ``ValueError`` naming the item and the file.
+
+Videos are done here with the video processors' steps (transformers' video processors need torchvision): frame
+sampling by the GLM-4.1V or GLM-4.6V rule (pure re-implementations of their ``sample_frames``), ``smart_resize``
+over the sampled frame count, bicubic resize, rescale and CLIP normalisation, and the video patchify (frame pairs
+are temporal patches). Files are read by :mod:`glmvit.video`, which decodes only up to the last sampled frame and
+holds one decoded frame at a time.
 """
 from __future__ import annotations
 
+import itertools
 import math
+import operator
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageSequence, UnidentifiedImageError
-from transformers.image_transforms import convert_to_rgb
-from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, load_image
+from PIL import Image, ImageOps, UnidentifiedImageError
+from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil
 
+from . import video as video_files
 from .geometry import (
     FACTOR,
     IMAGE_MAX_PIXELS,
@@ -29,6 +45,7 @@ from .geometry import (
     VIDEO_MAX_PIXELS,
     smart_resize,
 )
+from .video import MAX_DECODED_PIXELS, PIL_ERRORS
 
 __all__ = [
     "VisionInputs",
@@ -38,11 +55,14 @@ __all__ = [
     "sample_frame_indices_glm46v",
     "patchify_image",
     "patchify_video",
+    "smart_resize",
 ]
 
 PATCH, TEMPORAL, MERGE = PATCH_SIZE, TEMPORAL_PATCH_SIZE, MERGE_SIZE
 RULES = ("glm41v", "glm46v")
+RESIZES = ("pil", "torchvision")
 KINDS = ("image", "video")
+MAX_FRAMES = 2**24  # frame counts above this (155 h at 30 fps) are refused before sampling: bounded work
 
 _MEAN = np.array(OPENAI_CLIP_MEAN, dtype=np.float32)
 _STD = np.array(OPENAI_CLIP_STD, dtype=np.float32)
@@ -54,6 +74,7 @@ class VisionInputs:
 
     ``timestamps[i]`` is None for an image; for a video, the time in seconds of the first frame of each
     temporal patch (frame pair), as transformers' GLM-4V processor puts it into the prompt.
+    ``frame_indices[i]`` is None for an image; for a video, the sampled frame indices (2·t of them).
     """
 
     pixel_values: torch.Tensor  # float32 [rows, 1176]
@@ -61,28 +82,32 @@ class VisionInputs:
     kinds: list[str]
     timestamps: list[list[float] | None]
     sources: list[str | None] = field(default_factory=list)
+    frame_indices: list[list[int] | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.sources:
             self.sources = [None] * len(self.kinds)
+        if not self.frame_indices:
+            self.frame_indices = [None] * len(self.kinds)
         if self.grid_thw.ndim != 2 or self.grid_thw.shape[1] != 3:
             raise ValueError(f"grid_thw must have shape [items, 3], got {tuple(self.grid_thw.shape)}")
         n = self.grid_thw.shape[0]
-        if not len(self.kinds) == len(self.timestamps) == len(self.sources) == n:
-            raise ValueError(
-                f"{n} grid rows but {len(self.kinds)} kinds, {len(self.timestamps)} timestamps, "
-                f"{len(self.sources)} sources"
-            )
+        columns = (self.kinds, self.timestamps, self.sources, self.frame_indices)
+        if any(len(column) != n for column in columns):
+            raise ValueError(f"{n} grid rows but {len(self.kinds)} kinds, {len(self.timestamps)} timestamps, "
+                             f"{len(self.sources)} sources, {len(self.frame_indices)} frame_indices")
         if sum(self.item_rows()) != self.pixel_values.shape[0]:
             raise ValueError(f"grids cover {sum(self.item_rows())} rows, pixel_values has {self.pixel_values.shape[0]}")
-        rows = zip(self.kinds, self.grid_thw.tolist(), self.timestamps, strict=True)
-        for i, (kind, (t, _, _), stamps) in enumerate(rows):
+        rows = zip(self.kinds, self.grid_thw.tolist(), self.timestamps, self.frame_indices, strict=True)
+        for i, (kind, (t, _, _), stamps, frames) in enumerate(rows):
             if kind not in KINDS:
                 raise ValueError(f"item {i}: kind must be one of {KINDS}, got {kind!r}")
-            if kind == "image" and (t != 1 or stamps is not None):
-                raise ValueError(f"item {i}: an image has t = 1 and no timestamps")
+            if kind == "image" and (t != 1 or stamps is not None or frames is not None):
+                raise ValueError(f"item {i}: an image has t = 1 and no timestamps or frame indices")
             if kind == "video" and (stamps is None or len(stamps) != t):
                 raise ValueError(f"item {i}: a video needs one timestamp per temporal patch ({t})")
+            if kind == "video" and frames is not None and len(frames) != TEMPORAL * t:
+                raise ValueError(f"item {i}: a video of {t} temporal patches has {TEMPORAL * t} frame indices")
 
     def __len__(self) -> int:
         return len(self.kinds)
@@ -106,40 +131,100 @@ class VisionInputs:
             kinds=[k for x in inputs for k in x.kinds],
             timestamps=[s for x in inputs for s in x.timestamps],
             sources=[s for x in inputs for s in x.sources],
+            frame_indices=[f for x in inputs for f in x.frame_indices],
         )
+
+
+def _check_pixel_bounds(min_pixels: int, max_pixels: int) -> None:
+    if not 1 <= min_pixels <= max_pixels:
+        raise ValueError(f"need 1 ≤ min_pixels ≤ max_pixels, got min_pixels={min_pixels}, max_pixels={max_pixels}")
+
+
+# --- pictures → RGB ----------------------------------------------------------------------------------------------
+
+
+def _to_8bit(image: Image.Image, name: str) -> Image.Image:
+    """A mode I;16*, I (read as 0..65535) or F (read as 0..1) image → mode L, scaled and rounded, not clipped.
+
+    A transparency key (a 16-bit PNG's tRNS) becomes white, as compositing that pixel on white would.
+    """
+    with np.errstate(invalid="ignore"):  # signalling NaNs warn when cast; they are refused below
+        values = np.asarray(image).astype(np.float64)
+    top = 1.0 if image.mode == "F" else 65535.0
+    if values.size and not (np.isfinite(values).all() and 0 <= values.min() and values.max() <= top):
+        raise ValueError(f"{name}: mode {image.mode} values span [{values.min()}, {values.max()}], outside "
+                         f"0..{top:g}; convert the image to 8 bits yourself")
+    scaled = np.rint(values * (255 / top)).astype(np.uint8)
+    key = image.info.get("transparency")
+    if isinstance(key, int):
+        scaled[values == key] = 255
+    return Image.fromarray(scaled)
+
+
+def _rgb_array(image: Image.Image, name: str) -> np.ndarray:
+    """(H, W, 3) uint8: transformers' ``convert_to_rgb`` for PIL images (transparency composited on white),
+    after scaling high-bit-depth modes to 8 bits."""
+    if image.mode == "F" or image.mode.startswith("I"):
+        image = _to_8bit(image, name)
+    try:
+        if "A" in image.getbands() or image.info.get("transparency") is not None:
+            rgba = image.convert("RGBA")
+            image = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
+        return np.asarray(image.convert("RGB"))
+    except PIL_ERRORS as err:
+        raise ValueError(f"{name}: cannot convert a mode {image.mode} image to RGB: {err}") from err
 
 
 # --- images ------------------------------------------------------------------------------------------------------
 
 
-def _load_image(item, index: int) -> tuple[Image.Image, str | None]:
-    """One image input as a PIL image (files opened like transformers' ``load_image``) and its source name."""
+def _open_image(path: Path, name: str) -> Image.Image:
+    """The decoded picture of an image file, EXIF orientation applied (as transformers' ``load_image``)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{name}: no such file: {path}")
+    try:
+        with Image.open(path) as im:
+            return ImageOps.exif_transpose(im)  # a loaded copy
+    except UnidentifiedImageError as err:
+        raise ValueError(f"{name}: cannot decode {path} as an image") from err
+    except PIL_ERRORS as err:
+        raise ValueError(f"{name}: cannot decode {path}: {err}") from err
+
+
+def _load_image(item, index: int) -> tuple[np.ndarray, str | None]:
+    """One image input as (H, W, 3) uint8 RGB and its source name."""
+    name = f"image {index}"
     if isinstance(item, (str, Path)):
-        path = Path(item)
-        if not path.is_file():
-            raise FileNotFoundError(f"image {index}: no such file: {path}")
-        try:
-            return load_image(str(path)), str(path)
-        except UnidentifiedImageError as err:
-            raise ValueError(f"image {index}: cannot decode {path} as an image") from err
+        return _rgb_array(_open_image(Path(item), name), f"{name} ({item})"), str(item)
     if isinstance(item, Image.Image):
-        return item, getattr(item, "filename", None) or None
+        return _rgb_array(item, name), getattr(item, "filename", None) or None
     if isinstance(item, np.ndarray):
         if item.dtype != np.uint8 or item.ndim != 3 or item.shape[2] != 3:
-            raise ValueError(f"image {index}: arrays must be HWC uint8 with 3 channels, got {item.dtype} {item.shape}")
-        return Image.fromarray(item), None
-    raise TypeError(f"image {index}: expected a path, a PIL image or an HWC uint8 array, got {type(item).__name__}")
+            raise ValueError(f"{name}: arrays must be HWC uint8 with 3 channels, got {item.dtype} {item.shape}")
+        return item, None
+    raise TypeError(f"{name}: expected a path, a PIL image or an HWC uint8 array, got {type(item).__name__}")
+
+
+def _check_image_size(rgb: np.ndarray, name: str, min_pixels: int, max_pixels: int) -> None:
+    """The processor's resize rule, run first so that a size it refuses is an error naming the image."""
+    try:
+        smart_resize(rgb.shape[0], rgb.shape[1], min_pixels=min_pixels, max_pixels=max_pixels)
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from err
 
 
 def process_images(images, min_pixels: int = IMAGE_MIN_PIXELS, max_pixels: int = IMAGE_MAX_PIXELS) -> VisionInputs:
     """Images (paths, PIL images or HWC uint8 arrays; one or a list) through ``Glm4vImageProcessorPil``."""
+    _check_pixel_bounds(min_pixels, max_pixels)
     if isinstance(images, (str, Path, Image.Image, np.ndarray)):
         images = [images]
     if not images:
         raise ValueError("process_images needs at least one image")
     loaded = [_load_image(item, i) for i, item in enumerate(images)]
+    for i, (rgb, source) in enumerate(loaded):
+        _check_image_size(rgb, f"image {i}" + (f" ({source})" if source else ""), min_pixels, max_pixels)
     processor = Glm4vImageProcessorPil(size={"shortest_edge": min_pixels, "longest_edge": max_pixels})
-    out = processor([image for image, _ in loaded], return_tensors="pt")
+    out = processor([Image.fromarray(rgb) for rgb, _ in loaded], return_tensors="pt")
     return VisionInputs(
         pixel_values=out["pixel_values"],
         grid_thw=out["image_grid_thw"].long(),
@@ -184,14 +269,23 @@ def patchify_video(video: torch.Tensor) -> torch.Tensor:
 # --- frame sampling ----------------------------------------------------------------------------------------------
 
 
-def _check_video_meta(total_frames: int, video_fps: float) -> None:
-    if total_frames < 1:
-        raise ValueError(f"a video needs at least one frame, got {total_frames}")
-    if not video_fps > 0:
-        raise ValueError(f"video_fps must be positive, got {video_fps}")
+def _check_rate(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be positive and finite, got {value}")
 
 
-def _unique_even(indices) -> list[int]:
+def _video_duration(total_frames: int, video_fps: float, duration: float | None) -> float:
+    """Checks the metadata; the duration given, or total_frames / video_fps (what transformers' decoders report)."""
+    if not 1 <= operator.index(total_frames) <= MAX_FRAMES:
+        raise ValueError(f"a video needs at least one frame and at most {MAX_FRAMES:,}, got {total_frames}")
+    _check_rate("video_fps", video_fps)
+    if duration is None:
+        return total_frames / video_fps
+    _check_rate("duration", duration)
+    return duration
+
+
+def _unique_even(indices: Iterable[int]) -> list[int]:
     """De-duplicate keeping order; repeat the last index if the count is odd."""
     unique = list(dict.fromkeys(int(i) for i in indices))
     if len(unique) % 2:
@@ -199,16 +293,34 @@ def _unique_even(indices) -> list[int]:
     return unique
 
 
-def sample_frame_indices_glm41v(total_frames: int, video_fps: float, fps: float = 2) -> list[int]:
-    """GLM-4.1V's ``Glm4vVideoProcessor.sample_frames``: ``fps`` frames a second, at most 300 s of them."""
-    _check_video_meta(total_frames, video_fps)
-    if not fps > 0:
-        raise ValueError(f"fps must be positive, got {fps}")
+def _ceil_steps(n: int, video_fps: float, fps: float, last: int) -> list[int]:
+    """The distinct values of min(last, ceil(i · video_fps / fps)) for i < n, in order, computed as transformers does.
+
+    At half a frame per sample or less every integer up to the largest value is hit, so that range is returned at
+    once; otherwise the walk stops at ``last``. Either way the work stays within the frame count, whatever fps.
+    """
+    if video_fps / fps <= 0.5:
+        return list(range(min(last, math.ceil((n - 1) * video_fps / fps)) + 1))
+    indices: list[int] = []
+    for i in range(n):
+        indices.append(min(last, math.ceil(i * video_fps / fps)))
+        if indices[-1] == last:
+            break
+    return indices
+
+
+def sample_frame_indices_glm41v(total_frames: int, video_fps: float, fps: float = 2,
+                                duration: float | None = None) -> list[int]:
+    """GLM-4.1V's ``Glm4vVideoProcessor.sample_frames``: ``fps`` frames a second, at most 300 s of them.
+
+    ``duration`` (seconds) is the metadata's; None means total_frames / video_fps, which is what transformers'
+    decoders report. (Given metadata without a duration, transformers itself uses round((total − 1) / fps) + 1.)
+    """
+    duration = _video_duration(total_frames, video_fps, duration)
+    _check_rate("fps", fps)
     max_duration, last = 300, total_frames - 1
-    duration = total_frames / video_fps
     if duration <= max_duration:
-        n = max(math.floor(duration * fps), 1)
-        indices = [min(last, math.ceil(i * video_fps / fps)) for i in range(n)]
+        indices = _ceil_steps(max(math.floor(duration * fps), 1), video_fps, fps, last)
     elif int(max_duration * fps) >= total_frames:
         indices = list(range(total_frames))
     else:
@@ -224,30 +336,36 @@ def _glm46v_rate(duration: float) -> tuple[float, int]:
     return target_fps, min(int(effective * target_fps * TEMPORAL), 640)
 
 
-def _walk_seconds(total_frames: int, video_fps: float, target_fps: float, max_second: int) -> list[int]:
-    """The first frame at or after each step of 1 / (2·target_fps) seconds, until ``max_second``."""
+def _walk_seconds(total_frames: int, video_fps: float, target_fps: float, max_second: int, limit: int) -> list[int]:
+    """The first frame at or after each step of 1 / (2·target_fps) seconds, until ``max_second``.
+
+    Stops after ``limit`` + 1 frames: the caller then replaces the walk by a linspace, however long it would go.
+    """
     frame_seconds = 1 / video_fps
     step = 1 / (TEMPORAL * target_fps)
-    indices, current = [], 0
+    indices: list[int] = []
+    current = 0.0
     for index in range(total_frames):
         if index * frame_seconds >= current:
             current += step
             indices.append(index)
-            if current >= max_second:
+            if current >= max_second or len(indices) > limit:
                 break
     return indices
 
 
-def sample_frame_indices_glm46v(total_frames: int, video_fps: float) -> list[int]:
-    """GLM-4.6V's ``Glm46VVideoProcessor.sample_frames``: 3, 1 or 0.5 fps by duration, at most 640 frames."""
-    _check_video_meta(total_frames, video_fps)
+def sample_frame_indices_glm46v(total_frames: int, video_fps: float, duration: float | None = None) -> list[int]:
+    """GLM-4.6V's ``Glm46VVideoProcessor.sample_frames``: 3, 1 or 0.5 fps by duration, at most 640 frames.
+
+    ``duration`` as for :func:`sample_frame_indices_glm41v`.
+    """
+    duration = _video_duration(total_frames, video_fps, duration)
     last = total_frames - 1
-    duration = total_frames / video_fps
     target_fps, extract_t = _glm46v_rate(duration)
     if total_frames < extract_t:
         indices = np.linspace(0, last, extract_t, dtype=int).tolist()
     else:
-        indices = _walk_seconds(total_frames, video_fps, target_fps, int(duration))
+        indices = _walk_seconds(total_frames, video_fps, target_fps, int(duration), extract_t)
     if len(indices) < extract_t:
         start, end = (indices[0], indices[-1]) if indices else (0, last)
         indices = np.linspace(start, end, extract_t, dtype=int).tolist()
@@ -258,49 +376,138 @@ def sample_frame_indices_glm46v(total_frames: int, video_fps: float) -> list[int
 
 # --- videos ------------------------------------------------------------------------------------------------------
 
+Frame = np.ndarray  # (H, W, 3) uint8 RGB
+Resizer = Callable[[Frame, int, int], np.ndarray]  # (frame, height, width) → (3, height, width) float32
 
-def _read_animation(path: Path, video_fps: float | None) -> tuple[np.ndarray, float]:
-    """All frames of an animated image (GIF, WebP, ...) as (F, H, W, 3) uint8, and its frame rate.
 
-    The rate is ``video_fps`` if given, else frames / total duration from the per-frame ``duration`` (ms).
-    """
-    try:
-        with Image.open(path) as im:
-            frames, durations = [], []
-            for frame in ImageSequence.Iterator(im):
-                frames.append(convert_to_rgb(frame, return_numpy=True))
-                durations.append(frame.info.get("duration") or 0)
-    except UnidentifiedImageError as err:
-        raise ValueError(f"video {path}: cannot decode it (supported: animated images that PIL reads)") from err
+@dataclass
+class _Clip:
+    """A video input before sampling: its name for errors, metadata, and a reader of chosen frames."""
+
+    name: str
+    source: str | None
+    total_frames: int
+    fps: float
+    duration: float | None
+    read: Callable[[list[int]], Iterator[tuple[int, Frame]]]  # distinct indices, increasing → (index, frame)
+
+
+def _array_clip(frames: np.ndarray, video_fps: float | None, duration: float | None) -> _Clip:
+    if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[3] != 3:
+        raise ValueError(f"video arrays must be (F, H, W, 3) uint8, got {frames.dtype} {frames.shape}")
     if video_fps is None:
-        if sum(durations) <= 0:
-            raise ValueError(f"video {path}: no frame durations in the file; pass video_fps")
-        video_fps = len(frames) / (sum(durations) / 1000)
-    return np.stack(frames), video_fps
+        raise ValueError("a video given as an array needs video_fps (the frame rate of its frames)")
+    return _Clip("video (array)", None, len(frames), video_fps, duration,
+                 lambda indices: ((i, frames[i]) for i in sorted(set(indices))))
 
 
-def _load_video(video, video_fps: float | None) -> tuple[np.ndarray, float, str | None]:
-    """A video input as (F, H, W, 3) uint8 frames, its frame rate and its source name."""
+def _file_clip(path: Path, video_fps: float | None, duration: float | None, max_decoded_pixels: int) -> _Clip:
+    """A video file: its own metadata unless the caller gives video_fps / duration."""
+    if not path.is_file():
+        raise FileNotFoundError(f"video: no such file: {path}")
+    info = video_files.probe(path)
+    fps = video_fps if video_fps is not None else info.fps
+    if fps is None:
+        raise ValueError(f"video {path}: the file states no frame rate (no frame durations); pass video_fps")
+    if duration is None and video_fps is None:
+        duration = info.duration
+
+    def read(indices: list[int]) -> Iterator[tuple[int, Frame]]:
+        for index, frame in video_files.decode(path, info, indices, max_decoded_pixels):
+            yield index, frame if isinstance(frame, np.ndarray) else _rgb_array(frame, f"video {path} frame {index}")
+
+    return _Clip(f"video {path}", str(path), info.frames, fps, duration, read)
+
+
+def _open_clip(video, video_fps: float | None, duration: float | None, max_decoded_pixels: int) -> _Clip:
     if isinstance(video, (str, Path)):
-        path = Path(video)
-        if not path.is_file():
-            raise FileNotFoundError(f"video: no such file: {path}")
-        frames, rate = _read_animation(path, video_fps)
-        return frames, rate, str(path)
+        return _file_clip(Path(video), video_fps, duration, max_decoded_pixels)
     if isinstance(video, np.ndarray):
-        if video.dtype != np.uint8 or video.ndim != 4 or video.shape[3] != 3:
-            raise ValueError(f"video arrays must be (F, H, W, 3) uint8, got {video.dtype} {video.shape}")
-        if video_fps is None:
-            raise ValueError("a video given as an array needs video_fps (the frame rate of its frames)")
-        return video, video_fps, None
+        return _array_clip(video, video_fps, duration)
     raise TypeError(f"video: expected a path or an (F, H, W, 3) uint8 array, got {type(video).__name__}")
 
 
-def _normalised_frame(frame: np.ndarray, height: int, width: int) -> np.ndarray:
-    """(H, W, 3) uint8 → (3, height, width) float32, exactly the steps of ``Glm4vImageProcessorPil``."""
+def _sample(clip: _Clip, rule: str, fps: float | None) -> list[int]:
+    try:
+        if rule == "glm41v":
+            indices = sample_frame_indices_glm41v(clip.total_frames, clip.fps, 2 if fps is None else fps, clip.duration)
+        else:
+            indices = sample_frame_indices_glm46v(clip.total_frames, clip.fps, clip.duration)
+    except ValueError as err:
+        raise ValueError(f"{clip.name}: {err}") from err
+    if not indices:
+        raise ValueError(f"{clip.name}: too short, no frame sampled")
+    return indices
+
+
+def _check_frame_count(clip: _Clip, frames: int, max_pixels: int) -> None:
+    """Each sampled frame keeps one 28 × 28 token at least: beyond max_pixels / 784 frames, max_pixels cannot
+    hold, and the frames alone would outgrow it (transformers goes on regardless)."""
+    if frames * FACTOR * FACTOR > max_pixels:
+        raise ValueError(f"{clip.name}: {frames:,} sampled frames need at least {frames:,}·28·28 = "
+                         f"{frames * FACTOR * FACTOR:,} pixels, more than max_pixels={max_pixels:,}; sample fewer "
+                         f"frames (a lower fps)")
+
+
+def _pil_frame(frame: Frame, height: int, width: int) -> np.ndarray:
+    """Exactly the steps of ``Glm4vImageProcessorPil``: PIL bicubic, × 1/255 in float64 → float32, normalise."""
     resized = np.asarray(Image.fromarray(frame).resize((width, height), Image.Resampling.BICUBIC))
     scaled = (resized.astype(np.float64) * (1 / 255)).astype(np.float32)
     return ((scaled - _MEAN) / _STD).transpose(2, 0, 1)
+
+
+def _torchvision_resizer() -> Resizer:
+    """The video processors' steps: torchvision's antialiased bicubic on uint8, then their fused normalisation
+    (float32 (x − 255·mean) / (255·std), the factors built as theirs)."""
+    try:
+        from torchvision.transforms.v2 import functional as tvF
+    except ImportError as err:
+        raise ValueError("resize='torchvision' needs torchvision (pip install torchvision); or resize='pil'") from err
+    mean = torch.tensor(OPENAI_CLIP_MEAN) * (1.0 / (1 / 255))
+    std = torch.tensor(OPENAI_CLIP_STD) * (1.0 / (1 / 255))
+
+    def resize(frame: Frame, height: int, width: int) -> np.ndarray:
+        chw = torch.from_numpy(np.array(frame.transpose(2, 0, 1), order="C"))  # a writable contiguous copy
+        resized = tvF.resize(chw, [height, width], interpolation=tvF.InterpolationMode.BICUBIC, antialias=True)
+        return tvF.normalize(resized.to(torch.float32), mean, std).numpy()
+
+    return resize
+
+
+def _resample(clip: _Clip, indices: list[int], resizer: Resizer, min_pixels: int, max_pixels: int) -> np.ndarray:
+    """(F, 3, h, w) float32 normalised frames for ``indices``, decoding and resizing one frame at a time."""
+    slots = defaultdict(list)
+    for k, index in enumerate(indices):
+        slots[index].append(k)
+    frames = clip.read(sorted(slots))
+    first = next(frames)  # its size sets the resize for all: the video processors resize a stack of frames
+    shape = first[1].shape
+    height, width = _video_size(clip, shape, len(indices), min_pixels, max_pixels)
+    out = np.empty((len(indices), 3, height, width), np.float32)
+    for index, frame in itertools.chain([first], frames):
+        if frame.shape != shape:
+            raise ValueError(f"{clip.name}: frame {index} is {frame.shape[1]}×{frame.shape[0]}, the first sampled "
+                             f"frame {shape[1]}×{shape[0]}; the frames of one video must share a size")
+        out[slots[index]] = resizer(frame, height, width)
+    return out
+
+
+def _video_size(clip: _Clip, shape: tuple[int, ...], frames: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    try:
+        return smart_resize(shape[0], shape[1], frames, factor=FACTOR, min_pixels=min_pixels,
+                            max_pixels=max_pixels, temporal_factor=TEMPORAL)
+    except ValueError as err:
+        raise ValueError(f"{clip.name}: {err}") from err
+
+
+def _check_video_args(rule: str, fps: float | None, resize: str, min_pixels: int, max_pixels: int) -> None:
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    if rule == "glm46v" and fps is not None:
+        raise ValueError("rule 'glm46v' chooses its fps from the duration; leave fps as None")
+    if resize not in RESIZES:
+        raise ValueError(f"resize must be one of {RESIZES}, got {resize!r}")
+    _check_pixel_bounds(min_pixels, max_pixels)
 
 
 def process_video(
@@ -310,29 +517,44 @@ def process_video(
     min_pixels: int = IMAGE_MIN_PIXELS,
     max_pixels: int = VIDEO_MAX_PIXELS,
     video_fps: float | None = None,
+    *,
+    duration: float | None = None,
+    resize: str = "pil",
+    max_decoded_pixels: int = MAX_DECODED_PIXELS,
 ) -> VisionInputs:
-    """One video (an animated-image path, or (F, H, W, 3) uint8 frames with ``video_fps``) → one video item.
+    """One video → one video item: a file (GIF/WebP through PIL; mp4, webm, mov, ... through PyAV, an optional
+    dependency) or (F, H, W, 3) uint8 frames with ``video_fps``.
 
     ``rule`` picks the frame sampling: "glm41v" (``fps`` frames a second, default 2) or "glm46v" (its own fps).
+    Metadata: a file's own (see :mod:`glmvit.video`), unless ``video_fps`` (frames per second of the input) or
+    ``duration`` (seconds) are given; for transformers' ``VideoMetadata`` ``m``, pass ``video_fps=m.fps,
+    duration=m.duration``. With the duration transformers had, frame indices, timestamps and grids equal its
+    ``Glm4vVideoProcessor`` / ``Glm46VVideoProcessor``; without one, duration = frames / video_fps, which is what
+    transformers' decoders report (transformers, given metadata without a duration, uses round((frames − 1) / fps)
+    + 1 instead).
+
+    ``resize``: "pil" (default: the image processor's steps, no torchvision needed) or "torchvision" (the video
+    processors' steps: torchvision's antialiased bicubic on uint8 frames and their fused normalisation, which gives
+    their pixels exactly). How far apart the two are depends on torchvision's kernel: measured with torch 2.13 and
+    torchvision 0.28 on CPU (uint8 resized natively), at most 1 uint8 level (0.03 in normalised units, mean 1e-4)
+    on the sample clip, photos and noise frames; torchvision's float kernel (float tensors, e.g. on a GPU) differs
+    from PIL by up to 19 levels (about 0.3) on noise frames.
+
+    Only frames up to the last sampled one are decoded, one at a time; decoding more than ``max_decoded_pixels``
+    (frames × width × height) is refused with :class:`glmvit.video.DecodeLimitError`.
     """
-    if rule not in RULES:
-        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
-    if rule == "glm46v" and fps is not None:
-        raise ValueError("rule 'glm46v' chooses its fps from the duration; leave fps as None")
-    frames, rate, source = _load_video(video, video_fps)
-    if rule == "glm41v":
-        indices = sample_frame_indices_glm41v(len(frames), rate, 2 if fps is None else fps)
-    else:
-        indices = sample_frame_indices_glm46v(len(frames), rate)
-    if not indices:
-        raise ValueError(f"video {source or '(array)'}: too short, no frame sampled")
-    height, width = smart_resize(frames.shape[1], frames.shape[2], len(indices), factor=FACTOR,
-                                 min_pixels=min_pixels, max_pixels=max_pixels, temporal_factor=TEMPORAL)
-    pixels = np.stack([_normalised_frame(frames[i], height, width) for i in indices])
+    _check_video_args(rule, fps, resize, min_pixels, max_pixels)
+    resizer = _pil_frame if resize == "pil" else _torchvision_resizer()
+    clip = _open_clip(video, video_fps, duration, max_decoded_pixels)
+    indices = _sample(clip, rule, fps)
+    _check_frame_count(clip, len(indices), max_pixels)
+    pixels = _resample(clip, indices, resizer, min_pixels, max_pixels)
+    _, _, height, width = pixels.shape
     return VisionInputs(
         pixel_values=patchify_video(torch.from_numpy(pixels)),
         grid_thw=torch.tensor([[len(indices) // TEMPORAL, height // PATCH, width // PATCH]]),
         kinds=["video"],
-        timestamps=[[indices[k] / rate for k in range(0, len(indices), TEMPORAL)]],
-        sources=[source],
+        timestamps=[[indices[k] / clip.fps for k in range(0, len(indices), TEMPORAL)]],
+        sources=[clip.source],
+        frame_indices=[indices],
     )

@@ -10,12 +10,14 @@ import pytest
 import torch
 import transformers
 from PIL import Image, ImageSequence
+from transformers.image_transforms import convert_to_rgb
 from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil
 from transformers.models.glm4v.video_processing_glm4v import Glm4vVideoProcessor
 from transformers.video_utils import VideoMetadata
 
 from glmvit.oracle import flatten_video_grids
 from glmvit.processing import (
+    MAX_FRAMES,
     VisionInputs,
     patchify_image,
     patchify_video,
@@ -65,6 +67,109 @@ def test_image_inputs_as_path_pil_or_array_agree():
     first, second, third = batch.split()
     assert torch.equal(first, second) and torch.equal(first, third)
     assert torch.equal(process_images(str(path)).pixel_values, first)
+
+
+def _white_composite(image: Image.Image) -> np.ndarray:
+    """transformers' convert_to_rgb for a PIL image with transparency (5.24): alpha-composite on white."""
+    rgba = image.convert("RGBA")
+    return np.asarray(Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB"))
+
+
+def _composites_on_white() -> bool:
+    """Whether the installed transformers' convert_to_rgb composites transparency (5.24 does; 5.4 and 5.17 drop it)."""
+    clear = Image.new("RGBA", (1, 1), (0, 0, 0, 0))
+    return np.asarray(convert_to_rgb(clear)).tolist() == [[[255, 255, 255]]]
+
+
+def _transparent_images() -> dict[str, Image.Image]:
+    """RGBA with every alpha level, LA, and a palette image with a transparent index."""
+    rng = np.random.default_rng(7)
+    rgba = rng.integers(0, 256, size=(60, 90, 4), dtype=np.uint8)
+    rgba[..., 3] = np.arange(90, dtype=np.uint8)[None, :] * 2
+    palette = Image.fromarray(rgba[..., :3]).quantize(colors=16)
+    palette.info["transparency"] = 3
+    return {"RGBA": Image.fromarray(rgba), "LA": Image.fromarray(rgba[..., [0, 3]], mode="LA"), "P": palette}
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "P"])
+def test_transparency_is_composited_on_white_by_path_and_as_pil(tmp_path, mode):
+    """By path, transparency used to be dropped (load_image's convert("RGB")); as a PIL image, composited."""
+    image = _transparent_images()[mode]
+    path = tmp_path / f"{mode}.png"
+    image.save(path)
+    with Image.open(path) as im:
+        from_file = im.copy()
+    expected = process_images(_white_composite(from_file))
+    by_path, as_pil = process_images(path), process_images(from_file)
+    assert torch.equal(by_path.pixel_values, expected.pixel_values)
+    assert torch.equal(as_pil.pixel_values, expected.pixel_values)
+    if _composites_on_white():  # the oracle itself, where it composites
+        oracle = Glm4vImageProcessorPil()(from_file, return_tensors="pt")["pixel_values"]
+        assert torch.equal(by_path.pixel_values, oracle)
+
+
+def _high_bit_images() -> dict[str, tuple[Image.Image, np.ndarray]]:
+    """A 64 × 96 ramp over the whole range in each high-bit-depth mode, and its 8-bit value (rounded, not clipped)."""
+    ramp = np.linspace(0, 65535, 64 * 96).round().reshape(64, 96)
+    expected = np.rint(ramp / 257).astype(np.uint8)
+    return {
+        "I;16": (Image.fromarray(ramp.astype(np.uint16)), expected),
+        "I;16B": (Image.frombytes("I;16B", (96, 64), ramp.astype(">u2").tobytes()), expected),
+        "I": (Image.fromarray(ramp.astype(np.int32)), expected),
+        "F": (Image.fromarray((ramp / 65535).astype(np.float32)), np.rint(ramp / 65535 * 255).astype(np.uint8)),
+    }
+
+
+@pytest.mark.parametrize("mode", ["I;16", "I;16B", "I", "F"])
+def test_high_bit_depth_images_are_scaled_not_clipped(tmp_path, mode):
+    """PIL's convert("RGB") clips I;16 and I at 255 (99.6 % white here) and F at 0..1 to black."""
+    image, expected = _high_bit_images()[mode]
+    rgb = np.repeat(expected[..., None], 3, axis=2)
+    reference = process_images(rgb).pixel_values
+    assert torch.equal(process_images(image).pixel_values, reference)
+    path = tmp_path / ("ramp.png" if mode == "I;16" else "ramp.tiff")
+    image.save(path)
+    with Image.open(path) as im:
+        assert im.mode == mode
+    assert torch.equal(process_images(path).pixel_values, reference)
+
+
+def test_a_16_bit_transparency_key_becomes_white(tmp_path):
+    image, expected = _high_bit_images()["I;16"]
+    key = int(np.asarray(image)[10, 10])
+    path = tmp_path / "keyed.png"
+    image.save(path, transparency=key)
+    rgb = np.repeat(expected[..., None], 3, axis=2)
+    rgb[np.asarray(image) == key] = 255
+    assert torch.equal(process_images(path).pixel_values, process_images(rgb).pixel_values)
+
+
+@pytest.mark.parametrize("values", [[-1, 5], [0, 70000]], ids=["negative", "over-16-bit"])
+def test_high_bit_values_outside_their_range_are_an_error(values):
+    image = Image.fromarray(np.array([values] * 28, dtype=np.int32))
+    with pytest.raises(ValueError, match=r"image 0: mode I values span .* outside 0\.\.65535"):
+        process_images(image)
+    floats = Image.fromarray(np.array([[0.5, 1.5]] * 28, dtype=np.float32))
+    with pytest.raises(ValueError, match=r"image 1: mode F values span .* outside 0\.\.1"):
+        process_images([IMAGES[0], floats])
+
+
+def test_min_pixels_above_max_pixels_is_an_error():
+    """It used to be accepted, producing an image above max_pixels (here 280 × 392 for max_pixels 40,000)."""
+    for call in (lambda: process_images(IMAGES[0], min_pixels=50_000, max_pixels=40_000),
+                 lambda: process_video(np.zeros((2, 56, 56, 3), np.uint8), video_fps=2, min_pixels=50_000,
+                                       max_pixels=40_000)):
+        with pytest.raises(ValueError, match="min_pixels=50000, max_pixels=40000"):
+            call()
+
+
+def test_more_sampled_frames_than_max_pixels_can_hold_is_an_error():
+    """Each frame keeps one 28 × 28 token at least: 200 frames need 156,800 pixels; the output used to exceed
+    max_pixels (78,400) by that much, and with a requested fps far above 2 it grows without bound."""
+    frames = np.zeros((200, 28, 28, 3), np.uint8)
+    with pytest.raises(ValueError, match="200 sampled frames need at least 200·28·28 = 156,800 pixels"):
+        process_video(frames, fps=30, video_fps=30, max_pixels=28 * 28 * 100)
+    assert process_video(frames, fps=30, video_fps=30, max_pixels=28 * 28 * 200).grid_thw.tolist() == [[100, 2, 2]]
 
 
 # --- patchify ------------------------------------------------------------------------------------------------------
@@ -128,10 +233,17 @@ def _transformers_glm46v_sampler():
     return partial(namespace["sample_frames"], SimpleNamespace(temporal_patch_size=2))
 
 
+def _glm41v_expected(metadata, fps):
+    """transformers' GLM-4.1V indices. 5.4 samples no frame when duration · fps < 1 (and then fails downstream);
+    later versions sample frame 0, as glmvit does: that case is checked as [0, 0]."""
+    expected = Glm4vVideoProcessor().sample_frames(metadata, fps=fps).tolist()
+    return expected or [0, 0]
+
+
 @pytest.mark.parametrize("total_frames,video_fps", SAMPLING_CASES)
 @pytest.mark.parametrize("fps", [2, 1, 0.5])
 def test_glm41v_sampling_equals_transformers(total_frames, video_fps, fps):
-    expected = Glm4vVideoProcessor().sample_frames(_metadata(total_frames, video_fps), fps=fps).tolist()
+    expected = _glm41v_expected(_metadata(total_frames, video_fps), fps)
     assert sample_frame_indices_glm41v(total_frames, video_fps, fps) == expected
 
 
@@ -139,6 +251,33 @@ def test_glm41v_sampling_equals_transformers(total_frames, video_fps, fps):
 def test_glm46v_sampling_equals_transformers(total_frames, video_fps):
     expected = _transformers_glm46v_sampler()(_metadata(total_frames, video_fps)).tolist()
     assert sample_frame_indices_glm46v(total_frames, video_fps) == expected
+
+
+# durations that are not frames / fps: a container's own, or the caller's (< and > 30 s, 300 s and 2400 s edges)
+DURATION_CASES = [(20, 10, 2.5), (20, 10, 1.0), (75, 29.97, 2.5025), (900, 30, 31.0), (901, 30, 29.0),
+                  (9000, 30, 301.0), (9030, 30, 299.5), (700, 2, 2401.0), (36000, 30, 1199.0)]
+
+
+@pytest.mark.parametrize("total_frames,video_fps,duration", DURATION_CASES)
+def test_sampling_with_a_given_duration_equals_transformers(total_frames, video_fps, duration):
+    metadata = VideoMetadata(total_num_frames=total_frames, fps=video_fps, duration=duration)
+    for fps in (2, 1, 0.5):
+        expected = _glm41v_expected(metadata, fps)
+        assert sample_frame_indices_glm41v(total_frames, video_fps, fps, duration=duration) == expected
+    expected = _transformers_glm46v_sampler()(metadata).tolist()
+    assert sample_frame_indices_glm46v(total_frames, video_fps, duration=duration) == expected
+
+
+@pytest.mark.timeout(20)
+def test_sampling_work_stays_within_the_frame_count():
+    """fps far above video_fps used to walk floor(duration · fps) samples (here 10^16) before de-duplicating."""
+    assert sample_frame_indices_glm41v(10, 1.0, fps=1e15) == list(range(10))
+    assert sample_frame_indices_glm41v(10, 1e12, fps=1e12, duration=300) == list(range(10))
+    assert sample_frame_indices_glm41v(7, 2.0, fps=3.0) == Glm4vVideoProcessor().sample_frames(
+        _metadata(7, 2.0), fps=3.0).tolist()  # the step-by-step branch: 2/3 of a frame per sample
+    assert len(sample_frame_indices_glm46v(MAX_FRAMES, 1e-3)) == 640  # 2**24 frames: a linspace, quickly
+    with pytest.raises(ValueError, match="at most"):
+        sample_frame_indices_glm46v(MAX_FRAMES + 1, 30)
 
 
 def test_sampling_hand_worked_cases():
@@ -162,8 +301,13 @@ def test_sampling_hand_worked_cases():
 def test_sampling_rejects_bad_metadata(sampler):
     with pytest.raises(ValueError, match="at least one frame"):
         sampler(0, 30)
-    with pytest.raises(ValueError, match="video_fps must be positive"):
-        sampler(10, 0)
+    for bad in (0, -1, math.nan, math.inf):
+        with pytest.raises(ValueError, match="video_fps must be positive and finite"):
+            sampler(10, bad)
+        with pytest.raises(ValueError, match="duration must be positive and finite"):
+            sampler(10, 30, duration=bad)
+    with pytest.raises(TypeError):
+        sampler(10.5, 30)
 
 
 # --- videos --------------------------------------------------------------------------------------------------------
@@ -256,6 +400,22 @@ def test_bad_image_inputs(tmp_path):
     text.write_text("not an image")
     with pytest.raises(ValueError, match="image 0: cannot decode"):
         process_images(text)
+    with pytest.raises(ValueError, match="image 0: aspect ratio"):
+        process_images(np.zeros((28, 6000, 3), np.uint8))
+
+
+@pytest.mark.parametrize("suffix", [".jpg", ".png", ".gif", ".webp"])
+def test_empty_and_truncated_image_files_name_the_file(tmp_path, suffix):
+    """Truncated files used to raise PIL's own OSError ("image file is truncated") without saying which."""
+    with Image.open(IMAGES[0]) as im:
+        im.save(tmp_path / f"whole{suffix}")
+    data = (tmp_path / f"whole{suffix}").read_bytes()
+    for name, content in (("empty", b""), ("truncated", data[: len(data) // 2])):
+        path = tmp_path / f"{name}{suffix}"
+        path.write_bytes(content)
+        with pytest.raises(ValueError, match=rf"image 1: cannot decode .*{name}{suffix}") as err:
+            process_images([IMAGES[1], path])
+        assert "\n" not in str(err.value)
 
 
 def test_bad_video_inputs(tmp_path):

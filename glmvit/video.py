@@ -1,0 +1,255 @@
+"""Video files → the sampled frames only, in bounded memory: what a file says about itself, then its frames.
+
+Two readers:
+
+- **PIL** for animated GIF and WebP. Frame rate = frames / total of the per-frame durations, read from the file's
+  blocks without decoding a frame (GIF graphic control extensions, WebP ``ANMF`` chunks: what PIL reports as each
+  frame's ``info["duration"]``). Decoding seeks frame by frame up to each sampled index (a GIF or WebP frame is
+  drawn over the previous one, so every frame before the last sampled one is decoded, one canvas at a time).
+- **PyAV** (optional: ``pip install av``) for everything else PyAV opens (mp4, webm, mov, mkv, ...). Metadata by the
+  rules of transformers' ``read_video_pyav``: frames = the stream's frame count, fps = its ``average_rate``,
+  duration = frames / fps. Containers that store no frame count (WebM, Matroska: PyAV reports 0, and
+  transformers' samplers then fail) get the count of the stream's packets, read without decoding. Frames are
+  decoded in order, converted with ``to_ndarray(format="rgb24")`` as transformers does, and decoding stops after
+  the last sampled index.
+
+Every frame decoded, sampled or not, costs its width × height against ``max_decoded_pixels``: checked before any
+decoding (last sampled index + 1 frames of the stated size) and again frame by frame, so a tiny file that claims
+or grows huge frames fails with a clear error instead of running for minutes. PIL's own per-frame
+decompression-bomb check stays in force. Only one decoded frame is held at a time.
+"""
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+__all__ = ["MAX_DECODED_PIXELS", "DecodeLimitError", "VideoInfo", "probe", "decode"]
+
+# GLM-4.6V samples at most 2400 s of a video; decoding that much 1080p at 30 fps is the default allowance.
+MAX_DECODED_PIXELS = 2400 * 30 * 1920 * 1080
+ANIMATIONS = ("GIF", "WEBP")  # PIL formats read as videos
+# What PIL raises on corrupt or truncated data (struct.error: short headers; IndexError: short palettes).
+PIL_ERRORS = (OSError, EOFError, SyntaxError, ValueError, struct.error, IndexError, Image.DecompressionBombError)
+PYAV_HINT = "reading it needs PyAV, which is not installed: pip install av"
+
+
+class DecodeLimitError(ValueError):
+    """Decoding a video would cost more than ``max_decoded_pixels``."""
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """What a video file says about itself before any frame is decoded.
+
+    ``fps`` and ``duration`` are None when the file states no timing (a GIF or WebP without frame durations, a
+    stream without a frame rate): the caller must then give ``video_fps``.
+    """
+
+    frames: int
+    fps: float | None
+    duration: float | None
+    width: int
+    height: int
+    reader: str  # "pil" or "pyav"
+
+
+def probe(path: Path) -> VideoInfo:
+    """Frame count, rate, duration and frame size of a video file, without decoding a frame."""
+    fmt = _pil_format(path)
+    if fmt is None:
+        return _probe_pyav(path)
+    if fmt not in ANIMATIONS:
+        raise ValueError(f"video {path}: PIL reads it as a still {fmt} image, not a video "
+                         f"(animations: GIF, WebP; other videos through PyAV)")
+    return _probe_animation(path, fmt)
+
+
+def decode(path: Path, info: VideoInfo, indices: list[int],
+           max_decoded_pixels: int = MAX_DECODED_PIXELS) -> Iterator[tuple[int, Image.Image | np.ndarray]]:
+    """(index, frame) for each distinct index in ``indices``, in increasing order, one frame alive at a time.
+
+    PIL frames come as the loaded ``Image`` (valid until the next item); PyAV frames as (H, W, 3) uint8 RGB.
+    Raises :class:`DecodeLimitError` before decoding when the frames up to the last index, at the stated size,
+    exceed ``max_decoded_pixels``.
+    """
+    wanted = sorted(set(indices))
+    if not wanted or wanted[0] < 0 or wanted[-1] >= info.frames:
+        raise ValueError(f"video {path}: frame indices must lie in [0, {info.frames}), got {indices[:3]}...")
+    needed = (wanted[-1] + 1) * info.width * info.height
+    if needed > max_decoded_pixels:
+        raise DecodeLimitError(
+            f"video {path}: decoding frames 0..{wanted[-1]} of {info.width}×{info.height} is {needed:,} pixels, "
+            f"more than max_decoded_pixels={max_decoded_pixels:,} (raise it for a file you trust)")
+    budget = _PixelBudget(path, max_decoded_pixels)
+    reader = _decode_animation if info.reader == "pil" else _decode_pyav
+    return reader(path, wanted, budget)
+
+
+class _PixelBudget:
+    """Running total of decoded pixels; raises once it passes the limit."""
+
+    def __init__(self, path: Path, limit: int) -> None:
+        self.path, self.limit, self.used = path, limit, 0
+
+    def spend(self, width: int, height: int) -> None:
+        self.used += width * height
+        if self.used > self.limit:
+            raise DecodeLimitError(f"video {self.path}: the decoded frames pass max_decoded_pixels="
+                                   f"{self.limit:,} (frames grow beyond the size the file states)")
+
+
+@contextmanager
+def _decode_errors(path: Path, errors: tuple[type[BaseException], ...]) -> Iterator[None]:
+    """Decoder errors → one ValueError naming the file (our own DecodeLimitError passes through)."""
+    try:
+        yield
+    except DecodeLimitError:
+        raise
+    except errors as err:
+        raise ValueError(f"video {path}: cannot decode it: {err}") from err
+
+
+# --- PIL animations ----------------------------------------------------------------------------------------------
+
+
+def _pil_format(path: Path) -> str | None:
+    """PIL's format name for the file, or None when PIL does not recognise it."""
+    try:
+        with Image.open(path) as im:
+            return im.format or "unknown"
+    except UnidentifiedImageError:
+        return None
+    except PIL_ERRORS as err:
+        raise ValueError(f"video {path}: cannot read it: {err}") from err
+
+
+def _probe_animation(path: Path, fmt: str) -> VideoInfo:
+    with _decode_errors(path, PIL_ERRORS):
+        with Image.open(path) as im:
+            frames, (width, height) = getattr(im, "n_frames", 1), im.size
+        with path.open("rb") as fp:
+            delays = _gif_delays(fp) if fmt == "GIF" else _webp_delays(fp)
+    if len(delays) != frames:
+        raise ValueError(f"video {path}: PIL sees {frames} frames but the file's blocks describe {len(delays)}")
+    seconds = sum(delays) / 1000
+    fps = frames / seconds if seconds > 0 else None
+    return VideoInfo(frames, fps, seconds if seconds > 0 else None, width, height, "pil")
+
+
+def _gif_delays(fp: BinaryIO) -> list[int]:
+    """Each GIF frame's delay in ms (0 without a graphic control extension), as PIL sets ``info["duration"]``."""
+    header = fp.read(13)
+    if len(header) < 13 or not header.startswith(b"GIF"):
+        raise ValueError("not a GIF header")
+    _skip_color_table(fp, header[10])
+    delays: list[int] = []
+    delay = 0
+    while (byte := fp.read(1)) not in (b"", b";"):
+        if byte == b"!":  # extension: label, then data sub-blocks
+            label, block = fp.read(1), _sub_block(fp)
+            if label == b"\xf9" and len(block) >= 3:
+                delay = int.from_bytes(block[1:3], "little") * 10
+            _skip_sub_blocks(fp)
+        elif byte == b",":  # image descriptor, local colour table, LZW code size, image data
+            descriptor = fp.read(9)
+            if len(descriptor) < 9:
+                break
+            _skip_color_table(fp, descriptor[8])
+            fp.read(1)
+            _skip_sub_blocks(fp)
+            delays.append(delay)
+            delay = 0
+    return delays
+
+
+def _skip_color_table(fp: BinaryIO, flags: int) -> None:
+    if flags & 0x80:
+        fp.seek(3 << ((flags & 7) + 1), 1)
+
+
+def _sub_block(fp: BinaryIO) -> bytes:
+    size = fp.read(1)
+    return fp.read(size[0]) if size else b""
+
+
+def _skip_sub_blocks(fp: BinaryIO) -> None:
+    while (size := fp.read(1)) not in (b"", b"\x00"):
+        fp.seek(size[0], 1)
+
+
+def _webp_delays(fp: BinaryIO) -> list[int]:
+    """Each WebP frame's duration in ms: the ``ANMF`` chunks' 24-bit field; a still WebP is one frame of 0 ms."""
+    header = fp.read(12)
+    if len(header) < 12 or header[:4] != b"RIFF" or header[8:] != b"WEBP":
+        raise ValueError("not a WebP header")
+    delays: list[int] = []
+    while len(chunk := fp.read(8)) == 8:
+        size = int.from_bytes(chunk[4:], "little")
+        if chunk[:4] == b"ANMF":
+            frame = fp.read(16)
+            delays.append(int.from_bytes(frame[12:15], "little"))
+            size -= len(frame)
+        fp.seek(size + (size & 1), 1)
+    return delays or [0]
+
+
+def _decode_animation(path: Path, wanted: list[int], budget: _PixelBudget) -> Iterator[tuple[int, Image.Image]]:
+    with _decode_errors(path, PIL_ERRORS), Image.open(path) as im:
+        budget.spend(*im.size)
+        for index in wanted:
+            while im.tell() < index:
+                im.seek(im.tell() + 1)
+                budget.spend(*im.size)
+            im.load()
+            yield index, im
+
+
+# --- PyAV --------------------------------------------------------------------------------------------------------
+
+
+def _import_av(path: Path):
+    try:
+        import av
+    except ImportError as err:
+        raise ValueError(f"video {path}: not a GIF/WebP that PIL reads; {PYAV_HINT}") from err
+    return av
+
+
+def _probe_pyav(path: Path) -> VideoInfo:
+    av = _import_av(path)
+    with _decode_errors(path, (av.FFmpegError, OSError)), av.open(str(path)) as container:
+        if not container.streams.video:
+            raise ValueError(f"video {path}: no video stream")
+        stream = container.streams.video[0]
+        frames = stream.frames or sum(1 for packet in container.demux(stream) if packet.size)
+        rate = Fraction(stream.average_rate) if stream.average_rate else None
+        width, height = stream.codec_context.width, stream.codec_context.height
+    if frames < 1:
+        raise ValueError(f"video {path}: the video stream holds no frames")
+    fps, duration = (float(rate), float(frames / rate)) if rate else (None, None)
+    return VideoInfo(frames, fps, duration, width, height, "pyav")
+
+
+def _decode_pyav(path: Path, wanted: list[int], budget: _PixelBudget) -> Iterator[tuple[int, np.ndarray]]:
+    av = _import_av(path)
+    targets = iter(wanted)
+    target, decoded = next(targets), 0
+    with _decode_errors(path, (av.FFmpegError, OSError)), av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"  # frame threads: same frames, faster
+        for frame in container.decode(stream):
+            budget.spend(frame.width, frame.height)
+            if decoded == target:
+                yield decoded, frame.to_ndarray(format="rgb24")
+                if (target := next(targets, -1)) < 0:
+                    return
+            decoded += 1
+    raise ValueError(f"video {path}: decoding ended after {decoded} frames, before sampled frame {target}")

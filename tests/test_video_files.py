@@ -1,0 +1,348 @@
+"""Video files: metadata, decoding only the sampled frames in bounded memory, clear errors, and parity with
+transformers' PyAV reader and video processors (the oracle; the processors need torchvision).
+
+Test media are written at run time: mp4/mov/webm/mkv with PyAV, GIFs by hand (a few bytes per frame, so a tiny file
+can describe huge frames, the way a decompression bomb does).
+"""
+import ast
+import math
+import struct
+import subprocess
+import sys
+from fractions import Fraction
+from functools import partial
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from PIL import Image, ImageSequence
+from transformers.models.glm4v.video_processing_glm4v import Glm4vVideoProcessor
+from transformers.video_utils import VideoMetadata
+
+from glmvit import video as video_files
+from glmvit.processing import process_video
+from glmvit.video import MAX_DECODED_PIXELS, DecodeLimitError, probe
+
+ROOT = Path(__file__).resolve().parents[1]
+CLIP = ROOT / "data" / "clip.gif"
+PHOTO = ROOT / "data" / "images" / "coffee.jpg"
+# container → (encoder, frame rate): a non-integer NTSC rate, and formats without a stored frame count
+CONTAINERS = {"mp4": ("libx264", Fraction(30000, 1001)), "mov": ("mpeg4", Fraction(15)),
+              "webm": ("libvpx-vp9", Fraction(24)), "mkv": ("ffv1", Fraction(25))}
+FRAMES, WIDTH, HEIGHT = 45, 96, 64
+
+
+def moving_frames(count: int = FRAMES) -> np.ndarray:
+    """(count, 64, 96, 3) uint8: the coffee photo, shifted 4 px further right each frame (every frame differs)."""
+    with Image.open(PHOTO) as im:
+        base = np.asarray(im.convert("RGB").resize((WIDTH, HEIGHT), Image.Resampling.BICUBIC))
+    return np.stack([np.roll(base, 4 * k, axis=1) for k in range(count)])
+
+
+def write_video(path: Path, frames: np.ndarray, codec: str, rate: Fraction) -> Path:
+    av = pytest.importorskip("av")
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream(codec, rate=rate)
+        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+        for frame in frames:
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        container.mux(stream.encode())
+    return path
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory) -> dict[str, Path]:
+    pytest.importorskip("av")
+    folder = tmp_path_factory.mktemp("videos")
+    frames = moving_frames()
+    return {ext: write_video(folder / f"moving.{ext}", frames, codec, rate)
+            for ext, (codec, rate) in CONTAINERS.items()}
+
+
+def tiny_frames_gif(path: Path, width: int, height: int, frames: int, delay_cs: int = 10,
+                    offset=lambda k: (k % 2, 0)) -> Path:
+    """A GIF of 1×1 frames on a width × height canvas: 20 bytes a frame, width × height decoded pixels a frame."""
+    data = bytearray(b"GIF89a" + struct.pack("<HHBBB", width, height, 0x80, 0, 0) + bytes([0, 0, 0, 255, 255, 255]))
+    for k in range(frames):
+        x, y = offset(k)
+        data += b"!\xf9\x04" + struct.pack("<BHB", 0, delay_cs, 0) + b"\x00"  # graphic control: the delay
+        data += b"," + struct.pack("<HHHHB", x, y, 1, 1, 0)  # a 1×1 image at (x, y), no local colour table
+        data += b"\x02\x02\x4c\x01\x00"  # LZW, code size 2: clear, colour 1, end
+    path.write_bytes(bytes(data + b";"))
+    return path
+
+
+def transformers_glm46v_sampler():
+    """``Glm46VVideoProcessor.sample_frames`` compiled from the installed source: its module needs torchvision."""
+    path = Path(transformers.__file__).parent / "models" / "glm46v" / "video_processing_glm46v.py"
+    tree = ast.parse(path.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Glm46VVideoProcessor")
+    method = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "sample_frames")
+    namespace = {"math": math, "np": np, "VideoMetadata": VideoMetadata}
+    exec(compile(ast.Module(body=[method], type_ignores=[]), str(path), "exec"), namespace)
+    return partial(namespace["sample_frames"], SimpleNamespace(temporal_patch_size=2))
+
+
+SAMPLERS = {"glm41v": lambda metadata, **_: Glm4vVideoProcessor().sample_frames(metadata),
+            "glm46v": lambda metadata, **_: transformers_glm46v_sampler()(metadata)}
+
+
+def read_all_pyav(path: Path) -> tuple[np.ndarray, VideoMetadata]:
+    """Every frame and the metadata, by transformers' own PyAV reader."""
+    from transformers.video_utils import read_video_pyav
+
+    return read_video_pyav(str(path), sample_indices_fn=lambda metadata, **_: np.arange(metadata.total_num_frames))
+
+
+def decode_all_pyav(path: Path) -> tuple[np.ndarray, VideoMetadata]:
+    """Every frame, and transformers' metadata rules with the decoded frame count: its reader cannot open WebM
+    (the container stores no frame count, PyAV says 0, and sampling then fails with an IndexError)."""
+    import av
+
+    with av.open(str(path)) as container:
+        rate = container.streams.video[0].average_rate
+        frames = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+    return frames, VideoMetadata(total_num_frames=len(frames), fps=float(rate), duration=float(len(frames) / rate))
+
+
+# --- metadata ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ext", ["mp4", "mov"])
+def test_probe_follows_transformers_pyav_reader(videos, ext):
+    frames, metadata = read_all_pyav(videos[ext])
+    info = probe(videos[ext])
+    assert (info.frames, info.fps, info.duration) == (metadata.total_num_frames, metadata.fps, metadata.duration)
+    assert (info.frames, info.width, info.height) == (FRAMES, WIDTH, HEIGHT) == (len(frames), *frames.shape[2:0:-1])
+
+
+@pytest.mark.parametrize("ext", ["webm", "mkv"])
+def test_containers_without_a_frame_count_count_their_packets(videos, ext):
+    """PyAV (so transformers' reader) says 0 frames for WebM/Matroska; the packets are counted instead."""
+    import av
+
+    with av.open(str(videos[ext])) as container:
+        assert container.streams.video[0].frames == 0
+        decoded = sum(1 for _ in container.decode(video=0))
+    info = probe(videos[ext])
+    assert info.frames == decoded == FRAMES
+    assert info.fps == float(CONTAINERS[ext][1]) and info.duration == float(FRAMES / CONTAINERS[ext][1])
+
+
+def test_animation_metadata_from_frame_durations(tmp_path):
+    frames = [Image.fromarray(f) for f in moving_frames(7)]
+    durations = [30, 100, 0, 250, 40, 70, 1000]
+    for fmt in ("gif", "webp"):
+        path = tmp_path / f"varied.{fmt}"
+        frames[0].save(path, save_all=True, append_images=frames[1:], duration=durations, loop=0)
+        pil_durations = []
+        with Image.open(path) as im:
+            for k in range(im.n_frames):
+                im.seek(k)
+                im.load()  # WebP sets the duration on load
+                pil_durations.append(im.info.get("duration", 0))
+        assert pil_durations == durations
+        info = probe(path)
+        assert (info.frames, info.duration, info.fps) == (7, 1.49, 7 / 1.49)
+
+
+# --- frames and indices against transformers' PyAV reader ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rule", ["glm41v", "glm46v"])
+@pytest.mark.parametrize("ext", ["mp4", "mov", "webm"])
+def test_sampled_frames_equal_transformers_pyav_reader(videos, ext, rule):
+    """Indices and timestamps as transformers' reader + sampler; pixels as the same frames given as an array."""
+    frames, metadata = read_all_pyav(videos[ext]) if ext != "webm" else decode_all_pyav(videos[ext])
+    expected = SAMPLERS[rule](metadata).tolist()
+    ours = process_video(videos[ext], rule=rule)
+    assert ours.frame_indices == [expected]
+    assert ours.timestamps == [[i / metadata.fps for i in expected[::2]]]
+    reference = process_video(frames, rule=rule, video_fps=metadata.fps, duration=metadata.duration)
+    assert reference.frame_indices == ours.frame_indices
+    assert torch.equal(ours.pixel_values, reference.pixel_values) and torch.equal(ours.grid_thw, reference.grid_thw)
+
+
+def test_caller_metadata_overrides_the_file():
+    frames = np.stack([np.asarray(f.convert("RGB")) for f in ImageSequence.Iterator(Image.open(CLIP))])
+    slow = process_video(CLIP, video_fps=5)  # 20 frames at 5 fps: 4 s, 8 frames at 2 fps
+    assert slow.frame_indices == [[0, 3, 5, 8, 10, 13, 15, 18]] and slow.timestamps == [[0.0, 1.0, 2.0, 3.0]]
+    metadata = VideoMetadata(total_num_frames=20, fps=10.0, duration=3.0)  # a duration that is not frames / fps
+    stretched = process_video(CLIP, duration=3.0)
+    assert stretched.frame_indices == [SAMPLERS["glm41v"](metadata).tolist()]
+    assert torch.equal(stretched.pixel_values, process_video(frames, video_fps=10, duration=3.0).pixel_values)
+
+
+# --- pixels against transformers' video processors (they need torchvision) --------------------------------------------
+
+
+def _processor(rule):
+    pytest.importorskip("torchvision")
+    if rule == "glm41v":
+        return Glm4vVideoProcessor()
+    from transformers.models.glm46v.video_processing_glm46v import Glm46VVideoProcessor
+
+    return Glm46VVideoProcessor()
+
+
+def _source(name: str, request) -> tuple[object, np.ndarray, VideoMetadata]:
+    """What process_video gets, and the full frames + metadata the processor gets for the same video."""
+    if name == "gif":
+        gif = np.stack([np.asarray(f.convert("RGB")) for f in ImageSequence.Iterator(Image.open(CLIP))])
+        return CLIP, gif, VideoMetadata(total_num_frames=20, fps=10.0, duration=2.0)
+    if name == "mp4":
+        path = request.getfixturevalue("videos")["mp4"]
+        return (path, *read_all_pyav(path))
+    noise = np.random.default_rng(3).integers(0, 256, size=(31, 50, 70, 3), dtype=np.uint8)
+    return noise, noise, VideoMetadata(total_num_frames=31, fps=12.0, duration=3.3)
+
+
+@pytest.mark.parametrize("rule", ["glm41v", "glm46v"])
+@pytest.mark.parametrize("source", ["gif", "mp4", "array"])
+def test_torchvision_resize_equals_the_video_processors(request, rule, source):
+    """Same frames, same ops in the same order (uint8 antialiased bicubic, fused float32 normalisation): exact."""
+    processor = _processor(rule)
+    given, frames, metadata = _source(source, request)
+    out = processor(videos=[frames], video_metadata=[metadata], return_metadata=True, return_tensors="pt")
+    kwargs = dict(video_fps=metadata.fps, duration=metadata.duration) if source == "array" else {}
+    ours = process_video(given, rule=rule, resize="torchvision", **kwargs)
+    assert ours.frame_indices == [out["video_metadata"][0].frames_indices.tolist()]
+    assert ours.timestamps == [[float(t) for t in out["video_metadata"][0].timestamps[::2]]]
+    assert torch.equal(ours.grid_thw, out["video_grid_thw"])
+    assert torch.equal(ours.pixel_values, out["pixel_values_videos"])
+
+
+def test_torchvision_resize_without_torchvision_is_a_clear_error(monkeypatch):
+    for name in ("torchvision", "torchvision.transforms.v2"):  # None in sys.modules: import fails, even if loaded
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(ValueError, match="resize='torchvision' needs torchvision"):
+        process_video(CLIP, resize="torchvision")
+
+
+# --- decoding only what is sampled, in bounded memory ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["gif", "mp4"])
+def test_decoding_stops_after_the_last_sampled_frame(request, monkeypatch, kind):
+    decoded = []
+    spend = video_files._PixelBudget.spend
+    monkeypatch.setattr(video_files._PixelBudget, "spend", lambda self, w, h: decoded.append(1) or spend(self, w, h))
+    path = CLIP if kind == "gif" else request.getfixturevalue("videos")["mp4"]
+    out = process_video(path)  # 2 fps: 20 frames at 10 fps → 0, 5, 10, 15; 45 at 29.97 → 0, 15, 30, 30
+    last = max(out.frame_indices[0])
+    assert len(decoded) == last + 1 < probe(path).frames
+
+
+BOMB_SCRIPT = """
+import sys
+from glmvit.processing import process_video
+
+def status_kib(key):  # this process's own memory (VmHWM is per address space; ru_maxrss survives exec)
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(key))
+
+process_video(sys.argv[1], max_pixels=28 * 28 * 2 * 64)  # warm up: imports, allocator pools
+before = status_kib("VmRSS:")
+out = process_video(sys.argv[2], max_pixels=28 * 28 * 2 * 64)
+print(before, status_kib("VmHWM:"), out.grid_thw.tolist())
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS / VmHWM from /proc (Linux)")
+def test_a_small_gif_of_huge_frames_decodes_in_bounded_memory(tmp_path):
+    """120 frames of 2000 × 2000 in a 3 KB file: its RGB frames are 1.4 GB, and used to be held twice (a list,
+    then np.stack: 2.8 GB). Measured in a fresh process on its resident set (PIL's canvases are not Python
+    allocations), the peak may grow by 20 frames' worth at most, a constant whatever the frame count: PIL's canvas
+    and converted copy, our RGB array, its resize, and allocator slack (74 MiB measured; 2.8 GB before)."""
+    warm = tiny_frames_gif(tmp_path / "warm.gif", 200, 200, 6)
+    bomb = tiny_frames_gif(tmp_path / "bomb.gif", 2000, 2000, 120)
+    assert bomb.stat().st_size < 3000
+    run = subprocess.run([sys.executable, "-c", BOMB_SCRIPT, str(warm), str(bomb)], capture_output=True, text=True,
+                         cwd=ROOT, timeout=300)
+    assert run.returncode == 0, run.stderr
+    before_kib, peak_kib, grid = run.stdout.split(maxsplit=2)
+    frame_kib = 2000 * 2000 * 3 // 1024
+    assert int(peak_kib) - int(before_kib) < 20 * frame_kib, run.stdout
+    assert grid.strip() == "[[12, 4, 4]]"  # 12 s at 2 fps: 24 frames, resized to fit max_pixels
+
+
+@pytest.mark.timeout(60)
+def test_a_small_gif_claiming_too_many_pixels_is_refused_before_decoding(tmp_path):
+    """2,000 frames of 9000 × 9000 (each under PIL's per-image limit) in 40 KB: 162 G pixels to decode."""
+    bomb = tiny_frames_gif(tmp_path / "bomb.gif", 9000, 9000, 2000, delay_cs=1)
+    assert bomb.stat().st_size < 50_000
+    with pytest.raises(DecodeLimitError, match=rf"video {bomb}: decoding frames 0\.\.\d+ of 9000×9000"):
+        process_video(bomb)
+    assert MAX_DECODED_PIXELS < 2000 * 9000 * 9000
+
+
+def test_frames_that_grow_past_the_stated_size_are_caught_while_decoding(tmp_path):
+    """A 100 × 100 GIF whose frames sit at (2999, 2999): PIL grows the canvas to 3000 × 3000 on the second frame."""
+    grows = tiny_frames_gif(tmp_path / "grows.gif", 100, 100, 8, delay_cs=50,
+                            offset=lambda k: (2999, 2999) if k else (0, 0))
+    with pytest.raises(DecodeLimitError, match="grow beyond the size the file states"):
+        process_video(grows, max_decoded_pixels=1_000_000)
+    assert probe(grows).width == 100
+
+
+# --- bad files -------------------------------------------------------------------------------------------------------
+
+
+def test_missing_pyav_is_a_one_line_error_naming_the_file(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "av", None)
+    path = tmp_path / "clip.mp4"
+    path.write_bytes(b"\x00\x00\x00\x18ftypmp42" + bytes(64))  # an mp4 header: not an image PIL knows
+    with pytest.raises(ValueError, match=rf"video {path}: .*pip install av") as err:
+        process_video(path)
+    assert "\n" not in str(err.value)
+
+
+def _bad_files(tmp_path: Path, cases: dict[str, bytes]) -> None:
+    for name, content in cases.items():
+        path = tmp_path / name
+        path.write_bytes(content)
+        with pytest.raises(ValueError, match=rf"video {path}: ") as err:
+            process_video(path)
+        assert "\n" not in str(err.value)
+
+
+def test_bad_animation_files_are_one_line_errors_naming_the_file(tmp_path):
+    _bad_files(tmp_path, {"half.gif": CLIP.read_bytes()[:30_000], "head.gif": CLIP.read_bytes()[:20]})
+    still = tmp_path / "still.png"
+    Image.open(PHOTO).save(still)
+    with pytest.raises(ValueError, match="still PNG image, not a video"):
+        process_video(still)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        process_video(tmp_path / "missing.gif")
+
+
+def test_bad_pyav_files_are_one_line_errors_naming_the_file(videos, tmp_path):
+    _bad_files(tmp_path, {"empty.mp4": b"", "half.mp4": videos["mp4"].read_bytes()[:3000],
+                          "notes.mov": b"not a video", "half.webm": videos["webm"].read_bytes()[:2000]})
+
+
+def test_an_animation_without_frame_durations_needs_video_fps(tmp_path):
+    path = tiny_frames_gif(tmp_path / "timeless.gif", 56, 56, 4, delay_cs=0)
+    with pytest.raises(ValueError, match="states no frame rate .* pass video_fps"):
+        process_video(path)
+    assert process_video(path, video_fps=2).frame_indices == [[0, 1, 2, 3]]
+
+
+def test_decode_refuses_indices_outside_the_video():
+    info = probe(CLIP)
+    for indices in ([], [-1, 3], [0, 20]):
+        with pytest.raises(ValueError, match=r"frame indices must lie in \[0, 20\)"):
+            video_files.decode(CLIP, info, indices)
+
+
+def test_the_tiny_gif_writer_is_what_pil_reads(tmp_path):
+    path = tiny_frames_gif(tmp_path / "t.gif", 5, 4, 3, delay_cs=7, offset=lambda k: (k, k))
+    with Image.open(path) as im:
+        assert (im.size, im.n_frames) == ((5, 4), 3)
+        im.seek(2)
+        assert np.asarray(im.convert("L")).tolist()[2][2] == 255
+    with path.open("rb") as fp:
+        assert video_files._gif_delays(fp) == [70, 70, 70]
