@@ -40,7 +40,7 @@ FALLBACK_BOUNDS = {
     "numpy": "1.26",
     "pillow": "10.0",
     "safetensors": "0.4",
-    "transformers": "5.21",
+    "transformers": "5.4",
     "tqdm": "4.66",
     "triton": "3.0",
     "ipywidgets": "8.0",

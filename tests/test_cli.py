@@ -1,6 +1,7 @@
 """The command line: the demo (main job), encode and plan run on CPU and say what they did; every bad invocation
 of every command is one line on stderr and a non-zero exit, before any work."""
 import hashlib
+import importlib.util
 import json
 import os
 
@@ -43,7 +44,7 @@ def test_encode_saves_embeddings_with_what_made_them(tmp_path, capsys):
     assert image["timestamps"] is None and image["tokens"] == saved["item_0"].shape[0]
     t, h, w = video["grid_thw"]
     assert video["kind"] == "video" and len(video["timestamps"]) == t and t * h * w // 4 == saved["item_1"].shape[0]
-    assert video["frame_indices"] is None  # glmvit.processing does not report them yet
+    assert video["frame_indices"] and len(video["frame_indices"]) == 2 * video["grid_thw"][0]  # pairs of frames
     assert meta["dtype"] == "float32" and meta["vision_config"]["hidden_size"] == 64
     assert meta["weights"] == {"random": True, "seed": 0} and "torch" in meta["provenance"]
     report = json.loads(summary.read_text())
@@ -91,7 +92,8 @@ def bad_files(tmp_path):
             "empty.png": "empty.png: empty file", "truncated.jpg": "truncated.jpg: cannot decode it",
             "truncated.png": "truncated.png: cannot decode it",
             "text.gif": "text.gif: not an image or animation that PIL can decode",
-            "notes.txt": "notes.txt: unsupported file type '.txt'", "clip.mp4": "clip.mp4: unsupported file type",
+            "notes.txt": "notes.txt: unsupported file type '.txt'",
+            "clip.mp4": "clip.mp4: cannot decode it" if importlib.util.find_spec("av") else "pip install av",
             "sliver.png": "sliver.png: aspect ratio"}
 
 

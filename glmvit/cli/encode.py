@@ -1,8 +1,9 @@
 """``python -m glmvit encode FILES...``: embeddings of image and video files, saved with what made them.
 
-Every file is checked before the model is loaded — it exists, is a non-empty readable regular file of a supported
-type, decodes to its last byte and frame, and has a size GLM-4V's resize accepts — and a bad one stops the
-command with one line naming it. ``--out`` and ``--json`` are checked writable first and written atomically.
+Every file is checked and read before the model is loaded — it exists, is a non-empty readable regular file of a
+supported type, decodes (a video: the frames it samples, within a pixel budget), and has a size GLM-4V's resize
+accepts — and a bad one stops the command with one line naming it. ``--out`` and ``--json`` are checked writable
+first and written atomically.
 
 Each item is encoded alone and eagerly: its embedding is the model's own output for it, with no packing or
 padding. The graph runner pays off for a stream of requests (capturing costs seconds and GPU memory; on a CPU it
@@ -18,7 +19,7 @@ only emulates); here the time goes mostly to decoding and resizing.
 
 ``source`` is the file's absolute path and ``sha256`` its content's hash; ``timestamps``: for a video, the time in
 seconds of the first frame of each temporal patch (null for an image).
-``frame_indices`` is null: :mod:`glmvit.processing` does not report the sampled frame indices yet.
+``frame_indices`` are the sampled frames of a video (null for an image).
 """
 from __future__ import annotations
 
@@ -30,10 +31,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from PIL import Image, ImageSequence, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from .. import video
 from ..geometry import smart_resize
 from ..model import GlmVisionEncoder
 from ..processing import VisionInputs, process_images, process_video
@@ -51,8 +53,9 @@ from .common import (
 )
 from .demo import IMAGE_SUFFIXES
 
-VIDEO_SUFFIXES = (".gif", ".webp")  # animated ones; a still GIF or WebP is an image
-SUFFIXES = tuple(sorted(set(IMAGE_SUFFIXES + VIDEO_SUFFIXES)))
+ANIMATION_SUFFIXES = (".gif", ".webp")  # animated ones are videos; a still GIF or WebP is an image
+VIDEO_SUFFIXES = (".mp4", ".webm", ".mov", ".mkv", ".m4v", ".avi")  # through PyAV (pip install av)
+SUFFIXES = tuple(sorted(set(IMAGE_SUFFIXES + ANIMATION_SUFFIXES + VIDEO_SUFFIXES)))
 
 
 def check_file(path: Path) -> str:
@@ -64,23 +67,27 @@ def check_file(path: Path) -> str:
     suffix = path.suffix.lower()
     if suffix not in SUFFIXES:
         raise ValueError(f"{path}: unsupported file type {suffix or '(no suffix)'!r} (images: "
-                         f"{', '.join(IMAGE_SUFFIXES)}; videos: animated {', '.join(VIDEO_SUFFIXES)})")
+                         f"{', '.join(IMAGE_SUFFIXES)}; videos: {', '.join(VIDEO_SUFFIXES)}, animated "
+                         f"{', '.join(ANIMATION_SUFFIXES)})")
     if path.stat().st_size == 0:
         raise ValueError(f"{path}: empty file")
-    frames, (width, height) = _decode_all(path)
+    if suffix in VIDEO_SUFFIXES:
+        video.probe(path)  # container metadata only; decoding (bounded) comes with processing
+        return "video"
+    frames, (width, height) = _first_frame(path)
     try:
         smart_resize(height, width)
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
-    return "video" if suffix in VIDEO_SUFFIXES and frames > 1 else "image"
+    return "video" if suffix in ANIMATION_SUFFIXES and frames > 1 else "image"
 
 
-def _decode_all(path: Path) -> tuple[int, tuple[int, int]]:
-    """Decode every frame (a truncated or corrupt file fails here); the frame count and the size."""
+def _first_frame(path: Path) -> tuple[int, tuple[int, int]]:
+    """Decode the first frame (a truncated or corrupt image fails here); the frame count and the size. An
+    animation's other frames are decoded, within a pixel budget, only when sampled (glmvit.video)."""
     try:
         with Image.open(path) as im:
-            for frame in ImageSequence.Iterator(im):
-                frame.load()
+            im.load()
             return getattr(im, "n_frames", 1), im.size
     except PermissionError:
         raise ValueError(f"{path}: cannot read it (permission denied)") from None
@@ -104,7 +111,7 @@ def item_metadata(path: Path, inputs: VisionInputs, embedding: torch.Tensor) -> 
     """What one encoded item is: its file (absolute path, sha256), its grid, its sampled frames' times."""
     return {"source": str(path.resolve()), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
             "kind": inputs.kinds[0], "grid_thw": inputs.grid_thw[0].tolist(), "tokens": embedding.shape[0],
-            "frame_indices": None, "timestamps": inputs.timestamps[0]}
+            "frame_indices": inputs.frame_indices[0], "timestamps": inputs.timestamps[0]}
 
 
 def model_metadata(args: argparse.Namespace, model: GlmVisionEncoder) -> dict[str, Any]:
@@ -141,12 +148,14 @@ def main(argv: list[str] | None = None) -> int:
     bar = {"file": sys.stderr, "disable": args.quiet or len(args.files) == 1, "unit": "file"}
     with tqdm(args.files, desc="checking", **bar) as files:  # closes the bar before an error is printed
         kinds = [check_file(path) for path in files]
+    with tqdm(list(zip(args.files, kinds, strict=True)), desc="reading", **bar) as todo:
+        loaded = [load(path, kind) for path, kind in todo]  # every file decoded before the model is built
     model = model_from_args(args)
     device = torch.device(args.device)
     items, tensors = [], {}
-    with torch.inference_mode(), tqdm(list(zip(args.files, kinds, strict=True)), desc="encoding", **bar) as todo:
-        for i, (path, kind) in enumerate(todo):
-            inputs = load(path, kind)
+    with torch.inference_mode(), tqdm(list(zip(args.files, loaded, strict=True)), desc="encoding", **bar) as todo:
+        for i, (path, inputs) in enumerate(todo):
+            kind = inputs.kinds[0]
             out = model(inputs.pixel_values.to(device), inputs.grid_thw).float().cpu()
             tensors[f"item_{i}"] = out.contiguous()
             items.append(item_metadata(path, inputs, out))
