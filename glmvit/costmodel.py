@@ -329,6 +329,8 @@ def recommend_budgets(requests: Sequence[Sequence[ItemSpec]], max_graphs: int, m
     candidate M packs the workload once; an exact dynamic programme then picks the other budgets below M.
     Per-batch cost: padding → budget − tokens; time → ``table.graph_time(budget)``, plus ``eager_time`` of the
     items that exceed M. Ranking: time → (ms, graphs); padding → (eager items, padded tokens, replays, graphs).
+    With ``objective="time"`` the answer is never predicted slower than running every request eagerly: then
+    :class:`EagerIsFaster` (a ValueError) says so, with both times.
     Default candidates: powers of two from max_items and the batch sizes rounded up to a multiple of 64; for M
     only up to the first power of two ≥ the largest request, past which packing no longer changes.
     A memory limit (``total_graph_memory`` of ``vision_config``, default GLM-4.1V) drops over-limit optima for
@@ -364,7 +366,25 @@ def recommend_budgets(requests: Sequence[Sequence[ItemSpec]], max_graphs: int, m
                 best = (key, budgets)
     if best is None:
         raise ValueError(f"no budget set fits in memory_limit_bytes={memory_limit_bytes}")
+    if objective == "time" and table is not None:
+        _check_beats_eager(specs, BudgetConfig(best[1], max_items, max_segments), table, packer)
     return best[1]
+
+
+class EagerIsFaster(ValueError):
+    """The best budget set is predicted slower than running every request eagerly: capture no graphs for this."""
+
+    def __init__(self, budgets: tuple[int, ...], graph_ms: float, eager_ms: float, requests: int):
+        super().__init__(f"eager is predicted faster for this workload: the best budgets {list(budgets)} take "
+                         f"{graph_ms:.1f} ms over {requests} requests, eager {eager_ms:.1f} ms (the latency table "
+                         "says a replay of these budgets costs more than an eager forward of what they hold)")
+        self.budgets, self.graph_ms, self.eager_ms = budgets, graph_ms, eager_ms
+
+
+def _check_beats_eager(requests: list[list[ItemSpec]], config: BudgetConfig, table: LatencyTable, packer: str) -> None:
+    estimate = sum((predict_time(p, table) for p in plan_workload(requests, config, packer)), TimeEstimate())
+    if estimate.total_ms > estimate.eager_ms:
+        raise EagerIsFaster(config.token_budgets, estimate.total_ms, estimate.eager_ms, len(requests))
 
 
 def _ranked_options(requests: list[list[ItemSpec]], limits: BudgetConfig, given: list[int] | None,

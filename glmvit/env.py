@@ -161,7 +161,7 @@ def _torch_rows(bounds: dict[str, str]) -> list[Check]:
         name = torch.cuda.get_device_name(0)
         rows.append(Check("CUDA", OK, f"{torch.version.cuda}", "optional", f"{torch.cuda.device_count()}× {name}"))
     else:
-        rows.append(Check("CUDA", SKIP, "not available", "optional", "CPU only: cells tagged `gpu` are skipped"))
+        rows.append(Check("CUDA", SKIP, "not available", "optional", "CPU only: GPU cells show recorded H200 results"))
     return rows
 
 

@@ -43,9 +43,9 @@ LADDER_SPLIT = 512  # above this many tokens the default ladder steps by 1.5× a
 def default_ladder(largest_request: int, smallest: int = SMALLEST_BUDGET) -> tuple[int, ...]:
     """The default budgets, from ``smallest`` up to the first one ≥ the largest request's tokens.
 
-    Powers of two up to 512 tokens, where a replay costs little more than its launch whatever the padding; above,
-    where a replay costs what its budget's matmuls cost, the powers of two get a midpoint (768, 1536, 3072, …) so
-    that a batch pads by at most a third instead of a half.
+    Powers of two up to 512 tokens, where even a full replay costs less than an eager forward's launches (on the
+    H200: data/bench/latency_h200.json), so padding there is cheap; above, where a replay costs what its budget's
+    matmuls cost, the powers of two get a midpoint (768, 1536, 3072, …) so a batch pads by at most a third.
     """
     budgets = [positive_int("smallest budget", smallest)]
     while budgets[-1] < largest_request:

@@ -559,3 +559,14 @@ def test_graph_memory_estimate_matches_every_recorded_pool_within_15_percent(pat
         assert estimate == pytest.approx(measured, rel=0.15), f"{mode}: {estimate >> 20} vs {measured >> 20} MiB"
         static = sum(m.static_bytes for m in graph_memory(config, VisionConfig.glm41v()))
         assert static == sum(c["buffer_bytes"] for c in capture.values())  # the static buffers are exact
+
+
+def test_recommend_never_proposes_budgets_slower_than_eager():
+    """A table where replays cost more than eager forwards: recommending time must say eager wins, with both times."""
+    from glmvit.costmodel import EagerIsFaster
+
+    slow_graphs = LatencyTable((64, 4096), (50.0, 500.0), (10.0, 20.0))
+    with pytest.raises(EagerIsFaster, match="eager is predicted faster") as err:
+        recommend_budgets(mixed_workload(20), 3, table=slow_graphs, objective="time")
+    assert err.value.graph_ms > err.value.eager_ms > 0
+    recommend_budgets(mixed_workload(20), 3, table=synthetic_table(), objective="time")  # graphs win here
