@@ -65,3 +65,23 @@ def test_recorded_gpu_results_carry_their_provenance(path):
     assert prov["gpu"] and prov["torch"] and prov["triton"] and prov["date_utc"]
     assert re.fullmatch(r"[0-9a-f]{40}", prov["git_commit"] or ""), prov.get("git_commit")
     assert "glmvit" in prov["command"] or "bench" in prov["command"]
+
+
+def test_readme_results_are_the_recorded_ones():
+    """Every H200 number in the README is written by tools/readme_results.py from data/bench, never by hand."""
+    from tools.readme_results import main
+
+    assert main(["--check"]) == 0, "run python tools/readme_results.py"
+
+
+def test_no_library_module_imports_the_tools():
+    """The data path never depends on the commands: glmvit/cli imports the library, never the other way."""
+    import ast
+
+    for path in (ROOT / "glmvit").rglob("*.py"):
+        if "cli" in path.relative_to(ROOT / "glmvit").parts or path.name == "__main__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not any(n == "cli" or n.startswith(("cli.", "glmvit.cli")) for n in names), path.name
