@@ -49,3 +49,24 @@ def _hf_model(config: VisionConfig, attn: str) -> Any:
     hf_config = Glm4vVisionConfig(**config.to_hf_dict())
     hf_config._attn_implementation = attn
     return Glm4vVisionModel(hf_config)
+
+
+def transformers_glm46v_sampler() -> Any:
+    """transformers' ``Glm46VVideoProcessor.sample_frames``, compiled from the installed source on its own (its
+    module imports torchvision, which a CPU machine may lack): called as ``sampler(metadata)``."""
+    import ast
+    import math
+    from functools import partial
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import transformers
+    from transformers.video_utils import VideoMetadata
+
+    path = Path(transformers.__file__).parent / "models" / "glm46v" / "video_processing_glm46v.py"
+    tree = ast.parse(path.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Glm46VVideoProcessor")
+    method = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "sample_frames")
+    namespace: dict[str, Any] = {"math": math, "np": np, "VideoMetadata": VideoMetadata}
+    exec(compile(ast.Module(body=[method], type_ignores=[]), str(path), "exec"), namespace)
+    return partial(namespace["sample_frames"], SimpleNamespace(temporal_patch_size=2))

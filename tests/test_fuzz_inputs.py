@@ -5,18 +5,15 @@ Every property has the same shape: a valid result whose geometry follows the res
 FileNotFoundError) naming the input, on one line: never another exception, never a hang. Frame sampling is
 checked against transformers' own samplers, the oracle.
 """
-import ast
 import math
 import tempfile
 import warnings
 from functools import partial
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-import transformers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -25,6 +22,7 @@ from transformers.models.glm4v.video_processing_glm4v import Glm4vVideoProcessor
 from transformers.video_utils import VideoMetadata
 
 from glmvit.geometry import smart_resize
+from glmvit.oracle import transformers_glm46v_sampler
 from glmvit.processing import (
     VisionInputs,
     process_images,
@@ -139,18 +137,10 @@ def test_pixel_bounds(min_pixels, max_pixels):
 # --- frame sampling against transformers -----------------------------------------------------------------------------
 
 
-def _transformers_glm46v_sampler():
-    """``Glm46VVideoProcessor.sample_frames`` compiled from the installed source: its module needs torchvision."""
-    path = Path(transformers.__file__).parent / "models" / "glm46v" / "video_processing_glm46v.py"
-    tree = ast.parse(path.read_text())
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Glm46VVideoProcessor")
-    method = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "sample_frames")
-    namespace = {"math": math, "np": np, "VideoMetadata": VideoMetadata}
-    exec(compile(ast.Module(body=[method], type_ignores=[]), str(path), "exec"), namespace)
-    return partial(namespace["sample_frames"], SimpleNamespace(temporal_patch_size=2))
 
 
-GLM46V = _transformers_glm46v_sampler()
+
+GLM46V = transformers_glm46v_sampler()
 rates = st.floats(0.05, 240, allow_nan=False)
 
 

@@ -1,22 +1,18 @@
 """Images and videos → pixel rows, against transformers' processors and frame samplers (the oracle)."""
-import ast
 import importlib.util
 import math
-from functools import partial
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-import transformers
 from PIL import Image, ImageSequence
 from transformers.image_transforms import convert_to_rgb
 from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil
 from transformers.models.glm4v.video_processing_glm4v import Glm4vVideoProcessor
 from transformers.video_utils import VideoMetadata
 
-from glmvit.oracle import flatten_video_grids
+from glmvit.oracle import flatten_video_grids, transformers_glm46v_sampler
 from glmvit.processing import (
     MAX_FRAMES,
     VisionInputs,
@@ -223,15 +219,7 @@ def _metadata(total_frames, video_fps):
     return VideoMetadata(total_num_frames=total_frames, fps=video_fps, duration=total_frames / video_fps)
 
 
-def _transformers_glm46v_sampler():
-    """``Glm46VVideoProcessor.sample_frames`` compiled from the installed source: its module needs torchvision."""
-    path = Path(transformers.__file__).parent / "models" / "glm46v" / "video_processing_glm46v.py"
-    tree = ast.parse(path.read_text())
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Glm46VVideoProcessor")
-    method = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "sample_frames")
-    namespace = {"math": math, "np": np, "VideoMetadata": VideoMetadata}
-    exec(compile(ast.Module(body=[method], type_ignores=[]), str(path), "exec"), namespace)
-    return partial(namespace["sample_frames"], SimpleNamespace(temporal_patch_size=2))
+
 
 
 def _glm41v_expected(metadata, fps):
@@ -250,7 +238,7 @@ def test_glm41v_sampling_equals_transformers(total_frames, video_fps, fps):
 
 @pytest.mark.parametrize("total_frames,video_fps", SAMPLING_CASES)
 def test_glm46v_sampling_equals_transformers(total_frames, video_fps):
-    expected = _transformers_glm46v_sampler()(_metadata(total_frames, video_fps)).tolist()
+    expected = transformers_glm46v_sampler()(_metadata(total_frames, video_fps)).tolist()
     assert sample_frame_indices_glm46v(total_frames, video_fps) == expected
 
 
@@ -265,7 +253,7 @@ def test_sampling_with_a_given_duration_equals_transformers(total_frames, video_
     for fps in (2, 1, 0.5):
         expected = _glm41v_expected(metadata, fps)
         assert sample_frame_indices_glm41v(total_frames, video_fps, fps, duration=duration) == expected
-    expected = _transformers_glm46v_sampler()(metadata).tolist()
+    expected = transformers_glm46v_sampler()(metadata).tolist()
     assert sample_frame_indices_glm46v(total_frames, video_fps, duration=duration) == expected
 
 

@@ -4,25 +4,21 @@ transformers' PyAV reader and video processors (the oracle; the processors need 
 Test media are written at run time: mp4/mov/webm/mkv with PyAV, GIFs by hand (a few bytes per frame, so a tiny file
 can describe huge frames, the way a decompression bomb does).
 """
-import ast
-import math
 import struct
 import subprocess
 import sys
 from fractions import Fraction
-from functools import partial
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-import transformers
 from PIL import Image, ImageSequence
 from transformers.models.glm4v.video_processing_glm4v import Glm4vVideoProcessor
 from transformers.video_utils import VideoMetadata
 
 from glmvit import video as video_files
+from glmvit.oracle import transformers_glm46v_sampler
 from glmvit.processing import process_video
 from glmvit.video import MAX_DECODED_PIXELS, DecodeLimitError, probe
 
@@ -75,15 +71,6 @@ def tiny_frames_gif(path: Path, width: int, height: int, frames: int, delay_cs: 
     return path
 
 
-def transformers_glm46v_sampler():
-    """``Glm46VVideoProcessor.sample_frames`` compiled from the installed source: its module needs torchvision."""
-    path = Path(transformers.__file__).parent / "models" / "glm46v" / "video_processing_glm46v.py"
-    tree = ast.parse(path.read_text())
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Glm46VVideoProcessor")
-    method = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "sample_frames")
-    namespace = {"math": math, "np": np, "VideoMetadata": VideoMetadata}
-    exec(compile(ast.Module(body=[method], type_ignores=[]), str(path), "exec"), namespace)
-    return partial(namespace["sample_frames"], SimpleNamespace(temporal_patch_size=2))
 
 
 SAMPLERS = {"glm41v": lambda metadata, **_: Glm4vVideoProcessor().sample_frames(metadata),
