@@ -43,7 +43,7 @@ test: $(STAMP) browser lint
 
 ## ruff and mypy, configured in pyproject.toml (make test runs them first).
 lint: $(STAMP)
-	$(BIN)/ruff check glmvit tests tools data conftest.py notebooks
+	$(BIN)/ruff check glmvit tests tools data conftest.py
 	$(BIN)/mypy
 
 ## Execute every notebook in place and stamp its code hash (commit the outputs; a test keeps them fresh).
