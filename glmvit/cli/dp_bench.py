@@ -210,15 +210,17 @@ def _bitwise_vs_local(b: Bench, outs: list[torch.Tensor]) -> bool:
 
 
 def _max_diff_vs_eager(b: Bench, outs: list[torch.Tensor]) -> float:
-    """max |DP − per-item eager| over request 0, computed on rank 0 and broadcast (every rank returns one verdict)."""
+    """max |DP − per-item eager| / max(1, max |eager|) over request 0 (a batch and a single item round differently,
+    by ulps of the output's scale), computed on rank 0 and broadcast (every rank returns one verdict)."""
     pixels, grid = b.requests[0]
     start = _row_start(grid)
     max_diff = 0.0
     if b.rank == 0:
         with torch.inference_mode():
             for i, (t, h, w) in enumerate(grid.tolist()):
-                ref = b.model(pixels[start[i] : start[i + 1]], torch.tensor([[t, h, w]]))
-                max_diff = max(max_diff, (outs[i].float() - ref.float()).abs().max().item())
+                ref = b.model(pixels[start[i] : start[i + 1]], torch.tensor([[t, h, w]])).float()
+                scale = max(1.0, ref.abs().max().item())
+                max_diff = max(max_diff, (outs[i].float() - ref).abs().max().item() / scale)
     diff = torch.tensor([max_diff], dtype=torch.float64, device=b.dp.comm_device)
     dist.broadcast(diff, src=0)
     return float(diff.item())
@@ -230,14 +232,14 @@ def verify_first_request(b: Bench) -> tuple[dict, list[torch.Tensor]]:
     outs = b.dp.run(pixels, grid)
     exact = _bitwise_vs_local(b, outs)
     max_diff = _max_diff_vs_eager(b, outs)
-    tol = 1e-5 if b.dtype == torch.float32 else 0.016
+    tol = 1e-4 if b.dtype == torch.float32 else 2**-6  # of the output's scale: fp32 reordered sums; 2 bf16 ulps
     ok = exact and max_diff <= tol and len(outs) == len(grid)
     if b.rank == 0:
         counts = balance_items(patch_counts_of(grid), b.world).counts
         print(f"verify request 0 ({len(grid)} items, per rank {counts}): per-rank batches bitwise "
-              f"{'equal' if exact else 'DIFFERENT'}; max |DP − per-item eager| = {max_diff:.3g} "
+              f"{'equal' if exact else 'DIFFERENT'}; max |DP − per-item eager| / scale = {max_diff:.3g} "
               f"(tolerance {tol}) → {'OK' if ok else 'FAILED'}")
-    verdict = {"items": len(grid), "exact_vs_same_batch_per_rank": exact, "max_abs_diff_vs_per_item_eager": max_diff,
+    verdict = {"items": len(grid), "exact_vs_same_batch_per_rank": exact, "max_rel_diff_vs_per_item_eager": max_diff,
                "tolerance": tol, "ok": ok}
     return verdict, outs
 
