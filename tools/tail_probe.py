@@ -49,8 +49,7 @@ def main() -> None:
     grids = np.array([[1, 16, 16]])
     pixels = torch.randn(256, config.patch_dim, device="cuda", dtype=torch.bfloat16)
     with torch.inference_mode():
-        runner = EncoderGraphRunner(model, BudgetConfig((64,), max_items=1), compile=not args.no_compile,
-                                    progress=False).capture()
+        runner = EncoderGraphRunner(model, BudgetConfig((64,), 1, 1), torch_compile=not args.no_compile).capture()
         timed = runner.graphs[64].graph = TimedGraph(runner.graphs[64].graph)
         for _ in range(100):
             runner.run(pixels, grids)
