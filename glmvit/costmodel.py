@@ -1,7 +1,7 @@
-"""The offline cost model: graph memory, a measured latency table, predicted time, and recommended budgets.
+"""The offline cost model: graph memory, a measured latency table, and the predicted time of a plan.
 
-Pure functions (numpy only, no torch) over :mod:`glmvit.packing` plans. Nothing here runs at serving time: it
-answers "which budgets should I capture, and what will they cost?" before a deployment.
+Pure functions (numpy only, no torch) over :mod:`glmvit.packing` plans. Nothing here runs at serving time; choosing
+budgets with it (recommend, evaluate, export to vLLM) is :mod:`glmvit.deployment`.
 """
 from __future__ import annotations
 
@@ -12,25 +12,17 @@ import math
 import numbers
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from .config import VisionConfig
-from .geometry import ItemSpec
 from .packing import (
-    AUTO_RANGE,
     BudgetConfig,
     Plan,
-    PlanStats,
-    check_items,
-    combined_stats,
-    plan_batches,
-    plan_workload,
     positive_int,
 )
 
-CANDIDATE_STEP = 64  # recommend_budgets rounds batch sizes up to this multiple
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
@@ -263,249 +255,3 @@ def predict_time(plan: Plan, table: LatencyTable) -> TimeEstimate:
         fallback_ms=sum((table.eager_time(b.tokens, b.segment_rows2) for b in plan.batches if b.budget is None), 0.0),
         eager_ms=table.eager_time(tokens, work) if plan.batches else 0.0,
     )
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Recommending budgets
-# ---------------------------------------------------------------------------------------------------------------
-def _round_up(x: int, step: int = CANDIDATE_STEP) -> int:
-    return -(-x // step) * step
-
-
-def _powers_of_two(lo: int, hi: int) -> list[int]:
-    """Powers of two p with lo ≤ p and p < 2·hi (so the last one is ≥ hi)."""
-    p = 1
-    while p < lo:
-        p *= 2
-    out = []
-    while p < 2 * hi:
-        out.append(p)
-        p *= 2
-    return out
-
-
-def _best_subsets(sizes: list[int], cands: list[int], max_graphs: int, unit_cost: Callable[[int], float],
-                  token_coef: float) -> list[tuple[float, tuple[int, ...]]]:
-    """Exact DP: for m = 1..max_graphs, the cheapest m budgets from ``cands`` that include cands[-1].
-
-    A batch of x tokens replays the smallest chosen budget c ≥ x at cost unit_cost(c) + token_coef·x.
-    """
-    sizes_arr = np.sort(np.asarray(sizes, dtype=np.int64))
-    cnt = np.searchsorted(sizes_arr, cands, side="right")
-    tot = np.concatenate([[0], np.cumsum(sizes_arr)])[cnt].astype(float)
-    a = np.array([unit_cost(c) for c in cands], dtype=float)
-    levels = [a * cnt + token_coef * tot]  # one budget: c_j covers every batch ≤ c_j
-    backs = []
-    for _ in range(1, min(max_graphs, len(cands))):
-        prev, best, arg = levels[-1], np.full(len(cands), np.inf), np.zeros(len(cands), dtype=int)
-        for j in range(1, len(cands)):
-            cost = prev[:j] + a[j] * (cnt[j] - cnt[:j]) + token_coef * (tot[j] - tot[:j])
-            arg[j] = int(np.argmin(cost))
-            best[j] = cost[arg[j]]
-        levels.append(best)
-        backs.append(arg)
-    results = []
-    for m, level in enumerate(levels, start=1):
-        if not np.isfinite(level[-1]):
-            continue
-        chosen, j = [len(cands) - 1], len(cands) - 1
-        for back in reversed(backs[: m - 1]):
-            j = int(back[j])
-            chosen.append(j)
-        results.append((float(level[-1]), tuple(cands[i] for i in reversed(chosen))))
-    return results
-
-
-def recommend_budgets(requests: Sequence[Sequence[ItemSpec]], max_graphs: int, memory_limit_bytes: int | None = None,
-                      table: LatencyTable | None = None, objective: str = "padding",
-                      candidates: Iterable[int] | None = None, *, max_items: int | None = None,
-                      max_segments: int | None = None, packer: str = "ffd",
-                      vision_config: VisionConfig | None = None,
-                      dtype: str = "bfloat16") -> tuple[int, ...]:
-    """At most ``max_graphs`` budgets minimising the predicted time or padding of a workload.
-
-    ``requests`` is a list of requests, each a list of :class:`~glmvit.geometry.ItemSpec`.
-    Method: the largest budget M alone decides the packing (packers look only at M and the limits), so each
-    candidate M packs the workload once; an exact dynamic programme then picks the other budgets below M.
-    Per-batch cost: padding → budget − tokens; time → ``table.graph_time(budget)``, plus ``eager_time`` of the
-    items that exceed M. Ranking: time → (ms, graphs); padding → (eager items, padded tokens, replays, graphs).
-    With ``objective="time"`` the answer is never predicted slower than running every request eagerly: then
-    :class:`EagerIsFaster` (a ValueError) says so, with both times.
-    Default candidates: powers of two from max_items and the batch sizes rounded up to a multiple of 64; for M
-    only up to the first power of two ≥ the largest request, past which packing no longer changes.
-    A memory limit (``total_graph_memory`` of ``vision_config``, default GLM-4.1V) drops over-limit optima for
-    each (M, graph count): the answer then fits but may not be the constrained optimum.
-    """
-    if objective not in ("time", "padding"):
-        raise ValueError(f"objective must be 'time' or 'padding', got {objective!r}")
-    if objective == "time" and table is None:
-        raise ValueError("objective='time' needs a latency table")
-    max_graphs = positive_int("max_graphs", max_graphs)
-    if memory_limit_bytes is not None:
-        memory_limit_bytes = positive_int("memory_limit_bytes", memory_limit_bytes)
-    max_items = AUTO_RANGE[1] // AUTO_RANGE[0] if max_items is None else positive_int("max_items", max_items)
-    max_segments = max_items if max_segments is None else max_segments
-    specs = [check_items(r) for r in requests]
-    if not any(specs):
-        raise ValueError("the workload has no items")
-    vision_config = vision_config or VisionConfig.glm41v()
-    given = None if candidates is None else sorted({positive_int("candidate budget", c) for c in candidates})
-    tops = [c for c in (given or _default_tops(specs, max_items)) if c >= max_items]
-    if not tops:
-        raise ValueError(f"no candidate budget is ≥ max_items={max_items}")
-
-    best: tuple | None = None
-    for top in tops:
-        limits = BudgetConfig((top,), max_items, max_segments)
-        for key, budgets in _ranked_options(specs, limits, given, max_graphs, packer, objective, table):
-            config = BudgetConfig(budgets, max_items, max_segments)
-            memory = total_graph_memory(graph_memory(config, vision_config, dtype))
-            if memory_limit_bytes and memory > memory_limit_bytes:
-                continue
-            if best is None or key < best[0]:
-                best = (key, budgets)
-    if best is None:
-        raise ValueError(f"no budget set fits in memory_limit_bytes={memory_limit_bytes}")
-    if objective == "time" and table is not None:
-        _check_beats_eager(specs, BudgetConfig(best[1], max_items, max_segments), table, packer)
-    return best[1]
-
-
-class EagerIsFaster(ValueError):
-    """The best budget set is predicted slower than running every request eagerly: capture no graphs for this."""
-
-    def __init__(self, budgets: tuple[int, ...], graph_ms: float, eager_ms: float, requests: int):
-        super().__init__(f"eager is predicted faster for this workload: the best budgets {list(budgets)} take "
-                         f"{graph_ms:.1f} ms over {requests} requests, eager {eager_ms:.1f} ms (the latency table "
-                         "says a replay of these budgets costs more than an eager forward of what they hold)")
-        self.budgets, self.graph_ms, self.eager_ms = budgets, graph_ms, eager_ms
-
-
-def _check_beats_eager(requests: list[list[ItemSpec]], config: BudgetConfig, table: LatencyTable, packer: str) -> None:
-    estimate = sum((predict_time(p, table) for p in plan_workload(requests, config, packer)), TimeEstimate())
-    if estimate.total_ms > estimate.eager_ms:
-        raise EagerIsFaster(config.token_budgets, estimate.total_ms, estimate.eager_ms, len(requests))
-
-
-def _ranked_options(requests: list[list[ItemSpec]], limits: BudgetConfig, given: list[int] | None,
-                    max_graphs: int, packer: str, objective: str,
-                    table: LatencyTable | None) -> list[tuple[tuple, tuple[int, ...]]]:
-    """(ranking key, budgets) of the best 1..max_graphs budgets whose largest is ``limits.largest``."""
-    top, max_items = limits.largest, limits.max_items
-    plans = plan_workload(requests, limits, packer)
-    sizes = [b.tokens for p in plans for b in p.batches if b.budget is not None]
-    eager = [b.tokens for p in plans for b in p.batches if b.budget is None]
-    lower = given or _powers_of_two(max_items, top) + [_round_up(s) for s in sizes]
-    cands = sorted({c for c in lower if max_items <= c < top}) + [top]
-    if objective == "time":
-        assert table is not None  # recommend_budgets checked it
-        eager_ms = sum((table.eager_time(t) for t in eager), 0.0)
-        options = _best_subsets(sizes, cands, max_graphs, table.graph_time, 0.0)
-        return [((cost + eager_ms, len(budgets)), budgets) for cost, budgets in options]
-    options = _best_subsets(sizes, cands, max_graphs, float, -1.0)
-    return [((len(eager), cost, len(sizes), len(budgets)), budgets) for cost, budgets in options]
-
-
-def _default_tops(requests: list[list[ItemSpec]], max_items: int) -> list[int]:
-    """Candidate largest budgets: powers of two up to the largest request, plus its and the largest item's size."""
-    largest_request = max(sum(t for t, _ in r) for r in requests)
-    largest_item = max(t for r in requests for t, _ in r)
-    extra = {_round_up(largest_request), _round_up(largest_item)}
-    return sorted(set(_powers_of_two(max_items, largest_request)) | extra)
-
-
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Evaluating a budget set for a deployment, and exporting it to vLLM
-# ---------------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TimeSummary:
-    """Mean, median and P99 of predicted milliseconds per request."""
-
-    mean_ms: float
-    median_ms: float
-    p99_ms: float
-
-    @classmethod
-    def of(cls, ms: Sequence[float]) -> "TimeSummary":
-        a = np.asarray(ms, dtype=np.float64)
-        if a.size == 0:
-            raise ValueError("no requests to summarise")
-        return cls(float(a.mean()), float(np.median(a)), float(np.percentile(a, 99)))
-
-
-@dataclass(frozen=True)
-class BudgetReport:
-    """What a budget set does to a workload: packing, graph memory, capture time and predicted time per request.
-
-    ``graphs``: predicted ms per request from the table's medians; ``graphs_at_p99``: the same with every batch at
-    its budget's P99 latency (a pessimistic request time: slow replays rarely all coincide); ``eager``: the same
-    items run eagerly. Each is None without a table (``graphs_at_p99`` also without P99 columns);
-    ``capture_s`` is None when the table has no capture times.
-    """
-
-    config: BudgetConfig
-    stats: PlanStats
-    graph_bytes: int  # total_graph_memory: every graph's static buffers plus the one shared pool
-    pool_bytes: int
-    capture_s: float | None = None
-    graphs: TimeSummary | None = None
-    graphs_at_p99: TimeSummary | None = None
-    eager: TimeSummary | None = None
-
-
-def capture_time(config: BudgetConfig, table: LatencyTable) -> float | None:
-    """Estimated seconds to capture every budget of ``config`` (:meth:`LatencyTable.capture_time`); None: unknown."""
-    seconds = [table.capture_time(b) for b in config.token_budgets]
-    return None if any(s is None for s in seconds) else sum(s for s in seconds if s is not None)
-
-
-def evaluate_budgets(requests: Sequence[Sequence[ItemSpec]], config: BudgetConfig, table: LatencyTable | None = None,
-                     vision_config: VisionConfig | None = None, dtype: str = "bfloat16",
-                     packer: str = "ffd") -> BudgetReport:
-    """Pack every request with ``config`` and report packing, memory (``vision_config``, default GLM-4.1V, in
-    ``dtype``), and with a latency table the capture time and the predicted mean / median / P99 ms per request."""
-    plans = plan_workload(requests, config, packer)
-    if not plans:
-        raise ValueError("the workload has no requests")
-    memories = graph_memory(config, vision_config or VisionConfig.glm41v(), dtype)
-    report = BudgetReport(config, combined_stats(plans), total_graph_memory(memories),
-                          max(m.pool_bytes for m in memories))
-    if table is None:
-        return report
-    estimates = [predict_time(p, table) for p in plans]
-    slow = table.p99()
-    return dataclasses.replace(
-        report, capture_s=capture_time(config, table), graphs=TimeSummary.of([e.total_ms for e in estimates]),
-        eager=TimeSummary.of([e.eager_ms for e in estimates]),
-        graphs_at_p99=None if slow is None else TimeSummary.of([predict_time(p, slow).total_ms for p in plans]))
-
-
-def vllm_frames_needed(requests: Iterable[Sequence[ItemSpec]], config: BudgetConfig) -> int:
-    """The most segments in one replayed batch when vLLM packs ``requests``: ascending tokens, next-fit on tokens
-    and items only; vLLM's packer has no frame check (``EncoderCudaGraphManager._execute_local`` in
-    vllm/v1/worker/encoder_cudagraph.py), so its frame capacity must hold what the other two limits let through."""
-    unbounded = BudgetConfig(config.token_budgets, config.max_items, config.largest)  # segments ≤ tokens
-    batches = [b for r in requests for b in plan_batches(r, unbounded, "vllm").batches if b.budget is not None]
-    return max((b.segments for b in batches), default=0)
-
-
-def vllm_compilation_config(config: BudgetConfig, frames: int | None = None) -> dict[str, Any]:
-    """``config`` as vLLM's ``--compilation-config`` JSON for encoder CUDA graphs.
-
-    The keys are the ``CompilationConfig`` fields (vllm/config/compilation.py) that ``EncoderCudaGraphManager``
-    reads (vllm/v1/worker/encoder_cudagraph.py). vLLM's "frames" size the ``cu_seqlens`` buffer: one entry per
-    attention sequence, i.e. per grid_thw time step, a temporal patch of 2 sampled frames (the capture grids of
-    ``prepare_encoder_cudagraph_capture_inputs`` in vllm/model_executor/models/qwen2_5_vl.py use T = frames per
-    item). That is a glmvit segment, so the frames are ``max_segments``, or ``frames`` when given (e.g.
-    :func:`vllm_frames_needed`, if larger). vLLM's own rule, max items ≤ the smallest budget, holds for every
-    :class:`BudgetConfig`.
-    """
-    frames = config.max_segments if frames is None else positive_int("frames", frames)
-    return {
-        "cudagraph_mm_encoder": True,
-        "encoder_cudagraph_token_budgets": list(config.token_budgets),
-        "encoder_cudagraph_max_vision_items_per_batch": config.max_items,
-        "encoder_cudagraph_max_frames_per_batch": frames,
-    }

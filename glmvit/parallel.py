@@ -30,6 +30,9 @@ two small all-gathers around the encode, so that the ranks never fall out of ste
   down. Errors that are not a timeout (a peer raised) never need it: they arrive through the exchanges above.
 
 The demo / benchmark on top of this is :mod:`glmvit.cli.dp_bench` (launched with torchrun).
+
+Why one module of this length: the request check, the encoder and the gather are one protocol; every rank must
+run the same steps in the same order, so they are read together.
 """
 from __future__ import annotations
 

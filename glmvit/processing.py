@@ -17,6 +17,9 @@ sampling by the GLM-4.1V or GLM-4.6V rule (pure re-implementations of their ``sa
 over the sampled frame count, bicubic resize, rescale and CLIP normalisation, and the video patchify (frame pairs
 are temporal patches). Files are read by :mod:`glmvit.video`, which decodes only up to the last sampled frame and
 holds one decoded frame at a time.
+
+Why one module of this length: images and videos end in the same VisionInputs and share the resize, the
+conversion to RGB and the patchify; file decoding for videos lives in :mod:`glmvit.video`.
 """
 from __future__ import annotations
 

@@ -15,9 +15,9 @@ from glmvit.costmodel import (
     graph_memory,
     load_latency_table,
     predict_time,
-    recommend_budgets,
     total_graph_memory,
 )
+from glmvit.deployment import recommend_budgets
 from glmvit.geometry import ItemSpec, grid_for, output_tokens, smart_resize
 from glmvit.packing import (
     BudgetConfig,
@@ -563,7 +563,7 @@ def test_graph_memory_estimate_matches_every_recorded_pool_within_15_percent(pat
 
 def test_recommend_never_proposes_budgets_slower_than_eager():
     """A table where replays cost more than eager forwards: recommending time must say eager wins, with both times."""
-    from glmvit.costmodel import EagerIsFaster
+    from glmvit.deployment import EagerIsFaster
 
     slow_graphs = LatencyTable((64, 4096), (50.0, 500.0), (10.0, 20.0))
     with pytest.raises(EagerIsFaster, match="eager is predicted faster") as err:

@@ -7,7 +7,8 @@ import ipywidgets as widgets
 import pytest
 
 from glmvit.cli.explorer import TRACE, BudgetExplorer, explorer
-from glmvit.costmodel import evaluate_budgets, load_latency_table, recommend_budgets
+from glmvit.costmodel import load_latency_table
+from glmvit.deployment import evaluate_budgets, recommend_budgets
 from glmvit.packing import BudgetConfig, combined_stats, plan_workload
 from glmvit.traces import parse_trace
 from glmvit.workloads import PRESETS, random_mm_workload

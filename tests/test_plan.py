@@ -5,14 +5,8 @@ import numpy as np
 import pytest
 
 from glmvit.__main__ import main
-from glmvit.costmodel import (
-    LatencyTable,
-    evaluate_budgets,
-    load_latency_table,
-    predict_time,
-    vllm_compilation_config,
-    vllm_frames_needed,
-)
+from glmvit.costmodel import LatencyTable, load_latency_table, predict_time
+from glmvit.deployment import evaluate_budgets, vllm_compilation_config, vllm_frames_needed
 from glmvit.geometry import ItemSpec
 from glmvit.packing import BudgetConfig, plan_workload
 from glmvit.traces import MAX_FRAMES, load_trace, parse_trace

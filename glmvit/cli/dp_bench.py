@@ -13,6 +13,8 @@ for another one fails instead of hanging (gloo raises on the waiting ranks; NCCL
 ``--fault-drill`` makes the last rank raise inside its encode on one request: every rank must fail that request
 with an error (the last rank its own, the others ``RankFailed``) well within the timeout, and the next request must
 give the verified outputs again; the JSON records each rank's error and how long it took.
+
+Why one module of this length: set-up, verification, timing, fault drill and report of one torchrun command.
 """
 from __future__ import annotations
 

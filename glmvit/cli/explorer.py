@@ -20,7 +20,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from ..config import VisionConfig
-from ..costmodel import LatencyTable, evaluate_budgets, recommend_budgets
+from ..costmodel import LatencyTable
+from ..deployment import evaluate_budgets, recommend_budgets
 from ..geometry import ItemSpec
 from ..packing import BudgetConfig, Plan, parse_budgets, plan_workload
 from ..traces import SUFFIXES, load_trace, parse_trace

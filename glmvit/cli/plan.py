@@ -20,14 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..costmodel import (
-    BudgetReport,
-    LatencyTable,
-    TimeSummary,
-    evaluate_budgets,
-    vllm_compilation_config,
-    vllm_frames_needed,
-)
+from ..costmodel import LatencyTable
+from ..deployment import BudgetReport, TimeSummary, evaluate_budgets, vllm_compilation_config, vllm_frames_needed
 from ..geometry import ItemSpec
 from ..packing import PACKERS, BudgetConfig, combined_stats, plan_workload
 from ..provenance import collect
