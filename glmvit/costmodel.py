@@ -197,6 +197,10 @@ def _fit(rows: list[Mapping[str, Any]], data: Mapping[str, Any]) -> LatencyTable
         dx += list(work - work.mean())
         dy += list(ms - ms.mean())
     slope = max(0.0, float(np.dot(dx, dy) / np.dot(dx, dx))) if np.dot(dx, dx) > 0 else 0.0
+    # Attention cannot take longer than a whole replay: noisy timings (a loaded CPU) must not fit a slope that
+    # leaves a budget a negative base.
+    ratios = [x["graph_ms"] / (x["segment_rows2"] / 1e6) for r in rows for x in r["layouts"] if x["segment_rows2"]]
+    slope = min([slope, *ratios])
     base = [float(np.mean([x["graph_ms"] - slope * x["segment_rows2"] / 1e6 for x in r["layouts"]])) for r in rows]
     small = [x["eager_ms"] for r in rows for x in r["layouts"] if x["real_tokens"] <= 256]
     eager = [float(r["eager_ms"]) for r in rows]

@@ -570,3 +570,17 @@ def test_recommend_never_proposes_budgets_slower_than_eager():
         recommend_budgets(mixed_workload(20), 3, table=slow_graphs, objective="time")
     assert err.value.graph_ms > err.value.eager_ms > 0
     recommend_budgets(mixed_workload(20), 3, table=synthetic_table(), objective="time")  # graphs win here
+
+
+def test_latency_fit_never_gives_a_budget_a_negative_base():
+    """Timings from a loaded CPU: one layout of the larger budget happened to be very slow. The least-squares slope
+    alone (≈ 229 ms per 10⁶ rows²) would leave the first budget a negative base; attention is capped at the time of
+    the replay it is part of (5 ms for 0.2 · 10⁶ rows² here)."""
+    def layout(work, ms):
+        return {"segment_rows2": work * 1e6, "graph_ms": ms, "eager_ms": ms, "real_tokens": 16,
+                "graph_p99_ms": ms, "eager_p99_ms": ms}
+
+    rows = [{"tokens": 16, "eager_ms": 5.0, "layouts": [layout(0.1, 5.0), layout(0.2, 5.0)]},
+            {"tokens": 64, "eager_ms": 5.0, "layouts": [layout(0.1, 5.0), layout(4.0, 900.0)]}]
+    table = LatencyTable.from_dict({"budgets": rows})
+    assert all(ms > 0 for ms in table.graph_ms) and table.attention_ms == 5.0 / 0.2
