@@ -8,6 +8,9 @@ q, k, v are (rows, heads, head_dim); segments come from the metadata. Padded row
 - ``flash_attn``: FlashAttention's ``flash_attn_varlen_func`` when the package is installed (CUDA). Graph-safe.
 - ``sdpa_masked``: one SDPA call with a block-diagonal mask built on the device from segment ids (a padded row
   attends only to itself). Shape-static and graph-safe on any device; O(rows²) memory: the graph-safe reference.
+- ``triton``: glmvit's own Triton kernel (``glmvit.kernels.triton_attention``): reads q, k, v straight out of the
+  qkv projection and applies the rotary inside, one program per (block of 64 rows, head), so short segments still
+  fill the GPU. Graph-safe; CUDA in fp16/bf16, and the CPU in fp32 under ``TRITON_INTERPRET=1``.
 - ``segments``: one SDPA call per segment, reading cu_seqlens from the tensor (a host read: a sync on CUDA, so
   eager only there). No (rows)² mask, O(rows) memory: the CPU default.
 
@@ -22,8 +25,10 @@ from itertools import pairwise
 import torch
 import torch.nn.functional as F
 
-BACKENDS = ("varlen", "flash_attn", "sdpa_masked", "segments")
-GRAPH_SAFE = ("varlen", "flash_attn", "sdpa_masked")
+from .rotary import apply_rotary
+
+BACKENDS = ("varlen", "flash_attn", "triton", "sdpa_masked", "segments")
+GRAPH_SAFE = ("varlen", "flash_attn", "triton", "sdpa_masked")
 
 
 def _has_varlen() -> bool:
@@ -39,15 +44,29 @@ def available_backends(device: torch.device | str, dtype: torch.dtype = torch.bf
     CUDA: the varlen kernels (fp16/bf16 only), then ``sdpa_masked`` (graph-safe in any dtype). Elsewhere there is
     no graph to capture, so the per-segment loop comes first.
     """
+    triton_ok = triton_attention_runs(device, dtype)
     if torch.device(device).type != "cuda":
-        return ["segments", "sdpa_masked"]
+        return ["segments", "sdpa_masked"] + (["triton"] if triton_ok else [])
     names = ["sdpa_masked", "segments"]
     if torch.cuda.is_available() and dtype in HALF:
         if importlib.util.find_spec("flash_attn") is not None:
             names.insert(0, "flash_attn")
         if _has_varlen():
             names.insert(0, "varlen")
+        if triton_ok:
+            names.insert(0, "triton")
     return names
+
+
+def triton_attention_runs(device: torch.device | str, dtype: torch.dtype) -> bool:
+    """Whether the Triton kernel runs here: on CUDA in fp16/bf16, on the CPU in fp32 under the interpreter."""
+    from .kernels import interpreting, triton_available
+
+    if not triton_available():
+        return False
+    if torch.device(device).type == "cuda":
+        return dtype in HALF and not interpreting()
+    return torch.device(device).type == "cpu" and dtype == torch.float32 and interpreting()
 
 
 def default_backend(device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> str:
@@ -96,6 +115,34 @@ def _per_segment(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: 
         if end > start:
             out[start:end] = _sdpa(q[start:end], k[start:end], v[start:end])
     return out
+
+
+@torch.library.custom_op("glmvit::rope_varlen_attention", mutates_args=())
+def rope_varlen_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segment_ids: torch.Tensor,
+                          cu_seqlens: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """The ``triton`` backend as one opaque op (torch.compile traces around it; a CUDA graph captures it)."""
+    from .kernels.triton_attention import rope_varlen_attention_triton
+
+    return rope_varlen_attention_triton(qkv, cos, sin, segment_ids, cu_seqlens, num_heads)
+
+
+@rope_varlen_attention.register_fake
+def _(qkv, cos, sin, segment_ids, cu_seqlens, num_heads):
+    return qkv.new_empty((qkv.shape[0], qkv.shape[1] // 3))
+
+
+def attend_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta, backend: str,
+               num_heads: int) -> torch.Tensor:
+    """Rotary + attention from the packed qkv projection (rows, 3·heads·d); returns (rows, heads·d).
+
+    ``triton`` does it in one kernel; the others split q, k, v, rotate q and k (``apply_rotary``) and ``attend``.
+    """
+    rows = qkv.shape[0]
+    if backend == "triton":
+        return rope_varlen_attention(qkv, cos, sin, meta.segment_ids, meta.cu_seqlens, num_heads)
+    q, k, v = qkv.view(rows, 3, num_heads, -1).unbind(1)
+    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    return attend(q, k, v, meta, backend).reshape(rows, -1)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta, backend: str) -> torch.Tensor:

@@ -19,11 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import attend, check_backend, default_backend
+from .attention import attend_qkv, check_backend, default_backend
 from .config import VisionConfig
 from .kernels import interpolate_pos_embed
 from .metadata import EncoderMetadata, as_grid_array, build_metadata, check_grids, nonfinite_items, rows_of
-from .rotary import apply_rotary, inv_freq, rotary_cos_sin
+from .rotary import inv_freq, rotary_cos_sin
 
 
 class RMSNorm(nn.Module):
@@ -40,17 +40,54 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+def fuse_gate_up(module: nn.Module, dim: int, hidden: int) -> None:
+    """Give ``module`` one ``gate_up_proj`` [2·hidden, dim] in place of transformers' ``gate_proj`` and ``up_proj``.
+
+    A matmul of a few hundred rows by 4096 columns fills about half of an H200's multiprocessors; 8192 columns fill
+    them all, and the input is read once. The checkpoint (and transformers) keeps two matrices: state-dict hooks
+    split the fused one into ``gate_proj.weight`` and ``up_proj.weight`` (views of it, in transformers' key order)
+    on save and concatenate them on load, so ``state_dict()`` is key-for-key transformers' and
+    ``load_state_dict(strict=True)`` takes theirs.
+    """
+    module.gate_up_proj = nn.Linear(dim, 2 * hidden, bias=False)
+    module.register_state_dict_post_hook(_split_gate_up)
+    module.register_load_state_dict_pre_hook(_merge_gate_up)
+
+
+def _split_gate_up(module: nn.Module, state: dict, prefix: str, local_metadata: Any) -> None:
+    keys = list(state)
+    fused_key = prefix + "gate_up_proj.weight"
+    after = keys[keys.index(fused_key) + 1 :]  # the module's later entries (down_proj), kept after the two halves
+    fused = state.pop(fused_key)
+    tail = {k: state.pop(k) for k in after}
+    state[prefix + "gate_proj.weight"], state[prefix + "up_proj.weight"] = fused.chunk(2)
+    state.update(tail)
+
+
+def _merge_gate_up(module: nn.Module, state: dict, prefix: str, *args: Any) -> None:
+    gate, up = prefix + "gate_proj.weight", prefix + "up_proj.weight"
+    if gate in state and up in state:
+        state[prefix + "gate_up_proj.weight"] = torch.cat([state.pop(gate), state.pop(up)])
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) · up of a fused [.., 2·hidden] projection."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 class SwiGLU(nn.Module):
-    """down(silu(gate(x)) · up(x)), no biases."""
+    """down(silu(gate(x)) · up(x)), no biases; gate and up are one matmul (:func:`fuse_gate_up`)."""
+
+    gate_up_proj: nn.Linear
 
     def __init__(self, dim: int, hidden: int):
         super().__init__()
-        self.gate_proj = nn.Linear(dim, hidden, bias=False)
-        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        fuse_gate_up(self, dim, hidden)
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(swiglu(self.gate_up_proj(x)))
 
 
 class Attention(nn.Module):
@@ -61,10 +98,7 @@ class Attention(nn.Module):
         self.proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
 
     def forward(self, x, cos, sin, meta: EncoderMetadata, backend: str) -> torch.Tensor:
-        rows = x.shape[0]
-        q, k, v = self.qkv(x).view(rows, 3, self.num_heads, -1).unbind(1)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        return self.proj(attend(q, k, v, meta, backend).reshape(rows, -1))
+        return self.proj(attend_qkv(self.qkv(x), cos, sin, meta, backend, self.num_heads))
 
 
 class Block(nn.Module):
@@ -81,18 +115,19 @@ class Block(nn.Module):
 
 
 class PatchMerger(nn.Module):
+    gate_up_proj: nn.Linear
+
     def __init__(self, config: VisionConfig):
         super().__init__()
         dim = config.out_hidden_size
         self.proj = nn.Linear(dim, dim, bias=False)
         self.post_projection_norm = nn.LayerNorm(dim, eps=config.rms_norm_eps)
-        self.gate_proj = nn.Linear(dim, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(dim, config.intermediate_size, bias=False)
+        fuse_gate_up(self, dim, config.intermediate_size)
         self.down_proj = nn.Linear(config.intermediate_size, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.gelu(self.post_projection_norm(self.proj(x)))
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(swiglu(self.gate_up_proj(x)))
 
 
 class _Embeddings(nn.Module):

@@ -287,15 +287,15 @@ def test_nothing_left_in_padded_attention_rows_reaches_a_real_row(full, backend,
     pixels, grid = random_pixels(BF16_GRIDS, torch.bfloat16, seed=19)
     buf, meta = padded(pixels, grid, 256, segments=32)
     assert meta.cu_seqlens[-1].item() == pixels.shape[0]  # no segment reaches into the padding
-    real_attend = model_module.attend
+    real_attend = model_module.attend_qkv
 
-    def leaves_nan(q, k, v, meta, backend):
+    def leaves_nan(qkv, cos, sin, meta, backend, heads):
         pad = meta.token_valid.repeat_interleave(4) == 0
-        return real_attend(q, k, v, meta, backend).masked_fill(pad[:, None, None], float("nan"))
+        return real_attend(qkv, cos, sin, meta, backend, heads).masked_fill(pad[:, None], float("nan"))
 
     with torch.inference_mode():
         clean = full.forward_static(buf, meta)
-        monkeypatch.setattr(model_module, "attend", leaves_nan)
+        monkeypatch.setattr(model_module, "attend_qkv", leaves_nan)
         dirty = full.forward_static(buf, meta)
     assert torch.equal(dirty, clean)
     assert torch.isfinite(dirty).all() and torch.all(dirty[pixels.shape[0] // 4 :] == 0)

@@ -96,19 +96,19 @@ def test_nothing_a_kernel_leaves_in_padded_rows_reaches_a_real_row(tiny_model, t
     meta = build_metadata(grid, 2, BatchShape(rows, 8, rows)).to("cpu")
     buf = torch.zeros(rows, tiny_config.patch_dim)
     buf[: pixels.shape[0]] = pixels
-    real_attend = model_module.attend
+    real_attend = model_module.attend_qkv
 
-    def leaves_nan(q, k, v, meta, backend):
+    def leaves_nan(qkv, cos, sin, meta, backend, heads):
         padded = meta.token_valid.repeat_interleave(4) == 0
-        return real_attend(q, k, v, meta, backend).masked_fill(padded[:, None, None], float("nan"))
+        return real_attend(qkv, cos, sin, meta, backend, heads).masked_fill(padded[:, None], float("nan"))
 
     for backend in CPU_BACKENDS:
         monkeypatch.setattr(tiny_model, "attn_backend", backend)
         with torch.no_grad():
             clean = tiny_model.forward_static(buf, meta)
-            monkeypatch.setattr(model_module, "attend", leaves_nan)
+            monkeypatch.setattr(model_module, "attend_qkv", leaves_nan)
             dirty = tiny_model.forward_static(buf, meta)
-            monkeypatch.setattr(model_module, "attend", real_attend)
+            monkeypatch.setattr(model_module, "attend_qkv", real_attend)
         assert torch.equal(dirty, clean), backend
         assert torch.all(dirty[pixels.shape[0] // 4 :] == 0) and torch.isfinite(dirty).all()
 

@@ -1,0 +1,112 @@
+"""Triton kernel: varlen attention over packed segments, reading q, k, v straight out of the qkv projection and
+rotating q and k on the fly, one launch for a whole batch.
+
+Spec (``glmvit.attention``'s ``segments`` backend after ``glmvit.rotary.apply_rotary``): for every head and every
+row r of segment s = segment_ids[r], out[r] = softmax(q̃_r · K̃_sᵀ / √d) · V_s, where q̃, k̃ are q, k rotated in
+float32 and rounded to the input dtype, and K̃_s, V_s hold only the rows of segment s.
+
+Work list: one program per (block of BLOCK_M packed rows, head); the grid depends only on the batch's static shape,
+so a CUDA graph captures it. A row block may straddle segments (they are packed back to back): the program then
+loops over those segments, each against its own keys only, and stores only its rows of that segment, so no key or
+value of one segment is ever loaded for another (a NaN in one item cannot reach the next). Blocks past the real
+rows (padding, ``cu_seqlens[-1]`` on) return at once and leave their rows as they were, like the varlen kernels.
+
+Rotary: q and k are loaded as two halves x₁ = x[:, :d/2], x₂ = x[:, d/2:] (NeoX half-split), and rotated as
+(x₁·cos − x₂·sin, x₂·cos + x₁·sin) with the first d/2 columns of the cos/sin tables (the tables repeat themselves:
+``rotary_cos_sin`` concatenates the angles twice), so QKᵀ = q̃₁·k̃₁ᵀ + q̃₂·k̃₂ᵀ: two dots of width d/2.
+The softmax is the online one of FlashAttention (running max and sum per row, exp2 with log2 e folded into the
+scale), accumulated in float32. Under ``TRITON_INTERPRET=1`` the same kernel runs on CPU tensors (fp32 only).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_M = 64  # query rows per program
+BLOCK_N = 64  # key rows per step of the inner loop
+NUM_WARPS = 4
+
+
+@triton.jit
+def _rotate(x_ptr, rows, ok, cos_ptr, sin_ptr, ROW_STRIDE, HALF: tl.constexpr):
+    """Load rows × d of one head as two halves and rotate them in float32; returns both halves in x's dtype."""
+    cols = tl.arange(0, HALF)
+    ptr = x_ptr + rows.to(tl.int64)[:, None] * ROW_STRIDE + cols[None, :]
+    x1 = tl.load(ptr, mask=ok[:, None], other=0.0).to(tl.float32)
+    x2 = tl.load(ptr + HALF, mask=ok[:, None], other=0.0).to(tl.float32)
+    trig = rows.to(tl.int64)[:, None] * (2 * HALF) + cols[None, :]  # cos/sin are (rows, d) float32
+    c = tl.load(cos_ptr + trig, mask=ok[:, None], other=0.0)
+    s = tl.load(sin_ptr + trig, mask=ok[:, None], other=0.0)
+    dtype = x_ptr.dtype.element_ty
+    return (x1 * c - x2 * s).to(dtype), (x2 * c + x1 * s).to(dtype)
+
+
+@triton.jit
+def _rope_varlen_attention_kernel(
+    qkv_ptr, cos_ptr, sin_ptr, segment_ids_ptr, cu_seqlens_ptr, out_ptr,
+    last_slot, qk_scale,
+    HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    D: tl.constexpr = 2 * HALF
+    ROW_STRIDE: tl.constexpr = 3 * HEADS * D  # qkv rows are [q heads | k heads | v heads]
+    head = tl.program_id(1)
+    num_rows = tl.load(cu_seqlens_ptr + last_slot)  # real rows; the padding after them is in no segment
+    first = tl.program_id(0) * BLOCK_M
+    if first >= num_rows:
+        return
+    rows = first + tl.arange(0, BLOCK_M)
+    row_ok = rows < num_rows
+    row_seg = tl.load(segment_ids_ptr + rows, mask=row_ok, other=-1)
+    q1, q2 = _rotate(qkv_ptr + head * D, rows, row_ok, cos_ptr, sin_ptr, ROW_STRIDE, HALF)
+    k_ptr = qkv_ptr + (HEADS + head) * D
+    v_ptr = qkv_ptr + (2 * HEADS + head) * D
+    d = tl.arange(0, D)
+    seg_first = tl.load(segment_ids_ptr + first)
+    seg_last = tl.load(segment_ids_ptr + tl.minimum(first + BLOCK_M, num_rows) - 1)
+    for seg in range(seg_first, seg_last + 1):
+        key_start = tl.load(cu_seqlens_ptr + seg)
+        key_end = tl.load(cu_seqlens_ptr + seg + 1)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        for start in range(key_start, key_end, BLOCK_N):
+            keys = start + tl.arange(0, BLOCK_N)
+            key_ok = keys < key_end
+            k1, k2 = _rotate(k_ptr, keys, key_ok, cos_ptr, sin_ptr, ROW_STRIDE, HALF)
+            scores = tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))
+            scores = tl.where(key_ok[None, :], scores * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, 1))
+            p = tl.exp2(scores - m_new[:, None])
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_ptr + keys.to(tl.int64)[:, None] * ROW_STRIDE + d[None, :], mask=key_ok[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        out = acc / l_i[:, None]
+        store = row_ok & (row_seg == seg)
+        dst = out_ptr + rows.to(tl.int64)[:, None] * (HEADS * D) + head * D + d[None, :]
+        tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=store[:, None])
+
+
+def rope_varlen_attention_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segment_ids: torch.Tensor,
+                                 cu_seqlens: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Attention output (rows, heads·d) from the packed qkv projection (rows, 3·heads·d); see the module docstring.
+
+    cos, sin: (rows, d) float32 from ``rotary_cos_sin``; segment_ids, cu_seqlens: int32 from the metadata. Rows
+    outside every segment are left uninitialised.
+    """
+    rows, width = qkv.shape
+    head_dim = width // (3 * num_heads)
+    out = torch.empty((rows, num_heads * head_dim), dtype=qkv.dtype, device=qkv.device)
+    if rows == 0:
+        return out
+    grid = (triton.cdiv(rows, BLOCK_M), num_heads)
+    _rope_varlen_attention_kernel[grid](
+        qkv, cos, sin, segment_ids, cu_seqlens, out,
+        cu_seqlens.shape[0] - 1, math.log2(math.e) / math.sqrt(head_dim),
+        HEADS=num_heads, HALF=head_dim // 2, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=NUM_WARPS,
+    )
+    return out
