@@ -49,7 +49,8 @@ class BudgetGraph:
     filled_rows: int = 0
     staged_grids: bytes | None = None  # the grids whose metadata ``meta.packed`` holds now
     pointers: tuple[int, ...] = ()
-    capture_s: float = 0.0
+    capture_s: float = 0.0  # allocation, warm-up (compilation included) and capture
+    warmup_s: float = 0.0  # the warm-up runs alone: with torch_compile, where tracing and compiling happen
     graph_bytes: int = 0
     buffer_bytes: int = 0
 
@@ -170,11 +171,13 @@ class EncoderGraphRunner:
             self.pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
+        start = time.perf_counter()
         with torch.cuda.stream(stream):
             for _ in range(2 if self.compiled else 1):  # warm-up: compilation, autotuning, lazy init
                 bg.output.copy_(self.forward_static(bg.pixels, bg.meta))
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
+        bg.warmup_s = time.perf_counter() - start
         torch.cuda.empty_cache()  # torch.cuda.graph empties the cache on entry too: measure from the same point
         before = torch.cuda.memory_reserved()
         graph = torch.cuda.CUDAGraph()
@@ -207,7 +210,9 @@ class EncoderGraphRunner:
                 if hasattr(dynamo_config, knob):
                     setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), 2 * len(budgets) + 8))
         label = "capturing" if self.backend == "cuda" else "preparing (emulated, no graphs)"
-        for budget in tqdm(budgets, desc=label, unit="budget", disable=not self.progress):
+        bar = tqdm(budgets, desc=label, unit="budget", disable=not self.progress)
+        for budget in bar:
+            bar.set_postfix_str(f"{budget} tokens{', compiling' if self.compiled else ''}")
             start = time.perf_counter()
             try:
                 bg = self._allocate(budget)
@@ -229,6 +234,7 @@ class EncoderGraphRunner:
             self.graphs[budget] = bg
             self.stats.capture[budget] = {
                 "seconds": bg.capture_s,
+                "warmup_seconds": bg.warmup_s,
                 "graph_bytes": bg.graph_bytes,
                 "buffer_bytes": bg.buffer_bytes,
                 "rows": bg.shape.rows,

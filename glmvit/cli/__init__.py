@@ -16,6 +16,7 @@ COMMANDS = {
     "plan": ("glmvit.cli.plan", "pack a workload into token budgets and print the plan statistics"),
     "bench": ("glmvit.cli.bench", "benchmark transformers vs eager vs CUDA graphs vs the GPU's floor"),
     "latency": ("glmvit.cli.latency", "measure the latency table (every budget, several layouts) for the cost model"),
+    "kernels": ("glmvit.cli.kernels", "profile a graph replay kernel by kernel against each op's roofline (CUDA)"),
     "bench-interp": ("glmvit.cli.bench_interp", "benchmark the Triton interpolation kernel vs grid_sample"),
     "dp-bench": ("glmvit.cli.dp_bench", "data-parallel demo/benchmark (launch with torchrun -m glmvit.cli.dp_bench)"),
 }

@@ -1,0 +1,200 @@
+"""``python -m glmvit kernels``: where a graph replay's GPU time goes, kernel by kernel, against each op's roofline.
+
+For each layout (one 224² image, four, an 8-frame clip, eight 448² images) and each graph-safe attention backend:
+
+- ``profile``: ``torch.profiler`` over replays of a captured graph (compiled and not): kernels per replay, GPU µs by
+  category (GEMM, attention, fused elementwise, fill, copy, …) and the top kernels;
+- ``attention``: one layer's rotary + attention timed alone inside a CUDA graph, against its roofline;
+- ``gemm``: every matmul shape of the forward timed alone (cuBLAS, and cuBLASLt where torch offers the choice),
+  gate and up fused vs apart, each against its roofline at the matmul rate and copy bandwidth measured in the run.
+
+CUDA only::
+
+    python -m glmvit kernels --json data/bench/kernels_h200.json
+"""
+from __future__ import annotations
+
+import sys
+from functools import partial
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from ..attention import GRAPH_SAFE, attend_qkv, available_backends
+from ..floor import measure_copy_bandwidth, measure_matmul_tflops
+from ..graphs import EncoderGraphRunner
+from ..metadata import attention_work, build_metadata
+from ..packing import BudgetConfig
+from ..profiling import encoder_gemms, graph_time_us, profile_kernels, roofline_us
+from ..provenance import collect
+from ..rotary import rotary_cos_sin
+from ..timing import summarise, time_calls
+from ..workloads import random_batch
+from .common import Parser, build_model, check_writable, vision_config, write_json
+
+LAYOUTS = {
+    "1x224": [[1, 16, 16]],
+    "4x224": [[1, 16, 16]] * 4,
+    "clip8x224": [[4, 16, 16]],
+    "8x448": [[1, 32, 32]] * 8,
+}
+PARTS = ("profile", "attention", "gemm")
+
+
+def _blas_libraries() -> list[str]:
+    """cuBLAS always; cuBLASLt where this torch lets us prefer it."""
+    return ["cublas", "cublaslt"] if hasattr(torch.backends.cuda, "preferred_blas_library") else ["cublas"]
+
+
+def _with_blas(library: str, fn: Callable[[], float]) -> float:
+    if library == "cublas":
+        return fn()
+    saved = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(library)
+    try:
+        return fn()
+    finally:
+        torch.backends.cuda.preferred_blas_library(saved)
+
+
+def _apart(a: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> None:
+    F.linear(a, gate)
+    F.linear(a, up)
+
+
+def measure_gemms(config, rows: int, tflops: float, gbps: float) -> list[dict[str, Any]]:
+    """Each matmul of the forward alone: µs per call per BLAS library, roofline and the fraction of it reached."""
+    out = []
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for name, m, k, n, count in encoder_gemms(config, rows):
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        roof = roofline_us(2 * m * n * k, 2 * (m * k + n * k + m * n), tflops, gbps)
+        row: dict[str, Any] = {"name": name, "m": m, "k": k, "n": n, "count": count, "roofline_us": roof}
+        one = partial(F.linear, a, w)
+        for lib in _blas_libraries():
+            row[f"{lib}_us"] = _with_blas(lib, partial(graph_time_us, one))
+        if name.endswith("gate_up"):  # the two matmuls transformers runs, each half as wide
+            gate, up = w.chunk(2)
+            row["apart_us"] = graph_time_us(partial(_apart, a, gate, up))
+        row["best_us"] = min(row[f"{lib}_us"] for lib in _blas_libraries())
+        row["roofline_fraction"] = roof / row["best_us"]
+        out.append(row)
+    return out
+
+
+def measure_attention(config, grids, backends: list[str], tflops: float, gbps: float) -> dict[str, Any]:
+    """One layer's rotary + attention from the qkv projection, per backend, against its roofline."""
+    meta = build_metadata(grids, config.spatial_merge_size).to("cuda")
+    rows, width = meta.shape.rows, config.hidden_size
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    qkv = torch.randn(rows, 3 * width, device="cuda", dtype=torch.bfloat16, generator=gen)
+    cos, sin = rotary_cos_sin(meta.h_idx, meta.w_idx, torch.ones(config.head_dim // 4, device="cuda"))
+    flops = 4 * attention_work(meta.host) * width
+    roof = roofline_us(flops, 2 * (3 + 1) * rows * width, tflops, gbps)
+    result: dict[str, Any] = {"rows": rows, "flops": flops, "roofline_us": roof}
+    for backend in backends:
+        us = graph_time_us(partial(attend_qkv, qkv, cos, sin, meta, backend, config.num_heads))
+        result[backend] = {"us": us, "roofline_fraction": roof / us}
+    return result
+
+
+def profile_replays(model, layouts: dict[str, list], backends: list[str], quiet: bool) -> dict[str, Any]:
+    """Kernel profile and host-inclusive time of replays, per backend × compiled × layout."""
+    merge_area = model.config.merge_area
+    tokens = {name: sum(t * h * w for t, h, w in g) // merge_area for name, g in layouts.items()}
+    budgets = tuple(sorted(set(tokens.values())))
+    items = max(len(g) for g in layouts.values())
+    segments = max(sum(t for t, _, _ in g) for g in layouts.values())
+    config = BudgetConfig(budgets, min(items, budgets[0]), max(segments, items))
+    inputs = {name: random_batch(g, model.config, seed=1) for name, g in layouts.items()}
+    out: dict[str, Any] = {}
+    saved = model.attn_backend
+    for backend in backends:
+        for compiled in (False, True):
+            model.attn_backend = backend
+            key = f"{backend}{'-compiled' if compiled else ''}"
+            runner = EncoderGraphRunner(model, config, torch_compile=compiled, progress=not quiet).capture()
+            out[key] = {"capture": {str(k): v for k, v in runner.stats.capture.items()}}
+            for name, (pixels, grid) in inputs.items():
+                pixels = pixels.to("cuda", model.dtype)
+                budget = tokens[name]
+                replay = partial(runner.replay, budget, pixels, grid)
+                with torch.inference_mode():
+                    prof = profile_kernels(replay)
+                    wall = summarise(time_calls(replay, "cuda", runs=50, warmup=5))
+                out[key][name] = {**prof, "replay_wall": wall}
+            del runner
+            torch.cuda.empty_cache()
+    model.attn_backend = saved
+    return out
+
+
+def print_report(result: dict[str, Any]) -> None:
+    for key, per_layout in result.get("profile", {}).items():
+        print(f"\nprofile {key}:")
+        for name, p in per_layout.items():
+            if name == "capture":
+                continue
+            cats = ", ".join(f"{c} {us:.0f}" for c, us in p["by_category_us"].items())
+            print(f"  {name:>10}: {p['gpu_us_per_call']:7.0f} µs GPU in {p['kernels_per_call']:.0f} kernels "
+                  f"(replay wall median {p['replay_wall']['median_ms']:.3f} ms) — {cats}")
+    for name, a in result.get("attention", {}).items():
+        cells = ", ".join(f"{b} {v['us']:.1f} µs ({v['roofline_fraction']:.0%})" for b, v in a.items()
+                          if isinstance(v, dict))
+        print(f"attention/layer {name:>10}: roofline {a['roofline_us']:.1f} µs; {cells}")
+    for name, rows in result.get("gemm", {}).items():
+        total = sum(r["best_us"] * r["count"] for r in rows)
+        roof = sum(r["roofline_us"] * r["count"] for r in rows)
+        print(f"gemm {name:>10}: {total:.0f} µs per forward vs roofline {roof:.0f} µs ({roof / total:.0%})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = Parser(prog="python -m glmvit kernels", description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--layouts", default=",".join(LAYOUTS), help=f"comma list of {', '.join(LAYOUTS)}")
+    parser.add_argument("--backends", default=None, help="graph-safe attention backends to compare "
+                        "(default: every one this GPU has except sdpa_masked)")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)}")
+    parser.add_argument("--json", metavar="PATH", help="write every number, with provenance, here")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    layouts = {n.strip(): LAYOUTS.get(n.strip()) for n in args.layouts.split(",")}
+    parts = [p.strip() for p in args.parts.split(",")]
+    unknown = [n for n, g in layouts.items() if g is None] + [p for p in parts if p not in PARTS]
+    if unknown:
+        parser.error(f"unknown layout or part {unknown}; layouts: {list(LAYOUTS)}, parts: {list(PARTS)}")
+    if not torch.cuda.is_available():
+        parser.error("kernels profiles CUDA kernels: this machine has no CUDA device")
+    offered = [b for b in available_backends("cuda", torch.bfloat16) if b in GRAPH_SAFE and b != "sdpa_masked"]
+    backends = offered if args.backends is None else [b.strip() for b in args.backends.split(",")]
+    if not backends or any(b not in offered for b in backends):
+        parser.error(f"--backends must be among {offered} here")
+    if args.json:
+        check_writable(args.json)
+    config = vision_config("full")
+    model = build_model(config, "cuda", torch.bfloat16)
+    tflops, gbps = measure_matmul_tflops("cuda"), measure_copy_bandwidth("cuda")
+    result: dict[str, Any] = {
+        "benchmark": "glmvit.cli.kernels",
+        "provenance": collect(model.device, " ".join([sys.executable, "-m", "glmvit", "kernels", *argv])),
+        "floor": {"matmul_tflops": tflops, "copy_gbps": gbps},
+        "layouts": {n: g for n, g in layouts.items()},
+        "backends": backends,
+    }
+    valid = {n: g for n, g in layouts.items() if g is not None}
+    if "attention" in parts:
+        result["attention"] = {n: measure_attention(config, g, backends, tflops, gbps)
+                               for n, g in tqdm(valid.items(), desc="attention", disable=args.quiet)}
+    if "gemm" in parts:
+        rows = {n: sum(t * h * w for t, h, w in g) for n, g in valid.items()}
+        result["gemm"] = {n: measure_gemms(config, r, tflops, gbps)
+                          for n, r in tqdm(rows.items(), desc="gemm", disable=args.quiet)}
+    if "profile" in parts:
+        result["profile"] = profile_replays(model, valid, backends, args.quiet)
+    print_report(result)
+    if args.json:
+        write_json(args.json, result)
+    return 0

@@ -1,0 +1,80 @@
+"""How long a server start takes: compile + capture of a budget ladder, in fresh processes, cold and warm caches.
+
+Each start runs in a new Python process (nothing cached in memory). "cold": empty inductor and Triton cache
+directories; "warm": a second process on the caches the cold one left. Per start it records the total seconds and
+the runner's per-budget ``warmup_seconds`` (tracing and compiling happen there) and ``seconds``, for each
+``compile_dynamic`` setting asked for. CUDA only.
+
+    GLMVIT_GIT_COMMIT=$(git rev-parse HEAD) python tools/capture_time.py --json data/bench/capture_h200.json
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+DYNAMIC = {"auto": None, "on": True, "off": False}
+
+
+def child(budgets: list[int], dynamic: str, attn_backend: str | None) -> None:
+    import torch
+
+    from glmvit.config import VisionConfig
+    from glmvit.graphs import EncoderGraphRunner
+    from glmvit.model import GlmVisionEncoder
+    from glmvit.packing import BudgetConfig
+    from glmvit.random_weights import randomize_
+
+    start = time.perf_counter()
+    model = GlmVisionEncoder(VisionConfig.glm41v(), attn_backend=attn_backend).to("cuda", torch.bfloat16).eval()
+    randomize_(model, seed=0)
+    built = time.perf_counter() - start
+    runner = EncoderGraphRunner(model, BudgetConfig(tuple(budgets), 8, 16), torch_compile=True,
+                                compile_dynamic=DYNAMIC[dynamic])
+    start = time.perf_counter()
+    runner.capture()
+    print(json.dumps({"capture_s": time.perf_counter() - start, "model_s": built,
+                      "attn_backend": model.attention_backend(),
+                      "budgets": {str(k): v for k, v in runner.stats.capture.items()}}))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--budgets", default="64,128,256,512,768,1024", help="the ladder (default: six budgets)")
+    p.add_argument("--dynamic", default="auto,on", help="compile_dynamic settings: comma list of auto, on, off")
+    p.add_argument("--attn-backend", default=None)
+    p.add_argument("--json", required=True)
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    budgets = [int(b) for b in args.budgets.split(",")]
+    if args.child:
+        child(budgets, args.child, args.attn_backend)
+        return
+    from glmvit.provenance import collect
+
+    runs = {}
+    for dynamic in args.dynamic.split(","):
+        with tempfile.TemporaryDirectory() as cache:
+            env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"),
+                       TRITON_CACHE_DIR=os.path.join(cache, "triton"))
+            for start in ("cold", "warm"):
+                cmd = [sys.executable, __file__, "--child", dynamic, "--budgets", args.budgets, "--json", "-"]
+                if args.attn_backend:
+                    cmd += ["--attn-backend", args.attn_backend]
+                t0 = time.perf_counter()
+                out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+                record = json.loads(out.strip().splitlines()[-1])
+                record["process_s"] = time.perf_counter() - t0
+                runs[f"{dynamic}-{start}"] = record
+                print(f"compile_dynamic={dynamic:>4} {start}: capture {record['capture_s']:.1f} s "
+                      f"(process {record['process_s']:.1f} s)", flush=True)
+    result = {"benchmark": "tools/capture_time.py", "budgets": budgets, "runs": runs,
+              "provenance": collect("cuda", " ".join([sys.executable, *sys.argv]))}
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
