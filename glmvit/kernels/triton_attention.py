@@ -20,21 +20,32 @@ scale), accumulated in float32. Under ``TRITON_INTERPRET=1`` the same kernel run
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-BLOCK_M = 64  # query rows per program
-BLOCK_N = 64  # key rows per step of the inner loop
-NUM_WARPS = 4
+
+@dataclass(frozen=True)
+class AttnConfig:
+    """A launch configuration: BLOCK_M query rows per program, BLOCK_N keys per step of the inner loop."""
+
+    block_m: int = 64
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    rotate_k: bool = True  # False: skip the keys' rotation (timing experiments only: not a correct attention)
 
 
 @triton.jit
-def _rotate(x_ptr, rows, ok, cos_ptr, sin_ptr, ROW_STRIDE, HALF: tl.constexpr):
-    """Load rows × d of one head as two halves and rotate them in float32; returns both halves in x's dtype."""
+def _rotate(x_ptr, rows, ok, cos_ptr, sin_ptr, ROW_STRIDE, HALF: tl.constexpr, ROTATE: tl.constexpr = True):
+    """Load rows × d of one head as two halves and rotate them in float32; returns both halves in x's dtype.
+    ``ROTATE=False`` only loads (what the rotation costs, for tuning; not a correct attention)."""
     cols = tl.arange(0, HALF)
     ptr = x_ptr + rows.to(tl.int64)[:, None] * ROW_STRIDE + cols[None, :]
+    if not ROTATE:
+        return tl.load(ptr, mask=ok[:, None], other=0.0), tl.load(ptr + HALF, mask=ok[:, None], other=0.0)
     x1 = tl.load(ptr, mask=ok[:, None], other=0.0).to(tl.float32)
     x2 = tl.load(ptr + HALF, mask=ok[:, None], other=0.0).to(tl.float32)
     trig = rows.to(tl.int64)[:, None] * (2 * HALF) + cols[None, :]  # cos/sin are (rows, d) float32
@@ -49,6 +60,7 @@ def _rope_varlen_attention_kernel(
     qkv_ptr, cos_ptr, sin_ptr, segment_ids_ptr, cu_seqlens_ptr, out_ptr,
     last_slot, qk_scale,
     HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ROTATE_K: tl.constexpr = True,
 ):
     D: tl.constexpr = 2 * HALF
     ROW_STRIDE: tl.constexpr = 3 * HEADS * D  # qkv rows are [q heads | k heads | v heads]
@@ -75,7 +87,7 @@ def _rope_varlen_attention_kernel(
         for start in range(key_start, key_end, BLOCK_N):
             keys = start + tl.arange(0, BLOCK_N)
             key_ok = keys < key_end
-            k1, k2 = _rotate(k_ptr, keys, key_ok, cos_ptr, sin_ptr, ROW_STRIDE, HALF)
+            k1, k2 = _rotate(k_ptr, keys, key_ok, cos_ptr, sin_ptr, ROW_STRIDE, HALF, ROTATE_K)
             scores = tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))
             scores = tl.where(key_ok[None, :], scores * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(scores, 1))
@@ -92,7 +104,8 @@ def _rope_varlen_attention_kernel(
 
 
 def rope_varlen_attention_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segment_ids: torch.Tensor,
-                                 cu_seqlens: torch.Tensor, num_heads: int) -> torch.Tensor:
+                                 cu_seqlens: torch.Tensor, num_heads: int,
+                                 config: AttnConfig = AttnConfig()) -> torch.Tensor:
     """Attention output (rows, heads·d) from the packed qkv projection (rows, 3·heads·d); see the module docstring.
 
     cos, sin: (rows, d) float32 from ``rotary_cos_sin``; segment_ids, cu_seqlens: int32 from the metadata. Rows
@@ -103,10 +116,11 @@ def rope_varlen_attention_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torc
     out = torch.empty((rows, num_heads * head_dim), dtype=qkv.dtype, device=qkv.device)
     if rows == 0:
         return out
-    grid = (triton.cdiv(rows, BLOCK_M), num_heads)
+    grid = (triton.cdiv(rows, config.block_m), num_heads)
     _rope_varlen_attention_kernel[grid](
         qkv, cos, sin, segment_ids, cu_seqlens, out,
         cu_seqlens.shape[0] - 1, math.log2(math.e) / math.sqrt(head_dim),
-        HEADS=num_heads, HALF=head_dim // 2, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=NUM_WARPS,
+        HEADS=num_heads, HALF=head_dim // 2, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        ROTATE_K=config.rotate_k, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out

@@ -1,0 +1,100 @@
+"""Triton kernel: y = x · Wᵀ for skinny x (a few hundred rows), split along K so the GPU fills up.
+
+Why: a (256 × 1536) · (1536 × 1536)ᵀ matmul cut into 64 × 64 output tiles is 96 tiles for 132 multiprocessors,
+each walking all of K. Splitting K into S slices gives S times as many programs, each S times shorter.
+
+How (the "serial split-K" fix-up that CUTLASS also uses): program (tile, s) multiplies its K slice into a float32
+partial and stores it in a workspace; then it bumps the tile's counter (one atomic, release/acquire at GPU scope,
+after a barrier so every thread's stores are in). The program that finds the counter at S − 1 arrives last: it sums
+the S partials in slice order (deterministic), writes the output in x's dtype and puts the counter back to 0, so
+the next launch (the next graph replay) starts clean. One kernel, no memset, no second pass; the grid depends only
+on the shapes, so a CUDA graph captures it. Under ``TRITON_INTERPRET=1`` it runs on CPU tensors (fp32).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True)
+class SplitK:
+    """One launch configuration: output tile BLOCK_M × BLOCK_N, K step BLOCK_K, SPLIT slices of K."""
+
+    block_m: int = 64
+    block_n: int = 64
+    block_k: int = 64
+    split: int = 4
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@triton.jit
+def _splitk_kernel(x_ptr, w_ptr, y_ptr, partial_ptr, counter_ptr, M, N, K, k_per_split,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
+    tile = tl.program_id(0)
+    part = tl.program_id(1)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    rows = (tile // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = (tile % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    k_start = part * k_per_split
+    for k in range(k_start, tl.minimum(k_start + k_per_split, K), BLOCK_K):
+        kk = k + ks
+        x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + kk[None, :],
+                    mask=(rows[:, None] < M) & (kk[None, :] < K), other=0.0)
+        w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * K + kk[None, :],
+                    mask=(cols[:, None] < N) & (kk[None, :] < K), other=0.0)
+        acc = tl.dot(x, tl.trans(w), acc)
+    out_mask = (rows[:, None] < M) & (cols[None, :] < N)
+    out_offsets = rows.to(tl.int64)[:, None] * N + cols[None, :]
+    if SPLIT == 1:
+        tl.store(y_ptr + out_offsets, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        tile_elems = BLOCK_M * BLOCK_N
+        local = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        slot = partial_ptr + (tile.to(tl.int64) * SPLIT) * tile_elems + local
+        tl.store(slot + part * tile_elems, acc)
+        tl.debug_barrier()  # every thread's partial is stored before the one release below
+        arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT - 1:
+            total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for s in tl.static_range(SPLIT):  # fixed order: the same sum on every launch
+                total += tl.load(slot + s * tile_elems, cache_modifier=".cg")
+            tl.store(y_ptr + out_offsets, total.to(y_ptr.dtype.element_ty), mask=out_mask)
+            tl.atomic_xchg(counter_ptr + tile, 0, sem="relaxed", scope="gpu")
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """Per-tile arrival counters, zero between launches (the last program of a tile resets its own). One buffer per
+    device, grown when needed; launches on one device must not overlap (one stream), as in the runner."""
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < tiles:
+        buf = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[device] = buf
+    return buf
+
+
+def splitk_linear_triton(x: torch.Tensor, weight: torch.Tensor, config: SplitK) -> torch.Tensor:
+    """x (M, K) · weight (N, K)ᵀ → (M, N) in x's dtype, float32 accumulation; both contiguous."""
+    m, k = x.shape
+    n = weight.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+    k_per_split = triton.cdiv(triton.cdiv(k, config.split), config.block_k) * config.block_k
+    partial = torch.empty(tiles * config.split * config.block_m * config.block_n if config.split > 1 else 1,
+                          dtype=torch.float32, device=x.device)
+    _splitk_kernel[(tiles, config.split)](
+        x, weight, y, partial, _counters(x.device, tiles), m, n, k, k_per_split,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT=config.split,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return y
