@@ -16,7 +16,8 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -25,12 +26,13 @@ from tqdm.auto import tqdm
 from .attention import GRAPH_SAFE
 from .geometry import ItemSpec
 from .metadata import BatchShape, EncoderMetadata, build_metadata
-from .model import GlmVisionEncoder
+from .model import GlmVisionEncoder, StaticParts, run_block
 from .packing import BudgetConfig, plan_batches
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("cuda", "emulate")
+COMPILE_SCOPES = ("blocks", "model")
 LAYOUT_CACHE_SIZE = 1024  # distinct request layouts (grids) whose plans are kept
 
 
@@ -117,6 +119,7 @@ class EncoderGraphRunner:
         progress: bool = False,
         torch_compile: bool = False,
         compile_dynamic: bool | None = None,
+        compile_scope: str = "blocks",
     ):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -131,13 +134,23 @@ class EncoderGraphRunner:
         self.packer = packer
         self.check_pointers = check_pointers
         self.progress = progress
-        # torch.compile fuses the small elementwise kernels (norms, rotary, SwiGLU) before capture: faster replays,
-        # with bf16 rounding that differs from the uncompiled forward. compile_dynamic: None (torch's default)
-        # compiles the first budget for its shape and the second once with symbolic sizes that every later budget
-        # reuses; False compiles every budget for its own shape; True compiles once, symbolically, from the start.
+        # torch.compile fuses the small elementwise kernels (norms, SwiGLU, residual adds) before capture: faster
+        # replays, with bf16 rounding that differs from the uncompiled forward. compile_scope "blocks" compiles the
+        # three stages apart (embed, one block that all 24 share, head): tracing and compiling are ~1/24 of the
+        # whole model's, for one more kernel per block (a block's last add and the next block's norm are no longer
+        # fused). "model" compiles forward_static whole. compile_dynamic: None (torch's default) compiles the first
+        # budget for its shape and the second once with symbolic sizes that every later budget reuses; False
+        # compiles every budget for its own shape; True compiles once, symbolically, from the start.
+        if compile_scope not in COMPILE_SCOPES:
+            raise ValueError(f"compile_scope must be one of {COMPILE_SCOPES}, got {compile_scope!r}")
         self.compiled = torch_compile
-        self.forward_static = torch.compile(model.forward_static, dynamic=compile_dynamic) if torch_compile \
-            else model.forward_static
+        self.forward_static: Callable[[torch.Tensor, EncoderMetadata], torch.Tensor] = model.forward_static
+        if torch_compile and compile_scope == "model":
+            self.forward_static = torch.compile(model.forward_static, dynamic=compile_dynamic)
+        elif torch_compile:
+            compile_ = partial(torch.compile, dynamic=compile_dynamic)
+            parts: StaticParts = (compile_(model.embed), compile_(run_block), compile_(model.head))
+            self.forward_static = partial(model.forward_static, parts=parts)
         self.graphs: dict[int, BudgetGraph] = {}
         self.pool: Any = None  # the shared memory pool handle, from the first capture on
         self.stats = RunnerStats()

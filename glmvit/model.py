@@ -13,7 +13,7 @@ out_hidden_size) → RMSNorm → 2×2 downsample conv → merger (Linear → Lay
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -112,6 +112,15 @@ class Block(nn.Module):
     def forward(self, x, cos, sin, meta: EncoderMetadata, backend: str) -> torch.Tensor:
         x = x + self.attn(self.norm1(x), cos, sin, meta, backend)
         return x + self.mlp(self.norm2(x))
+
+
+def run_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: EncoderMetadata,
+              backend: str) -> torch.Tensor:
+    """One block as a plain function of its module: what ``torch.compile`` compiles once for all blocks."""
+    return block(x, cos, sin, meta, backend)
+
+
+StaticParts = tuple[Callable[..., Any], Callable[..., torch.Tensor], Callable[..., torch.Tensor]]
 
 
 class PatchMerger(nn.Module):
@@ -228,16 +237,28 @@ class GlmVisionEncoder(nn.Module):
         meta = build_metadata(grids, self.config.spatial_merge_size).to(self.device)
         return self.forward_static(pixel_values, meta)
 
-    def forward_static(self, pixels: torch.Tensor, meta: EncoderMetadata) -> torch.Tensor:
+    def forward_static(self, pixels: torch.Tensor, meta: EncoderMetadata,
+                       parts: "StaticParts | None" = None) -> torch.Tensor:
         """Encode a padded batch of ``meta.shape.rows`` rows; padded output tokens are zero.
 
         No host syncs with a graph-safe backend. Padded rows lie outside every attention segment and every other op
         is row-local (the downsample merges aligned m²-row blocks), so nothing in a padded row reaches a real one.
+        ``parts`` replaces the three stages (``embed``, every block, ``head``), e.g. by compiled versions of them:
+        the blocks are 24 copies of one computation, so one compiled block serves them all.
         """
         cfg = self.config
         if pixels.shape != (meta.shape.rows, cfg.patch_dim):
             raise ValueError(f"pixels must be {(meta.shape.rows, cfg.patch_dim)}, got {tuple(pixels.shape)}")
         backend = self.attention_backend()
+        embed, run, head = parts or (self.embed, run_block, self.head)
+        x, cos, sin = embed(pixels, meta)
+        for block in self.blocks:
+            x = run(block, x, cos, sin, meta, backend)
+        return head(x, meta)
+
+    def embed(self, pixels: torch.Tensor, meta: EncoderMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Patch rows → hidden states (patch matmul, RMSNorm, + interpolated position table), and the rotary cos/sin."""
+        cfg = self.config
         valid_rows = meta.token_valid[:, None].expand(-1, cfg.merge_area).reshape(-1, 1) != 0
         pixels = torch.where(valid_rows, pixels.to(self.dtype), 0)  # whatever sits in padded rows stays there
         conv = self.patch_embed.proj
@@ -246,8 +267,11 @@ class GlmVisionEncoder(nn.Module):
         cos, sin = rotary_cos_sin(meta.h_idx, meta.w_idx, self.rotary_pos_emb.inv_freq)
         table = self.embeddings.position_embedding.weight
         x = x + interpolate_pos_embed(table, meta.h_idx, meta.w_idx, meta.target_h, meta.target_w, check_values=False)
-        for block in self.blocks:
-            x = block(x, cos, sin, meta, backend)
+        return x, cos, sin
+
+    def head(self, x: torch.Tensor, meta: EncoderMetadata) -> torch.Tensor:
+        """Hidden states → output tokens: RMSNorm, 2×2 downsample (a matmul over merged rows), merger; padding → 0."""
+        cfg = self.config
         x = self.post_layernorm(x)
         x = x.view(-1, cfg.merge_area, cfg.hidden_size).transpose(1, 2).reshape(-1, cfg.merge_area * cfg.hidden_size)
         x = F.linear(x, self.downsample.weight.view(cfg.out_hidden_size, -1), self.downsample.bias)

@@ -3,11 +3,12 @@
 Each start runs in a new Python process (nothing cached in memory). "cold": empty inductor and Triton cache
 directories; "warm": a second process on the caches the cold one left. Per start it records the total seconds and
 the runner's per-budget ``warmup_seconds`` (tracing and compiling happen there) and ``seconds``, for each
-``compile_dynamic`` setting asked for. CUDA only.
+``compile_scope`` × ``compile_dynamic`` setting asked for. CUDA only.
 
     GLMVIT_GIT_COMMIT=$(git rev-parse HEAD) python tools/capture_time.py --json data/bench/capture_h200.json
 """
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -18,7 +19,7 @@ import time
 DYNAMIC = {"auto": None, "on": True, "off": False}
 
 
-def child(budgets: list[int], dynamic: str, attn_backend: str | None) -> None:
+def child(budgets: list[int], dynamic: str, scope: str, attn_backend: str | None) -> None:
     import torch
 
     from glmvit.config import VisionConfig
@@ -32,7 +33,7 @@ def child(budgets: list[int], dynamic: str, attn_backend: str | None) -> None:
     randomize_(model, seed=0)
     built = time.perf_counter() - start
     runner = EncoderGraphRunner(model, BudgetConfig(tuple(budgets), 8, 16), torch_compile=True,
-                                compile_dynamic=DYNAMIC[dynamic])
+                                compile_dynamic=DYNAMIC[dynamic], compile_scope=scope)
     start = time.perf_counter()
     runner.capture()
     print(json.dumps({"capture_s": time.perf_counter() - start, "model_s": built,
@@ -43,32 +44,35 @@ def child(budgets: list[int], dynamic: str, attn_backend: str | None) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--budgets", default="64,128,256,512,768,1024", help="the ladder (default: six budgets)")
-    p.add_argument("--dynamic", default="auto,on", help="compile_dynamic settings: comma list of auto, on, off")
+    p.add_argument("--dynamic", default="auto", help="compile_dynamic settings: comma list of auto, on, off")
+    p.add_argument("--scopes", default="blocks,model", help="compile_scope settings: comma list of blocks, model")
+    p.add_argument("--scope", default="blocks", help=argparse.SUPPRESS)
     p.add_argument("--attn-backend", default=None)
     p.add_argument("--json", required=True)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     budgets = [int(b) for b in args.budgets.split(",")]
     if args.child:
-        child(budgets, args.child, args.attn_backend)
+        child(budgets, args.child, args.scope, args.attn_backend)
         return
     from glmvit.provenance import collect
 
     runs = {}
-    for dynamic in args.dynamic.split(","):
+    for scope, dynamic in itertools.product(args.scopes.split(","), args.dynamic.split(",")):
         with tempfile.TemporaryDirectory() as cache:
             env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"),
                        TRITON_CACHE_DIR=os.path.join(cache, "triton"))
             for start in ("cold", "warm"):
-                cmd = [sys.executable, __file__, "--child", dynamic, "--budgets", args.budgets, "--json", "-"]
+                cmd = [sys.executable, __file__, "--child", dynamic, "--scope", scope, "--budgets", args.budgets,
+                       "--json", "-"]
                 if args.attn_backend:
                     cmd += ["--attn-backend", args.attn_backend]
                 t0 = time.perf_counter()
                 out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
                 record = json.loads(out.strip().splitlines()[-1])
                 record["process_s"] = time.perf_counter() - t0
-                runs[f"{dynamic}-{start}"] = record
-                print(f"compile_dynamic={dynamic:>4} {start}: capture {record['capture_s']:.1f} s "
+                runs[f"{scope}-{dynamic}-{start}"] = record
+                print(f"compile_scope={scope} compile_dynamic={dynamic} {start}: capture {record['capture_s']:.1f} s "
                       f"(process {record['process_s']:.1f} s)", flush=True)
     result = {"benchmark": "tools/capture_time.py", "budgets": budgets, "runs": runs,
               "provenance": collect("cuda", " ".join([sys.executable, *sys.argv]))}

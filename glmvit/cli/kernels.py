@@ -112,22 +112,24 @@ def profile_replays(model, layouts: dict[str, list], backends: list[str], quiet:
     inputs = {name: random_batch(g, model.config, seed=1) for name, g in layouts.items()}
     out: dict[str, Any] = {}
     saved = model.attn_backend
-    for backend in backends:
-        for compiled in (False, True):
-            model.attn_backend = backend
-            key = f"{backend}{'-compiled' if compiled else ''}"
-            runner = EncoderGraphRunner(model, config, torch_compile=compiled, progress=not quiet).capture()
-            out[key] = {"capture": {str(k): v for k, v in runner.stats.capture.items()}}
-            for name, (pixels, grid) in inputs.items():
-                pixels = pixels.to("cuda", model.dtype)
-                budget = tokens[name]
-                replay = partial(runner.replay, budget, pixels, grid)
-                with torch.inference_mode():
-                    prof = profile_kernels(replay)
-                    wall = summarise(time_calls(replay, "cuda", runs=50, warmup=5))
-                out[key][name] = {**prof, "replay_wall": wall}
-            del runner
-            torch.cuda.empty_cache()
+    variants = [(b, compiled, "blocks") for b in backends for compiled in (False, True)]
+    variants.append((backends[0], True, "model"))  # the whole forward compiled as one: what regions cost
+    for backend, compiled, scope in variants:
+        model.attn_backend = backend
+        key = f"{backend}{'-compiled' if compiled else ''}{'-model' if scope == 'model' else ''}"
+        runner = EncoderGraphRunner(model, config, torch_compile=compiled, compile_scope=scope,
+                                    progress=not quiet).capture()
+        out[key] = {"capture": {str(k): v for k, v in runner.stats.capture.items()}}
+        for name, (pixels, grid) in inputs.items():
+            pixels = pixels.to("cuda", model.dtype)
+            budget = tokens[name]
+            replay = partial(runner.replay, budget, pixels, grid)
+            with torch.inference_mode():
+                prof = profile_kernels(replay)
+                wall = summarise(time_calls(replay, "cuda", runs=50, warmup=5))
+            out[key][name] = {**prof, "replay_wall": wall}
+        del runner
+        torch.cuda.empty_cache()
     model.attn_backend = saved
     return out
 

@@ -38,6 +38,19 @@ class AttnConfig:
     rotate_k: bool = True  # False: skip the keys' rotation (timing experiments only: not a correct attention)
 
 
+# Launch configurations by the batch's static row count, from the sweep on the H200 recorded in
+# data/bench/tune_h200.json (tools/tune_kernels.py): up to 1024 rows (budgets ≤ 256 tokens) 64-row blocks with 4 warps
+# give the most programs; above, 128-row blocks halve how often each key block is loaded and rotated. A single
+# software-pipelining stage won on every layout (the loop's loads feed the rotation, not the dot directly).
+# tests/test_kernel_tables.py checks each choice against the recorded sweep.
+CONFIGS = ((1024, AttnConfig(64, 64, 4, 1)), (None, AttnConfig(128, 64, 4, 1)))
+
+
+def config_for(rows: int) -> AttnConfig:
+    """The launch configuration for a batch of ``rows`` packed rows (``CONFIGS``)."""
+    return next(config for limit, config in CONFIGS if limit is None or rows <= limit)
+
+
 @triton.jit
 def _rotate(x_ptr, rows, ok, cos_ptr, sin_ptr, ROW_STRIDE, HALF: tl.constexpr, ROTATE: tl.constexpr = True):
     """Load rows × d of one head as two halves and rotate them in float32; returns both halves in x's dtype.
@@ -105,17 +118,18 @@ def _rope_varlen_attention_kernel(
 
 def rope_varlen_attention_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segment_ids: torch.Tensor,
                                  cu_seqlens: torch.Tensor, num_heads: int,
-                                 config: AttnConfig = AttnConfig()) -> torch.Tensor:
+                                 config: AttnConfig | None = None) -> torch.Tensor:
     """Attention output (rows, heads·d) from the packed qkv projection (rows, 3·heads·d); see the module docstring.
 
     cos, sin: (rows, d) float32 from ``rotary_cos_sin``; segment_ids, cu_seqlens: int32 from the metadata. Rows
-    outside every segment are left uninitialised.
+    outside every segment are left uninitialised. ``config=None``: :func:`config_for` the row count.
     """
     rows, width = qkv.shape
     head_dim = width // (3 * num_heads)
     out = torch.empty((rows, num_heads * head_dim), dtype=qkv.dtype, device=qkv.device)
     if rows == 0:
         return out
+    config = config or config_for(rows)
     grid = (triton.cdiv(rows, config.block_m), num_heads)
     _rope_varlen_attention_kernel[grid](
         qkv, cos, sin, segment_ids, cu_seqlens, out,
