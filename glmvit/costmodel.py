@@ -17,6 +17,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from .config import VisionConfig
+from .metadata import BatchShape
 from .packing import (
     BudgetConfig,
     Plan,
@@ -59,15 +60,15 @@ def graph_memory(config: BudgetConfig, vision_config: VisionConfig, dtype: str =
     """Memory estimate per budget, for a ``glmvit.VisionConfig``.
 
     rows = budget · merge_area patch rows. Static buffers (exact): pixels rows × patch_dim (dtype), the int32
-    metadata buffer of ``glmvit.metadata`` (max_segments + 2 + 5·rows + rows / merge_area) and the output budget ×
-    out_hidden (dtype). Pool: ``POOL_FIXED_BYTES`` + rows · hidden · ``POOL_BYTES_PER_ROW_HIDDEN`` (scaled by the
-    dtype's size), the measured model above.
+    metadata buffer of ``glmvit.metadata`` (``BatchShape.packed_size``: ≈ max_segments + 5·rows + rows / merge_area)
+    and the output budget × out_hidden (dtype). Pool: ``POOL_FIXED_BYTES`` + rows · hidden ·
+    ``POOL_BYTES_PER_ROW_HIDDEN`` (scaled by the dtype's size), the measured model above.
     """
     size, vc = _dtype_bytes(dtype), vision_config
     result = []
     for budget in config.token_budgets:
         rows = budget * vc.merge_area
-        metadata = config.max_segments + 2 + 5 * rows + rows // vc.merge_area
+        metadata = BatchShape(rows, config.max_segments, rows).packed_size(vc.merge_area)
         static = (rows * vc.patch_dim + budget * vc.out_hidden_size) * size + 4 * metadata
         per_row = vc.hidden_size * POOL_BYTES_PER_ROW_HIDDEN[compiled] * size / 2
         pool = POOL_FIXED_BYTES[compiled] + round(rows * per_row)

@@ -3,8 +3,12 @@
 The static forward reads only these tensors, so a CUDA graph captured on one batch replays any other batch
 that fits the same :class:`BatchShape`. Layout of the single int32 buffer (``packed``)::
 
-    cu_seqlens [segments + 2] | h_idx [rows] | w_idx [rows] | target_h [rows] | target_w [rows]
+    cu_seqlens [cu_slots] | h_idx [rows] | w_idx [rows] | target_h [rows] | target_w [rows]
     | segment_ids [rows] | token_valid [rows / m²]
+
+``cu_slots`` is segments + 2 rounded up to a multiple of 4, so every section starts on a 16-byte boundary
+(rows is a multiple of m² = 4): ``torch.compile`` copies a misaligned input on every call, and these views are
+inputs of each compiled block.
 
 The real rows come first, one attention segment per temporal patch; ``cu_seqlens`` then repeats ``num_rows`` in
 every unused slot (zero-length segments), so the padded rows ``[num_rows, rows)`` lie outside every segment and
@@ -12,7 +16,7 @@ cost the varlen kernels no attention work at all (``attention_work``). Whatever 
 stays there: every other op is row-local, and the 2×2 downsample merges aligned blocks of m² rows, which never mix
 real and padded rows because every frame has a multiple of m² rows. In ``segment_ids`` each padded row has an id of
 its own (``n + i`` after the n real segments), so the masked backend lets it attend only to itself: linear work.
-``cu_seqlens`` keeps one slot more than ``segments`` (always empty), so the layout's size is unchanged.
+``cu_seqlens`` keeps at least one slot more than ``segments`` (always empty), so the layout's size is unchanged.
 """
 from __future__ import annotations
 
@@ -33,8 +37,13 @@ class BatchShape:
     segments: int
     max_seqlen: int
 
+    @property
+    def cu_slots(self) -> int:
+        """Length of ``cu_seqlens``: segments + 2, rounded up to a multiple of 4 (16-byte aligned sections)."""
+        return -(-(self.segments + 2) // 4) * 4
+
     def packed_size(self, merge_area: int) -> int:
-        return self.segments + 2 + 5 * self.rows + self.rows // merge_area
+        return self.cu_slots + 5 * self.rows + self.rows // merge_area
 
 
 def as_grid_array(grid_thw) -> np.ndarray:
@@ -103,7 +112,7 @@ class HostMetadata:
 
     @property
     def cu_seqlens(self) -> np.ndarray:
-        return self.packed[: self.shape.segments + 2]
+        return self.packed[: self.shape.cu_slots]
 
     def to(self, device: torch.device | str = "cpu") -> "EncoderMetadata":
         host = torch.from_numpy(self.packed)
@@ -132,9 +141,9 @@ class EncoderMetadata:
 
     @classmethod
     def from_packed(cls, packed: torch.Tensor, host: HostMetadata) -> "EncoderMetadata":
-        s, r = host.shape.segments, host.shape.rows
+        r = host.shape.rows
         views, start = [], 0
-        for size in (s + 2, r, r, r, r, r, r // host.merge_area):
+        for size in (host.shape.cu_slots, r, r, r, r, r, r // host.merge_area):
             views.append(packed[start : start + size])
             start += size
         cu_seqlens, h_idx, w_idx, target_h, target_w, segment_ids, token_valid = views
@@ -170,11 +179,11 @@ def build_metadata(
         raise ValueError(f"a segment of {frame_rows.max()} rows exceeds max_seqlen {shape.max_seqlen}")
 
     packed = np.zeros(shape.packed_size(merge_area), dtype=np.int32)
-    s, r = shape.segments, shape.rows
-    cu = packed[: s + 2]
+    r = shape.rows
+    base = shape.cu_slots
+    cu = packed[:base]
     cu[1 : len(frame_rows) + 1] = np.cumsum(frame_rows)
     cu[len(frame_rows) + 1 :] = num_rows  # unused slots are empty: the padding lies outside every segment
-    base = s + 2
     coords = packed[base : base + 4 * r].reshape(4, r)
     coords[2:, num_rows:] = 1  # padded rows sample a valid 1×1 target
     offset = 0

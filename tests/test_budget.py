@@ -558,7 +558,9 @@ def test_graph_memory_estimate_matches_every_recorded_pool_within_15_percent(pat
         measured = sum(c["graph_bytes"] for c in capture.values())
         assert estimate == pytest.approx(measured, rel=0.15), f"{mode}: {estimate >> 20} vs {measured >> 20} MiB"
         static = sum(m.static_bytes for m in graph_memory(config, VisionConfig.glm41v()))
-        assert static == sum(c["buffer_bytes"] for c in capture.values())  # the static buffers are exact
+        # The static buffers are exact; runs recorded before the metadata sections were 16-byte aligned hold up to
+        # 3 int32 less per budget (cu_seqlens had segments + 2 slots, not that rounded up to a multiple of 4).
+        assert 0 <= static - sum(c["buffer_bytes"] for c in capture.values()) <= 12 * len(capture)
 
 
 def test_recommend_never_proposes_budgets_slower_than_eager():

@@ -1,5 +1,6 @@
 """The padded metadata layout: padding lies outside every attention segment, so it costs no attention work."""
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,9 +24,9 @@ def padded_layouts(draw):
 
 def views(meta):
     """(cu_seqlens, segment_ids, token_valid) of a host metadata, as numpy arrays."""
-    s, r = meta.shape.segments, meta.shape.rows
-    base = s + 2 + 4 * r
-    return meta.packed[: s + 2], meta.packed[base : base + r], meta.packed[base + r :]
+    c, r = meta.shape.cu_slots, meta.shape.rows
+    base = c + 4 * r
+    return meta.packed[:c], meta.packed[base : base + r], meta.packed[base + r :]
 
 
 @settings(max_examples=300, deadline=None)
@@ -71,5 +72,14 @@ def test_masked_backend_work_is_linear_in_the_padding(layout):
 
 def test_attention_work_by_hand():
     meta = build_metadata([[1, 4, 6], [2, 2, 2]], MERGE, BatchShape(rows=64, segments=5, max_seqlen=64))
-    assert meta.cu_seqlens.tolist() == [0, 24, 28, 32, 32, 32, 32]
+    assert meta.cu_seqlens.tolist() == [0, 24, 28, 32, 32, 32, 32, 32]
     assert attention_work(meta) == 24**2 + 4**2 + 4**2
+
+
+@pytest.mark.parametrize("segments", [1, 2, 3, 4, 5, 6, 7, 8, 31])
+def test_every_section_starts_16_byte_aligned(segments):
+    """torch.compile copies a misaligned input on every call: each view of the packed buffer must be aligned."""
+    meta = build_metadata([[1, 2, 2]], 2, BatchShape(64, segments, 64)).to("cpu")
+    for view in (meta.cu_seqlens, meta.h_idx, meta.w_idx, meta.target_h, meta.target_w, meta.segment_ids,
+                 meta.token_valid):
+        assert (view.data_ptr() - meta.packed.data_ptr()) % 16 == 0

@@ -72,9 +72,9 @@ def test_attention_ignores_padding_rows(tiny_model, tiny_config):
 def test_padding_lies_outside_every_segment(tiny_config):
     grid = np.array([[1, 4, 6], [2, 2, 2]])
     meta = build_metadata(grid, 2, BatchShape(rows=64, segments=5, max_seqlen=64))
-    cu = meta.packed[:7]
-    assert cu.tolist() == [0, 24, 28, 32, 32, 32, 32]  # 3 real segments, then empty slots: rows 32..63 in none
-    seg = meta.packed[7 + 4 * 64 : 7 + 5 * 64]
+    cu = meta.cu_seqlens
+    assert cu.tolist() == [0, 24, 28, 32, 32, 32, 32, 32]  # 3 real segments, then empty slots: rows 32..63 in none
+    seg = meta.packed[8 + 4 * 64 : 8 + 5 * 64]  # cu_seqlens takes 5 + 2 slots rounded up to 8
     assert seg[:32].max() == 2 and seg[32:].tolist() == list(range(3, 35))  # each padded row a block of its own
 
 

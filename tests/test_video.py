@@ -170,9 +170,10 @@ def test_frame_capacity_sizing_is_reported_and_bounded(encoder, max_segments):
         segments = min(max_segments, budget)
         assert info["segments"] == segments and info["rows"] == rows
         packed = BatchShape(rows, segments, rows).packed_size(cfg.merge_area)
-        assert packed == segments + 2 + 5 * rows + rows // cfg.merge_area
+        cu_slots = -(-(segments + 2) // 4) * 4  # segments + 2, rounded up to 16-byte aligned sections
+        assert packed == cu_slots + 5 * rows + rows // cfg.merge_area
         expected = (rows * cfg.patch_dim + budget * cfg.out_hidden_size) * 4 + packed * 4  # fp32 + int32
         assert info["buffer_bytes"] == expected
         static = (rows * cfg.patch_dim + budget * cfg.out_hidden_size) * 4
-        assert info["buffer_bytes"] <= static + (budget + 2 + 6 * rows) * 4
-        assert runner.graphs[budget].meta.cu_seqlens.numel() == segments + 2
+        assert info["buffer_bytes"] <= static + (budget + 5 + 6 * rows) * 4
+        assert runner.graphs[budget].meta.cu_seqlens.numel() == cu_slots
