@@ -38,13 +38,14 @@ def _has_varlen() -> bool:
 HALF = (torch.float16, torch.bfloat16)
 
 
-def available_backends(device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> list[str]:
-    """Backends that can run on ``device`` for ``dtype`` here, the default first.
+def available_backends(device: torch.device | str, dtype: torch.dtype = torch.bfloat16,
+                       head_dim: int | None = None) -> list[str]:
+    """Backends that can run on ``device`` for ``dtype`` (and ``head_dim``, when given) here, the default first.
 
     CUDA: the varlen kernels (fp16/bf16 only), then ``sdpa_masked`` (graph-safe in any dtype). Elsewhere there is
     no graph to capture, so the per-segment loop comes first.
     """
-    triton_ok = triton_attention_runs(device, dtype)
+    triton_ok = triton_attention_runs(device, dtype, head_dim)
     if torch.device(device).type != "cuda":
         return ["segments", "sdpa_masked"] + (["triton"] if triton_ok else [])
     names = ["sdpa_masked", "segments"]
@@ -58,26 +59,32 @@ def available_backends(device: torch.device | str, dtype: torch.dtype = torch.bf
     return names
 
 
-def triton_attention_runs(device: torch.device | str, dtype: torch.dtype) -> bool:
-    """Whether the Triton kernel runs here: on CUDA in fp16/bf16, on the CPU in fp32 under the interpreter."""
+TRITON_HEAD_DIMS = (32, 64, 128, 256)  # on a GPU: half a head is one tl.dot operand, ≥ 16 wide and a power of two
+
+
+def triton_attention_runs(device: torch.device | str, dtype: torch.dtype, head_dim: int | None = None) -> bool:
+    """Whether the Triton kernel runs here: on CUDA in fp16/bf16 with a head_dim of ``TRITON_HEAD_DIMS`` (None: not
+    checked), on the CPU in fp32 under the interpreter."""
     from .kernels import interpreting, triton_available
 
     if not triton_available():
         return False
     if torch.device(device).type == "cuda":
-        return dtype in HALF and not interpreting()
+        return dtype in HALF and not interpreting() and (head_dim is None or head_dim in TRITON_HEAD_DIMS)
     return torch.device(device).type == "cpu" and dtype == torch.float32 and interpreting()
 
 
-def default_backend(device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> str:
-    return available_backends(device, dtype)[0]
+def default_backend(device: torch.device | str, dtype: torch.dtype = torch.bfloat16,
+                    head_dim: int | None = None) -> str:
+    return available_backends(device, dtype, head_dim)[0]
 
 
-def check_backend(name: str, device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> str:
+def check_backend(name: str, device: torch.device | str, dtype: torch.dtype = torch.bfloat16,
+                  head_dim: int | None = None) -> str:
     """Return ``name`` if it can run on ``device`` for ``dtype``; otherwise raise a ValueError saying what can."""
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {BACKENDS}")
-    ok = available_backends(device, dtype)
+    ok = available_backends(device, dtype, head_dim)
     if name not in ok:
         raise ValueError(
             f"attention backend {name!r} is not available on {torch.device(device)} for {dtype}; available: {ok}"

@@ -198,8 +198,8 @@ class GlmVisionEncoder(nn.Module):
     def attention_backend(self) -> str:
         """The attention backend in use: the one set (checked against the device) or the device's default."""
         if self.attn_backend is None:
-            return default_backend(self.device, self.dtype)
-        return check_backend(self.attn_backend, self.device, self.dtype)
+            return default_backend(self.device, self.dtype, self.config.head_dim)
+        return check_backend(self.attn_backend, self.device, self.dtype, self.config.head_dim)
 
     def check_inputs(self, pixel_values: torch.Tensor, grid_thw, check_finite: bool = True):
         """Validate a batch; returns the grids as an [n, 3] int64 numpy array.

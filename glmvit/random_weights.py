@@ -13,10 +13,15 @@ Module = TypeVar("Module", bound=torch.nn.Module)
 def randomize_(model: Module, seed: int = 0) -> Module:
     """Overwrite every parameter in place: norm weights 1 + 0.5·N, biases 0.1·N, 1-D parameters and the position
     table N, matrices N / sqrt(fan-in). Drawn in float32 on each parameter's device from one seeded generator per
-    device, in sorted name order (on CPU the values do not depend on the model's dtype)."""
+    device, in sorted state-dict key order (on CPU the values do not depend on the model's dtype). The keys, not the
+    parameters: glmvit stores gate and up as one fused parameter whose state-dict entries are transformers' two keys
+    (views of it), so both models draw the same values for the same names."""
     generators: dict[torch.device, torch.Generator] = {}
+    buffers = {name for name, _ in model.named_buffers()}
     with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
+        for name, p in sorted(model.state_dict().items()):
+            if name in buffers:
+                continue
             gen = generators.setdefault(p.device, torch.Generator(device=p.device).manual_seed(seed))
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float32, device=p.device)
             if "norm" in name and name.endswith("weight"):

@@ -171,3 +171,15 @@ def test_gpu_bf16_within_rounding_of_float32_reference(layout):
     assert (got[:n].float() - ref.reshape(-1, heads * head_dim)[:n]).abs().max().item() <= band
     library = attend(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v, meta, "varlen")
     assert (library[:n].float() - ref[:n]).abs().max().item() <= band
+
+
+def test_gpu_backend_needs_a_head_dim_the_kernel_can_split():
+    """On a GPU half a head is one tl.dot operand: the tiny config's head_dim 16 falls back to the library kernels."""
+    from glmvit.attention import triton_attention_runs
+    from glmvit.kernels import interpreting, triton_available
+
+    if not triton_available() or interpreting():
+        pytest.skip("needs triton, and this process must not run the interpreter")
+    assert triton_attention_runs("cuda", torch.bfloat16, 128) and triton_attention_runs("cuda", torch.bfloat16, None)
+    assert not triton_attention_runs("cuda", torch.bfloat16, 16)
+    assert not triton_attention_runs("cuda", torch.float32, 128)
