@@ -47,31 +47,37 @@ def _dtype_bytes(dtype: str) -> int:
 
 
 # The graph pool per patch row and hidden unit, for 2-byte dtypes, and the pool's fixed part: fitted to the pool
-# growth of every recorded H200 capture (data/bench/*_h200.json, 256 to 24,576 rows; tests/test_budget.py checks
-# each within 15%). An eager forward's peak holds about 30 bytes per row·hidden (the rotary step keeps q/k in fp32
-# beside the bf16 qkv); a capture keeps more, as blocks freed inside it are not all reused. The fixed part is the
-# capture stream's own cuBLAS workspace. torch.compile fuses the fp32 temporaries away.
-POOL_BYTES_PER_ROW_HIDDEN = {False: 44.2, True: 26.9}  # keyed by "compiled"
-POOL_FIXED_BYTES = {False: 46_000_000, True: 25_000_000}
+# growth of the recorded H200 captures (data/bench/*_h200.json, 256 to 24,576 rows; tests/test_budget.py checks
+# each within 15%), keyed by (compiled, attention). "library": the varlen/flash kernels after the unfused rotary,
+# whose step keeps q and k in fp32 beside the bf16 qkv (an eager forward's peak holds about 30 bytes per row·hidden;
+# a capture keeps more, as blocks freed inside it are not all reused). "triton": glmvit's kernel rotates in
+# registers, so those temporaries never exist. The fixed part is the capture stream's own cuBLAS workspace.
+# torch.compile fuses the fp32 temporaries of the norms away.
+POOL_BYTES_PER_ROW_HIDDEN = {(False, "library"): 44.2, (True, "library"): 26.9,
+                             (False, "triton"): 41.6, (True, "triton"): 23.6}
+POOL_FIXED_BYTES = {(False, "library"): 46_000_000, (True, "library"): 25_000_000,
+                    (False, "triton"): 42_800_000, (True, "triton"): 16_000_000}
 
 
 def graph_memory(config: BudgetConfig, vision_config: VisionConfig, dtype: str = "bfloat16",
-                 compiled: bool = False) -> list[GraphMemory]:
+                 compiled: bool = False, attention: str = "triton") -> list[GraphMemory]:
     """Memory estimate per budget, for a ``glmvit.VisionConfig``.
 
     rows = budget · merge_area patch rows. Static buffers (exact): pixels rows × patch_dim (dtype), the int32
     metadata buffer of ``glmvit.metadata`` (``BatchShape.packed_size``: ≈ max_segments + 5·rows + rows / merge_area)
     and the output budget × out_hidden (dtype). Pool: ``POOL_FIXED_BYTES`` + rows · hidden ·
-    ``POOL_BYTES_PER_ROW_HIDDEN`` (scaled by the dtype's size), the measured model above.
+    ``POOL_BYTES_PER_ROW_HIDDEN`` (scaled by the dtype's size), the measured model above. ``attention``: "triton"
+    (glmvit's kernel, the CUDA default) or any library backend ("varlen", "flash_attn", …).
     """
+    key = (compiled, "triton" if attention == "triton" else "library")
     size, vc = _dtype_bytes(dtype), vision_config
     result = []
     for budget in config.token_budgets:
         rows = budget * vc.merge_area
         metadata = BatchShape(rows, config.max_segments, rows).packed_size(vc.merge_area)
         static = (rows * vc.patch_dim + budget * vc.out_hidden_size) * size + 4 * metadata
-        per_row = vc.hidden_size * POOL_BYTES_PER_ROW_HIDDEN[compiled] * size / 2
-        pool = POOL_FIXED_BYTES[compiled] + round(rows * per_row)
+        per_row = vc.hidden_size * POOL_BYTES_PER_ROW_HIDDEN[key] * size / 2
+        pool = POOL_FIXED_BYTES[key] + round(rows * per_row)
         result.append(GraphMemory(budget, static, pool))
     return result
 

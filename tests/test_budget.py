@@ -552,9 +552,11 @@ def test_graph_memory_estimate_matches_every_recorded_pool_within_15_percent(pat
         captures = {"graph-compiled" if run["provenance"].get("compiled") else "graph": run["capture"]}
     if not captures:
         pytest.skip("no graphs in this run")
+    attention = run.get("settings", {}).get("attn_backend") or run.get("attn_backend")
     for mode, capture in captures.items():
         config = BudgetConfig(tuple(sorted(int(b) for b in capture)), 1, max(c["segments"] for c in capture.values()))
-        estimate = max(m.pool_bytes for m in graph_memory(config, VisionConfig.glm41v(), compiled=mode != "graph"))
+        estimate = max(m.pool_bytes for m in graph_memory(config, VisionConfig.glm41v(), compiled=mode != "graph",
+                                                          attention=attention))
         measured = sum(c["graph_bytes"] for c in capture.values())
         assert estimate == pytest.approx(measured, rel=0.15), f"{mode}: {estimate >> 20} vs {measured >> 20} MiB"
         static = sum(m.static_bytes for m in graph_memory(config, VisionConfig.glm41v()))

@@ -248,6 +248,9 @@ BAD_INVOCATIONS = [
     (["latency", "--seed", "-1"], "argument --seed: -1 is not in"),
     (["latency", "--device", "bogus"], "--device 'bogus' is not a device"),
     (["latency", "--json", UNWRITABLE], "out.json: cannot write here"),
+    (["kernels", "--layouts", "1x224,1x999"], "unknown layout or part ['1x999']"),
+    (["kernels", "--parts", "gemm,speed"], "unknown layout or part ['speed']"),
+    pytest.param(["kernels"], "this machine has no CUDA device", marks=NO_GPU),
 ]
 
 

@@ -138,3 +138,15 @@ def test_a_request_layout_is_planned_once(runner, tiny_config, monkeypatch):
     runner.capture()
     runner.run(*request)
     assert len(calls) == 2
+
+
+def test_compile_scope_is_checked_and_blocks_compile_one_function_for_all(tiny_model):
+    config = BudgetConfig((16, 32), 2, 4)
+    with pytest.raises(ValueError, match="compile_scope must be one of"):
+        EncoderGraphRunner(tiny_model, config, backend="emulate", torch_compile=True, compile_scope="layers")
+    runner = EncoderGraphRunner(tiny_model, config, backend="emulate", torch_compile=True)
+    embed, block, head = runner.forward_static.keywords["parts"]  # nothing compiles until the first call
+    assert block is not tiny_model.blocks[0] and all(callable(f) for f in (embed, block, head))
+    whole = EncoderGraphRunner(tiny_model, config, backend="emulate", torch_compile=True, compile_scope="model")
+    assert not hasattr(whole.forward_static, "keywords")
+    assert EncoderGraphRunner(tiny_model, config, backend="emulate").forward_static == tiny_model.forward_static

@@ -35,7 +35,8 @@ def fixed_table() -> list[str]:
         run = load(name)
         m = run["modes"]
         gc = m["graph-compiled"]
-        rows.append(f"| {label} (`{name}_h200.json`, {run['workload']['requests']} requests) | "
+        rows.append(f"| {label} (`{name}_h200.json` @ {run['provenance']['git_commit'][:7]}, "
+                    f"{run['workload']['requests']} requests) | "
                     + " | ".join(ms(m[k]["median_ms"]) for k in ("transformers", "eager", "graph"))
                     + f" | **{ms(gc['median_ms'])}** ({ms(gc['p99_ms'])}) | {ms(run['floor']['mean_ms'])} | "
                     f"{gc['vs_floor_median']:.1f}× |")
@@ -53,7 +54,8 @@ def mixed_table() -> list[str]:
             vs = r["vs_eager_per_request"]
             pad = f"{r['runner']['padding_fraction']:.1%}" if "runner" in r else ""
             model = f"{prediction[mode]:+.1%}" if mode in prediction else ""
-            rows.append(f"| {label} ({run['workload']['requests']} requests) | {mode} | {ms(r['mean_ms'])} | "
+            rows.append(f"| {label} (@ {run['provenance']['git_commit'][:7]}, {run['workload']['requests']} requests, "
+                        f"{run['settings']['attn_backend']}) | {mode} | {ms(r['mean_ms'])} | "
                         f"{ms(r['median_ms'])} | {ms(r['p99_ms'])} | {vs['share_slower']:.0%} | "
                         f"{vs['worst_ratio']:.2f} | {pad} | {model} |")
     return rows
@@ -90,6 +92,39 @@ def sweep_line() -> str:
             f"(`latency_compiled_h200.json`, `latency_compiled_warm_h200.json`).")
 
 
+def kernels_lines() -> list[str]:
+    """Where a compiled replay's GPU time goes (``kernels_h200.json``) and how long a start takes
+    (``capture_h200.json``: regional compile, the default; ``capture_model_h200.json``: the whole model)."""
+    run = json.loads((BENCH / "kernels_h200.json").read_text())
+    lines = ["**Kernels** (`python -m glmvit kernels`, `kernels_h200.json` @ "
+             f"{run['provenance']['git_commit'][:7]}; GPU time of one replay, triton attention, forward compiled "
+             "whole, by kernel category, and each kind against its roofline at the rates measured in the same "
+             "run):", "",
+             "| layout | GPU time | kernels | matmuls (roofline) | attention (roofline) | fused elementwise |",
+             "|---|---|---|---|---|---|"]
+    for layout, p in run["profile"]["triton-compiled-model"].items():
+        if layout == "capture":
+            continue
+        gemm = run["gemm"][layout]
+        gemm_roof = sum(r["roofline_us"] * r["count"] for r in gemm)
+        attn = run["attention"][layout]
+        cats = p["by_category_us"]
+        depth = gemm[1]["count"]
+        lines.append(f"| {layout} | {p['gpu_us_per_call']:.0f} µs | {p['kernels_per_call']:.0f} | "
+                     f"{cats.get('gemm', 0):.0f} µs ({gemm_roof:.0f} µs) | {cats.get('attention', 0):.0f} µs "
+                     f"({attn['roofline_us'] * depth:.0f} µs) | {cats.get('fused elementwise', 0):.0f} µs |")
+    starts = []
+    for name, scope in (("capture_h200.json", "regional (default)"), ("capture_model_h200.json", "whole model")):
+        data = json.loads((BENCH / name).read_text())
+        runs = {k: v for k, v in data["runs"].items() if k.endswith(("auto-cold", "auto-warm"))}
+        cold = next(v["capture_s"] for k, v in runs.items() if k.endswith("cold"))
+        warm = next(v["capture_s"] for k, v in runs.items() if k.endswith("warm"))
+        starts.append(f"{scope} {cold:.1f} s cold, {warm:.1f} s warm (`{name}`)")
+    lines += ["", f"Compile + capture of the default ladder of {len(data['budgets'])} budgets in a fresh process "
+              f"(`tools/capture_time.py`): " + "; ".join(starts) + "."]
+    return lines
+
+
 def interp_line() -> str:
     run = json.loads((BENCH / "interp_h200.json").read_text())
     us = [r["median_us"]["triton"] for r in run["results"]]
@@ -103,9 +138,10 @@ def block() -> str:
     prov = load("mixed_img")["provenance"]
     head = (f"Recorded on an {prov['gpu']} (driver {prov['driver']}, torch {prov['torch']}, triton {prov['triton']}, "
             f"transformers {prov['transformers']}); each JSON names its commit and command.")
+    mixed = ("**Mixed workloads** (vLLM random-mm style, requests in arrival order; cost model = predicted mean / "
+             "measured − 1):")
     return "\n".join([BEGIN, head, "", "**Fixed workloads** (median per request; P99 in brackets):", "",
-                      *fixed_table(), "", "**Mixed workloads** (vLLM random-mm style, requests in arrival order; "
-                      "cost model = predicted mean / measured − 1):", "", *mixed_table(), "", sweep_line(), "",
+                      *fixed_table(), "", *kernels_lines(), "", mixed, "", *mixed_table(), "", sweep_line(), "",
                       interp_line(), END])
 
 
