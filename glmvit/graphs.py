@@ -9,6 +9,9 @@ when a batch has the same grids as the budget's previous one (a stream of same-s
 What no budget fits runs eagerly. ``backend="emulate"`` does the same bookkeeping on any device but calls
 ``forward_static`` where a graph would replay: the CPU teaching and test path (it never claims to be a graph, so it
 takes any attention backend, the per-segment CPU default included; ``backend="cuda"`` needs a graph-safe one).
+``torch_compile=True`` compiles ``forward_static`` before capture, by default in regions (``compile_scope="blocks"``:
+the embedding, one block for all 24, the head), so a start compiles once for every budget; ``runner.stats.capture``
+records per budget the seconds of capture and of the warm-up where compiling happens.
 """
 from __future__ import annotations
 

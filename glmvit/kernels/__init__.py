@@ -1,4 +1,7 @@
-"""Position-table interpolation: one call for a whole packed batch, Triton on CUDA, exact torch fallback elsewhere."""
+"""glmvit's Triton kernels. Here: position-table interpolation, one call for a whole packed batch, Triton on CUDA,
+exact torch fallback elsewhere. Beside it: ``triton_attention`` (varlen attention with the rotary inside, the
+``triton`` attention backend) and ``triton_gemm`` (a split-K matmul, measured against cuBLAS by
+``tools/tune_kernels.py`` and not used by the model). Each runs on a CPU under ``TRITON_INTERPRET=1`` (fp32)."""
 from __future__ import annotations
 
 import torch
