@@ -11,7 +11,8 @@ import torch
 
 from .config import VisionConfig
 
-# Ordered: the first pattern that matches a kernel's name names its category.
+# Ordered: the first pattern that matches a kernel's name names its category. Inductor names a fused kernel after
+# the ops it fused, so its rotary-before-varlen kernel (…_varlen_attn_…_cos_mul_neg_sin…) counts as attention.
 CATEGORIES = (
     ("attention", r"rope_varlen|flash|fmha|attn|attention"),
     ("gemm", r"gemm|nvjet|cutlass|xmma|matmul|triton_tem|_mm_|splitk|cublas|sm90_|wgmma"),
