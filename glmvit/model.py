@@ -1,7 +1,8 @@
 """The GLM-4V vision encoder in one readable file.
 
-``GlmVisionEncoder`` has the same parameter names and shapes as transformers' ``Glm4vVisionModel``, so its
-``state_dict`` loads with ``strict=True``. It has two entry points sharing every module and kernel:
+``GlmVisionEncoder`` has the same state-dict keys and shapes as transformers' ``Glm4vVisionModel``, so each loads
+the other's ``state_dict`` with ``strict=True`` (gate and up are one parameter here, two keys there:
+:func:`fuse_gate_up`). It has two entry points sharing every module and kernel:
 
 - ``forward(pixel_values, grid_thw)``: any batch; builds exact metadata on the host, then calls ``forward_static``.
 - ``forward_static(pixels, meta)``: fixed shapes from ``meta``, no host syncs, no data-dependent allocation —
