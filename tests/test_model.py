@@ -129,3 +129,23 @@ def test_rotary_frequencies_stay_float32_when_the_model_is_cast(tiny_model):
     cast = copy.deepcopy(tiny_model).to(torch.bfloat16)
     assert cast.rotary_pos_emb.inv_freq.dtype == torch.float32
     assert torch.equal(cast.rotary_pos_emb.inv_freq, tiny_model.rotary_pos_emb.inv_freq)
+
+
+def test_fused_gate_up_round_trips_transformers_keys(tiny_hf, tiny_config, tmp_path):
+    """gate and up are one parameter here, two checkpoint keys there: same key order per module, views on save,
+    concatenated on load; a safetensors file of our state dict loads into transformers' tower and back."""
+    from safetensors.torch import load_file, save_file
+
+    ours = GlmVisionEncoder(tiny_config)
+    ours.load_state_dict(tiny_hf.state_dict(), strict=True)
+    for prefix in ("blocks.0.mlp.", "merger."):
+        assert [k for k in ours.state_dict() if k.startswith(prefix)] == \
+            [k for k in tiny_hf.state_dict() if k.startswith(prefix)]
+    fused = ours.blocks[0].mlp.gate_up_proj.weight
+    assert ours.state_dict()["blocks.0.mlp.gate_proj.weight"].data_ptr() == fused.data_ptr()
+    save_file(ours.state_dict(), str(tmp_path / "w.safetensors"))
+    loaded = load_file(str(tmp_path / "w.safetensors"))
+    tiny_hf.load_state_dict(loaded, strict=True)
+    again = GlmVisionEncoder(tiny_config)
+    again.load_state_dict(loaded, strict=True)
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), ours.state_dict().values(), strict=True))
