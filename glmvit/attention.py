@@ -21,6 +21,7 @@ segments, and ``sdpa_masked`` keeps non-finite keys and values out of its one bi
 from __future__ import annotations
 
 import importlib.util
+from functools import lru_cache
 from itertools import pairwise
 
 import torch
@@ -46,9 +47,16 @@ def available_backends(device: torch.device | str, dtype: torch.dtype = torch.bf
     CUDA: the varlen kernels (fp16/bf16 only), then ``sdpa_masked`` (graph-safe in any dtype). Elsewhere there is
     no graph to capture, so the per-segment loop comes first.
     """
-    triton_ok = triton_attention_runs(device, dtype, head_dim)
-    if torch.device(device).type != "cuda":
-        return ["segments", "sdpa_masked"] + (["triton"] if triton_ok else [])
+    return list(_available(torch.device(device).type, dtype, head_dim))
+
+
+@lru_cache(maxsize=64)
+def _available(device_type: str, dtype: torch.dtype, head_dim: int | None) -> tuple[str, ...]:
+    """What :func:`available_backends` returns, computed once per process (module lookups are not free: the eager
+    forward asks on every call)."""
+    triton_ok = triton_attention_runs(device_type, dtype, head_dim)
+    if device_type != "cuda":
+        return ("segments", "sdpa_masked") + (("triton",) if triton_ok else ())
     names = ["sdpa_masked", "segments"]
     if torch.cuda.is_available() and dtype in HALF:
         if importlib.util.find_spec("flash_attn") is not None:
@@ -57,7 +65,7 @@ def available_backends(device: torch.device | str, dtype: torch.dtype = torch.bf
             names.insert(0, "varlen")
         if triton_ok:
             names.insert(0, "triton")
-    return names
+    return tuple(names)
 
 
 TRITON_HEAD_DIMS = (32, 64, 128, 256)  # on a GPU: half a head is one tl.dot operand, ≥ 16 wide and a power of two
