@@ -24,3 +24,20 @@ def tiny_hf(tiny_config):
 def tiny_model(tiny_hf, tiny_config):
     """Our encoder with the oracle's weights."""
     return encoder_like(tiny_hf, tiny_config)
+
+
+def run_interpreted(module: str, function: str = "_interpreter_child", timeout: int = 600):
+    """``module.function()`` in a fresh Python with TRITON_INTERPRET=1 (the interpreter is chosen when a kernel's
+    module is imported, so it needs its own process); returns the JSON its last stdout line prints."""
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed: the kernel cannot run under the interpreter")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", f"import {module}; {module}.{function}()"],
+                          cwd=os.path.dirname(__file__), env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

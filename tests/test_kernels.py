@@ -5,19 +5,15 @@ grid built from the patch indices, and ``F.grid_sample(align_corners=False, padd
 """
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import run_interpreted
 from glmvit.kernels import interpolate_pos_embed, interpolate_pos_embed_torch
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
 MODES = ["bicubic", "bilinear"]
 
 
@@ -151,16 +147,7 @@ def _interpreter_child() -> None:
 @pytest.fixture(scope="module")
 def interpreted():
     """Results of :func:`_interpreter_child` (the interpreter is chosen at import, hence a fresh process)."""
-    if not HAS_TRITON:
-        pytest.skip("triton is not installed: the kernel cannot run under the interpreter")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    code = "import test_kernels; test_kernels._interpreter_child()"
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=os.path.dirname(__file__), env=env, capture_output=True, text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_interpreted("test_kernels")
 
 
 def test_interpreter_dispatch(interpreted):

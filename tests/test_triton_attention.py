@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
+from conftest import run_interpreted
 from glmvit.attention import attend
 from glmvit.metadata import BatchShape, build_metadata
 from glmvit.rotary import apply_rotary, inv_freq, rotary_cos_sin
@@ -105,14 +103,7 @@ def _interpreter_child() -> None:
 
 @pytest.fixture(scope="module")
 def interpreted():
-    if not HAS_TRITON:
-        pytest.skip("triton is not installed: the kernel cannot run under the interpreter")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    code = "import test_triton_attention as t; t._interpreter_child()"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(__file__), env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_interpreted("test_triton_attention")
 
 
 def test_backend_offered_on_cpu_only_in_fp32_under_the_interpreter(interpreted):

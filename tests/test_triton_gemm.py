@@ -4,16 +4,13 @@ each tile resets its counter, so a graph replay starts clean. fp32 tolerance: su
 values reordered by the split: a few float32 ulps of values up to ~50, far below 1e-4."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
+from conftest import run_interpreted
+
 CASES = [(70, 100, 90, (16, 16, 16, 3)), (33, 64, 40, (16, 32, 16, 1)), (16, 48, 16, (16, 16, 16, 4)),
          (40, 128, 48, (16, 16, 32, 4))]
 
@@ -34,14 +31,7 @@ def _interpreter_child() -> None:
 
 @pytest.fixture(scope="module")
 def interpreted():
-    if not HAS_TRITON:
-        pytest.skip("triton is not installed: the kernel cannot run under the interpreter")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    code = "import test_triton_gemm as t; t._interpreter_child()"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(__file__), env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_interpreted("test_triton_gemm")
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
