@@ -81,15 +81,9 @@ def _current_prediction(run: dict) -> dict[str, float]:
 def sweep_line() -> str:
     sweep = json.loads((BENCH / "latency_h200.json").read_text())
     worst = max(b["worst_layout_vs_full"] for b in sweep["budgets"])
-    cold = json.loads((BENCH / "latency_compiled_h200.json").read_text())
-    warm = json.loads((BENCH / "latency_compiled_warm_h200.json").read_text())
-    seconds = [sum(c["seconds"] for c in run["capture"].values()) for run in (cold, warm)]
-    budgets = len(cold["capture"])
     return (f"Padding costs nothing extra: over {len(sweep['budgets'])} budgets, every layout (one small image, half "
             f"full, many small images, a video, full) replays in at most {worst:.3f}× the full batch's time "
-            f"(`latency_h200.json`). Compiling and capturing {budgets} budgets took {seconds[0]:.0f} s on a cold "
-            f"start and {seconds[1]:.0f} s in a second process with inductor's caches warm "
-            f"(`latency_compiled_h200.json`, `latency_compiled_warm_h200.json`).")
+            f"(`latency_h200.json` @ {sweep['provenance']['git_commit'][:7]}).")
 
 
 def kernels_lines() -> list[str]:
