@@ -44,8 +44,9 @@ def available_backends(device: torch.device | str, dtype: torch.dtype = torch.bf
                        head_dim: int | None = None) -> list[str]:
     """Backends that can run on ``device`` for ``dtype`` (and ``head_dim``, when given) here, the default first.
 
-    CUDA: the varlen kernels (fp16/bf16 only), then ``sdpa_masked`` (graph-safe in any dtype). Elsewhere there is
-    no graph to capture, so the per-segment loop comes first.
+    CUDA: glmvit's ``triton`` kernel, then the library varlen kernels (all fp16/bf16 only), then ``sdpa_masked``
+    (graph-safe in any dtype). Elsewhere there is no graph to capture, so the per-segment loop comes first
+    (``triton`` is offered there only in fp32 under the interpreter).
     """
     return list(_available(torch.device(device).type, dtype, head_dim))
 
