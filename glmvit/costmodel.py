@@ -23,8 +23,10 @@ from .packing import (
     Plan,
     positive_int,
 )
+from .records import MAX_RECORD_BYTES, LatencySweep, find_one, parse, staleness
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+TABLE_MODES = ("graph-compiled", "graph")  # the runner modes a latency sweep measures (compiled first: the default)
 
 
 @dataclass(frozen=True)
@@ -94,9 +96,10 @@ class LatencyTable:
 
     Since padded rows sit outside every attention segment, a replay of budget B costs its matmuls (all B tokens,
     padding included: ``graph_ms``) plus the attention of its real segments, ``attention_ms`` per 10⁶ of Σ L²
-    (L = patch rows of a segment). An eager forward of T tokens costs the same on the GPU, and never less than
-    ``eager_floor_ms``, the host's time to launch a forward's ~300 kernels (it dominates small batches).
-    Without an attention fit (``attention_ms`` = 0), ``eager_ms`` is read per token count instead.
+    (L = patch rows of a segment). An eager forward of T tokens costs ``eager_ms`` at T (the full layouts' eager
+    times with their attention taken out, interpolated) plus the same attention, and never less than
+    ``eager_floor_ms``, the host's time to launch a forward's ~300 kernels (it dominates small batches). Without
+    an attention fit (``attention_ms`` = 0, a table made by hand), ``eager_ms`` is read per token count as it is.
 
     JSON (``load_latency_table``): what ``python -m glmvit latency`` writes — per budget a list of ``layouts``
     (``real_tokens``, ``segment_rows2``, ``graph_ms``, ``eager_ms``, and P99s), from which :meth:`from_dict` fits
@@ -118,6 +121,10 @@ class LatencyTable:
     graph_p99_ms: tuple[float, ...] | None = None
     eager_p99_ms: tuple[float, ...] | None = None
     capture_s: Mapping[int, float] = field(default_factory=dict)  # budget → seconds its capture took
+    mode: str | None = None  # the runner mode measured: "graph" or "graph-compiled" (None: a table made by hand)
+    attention: str | None = None  # the attention backend measured
+    source: str | None = None  # the file it was read from
+    changed: tuple[str, ...] = ()  # code changed since it was recorded (glmvit.records.staleness): empty = current
 
     def __post_init__(self) -> None:
         if not len(self.tokens) == len(self.graph_ms) == len(self.eager_ms):
@@ -145,6 +152,25 @@ class LatencyTable:
                 raise ValueError(f"latency table capture seconds must be finite numbers ≥ 0, got {seconds!r}")
 
     @classmethod
+    def from_sweep(cls, sweep: LatencySweep, source: str | None = None) -> LatencyTable:
+        """The model fitted on a recorded sweep (``python -m glmvit latency``), labelled with what it measured."""
+        data = sweep.model_dump(mode="json")
+        table = _fit(data["budgets"], data)
+        return dataclasses.replace(table, mode=sweep.mode, attention=sweep.attn_backend, source=source,
+                                   changed=tuple(staleness(sweep)))
+
+    def describe(self) -> str:
+        """What the table measured, where, and whether it still describes this code: for every tool that predicts."""
+        prov = self.provenance
+        what = f"{self.mode or 'mode unknown'}, {self.attention or 'attention unknown'}, {self.config}, {self.dtype}"
+        where = f"{prov.get('gpu') or prov.get('device') or 'device unknown'}, commit {str(prov.get('git_commit'))[:7]}"
+        status = "current" if not self.changed else "STALE: " + (
+            "recorded before fingerprints" if self.changed == ("no fingerprint",) else
+            ", ".join(self.changed) + " changed since")
+        name = Path(self.source).name if self.source else "latency table"
+        return f"{name} ({what}; {where}; {status})"
+
+    @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LatencyTable:
         try:
             rows = sorted(data["budgets"], key=lambda r: r["tokens"])
@@ -168,7 +194,8 @@ class LatencyTable:
         """One eager forward of ``tokens`` tokens whose segments have Σ L² = ``segment_rows2``."""
         if not self.attention_ms:
             return _linear(tokens, self.tokens, self.eager_ms)
-        return max(self.eager_floor_ms, self.graph_time(tokens, segment_rows2))
+        attention = self.attention_ms * segment_rows2 / 1e6
+        return max(self.eager_floor_ms, _linear(tokens, self.tokens, self.eager_ms) + attention)
 
     def p99(self) -> "LatencyTable | None":
         """This table with every budget's P99 times in place of its medians; None when it has no P99 columns."""
@@ -189,14 +216,21 @@ class LatencyTable:
 
 
 def _labels(data: Mapping[str, Any]) -> dict[str, Any]:
+    provenance = data.get("provenance", {})
+    if not isinstance(provenance, Mapping):
+        raise ValueError(f"latency table: provenance must be an object, got {type(provenance).__name__}")
+    for key in ("dtype", "config"):
+        if key in data and not isinstance(data[key], str):
+            raise ValueError(f"latency table: {key} must be a string, got {data[key]!r}")
     return {"dtype": data.get("dtype", "bfloat16"), "config": data.get("config", "glm41v"),
-            "provenance": dict(data.get("provenance", {})), "capture_s": _capture_seconds(data.get("capture", {}))}
+            "provenance": dict(provenance), "capture_s": _capture_seconds(data.get("capture", {}))}
 
 
 def _fit(rows: list[Mapping[str, Any]], data: Mapping[str, Any]) -> LatencyTable:
     """The model of :class:`LatencyTable` from measured layouts: attention_ms by least squares within each budget
     (layouts of one budget differ only in their attention), each budget's graph_ms = mean of replay − attention,
-    eager_floor_ms = median eager time of layouts ≤ 256 tokens (where launches, not the GPU, set the time)."""
+    eager_ms = the full layout's eager time − its attention (the full layout comes first: its real tokens are the
+    budget's), eager_floor_ms = median eager time of layouts ≤ 256 tokens (where launches, not the GPU, set it)."""
     dx, dy = [], []
     for r in rows:
         work = np.array([x["segment_rows2"] / 1e6 for x in r["layouts"]])
@@ -210,7 +244,8 @@ def _fit(rows: list[Mapping[str, Any]], data: Mapping[str, Any]) -> LatencyTable
     slope = min([slope, *ratios])
     base = [float(np.mean([x["graph_ms"] - slope * x["segment_rows2"] / 1e6 for x in r["layouts"]])) for r in rows]
     small = [x["eager_ms"] for r in rows for x in r["layouts"] if x["real_tokens"] <= 256]
-    eager = [float(r["eager_ms"]) for r in rows]
+    eager = [max(0.0, float(r["layouts"][0]["eager_ms"]) - slope * r["layouts"][0]["segment_rows2"] / 1e6)
+             for r in rows]
     small_p99 = [x["eager_p99_ms"] for r in rows for x in r["layouts"] if x["real_tokens"] <= 256]
     # P99 columns: each budget's base plus the largest tail (P99 − median) of its layouts
     tail = [max(x["graph_p99_ms"] - x["graph_ms"] for x in r["layouts"]) for r in rows]
@@ -236,8 +271,26 @@ def _linear(x: float, xs: Sequence[int], ys: Sequence[float]) -> float:
 
 
 def load_latency_table(path: str | Path) -> LatencyTable:
+    """A latency table from a file: a recorded sweep (``"kind": "latency"``), or a plain ``{"budgets": [...]}``."""
+    path = Path(path)
+    if path.is_file() and path.stat().st_size > MAX_RECORD_BYTES:
+        raise ValueError(f"{path}: larger than {MAX_RECORD_BYTES // 2**20} MiB; not a latency table")
     with open(path) as f:
-        return LatencyTable.from_dict(json.load(f))
+        data = json.load(f)
+    if isinstance(data, dict) and "kind" in data:
+        return LatencyTable.from_sweep(parse(data, LatencySweep, str(path)), str(path))
+    return dataclasses.replace(LatencyTable.from_dict(data), source=str(path))
+
+
+def recorded_table(mode: str = "graph-compiled", attention: str | None = None) -> LatencyTable:
+    """The latency table recorded in ``data/bench`` for a runner mode (``graph-compiled`` or ``graph``), and an
+    attention backend if given (else the one sweep of that mode): chosen by what each sweep recorded, never by file
+    name or order. :meth:`LatencyTable.describe` says which it is and whether it is current."""
+    if mode not in TABLE_MODES:
+        raise ValueError(f"mode must be one of {TABLE_MODES}, got {mode!r}")
+    match: dict[str, Any] = {"compiled": mode == "graph-compiled", **({"attn_backend": attention} if attention else {})}
+    path, sweep = find_one(LatencySweep, **match)
+    return LatencyTable.from_sweep(sweep, str(path))
 
 
 @dataclass(frozen=True)
@@ -256,13 +309,19 @@ class TimeEstimate:
         return TimeEstimate(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
 
-def predict_time(plan: Plan, table: LatencyTable) -> TimeEstimate:
+def predict_time(plan: Plan, table: LatencyTable, route: bool = False) -> TimeEstimate:
     """Time of one request's plan: a replay per batch (its budget, its real attention), an eager forward per
-    fallback, and the baseline: the whole request in one eager forward."""
+    fallback, and the baseline: the whole request in one eager forward. ``route``: as a runner with this table
+    routes (:class:`glmvit.graphs.EncoderGraphRunner`), a batch the table predicts faster eagerly runs eagerly."""
+    graph_ms = fallback_ms = 0.0
+    for b in plan.batches:
+        eager = table.eager_time(b.tokens, b.segment_rows2)
+        replay = table.graph_time(b.budget, b.segment_rows2) if b.budget is not None else None
+        if replay is None or (route and eager < replay):
+            fallback_ms += eager
+        else:
+            graph_ms += replay
     tokens = sum(b.tokens for b in plan.batches)
     work = sum(b.segment_rows2 for b in plan.batches)
-    return TimeEstimate(
-        graph_ms=sum((table.graph_time(b.budget, b.segment_rows2) for b in plan.batches if b.budget is not None), 0.0),
-        fallback_ms=sum((table.eager_time(b.tokens, b.segment_rows2) for b in plan.batches if b.budget is None), 0.0),
-        eager_ms=table.eager_time(tokens, work) if plan.batches else 0.0,
-    )
+    return TimeEstimate(graph_ms=graph_ms, fallback_ms=fallback_ms,
+                        eager_ms=table.eager_time(tokens, work) if plan.batches else 0.0)

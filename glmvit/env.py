@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata as metadata
-import json
+import inspect
 import os
 import random
 import re
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -233,25 +234,44 @@ RECORDED = Path(__file__).resolve().parent.parent / "data" / "notebooks"
 RECORD_ENV = "GLMVIT_RECORD"
 
 
+def _cell_hash(name: str, compute: Callable[[], Any]) -> dict[str, str]:
+    """``{"<cell NAME>": hash}`` of the compute function's source (what the notebook itself contributes), if known."""
+    from .records import source_hash
+
+    try:
+        return {f"<cell {name}>": source_hash(textwrap.dedent(inspect.getsource(compute)))}
+    except (OSError, TypeError, SyntaxError):  # a builtin, a partial, or source that is not on record
+        return {}
+
+
 def run_or_replay(name: str, compute: Callable[[], dict[str, Any]], needs: str = "a CUDA GPU") -> dict[str, Any]:
     """A notebook's GPU cell, runnable everywhere: on a CUDA machine ``compute()`` runs (and, with
-    ``GLMVIT_RECORD=1``, its JSON-able result is saved as ``data/notebooks/NAME.json`` with provenance); elsewhere
-    the recorded result is returned, marked ``"replayed": True``, and the cell says so."""
+    ``GLMVIT_RECORD=1``, its JSON-able result is saved as ``data/notebooks/NAME.json``, a
+    :class:`~glmvit.records.NotebookResult` with provenance and fingerprint); elsewhere the recorded result is
+    returned, marked ``"replayed": True``, and the cell says where it was recorded and whether the code it measured
+    (the package's modules and this cell's ``compute``) has changed since."""
     import torch
 
     from .provenance import collect
+    from .records import NotebookResult, describe, fingerprint_now, load, make, to_json
 
     path = RECORDED / f"{name}.json"
+    cell = _cell_hash(name, compute)
     if torch.cuda.is_available():
-        result = {**compute(), "provenance": collect("cuda"), "replayed": False}
+        result = compute()
+        clash = sorted(set(result) & set(NotebookResult.model_fields))
+        if clash:
+            raise ValueError(f"cell {name}: result keys {clash} are record fields; rename them")
+        record = make(NotebookResult, provenance=collect("cuda"), fingerprint=fingerprint_now(cell), name=name,
+                      **result)
         if os.environ.get(RECORD_ENV) == "1":
             RECORDED.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(result, indent=1) + "\n")
-        return result
+            tmp = path.with_suffix(".json.tmp")
+            tmp.write_text(to_json(record))
+            os.replace(tmp, path)
+        return {**result, "provenance": record.provenance.model_dump(), "replayed": False}
     if not path.exists():
         raise FileNotFoundError(f"this cell needs {needs}, and no recorded result {path.name} is in data/notebooks/")
-    result = json.loads(path.read_text())
-    prov = result.get("provenance", {})
-    print(f"needs {needs}: showing the result recorded on {prov.get('gpu')} ({prov.get('date_utc')}, "
-          f"commit {str(prov.get('git_commit'))[:10]}) from data/notebooks/{path.name}")
-    return {**result, "replayed": True}
+    record = load(path, NotebookResult)
+    print(f"needs {needs}: showing the result recorded in data/notebooks/{describe(record, path, cell)}")
+    return {**(record.model_extra or {}), "provenance": record.provenance.model_dump(), "replayed": True}

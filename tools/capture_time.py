@@ -36,9 +36,12 @@ def child(budgets: list[int], dynamic: str, scope: str, attn_backend: str | None
                                 compile_dynamic=DYNAMIC[dynamic], compile_scope=scope)
     start = time.perf_counter()
     runner.capture()
+    from glmvit.records import fingerprint_now
+
     print(json.dumps({"capture_s": time.perf_counter() - start, "model_s": built,
                       "attn_backend": model.attention_backend(),
-                      "budgets": {str(k): v for k, v in runner.stats.capture.items()}}))
+                      "budgets": {str(k): v.as_dict() for k, v in runner.captures.items()},
+                      "modules": fingerprint_now().modules}))
 
 
 def main() -> None:
@@ -56,8 +59,9 @@ def main() -> None:
         child(budgets, args.child, args.scope, args.attn_backend)
         return
     from glmvit.provenance import collect
+    from glmvit.records import Fingerprint, StartupRecord, make, to_json
 
-    runs = {}
+    runs, modules = {}, {}
     for scope, dynamic in itertools.product(args.scopes.split(","), args.dynamic.split(",")):
         with tempfile.TemporaryDirectory() as cache:
             env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"),
@@ -71,13 +75,14 @@ def main() -> None:
                 out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
                 record = json.loads(out.strip().splitlines()[-1])
                 record["process_s"] = time.perf_counter() - t0
+                modules.update(record.pop("modules"))  # the code the children ran is what the record measured
                 runs[f"{scope}-{dynamic}-{start}"] = record
                 print(f"compile_scope={scope} compile_dynamic={dynamic} {start}: capture {record['capture_s']:.1f} s "
                       f"(process {record['process_s']:.1f} s)", flush=True)
-    result = {"benchmark": "tools/capture_time.py", "budgets": budgets, "runs": runs,
-              "provenance": collect("cuda", " ".join([sys.executable, *sys.argv]))}
+    record = make(StartupRecord, provenance=collect("cuda", " ".join([sys.executable, *sys.argv])),
+                  fingerprint=Fingerprint(modules=modules), budgets=budgets, runs=runs)
     with open(args.json, "w") as f:
-        json.dump(result, f, indent=1)
+        f.write(to_json(record))
 
 
 if __name__ == "__main__":

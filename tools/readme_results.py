@@ -7,11 +7,23 @@ tests/test_project.py runs the check, so a re-recorded result and the README can
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from glmvit.records import (  # noqa: E402 - the repository's own package, by path
+    BenchRecord,
+    InterpRecord,
+    KernelsProfile,
+    LatencySweep,
+    Record,
+    StartupRecord,
+    load,
+    staleness,
+)
+
 BENCH = ROOT / "data" / "bench"
 BEGIN, END = "<!-- results:begin (tools/readme_results.py) -->", "<!-- results:end -->"
 FIXED = {"img1x224": "1×224²", "img4x224": "4×224²", "video8x224": "224² clip, 8 frames",
@@ -20,8 +32,17 @@ MIXED = {"mixed_img": "mixed-img", "mixed_av": "mixed-av"}
 MODES = ("transformers", "eager", "graph", "graph-compiled")
 
 
-def load(name: str) -> dict:
-    return json.loads((BENCH / f"{name}_h200.json").read_text())
+def bench(name: str) -> BenchRecord:
+    return load(BENCH / f"{name}_h200.json", BenchRecord)
+
+
+def mark(record: Record) -> str:
+    """`` (stale: …)`` after a record whose code has changed since it was made; nothing for a current one."""
+    changed = staleness(record)
+    if not changed:
+        return ""
+    return " ⚠ stale: " + ("recorded before fingerprints" if changed == ["no fingerprint"] else
+                           ", ".join(changed) + " changed since")
 
 
 def ms(x: float) -> str:
@@ -32,14 +53,14 @@ def fixed_table() -> list[str]:
     rows = ["| workload (JSON) | transformers | eager | graph | graph-compiled (P99) | floor | compiled ×floor |",
             "|---|---|---|---|---|---|---|"]
     for name, label in FIXED.items():
-        run = load(name)
-        m = run["modes"]
+        run = bench(name)
+        m = run.modes
         gc = m["graph-compiled"]
-        rows.append(f"| {label} (`{name}_h200.json` @ {run['provenance']['git_commit'][:7]}, "
-                    f"{run['workload']['requests']} requests) | "
-                    + " | ".join(ms(m[k]["median_ms"]) for k in ("transformers", "eager", "graph"))
-                    + f" | **{ms(gc['median_ms'])}** ({ms(gc['p99_ms'])}) | {ms(run['floor']['mean_ms'])} | "
-                    f"{gc['vs_floor_median']:.1f}× |")
+        rows.append(f"| {label} (`{name}_h200.json` @ {run.provenance.short_commit}, "
+                    f"{run.workload['requests']} requests{mark(run)}) | "
+                    + " | ".join(ms(m[k].median_ms) for k in ("transformers", "eager", "graph"))
+                    + f" | **{ms(gc.median_ms)}** ({ms(gc.p99_ms)}) | {ms(run.floor['mean_ms'])} | "
+                    f"{gc.vs_floor_median:.1f}× |")
     return rows
 
 
@@ -47,52 +68,36 @@ def mixed_table() -> list[str]:
     rows = ["| workload | mode | mean | median | P99 | slower than eager | worst / eager | padding | cost model |",
             "|---|---|---|---|---|---|---|---|---|"]
     for name, label in MIXED.items():
-        run = load(name)
-        prediction = _current_prediction(run)
+        run = bench(name)
+        prediction = run.prediction or {}
         for mode in MODES:
-            r = run["modes"][mode]
+            r = run.modes[mode].model_dump()
             vs = r["vs_eager_per_request"]
             pad = f"{r['runner']['padding_fraction']:.1%}" if "runner" in r else ""
-            model = f"{prediction[mode]:+.1%}" if mode in prediction else ""
-            rows.append(f"| {label} (@ {run['provenance']['git_commit'][:7]}, {run['workload']['requests']} requests, "
-                        f"{run['settings']['attn_backend']}) | {mode} | {ms(r['mean_ms'])} | "
+            model = f"{prediction[mode]['error']:+.1%}" if mode in prediction else ""
+            rows.append(f"| {label} (@ {run.provenance.short_commit}, {run.workload['requests']} requests, "
+                        f"{run.settings.attn_backend}{mark(run)}) | {mode} | {ms(r['mean_ms'])} | "
                         f"{ms(r['median_ms'])} | {ms(r['p99_ms'])} | {vs['share_slower']:.0%} | "
                         f"{vs['worst_ratio']:.2f} | {pad} | {model} |")
     return rows
 
 
-def _current_prediction(run: dict) -> dict[str, float]:
-    """The cost model's error on this run's mean, from today's model and the recorded latency sweep."""
-    sys.path.insert(0, str(ROOT))
-    from glmvit.costmodel import load_latency_table, predict_time
-    from glmvit.geometry import ItemSpec
-    from glmvit.packing import BudgetConfig, plan_batches
-
-    table = load_latency_table(BENCH / "latency_h200.json")
-    s = run["settings"]
-    config = BudgetConfig(tuple(s["budgets"]), s["max_items"], s["max_segments"])
-    estimates = [predict_time(plan_batches([ItemSpec(t * h * w // 4, t) for t, h, w in g], config), table)
-                 for g in run["workload"]["grids"]]
-    means = {"graph": sum(e.total_ms for e in estimates) / len(estimates),
-             "eager": sum(e.eager_ms for e in estimates) / len(estimates)}
-    return {mode: means[mode] / run["modes"][mode]["mean_ms"] - 1 for mode in means}
-
-
 def sweep_line() -> str:
-    sweep = json.loads((BENCH / "latency_h200.json").read_text())
-    worst = max(b["worst_layout_vs_full"] for b in sweep["budgets"])
-    return (f"Padding costs nothing extra: over {len(sweep['budgets'])} budgets, every layout (one small image, half "
+    sweep = load(BENCH / "latency_h200.json", LatencySweep)
+    worst = max(b.worst_layout_vs_full for b in sweep.budgets)
+    return (f"Padding costs nothing extra: over {len(sweep.budgets)} budgets, every layout (one small image, half "
             f"full, many small images, a video, full) replays in at most {worst:.3f}× the full batch's time "
-            f"(`latency_h200.json` @ {sweep['provenance']['git_commit'][:7]}).")
+            f"(`latency_h200.json` @ {sweep.provenance.short_commit}{mark(sweep)}).")
 
 
 def kernels_lines() -> list[str]:
     """Where a compiled replay's GPU time goes (``kernels_h200.json``) and how long a start takes
     (``capture_h200.json``: regional compile, the default; ``capture_model_h200.json``: the whole model)."""
-    run = json.loads((BENCH / "kernels_h200.json").read_text())
+    record = load(BENCH / "kernels_h200.json", KernelsProfile)
+    run = record.model_dump()
     lines = ["**Kernels** (`python -m glmvit kernels`, `kernels_h200.json` @ "
-             f"{run['provenance']['git_commit'][:7]}; GPU time of one replay, triton attention, forward compiled "
-             "whole, by kernel category, and each kind against its roofline at the rates measured in the same "
+             f"{record.provenance.short_commit}{mark(record)}; GPU time of one replay, triton attention, forward "
+             "compiled whole, by kernel category, and each kind against its roofline at the rates measured in the same "
              "run):", "",
              "| layout | GPU time | kernels | matmuls (roofline) | attention (roofline) | fused elementwise |",
              "|---|---|---|---|---|---|"]
@@ -109,29 +114,30 @@ def kernels_lines() -> list[str]:
                      f"({attn['roofline_us'] * depth:.0f} µs) | {cats.get('fused elementwise', 0):.0f} µs |")
     starts = []
     for name, scope in (("capture_h200.json", "regional (default)"), ("capture_model_h200.json", "whole model")):
-        data = json.loads((BENCH / name).read_text())
-        runs = {k: v for k, v in data["runs"].items() if k.endswith(("auto-cold", "auto-warm"))}
+        data = load(BENCH / name, StartupRecord)
+        runs = {k: v for k, v in data.runs.items() if k.endswith(("auto-cold", "auto-warm"))}
         cold = next(v["capture_s"] for k, v in runs.items() if k.endswith("cold"))
         warm = next(v["capture_s"] for k, v in runs.items() if k.endswith("warm"))
-        starts.append(f"{scope} {cold:.1f} s cold, {warm:.1f} s warm (`{name}`)")
-    lines += ["", f"Compile + capture of the default ladder of {len(data['budgets'])} budgets in a fresh process "
+        starts.append(f"{scope} {cold:.1f} s cold, {warm:.1f} s warm (`{name}`{mark(data)})")
+    lines += ["", f"Compile + capture of the default ladder of {len(data.budgets)} budgets in a fresh process "
               f"(`tools/capture_time.py`): " + "; ".join(starts) + "."]
     return lines
 
 
 def interp_line() -> str:
-    run = json.loads((BENCH / "interp_h200.json").read_text())
-    us = [r["median_us"]["triton"] for r in run["results"]]
-    per_item = [r["speedup"]["per_item"] for r in run["results"]]
+    run = load(BENCH / "interp_h200.json", InterpRecord)
+    us = [r["median_us"]["triton"] for r in run.results]
+    per_item = [r["speedup"]["per_item"] for r in run.results]
     return (f"The Triton interpolation kernel: {min(us):.0f}–{max(us):.0f} µs per single call (launch included) for "
             f"{len(us)} batch shapes, {min(per_item):.0f}–{max(per_item):.0f}× a per-item `grid_sample` loop "
-            "(`interp_h200.json`).")
+            f"(`interp_h200.json`{mark(run)}).")
 
 
 def block() -> str:
-    prov = load("mixed_img")["provenance"]
-    head = (f"Recorded on an {prov['gpu']} (driver {prov['driver']}, torch {prov['torch']}, triton {prov['triton']}, "
-            f"transformers {prov['transformers']}); each JSON names its commit and command.")
+    prov = bench("mixed_img").provenance
+    head = (f"Recorded on an {prov.gpu} (driver {prov.driver}, torch {prov.torch}, triton {prov.triton}, "
+            f"transformers {prov.transformers}); each JSON names its commit and command. A row marked ⚠ stale was "
+            "measured on code that has changed since (`python -m glmvit records` lists them).")
     mixed = ("**Mixed workloads** (vLLM random-mm style, requests in arrival order; cost model = predicted mean / "
              "measured − 1):")
     return "\n".join([BEGIN, head, "", "**Fixed workloads** (median per request; P99 in brackets):", "",

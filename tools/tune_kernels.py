@@ -11,7 +11,6 @@ Each timing is ``glmvit.profiling.graph_time_us`` (20 calls in one CUDA graph, m
 """
 import argparse
 import itertools
-import json
 import sys
 from functools import partial
 
@@ -24,6 +23,7 @@ from glmvit.kernels.triton_gemm import SplitK, splitk_linear_triton
 from glmvit.metadata import build_metadata
 from glmvit.profiling import encoder_gemms, graph_time_us
 from glmvit.provenance import collect
+from glmvit.records import TuneSweep, make, to_json
 from glmvit.rotary import inv_freq, rotary_cos_sin
 
 ATTN_LAYOUTS = {
@@ -107,13 +107,13 @@ def main() -> None:
     args = p.parse_args()
     config = VisionConfig.glm41v()
     command = " ".join([sys.executable, *sys.argv])
-    result = {"benchmark": "tools/tune_kernels.py", "provenance": collect("cuda", command)}
+    result: dict = {}
     if "attention" in args.parts:
         result["attention"] = sweep_attention(config)
     if "gemm" in args.parts:
         result["gemm"] = sweep_gemm(config)
     with open(args.json, "w") as f:
-        json.dump(result, f, indent=1)
+        f.write(to_json(make(TuneSweep, provenance=collect("cuda", command), **result)))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ COMMANDS = {
     "kernels": ("glmvit.cli.kernels", "profile a graph replay kernel by kernel against each op's roofline (CUDA)"),
     "bench-interp": ("glmvit.cli.bench_interp", "benchmark the Triton interpolation kernel vs grid_sample"),
     "dp-bench": ("glmvit.cli.dp_bench", "data-parallel demo/benchmark (launch with torchrun -m glmvit.cli.dp_bench)"),
+    "record": ("glmvit.cli.record", "re-measure every recorded GPU result at this code, in one run (CUDA)"),
+    "records": ("glmvit.cli.records", "list the recorded results and which are stale (code changed since)"),
 }
 USER_ERRORS = (ValueError, OSError)  # bad input or files: one line, no traceback (GLMVIT_DEBUG=1 shows it)
 

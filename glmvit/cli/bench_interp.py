@@ -23,8 +23,9 @@ import torch.nn.functional as F
 from ..kernels import interpolate_pos_embed, uses_triton
 from ..metadata import build_metadata
 from ..provenance import collect
+from ..records import InterpRecord, make
 from ..timing import time_calls
-from .common import check_writable, write_json
+from .common import check_writable, write_record
 
 # 224² → a 16×16 patch grid; 1024² → smart_resize rounds to 1036² = 74×74 patches (an even count per side).
 CASES = {
@@ -135,9 +136,8 @@ def main(argv: list[str] | None = None) -> int:
               + f"   {speedup['per_item']:>6.1f}x, {speedup['hf_batched']:.1f}x")
 
     if args.json:
-        record = {"benchmark": "glmvit.cli.bench_interp", "table": [576, 1536], "dtype": "bfloat16",
-                  "mode": "bicubic", "runs": args.runs, "warmup": args.warmup,
-                  "provenance": collect("cuda", " ".join([sys.executable, "-m", "glmvit", "bench-interp", *argv])),
-                  "results": results}
-        write_json(args.json, record)
+        command = " ".join([sys.executable, "-m", "glmvit", "bench-interp", *argv])
+        write_record(args.json, make(InterpRecord, provenance=collect("cuda", command), table=[576, 1536],
+                                     dtype="bfloat16", interpolation="bicubic", runs=args.runs, warmup=args.warmup,
+                                     results=results))
     return 0

@@ -19,6 +19,7 @@ from ..costmodel import LatencyTable, graph_memory, load_latency_table, total_gr
 from ..model import GlmVisionEncoder
 from ..packing import BudgetConfig, parse_budgets
 from ..random_weights import randomize_
+from ..records import Record, to_json
 from ..workloads import parse_bucket_config
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -273,3 +274,9 @@ def weights_identity(path: str | Path) -> dict[str, Any]:
     for file in small:
         digest.update(f"{file.name}\n".encode() + file.read_bytes())
     return {"path": str(path), "files": files, "hashed_json": [f.name for f in small], "sha256": digest.hexdigest()}
+
+
+def write_record(path: str | Path, record: Record) -> None:
+    """A typed record (:mod:`glmvit.records`) written atomically; prints where it went."""
+    write_atomic(check_writable(path), to_json(record).encode())
+    print(f"wrote {path}")

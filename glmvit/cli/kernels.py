@@ -29,10 +29,11 @@ from ..metadata import attention_work, build_metadata
 from ..packing import BudgetConfig
 from ..profiling import encoder_gemms, graph_time_us, profile_kernels, roofline_us
 from ..provenance import collect
+from ..records import KernelsProfile, make
 from ..rotary import rotary_cos_sin
 from ..timing import summarise, time_calls
 from ..workloads import random_batch
-from .common import Parser, build_model, check_writable, vision_config, write_json
+from .common import Parser, build_model, check_writable, vision_config, write_record
 
 LAYOUTS = {
     "1x224": [[1, 16, 16]],
@@ -92,6 +93,7 @@ def measure_attention(config, grids, backends: list[str], tflops: float, gbps: f
     gen = torch.Generator(device="cuda").manual_seed(0)
     qkv = torch.randn(rows, 3 * width, device="cuda", dtype=torch.bfloat16, generator=gen)
     cos, sin = rotary_cos_sin(meta.h_idx, meta.w_idx, torch.ones(config.head_dim // 4, device="cuda"))
+    assert meta.host is not None  # built for this one batch
     flops = 4 * attention_work(meta.host) * width
     roof = roofline_us(flops, 2 * (3 + 1) * rows * width, tflops, gbps)
     result: dict[str, Any] = {"rows": rows, "flops": flops, "roofline_us": roof}
@@ -119,7 +121,7 @@ def profile_replays(model, layouts: dict[str, list], backends: list[str], quiet:
         key = f"{backend}{'-compiled' if compiled else ''}{'-model' if scope == 'model' else ''}"
         runner = EncoderGraphRunner(model, config, torch_compile=compiled, compile_scope=scope,
                                     progress=not quiet).capture()
-        out[key] = {"capture": {str(k): v for k, v in runner.stats.capture.items()}}
+        out[key] = {"capture": {str(k): v.as_dict() for k, v in runner.captures.items()}}
         for name, (pixels, grid) in inputs.items():
             pixels = pixels.to("cuda", model.dtype)
             budget = tokens[name]
@@ -180,8 +182,6 @@ def main(argv: list[str] | None = None) -> int:
     model = build_model(config, "cuda", torch.bfloat16)
     tflops, gbps = measure_matmul_tflops("cuda"), measure_copy_bandwidth("cuda")
     result: dict[str, Any] = {
-        "benchmark": "glmvit.cli.kernels",
-        "provenance": collect(model.device, " ".join([sys.executable, "-m", "glmvit", "kernels", *argv])),
         "floor": {"matmul_tflops": tflops, "copy_gbps": gbps},
         "layouts": {n: g for n, g in layouts.items()},
         "backends": backends,
@@ -198,5 +198,6 @@ def main(argv: list[str] | None = None) -> int:
         result["profile"] = profile_replays(model, valid, backends, args.quiet)
     print_report(result)
     if args.json:
-        write_json(args.json, result)
+        command = " ".join([sys.executable, "-m", "glmvit", "kernels", *argv])
+        write_record(args.json, make(KernelsProfile, provenance=collect(model.device, command), **result))
     return 0

@@ -3,7 +3,8 @@
 For every budget, the same graph is replayed with several layouts — full (one image of the whole budget), half
 full, one small image, many small images, a video clip — and the same batches run eagerly. The table's ``graph_ms``
 of a budget is the slowest layout's median (what any batch in that graph may cost); ``eager_ms`` is the full
-layout's. :func:`glmvit.costmodel.load_latency_table` reads the JSON; the layouts stay in it for notebooks::
+layout's. The JSON is a :class:`glmvit.records.LatencySweep`; :func:`glmvit.costmodel.load_latency_table` fits
+the cost model on it, and the layouts stay in it for notebooks::
 
     python -m glmvit latency --budgets 64,128,256,512,1024,2048,4096 --json data/bench/latency_h200.json
 """
@@ -23,6 +24,7 @@ from ..graphs import EncoderGraphRunner
 from ..model import GlmVisionEncoder
 from ..packing import BudgetConfig
 from ..provenance import collect
+from ..records import LatencySweep, make
 from ..timing import time_calls
 from .common import (
     DTYPES,
@@ -35,7 +37,7 @@ from .common import (
     int_in,
     model_from_args,
     resolve_model_args,
-    write_json,
+    write_record,
 )
 
 MAX_RUNS = 10_000  # per layout, per budget, twice (graph and eager): more is hours, not precision
@@ -135,27 +137,25 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as err:
         parser.error(str(err))
     model = model_from_args(args)
-    backend = "cuda" if model.device.type == "cuda" else "emulate"
-    runner = EncoderGraphRunner(model, config, backend=backend, progress=not args.quiet,
+    mode = "cuda" if model.device.type == "cuda" else "emulate"
+    runner = EncoderGraphRunner(model, config, mode=mode, progress=not args.quiet,
                                 torch_compile=args.compile).capture()
     with torch.inference_mode():
         rows = measure(runner, model, args.runs, args.warmup, args.seed, args.quiet)
-    table = {
-        "benchmark": "glmvit.cli.latency",
-        "provenance": {**collect(model.device, " ".join([sys.executable, "-m", "glmvit", "latency", *argv])),
-                       "graph_backend": backend, "compiled": args.compile, "runs": args.runs, "warmup": args.warmup,
-                       "statistic": "median"},
-        "dtype": str(model.dtype).replace("torch.", ""), "config": "glm41v" if args.config == "full" else "tiny",
-        "attn_backend": model.attention_backend(), "max_items": config.max_items, "max_segments": config.max_segments,
-        "budgets": rows,
-        "capture": {str(k): v for k, v in runner.stats.capture.items()},
-        "failed": {str(k): v for k, v in runner.stats.failed.items()},
-    }
+    table = make(
+        LatencySweep, provenance=collect(model.device, " ".join([sys.executable, "-m", "glmvit", "latency", *argv])),
+        dtype=str(model.dtype).replace("torch.", ""), config="glm41v" if args.config == "full" else args.config,
+        attn_backend=model.attention_backend(), compiled=args.compile, max_items=config.max_items,
+        max_segments=config.max_segments, budgets=rows,
+        measurement={"runner_mode": mode, "runs": args.runs, "warmup": args.warmup, "statistic": "median"},
+        capture={str(k): v.as_dict() for k, v in runner.captures.items()},
+        failed={str(k): v for k, v in runner.failed.items()},
+    )
     print(f"\n{'tokens':>7} {'eager ms':>9} {'full ms':>9} {'worst ms':>9} {'worst/full':>10}  worst layout")
     for r in rows:
         worst = max(r["layouts"], key=lambda x: x["graph_ms"])["name"]
         print(f"{r['tokens']:>7} {r['eager_ms']:>9.3f} {r['full_graph_ms']:>9.3f} {r['graph_ms']:>9.3f} "
               f"{r['worst_layout_vs_full']:>10.3f}  {worst}")
     if args.json:
-        write_json(args.json, table)
+        write_record(args.json, table)
     return 0

@@ -1,0 +1,371 @@
+"""Recorded results: one typed record per kind, saying where it was measured and which code it measured.
+
+Every JSON under ``data/bench/`` and ``data/notebooks/`` is a record. Its ``kind`` names the type that reads it
+(:data:`KINDS`); ``provenance`` says where and when it was made (:func:`glmvit.provenance.collect`); ``fingerprint``
+says which code it measured: one hash per glmvit module that the producing process had imported, taken over the
+module's syntax tree with docstrings removed. An edited comment or docstring therefore leaves a record current;
+any change to code the producer ran makes it *stale* (:func:`staleness`), and every reader can say so. Left out of
+the fingerprint are the modules that cannot change a measured number: the recording machinery itself (this module,
+:mod:`glmvit.provenance`) and the command dispatchers (``glmvit``, ``glmvit.__main__``, ``glmvit.cli``).
+
+A notebook's GPU cell adds the source of its compute function as ``<cell NAME>``: the notebook's own code is part
+of what its result depends on (:func:`glmvit.env.run_or_replay` checks it when it replays).
+
+Types are pydantic models: they validate a file when it is read (a wrong shape is a ``ValueError`` naming the file)
+and write it back exactly; fields no reader needs stay in the record as extras.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import sys
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterator, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+PACKAGE = Path(__file__).resolve().parent
+REPO = PACKAGE.parent
+DATA = REPO / "data"
+RECORD_DIRS = (DATA / "bench", DATA / "notebooks")
+UNFINGERPRINTED = frozenset({"glmvit", "glmvit.__main__", "glmvit.cli", "glmvit.records", "glmvit.provenance"})
+RUN_ENV = "GLMVIT_RECORD_RUN"
+MAX_RECORD_BYTES = 64 * 2**20  # the largest record readers accept (the biggest today is under 1 MB)
+
+
+class _Open(BaseModel):
+    """A JSON object that keeps the fields it does not name (``extra="allow"``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Provenance(_Open):
+    """Where and how a result was measured (:func:`glmvit.provenance.collect`)."""
+
+    device: str | None = None
+    gpu: str | None = None
+    driver: str | None = None
+    cuda: str | None = None
+    torch: str | None = None
+    triton: str | None = None
+    transformers: str | None = None
+    git_commit: str | None = None
+    git_dirty: bool | None = None
+    command: str | None = None
+    date_utc: str | None = None
+
+    @property
+    def short_commit(self) -> str:
+        return (self.git_commit or "unknown")[:7]
+
+
+class Fingerprint(BaseModel):
+    """The code a record measured: module name → hash of its syntax tree without docstrings."""
+
+    model_config = ConfigDict(extra="forbid")
+    modules: dict[str, str]
+
+    @property
+    def digest(self) -> str:
+        """One hash over every module's: equal digests, equal code."""
+        text = "\n".join(f"{name}={h}" for name, h in sorted(self.modules.items()))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class Record(_Open):
+    """What every record has. ``elapsed_s``: wall time of the command that made it (plans how long a re-record
+    takes); ``record_run``: the id of the ``python -m glmvit record`` run that made it, if one did."""
+
+    kind: str
+    provenance: Provenance
+    fingerprint: Fingerprint | None = None
+    elapsed_s: float | None = None
+    record_run: str | None = None
+
+
+class ModeResult(_Open):
+    """One mode of a benchmark: how many requests, and their per-request wall times."""
+
+    requests: int
+    mean_ms: float
+    median_ms: float
+    p99_ms: float
+
+
+class BenchSettings(_Open):
+    workload: str | None  # a named preset, or None for a bucket config given on the command line
+    num_requests: int
+    budgets: list[int]
+    max_items: int
+    max_segments: int
+    attn_backend: str
+    dtype: str
+    config: str
+
+
+class BenchRecord(Record):
+    """``python -m glmvit bench``: every request's time per mode, the floor, ratios, accuracy, the prediction."""
+
+    kind: Literal["bench"] = "bench"
+    settings: BenchSettings
+    workload: dict[str, Any]
+    floor: dict[str, Any]
+    modes: dict[str, ModeResult]
+    accuracy: dict[str, Any] = Field(default_factory=dict)
+    ratios: dict[str, Any] = Field(default_factory=dict)
+    prediction: dict[str, Any] | None = None
+
+
+class LatencyLayout(_Open):
+    name: str
+    real_tokens: int
+    segment_rows2: int
+    graph_ms: float
+    eager_ms: float
+
+
+class LatencyBudget(_Open):
+    tokens: int
+    graph_ms: float
+    eager_ms: float
+    layouts: list[LatencyLayout] = Field(default_factory=list)
+
+
+class LatencySweep(Record):
+    """``python -m glmvit latency``: every budget replayed with several layouts, and the same batches eagerly."""
+
+    kind: Literal["latency"] = "latency"
+    dtype: str
+    config: str
+    attn_backend: str
+    compiled: bool
+    max_items: int
+    max_segments: int
+    budgets: list[LatencyBudget]
+    capture: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @property
+    def mode(self) -> str:
+        """The runner mode the sweep measured: ``graph-compiled`` or ``graph``."""
+        return "graph-compiled" if self.compiled else "graph"
+
+
+class KernelsProfile(Record):
+    """``python -m glmvit kernels``: one replay by kernel category, and every matmul and attention alone."""
+
+    kind: Literal["kernels"] = "kernels"
+    floor: dict[str, Any]
+    layouts: dict[str, Any]
+    backends: list[str]
+    attention: dict[str, Any] = Field(default_factory=dict)
+    gemm: dict[str, Any] = Field(default_factory=dict)
+    profile: dict[str, Any] = Field(default_factory=dict)
+
+
+class StartupRecord(Record):
+    """``tools/capture_time.py``: compile + capture of a budget ladder in fresh processes, cold and warm."""
+
+    kind: Literal["startup"] = "startup"
+    budgets: list[int]
+    runs: dict[str, dict[str, Any]]
+
+
+class InterpRecord(Record):
+    """``python -m glmvit bench-interp``: the Triton interpolation kernel against grid_sample."""
+
+    kind: Literal["interp"] = "interp"
+    results: list[dict[str, Any]]
+
+
+class TuneSweep(Record):
+    """``tools/tune_kernels.py``: launch configurations swept; an input to the kernels' tables, not a result."""
+
+    kind: Literal["tune"] = "tune"
+    attention: dict[str, Any] = Field(default_factory=dict)
+    gemm: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ServeRecord(Record):
+    """``python -m glmvit bench-serve``: a served encoder under load, per mode and request rate."""
+
+    kind: Literal["serve"] = "serve"
+    settings: dict[str, Any]
+    runs: list[dict[str, Any]]
+
+
+class NotebookResult(Record):
+    """A notebook GPU cell's result (:func:`glmvit.env.run_or_replay`); the result's own fields are extras."""
+
+    kind: Literal["notebook"] = "notebook"
+    name: str
+
+
+R = TypeVar("R", bound=Record)
+KINDS: dict[str, type[Record]] = {cls.model_fields["kind"].default: cls for cls in (
+    BenchRecord, LatencySweep, KernelsProfile, StartupRecord, InterpRecord, TuneSweep, ServeRecord, NotebookResult)}
+RESULT_KINDS = frozenset(KINDS) - {"tune"}  # what `python -m glmvit record` re-measures; a tune sweep is an input
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fingerprints
+# ---------------------------------------------------------------------------------------------------------------
+def _without_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+def source_hash(source: str) -> str:
+    """Hash of Python source by its syntax tree without docstrings: comments, docs and layout do not count."""
+    tree = _without_docstrings(ast.parse(source))
+    return hashlib.sha256(ast.dump(tree, include_attributes=False).encode()).hexdigest()[:16]
+
+
+def module_path(name: str, package: Path = PACKAGE) -> Path | None:
+    """Where module ``glmvit.a.b`` lives in this tree (``a/b.py`` or ``a/b/__init__.py``); None if nowhere."""
+    parts = name.split(".")[1:]
+    base = package.joinpath(*parts)
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+@lru_cache(maxsize=None)
+def _file_hash(path: Path, mtime_ns: int) -> str:
+    return source_hash(path.read_text())
+
+
+def tree_hash(name: str, package: Path = PACKAGE) -> str | None:
+    """The hash of module ``name`` as this working tree has it now; None if it no longer exists."""
+    path = module_path(name, package)
+    return None if path is None else _file_hash(path, path.stat().st_mtime_ns)
+
+
+def fingerprint_now(extra: dict[str, str] | None = None) -> Fingerprint:
+    """The fingerprint of this process: every glmvit module it imported from this tree (see module docstring)."""
+    modules = {}
+    for name in sorted(n for n in sys.modules if n == "glmvit" or n.startswith("glmvit.")):
+        if name in UNFINGERPRINTED:
+            continue
+        h = tree_hash(name)
+        if h is not None:
+            modules[name] = h
+    return Fingerprint(modules={**modules, **(extra or {})})
+
+
+def staleness(record: Record, cells: dict[str, str] | None = None) -> list[str]:
+    """What changed since ``record`` was made: module names (and ``<cell …>`` entries whose current source hash is
+    given in ``cells``); ``["no fingerprint"]`` for a record made before fingerprints. Empty: current."""
+    if record.fingerprint is None:
+        return ["no fingerprint"]
+    changed = []
+    for name, h in sorted(record.fingerprint.modules.items()):
+        if name.startswith("<"):
+            if cells is not None and name in cells and cells[name] != h:
+                changed.append(name)
+        elif tree_hash(name) != h:
+            changed.append(name)
+    return changed
+
+
+def describe(record: Record, path: str | Path | None = None, cells: dict[str, str] | None = None) -> str:
+    """One line: what, where, at which commit, and whether it still describes this tree."""
+    p = record.provenance
+    where = f"{p.gpu or p.device or 'unknown device'}, commit {p.short_commit}, {p.date_utc or 'undated'}"
+    changed = staleness(record, cells)
+    status = "current" if not changed else "STALE: " + (
+        "made before fingerprints" if changed == ["no fingerprint"] else ", ".join(changed) + " changed since")
+    name = f"{Path(path).name}: " if path else ""
+    return f"{name}{record.kind} record ({where}); {status}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading and writing
+# ---------------------------------------------------------------------------------------------------------------
+def parse(data: Any, kind: type[R], source: str = "record") -> R:
+    """``data`` (a decoded JSON object) as a record of type ``kind``; a ValueError naming ``source`` otherwise."""
+    expected = kind.model_fields["kind"].default if "kind" in kind.model_fields else None
+    if isinstance(data, dict) and expected and data.get("kind") != expected:
+        raise ValueError(f"{source}: a {data.get('kind')!r} record, not the {expected!r} record expected")
+    try:
+        return kind.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "(top level)"
+        raise ValueError(f"{source}: not a valid {expected or 'record'} record ({where}: {first['msg']})") from None
+
+
+def load(path: str | Path, kind: type[R]) -> R:
+    """Read the record at ``path`` as ``kind``: a one-line ValueError naming the file when it is not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such record file")
+    if path.stat().st_size > MAX_RECORD_BYTES:
+        raise ValueError(f"{path}: larger than {MAX_RECORD_BYTES // 2**20} MiB; not a record")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not a JSON record ({err})") from None
+    return parse(data, kind, str(path))
+
+
+def load_any(path: str | Path) -> Record:
+    """Read a record of whatever kind it says it is."""
+    data = json.loads(Path(path).read_text())
+    name = data.get("kind") if isinstance(data, dict) else None
+    kind = KINDS.get(name) if isinstance(name, str) else None
+    if kind is None:
+        raise ValueError(f"{path}: no known record kind ({name!r})")
+    return parse(data, kind, str(path))
+
+
+def to_json(record: Record) -> str:
+    return json.dumps(record.model_dump(mode="json", exclude_none=False), indent=1) + "\n"
+
+
+def make(kind: type[R], *, provenance: dict[str, Any], fingerprint: Fingerprint | None = None, **fields: Any) -> R:
+    """A new record of ``kind`` from a result's fields, fingerprinted by this process unless given, and stamped with
+    the ``python -m glmvit record`` run that made it (``GLMVIT_RECORD_RUN``) if any."""
+    return kind.model_validate({**fields, "kind": kind.model_fields["kind"].default, "provenance": provenance,
+                                "fingerprint": fingerprint or fingerprint_now(),
+                                "record_run": os.environ.get(RUN_ENV)})
+
+
+def record_files(dirs: tuple[Path, ...] = RECORD_DIRS) -> Iterator[Path]:
+    for directory in dirs:
+        yield from sorted(directory.glob("*.json"))
+
+
+def find(kind: type[R], dirs: tuple[Path, ...] = RECORD_DIRS, **match: Any) -> list[tuple[Path, R]]:
+    """Every record of ``kind`` whose fields equal ``match`` (e.g. ``find(LatencySweep, compiled=True)``)."""
+    expected = kind.model_fields["kind"].default
+    found = []
+    for path in record_files(dirs):
+        try:
+            head = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if not isinstance(head, dict) or head.get("kind") != expected:
+            continue
+        record = parse(head, kind, str(path))
+        if all(getattr(record, key, None) == value for key, value in match.items()):
+            found.append((path, record))
+    return found
+
+
+def find_one(kind: type[R], dirs: tuple[Path, ...] = RECORD_DIRS, **match: Any) -> tuple[Path, R]:
+    """The one record of ``kind`` matching ``match``; a ValueError saying what was looked for otherwise."""
+    found = find(kind, dirs, **match)
+    if len(found) != 1:
+        what = ", ".join(f"{k}={v!r}" for k, v in match.items())
+        names = ", ".join(p.name for p, _ in found) or "none"
+        raise ValueError(f"expected one {kind.model_fields['kind'].default} record with {what}; found {names}")
+    return found[0]
