@@ -10,7 +10,7 @@ GLM-4V checkpoints' processors ship. Words used throughout the package:
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Iterable, NamedTuple, Sequence
 
 from .config import VisionConfig
 
@@ -35,6 +35,20 @@ class ItemSpec(NamedTuple):
         """Σ L² over the item's segments, L = patch rows per segment (its segments are equal): attention work."""
         rows = self.tokens * MERGE_SIZE**2
         return rows * rows // self.segments
+
+    @classmethod
+    def from_grid(cls, grid: Sequence[int], merge: int = MERGE_SIZE) -> "ItemSpec":
+        """The spec of one (t, h, w) patch grid: t segments, t·h·w / merge² tokens."""
+        t, h, w = (int(x) for x in grid)
+        return cls(output_tokens(t, h, w, merge), t)
+
+    @classmethod
+    def total(cls, specs: Iterable["ItemSpec"]) -> "ItemSpec":
+        """The tokens and segments of several items together (one batch)."""
+        tokens = segments = 0
+        for spec in specs:
+            tokens, segments = tokens + spec.tokens, segments + spec.segments
+        return cls(tokens, segments)
 
 
 def smart_resize(height: int, width: int, num_frames: int = TEMPORAL_PATCH_SIZE, *, factor: int = FACTOR,
@@ -90,5 +104,5 @@ def output_tokens(t: int, h: int, w: int, merge: int = MERGE_SIZE) -> int:
 
 
 def item_spec(t: int, h: int, w: int, merge: int = MERGE_SIZE) -> ItemSpec:
-    """The :class:`ItemSpec` of a (t, h, w) grid: t segments, t·h·w / merge² tokens."""
-    return ItemSpec(output_tokens(t, h, w, merge), t)
+    """The :class:`ItemSpec` of a (t, h, w) grid: t segments, t·h·w / merge² tokens (:meth:`ItemSpec.from_grid`)."""
+    return ItemSpec.from_grid((t, h, w), merge)

@@ -1,47 +1,66 @@
-"""CUDA-graph capture and replay of the encoder, one graph per token budget, with eager fallback.
+"""CUDA-graph capture and replay of the encoder, one graph per token budget, with per-batch routing.
 
-``EncoderGraphRunner(model, budget_config, backend="cuda")`` captures ``forward_static`` once per budget
-(largest first, into one shared memory pool). ``run(pixel_values, grid_thw)`` packs the items into batches
-(``glmvit.packing.plan_batches``), and for each batch builds the host metadata, copies pixels and metadata into
-the budget's static buffers, replays the graph and clones every item's rows out of the static output buffer.
-The metadata goes through one pinned staging buffer per budget (no per-batch pinning), and is not rebuilt at all
-when a batch has the same grids as the budget's previous one (a stream of same-sized images).
-What no budget fits runs eagerly. ``backend="emulate"`` does the same bookkeeping on any device but calls
+``EncoderGraphRunner(model, budget_config, mode="cuda")`` captures ``forward_static`` once per budget (largest
+first, into one shared memory pool). ``run(pixel_values, grid_thw)``:
+
+1. validates the request once, on the host (shapes and grids);
+2. plans it once per distinct grids (:meth:`EncoderGraphRunner.plan`): :func:`glmvit.packing.plan_batches` over the
+   budgets actually captured — one decision, so the plan names the graph that replays — and *routes* every batch.
+   Without a latency table a batch replays whenever a budget holds it, as vLLM does; with one
+   (``latency_table=``, measured for this runner's mode) it replays only where the table predicts the replay is
+   no slower than an eager forward of the same batch;
+3. per replayed batch: one copy of its pixel rows into the budget's static buffer (padded rows are left as they
+   are: ``embed`` masks them), its metadata written straight into one of two pinned staging buffers (alternating,
+   so the host never waits for the previous copy) and sent with one host→device copy — nothing at all when the
+   budget already holds this batch's grids —, the replay, and one clone of the batch's real tokens;
+4. returns per-item views of those clones, owned by the caller. One clone per batch, not one per item: one copy
+   kernel instead of one per item; the price is that an item keeps its batch's clone alive.
+
+The NaN/Inf pixel check stays on by default without a device sync per request: one sum per pixel row is taken on
+the device as each batch is copied in, the sums come back in one copy after every batch is launched, and the call's
+single host wait (an event, before reading them) happens there. ``check_finite=False`` skips it, and then ``run``
+waits for nothing: the results are ready in stream order.
+
+The runner is safe to share between threads: a lock gives its static buffers one owner at a time (``run``,
+``replay`` and ``capture`` hold it). ``mode="emulate"`` does the same bookkeeping on any device but calls
 ``forward_static`` where a graph would replay: the CPU teaching and test path (it never claims to be a graph, so it
-takes any attention backend, the per-segment CPU default included; ``backend="cuda"`` needs a graph-safe one).
-``torch_compile=True`` compiles ``forward_static`` before capture, by default in regions (``compile_scope="blocks"``:
-the embedding, one block for all 24, the head), so a start compiles once for every budget; ``runner.stats.capture``
-records per budget the seconds of capture and of the warm-up where compiling happens.
+takes any attention backend; ``mode="cuda"`` needs a graph-safe one). ``torch_compile=True`` compiles
+``forward_static`` before capture, by default in regions (``compile_scope="blocks"``: the embedding, one block for
+all 24, the head), so a start compiles once for every budget; ``runner.captures`` records per budget the seconds
+of capture and of the warm-up where compiling happens.
 """
 from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from .attention import GRAPH_SAFE
+from .costmodel import LatencyTable
 from .geometry import ItemSpec
-from .metadata import BatchShape, EncoderMetadata, build_metadata
+from .metadata import BatchShape, EncoderMetadata, build_metadata, item_row_starts, items_of_rows
 from .model import GlmVisionEncoder, StaticParts, run_block
 from .packing import BudgetConfig, plan_batches
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("cuda", "emulate")
+MODES = ("cuda", "emulate")
 COMPILE_SCOPES = ("blocks", "model")
 LAYOUT_CACHE_SIZE = 1024  # distinct request layouts (grids) whose plans are kept
 
 
 @dataclass
-class BudgetGraph:
-    """Everything one budget owns: its static shape, buffers and (on CUDA) its graph."""
+class CapturedBudget:
+    """Everything one budget owns: its static shape and buffers, and on CUDA its graph and pinned staging."""
 
     budget: int
     shape: BatchShape
@@ -49,64 +68,114 @@ class BudgetGraph:
     meta: EncoderMetadata
     output: torch.Tensor
     graph: "torch.cuda.CUDAGraph | None" = None
-    staging: torch.Tensor | None = None  # pinned host copy of meta.packed (CUDA): one per budget, reused
-    staged: "torch.cuda.Event | None" = None  # recorded after each copy out of ``staging``
-    filled_rows: int = 0
+    staging: tuple[torch.Tensor, ...] = ()  # pinned host copies of meta.packed (CUDA): two, used in turn
+    staged: tuple["torch.cuda.Event", ...] = ()  # recorded after each copy out of the staging buffer of that index
+    next_staging: int = 0
     staged_grids: bytes | None = None  # the grids whose metadata ``meta.packed`` holds now
     pointers: tuple[int, ...] = ()
-    capture_s: float = 0.0  # allocation, warm-up (compilation included) and capture
-    warmup_s: float = 0.0  # the warm-up runs alone: with torch_compile, where tracing and compiling happen
-    graph_bytes: int = 0
-    buffer_bytes: int = 0
 
     def data_pointers(self) -> tuple[int, ...]:
         return (self.pixels.data_ptr(), self.meta.packed.data_ptr(), self.output.data_ptr())
 
 
+@dataclass(frozen=True)
+class Capture:
+    """What preparing one budget cost: seconds (allocation, warm-up, capture), of which the warm-up alone (where
+    ``torch.compile`` traces and compiles), the pool growth of its graph, and its static buffers."""
+
+    budget: int
+    rows: int
+    segments: int
+    seconds: float
+    warmup_seconds: float
+    graph_bytes: int
+    buffer_bytes: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
 @dataclass(frozen=True, eq=False)
 class BatchStep:
-    """One planned batch of a request: its items, their pixel rows and tokens, and the graph (None = eager)."""
+    """One planned batch of a request: its items, their pixel rows and tokens, its budget and its route.
+
+    ``budget`` is the captured budget that holds the batch (None: none does); ``replay`` says whether it replays
+    there or runs eagerly; ``predicted_ms`` is the latency table's time for that route (None without a table).
+    """
 
     items: tuple[int, ...]
     tokens: int
-    graph: BudgetGraph | None
+    segment_rows2: int
+    budget: CapturedBudget | None
+    replay: bool
+    predicted_ms: float | None
     grids: np.ndarray
-    rows: list[tuple[int, int]]
-    item_tokens: list[int]
+    rows: tuple[tuple[int, int], ...]  # the items' pixel row ranges in the request, in batch order
+    row_index: torch.Tensor | None  # their rows as one gather index on the device; None when one contiguous range
+    item_tokens: tuple[int, ...]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(b - a for a, b in self.rows)
 
 
 @dataclass
 class RunnerStats:
-    """Counters since construction (or ``reset()``): what ran how, and where time went."""
+    """Counters since construction or :meth:`reset`: what ran how, how routing chose, and where time went.
+
+    ``routed_eager`` counts batches a captured budget held but the latency table sent to eager. ``predicted_ms``
+    and ``measured_ms`` add up the table's prediction and the GPU time measured (CUDA events; wall time when
+    emulating) over the ``timed_batches`` whose timing has completed.
+    """
 
     runs: int = 0
     items: int = 0
     replays: int = 0
     eager_batches: int = 0
     fallback_items: int = 0
+    routed_eager: int = 0
     real_tokens: int = 0
     budget_tokens: int = 0
-    host_s: float = 0.0  # planning, metadata, copies and launches on the host
-    total_s: float = 0.0  # wall time of run() up to the results being ready (synchronised on CUDA)
-    capture: dict[int, dict] = field(default_factory=dict)
-    failed: dict[int, str] = field(default_factory=dict)
+    host_s: float = 0.0  # run() on the host up to the last launch: planning, metadata, copies, launches
+    wait_s: float = 0.0  # run()'s one host wait, for the finite check's sums (0 with check_finite=False)
+    timed_batches: int = 0
+    predicted_ms: float = 0.0
+    measured_ms: float = 0.0
 
     @property
     def padding_fraction(self) -> float:
         """Padded tokens / budget tokens over all replays (0 when nothing replayed)."""
         return 1 - self.real_tokens / self.budget_tokens if self.budget_tokens else 0.0
 
-    def as_dict(self) -> dict:
-        d = {k: v for k, v in vars(self).items() if k not in ("capture", "failed")}
-        d["padding_fraction"] = self.padding_fraction
-        d["capture"] = self.capture
-        d["failed"] = self.failed
-        return d
+    @property
+    def prediction_error(self) -> float | None:
+        """Σ predicted / Σ measured − 1 over the timed batches (None before any)."""
+        return self.predicted_ms / self.measured_ms - 1 if self.measured_ms else None
+
+    def reset(self) -> None:
+        """Zero every counter (the captures are the runner's, not the stats')."""
+        for f in fields(self):
+            setattr(self, f.name, f.default)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "padding_fraction": self.padding_fraction,
+                "prediction_error": self.prediction_error}
 
 
 def _oom_request(err: BaseException) -> str:
     found = re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", str(err))
     return found.group(1) if found else "an unknown amount"
+
+
+@contextmanager
+def _dynamo_limits(recompiles: int) -> Iterator[None]:
+    """Room for one compiled specialisation per budget shape while capturing; torch's own limits again after."""
+    import torch._dynamo.config as dynamo_config
+
+    knobs = {k: max(getattr(dynamo_config, k), recompiles) for k in ("cache_size_limit", "recompile_limit")
+             if hasattr(dynamo_config, k)}
+    with dynamo_config.patch(**knobs):
+        yield
 
 
 class EncoderGraphRunner:
@@ -116,37 +185,41 @@ class EncoderGraphRunner:
         self,
         model: GlmVisionEncoder,
         budget_config: BudgetConfig,
-        backend: str = "cuda",
+        mode: str = "cuda",
         packer: str = "ffd",
+        latency_table: LatencyTable | None = None,
         check_pointers: bool = False,
         progress: bool = False,
         torch_compile: bool = False,
         compile_dynamic: bool | None = None,
         compile_scope: str = "blocks",
     ):
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        if backend == "cuda" and model.device.type != "cuda":
-            raise ValueError("backend='cuda' needs the model on a CUDA device; use backend='emulate' elsewhere")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if mode == "cuda" and model.device.type != "cuda":
+            raise ValueError("mode='cuda' needs the model on a CUDA device; use mode='emulate' elsewhere")
         attn = model.attention_backend()
-        if backend == "cuda" and attn not in GRAPH_SAFE:  # emulation replays nothing: any backend is correct
+        if mode == "cuda" and attn not in GRAPH_SAFE:  # emulation replays nothing: any backend is correct
             raise ValueError(f"attention backend {attn!r} is not graph-safe; use one of {GRAPH_SAFE}")
-        self.model = model
-        self.config = budget_config
-        self.backend = backend
-        self.packer = packer
-        self.check_pointers = check_pointers
-        self.progress = progress
         # torch.compile fuses the small elementwise kernels (norms, SwiGLU, residual adds) before capture: faster
         # replays, with bf16 rounding that differs from the uncompiled forward. compile_scope "blocks" compiles the
         # three stages apart (embed, one block that all 24 share, head): tracing and compiling are ~1/24 of the
-        # whole model's, for one more kernel per block (a block's last add and the next block's norm are no longer
-        # fused). "model" compiles forward_static whole. compile_dynamic: None (torch's default) compiles the first
-        # budget for its shape and the second once with symbolic sizes that every later budget reuses; False
+        # whole model's, for a few more kernels per block (a block's last add and the next block's norm are no
+        # longer fused). "model" compiles forward_static whole. compile_dynamic: None (torch's default) compiles the
+        # first budget for its shape and the second once with symbolic sizes that every later budget reuses; False
         # compiles every budget for its own shape; True compiles once, symbolically, from the start.
         if compile_scope not in COMPILE_SCOPES:
             raise ValueError(f"compile_scope must be one of {COMPILE_SCOPES}, got {compile_scope!r}")
+        self.model = model
+        self.config = budget_config
+        self.mode = mode
+        self.packer = packer
+        self.check_pointers = check_pointers
+        self.progress = progress
         self.compiled = torch_compile
+        self.latency_table = latency_table
+        if latency_table is not None:
+            _check_table(latency_table, self.table_mode, attn)
         self.forward_static: Callable[[torch.Tensor, EncoderMetadata], torch.Tensor] = model.forward_static
         if torch_compile and compile_scope == "model":
             self.forward_static = torch.compile(model.forward_static, dynamic=compile_dynamic)
@@ -154,10 +227,19 @@ class EncoderGraphRunner:
             compile_ = partial(torch.compile, dynamic=compile_dynamic)
             parts: StaticParts = (compile_(model.embed), compile_(run_block), compile_(model.head))
             self.forward_static = partial(model.forward_static, parts=parts)
-        self.graphs: dict[int, BudgetGraph] = {}
+        self.graphs: dict[int, CapturedBudget] = {}
+        self.captures: dict[int, Capture] = {}
+        self.failed: dict[int, str] = {}
         self.pool: Any = None  # the shared memory pool handle, from the first capture on
         self.stats = RunnerStats()
         self._layouts: dict[bytes, list[BatchStep]] = {}  # plans by the request's grids; reset by capture()
+        self._pending: list[tuple[float, Any, Any]] = []  # (predicted ms, start, end event) not yet resolved
+        self._lock = threading.Lock()
+
+    @property
+    def table_mode(self) -> str:
+        """The latency-table mode this runner replays as: ``graph-compiled`` or ``graph``."""
+        return "graph-compiled" if self.compiled else "graph"
 
     # ---- capture -------------------------------------------------------------------------------------------
     def batch_shape(self, budget: int) -> BatchShape:
@@ -165,24 +247,26 @@ class EncoderGraphRunner:
         rows = budget * self.model.config.merge_area
         return BatchShape(rows=rows, segments=min(self.config.max_segments, budget), max_seqlen=rows)
 
-    def _allocate(self, budget: int) -> BudgetGraph:
+    def _allocate(self, budget: int) -> CapturedBudget:
         cfg, dev = self.model.config, self.model.device
         shape = self.batch_shape(budget)
         pixels = torch.zeros(shape.rows, cfg.patch_dim, dtype=self.model.dtype, device=dev)
-        meta = build_metadata(np.zeros((0, 3), np.int64), cfg.spatial_merge_size, shape).to(dev)
+        empty = build_metadata(np.zeros((0, 3), np.int64), cfg.spatial_merge_size, shape)
+        meta = EncoderMetadata.from_packed(torch.from_numpy(empty.packed).to(dev), shape, cfg.merge_area)
         output = torch.zeros(budget, cfg.out_hidden_size, dtype=self.model.dtype, device=dev)
-        nbytes = sum(t.numel() * t.element_size() for t in (pixels, meta.packed, output))
-        bg = BudgetGraph(budget, shape, pixels, meta, output, buffer_bytes=nbytes)
+        cb = CapturedBudget(budget, shape, pixels, meta, output)
         if dev.type == "cuda":
-            bg.staging = torch.empty_like(meta.packed, device="cpu").pin_memory()
-            bg.staged = torch.cuda.Event()
-            bg.staged.record()
-        return bg
+            cb.staging = tuple(torch.empty_like(meta.packed, device="cpu").pin_memory() for _ in range(2))
+            cb.staged = tuple(torch.cuda.Event() for _ in range(2))
+            for event in cb.staged:
+                event.record()
+        return cb
 
-    def _capture_one(self, bg: BudgetGraph) -> None:
-        if self.backend == "emulate":
-            bg.output.copy_(self.forward_static(bg.pixels, bg.meta))
-            return
+    def _capture_one(self, cb: CapturedBudget) -> tuple[float, int]:
+        """Warm up and capture ``cb``'s graph: (warm-up seconds, pool growth in bytes)."""
+        if self.mode == "emulate":
+            cb.output.copy_(self.forward_static(cb.pixels, cb.meta))
+            return 0.0, 0
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
@@ -190,10 +274,10 @@ class EncoderGraphRunner:
         start = time.perf_counter()
         with torch.cuda.stream(stream):
             for _ in range(2 if self.compiled else 1):  # warm-up: compilation, autotuning, lazy init
-                bg.output.copy_(self.forward_static(bg.pixels, bg.meta))
+                cb.output.copy_(self.forward_static(cb.pixels, cb.meta))
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
-        bg.warmup_s = time.perf_counter() - start
+        warmup_s = time.perf_counter() - start
         torch.cuda.empty_cache()  # torch.cuda.graph empties the cache on entry too: measure from the same point
         before = torch.cuda.memory_reserved()
         graph = torch.cuda.CUDAGraph()
@@ -201,7 +285,7 @@ class EncoderGraphRunner:
             # The outer stream context restores the caller's stream even if torch.cuda.graph's __exit__ fails in
             # capture_end() (it would then skip restoring the stream and leave the capture stream current).
             with torch.cuda.stream(torch.cuda.current_stream()), torch.cuda.graph(graph, pool=self.pool):
-                bg.output.copy_(self.forward_static(bg.pixels, bg.meta))
+                cb.output.copy_(self.forward_static(cb.pixels, cb.meta))
         except BaseException:
             # A failure mid-capture (e.g. out of memory) leaves a partial graph holding a share of the pool: drop it
             # now rather than when the traceback dies. If no captured graph shares the pool, its use count falls to
@@ -211,90 +295,138 @@ class EncoderGraphRunner:
                 self.pool = None
             raise
         torch.cuda.synchronize()
-        bg.graph = graph
-        bg.graph_bytes = torch.cuda.memory_reserved() - before
+        cb.graph = graph
+        return warmup_s, torch.cuda.memory_reserved() - before
 
     @torch.inference_mode()
     def capture(self) -> "EncoderGraphRunner":
-        """Capture every budget, largest first into one pool; a budget that runs out of memory is skipped."""
-        budgets = sorted(self.config.token_budgets, reverse=True)
-        self._layouts.clear()  # plans name the graphs they replay
-        if self.compiled:  # one compiled specialisation per budget shape
-            import torch._dynamo.config as dynamo_config
-
-            for knob in ("cache_size_limit", "recompile_limit"):
-                if hasattr(dynamo_config, knob):
-                    setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), 2 * len(budgets) + 8))
-        label = "capturing" if self.backend == "cuda" else "preparing (emulated, no graphs)"
-        bar = tqdm(budgets, desc=label, unit="budget", disable=not self.progress)
-        for budget in bar:
-            bar.set_postfix_str(f"{budget} tokens{', compiling' if self.compiled else ''}")
-            start = time.perf_counter()
-            try:
-                bg = self._allocate(budget)
-                self._capture_one(bg)
-            except torch.OutOfMemoryError as err:
-                self.stats.failed[budget] = (
-                    f"budget {budget} tokens: out of memory while capturing (it asked for {_oom_request(err)}; "
-                    f"{torch.cuda.mem_get_info()[0] / 2**30:.2f} GiB free); this budget falls back to eager"
-                )
-                bg = None
-            if bg is None:
-                # Outside the except block, so the traceback (and the failed budget's buffers and partial graph it
-                # kept alive) is gone: finish the failed work, then hand its cached memory back to the driver.
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()
-                continue
-            bg.capture_s = time.perf_counter() - start
-            bg.pointers = bg.data_pointers()
-            self.graphs[budget] = bg
-            self.stats.capture[budget] = {
-                "seconds": bg.capture_s,
-                "warmup_seconds": bg.warmup_s,
-                "graph_bytes": bg.graph_bytes,
-                "buffer_bytes": bg.buffer_bytes,
-                "rows": bg.shape.rows,
-                "segments": bg.shape.segments,
-            }
-        for message in self.stats.failed.values():
-            log.warning(message)
+        """Capture every budget, largest first into one pool; a budget that runs out of memory is skipped (its
+        batches then plan into the budgets that were captured, or run eagerly)."""
+        with self._lock:
+            budgets = sorted(self.config.token_budgets, reverse=True)
+            self._layouts.clear()  # plans name the budgets they replay
+            label = "capturing" if self.mode == "cuda" else "preparing (emulated, no graphs)"
+            bar = tqdm(budgets, desc=label, unit="budget", disable=not self.progress)
+            with _dynamo_limits(2 * len(budgets) + 8) if self.compiled else _nothing():
+                for budget in bar:
+                    bar.set_postfix_str(f"{budget} tokens{', compiling' if self.compiled else ''}")
+                    self._capture_budget(budget)
+            for message in self.failed.values():
+                log.warning(message)
         return self
 
-    # ---- replay --------------------------------------------------------------------------------------------
-    def _fit(self, tokens: int, segments: int) -> BudgetGraph | None:
-        """Smallest captured budget whose token and segment capacity hold the batch."""
-        for budget in sorted(self.graphs):
-            bg = self.graphs[budget]
-            if tokens <= budget and segments <= bg.shape.segments:
-                return bg
-        return None
+    def _capture_budget(self, budget: int) -> None:
+        start = time.perf_counter()
+        try:
+            cb = self._allocate(budget)
+            warmup_s, graph_bytes = self._capture_one(cb)
+        except torch.OutOfMemoryError as err:
+            self.failed[budget] = (
+                f"budget {budget} tokens: out of memory while capturing (it asked for {_oom_request(err)}; "
+                f"{torch.cuda.mem_get_info()[0] / 2**30:.2f} GiB free); its batches plan into other budgets or run "
+                "eagerly")
+            cb = None
+        if cb is None:
+            # Outside the except block, so the traceback (and the failed budget's buffers and partial graph it kept
+            # alive) is gone: finish the failed work, then hand its cached memory back to the driver.
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            return
+        cb.pointers = cb.data_pointers()
+        self.graphs[budget] = cb
+        buffers = sum(t.numel() * t.element_size() for t in (cb.pixels, cb.meta.packed, cb.output))
+        self.captures[budget] = Capture(budget, cb.shape.rows, cb.shape.segments, time.perf_counter() - start,
+                                        warmup_s, graph_bytes, buffers)
 
-    def _replay(self, bg: BudgetGraph, pixels: list[torch.Tensor], grids: np.ndarray) -> torch.Tensor:
-        if self.check_pointers and bg.data_pointers() != bg.pointers:
-            raise RuntimeError(f"budget {bg.budget}: a captured buffer was rebound (data pointer changed)")
-        offset = 0
-        for chunk in pixels:
-            bg.pixels[offset : offset + chunk.shape[0]].copy_(chunk, non_blocking=True)
-            offset += chunk.shape[0]
-        if bg.filled_rows > offset:
-            bg.pixels[offset : bg.filled_rows].zero_()
-        bg.filled_rows = offset
+    # ---- planning ------------------------------------------------------------------------------------------
+    def captured_config(self) -> BudgetConfig | None:
+        """The budget config the runner plans with: the captured budgets and the same limits (None: none)."""
+        if not self.graphs:
+            return None
+        budgets = tuple(sorted(self.graphs))
+        return BudgetConfig(budgets, min(self.config.max_items, budgets[0]), self.config.max_segments)
+
+    def plan(self, grid_thw: Any) -> list[BatchStep]:
+        """The batches of a request with these grids, routed: planned once per distinct grids, then reused."""
+        grids = self.model.check_grid_thw(grid_thw)
         key = grids.tobytes()
-        if key != bg.staged_grids:  # same grids as this budget's last batch ⇒ its metadata is already in place
-            host = build_metadata(grids, self.model.config.spatial_merge_size, bg.shape)
-            if bg.staging is None or bg.staged is None:
-                bg.meta.packed.copy_(torch.from_numpy(host.packed))
-            else:
-                bg.staged.synchronize()  # the previous copy out of the staging buffer has run (a replay follows it)
-                bg.staging.numpy()[:] = host.packed
-                bg.meta.packed.copy_(bg.staging, non_blocking=True)
-                bg.staged.record()
-            bg.staged_grids = key
-        if bg.graph is not None:
-            bg.graph.replay()
+        steps = self._layouts.get(key)
+        if steps is None:
+            steps = self._plan(grids)
+            if len(self._layouts) >= LAYOUT_CACHE_SIZE:
+                self._layouts.clear()
+            self._layouts[key] = steps
+        return steps
+
+    def _plan(self, grids: np.ndarray) -> list[BatchStep]:
+        merge_area = self.model.config.merge_area
+        starts = item_row_starts(grids)
+        items = [ItemSpec.from_grid(g, self.model.config.spatial_merge_size) for g in grids]
+        config = self.captured_config()
+        groups: list[tuple[tuple[int, ...], int | None]]
+        if config is None:  # nothing captured: every item alone, eagerly
+            groups = [((i,), None) for i in range(len(items))]
         else:
-            bg.output.copy_(self.forward_static(bg.pixels, bg.meta))
-        return bg.output
+            groups = [(b.item_indices, b.budget) for b in plan_batches(items, config, packer=self.packer).batches]
+        steps = []
+        for idx, budget in groups:
+            tokens = sum(items[i].tokens for i in idx)
+            work = sum(items[i].segment_rows2 for i in idx)
+            replay, predicted = self._route(budget, tokens, work)
+            rows = tuple((int(starts[i]), int(starts[i + 1])) for i in idx)
+            contiguous = all(a == prev_b for (_, prev_b), (a, _) in zip(rows, rows[1:], strict=False))
+            index = None if contiguous else torch.from_numpy(
+                np.concatenate([np.arange(a, b) for a, b in rows])).to(self.model.device)
+            steps.append(BatchStep(tuple(idx), tokens, work, self.graphs[budget] if budget else None, replay,
+                                   predicted, grids[list(idx)], rows, index, tuple(items[i].tokens for i in idx)))
+        assert sum(s.tokens for s in steps) * merge_area == int(starts[-1]), "every row planned once"
+        return steps
+
+    def _route(self, budget: int | None, tokens: int, work: int) -> tuple[bool, float | None]:
+        """(replay?, predicted ms): replay when a budget holds the batch and, with a table, it is no slower."""
+        table = self.latency_table
+        if table is None:
+            return budget is not None, None
+        eager_ms = table.eager_time(tokens, work)
+        if budget is None:
+            return False, eager_ms
+        graph_ms = table.graph_time(budget, work)
+        return (True, graph_ms) if graph_ms <= eager_ms else (False, eager_ms)
+
+    # ---- replay --------------------------------------------------------------------------------------------
+    def _stage_metadata(self, cb: CapturedBudget, grids: np.ndarray) -> None:
+        """Put the batch's metadata in ``cb.meta.packed``, unless it holds these grids already."""
+        key = grids.tobytes()
+        if key == cb.staged_grids:  # the same grids as this budget's last batch (a stream of equal images)
+            return
+        merge = self.model.config.spatial_merge_size
+        if not cb.staging:  # not CUDA: the buffer is host memory, write it in place
+            build_metadata(grids, merge, cb.shape, out=cb.meta.packed.numpy())
+        else:
+            k = cb.next_staging
+            cb.staged[k].synchronize()  # the copy out of this buffer, two batches ago, has run (it almost always has)
+            build_metadata(grids, merge, cb.shape, out=cb.staging[k].numpy())
+            cb.meta.packed.copy_(cb.staging[k], non_blocking=True)
+            cb.staged[k].record()
+            cb.next_staging = 1 - k
+        cb.staged_grids = key
+
+    def _copy_pixels(self, dst: torch.Tensor, src: torch.Tensor, step: BatchStep) -> None:
+        if step.row_index is None:
+            a, b = step.rows[0][0], step.rows[-1][1]
+            dst.copy_(src[a:b], non_blocking=True)
+        else:
+            dst.copy_(src.index_select(0, step.row_index), non_blocking=True)
+
+    def _replay(self, cb: CapturedBudget, grids: np.ndarray) -> torch.Tensor:
+        if self.check_pointers and cb.data_pointers() != cb.pointers:
+            raise RuntimeError(f"budget {cb.budget}: a captured buffer was rebound (data pointer changed)")
+        self._stage_metadata(cb, grids)
+        if cb.graph is not None:
+            cb.graph.replay()
+        else:
+            cb.output.copy_(self.forward_static(cb.pixels, cb.meta))
+        return cb.output
 
     @torch.inference_mode()
     def replay(self, budget: int, pixel_values: torch.Tensor, grid_thw: Any) -> torch.Tensor:
@@ -303,71 +435,171 @@ class EncoderGraphRunner:
         Returns the budget's static output buffer [budget, out_hidden_size] (padded tokens are zero); the next replay
         of this budget overwrites it, so clone what you keep. For measuring one budget on any layout.
         """
-        grids = self.model.check_inputs(pixel_values, grid_thw)
-        bg = self.graphs.get(budget)
-        if bg is None:
-            raise ValueError(f"budget {budget} is not captured (captured: {sorted(self.graphs)})")
-        tokens, segments = int((grids.prod(axis=1)).sum()) // self.model.config.merge_area, int(grids[:, 0].sum())
-        if tokens > budget or segments > bg.shape.segments:
-            raise ValueError(f"a batch of {tokens} tokens in {segments} segments does not fit budget {budget} "
-                             f"({bg.shape.segments} segment slots)")
-        return self._replay(bg, [pixel_values], grids)
-
-    def _layout(self, grids: np.ndarray) -> list[BatchStep]:
-        """The batches of a request with these grids: planned once per distinct grids, then reused."""
-        key = grids.tobytes()
-        steps = self._layouts.get(key)
-        if steps is not None:
-            return steps
-        merge_area = self.model.config.merge_area
-        item_rows = (grids[:, 0] * grids[:, 1] * grids[:, 2]).astype(np.int64)
-        row_start = np.concatenate([[0], np.cumsum(item_rows)])
-        items = [ItemSpec(int(r) // merge_area, int(t)) for r, t in zip(item_rows, grids[:, 0], strict=True)]
-        plan = plan_batches(items, self.config, packer=self.packer) if items else None
-        steps = []
-        for batch in plan.batches if plan else []:
-            idx = tuple(batch.item_indices)
-            graph = self._fit(batch.tokens, batch.segments) if batch.budget is not None else None
-            rows = [(int(row_start[i]), int(row_start[i + 1])) for i in idx]
-            steps.append(BatchStep(idx, batch.tokens, graph, grids[list(idx)], rows, [items[i].tokens for i in idx]))
-        if len(self._layouts) >= LAYOUT_CACHE_SIZE:
-            self._layouts.clear()
-        self._layouts[key] = steps
-        return steps
+        with self._lock:
+            grids = self.model.check_inputs(pixel_values, grid_thw)
+            cb = self.graphs.get(budget)
+            if cb is None:
+                raise ValueError(f"budget {budget} is not captured (captured: {sorted(self.graphs)})")
+            spec = ItemSpec.total(ItemSpec.from_grid(g, self.model.config.spatial_merge_size) for g in grids)
+            if spec.tokens > budget or spec.segments > cb.shape.segments:
+                raise ValueError(f"a batch of {spec.tokens} tokens in {spec.segments} segments does not fit budget "
+                                 f"{budget} ({cb.shape.segments} segment slots)")
+            cb.pixels[: pixel_values.shape[0]].copy_(pixel_values, non_blocking=True)
+            return self._replay(cb, grids)
 
     @torch.inference_mode()
-    def run(self, pixel_values: torch.Tensor, grid_thw, check_finite: bool = True) -> list[torch.Tensor]:
+    def run(self, pixel_values: torch.Tensor, grid_thw: Any, check_finite: bool = True) -> list[torch.Tensor]:
         """Encode a batch of images/videos; returns one [tokens_i, out_hidden_size] tensor per item, in order.
 
-        ``check_finite=False`` skips the NaN/Inf pixel check (``model.check_inputs``) for pixels validated already.
+        ``check_finite=False`` skips the NaN/Inf pixel check for pixels validated already (and with it the call's
+        only host wait). Safe to call from several threads: calls run one at a time.
         """
+        with self._lock:
+            return self._run(pixel_values, grid_thw, check_finite)
+
+    def _run(self, pixel_values: torch.Tensor, grid_thw: Any, check_finite: bool) -> list[torch.Tensor]:
         start = time.perf_counter()
-        model = self.model
-        grids = model.check_inputs(pixel_values, grid_thw, check_finite)
-        steps = self._layout(grids)
+        model, device, stats = self.model, self.model.device, self.stats
+        grids = model.check_inputs(pixel_values, grid_thw, check_finite=False)
+        if len(grids) == 0:
+            return []
+        steps = self.plan(grids)
+        self._resolve_timings(wait=False)
+        on_device = pixel_values if pixel_values.device == device or all(s.row_index is None for s in steps) \
+            else pixel_values.to(device, non_blocking=True)  # gathers read it on the device: copy the request once
+        sums = torch.empty(len(pixel_values), dtype=torch.float32, device=device) if check_finite else None
+        summed = 0  # rows whose sums are taken, in batch order
         results: list[torch.Tensor | None] = [None] * len(grids)
-        host_s = time.perf_counter() - start
         for step in steps:
-            chunks = [pixel_values[a:b] for a, b in step.rows]
-            if step.graph is None:
-                out = model.forward(torch.cat(chunks).to(model.device), step.grids, check_finite=False)
-                self.stats.eager_batches += 1
-                self.stats.fallback_items += len(step.items)
+            timing = self._start_timing(step)
+            n = step.num_rows
+            src = on_device if step.row_index is not None else pixel_values
+            if step.replay:
+                assert step.budget is not None
+                batch = step.budget.pixels[:n]
+                self._copy_pixels(batch, src, step)
             else:
-                t0 = time.perf_counter()
-                out = self._replay(step.graph, chunks, step.grids)
-                host_s += time.perf_counter() - t0
-                self.stats.replays += 1
-                self.stats.real_tokens += step.tokens
-                self.stats.budget_tokens += step.graph.budget
+                batch = torch.empty(n, model.config.patch_dim, dtype=model.dtype, device=device)
+                self._copy_pixels(batch, src, step)
+            if sums is not None:
+                torch.sum(batch, dim=1, dtype=torch.float32, out=sums[summed : summed + n])
+                summed += n
+            if step.replay:
+                assert step.budget is not None
+                out = self._replay(step.budget, step.grids)[: step.tokens].clone()
+                stats.replays += 1
+                stats.real_tokens += step.tokens
+                stats.budget_tokens += step.budget.budget
+            else:
+                out = model.forward(batch, step.grids, check_finite=False)
+                stats.eager_batches += 1
+                stats.fallback_items += len(step.items)
+                stats.routed_eager += step.budget is not None
+            self._end_timing(step, timing)
             offset = 0
-            for i, n in zip(step.items, step.item_tokens, strict=False):
-                results[i] = out[offset : offset + n].clone()
-                offset += n
-        if self.backend == "cuda":
-            torch.cuda.current_stream().synchronize()  # the caller needs the results; makes total_s honest
-        self.stats.runs += 1
-        self.stats.items += len(grids)
-        self.stats.host_s += host_s
-        self.stats.total_s += time.perf_counter() - start
-        return [out for out in results if out is not None]  # every item was filled in by its batch
+            for i, n_tok in zip(step.items, step.item_tokens, strict=True):
+                results[i] = out[offset : offset + n_tok]
+                offset += n_tok
+        stats.host_s += time.perf_counter() - start
+        if sums is not None:
+            self._check_sums(sums, steps, pixel_values, grids)
+        stats.runs += 1
+        stats.items += len(grids)
+        out_list = [r for r in results if r is not None]
+        assert len(out_list) == len(grids), "every item was filled in by its batch"
+        return out_list
+
+    def _check_sums(self, sums: torch.Tensor, steps: list[BatchStep], pixel_values: torch.Tensor,
+                    grids: np.ndarray) -> None:
+        """The finite check's one host wait: every batch is launched; read the row sums and refuse non-finite items.
+
+        A row whose sum is not finite holds a NaN or an Inf, or finite values whose sum overflowed: only such rows are
+        then checked value by value (rare, so its syncs do not matter), and only those holding NaN/Inf refuse."""
+        wait = time.perf_counter()
+        if sums.device.type == "cuda":
+            host = torch.empty(sums.shape, dtype=sums.dtype, pin_memory=True)
+            host.copy_(sums, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            done.synchronize()
+        else:
+            host = sums
+        self.stats.wait_s += time.perf_counter() - wait
+        self._resolve_timings(wait=False)
+        finite = np.isfinite(host.numpy())
+        if finite.all():
+            return
+        batch_order = np.concatenate([np.arange(a, b) for s in steps for a, b in s.rows])  # request row of each sum
+        suspects = batch_order[~finite]
+        sync_mode = torch.cuda.get_sync_debug_mode() if torch.cuda.is_available() else 0
+        if sync_mode:
+            torch.cuda.set_sync_debug_mode(0)  # the refusal path may read the device freely
+        try:
+            rows = pixel_values[torch.from_numpy(np.sort(suspects)).to(pixel_values.device)].to(self.model.dtype)
+            bad_rows = np.sort(suspects)[~torch.isfinite(rows).all(dim=1).cpu().numpy()]
+        finally:
+            if sync_mode:
+                torch.cuda.set_sync_debug_mode(sync_mode)
+        bad = items_of_rows(grids, bad_rows)
+        if bad:
+            raise ValueError(f"pixel_values of item(s) {bad} hold NaN or Inf (in {self.model.dtype}, the model's "
+                             "dtype); fix or drop those items")
+
+    # ---- timing for the routing statistics -----------------------------------------------------------------
+    def _start_timing(self, step: BatchStep) -> Any:
+        if step.predicted_ms is None:
+            return None
+        if self.model.device.type != "cuda":
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _end_timing(self, step: BatchStep, start: Any) -> None:
+        if start is None or step.predicted_ms is None:
+            return
+        if isinstance(start, float):
+            self.stats.timed_batches += 1
+            self.stats.predicted_ms += step.predicted_ms
+            self.stats.measured_ms += (time.perf_counter() - start) * 1e3
+            return
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self._pending.append((step.predicted_ms, start, end))
+
+    def _resolve_timings(self, wait: bool) -> None:
+        """Add the batches whose GPU timing has completed to the stats (``wait``: wait for every one)."""
+        keep = []
+        for predicted, start, end in self._pending:
+            if wait:
+                end.synchronize()
+            if end.query():
+                self.stats.timed_batches += 1
+                self.stats.predicted_ms += predicted
+                self.stats.measured_ms += start.elapsed_time(end)
+            else:
+                keep.append((predicted, start, end))
+        self._pending = keep
+
+    def settle_stats(self) -> RunnerStats:
+        """The stats with every pending GPU timing included (waits for the GPU): read this, not ``stats``, to see
+        the routing's predicted-vs-measured error right after a run."""
+        with self._lock:
+            self._resolve_timings(wait=True)
+            return self.stats
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def _check_table(table: LatencyTable, mode: str, attention: str) -> None:
+    """A routing table must have measured this runner's mode and attention backend (or say nothing of them)."""
+    if table.mode is not None and table.mode != mode:
+        raise ValueError(f"latency table {table.describe()} measured {table.mode!r}, but this runner replays as "
+                         f"{mode!r}: route with a table of its own mode (python -m glmvit latency"
+                         f"{' --compile' if mode == 'graph-compiled' else ''})")
+    if table.attention is not None and table.attention != attention:
+        raise ValueError(f"latency table {table.describe()} measured attention {table.attention!r}, but the model "
+                         f"runs {attention!r}")

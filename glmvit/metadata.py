@@ -75,6 +75,20 @@ def rows_of(grids: np.ndarray) -> int:
     return int((grids[:, 0] * grids[:, 1] * grids[:, 2]).sum()) if len(grids) else 0
 
 
+def item_row_starts(grids: np.ndarray) -> np.ndarray:
+    """[n + 1] int64: where each item's pixel rows start (t·h·w rows per item), and the total last."""
+    starts = np.zeros(len(grids) + 1, dtype=np.int64)
+    if len(grids):
+        np.cumsum(grids[:, 0] * grids[:, 1] * grids[:, 2], out=starts[1:])
+    return starts
+
+
+def items_of_rows(grids: np.ndarray, rows: np.ndarray) -> list[int]:
+    """The items (rows of ``grids``) that the pixel rows ``rows`` belong to, sorted, each once."""
+    ends = item_row_starts(grids)[1:]
+    return sorted(set(np.searchsorted(ends, np.asarray(rows), side="right").tolist()))
+
+
 def nonfinite_items(pixel_values: torch.Tensor, grids: np.ndarray) -> list[int]:
     """Indices of the items (rows of ``grids``) whose pixel rows hold a NaN or an Inf. Reads the result on the host.
 
@@ -85,8 +99,7 @@ def nonfinite_items(pixel_values: torch.Tensor, grids: np.ndarray) -> list[int]:
     if suspects.numel() == 0:
         return []
     bad_rows = suspects[~torch.isfinite(pixel_values[suspects]).all(dim=1)].cpu().numpy()
-    ends = np.cumsum(grids[:, 0] * grids[:, 1] * grids[:, 2])
-    return sorted(set(np.searchsorted(ends, bad_rows, side="right").tolist()))
+    return items_of_rows(grids, bad_rows)
 
 
 @lru_cache(maxsize=4096)
@@ -121,7 +134,7 @@ class HostMetadata:
             packed = host.pin_memory().to(device, non_blocking=True)
         else:
             packed = host.clone()
-        return EncoderMetadata.from_packed(packed, self)
+        return EncoderMetadata.from_packed(packed, self.shape, self.merge_area, self)
 
 
 @dataclass
@@ -137,17 +150,18 @@ class EncoderMetadata:
     target_w: torch.Tensor
     segment_ids: torch.Tensor
     token_valid: torch.Tensor
-    host: HostMetadata  # the batch it was built for; the runner refreshes ``packed`` only, so read the tensors
+    host: HostMetadata | None = None  # the one batch it was built for; None for a runner's buffer (refreshed per batch)
 
     @classmethod
-    def from_packed(cls, packed: torch.Tensor, host: HostMetadata) -> "EncoderMetadata":
-        r = host.shape.rows
+    def from_packed(cls, packed: torch.Tensor, shape: BatchShape, merge_area: int,
+                    host: HostMetadata | None = None) -> "EncoderMetadata":
+        r = shape.rows
         views, start = [], 0
-        for size in (host.shape.cu_slots, r, r, r, r, r, r // host.merge_area):
+        for size in (shape.cu_slots, r, r, r, r, r, r // merge_area):
             views.append(packed[start : start + size])
             start += size
         cu_seqlens, h_idx, w_idx, target_h, target_w, segment_ids, token_valid = views
-        return cls(packed, host.shape, cu_seqlens, h_idx, w_idx, target_h, target_w, segment_ids, token_valid, host)
+        return cls(packed, shape, cu_seqlens, h_idx, w_idx, target_h, target_w, segment_ids, token_valid, host)
 
     @property
     def max_seqlen(self) -> int:
@@ -158,11 +172,13 @@ def build_metadata(
     grid_thw,
     merge: int = 2,
     shape: BatchShape | None = None,
+    out: np.ndarray | None = None,
 ) -> HostMetadata:
     """Metadata for the items of ``grid_thw`` (rows [t, h, w]); padded to ``shape`` if given, else exact.
 
     Every temporal patch of every item is its own attention segment (t segments per item); padded rows lie outside
-    every segment (see the module docstring).
+    every segment (see the module docstring). ``out``: an int32 array of ``shape.packed_size`` to write into (the
+    runner's pinned staging buffer) instead of a new one.
     """
     grids = as_grid_array(grid_thw)
     check_grids(grids, merge)
@@ -178,7 +194,14 @@ def build_metadata(
     if len(frame_rows) and frame_rows.max() > shape.max_seqlen:
         raise ValueError(f"a segment of {frame_rows.max()} rows exceeds max_seqlen {shape.max_seqlen}")
 
-    packed = np.zeros(shape.packed_size(merge_area), dtype=np.int32)
+    size = shape.packed_size(merge_area)
+    if out is None:
+        packed = np.zeros(size, dtype=np.int32)
+    elif out.shape != (size,) or out.dtype != np.int32:
+        raise ValueError(f"out must be int32 of shape ({size},), got {out.dtype} {out.shape}")
+    else:
+        packed = out
+        packed.fill(0)
     r = shape.rows
     base = shape.cu_slots
     cu = packed[:base]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -202,14 +203,19 @@ class GlmVisionEncoder(nn.Module):
             return default_backend(self.device, self.dtype, self.config.head_dim)
         return check_backend(self.attn_backend, self.device, self.dtype, self.config.head_dim)
 
-    def check_inputs(self, pixel_values: torch.Tensor, grid_thw, check_finite: bool = True):
+    def check_grid_thw(self, grid_thw) -> np.ndarray:
+        """Validate grids alone (shape, positive integers, divisible by the merge size): an [n, 3] int64 array."""
+        grids = as_grid_array(grid_thw)
+        check_grids(grids, self.config.spatial_merge_size)
+        return grids
+
+    def check_inputs(self, pixel_values: torch.Tensor, grid_thw, check_finite: bool = True) -> np.ndarray:
         """Validate a batch; returns the grids as an [n, 3] int64 numpy array.
 
         ``check_finite`` also refuses NaN/Inf pixels, naming the items (a host read of one sum per row; pass False
         for pixels validated already). Without it, a non-finite item still cannot change another item's output.
         """
-        grids = as_grid_array(grid_thw)
-        check_grids(grids, self.config.spatial_merge_size)
+        grids = self.check_grid_thw(grid_thw)
         width = self.config.patch_dim
         if pixel_values.ndim != 2 or pixel_values.shape[1] != width:
             raise ValueError(

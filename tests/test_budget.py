@@ -1,4 +1,5 @@
 """glmvit.geometry, glmvit.packing (property tests), glmvit.costmodel (recommendations) and glmvit.workloads."""
+import dataclasses
 import itertools
 import json
 import math
@@ -392,7 +393,7 @@ def test_load_latency_table_round_trip(tmp_path):
     path = tmp_path / "latency.json"
     path.write_text(json.dumps({"provenance": dict(table.provenance), "dtype": "bfloat16", "config": "glm41v",
                                 "budgets": rows[::-1]}))
-    assert load_latency_table(path) == table
+    assert load_latency_table(path) == dataclasses.replace(table, source=str(path))
 
 
 @pytest.mark.parametrize("data, message", [
@@ -418,13 +419,18 @@ def test_predict_time():
 
 
 def test_predict_time_adds_the_real_attention():
-    table = LatencyTable((64, 128), (4.0, 5.0), (15.0, 16.0), attention_ms=0.5, eager_floor_ms=15.0)
+    table = LatencyTable((64, 128), (4.0, 5.0), (2.0, 3.0), attention_ms=0.5, eager_floor_ms=15.0)
     clip, image = ItemSpec(256, 4), ItemSpec(64, 1)  # Σ L²: 4 segments of 256 rows; one of 256 rows
     assert clip.segment_rows2 == 4 * 256**2 and image.segment_rows2 == 256**2
     plan = plan_batches([image, image], BudgetConfig((64, 128), 2, 2))
     estimate = predict_time(plan, table)
-    assert estimate.graph_ms == pytest.approx(5.0 + 0.5 * 2 * 256**2 / 1e6)
+    attention = 0.5 * 2 * 256**2 / 1e6
+    assert estimate.graph_ms == pytest.approx(5.0 + attention)
     assert estimate.eager_ms == 15.0  # the host's launch time bounds a small eager forward from below
+    slow = dataclasses.replace(table, eager_ms=(20.0, 30.0))  # an eager forward the GPU, not the host, bounds
+    assert predict_time(plan, slow).eager_ms == pytest.approx(30.0 + attention)
+    routed = predict_time(plan, dataclasses.replace(table, graph_ms=(40.0, 50.0)), route=True)
+    assert routed.graph_ms == 0 and routed.fallback_ms == 15.0  # routed: the faster eager forward runs
 
 
 # ---------------------------------------------------------------------------------------------- recommend

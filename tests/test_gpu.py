@@ -152,7 +152,7 @@ def full():
 
 @pytest.fixture(scope="module")
 def runner(full):
-    return EncoderGraphRunner(full, RUNNER_CONFIG, backend="cuda", check_pointers=True, progress=False).capture()
+    return EncoderGraphRunner(full, RUNNER_CONFIG, mode="cuda", check_pointers=True, progress=False).capture()
 
 
 @pytest.fixture
@@ -369,14 +369,14 @@ def test_poisoned_item_through_the_graph(runner):
 def test_runner_on_cuda_refuses_a_backend_that_is_not_graph_safe(full, monkeypatch):
     monkeypatch.setattr(full, "attn_backend", "segments")
     with pytest.raises(ValueError, match="not graph-safe"):
-        EncoderGraphRunner(full, RUNNER_CONFIG, backend="cuda", progress=False)
+        EncoderGraphRunner(full, RUNNER_CONFIG, mode="cuda", progress=False)
 
 
 def test_a_small_item_in_a_large_graph(full):
     """One 112² image (16 tokens) replayed in a 1024-token graph: the 1,008 padded tokens lie outside every
     attention segment, so the replay equals the eager static forward bitwise. (What it costs is measured, not
     asserted: the layout sweep of `python -m glmvit latency` records it.)"""
-    run = EncoderGraphRunner(full, BudgetConfig((1024,), 4, 32), backend="cuda", progress=False).capture()
+    run = EncoderGraphRunner(full, BudgetConfig((1024,), 4, 32), mode="cuda", progress=False).capture()
     try:
         bg = run.graphs[1024]
         small = random_pixels([[1, 8, 8]], torch.bfloat16, seed=22)
@@ -459,15 +459,15 @@ def test_capture_out_of_memory_skips_the_budget_and_falls_back(full):
     config = BudgetConfig((64, 256, 65536), max_items=4, max_segments=32)
     try:
         _limit_memory(2 * 2**30)
-        small = EncoderGraphRunner(full, config, backend="cuda", progress=False).capture()
+        small = EncoderGraphRunner(full, config, mode="cuda", progress=False).capture()
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     try:
-        assert set(small.stats.failed) == {65536}, small.stats.failed
-        message = small.stats.failed[65536]
+        assert set(small.failed) == {65536}, small.failed
+        message = small.failed[65536]
         assert "out of memory" in message and "65536" in message and "unknown amount" not in message
         assert any(unit in message for unit in ("KiB", "MiB", "GiB")), message
-        assert set(small.stats.capture) == {64, 256} and set(small.graphs) == {64, 256}
+        assert set(small.captures) == {64, 256} and set(small.graphs) == {64, 256}
         big = random_pixels([[1, 32, 40]], torch.bfloat16, seed=14)  # 320 tokens: no captured graph holds it
         assert_per_item(full, small.run(*big), *big)
         assert small.stats.fallback_items == 1 and small.stats.eager_batches == 1 and small.stats.replays == 0
@@ -495,12 +495,12 @@ def test_out_of_memory_in_the_middle_of_capture(full, monkeypatch):
     config = BudgetConfig((64, 256), max_items=4, max_segments=32)
     try:
         _limit_memory(headroom)
-        run = EncoderGraphRunner(full, config, backend="cuda", progress=False).capture()
+        run = EncoderGraphRunner(full, config, mode="cuda", progress=False).capture()
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     monkeypatch.undo()
     try:
-        assert set(run.stats.failed) == {256} and "out of memory" in run.stats.failed[256]
+        assert set(run.failed) == {256} and "out of memory" in run.failed[256]
         assert set(run.graphs) == {64}
         assert torch.cuda.current_stream() == torch.cuda.default_stream()
         assert not torch.cuda.is_current_stream_capturing()

@@ -1,8 +1,12 @@
-"""EncoderGraphRunner on CPU through the emulate backend (same buffers and bookkeeping, no CUDA graph)."""
+"""EncoderGraphRunner on CPU through the emulate mode (same buffers and bookkeeping, no CUDA graph)."""
+import dataclasses
+import threading
+
 import numpy as np
 import pytest
 import torch
 
+from glmvit.costmodel import LatencyTable
 from glmvit.graphs import EncoderGraphRunner
 from glmvit.packing import BudgetConfig
 from glmvit.workloads import random_batch
@@ -27,7 +31,7 @@ def random_grids(rng, n):
 
 @pytest.fixture
 def runner(tiny_model):
-    return EncoderGraphRunner(tiny_model, CONFIG, backend="emulate", check_pointers=True, progress=False).capture()
+    return EncoderGraphRunner(tiny_model, CONFIG, mode="emulate", check_pointers=True, progress=False).capture()
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -65,15 +69,18 @@ def test_stats_add_up(runner, tiny_config):
     assert s.runs == 1 and s.items == 5
     assert s.fallback_items == 1 and s.eager_batches == 1  # the 12×12 image (36 tokens > 32)
     assert s.real_tokens == 4 + 1 + 8 + 9  # replayed items' tokens only
-    assert s.budget_tokens >= s.real_tokens and 0 <= s.padding_fraction < 1
-    assert s.replays >= 1 and s.total_s >= s.host_s > 0
-    assert set(s.capture) == set(CONFIG.token_budgets)
+    # the four that fit: 22 tokens, 4 items, 5 segments → one batch in budget 32 (FFD packs them together)
+    assert s.replays == 1 and s.budget_tokens == 32 and s.padding_fraction == pytest.approx(10 / 32)
+    assert s.host_s > 0 and s.wait_s >= 0 and s.routed_eager == 0 and s.timed_batches == 0  # no table: no routing
+    assert set(runner.captures) == set(CONFIG.token_budgets)
+    s.reset()
+    assert s == type(s)() and runner.stats is s
 
 
 def test_frame_capacity_overflow_falls_back(tiny_model, tiny_config):
     """A clip with more temporal patches than any graph's frame capacity runs eagerly instead of crashing."""
     config = BudgetConfig(token_budgets=(16, 32), max_items=2, max_segments=3)
-    runner = EncoderGraphRunner(tiny_model, config, backend="emulate", progress=False).capture()
+    runner = EncoderGraphRunner(tiny_model, config, mode="emulate", progress=False).capture()
     pixels, grid = random_batch([[5, 2, 2]], tiny_config, seed=5)  # 5 tokens but 5 temporal patches
     out = runner.run(pixels, grid)
     with torch.no_grad():
@@ -93,18 +100,16 @@ def test_empty_request(runner, tiny_config):
 
 def test_rejects_what_cannot_be_captured(tiny_model, monkeypatch):
     with pytest.raises(ValueError, match="CUDA device"):
-        EncoderGraphRunner(tiny_model, CONFIG, backend="cuda")
-    with pytest.raises(ValueError, match="backend must be"):
-        EncoderGraphRunner(tiny_model, CONFIG, backend="graph")
+        EncoderGraphRunner(tiny_model, CONFIG, mode="cuda")
+    with pytest.raises(ValueError, match="mode must be"):
+        EncoderGraphRunner(tiny_model, CONFIG, mode="graph")
     monkeypatch.setattr(tiny_model, "attn_backend", "segments")
-    EncoderGraphRunner(tiny_model, CONFIG, backend="emulate")  # emulation captures nothing: any backend runs
+    EncoderGraphRunner(tiny_model, CONFIG, mode="emulate")  # emulation captures nothing: any backend runs
     monkeypatch.setattr(type(tiny_model), "device", property(lambda self: torch.device("cuda")))  # no GPU needed
     with pytest.raises(ValueError, match="not graph-safe"):
-        EncoderGraphRunner(tiny_model, CONFIG, backend="cuda")
+        EncoderGraphRunner(tiny_model, CONFIG, mode="cuda")
 
 
-def test_emulation_never_claims_a_graph(runner):
-    assert runner.backend == "emulate" and all(bg.graph is None for bg in runner.graphs.values())
 
 
 def test_metadata_is_rebuilt_only_when_the_grids_change(runner, tiny_model, tiny_config, monkeypatch):
@@ -143,10 +148,119 @@ def test_a_request_layout_is_planned_once(runner, tiny_config, monkeypatch):
 def test_compile_scope_is_checked_and_blocks_compile_one_function_for_all(tiny_model):
     config = BudgetConfig((16, 32), 2, 4)
     with pytest.raises(ValueError, match="compile_scope must be one of"):
-        EncoderGraphRunner(tiny_model, config, backend="emulate", torch_compile=True, compile_scope="layers")
-    runner = EncoderGraphRunner(tiny_model, config, backend="emulate", torch_compile=True)
+        EncoderGraphRunner(tiny_model, config, mode="emulate", torch_compile=True, compile_scope="layers")
+    runner = EncoderGraphRunner(tiny_model, config, mode="emulate", torch_compile=True)
     embed, block, head = runner.forward_static.keywords["parts"]  # nothing compiles until the first call
     assert block is not tiny_model.blocks[0] and all(callable(f) for f in (embed, block, head))
-    whole = EncoderGraphRunner(tiny_model, config, backend="emulate", torch_compile=True, compile_scope="model")
+    whole = EncoderGraphRunner(tiny_model, config, mode="emulate", torch_compile=True, compile_scope="model")
     assert not hasattr(whole.forward_static, "keywords")
-    assert EncoderGraphRunner(tiny_model, config, backend="emulate").forward_static == tiny_model.forward_static
+    assert EncoderGraphRunner(tiny_model, config, mode="emulate").forward_static == tiny_model.forward_static
+
+
+# ---- routing ---------------------------------------------------------------------------------------------------
+def table(graph_ms: float, eager_ms: float, mode: str | None = "graph") -> LatencyTable:
+    """A hand-made latency table (no attention fit): every replay costs graph_ms, every eager forward eager_ms."""
+    return dataclasses.replace(LatencyTable((8, 32), (graph_ms, graph_ms), (eager_ms, eager_ms)), mode=mode)
+
+
+@pytest.mark.parametrize("graph_ms, eager_ms, replays", [(1.0, 5.0, True), (5.0, 1.0, False)])
+def test_routing_follows_the_table(tiny_model, tiny_config, graph_ms, eager_ms, replays):
+    """A table that says replays are faster replays every batch a budget holds; one that says eager is faster runs
+    them eagerly. Either way the outputs equal the eager forward's, and the stats count the choice and both times."""
+    runner = EncoderGraphRunner(tiny_model, CONFIG, mode="emulate", latency_table=table(graph_ms, eager_ms)).capture()
+    grids = [[1, 4, 4], [2, 2, 4], [1, 12, 12]]  # two items that fit a budget, one that fits none
+    pixels, grid = random_batch(grids, tiny_config, seed=30)
+    steps = runner.plan(grid)
+    assert [s.replay for s in steps] == [replays, False] and steps[1].budget is None
+    assert [s.predicted_ms for s in steps] == [min(graph_ms, eager_ms), eager_ms]
+    outs = runner.run(pixels, grid)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.cat(outs), tiny_model(pixels, grid), atol=1e-5, rtol=1e-5)
+    s = runner.settle_stats()
+    assert (s.replays, s.eager_batches, s.routed_eager) == ((1, 1, 0) if replays else (0, 2, 1))
+    assert s.timed_batches == 2 and s.predicted_ms == pytest.approx(min(graph_ms, eager_ms) + eager_ms)
+    assert s.measured_ms > 0 and s.prediction_error == pytest.approx(s.predicted_ms / s.measured_ms - 1)
+
+
+def test_a_table_of_another_mode_is_refused(tiny_model):
+    with pytest.raises(ValueError, match="measured 'graph-compiled'"):
+        EncoderGraphRunner(tiny_model, CONFIG, mode="emulate", latency_table=table(1, 2, mode="graph-compiled"))
+    EncoderGraphRunner(tiny_model, CONFIG, mode="emulate", latency_table=table(1, 2, mode=None))  # made by hand
+
+
+def test_the_plan_names_only_captured_budgets(tiny_model, tiny_config, monkeypatch):
+    """A budget that failed to capture is never planned: its batches go to the next budget that was captured."""
+    runner = EncoderGraphRunner(tiny_model, CONFIG, mode="emulate")
+    real = runner._capture_one
+
+    def fail_16(cb):
+        if cb.budget == 16:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        return real(cb)
+
+    monkeypatch.setattr(runner, "_capture_one", fail_16)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (0, 0))
+    runner.capture()
+    assert sorted(runner.graphs) == [8, 32] and 16 in runner.failed
+    pixels, grid = random_batch([[1, 6, 6]], tiny_config, seed=31)  # 9 tokens: budget 16 if it existed
+    (step,) = runner.plan(grid)
+    assert step.budget is runner.graphs[32] and step.replay
+    with torch.no_grad():
+        torch.testing.assert_close(runner.run(pixels, grid)[0], tiny_model(pixels, grid), atol=1e-5, rtol=1e-5)
+
+
+def test_items_of_a_batch_that_are_not_adjacent_are_gathered(runner, tiny_model, tiny_config):
+    """FFD orders a batch largest first: items 1, 2, 0, whose rows are not one range of the request's, so they are
+    gathered with one index into the static buffer."""
+    grids = [[1, 2, 2], [1, 8, 8], [1, 2, 4]]  # 1, 16 and 2 tokens: one batch of 19 in budget 32
+    pixels, grid = random_batch(grids, tiny_config, seed=32)
+    (step,) = runner.plan(grid)
+    assert step.items == (1, 2, 0) and step.budget is runner.graphs[32] and step.row_index is not None
+    assert step.row_index.tolist() == list(range(4, 68)) + list(range(68, 76)) + list(range(0, 4))
+    outs = runner.run(pixels, grid)
+    with torch.no_grad():
+        for out, g, (a, b) in zip(outs, grids, [(0, 4), (4, 68), (68, 76)], strict=True):
+            torch.testing.assert_close(out, tiny_model(pixels[a:b], [g]), atol=1e-5, rtol=1e-5)
+
+
+def test_nonfinite_pixels_are_refused_after_the_batches_run(runner, tiny_model, tiny_config):
+    """run() checks finiteness once, at the end: the items holding NaN/Inf are named; without the check the other
+    items' outputs are unchanged and only the poisoned one is not finite."""
+    grids = [[1, 4, 4], [1, 2, 2], [1, 4, 2]]
+    pixels, grid = random_batch(grids, tiny_config, seed=33)
+    clean = runner.run(pixels, grid)
+    pixels[17, 3] = float("nan")  # item 1 (rows 16..19)
+    with pytest.raises(ValueError, match=r"item\(s\) \[1\] hold NaN or Inf"):
+        runner.run(pixels, grid)
+    unchecked = runner.run(pixels, grid, check_finite=False)
+    assert torch.equal(unchecked[0], clean[0]) and torch.equal(unchecked[2], clean[2])
+    assert not torch.isfinite(unchecked[1]).all()
+    huge = pixels.clone()
+    huge[17, 3] = 0.0
+    huge[:16] = 3e38  # finite values whose row sums overflow: suspects, cleared value by value
+    assert len(runner.run(huge, grid)) == 3
+
+
+def test_one_runner_shared_by_threads_returns_each_caller_its_own_items(tiny_model, tiny_config):
+    """Four threads share one runner: every output equals what that request gives alone. Without the runner's lock
+    the static buffers are shared with no owner, and requests get each other's embeddings."""
+    runner = EncoderGraphRunner(tiny_model, CONFIG, mode="emulate").capture()
+    rng = np.random.default_rng(34)
+    requests = [random_batch(random_grids(rng, int(rng.integers(1, 5))), tiny_config, seed=100 + i)
+                for i in range(24)]
+    alone = [runner.run(*r) for r in requests]
+    got: dict[int, list[torch.Tensor]] = {}
+
+    def worker(k: int) -> None:
+        for i in range(k, len(requests), 4):
+            got[i] = runner.run(*requests[i])
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wrong = [i for i in range(len(requests)) if not all(torch.equal(a, b) for a, b in zip(got[i], alone[i],
+                                                                                          strict=True))]
+    assert wrong == []

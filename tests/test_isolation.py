@@ -75,7 +75,7 @@ def test_a_poisoned_item_leaves_every_other_item_unchanged(tiny_model, tiny_hf, 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS, indirect=True)
 def test_emulated_runner_isolates_items(tiny_model, tiny_config, backend):
-    runner = EncoderGraphRunner(tiny_model, BudgetConfig((8, 16, 32), 4, 8), backend="emulate", progress=False)
+    runner = EncoderGraphRunner(tiny_model, BudgetConfig((8, 16, 32), 4, 8), mode="emulate", progress=False)
     runner.capture()
     pixels, grid = random_batch(GRIDS, tiny_config, seed=22)
     clean = runner.run(pixels, grid)

@@ -139,7 +139,7 @@ def per_item_eager(encoder, batch):
 def test_mixed_images_and_videos_through_the_runner(encoder):
     batch = mixed_batch()
     assert batch.kinds == ["image", "video", "image", "video", "video"]
-    runner = EncoderGraphRunner(encoder, CONFIG, backend="emulate", check_pointers=True, progress=False).capture()
+    runner = EncoderGraphRunner(encoder, CONFIG, mode="emulate", check_pointers=True, progress=False).capture()
     outs = runner.run(batch.pixel_values, batch.grid_thw)
     for out, expected in zip(outs, per_item_eager(encoder, batch), strict=True):
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
@@ -151,7 +151,7 @@ def test_clip_over_the_frame_limit_falls_back(encoder):
     config = BudgetConfig(token_budgets=(8, 32, 64), max_items=4, max_segments=6)
     batch = VisionInputs.concat([mixed_batch(), process_video(frames(17, seed=40), video_fps=VIDEO_FPS, **SMALL)])
     assert batch.grid_thw[-1, 0].item() == 9 > config.max_segments  # 9 temporal patches, only 54 tokens
-    runner = EncoderGraphRunner(encoder, config, backend="emulate", progress=False).capture()
+    runner = EncoderGraphRunner(encoder, config, mode="emulate", progress=False).capture()
     outs = runner.run(batch.pixel_values, batch.grid_thw)
     for out, expected in zip(outs, per_item_eager(encoder, batch), strict=True):
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
@@ -163,17 +163,17 @@ def test_frame_capacity_sizing_is_reported_and_bounded(encoder, max_segments):
     """segments = min(max_segments, budget) (a token per segment at least); buffer bytes follow the packed layout."""
     cfg = encoder.config
     config = BudgetConfig(token_budgets=(8, 32, 64), max_items=4, max_segments=max_segments)
-    runner = EncoderGraphRunner(encoder, config, backend="emulate", progress=False).capture()
-    assert set(runner.stats.capture) == set(config.token_budgets)
-    for budget, info in runner.stats.capture.items():
+    runner = EncoderGraphRunner(encoder, config, mode="emulate", progress=False).capture()
+    assert set(runner.captures) == set(config.token_budgets)
+    for budget, info in runner.captures.items():
         rows = budget * cfg.merge_area
         segments = min(max_segments, budget)
-        assert info["segments"] == segments and info["rows"] == rows
+        assert info.segments == segments and info.rows == rows
         packed = BatchShape(rows, segments, rows).packed_size(cfg.merge_area)
         cu_slots = -(-(segments + 2) // 4) * 4  # segments + 2, rounded up to 16-byte aligned sections
         assert packed == cu_slots + 5 * rows + rows // cfg.merge_area
         expected = (rows * cfg.patch_dim + budget * cfg.out_hidden_size) * 4 + packed * 4  # fp32 + int32
-        assert info["buffer_bytes"] == expected
+        assert info.buffer_bytes == expected
         static = (rows * cfg.patch_dim + budget * cfg.out_hidden_size) * 4
-        assert info["buffer_bytes"] <= static + (budget + 5 + 6 * rows) * 4
+        assert info.buffer_bytes <= static + (budget + 5 + 6 * rows) * 4
         assert runner.graphs[budget].meta.cu_seqlens.numel() == cu_slots

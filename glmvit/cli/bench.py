@@ -42,14 +42,15 @@ from tqdm.auto import tqdm
 
 from ..attention import check_backend
 from ..config import VisionConfig
-from ..costmodel import load_latency_table, predict_time
+from ..costmodel import TABLE_MODES, LatencyTable, predict_time, recorded_table
 from ..floor import floor_ms, flops_breakdown, measure_copy_bandwidth, measure_matmul_tflops, weight_bytes
-from ..graphs import EncoderGraphRunner, RunnerStats
+from ..graphs import EncoderGraphRunner
 from ..metadata import build_metadata
 from ..model import GlmVisionEncoder
 from ..oracle import flatten_video_grids, hf_twin
 from ..packing import BudgetConfig, plan_batches
 from ..provenance import collect
+from ..records import BenchRecord, make
 from ..timing import summarise, sync
 from ..workloads import PRESETS, random_mm_workload
 from .common import (
@@ -67,7 +68,7 @@ from .common import (
     model_from_args,
     read_latency_table,
     resolve_model_args,
-    write_json,
+    write_record,
 )
 
 MODES = ("transformers", "eager", "graph", "graph-compiled", "compile")
@@ -108,8 +109,9 @@ def compare(got: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
 
 
 def make_mode(mode: str, model: GlmVisionEncoder, budget_config: BudgetConfig, record: dict[str, Any],
-              progress: bool) -> tuple[Encode, EncoderGraphRunner | None]:
-    """A callable (pixels, grids, flat_grids) -> output [tokens, out_hidden] for one mode, and its runner if any."""
+              progress: bool, table: LatencyTable | None = None) -> tuple[Encode, EncoderGraphRunner | None]:
+    """A callable (pixels, grids, flat_grids) -> output [tokens, out_hidden] for one mode, and its runner if any
+    (routing each batch by ``table`` when one is given)."""
     device = model.device
     if mode == "transformers":
         hf = hf_twin(model)
@@ -117,16 +119,17 @@ def make_mode(mode: str, model: GlmVisionEncoder, budget_config: BudgetConfig, r
     if mode == "eager":
         return (lambda pixels, grids, flat: model(pixels, grids)), None
     if mode in ("graph", "graph-compiled"):
-        backend = "cuda" if device.type == "cuda" else "emulate"
-        runner = EncoderGraphRunner(model, budget_config, backend=backend, torch_compile=mode == "graph-compiled",
-                                    progress=progress)
+        runner_mode = "cuda" if device.type == "cuda" else "emulate"
+        runner = EncoderGraphRunner(model, budget_config, mode=runner_mode, torch_compile=mode == "graph-compiled",
+                                    progress=progress, latency_table=table)
         sync(device)
         before = torch.cuda.memory_reserved() if device.type == "cuda" else 0
         start = time.perf_counter()
         runner.capture()
-        record.update(capture_s=time.perf_counter() - start, backend=backend,
-                      capture={str(k): v for k, v in runner.stats.capture.items()},
-                      capture_failed={str(k): v for k, v in runner.stats.failed.items()})
+        record.update(capture_s=time.perf_counter() - start, runner_mode=runner_mode,
+                      routing=table.describe() if table else "off: a batch replays whenever a budget holds it",
+                      capture={str(k): v.as_dict() for k, v in runner.captures.items()},
+                      capture_failed={str(k): v for k, v in runner.failed.items()})
         if device.type == "cuda":
             record["capture_reserved_bytes"] = torch.cuda.memory_reserved() - before
 
@@ -194,7 +197,7 @@ def _per_request_vs(ms: list[float], ref: list[float]) -> dict[str, float]:
             "worst_ratio": float(ratios.max()), "median_ratio": float(np.median(ratios))}
 
 
-def run_benchmark(args: argparse.Namespace, command: str) -> dict:
+def run_benchmark(args: argparse.Namespace, command: str) -> BenchRecord:
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     torch.manual_seed(args.seed)
     modes = parse_modes(args.modes)
@@ -221,10 +224,9 @@ def run_benchmark(args: argparse.Namespace, command: str) -> dict:
     floor = _floor(args, device, dtype, model)
     floors = [floor_ms(f["total"], floor["weight_bytes"], floor["matmul_tflops"], floor["copy_gbps"]) for f in flops]
     plans = [plan_batches(r, budget_config) for r in specs]
+    tables = resolve_tables(args.tables, model, args.config)
 
     result: dict[str, Any] = {
-        "benchmark": "glmvit.bench",
-        "provenance": collect(device, command),
         "settings": {
             "workload": args.workload, "bucket_config": {str(k): v for k, v in buckets.items()},
             "items_per_request": items_per_request, "range_ratio": range_ratio, "limit_per_request": limit,
@@ -235,6 +237,7 @@ def run_benchmark(args: argparse.Namespace, command: str) -> dict:
             "warmup": args.warmup, "transformers_requests": args.transformers_requests,
             "modes": [mode_label(m, device) for m in modes], "order": "arrival order, one request at a time",
             "timing": "wall time per request of the encoder call incl. host preparation, between synchronizes",
+            "route": not args.no_route, "tables": {m: t.describe() for m, t in tables.items()},
         },
         "workload": {"requests": len(requests), "items": sum(len(g) for g in grids), "tokens": sum(tokens),
                      "patches": sum(int(p.shape[0]) for p in pixels), "grids": [g.tolist() for g in grids]},
@@ -257,10 +260,11 @@ def run_benchmark(args: argparse.Namespace, command: str) -> dict:
             torch.cuda.reset_peak_memory_stats(device)
         try:
             with torch.inference_mode():
-                fn, runner = make_mode(mode, model, budget_config, record, not args.quiet)
+                route_table = None if args.no_route else tables.get(mode)
+                fn, runner = make_mode(mode, model, budget_config, record, not args.quiet, route_table)
                 record["warmup_s"] = _warm(fn, inputs, n, args.warmup, device)
                 if runner is not None:  # count only the timed requests
-                    runner.stats = RunnerStats(capture=runner.stats.capture, failed=runner.stats.failed)
+                    runner.stats.reset()
                 ms, outputs[label] = _timed(fn, inputs, n, device, label, args.quiet)
         except Exception as err:  # noqa: BLE001 - one failing mode (e.g. compile) must not lose the others
             result["skipped"][label] = f"failed: {type(err).__name__}: {err}"
@@ -274,7 +278,9 @@ def run_benchmark(args: argparse.Namespace, command: str) -> dict:
                       vs_floor_median=float(np.median([m / fl for m, fl in zip(ms, floors, strict=False)])),
                       vs_floor_mean=statistics.mean(ms) / statistics.mean(floors[:n]))
         if runner is not None:
-            record["runner"] = runner.stats.as_dict()
+            record["runner"] = runner.settle_stats().as_dict()
+            if mode in tables:
+                record["predicted_ms"] = [_runner_prediction(runner, g, tables[mode], args.no_route) for g in grids[:n]]
         if device.type == "cuda":
             record["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
         result["modes"][label] = record
@@ -282,9 +288,10 @@ def run_benchmark(args: argparse.Namespace, command: str) -> dict:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     _add_comparisons(result, outputs)
-    if args.predict:
-        result["prediction"] = _prediction(args.predict, plans, result["modes"])
-    return result
+    if tables:
+        labels = {m: mode_label(m, device) for m in ("eager", *TABLE_MODES)}
+        result["prediction"] = _prediction(tables, plans, result["modes"], labels)
+    return make(BenchRecord, provenance=collect(device, command), **result)
 
 
 def _add_comparisons(result: dict, outputs: dict[str, torch.Tensor]) -> None:
@@ -307,21 +314,75 @@ def _add_comparisons(result: dict, outputs: dict[str, torch.Tensor]) -> None:
             result["accuracy"][label]["vs_transformers"] = compare(out, outputs["transformers"])
 
 
-def _prediction(path: str, plans: list, modes: dict) -> dict:
-    """The cost model's predicted mean ms per request (from a latency table) next to the measured means."""
-    table = load_latency_table(path)
-    estimates = [predict_time(plan, table) for plan in plans]
-    predicted = {"eager": statistics.mean(e.eager_ms for e in estimates),
-                 "graph": statistics.mean(e.total_ms for e in estimates)}
-    out: dict[str, Any] = {"table": path, "table_provenance": dict(table.provenance)}
-    for mode, ms in predicted.items():
-        if mode in modes:
-            measured = modes[mode]["mean_ms"]
-            out[mode] = {"predicted_mean_ms": ms, "measured_mean_ms": measured, "error": ms / measured - 1}
+def resolve_tables(spec: str, model: GlmVisionEncoder, config_name: str) -> dict[str, LatencyTable]:
+    """``--tables``: ``auto`` → each graph mode's table recorded in data/bench, where it measured this model
+    (config, dtype, attention backend) on this GPU; ``off`` → none; ``graph=PATH,graph-compiled=PATH`` → those."""
+    if spec == "off":
+        return {}
+    if spec != "auto":
+        tables = {}
+        for part in spec.split(","):
+            mode, _, path = part.partition("=")
+            tables[mode.strip()] = read_latency_table(path.strip())
+        return tables
+    name = "glm41v" if model.config == VisionConfig.glm41v() else config_name
+    dtype = str(model.dtype).replace("torch.", "")
+    gpu = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else None
+    tables = {}
+    for mode in TABLE_MODES:
+        try:
+            table = recorded_table(mode, model.attention_backend())
+        except ValueError:
+            continue
+        if (table.config, table.dtype, table.provenance.get("gpu")) == (name, dtype, gpu):
+            tables[mode] = table
+    return tables
+
+
+def parse_tables(text: str) -> str:
+    """An argparse ``type`` for --tables: auto, off, or MODE=PATH pairs with MODE a graph mode."""
+    if text in ("auto", "off"):
+        return text
+    for part in text.split(","):
+        mode, sep, path = part.partition("=")
+        if not sep or mode.strip() not in TABLE_MODES or not path.strip():
+            raise argparse.ArgumentTypeError(f"{part!r}: expected auto, off or MODE=PATH with MODE one of "
+                                             f"{', '.join(TABLE_MODES)}")
+    return text
+
+
+def _runner_prediction(runner: EncoderGraphRunner, grids: np.ndarray, table: LatencyTable, no_route: bool) -> float:
+    """The ms the cost model predicts for one request as this runner plans (and routes) it."""
+    steps = runner.plan(grids)
+    if not no_route:
+        return sum(s.predicted_ms or 0.0 for s in steps)
+    return sum(table.graph_time(s.budget.budget, s.segment_rows2) if s.budget is not None
+               else table.eager_time(s.tokens, s.segment_rows2) for s in steps)
+
+
+def _prediction(tables: dict[str, LatencyTable], plans: list, modes: dict, labels: dict[str, str]) -> dict:
+    """The cost model's predicted mean ms per request next to the measured means: each graph mode from its own
+    table, as its runner planned and routed the requests; eager (the whole request in one forward) from the graph
+    table (the compiled one if that is all there is)."""
+    out: dict[str, Any] = {}
+    eager_table = tables.get("graph") or next(iter(tables.values()))
+    predicted = {"eager": (0.0, eager_table)}  # its mean is taken over the requests eager timed, below
+    for mode, table in tables.items():
+        if "predicted_ms" in modes.get(labels[mode], {}):
+            predicted[mode] = (statistics.mean(modes[labels[mode]]["predicted_ms"]), table)
+    for mode, (ms, table) in predicted.items():
+        if labels[mode] in modes:
+            n = modes[labels[mode]]["requests"]
+            if mode == "eager":
+                ms = statistics.mean(predict_time(p, table).eager_ms for p in plans[:n])
+            measured = modes[labels[mode]]["mean_ms"]
+            out[labels[mode]] = {"predicted_mean_ms": ms, "measured_mean_ms": measured, "error": ms / measured - 1,
+                                 "table": table.describe()}
     return out
 
 
-def print_report(result: dict) -> None:
+def print_report(record: BenchRecord) -> None:
+    result = record.model_dump(mode="json")
     s, w, fl = result["settings"], result["workload"], result["floor"]
     prov = result["provenance"]
     where = prov.get("gpu") or prov.get("cpu") or prov["device"]
@@ -353,7 +414,7 @@ def print_report(result: dict) -> None:
             print(f"\n{label}: {len(r['capture'])} budgets prepared in {r['capture_s']:.2f} s, graph pools "
                   f"{mem / 2**20:.1f} MiB; padding {r['runner']['padding_fraction']:.1%}, "
                   f"{r['runner']['replays']} replays, {r['runner']['fallback_items']} eager items")
-    for mode, p in result.get("prediction", {}).items():
+    for mode, p in (result.get("prediction") or {}).items():
         if isinstance(p, dict) and "error" in p:
             print(f"cost model, {mode}: predicted {p['predicted_mean_ms']:.3f} ms vs measured "
                   f"{p['measured_mean_ms']:.3f} ms ({p['error']:+.1%})")
@@ -400,8 +461,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(p)
     o = p.add_argument_group("output")
     o.add_argument("--json", metavar="PATH", help="write every number, with provenance, to this JSON file")
-    o.add_argument("--predict", metavar="LATENCY_JSON", help="also print the cost model's prediction from this "
-                   "latency table (python -m glmvit latency) next to the measured means")
+    o.add_argument("--tables", type=parse_tables, default="auto", metavar="auto|off|MODE=PATH,...",
+                   help="latency tables (python -m glmvit latency) that route each graph mode's batches and predict "
+                        "every mode's mean: auto (default) = those recorded in data/bench for this model, dtype, "
+                        "attention and GPU; off; or graph=PATH,graph-compiled=PATH")
+    o.add_argument("--no-route", action="store_true", help="replay whenever a budget holds a batch, as vLLM does "
+                   "(the tables then only predict)")
     o.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 
@@ -419,8 +484,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             check_backend(args.attn_backend, device, DTYPES[args.dtype])
         if args.json:
             check_writable(args.json)
-        if args.predict:
-            read_latency_table(args.predict)
+        if args.tables not in ("auto", "off"):
+            for part in args.tables.split(","):
+                read_latency_table(part.partition("=")[2].strip())
         _check_workload(args, device)
     except (ValueError, OSError) as err:
         parser.error(str(err))
@@ -463,5 +529,5 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads)  # main() is also called from notebooks and tests: leave no global change
     print_report(result)
     if args.json:
-        write_json(args.json, result)
+        write_record(args.json, result)
     return 0
