@@ -15,7 +15,9 @@ from .costmodel import LatencyTable, TimeEstimate, graph_memory, predict_time, t
 from .geometry import ItemSpec
 from .packing import (
     AUTO_RANGE,
+    VLLM_MAX_NUM_BATCHED_TOKENS,
     BudgetConfig,
+    Plan,
     PlanStats,
     check_items,
     combined_stats,
@@ -105,7 +107,9 @@ def recommend_budgets(requests: Sequence[Sequence[ItemSpec]], max_graphs: int, m
     max_graphs = positive_int("max_graphs", max_graphs)
     if memory_limit_bytes is not None:
         memory_limit_bytes = positive_int("memory_limit_bytes", memory_limit_bytes)
-    max_items = AUTO_RANGE[1] // AUTO_RANGE[0] if max_items is None else positive_int("max_items", max_items)
+    # vLLM's auto max items: min(hi // lo, smallest budget), with budgets from lo = 64
+    max_items = min(AUTO_RANGE[1] // AUTO_RANGE[0], AUTO_RANGE[0]) if max_items is None else \
+        positive_int("max_items", max_items)
     max_segments = max_items if max_segments is None else max_segments
     specs = [check_items(r) for r in requests]
     if not any(specs):
@@ -215,6 +219,8 @@ class BudgetReport:
     graphs: TimeSummary | None = None
     graphs_at_p99: TimeSummary | None = None
     eager: TimeSummary | None = None
+    per: str = "request"  # how the workload was packed: each request alone, or per vLLM engine step
+    groups: int = 0  # requests (per request) or engine steps (per step)
 
 
 def capture_time(config: BudgetConfig, table: LatencyTable) -> float | None:
@@ -223,25 +229,92 @@ def capture_time(config: BudgetConfig, table: LatencyTable) -> float | None:
     return None if any(s is None for s in seconds) else sum(s for s in seconds if s is not None)
 
 
+@dataclass(frozen=True)
+class EngineStep:
+    """One vLLM engine step at saturation: the requests it schedules and their items' plans, one per modality."""
+
+    requests: tuple[int, ...]
+    plans: tuple[Plan, ...]
+
+
+def plan_engine_steps(requests: Sequence[Sequence[ItemSpec]], config: BudgetConfig,
+                      step_tokens: int = VLLM_MAX_NUM_BATCHED_TOKENS, packer: str = "vllm",
+                      videos: Sequence[Sequence[bool]] | None = None) -> list[EngineStep]:
+    """Pack a workload as vLLM's engine does when requests queue: consecutive requests in arrival order share a
+    step while their vision tokens fit ``step_tokens`` (the scheduler's encoder budget per step,
+    ``max_num_encoder_input_tokens``, which defaults to max_num_batched_tokens; a larger request is a step alone),
+    and every item of a step is packed together, per modality (vLLM's ``execute`` runs images and videos apart).
+
+    ``videos[r][i]`` says whether item i of request r is a video; without it an item with more than one segment is
+    one (a 1–2-frame video has a single temporal patch and is then counted as an image). A model of the scheduler,
+    not vLLM itself: text tokens, which share the step's budget in vLLM, are left out.
+    """
+    step_tokens = positive_int("step_tokens", step_tokens)
+    specs = [check_items(r) for r in requests]
+    kinds = [list(v) for v in videos] if videos is not None else [[s.segments > 1 for s in r] for r in specs]
+    steps: list[EngineStep] = []
+    current: list[int] = []
+    used = 0
+    for r, items in enumerate(specs):
+        tokens = sum(s.tokens for s in items)
+        if current and used + tokens > step_tokens:
+            steps.append(_step(current, specs, kinds, config, packer))
+            current, used = [], 0
+        current.append(r)
+        used += tokens
+    if current:
+        steps.append(_step(current, specs, kinds, config, packer))
+    return steps
+
+
+def _step(members: list[int], specs: list[list[ItemSpec]], kinds: list[list[bool]], config: BudgetConfig,
+          packer: str) -> EngineStep:
+    plans = []
+    for video in (False, True):
+        items = [s for r in members for s, v in zip(specs[r], kinds[r], strict=True) if v is video]
+        if items:
+            plans.append(plan_batches(items, config, packer))
+    return EngineStep(tuple(members), tuple(plans))
+
+
 def evaluate_budgets(requests: Sequence[Sequence[ItemSpec]], config: BudgetConfig, table: LatencyTable | None = None,
                      vision_config: VisionConfig | None = None, dtype: str = "bfloat16",
-                     packer: str = "ffd") -> BudgetReport:
-    """Pack every request with ``config`` and report packing, memory (``vision_config``, default GLM-4.1V, in
-    ``dtype``), and with a latency table the capture time and the predicted mean / median / P99 ms per request."""
-    plans = plan_workload(requests, config, packer)
-    if not plans:
+                     packer: str = "ffd", route: bool = False, per: str = "request",
+                     step_tokens: int = VLLM_MAX_NUM_BATCHED_TOKENS) -> BudgetReport:
+    """Pack the workload with ``config`` and report packing, memory (``vision_config``, default GLM-4.1V, in
+    ``dtype``), and with a latency table the capture time and the predicted mean / median / P99 ms per request.
+
+    ``per="request"``: every request packed alone (glmvit's runner, one call per request); ``per="step"``: the
+    requests of each vLLM engine step packed together (:func:`plan_engine_steps`), a request then waiting for its
+    whole step. ``route``: batches the table predicts faster eagerly run eagerly, as glmvit's runner routes
+    (vLLM replays whatever a budget holds: ``route=False``).
+    """
+    if per not in ("request", "step"):
+        raise ValueError(f"per must be 'request' or 'step', got {per!r}")
+    if per == "request":
+        groups = [[p] for p in plan_workload(requests, config, packer)]
+        members = [[r] for r in range(len(groups))]
+    else:
+        steps = plan_engine_steps(requests, config, step_tokens, packer)
+        groups, members = [list(s.plans) for s in steps], [list(s.requests) for s in steps]
+    plans = [p for g in groups for p in g]
+    if not members:
         raise ValueError("the workload has no requests")
     memories = graph_memory(config, vision_config or VisionConfig.glm41v(), dtype)
     report = BudgetReport(config, combined_stats(plans), total_graph_memory(memories),
-                          max(m.pool_bytes for m in memories))
+                          max(m.pool_bytes for m in memories), per=per, groups=len(groups))
     if table is None:
         return report
-    estimates = [predict_time(p, table) for p in plans]
+
+    def per_request(t: LatencyTable, field: str) -> list[float]:
+        times = [sum(getattr(predict_time(p, t, route), field) for p in g) for g in groups]
+        return [times[k] for k, rs in enumerate(members) for _ in rs]
+
     slow = table.p99()
     return dataclasses.replace(
-        report, capture_s=capture_time(config, table), graphs=TimeSummary.of([e.total_ms for e in estimates]),
-        eager=TimeSummary.of([e.eager_ms for e in estimates]),
-        graphs_at_p99=None if slow is None else TimeSummary.of([predict_time(p, slow).total_ms for p in plans]))
+        report, capture_s=capture_time(config, table), graphs=TimeSummary.of(per_request(table, "total_ms")),
+        eager=TimeSummary.of(per_request(table, "eager_ms")),
+        graphs_at_p99=None if slow is None else TimeSummary.of(per_request(slow, "total_ms")))
 
 
 def vllm_frames_needed(requests: Iterable[Sequence[ItemSpec]], config: BudgetConfig) -> int:

@@ -13,8 +13,16 @@ from typing import Any, Callable, Iterable, Sequence
 
 from .geometry import ItemSpec
 
-AUTO_RANGE = (64, 4096)  # vLLM's GLM range: a 224² image .. max_model_len 4096
 SMALLEST_BUDGET = 64  # one 224² image: the default ladder starts here
+# vLLM 0.33's automatic budgets for GLM-4V (Glm4vForConditionalGeneration.get_encoder_cudagraph_budget_range in
+# vllm/model_executor/models/glm4_1v.py): 64 (a 224² image) .. min(max_num_batched_tokens, max_model_len). The
+# defaults are `vllm serve` on an H200 (max_num_batched_tokens 8192 for an API server on a ≥ 70 GiB GPU other than an
+# A100: EngineArgs.get_batch_defaults in vllm/engine/arg_utils.py) with GLM-4.1V-9B-Thinking's 65,536-token context
+# (GLM-4.6V-Flash: 131,072): 64 .. 8192.
+VLLM_MIN_BUDGET = 64
+VLLM_MAX_NUM_BATCHED_TOKENS = 8192
+GLM41V_MAX_MODEL_LEN = 65_536
+VLLM_MAX_FRAMES_PER_VIDEO = 600  # glm4_1v.py's _MAX_FRAMES_PER_VIDEO; vLLM's frames per batch = max items × this
 
 
 def positive_int(name: str, value: Any) -> int:
@@ -22,6 +30,16 @@ def positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
+
+
+def vllm_auto_range(max_num_batched_tokens: int = VLLM_MAX_NUM_BATCHED_TOKENS,
+                    max_model_len: int = GLM41V_MAX_MODEL_LEN) -> tuple[int, int]:
+    """vLLM's budget range for GLM-4V: (64, min(max_num_batched_tokens, max_model_len))."""
+    return VLLM_MIN_BUDGET, min(positive_int("max_num_batched_tokens", max_num_batched_tokens),
+                                positive_int("max_model_len", max_model_len))
+
+
+AUTO_RANGE = vllm_auto_range()
 
 
 def auto_budgets(lo: int, hi: int) -> tuple[int, ...]:
@@ -93,14 +111,29 @@ class BudgetConfig:
 
     @classmethod
     def resolve(cls, token_budgets: Iterable[int] | None = None, max_items: int | None = None,
-                max_segments: int | None = None, auto_range: tuple[int, int] = AUTO_RANGE) -> BudgetConfig:
-        """vLLM's defaults for what is not given: budgets ``auto_budgets(*auto_range)``; max_items
-        min(hi // lo, smallest budget); max_segments = max_items (room for one image per item)."""
+                max_segments: int | None = None, auto_range: tuple[int, int] = AUTO_RANGE,
+                video: bool = True) -> BudgetConfig:
+        """vLLM 0.33's rules for what is not given (``EncoderCudaGraphManager.__init__`` in
+        vllm/v1/worker/encoder_cudagraph.py), over the model range ``auto_range`` = (lo, hi):
+
+        - budgets and max_items given: as they are;
+        - max_items only: ``auto_budgets(max(lo, max_items), hi)``;
+        - budgets only, or nothing: max_items = min(hi // lo, smallest budget), budgets ``auto_budgets(lo, hi)``
+          when none are given;
+        - max_segments (vLLM's frames per batch, one per temporal patch): max_items × 600 with video
+          (GLM's ``_MAX_FRAMES_PER_VIDEO``), max_items without (room for one image per item).
+        """
         lo, hi = auto_range
-        budgets = tuple(sorted({positive_int("token budget", b) for b in token_budgets or ()})) \
-            or auto_budgets(lo, hi)
-        items = min(hi // lo, budgets[0]) if max_items is None else max_items
-        return cls(budgets, items, items if max_segments is None else max_segments)
+        given = tuple(sorted({positive_int("token budget", b) for b in token_budgets or ()}))
+        if max_items is not None:
+            max_items = positive_int("max_items", max_items)
+            budgets = given or auto_budgets(max(lo, max_items), hi)
+        else:
+            budgets = given or auto_budgets(lo, hi)
+            max_items = min(hi // lo, budgets[0])
+        if max_segments is None:
+            max_segments = max_items * VLLM_MAX_FRAMES_PER_VIDEO if video else max_items
+        return cls(budgets, max_items, max_segments)
 
     @classmethod
     def for_requests(cls, requests: Iterable[Sequence[ItemSpec]], token_budgets: Iterable[int] | None = None,
@@ -190,14 +223,17 @@ def check_items(items: Iterable[Sequence[int]]) -> list[ItemSpec]:
 Packer = Callable[[list[int], list[ItemSpec], BudgetConfig], list[list[int]]]
 
 
-def _next_fit(order: list[int], specs: list[ItemSpec], config: BudgetConfig) -> list[list[int]]:
+def _next_fit(order: list[int], specs: list[ItemSpec], config: BudgetConfig,
+              defer: bool = False) -> list[list[int]]:
+    """Items in ``order``, each into the current batch while it fits (items, largest budget, segments), else into a
+    new one; ``defer`` adds vLLM's deferral rule (:func:`_pack_vllm`)."""
     groups: list[list[int]] = []
     current: list[int] = []
     tokens = segments = 0
     for i in order:
         t, s = specs[i]
-        if current and (len(current) == config.max_items or tokens + t > config.largest
-                        or segments + s > config.max_segments):
+        fits = len(current) < config.max_items and tokens + t <= config.largest and segments + s <= config.max_segments
+        if current and (not fits or (defer and _splitting_is_cheaper(tokens, t, config))):
             groups.append(current)
             current, tokens, segments = [], 0, 0
         current.append(i)
@@ -205,33 +241,84 @@ def _next_fit(order: list[int], specs: list[ItemSpec], config: BudgetConfig) -> 
     return groups + [current] if current else groups
 
 
+def _splitting_is_cheaper(batch_tokens: int, item_tokens: int, config: BudgetConfig) -> bool:
+    """vLLM's ``should_defer_item``: b(batch) + b(item) < b(batch + item) and b(item) ≥ b(batch), b the smallest budget
+    holding those tokens (only asked when the item fits, so every b exists)."""
+    b_cur, b_alone, b_merged = (config.budget_for(x) for x in (batch_tokens, item_tokens, batch_tokens + item_tokens))
+    assert b_cur is not None and b_alone is not None and b_merged is not None
+    return b_cur + b_alone < b_merged and b_alone >= b_cur
+
+
+class _OpenBins:
+    """First fit in O(log bins) per item: a tournament tree over the bins holding, per node, the most token room and
+    the most segment room of any open bin below it (−1: none open). A bin is open while it has room for one more item
+    under ``max_items``; the leftmost open bin with room for an item is found by descending where both maxima allow."""
+
+    def __init__(self, capacity: int):
+        self.size = 1 << max(1, (max(capacity, 1) - 1).bit_length())
+        self.tokens = [-1] * (2 * self.size)
+        self.segments = [-1] * (2 * self.size)
+
+    def set(self, leaf: int, tokens: int, segments: int) -> None:
+        v = leaf + self.size
+        self.tokens[v], self.segments[v] = tokens, segments
+        v //= 2
+        while v:
+            self.tokens[v] = max(self.tokens[2 * v], self.tokens[2 * v + 1])
+            self.segments[v] = max(self.segments[2 * v], self.segments[2 * v + 1])
+            v //= 2
+
+    def leftmost(self, tokens: int, segments: int, v: int = 1) -> int | None:
+        if self.tokens[v] < tokens or self.segments[v] < segments:
+            return None
+        if v >= self.size:
+            return v - self.size
+        found = self.leftmost(tokens, segments, 2 * v)  # the maxima may come from different bins: try both sides
+        return found if found is not None else self.leftmost(tokens, segments, 2 * v + 1)
+
+
 def _first_fit(order: list[int], specs: list[ItemSpec], config: BudgetConfig) -> list[list[int]]:
-    bins: list[tuple[list[int], list[int]]] = []  # (indices, [tokens, segments])
+    bins: list[list[int]] = []
+    room: list[list[int]] = []  # [tokens, segments] left per bin
+    tree = _OpenBins(len(order))
     for i in order:
         t, s = specs[i]
-        for members, load in bins:
-            if len(members) < config.max_items and load[0] + t <= config.largest and load[1] + s <= config.max_segments:
-                members.append(i)
-                load[0], load[1] = load[0] + t, load[1] + s
-                break
-        else:
-            bins.append(([i], [t, s]))
-    return [members for members, _ in bins]
+        b = tree.leftmost(t, s)
+        if b is None:
+            b = len(bins)
+            bins.append([])
+            room.append([config.largest, config.max_segments])
+        bins[b].append(i)
+        room[b][0] -= t
+        room[b][1] -= s
+        is_open = len(bins[b]) < config.max_items
+        tree.set(b, room[b][0] if is_open else -1, room[b][1] if is_open else -1)
+    return bins
+
+
+def _ascending(idx: list[int], specs: list[ItemSpec]) -> list[int]:
+    return sorted(idx, key=lambda i: specs[i].tokens)  # stable: ties keep input order, as vLLM's sorted()
 
 
 def _pack_vllm(idx: list[int], specs: list[ItemSpec], config: BudgetConfig) -> list[list[int]]:
-    """vLLM's order: ascending tokens, next-fit (plus the segment check vLLM lacks)."""
-    return _next_fit(sorted(idx, key=lambda i: specs[i].tokens), specs, config)
+    """vLLM 0.33's packer (``EncoderCudaGraphManager._execute_local``, vllm/v1/worker/encoder_cudagraph.py): items
+    by ascending tokens, next-fit under max_items and the largest budget, and its deferral rule — before adding an
+    item that fits, close the batch when splitting strictly lowers the summed budgets and the item alone outweighs
+    the batch (items of 64 and 200 tokens on budgets 64/128/256/512: batches (64) and (200), not one 512 batch).
+    glmvit adds the segment limit, which vLLM's packer does not check (vLLM sizes max frames per batch for 600
+    frames per item, so it rarely binds; glmvit's graphs have the segment slots ``max_segments`` asks for)."""
+    return _next_fit(_ascending(idx, specs), specs, config, defer=True)
 
 
 def _pack_ffd(idx: list[int], specs: list[ItemSpec], config: BudgetConfig) -> list[list[int]]:
-    """First-fit decreasing (by tokens, then segments); keeps vLLM's packing when that needs fewer batches.
+    """First-fit decreasing (by tokens, then segments), O(n log n); keeps plain ascending next-fit when that needs
+    fewer batches.
 
     Under the segment limit FFD alone can lose to ascending next-fit: six 1-token items with 2, 7, 5, 1, 9, 2
     segments, budget 3, max_items 3, max_segments 14 take 3 FFD batches but 2 next-fit ones. Ties go to FFD.
     """
     ffd = _first_fit(sorted(idx, key=lambda i: (-specs[i].tokens, -specs[i].segments, i)), specs, config)
-    nf = _pack_vllm(idx, specs, config)
+    nf = _next_fit(_ascending(idx, specs), specs, config)
     return nf if len(nf) < len(ffd) else ffd
 
 
