@@ -203,8 +203,8 @@ def _row_start(grid) -> np.ndarray:
 def _bitwise_vs_local(b: Bench, outs: list[torch.Tensor]) -> bool:
     """Every rank's items equal, bitwise, that rank's batch re-run here alone (agreed across ranks)."""
     pixels, grid = b.requests[0]
-    mine = balance_items(patch_counts_of(grid), b.world).ranks[b.rank]
-    again = b.dp._encode_local(pixels, b.model.check_inputs(pixels, grid), mine, _row_start(grid))
+    mine = b.dp.assignment(grid).ranks[b.rank]
+    again = b.dp.encode_share(pixels, grid, mine)
     exact = all(torch.equal(outs[i], o) for i, o in zip(mine, again, strict=True))
     flag = torch.tensor([int(exact)], device=b.dp.comm_device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
@@ -333,10 +333,10 @@ class _FaultyEncoder(DataParallelEncoder):
         super().__init__(engine)
         self.victim = victim
 
-    def _encode_local(self, *args, **kwargs):
+    def encode_share(self, *args, **kwargs):
         if self.rank == self.victim:
             raise RuntimeError(f"fault drill: rank {self.rank} fails mid-request")
-        return super()._encode_local(*args, **kwargs)
+        return super().encode_share(*args, **kwargs)
 
 
 def _drill_verdict(record: dict, victim: int, timeout_s: float) -> bool:
