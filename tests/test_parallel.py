@@ -12,8 +12,8 @@ The fault cases (``FAULTS``) run in the same spawns: a rank that skips a request
 (also by a change that keeps every row and column sum), a rank with other weights or another out_hidden_size, bad
 input or an encode error on one rank; each must raise on every rank before the gather, and the next request must
 work. bf16 models run through the same gather (over gloo, as bytes) and must match bit for bit. A stuck rank (the
-collective timeout) and the ``dp_bench`` tool (torchrun, with its fault drill) get their own processes, each killed
-if it outlives its deadline.
+collective timeout) gets its own processes, killed if they outlive their deadline. The tool, ``dp_bench``, is
+tested in ``tests/test_dp_bench.py``.
 """
 from __future__ import annotations
 
@@ -23,9 +23,6 @@ import datetime
 import functools
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 import traceback
 
@@ -36,7 +33,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from glmvit import VisionConfig, parallel
-from glmvit.cli import main as glmvit_main
 from glmvit.graphs import EncoderGraphRunner
 from glmvit.model import GlmVisionEncoder
 from glmvit.packing import BudgetConfig
@@ -705,72 +701,3 @@ def test_a_stuck_rank_becomes_an_error_within_the_timeout(tmp_path):
     # the stuck rank, once awake, finds nobody in the exchange: an error too, not a hang and not an abort
     assert stuck["error"] and "rank 1: request 1: the status exchange did not complete" in stuck["error"]
     assert stuck["seconds"] <= 2 * STUCK_TIMEOUT_S + 1 + 3
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The tool: glmvit.cli.dp_bench under torchrun (2 gloo ranks) and as `python -m glmvit dp-bench` (a world of one)
-# ---------------------------------------------------------------------------------------------------------------
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DP_BENCH_ARGS = ["--device", "cpu", "--num-requests", "3", "--warmup", "1", "--fault-drill", "--timeout", "30"]
-
-
-def _run_killable(cmd, env, timeout_s):
-    """subprocess.run in its own process group: on timeout the launcher AND its workers are killed."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise AssertionError(f"{' '.join(cmd)} still running after {timeout_s} s") from None
-    return proc.returncode, out, err
-
-
-def _check_drill(drill, world):
-    victim = world - 1
-    assert drill["ok"] and drill["victim_rank"] == victim and drill["timeout_s"] == 30
-    errors = {r["rank"]: (r["error_type"], r["error"]) for r in drill["ranks"]}
-    assert errors[victim] == ("RuntimeError", f"fault drill: rank {victim} fails mid-request")
-    for q in range(victim):
-        assert errors[q][0] == "RankFailed" and f"rank {victim}: RuntimeError: fault drill" in errors[q][1]
-    assert all(r["seconds_to_error"] < 30 and r["next_request_ok"] for r in drill["ranks"])
-
-
-@pytest.mark.timeout(150)
-def test_dp_bench_two_gloo_ranks_with_the_fault_drill(tmp_path):
-    out = tmp_path / "dp.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "glmvit.cli.dp_bench", *DP_BENCH_ARGS, "--json", str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
-    rc, stdout, stderr = _run_killable(cmd, env, timeout_s=120)
-    assert rc == 0, stderr[-3000:]
-    assert "fault drill: rank 1 raised mid-request" in stdout and "→ OK" in stdout
-    rec = json.loads(out.read_text())
-    assert (rec["world_size"], rec["backend"], rec["timeout_s"]) == (2, "gloo", 30)
-    assert rec["verification"]["ok"] and rec["encoder_forward_ms"]["mean_ms"] > 0
-    _check_drill(rec["fault_drill"], 2)
-    for r in rec["per_rank"]:
-        shares = r["gather_share_per_request"]
-        assert len(shares) == 3 and all(0 < s < 1 for s in shares)
-    assert rec["provenance"]["command"].startswith("torchrun --nproc-per-node 2 -m glmvit.cli.dp_bench")
-    assert len(rec["provenance"]["ranks"]) == 2
-
-
-@pytest.mark.timeout(90)
-def test_dp_bench_as_a_glmvit_command_in_a_world_of_one(tmp_path, monkeypatch, capsys):
-    for key, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                           MASTER_PORT=str(free_port())).items():
-        monkeypatch.setenv(key, value)  # undone after the test: nothing leaks into the other tests
-    out = tmp_path / "dp1.json"
-    threads = torch.get_num_threads()
-    try:
-        assert glmvit_main(["dp-bench", *DP_BENCH_ARGS, "--no-baseline", "--json", str(out)]) == 0
-    finally:
-        torch.set_num_threads(threads)  # the tool sizes its thread pool for its rank; give this process its own back
-    assert not dist.is_initialized()
-    rec = json.loads(out.read_text())
-    assert rec["world_size"] == 1 and rec["single_process_ms"] is None
-    _check_drill(rec["fault_drill"], 1)
-    assert "verify request 0" in capsys.readouterr().out
