@@ -38,8 +38,9 @@ weighted, misses changes that cancel (+d, −d, −d, +d at the corners of a rec
 and then each rank would return embeddings of pixels another rank never saw. :func:`tensor_digest` is SHA-256
 (:mod:`hashlib`, a two-level tree over 1 MiB pieces hashed on ``torch.get_num_threads()`` threads), defined by
 the bytes alone and so the same on every device. A contiguous CPU tensor is hashed in place, without a copy;
-a CUDA tensor is copied to the host first: one device→host copy of the request's pixel bytes, then the hash at a
-few hundred MB/s to a few GB/s per core (SHA-NI). Both are counted in ``stats.check_s``. To avoid the copy,
+a CUDA tensor is copied to the host first: one device→host copy of the request's pixel bytes (their size over the
+link's bandwidth), then the hash, about 0.6 GB/s per thread on a shared AMD EPYC core with SHA-NI (threads add up:
+hashlib releases the GIL). Both are counted in ``stats.check_s``. To avoid the copy,
 pass the pixels on the host, as the processor produced them: :meth:`DataParallelEncoder.encode_share` copies only
 this rank's rows to its GPU. A device-side hash would need custom kernels and would guard against accidents only;
 the host hash is a standard one.
@@ -172,7 +173,7 @@ def _sha256_pieces(data: memoryview, threads: int) -> bytes:
 
 
 def tensor_digest(tensor: torch.Tensor, threads: int | None = None) -> bytes:
-    """SHA-256 (32 bytes) of a tensor's dtype, shape and bytes: equal digests mean equal bits, value by value.
+    """A SHA-256 digest (32 bytes) of a tensor's dtype, shape and bytes: equal digests mean equal bits.
 
     Bits, not values: NaN equals itself and −0 differs from +0. Runs on the host with :mod:`hashlib`, on
     ``threads`` threads (default ``torch.get_num_threads()``): a contiguous CPU tensor is read in place (no copy);
@@ -210,7 +211,7 @@ def request_fingerprint(pixel_values: torch.Tensor, grids: np.ndarray, threads: 
 
 def weights_digest(model: torch.nn.Module, threads: int | None = None) -> bytes:
     """SHA-256 over every ``state_dict`` entry's name and :func:`tensor_digest` (parameters and persistent buffers):
-    one read of the weights (a device→host copy of each on a GPU: about a second for the GLM-4.1V tower)."""
+    one read of the weights, 1.8 GB for the GLM-4.1V tower in bf16 (on a GPU, a device→host copy of each first)."""
     digest = hashlib.sha256()
     for name, tensor in model.state_dict().items():
         digest.update(name.encode() + b"\0" + tensor_digest(tensor, threads))
