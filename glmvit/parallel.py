@@ -11,15 +11,19 @@ This is vLLM's ``mm_encoder_tp_mode="data"`` for the vision tower (vLLM's ``run_
    count (a rank without items sends only padding), and after the gather every rank strips the padding and puts the
    items back in input order. Every rank returns the full list.
 
-Works with NCCL (CUDA tensors) and gloo (CPU tensors). :meth:`DataParallelEncoder.run` keeps the ranks in step with
-two small all-gathers around the encode, so that the ranks never fall out of step silently:
+Works with NCCL (CUDA tensors) and gloo (CPU tensors; the outputs travel over gloo as their bytes, uint8, so any
+dtype gathers bit for bit). :meth:`DataParallelEncoder.run` keeps the ranks in step with two small all-gathers
+around the encode, so that the ranks never fall out of step silently:
 
 - **Before encoding** every rank sends a header: its request id (the caller's ``request_id``, or a per-rank call
-  counter), whether it could take the request (a bad grid, a bad id), and a fingerprint of the request
-  (:func:`request_fingerprint`: item count, rows, width, dtype, CRC-32 of grid_thw, and an exact checksum of the pixel
-  bits). Different ids or fingerprints raise :class:`RequestMismatch` (a ``ValueError``) on every rank, with the
-  request id where every rank can continue (``resume_at``); a rank that could not take the request raises its own
-  error and every other rank raises :class:`RankFailed`. Nothing is encoded in either case.
+  counter), whether it could take the request (a bad grid, a bad id), a fingerprint of its model
+  (:func:`model_fingerprint`: SHA-256 of the config, the dtype, out_hidden_size, and a SHA-256 of every weight,
+  computed once when the :class:`DataParallelEncoder` is built) and one of the request (:func:`request_fingerprint`:
+  item count, rows, width, dtype, SHA-256 of grid_thw and of the pixel bytes). Different models raise
+  :class:`ModelMismatch` on every rank; different ids or requests raise :class:`RequestMismatch` (both are
+  ``ValueError``), the latter with the request id where every rank can continue (``resume_at``); a rank that could
+  not take the request raises its own error and every other rank raises :class:`RankFailed`. Nothing is encoded in
+  any of these cases.
 - **After encoding** every rank sends whether its encode succeeded. A failure on any rank raises there (the original
   error) and :class:`RankFailed` everywhere else; nobody enters the data gather, so nothing aborts or hangs, and the
   next request works.
@@ -29,6 +33,18 @@ two small all-gathers around the encode, so that the ranks never fall out of ste
   usable afterwards (destroy it and start again). NCCL's watchdog enforces the same timeout by tearing the process
   down. Errors that are not a timeout (a peer raised) never need it: they arrive through the exchanges above.
 
+**Why SHA-256 on the host.** The fingerprints must be equal exactly when the bits are: a sum of the values, however
+weighted, misses changes that cancel (+d, −d, −d, +d at the corners of a rectangle keep every row and column sum),
+and then each rank would return embeddings of pixels another rank never saw. :func:`tensor_digest` is SHA-256
+(:mod:`hashlib`, a two-level tree over 1 MiB pieces hashed on ``torch.get_num_threads()`` threads), defined by
+the bytes alone and so the same on every device. A contiguous CPU tensor is hashed in place, without a copy;
+a CUDA tensor is copied to the host first: one device→host copy of the request's pixel bytes (their size over the
+link's bandwidth), then the hash, about 0.6 GB/s per thread on a shared AMD EPYC core with SHA-NI (threads add up:
+hashlib releases the GIL). Both are counted in ``stats.check_s``. To avoid the copy,
+pass the pixels on the host, as the processor produced them: :meth:`DataParallelEncoder.encode_share` copies only
+this rank's rows to its GPU. A device-side hash would need custom kernels and would guard against accidents only;
+the host hash is a standard one.
+
 The demo / benchmark on top of this is :mod:`glmvit.cli.dp_bench` (launched with torchrun).
 
 Why one module of this length: the request check, the encoder and the gather are one protocol; every rank must
@@ -36,10 +52,14 @@ run the same steps in the same order, so they are read together.
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import numbers
 import socket
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -132,63 +152,90 @@ def patch_counts_of(grid_thw) -> list[int]:
 # ---------------------------------------------------------------------------------------------------------------
 # What the ranks agree on before encoding (pure, local)
 # ---------------------------------------------------------------------------------------------------------------
-CHECKSUM_MODULUS = 2**31 - 1  # a Mersenne prime: every weighted term stays below 2⁶², so int64 never overflows
-CHUNK_ELEMENTS = 1 << 22  # off the CPU, the int64 working copy of the pixel bits is made in steps of 32 MiB
-FINGERPRINT_FIELDS = ("items", "rows", "width", "dtype", "grid_thw", "pixels", "pixels", "pixels")
+DIGEST_WORDS = 4  # a SHA-256 digest travels as four int64 words
+HASH_PIECE_BYTES = 1 << 20  # tensors are hashed in 1 MiB pieces, on several threads (hashlib releases the GIL)
+REQUEST_FIELDS = ("items", "rows", "width", "dtype", *("grid_thw",) * DIGEST_WORDS, *("pixels",) * DIGEST_WORDS)
+MODEL_FIELDS = (*("config",) * DIGEST_WORDS, "dtype", "out_hidden_size", *("weights",) * DIGEST_WORDS)
 MESSAGE_BYTES = 256  # a failing rank's one-line error travels to the others, UTF-8, truncated to this
 
 
-def _row_col_sums_numpy(bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row and column sums in int64 of a CPU integer tensor (numpy widens in small blocks: no int64 copy)."""
-    a = bits.numpy()
-    return torch.from_numpy(a.sum(axis=1, dtype=np.int64)), torch.from_numpy(a.sum(axis=0, dtype=np.int64))
+def _sha256_pieces(data: memoryview, threads: int) -> bytes:
+    """SHA-256 over the SHA-256 of each ``HASH_PIECE_BYTES`` piece of ``data`` (a two-level hash tree: as
+    collision-resistant as SHA-256, and its pieces hash in parallel)."""
+    pieces = [data[i : i + HASH_PIECE_BYTES] for i in range(0, len(data), HASH_PIECE_BYTES)]
+    workers = min(len(pieces), max(1, threads))
+    if workers > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            leaves = list(pool.map(lambda piece: hashlib.sha256(piece).digest(), pieces))
+    else:
+        leaves = [hashlib.sha256(piece).digest() for piece in pieces]
+    return hashlib.sha256(b"".join(leaves)).digest()
 
 
-def _row_col_sums_torch(bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same on any device, through int64 copies of ``CHUNK_ELEMENTS`` at a time."""
-    rows, width = bits.shape
-    step = max(1, CHUNK_ELEMENTS // max(width, 1))
-    row_sums = [torch.zeros(0, dtype=torch.int64, device=bits.device)]
-    col_sums = torch.zeros(width, dtype=torch.int64, device=bits.device)
-    for r0 in range(0, rows, step):
-        chunk = bits[r0 : r0 + step].to(torch.int64)
-        row_sums.append(chunk.sum(dim=1))
-        col_sums += chunk.sum(dim=0)
-    return torch.cat(row_sums), col_sums
+def tensor_digest(tensor: torch.Tensor, threads: int | None = None) -> bytes:
+    """A SHA-256 digest (32 bytes) of a tensor's dtype, shape and bytes: equal digests mean equal bits.
 
-
-def _weighted_mod(sums: torch.Tensor) -> torch.Tensor:
-    """Σ_i (i+1)·sums_i mod p, every term below 2⁶² (p = 2³¹−1)."""
-    p = CHECKSUM_MODULUS
-    weights = torch.arange(1, len(sums) + 1, dtype=torch.int64, device=sums.device) % p
-    return (sums % p * weights % p).sum() % p
-
-
-def pixel_checksum(pixel_values: torch.Tensor) -> torch.Tensor:
-    """An exact checksum of the bits of a [rows, width] tensor: int64 [3] on its device, the same on every rank.
-
-    The bits are read as 16-bit integers (8-bit for 1-byte dtypes) and summed in int64, so NaN, ±0 and rounding play
-    no part and the order of summation does not matter: (Σ all, Σ_r (r+1)·rowsum_r mod p, Σ_c (c+1)·colsum_c mod p)
-    with p = 2³¹−1; the definition does not depend on the device. Cost: one read of the pixels (numpy on the CPU;
-    elsewhere int64 copies of 32 MiB at a time, a few kernels each). It catches any change of a single value, rows in
-    another order (items swapped) and columns in another order (channels swapped); it misses changes that keep every
-    column sum and the row-weighted sum (+d and −d at the four corners of a rectangle, say) and any collision made on
-    purpose: it guards against accidents, not adversaries.
+    Bits, not values: NaN equals itself and −0 differs from +0. Runs on the host with :mod:`hashlib`, on
+    ``threads`` threads (default ``torch.get_num_threads()``): a contiguous CPU tensor is read in place (no copy);
+    any other is copied to the host first (a CUDA tensor: one device→host copy of its bytes, see the module
+    docstring for the cost). Deliberately not a device-side checksum: any sum of the values, however weighted, has
+    changes that cancel (+d and −d at the four corners of a rectangle keep every row and column sum).
     """
-    x = pixel_values.detach().contiguous()
-    bits = x.view(torch.int8 if x.element_size() == 1 else torch.int16)
-    row_sums, col_sums = (_row_col_sums_numpy if bits.device.type == "cpu" else _row_col_sums_torch)(bits)
-    return torch.stack([row_sums.sum(), _weighted_mod(row_sums), _weighted_mod(col_sums)])
+    x = tensor.detach()
+    if x.device.type != "cpu":
+        x = x.cpu()
+    data = x.contiguous().reshape(-1).view(torch.uint8).numpy().data  # a memoryview of the same memory
+    head = f"{x.dtype}{tuple(x.shape)}".encode()
+    body = _sha256_pieces(data, torch.get_num_threads() if threads is None else threads)
+    return hashlib.sha256(head + body).digest()
 
 
-def request_fingerprint(pixel_values: torch.Tensor, grids: np.ndarray) -> torch.Tensor:
-    """What every rank must agree on, int64 [8] on the pixels' device (names in ``FINGERPRINT_FIELDS``): items,
-    rows, width, CRC-32 of the dtype's name, CRC-32 of grid_thw, and :func:`pixel_checksum`."""
-    shape = [len(grids), int(pixel_values.shape[0]), int(pixel_values.shape[1]),
-             zlib.crc32(str(pixel_values.dtype).encode()),
-             zlib.crc32(np.ascontiguousarray(grids, dtype=np.int64).tobytes())]
-    head = torch.tensor(shape, dtype=torch.int64, device=pixel_values.device)
-    return torch.cat([head, pixel_checksum(pixel_values)])
+def _words(digest: bytes) -> list[int]:
+    return np.frombuffer(digest, dtype="<i8").tolist()
+
+
+def _name_code(name: str) -> int:
+    """A small int for a dtype's name (for the header; the digests cover the dtype exactly)."""
+    return zlib.crc32(name.encode())
+
+
+def request_fingerprint(pixel_values: torch.Tensor, grids: np.ndarray, threads: int | None = None) -> torch.Tensor:
+    """What every rank must agree on about a request, int64 [len(REQUEST_FIELDS)] on the CPU (names in
+    ``REQUEST_FIELDS``): items, rows, width, a code of the pixels' dtype, the SHA-256 of grid_thw (int64) and
+    :func:`tensor_digest` of the pixels."""
+    grid_bytes = np.ascontiguousarray(grids, dtype="<i8").tobytes()
+    words = [len(grids), int(pixel_values.shape[0]), int(pixel_values.shape[1]), _name_code(str(pixel_values.dtype)),
+             *_words(hashlib.sha256(grid_bytes).digest()), *_words(tensor_digest(pixel_values, threads))]
+    return torch.tensor(words, dtype=torch.int64)
+
+
+def weights_digest(model: torch.nn.Module, threads: int | None = None) -> bytes:
+    """SHA-256 over every ``state_dict`` entry's name and :func:`tensor_digest` (parameters and persistent buffers):
+    one read of the weights, 1.8 GB for the GLM-4.1V tower in bf16 (on a GPU, a device→host copy of each first)."""
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode() + b"\0" + tensor_digest(tensor, threads))
+    return digest.digest()
+
+
+def model_fingerprint(model: GlmVisionEncoder, threads: int | None = None) -> torch.Tensor:
+    """What every rank must agree on about its model, int64 [len(MODEL_FIELDS)] on the CPU (names in
+    ``MODEL_FIELDS``): the SHA-256 of the config's fields, a code of the dtype, out_hidden_size (the width of the
+    gathered rows) and :func:`weights_digest`."""
+    config = json.dumps(dataclasses.asdict(model.config), sort_keys=True).encode()
+    words = [*_words(hashlib.sha256(config).digest()), _name_code(str(model.dtype)), model.config.out_hidden_size,
+             *_words(weights_digest(model, threads))]
+    return torch.tensor(words, dtype=torch.int64)
+
+
+def _differences(rows: np.ndarray, names: Sequence[str]) -> dict[int, list[str]]:
+    """rank q ≥ 1 → the names of the fields where its row differs from rank 0's (ranks that agree left out)."""
+    out = {}
+    for q in range(1, len(rows)):
+        fields = list(dict.fromkeys(n for n, a, b in zip(names, rows[q], rows[0], strict=True) if a != b))
+        if fields:
+            out[q] = fields
+    return out
 
 
 def _one_line(err: BaseException) -> str:
@@ -217,6 +264,16 @@ class RequestMismatch(ValueError):
     def __init__(self, message: str, request_ids: list[int], resume_at: int):
         super().__init__(message)
         self.request_ids, self.resume_at = request_ids, resume_at
+
+
+class ModelMismatch(ValueError):
+    """The ranks hold different models (config, dtype, out_hidden_size or weights): raised on every rank, before
+    anything is encoded, on every request until each rank builds the same model. ``fields[q]`` names what rank q's
+    model differs from rank 0's in."""
+
+    def __init__(self, message: str, fields: dict[int, list[str]]):
+        super().__init__(message)
+        self.fields = fields
 
 
 class RankFailed(RuntimeError):
@@ -282,6 +339,12 @@ def _comm_device(group) -> torch.device:
     return torch.device("cpu")
 
 
+def _check_item(item, position: int, count: int) -> int:
+    if isinstance(item, bool) or not isinstance(item, numbers.Integral) or not 0 <= int(item) < count:
+        raise ValueError(f"items[{position}] = {item!r} is not an item index of a request of {count} item(s)")
+    return int(item)
+
+
 def _check_request_id(request_id, last: int) -> int:
     if isinstance(request_id, bool) or not isinstance(request_id, numbers.Integral) or request_id < 0:
         raise ValueError(f"request_id must be a non-negative integer, got {request_id!r}")
@@ -295,8 +358,10 @@ class DataParallelEncoder:
     """Encode a request across the ranks of ``group`` (default: the world); see the module docstring.
 
     ``encoder_or_runner`` is an :class:`~glmvit.graphs.EncoderGraphRunner` (captured) or a
-    :class:`~glmvit.model.GlmVisionEncoder` (eager). Every rank must construct one with the same weights, and call
-    :meth:`run` with the same requests in the same order.
+    :class:`~glmvit.model.GlmVisionEncoder` (eager). Every rank must construct one with the same model, and call
+    :meth:`run` with the same requests in the same order. Construction reads the weights once to fingerprint the
+    model (:func:`model_fingerprint`; ``model_digest`` is its weights digest in hex): weights changed afterwards are
+    not seen, build a new encoder after loading others. Construction is local (no collective).
     """
 
     def __init__(self, encoder_or_runner, group=None):
@@ -316,6 +381,8 @@ class DataParallelEncoder:
         self.comm_device = _comm_device(group)
         self.stats = DPStats()
         self.last_request_id = -1  # the last id this rank spent; ids must increase
+        self._model_words = model_fingerprint(self.model)  # once: the weights are read here, never per request
+        self.model_digest = self._model_words[-DIGEST_WORDS:].numpy().astype("<i8").tobytes().hex()
 
     # ---- the exchanges -------------------------------------------------------------------------------------
     def _exchange(self, row: torch.Tensor, phase: str, request_id: int) -> np.ndarray:
@@ -344,11 +411,12 @@ class DataParallelEncoder:
         return rid, grids, fingerprint, None
 
     def _header(self, request_id: int, fingerprint: torch.Tensor | None, error: Exception | None) -> torch.Tensor:
+        """[request id, failed, MODEL_FIELDS…, REQUEST_FIELDS…, message…]: the same length on every rank."""
         head = torch.tensor([request_id, error is not None], dtype=torch.int64)
         if fingerprint is None:
-            fingerprint = torch.zeros(len(FINGERPRINT_FIELDS), dtype=torch.int64)
+            fingerprint = torch.zeros(len(REQUEST_FIELDS), dtype=torch.int64)
         message = _pack_message(_one_line(error) if error else "")
-        return torch.cat([head.to(self.comm_device), fingerprint.to(self.comm_device), message.to(self.comm_device)])
+        return torch.cat([head, self._model_words, fingerprint, message]).to(self.comm_device)
 
     def _status(self, error: Exception | None) -> torch.Tensor:
         head = torch.tensor([error is not None], dtype=torch.int64)
@@ -368,10 +436,12 @@ class DataParallelEncoder:
                          request_id, failures)
 
     def _agree(self, table: np.ndarray, request_id: int, error: Exception | None) -> None:
-        """Raise the same error on every rank unless every rank took the same request (ids and fingerprints)."""
-        n = len(FINGERPRINT_FIELDS)
-        ids, fingerprints = table[:, 0], table[:, 2 : 2 + n]
-        self._raise_failures(table[:, 1] != 0, table[:, 2 + n :], error, request_id, "before encoding")
+        """Raise the same error on every rank unless every rank holds the same model and took the same request."""
+        model_end = 2 + len(MODEL_FIELDS)
+        request_end = model_end + len(REQUEST_FIELDS)
+        ids, models, fingerprints = table[:, 0], table[:, 2:model_end], table[:, model_end:request_end]
+        self._check_models(models, request_id)
+        self._raise_failures(table[:, 1] != 0, table[:, request_end:], error, request_id, "before encoding")
         resume_at = int(ids.max()) + 1
         self.last_request_id = resume_at - 1
         if (ids != ids[0]).any():
@@ -379,38 +449,65 @@ class DataParallelEncoder:
             raise RequestMismatch(f"the ranks are out of step ({where}): a rank skipped or repeated a request; "
                                   f"nothing was encoded; every rank must continue from request_id {resume_at}",
                                   ids.tolist(), resume_at)
-        differ = [q for q in range(1, self.world_size) if (fingerprints[q] != fingerprints[0]).any()]
+        differ = _differences(fingerprints, REQUEST_FIELDS)
         if differ:
-            what = "; ".join(f"rank {q} differs from rank 0 in "
-                             + ", ".join(dict.fromkeys(f for f, a, b in zip(FINGERPRINT_FIELDS, fingerprints[q],
-                                                                            fingerprints[0], strict=True) if a != b))
-                             for q in differ)
+            what = "; ".join(f"rank {q} differs from rank 0 in {', '.join(f)}" for q, f in differ.items())
             raise RequestMismatch(f"request {request_id}: the ranks were given different requests ({what}); nothing "
                                   "was encoded; every rank must pass the same pixel_values and grid_thw in the same "
                                   "order (pass request_id to find a rank that skipped one)", ids.tolist(), resume_at)
+
+    def _check_models(self, models: np.ndarray, request_id: int) -> None:
+        differ = _differences(models, MODEL_FIELDS)
+        if not differ:
+            return
+        width = MODEL_FIELDS.index("out_hidden_size")
+        what = "; ".join(f"rank {q} differs from rank 0 in {', '.join(f)}"
+                         + (f" ({models[0, width]} vs {models[q, width]})" if "out_hidden_size" in f else "")
+                         for q, f in differ.items())
+        raise ModelMismatch(f"rank {self.rank}: request {request_id}: the ranks hold different models ({what}); "
+                            "nothing was encoded; every rank must build the same model (config, dtype, weights)",
+                            differ)
 
     # ---- the pieces ----------------------------------------------------------------------------------------
     def _sync(self) -> None:
         if self.model.device.type == "cuda" or self.comm_device.type == "cuda":
             torch.cuda.current_stream().synchronize()
 
-    def _encode_local(self, pixel_values: torch.Tensor, grids: np.ndarray, items: Sequence[int],
-                      row_start: np.ndarray) -> list[torch.Tensor]:
+    def assignment(self, grid_thw) -> Assignment:
+        """Which rank encodes which items of a request with these grids: what :meth:`run` uses
+        (:func:`balance_items` over the items' patch counts)."""
+        return balance_items(patch_counts_of(grid_thw), self.world_size)
+
+    def encode_share(self, pixel_values: torch.Tensor, grid_thw, items: Sequence[int],
+                     check_finite: bool = True) -> list[torch.Tensor]:
+        """The outputs of ``items`` (indices into the request), in that order, encoded on this rank alone: no
+        collective, nothing exchanged.
+
+        :meth:`run` encodes this rank's share, ``assignment(grid_thw).ranks[rank]``, through this method (with
+        ``check_finite=False``: it checked already), so for that share it returns the bits :meth:`run` returns for
+        those items. A subclass may override it to instrument the encode or inject a fault (``dp_bench``'s fault
+        drill does). The pixels may live anywhere: only the share's rows are copied to the model's device.
+        """
+        grids = self.model.check_inputs(pixel_values, grid_thw, check_finite=False)
+        items = [_check_item(i, k, len(grids)) for k, i in enumerate(items)]
+        if len(set(items)) != len(items):
+            raise ValueError(f"items {items} name an item twice")
         if not items:
             return []
+        row_start = np.concatenate([[0], np.cumsum(grids.prod(axis=1))]).astype(np.int64)
         local = torch.cat([pixel_values[row_start[i] : row_start[i + 1]] for i in items]).to(self.model.device)
         if self.runner is not None:
-            return self.runner.run(local, grids[list(items)])
+            return self.runner.run(local, grids[items], check_finite=check_finite)
         with torch.inference_mode():
-            out = self.model(local, grids[list(items)])
+            out = self.model(local, grids[items], check_finite=check_finite)
         m2 = self.model.config.merge_area
         return list(out.split([int(row_start[i + 1] - row_start[i]) // m2 for i in items]))
 
     def _encode_or_error(self, pixel_values: torch.Tensor, grids: np.ndarray, items: Sequence[int],
-                         row_start: np.ndarray, expected_tokens: int):
+                         expected_tokens: int):
         """This rank's outputs, or the error that stopped them (never raises: the other ranks must hear of it)."""
         try:
-            outs = self._encode_local(pixel_values, grids, items, row_start)
+            outs = self.encode_share(pixel_values, grids, items, check_finite=False)
             self._sync()
             got = sum(int(o.shape[0]) for o in outs)
             if got != expected_tokens:
@@ -431,8 +528,9 @@ class DataParallelEncoder:
         for out in local_outs:
             send[offset : offset + out.shape[0]].copy_(out)
             offset += out.shape[0]
-        # gloo does not reduce anything here, it only moves bytes: ship 2-byte floats as int16 (bf16-safe, bitwise).
-        wire = send.view(torch.int16) if self.backend != "nccl" and send.element_size() == 2 else send
+        # Nothing is reduced, only moved: over gloo every dtype travels as its bytes (gloo's dtypes vary by version
+        # and exclude int16: torch 2.13 refuses it), so the gather is bitwise whatever the model's dtype.
+        wire = send.view(torch.uint8) if self.backend != "nccl" else send
         try:
             if self.backend == "nccl":
                 gathered = torch.empty(self.world_size * pad_to, width, dtype=wire.dtype, device=wire.device)
@@ -461,9 +559,9 @@ class DataParallelEncoder:
 
         ``request_id``: the request's place in the caller's stream (increasing; gaps allowed). Without it each rank
         numbers its calls, which still catches different requests (their fingerprints differ) but cannot say which
-        rank skipped one. Raises :class:`RequestMismatch`, :class:`RankFailed` (or this rank's own error) and
-        :class:`CollectiveError` as the module docstring says. Returned tensors are views of one freshly allocated
-        gather buffer (never of a graph's static buffer).
+        rank skipped one. Raises :class:`ModelMismatch`, :class:`RequestMismatch`, :class:`RankFailed` (or this
+        rank's own error) and :class:`CollectiveError` as the module docstring says. Returned tensors are views of
+        one freshly allocated gather buffer (never of a graph's static buffer).
         """
         start = time.perf_counter()
         rid, grids, fingerprint, error = self._prepare(pixel_values, grid_thw, request_id)
@@ -487,8 +585,7 @@ class DataParallelEncoder:
         """Encode this rank's items, agree that every rank succeeded, gather; fills ``times`` (seconds)."""
         t0 = time.perf_counter()
         mine = assignment.ranks[self.rank]
-        row_start = np.concatenate([[0], np.cumsum(grids.prod(axis=1))]).astype(np.int64)
-        local_outs, error = self._encode_or_error(pixel_values, grids, mine, row_start, sum(tokens[i] for i in mine))
+        local_outs, error = self._encode_or_error(pixel_values, grids, mine, sum(tokens[i] for i in mine))
         t_local = time.perf_counter()
         status = self._exchange(self._status(error), "status exchange", request_id)
         self._raise_failures(status[:, 0] != 0, status[:, 1:], error, request_id, "while encoding")
@@ -523,7 +620,8 @@ class DataParallelEncoder:
 
 
 def encode_data_parallel(runner_or_model, pixel_values: torch.Tensor, grid_thw, group=None) -> list[torch.Tensor]:
-    """One-shot :meth:`DataParallelEncoder.run` (build a :class:`DataParallelEncoder` once to keep its stats)."""
+    """One-shot :meth:`DataParallelEncoder.run`. It hashes the weights on every call: for a stream of requests
+    build one :class:`DataParallelEncoder` (which also keeps the stats)."""
     return DataParallelEncoder(runner_or_model, group=group).run(pixel_values, grid_thw)
 
 

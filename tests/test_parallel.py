@@ -8,21 +8,21 @@ case and the parametrised tests below read them. Oracles, computed in every rank
   change a single bit, and shapes there match exactly;
 - rank 0's result broadcast (``torch.equal``): every rank returns the same list.
 
-The fault cases (``FAULTS``) run in the same spawns: a rank that skips a request, pixels that differ under equal grids,
-bad input or an encode error on one rank; each must raise on every rank before the gather, and the next request must
-work. A stuck rank (the collective timeout) and the ``dp_bench`` tool (torchrun, with its fault drill) get their own
-processes, each killed if it outlives its deadline.
+The fault cases (``FAULTS``) run in the same spawns: a rank that skips a request, pixels that differ under equal grids
+(also by a change that keeps every row and column sum), a rank with other weights or another out_hidden_size, bad
+input or an encode error on one rank; each must raise on every rank before the gather, and the next request must
+work. bf16 models run through the same gather (over gloo, as bytes) and must match bit for bit. A stuck rank (the
+collective timeout) gets its own processes, killed if they outlive their deadline. The tool, ``dp_bench``, is
+tested in ``tests/test_dp_bench.py``.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import functools
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 import traceback
 
@@ -33,25 +33,26 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from glmvit import VisionConfig, parallel
-from glmvit.cli import main as glmvit_main
 from glmvit.graphs import EncoderGraphRunner
 from glmvit.model import GlmVisionEncoder
 from glmvit.packing import BudgetConfig
 from glmvit.parallel import (
-    CHECKSUM_MODULUS,
-    FINGERPRINT_FIELDS,
+    MODEL_FIELDS,
+    REQUEST_FIELDS,
     Assignment,
     CollectiveError,
     DataParallelEncoder,
+    ModelMismatch,
     RankFailed,
     RequestMismatch,
     balance_items,
     encode_data_parallel,
     free_port,
+    model_fingerprint,
     patch_counts_of,
-    pixel_checksum,
     request_fingerprint,
     round_robin_items,
+    tensor_digest,
 )
 from glmvit.random_weights import randomize_
 from glmvit.workloads import random_batch
@@ -142,29 +143,60 @@ def test_patch_counts_are_input_rows():
 # ---------------------------------------------------------------------------------------------------------------
 # The request fingerprint (pure)
 # ---------------------------------------------------------------------------------------------------------------
-def _checksum_reference(x):
-    """pixel_checksum spelled out with Python integers: no chunks, no int64, no modulus until the end."""
+def _linear_checksum(x):
+    """What the request check used to compare: the sum, the row-weighted and the column-weighted sums of the int16
+    view (Python integers, exact). A change that keeps every row and column sum leaves it unchanged."""
     bits = x.contiguous().view(torch.int16).tolist()
     rows = [sum(r) for r in bits]
     cols = [sum(c) for c in zip(*bits, strict=True)]
-    p = CHECKSUM_MODULUS
-    return [sum(rows), sum((i + 1) * s for i, s in enumerate(rows)) % p,
-            sum((j + 1) * s for j, s in enumerate(cols)) % p]
+    return sum(rows), sum((i + 1) * s for i, s in enumerate(rows)), sum((j + 1) * s for j, s in enumerate(cols))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_pixel_checksum_is_exact(monkeypatch, dtype):
-    x = (torch.randn(37, 24, generator=torch.Generator().manual_seed(1)) * 1e4).to(dtype)
-    x[3, 5], x[4, 6], x[5, 7] = float("nan"), float("inf"), -0.0  # bits, not values: NaN equals itself here
-    assert pixel_checksum(x).tolist() == _checksum_reference(x)
-    # the path taken off the CPU gives the same sums, whatever its chunks: one, several rows each with a ragged
-    # end, one row each
+def corners_changed(pixels, d=7):
+    """+d, −d, −d, +d at the corners of a rectangle of the int16 view (rows 3 and 20, columns 5 and 11: the high
+    halves of float32 values, far from int16's ends, so nothing wraps)."""
+    x = pixels.clone()
     bits = x.view(torch.int16)
-    numpy_sums = parallel._row_col_sums_numpy(bits)
-    for chunk in (1 << 22, 50, 1):
-        monkeypatch.setattr(parallel, "CHUNK_ELEMENTS", chunk)
-        for got, expected in zip(parallel._row_col_sums_torch(bits), numpy_sums, strict=True):
-            assert torch.equal(got, expected)
+    for (r, c), step in zip([(3, 5), (3, 11), (20, 5), (20, 11)], [d, -d, -d, d], strict=True):
+        bits[r, c] += step
+    return x
+
+
+def test_tensor_digest_is_of_the_bits():
+    x = torch.randn(37, 24, generator=torch.Generator().manual_seed(1))
+    base = tensor_digest(x)
+    assert len(base) == 32 and tensor_digest(x.clone()) == base
+    strided = torch.empty(24, 37).t()
+    strided.copy_(x)  # the same values in a non-contiguous layout
+    assert not strided.is_contiguous() and tensor_digest(strided) == base
+    for r, c in [(0, 0), (18, 11), (36, 23)]:  # one ulp anywhere
+        y = x.clone()
+        y[r, c] = torch.nextafter(y[r, c], torch.tensor(float("inf")))
+        assert tensor_digest(y) != base
+    assert tensor_digest(x.view(torch.int32)) != base  # the same bytes as another dtype
+    assert tensor_digest(x.reshape(24, 37)) != base  # or another shape
+    zeros = torch.zeros(4)
+    assert tensor_digest(zeros) != tensor_digest(-zeros)  # bits, not values: −0 is not +0
+    nan = torch.full((4,), float("nan"))
+    assert tensor_digest(nan) == tensor_digest(nan.clone())  # and NaN is itself
+    assert tensor_digest(corners_changed(x)) != base
+
+
+def test_tensor_digest_does_not_depend_on_threads(monkeypatch):
+    x = torch.randn(64, 50, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    for piece in (1 << 20, 100, 7):  # one piece; many; a ragged last piece
+        monkeypatch.setattr(parallel, "HASH_PIECE_BYTES", piece)
+        assert len({tensor_digest(x, threads) for threads in (1, 2, 5)}) == 1
+
+
+@pytest.mark.gpu
+def test_tensor_digest_is_the_same_on_the_gpu():
+    x = torch.randn(300, 1176).to(torch.bfloat16)
+    assert tensor_digest(x.cuda()) == tensor_digest(x)
+
+
+def _differs(names, a, b):
+    return {f for f, x, y in zip(names, a.tolist(), b.tolist(), strict=True) if x != y}
 
 
 def test_fingerprint_tells_same_size_requests_apart(tiny_config):
@@ -173,8 +205,7 @@ def test_fingerprint_tells_same_size_requests_apart(tiny_config):
     base = request_fingerprint(pixels, grids)
 
     def differs(p, g=grids):
-        other = request_fingerprint(p, np.asarray(g))
-        return {f for f, a, b in zip(FINGERPRINT_FIELDS, other.tolist(), base.tolist(), strict=True) if a != b}
+        return _differs(REQUEST_FIELDS, request_fingerprint(p, np.asarray(g)), base)
 
     one_ulp = pixels.clone()
     one_ulp[20, 7] = torch.nextafter(one_ulp[20, 7], torch.tensor(float("inf")))
@@ -186,10 +217,79 @@ def test_fingerprint_tells_same_size_requests_apart(tiny_config):
     assert "dtype" in differs(pixels.to(torch.bfloat16))
 
 
+def test_fingerprint_sees_changes_a_linear_checksum_cannot(tiny_config):
+    """+7/−7/−7/+7 at a rectangle's corners keeps every row and column sum: the old checksum passed it, and each
+    rank returned the other's pixels' embeddings. The fingerprint hashes the bytes."""
+    pixels, grid = random_batch([[1, 4, 4], [1, 4, 4]], tiny_config, seed=0)
+    changed = corners_changed(pixels)
+    assert _linear_checksum(changed) == _linear_checksum(pixels) and not torch.equal(changed, pixels)
+    assert torch.isfinite(changed).all()  # still a valid request: only the fingerprint can tell them apart
+    assert _differs(REQUEST_FIELDS, request_fingerprint(changed, grid.numpy()),
+                    request_fingerprint(pixels, grid.numpy())) == {"pixels"}
+
+
+def test_model_fingerprint_covers_config_dtype_and_weights(tiny_config):
+    def model(config=tiny_config, seed=0):
+        return randomize_(GlmVisionEncoder(config), seed=seed).eval()
+
+    base = model_fingerprint(model())
+    assert torch.equal(model_fingerprint(model()), base)  # the same seed builds the same model
+    assert _differs(MODEL_FIELDS, model_fingerprint(model(seed=1)), base) == {"weights"}
+    wider = dataclasses.replace(tiny_config, out_hidden_size=2 * tiny_config.out_hidden_size)
+    assert _differs(MODEL_FIELDS, model_fingerprint(model(wider)), base) == {"config", "out_hidden_size", "weights"}
+    assert _differs(MODEL_FIELDS, model_fingerprint(model().to(torch.bfloat16)), base) == {"dtype", "weights"}
+    nudged = model()
+    with torch.no_grad():
+        w = nudged.blocks[-1].mlp.down_proj.weight
+        w[0, 0] = torch.nextafter(w[0, 0], torch.tensor(float("inf")))  # one ulp of one weight
+    assert _differs(MODEL_FIELDS, model_fingerprint(nudged), base) == {"weights"}
+
+
 def test_needs_an_initialised_group():
     assert not dist.is_initialized()
     with pytest.raises(RuntimeError, match="initialised process group"):
         DataParallelEncoder(GlmVisionEncoder(VisionConfig.tiny()))
+
+
+@pytest.fixture
+def world_of_one():
+    """A gloo group of one rank in this process, destroyed afterwards (the other tests see none)."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_encode_share_is_what_run_encodes(world_of_one, tiny_config):
+    model = randomize_(GlmVisionEncoder(tiny_config), seed=0).eval()
+    dp = DataParallelEncoder(model)
+    pixels, grids = random_batch([[1, 4, 4], [2, 4, 4], [1, 2, 2]], tiny_config, seed=0)
+    assignment = dp.assignment(grids)
+    assert assignment == balance_items(patch_counts_of(grids), 1) and assignment.ranks == ((1, 0, 2),)
+    outs = dp.run(pixels, grids)
+    share = dp.encode_share(pixels, grids, assignment.ranks[0])
+    assert all(torch.equal(outs[i], o) for i, o in zip(assignment.ranks[0], share, strict=True))
+    assert dp.encode_share(pixels, grids, []) == []
+    for items, message in [([3], r"items\[0\] = 3 is not an item index of a request of 3 item"),
+                           ([0, True], r"items\[1\] = True"), ([-1], r"items\[0\] = -1"),
+                           ([1, 1], "name an item twice")]:
+        with pytest.raises(ValueError, match=message):
+            dp.encode_share(pixels, grids, items)
+    with pytest.raises(ValueError, match="rows"):
+        dp.encode_share(pixels[:-1], grids, [0])
+
+
+def test_the_weights_are_hashed_once_per_encoder(world_of_one, tiny_config, monkeypatch):
+    model = randomize_(GlmVisionEncoder(tiny_config), seed=0).eval()
+    calls = []
+    digest = parallel.weights_digest
+    monkeypatch.setattr(parallel, "weights_digest", lambda *a, **k: calls.append(1) or digest(*a, **k))
+    dp = DataParallelEncoder(model)
+    for k in range(3):
+        dp.run(*_stream(model, k))
+    assert len(calls) == 1 and len(dp.model_digest) == 64
+    assert dp.model_digest == digest(model).hex()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -206,6 +306,7 @@ CASES = {
     "empty": [],
 }
 GPU_TOL = 1e-4  # fp32 on CUDA: batched vs per-item attention / GEMM shapes differ
+BF16_CASES = ("mixed", "one_item")  # several items per rank; a rank that sends only padding
 
 
 def _encode_rank_batch(engine, model, pixels, grids, items):
@@ -256,6 +357,40 @@ def _check_case(dp, engine, model, grids_list, seed, tol):
     if isinstance(engine, EncoderGraphRunner):
         oversize = sum(1 for i in assignment.ranks[rank] if tokens[i] > BUDGETS.largest)
         assert engine.stats.fallback_items - fallback_before >= oversize
+
+
+def _check_bf16_case(dp, engine, model, grids_list, seed):
+    """bf16 through the gather (over gloo: as bytes): every item equals, bit for bit, its rank's batch encoded
+    here alone, and every rank returns rank 0's bits."""
+    pixels, grids = random_batch(grids_list, model.config, seed=seed)
+    pixels = pixels.to(model.device, torch.bfloat16)
+    outs = dp.run(pixels, grids)
+    assert len(outs) == len(grids) and all(o.dtype == torch.bfloat16 for o in outs)
+    for items in balance_items(patch_counts_of(grids), dist.get_world_size()).ranks:
+        for i, ref in zip(items, _encode_rank_batch(engine, model, pixels, grids, items), strict=True):
+            assert torch.equal(outs[i].view(torch.int16), ref.view(torch.int16)), f"item {i} is not bitwise equal"
+    bits = torch.cat(outs).view(torch.uint8).to(dp.comm_device).contiguous()  # gloo has no int16
+    theirs = bits.clone()
+    dist.broadcast(theirs, src=0)
+    assert torch.equal(bits, theirs)
+
+
+def _bf16_verdicts(device, backend):
+    with torch.device(device):
+        model = GlmVisionEncoder(VisionConfig.tiny())
+    model = randomize_(model.cpu(), seed=0).to(device, torch.bfloat16).eval()
+    runner = EncoderGraphRunner(model, BUDGETS, backend="cuda" if backend == "nccl" else "emulate",
+                                progress=False).capture()
+    verdicts = {}
+    for engine_name, engine in {"runner": runner, "eager": model}.items():
+        dp = DataParallelEncoder(engine)
+        for k, name in enumerate(BF16_CASES):
+            try:
+                _check_bf16_case(dp, engine, model, CASES[name], seed=20 + k)
+                verdicts[f"bf16:{engine_name}:{name}"] = "ok"
+            except Exception:
+                verdicts[f"bf16:{engine_name}:{name}"] = traceback.format_exc()
+    return verdicts
 
 
 def _mismatch_raises_everywhere(dp, model):
@@ -329,6 +464,54 @@ def _pixels_differ(engine, model, tol):
     _works(dp, model, _stream(model, 1), tol)
 
 
+class _CountingEncoder(DataParallelEncoder):
+    """Counts this rank's encodes: a check that must stop a request before encoding leaves it at zero."""
+
+    encodes = 0
+
+    def encode_share(self, *args, **kwargs):
+        self.encodes += 1
+        return super().encode_share(*args, **kwargs)
+
+
+def _pixels_differ_at_rectangle_corners(engine, model, tol):
+    dp = _CountingEncoder(engine)
+    pixels, grids = _stream(model, 0)
+    if dist.get_rank() == 1:  # every row and column sum of the bits is the same as rank 0's
+        pixels = corners_changed(pixels)
+    _expect(functools.partial(dp.run, pixels, grids), RequestMismatch, "rank 1 differs from rank 0 in pixels",
+            "nothing was encoded")
+    assert dp.encodes == 0
+    _works(dp, model, _stream(model, 1), tol)
+
+
+def _other_model(model, **changes):
+    """Rank 1's model: the tiny config with ``changes`` (seeded as every rank's) or, without changes, other weights."""
+    config = dataclasses.replace(model.config, **changes)
+    return randomize_(GlmVisionEncoder(config), seed=0 if changes else 1).to(model.device).eval()
+
+
+def _models_differ(engine, model, tol, changes, fragments):
+    rank = dist.get_rank()
+    dp = _CountingEncoder(_other_model(model, **changes) if rank == 1 else engine)
+    for k in (0, 1):  # every request, until the ranks hold the same model
+        err = _expect(functools.partial(dp.run, *_stream(model, k)), ModelMismatch, f"rank {rank}: request {k}",
+                      *fragments, "nothing was encoded")
+        assert list(err.fields) == [1]
+    assert dp.encodes == 0
+    _works(DataParallelEncoder(engine), model, _stream(model, 2), tol)  # nothing aborted: the group still works
+
+
+def _different_weights(engine, model, tol):
+    _models_differ(engine, model, tol, {}, ["rank 1 differs from rank 0 in weights)"])
+
+
+def _different_out_hidden_size(engine, model, tol):
+    width = model.config.out_hidden_size
+    _models_differ(engine, model, tol, {"out_hidden_size": width // 2},
+                   [f"rank 1 differs from rank 0 in config, out_hidden_size, weights ({width} vs {width // 2})"])
+
+
 def _bad_input_on_one_rank(engine, model, tol):
     dp = DataParallelEncoder(engine)
     pixels, grids = _stream(model, 0)
@@ -365,8 +548,9 @@ def _encode_fails_on_one_rank(runner, model, tol):
 
 
 FAULTS = {"skip_with_request_ids": _skip_with_request_ids, "skip_without_request_ids": _skip_without_request_ids,
-          "pixels_differ": _pixels_differ, "bad_input_on_one_rank": _bad_input_on_one_rank,
-          "encode_fails_on_one_rank": _encode_fails_on_one_rank}
+          "pixels_differ": _pixels_differ, "pixels_differ_at_rectangle_corners": _pixels_differ_at_rectangle_corners,
+          "different_weights": _different_weights, "different_out_hidden_size": _different_out_hidden_size,
+          "bad_input_on_one_rank": _bad_input_on_one_rank, "encode_fails_on_one_rank": _encode_fails_on_one_rank}
 
 
 def _worker(rank, world, port, outdir, backend):
@@ -411,6 +595,7 @@ def _worker(rank, world, port, outdir, backend):
                 verdicts[f"fault:{name}"] = "ok"
             except Exception:
                 verdicts[f"fault:{name}"] = traceback.format_exc()
+        verdicts.update(_bf16_verdicts(device, backend))
     except Exception:
         verdicts["setup"] = traceback.format_exc()
     finally:
@@ -447,7 +632,8 @@ def gloo_verdicts(tmp_path_factory):
 
 
 VERDICT_KEYS = ([f"runner:{c}" for c in CASES] + [f"eager:{c}" for c in ("mixed", "one_item", "empty")]
-                + ["mismatch", "after_mismatch", "function"] + [f"fault:{name}" for name in FAULTS])
+                + ["mismatch", "after_mismatch", "function"] + [f"fault:{name}" for name in FAULTS]
+                + [f"bf16:{e}:{c}" for e in ("runner", "eager") for c in BF16_CASES])
 
 
 def _assert_verdicts(per_rank, key):
@@ -515,72 +701,3 @@ def test_a_stuck_rank_becomes_an_error_within_the_timeout(tmp_path):
     # the stuck rank, once awake, finds nobody in the exchange: an error too, not a hang and not an abort
     assert stuck["error"] and "rank 1: request 1: the status exchange did not complete" in stuck["error"]
     assert stuck["seconds"] <= 2 * STUCK_TIMEOUT_S + 1 + 3
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The tool: glmvit.cli.dp_bench under torchrun (2 gloo ranks) and as `python -m glmvit dp-bench` (a world of one)
-# ---------------------------------------------------------------------------------------------------------------
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DP_BENCH_ARGS = ["--device", "cpu", "--num-requests", "3", "--warmup", "1", "--fault-drill", "--timeout", "30"]
-
-
-def _run_killable(cmd, env, timeout_s):
-    """subprocess.run in its own process group: on timeout the launcher AND its workers are killed."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise AssertionError(f"{' '.join(cmd)} still running after {timeout_s} s") from None
-    return proc.returncode, out, err
-
-
-def _check_drill(drill, world):
-    victim = world - 1
-    assert drill["ok"] and drill["victim_rank"] == victim and drill["timeout_s"] == 30
-    errors = {r["rank"]: (r["error_type"], r["error"]) for r in drill["ranks"]}
-    assert errors[victim] == ("RuntimeError", f"fault drill: rank {victim} fails mid-request")
-    for q in range(victim):
-        assert errors[q][0] == "RankFailed" and f"rank {victim}: RuntimeError: fault drill" in errors[q][1]
-    assert all(r["seconds_to_error"] < 30 and r["next_request_ok"] for r in drill["ranks"])
-
-
-@pytest.mark.timeout(150)
-def test_dp_bench_two_gloo_ranks_with_the_fault_drill(tmp_path):
-    out = tmp_path / "dp.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "glmvit.cli.dp_bench", *DP_BENCH_ARGS, "--json", str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
-    rc, stdout, stderr = _run_killable(cmd, env, timeout_s=120)
-    assert rc == 0, stderr[-3000:]
-    assert "fault drill: rank 1 raised mid-request" in stdout and "→ OK" in stdout
-    rec = json.loads(out.read_text())
-    assert (rec["world_size"], rec["backend"], rec["timeout_s"]) == (2, "gloo", 30)
-    assert rec["verification"]["ok"] and rec["encoder_forward_ms"]["mean_ms"] > 0
-    _check_drill(rec["fault_drill"], 2)
-    for r in rec["per_rank"]:
-        shares = r["gather_share_per_request"]
-        assert len(shares) == 3 and all(0 < s < 1 for s in shares)
-    assert rec["provenance"]["command"].startswith("torchrun --nproc-per-node 2 -m glmvit.cli.dp_bench")
-    assert len(rec["provenance"]["ranks"]) == 2
-
-
-@pytest.mark.timeout(90)
-def test_dp_bench_as_a_glmvit_command_in_a_world_of_one(tmp_path, monkeypatch, capsys):
-    for key, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                           MASTER_PORT=str(free_port())).items():
-        monkeypatch.setenv(key, value)  # undone after the test: nothing leaks into the other tests
-    out = tmp_path / "dp1.json"
-    threads = torch.get_num_threads()
-    try:
-        assert glmvit_main(["dp-bench", *DP_BENCH_ARGS, "--no-baseline", "--json", str(out)]) == 0
-    finally:
-        torch.set_num_threads(threads)  # the tool sizes its thread pool for its rank; give this process its own back
-    assert not dist.is_initialized()
-    rec = json.loads(out.read_text())
-    assert rec["world_size"] == 1 and rec["single_process_ms"] is None
-    _check_drill(rec["fault_drill"], 1)
-    assert "verify request 0" in capsys.readouterr().out

@@ -1,7 +1,7 @@
 """Data-parallel demo / benchmark over :mod:`glmvit.parallel`: launch it with torchrun (NCCL on CUDA, gloo on CPU).
 
-Every rank builds the same model (same seed), the same requests and its own graph runner; rank 0 checks request 0
-against per-item eager and writes the JSON::
+Every rank builds the same model (the same seed, or ``--weights``, in ``--dtype``), the same requests and its own
+graph runner; rank 0 checks request 0 against per-item eager and writes the JSON::
 
     torchrun --nproc-per-node 2 -m glmvit.cli.dp_bench --modality video --items-per-request 2 \\
         --num-requests 200 --fault-drill --json data/bench/dp_video_2gpu.json
@@ -14,12 +14,17 @@ for another one fails instead of hanging (gloo raises on the waiting ranks; NCCL
 with an error (the last rank its own, the others ``RankFailed``) well within the timeout, and the next request must
 give the verified outputs again; the JSON records each rank's error and how long it took.
 
+Every argument is checked before the process group starts, with a one-line error: the workload's grids are drawn
+first, and requests, items, tokens per request, the budgets' graph memory and the pixels every rank keeps resident
+are bounded before any pixel is generated.
+
 Why one module of this length: set-up, verification, timing, fault drill and report of one torchrun command.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import socket
 import sys
@@ -31,63 +36,130 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..geometry import ItemSpec
 from ..graphs import EncoderGraphRunner
 from ..model import GlmVisionEncoder
 from ..packing import BudgetConfig
-from ..parallel import DataParallelEncoder, DPStats, RankFailed, balance_items, free_port, patch_counts_of
+from ..parallel import DataParallelEncoder, DPStats, RankFailed, free_port, patch_counts_of
 from ..provenance import collect
 from ..timing import summarise
-from ..workloads import parse_bucket_config, random_batch, random_mm_workload
-from .common import build_model, check_writable, vision_config, write_json
+from ..weights import checkpoint_config
+from ..workloads import random_batch, random_mm_workload
+from . import USER_ERRORS
+from .common import (
+    DTYPES,
+    MAX_BUDGET_TOKENS,
+    Parser,
+    add_model_args,
+    bucket_config_arg,
+    check_budget_config,
+    check_writable,
+    describe,
+    device_memory_bytes,
+    float_in,
+    int_in,
+    model_from_args,
+    resolve_model_args,
+    vision_config,
+    weights_identity,
+    write_json,
+)
 
+PROG = "torchrun --nproc-per-node N -m glmvit.cli.dp_bench"
 DEFAULT_TIMEOUT_S = 300
+MAX_TIMEOUT_S = 86_400  # a day: longer is no bound at all
+MAX_REQUESTS = 100_000  # timed requests; every request's pixels are generated up front, on every rank
+MAX_WARMUP = 10_000
+MAX_ITEMS = 1_000_000  # items over the whole workload (warm-up included), bounded before any is drawn
+PIXEL_SHARE = 0.5  # of the device's memory the resident pixels may take (a CPU's is shared by its local ranks)
+CONFIG_NAMES = {"full": "glm41v", "tiny": "tiny", "checkpoint": "checkpoint"}  # the JSON's "config"
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="torchrun --nproc-per-node N -m glmvit.cli.dp_bench",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--modality", choices=["image", "video"], default="image",
-                        help="image: 224² images; video: 224² 8-frame clips (default image)")
-    parser.add_argument("--bucket-config", type=str, default=None,
-                        help="vLLM random-mm buckets instead, e.g. \"{(224, 224, 1): 0.7, (448, 448, 1): 0.3}\"")
-    parser.add_argument("--items-per-request", type=int, default=2)
-    parser.add_argument("--range-ratio", type=float, default=0.0, help="items per request vary by ±ratio (vLLM)")
-    parser.add_argument("--num-requests", type=int, default=50, help="timed requests (default 50)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed requests first (default 3)")
-    parser.add_argument("--mode", choices=["graph", "eager"], default="graph",
-                        help="graph: EncoderGraphRunner (CUDA graphs on GPU, emulated on CPU); eager: model.forward")
-    parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
-                        help="auto: one CUDA GPU per rank over NCCL when CUDA is available, else the CPU over gloo")
-    parser.add_argument("--config", choices=["auto", "tiny", "full"], default="auto",
-                        help="auto: full GLM-4.1V tower in bf16 on CUDA, tiny in fp32 on CPU")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-baseline", action="store_true",
-                        help="skip timing the same requests single-process on rank 0")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                        help=f"collective timeout in seconds (default {DEFAULT_TIMEOUT_S}); it also bounds how long "
-                             "the ranks wait for the slowest rank's setup and for rank 0's single-process baseline")
-    parser.add_argument("--fault-drill", action="store_true",
-                        help="after timing, the last rank raises inside one request: every rank must fail it "
-                             "cleanly within the timeout and encode the next one (recorded in the JSON)")
-    parser.add_argument("--json", metavar="PATH", help="rank 0 writes results and provenance here")
-    args = parser.parse_args(argv)
-    if args.num_requests < 1 or args.warmup < 0 or args.items_per_request < 1:
-        parser.error("--num-requests and --items-per-request must be ≥ 1, --warmup ≥ 0")
-    if not 0.0 <= args.range_ratio <= 1.0 or args.seed < 0 or not args.timeout > 0:
-        parser.error("--range-ratio must be in [0, 1], --seed ≥ 0 and --timeout > 0")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA GPU is available here (torch.cuda.is_available() is False)")
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+def build_parser() -> Parser:
+    p = Parser(prog=PROG, description=(__doc__ or "").split("\n\n")[0])
+    w = p.add_argument_group("workload (vLLM random-mm)")
+    w.add_argument("--modality", choices=["image", "video"], default="image",
+                   help="image: 224² images; video: 224² 8-frame clips (default image)")
+    w.add_argument("--bucket-config", type=bucket_config_arg, default=None,
+                   help="vLLM random-mm buckets instead, e.g. \"{(224, 224, 1): 0.7, (448, 448, 1): 0.3}\"")
+    w.add_argument("--items-per-request", type=int_in(1, MAX_ITEMS), default=2)
+    w.add_argument("--range-ratio", type=float_in(0, 1), default=0.0, help="items per request vary by ±ratio (vLLM)")
+    w.add_argument("--num-requests", type=int_in(1, MAX_REQUESTS), default=50, help="timed requests (default 50)")
+    w.add_argument("--warmup", type=int_in(0, MAX_WARMUP), default=3, help="untimed requests first (default 3)")
+    r = p.add_argument_group("run")
+    r.add_argument("--mode", choices=["graph", "eager"], default="graph",
+                   help="graph: EncoderGraphRunner (CUDA graphs on GPU, emulated on CPU); eager: model.forward")
+    r.add_argument("--no-baseline", action="store_true",
+                   help="skip timing the same requests single-process on rank 0")
+    r.add_argument("--timeout", type=float_in(1, MAX_TIMEOUT_S), default=DEFAULT_TIMEOUT_S,
+                   help=f"collective timeout in seconds, in [1, {MAX_TIMEOUT_S:,}] (default {DEFAULT_TIMEOUT_S}); "
+                        "it also bounds how long the ranks wait for the slowest rank's setup and for rank 0's "
+                        "single-process baseline")
+    r.add_argument("--fault-drill", action="store_true",
+                   help="after timing, the last rank raises inside one request: every rank must fail it "
+                        "cleanly within the timeout and encode the next one (recorded in the JSON)")
+    add_model_args(p)  # --device: each rank takes cuda:LOCAL_RANK (or the CPU, over gloo)
+    p.add_argument("--json", metavar="PATH", help="rank 0 writes results and provenance here")
+    return p
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The requests' grids (drawn and bounded before any pixel exists) and the runner's budgets for them."""
+
+    buckets: dict
+    grids: list[np.ndarray]  # per request (warm-up first), [items, 3] int64
+    budget_config: BudgetConfig
+
+
+def plan_workload(args: argparse.Namespace) -> Workload:
+    """Draw the requests' grids and refuse, with a ValueError, what would not fit: too many items, a request beyond
+    the largest budget, budgets beyond one H200, or pixels beyond ``PIXEL_SHARE`` of the device's memory."""
+    buckets = args.bucket_config or ({(224, 224, 1): 1.0} if args.modality == "image" else {(224, 224, 8): 1.0})
+    total = args.warmup + args.num_requests
+    most = math.ceil(args.items_per_request * (1 + args.range_ratio))
+    if total * most > MAX_ITEMS:
+        raise ValueError(f"{total:,} requests (warm-up included) of up to {most:,} items is more than {MAX_ITEMS:,} "
+                         "items (every item's pixels are generated before timing)")
+    draws = random_mm_workload(buckets, total, args.items_per_request, range_ratio=args.range_ratio, seed=args.seed)
+    grids = [np.array([item.grid for item in request], dtype=np.int64).reshape(-1, 3) for request in draws]
+    _check_pixel_memory(args, sum(int(g.prod(axis=1).sum()) for g in grids))
+    specs = [[item.spec for item in request] for request in draws]
+    for k, request in enumerate(specs):
+        tokens = sum(spec.tokens for spec in request)
+        if tokens > MAX_BUDGET_TOKENS:
+            raise ValueError(f"request {k} has {tokens:,} tokens, more than {MAX_BUDGET_TOKENS:,} (a request must "
+                             "fit the 128K-token context of GLM-4.6V-Flash): fewer or smaller items")
+    config = BudgetConfig.for_requests(specs)
+    config = BudgetConfig(config.token_budgets, config.max_items, min(config.max_segments, config.largest))
+    check_budget_config(config, str(DTYPES[args.dtype]).removeprefix("torch."))
+    return Workload(buckets, grids, config)
+
+
+def _check_pixel_memory(args: argparse.Namespace, rows: int) -> None:
+    """Every rank keeps every request's pixels on its device: refuse more than ``PIXEL_SHARE`` of its memory."""
+    device = torch.device(args.device)
+    width = (checkpoint_config(args.weights)[0] if args.weights else vision_config(args.config)).patch_dim
+    need = rows * width * DTYPES[args.dtype].itemsize
+    sharing = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if device.type == "cpu" else 1
+    have = device_memory_bytes(device)
+    if need > PIXEL_SHARE * have / sharing:
+        raise ValueError(f"the workload's pixels need {need / 2**30:,.1f} GiB on every rank, more than "
+                         f"{PIXEL_SHARE:.0%} of {device.type}'s {have / 2**30:,.0f} GiB"
+                         + (f" shared by {sharing} ranks" if sharing > 1 else "")
+                         + ": fewer or smaller requests")
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Workload:
+    """Every value checked before any work (one line and exit status 2 for a bad one); returns the workload."""
+    resolve_model_args(parser, args)
+    if torch.device(args.device).index is not None:
+        parser.error(f"--device {args.device}: every rank takes cuda:LOCAL_RANK; pass --device cuda")
     try:
-        if args.bucket_config:
-            args.bucket_config = parse_bucket_config(args.bucket_config)
         if args.json:
             check_writable(args.json)
+        return plan_workload(args)
     except (ValueError, OSError) as err:
         parser.error(str(err))
-    return args
 
 
 def init_distributed(device_type: str, timeout_s: float) -> tuple[int, int, torch.device]:
@@ -128,23 +200,17 @@ def provenance(device: torch.device, argv: list[str]) -> dict:
     return {**collect(device, command), "ranks": everyone, "gpus": gpus, "nccl": nccl}
 
 
-def demo_requests(args, config, device, dtype):
-    """The workload: per request (pixel_values on device, grid_thw), same on every rank (seeded)."""
-    buckets = args.bucket_config or ({(224, 224, 1): 1.0} if args.modality == "image" else {(224, 224, 8): 1.0})
-    total = args.warmup + args.num_requests
-    workload = random_mm_workload(buckets, total, args.items_per_request, range_ratio=args.range_ratio,
-                                  seed=args.seed)
-    requests = []
-    for k, items in enumerate(workload):
-        pixels, grid = random_batch([it.grid for it in items], config, seed=args.seed * 100_003 + k)
-        requests.append((pixels.to(device, dtype), grid))
-    return buckets, requests
+def count(n: int, noun: str) -> str:
+    """``1 rank``, ``2 ranks``."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
-def _budget_config(requests: list, merge_area: int) -> BudgetConfig:
-    """The bench's default budgets and limits for these requests."""
-    specs = [[ItemSpec(int(t * h * w) // merge_area, int(t)) for t, h, w in grid.tolist()] for _, grid in requests]
-    return BudgetConfig.for_requests(specs)
+def compare_speed(single_ms: float, dp_ms: float) -> str:
+    """The data-parallel mean against one process's, in words that stay true when data parallel is slower."""
+    ratio = single_ms / dp_ms
+    if ratio >= 1:
+        return f"speed-up {ratio:.2f}× (mean)"
+    return f"slow-down {1 / ratio:.2f}× (mean: data parallel is slower here; speed-up {ratio:.2f}×)"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -158,38 +224,40 @@ class Bench:
     rank: int
     world: int
     device: torch.device
-    full: bool
-    dtype: torch.dtype
     model: GlmVisionEncoder
     runner: EncoderGraphRunner | None
     engine_backend: str  # cuda (graphs), emulate (CPU stand-in for graphs) or eager
     dp: DataParallelEncoder
-    buckets: dict
-    requests: list
-    budget_config: BudgetConfig
+    workload: Workload
+    requests: list  # per request: (pixel_values on this rank's device, grid_thw as a long tensor)
+
+    @property
+    def budget_config(self) -> BudgetConfig:
+        return self.workload.budget_config
 
 
-def setup(args: argparse.Namespace, rank: int, world: int, device: torch.device) -> Bench:
-    full = args.config == "full" or (args.config == "auto" and device.type == "cuda")
-    config = vision_config("full" if full else "tiny")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = build_model(config, device, dtype, seed=args.seed)
-    buckets, requests = demo_requests(args, config, device, dtype)
-    budget_config = _budget_config(requests, config.merge_area)
+def setup(args: argparse.Namespace, workload: Workload, rank: int, world: int, device: torch.device) -> Bench:
+    """This rank's model (same seed or checkpoint on every rank), engine, encoder and requests (same seeds)."""
+    args.device = str(device)  # every rank builds its model on its own device
+    model = model_from_args(args)
+    requests = []
+    for k, grids in enumerate(workload.grids):
+        pixels, grid = random_batch(grids, model.config, seed=args.seed * 100_003 + k)
+        requests.append((pixels.to(device, model.dtype), grid))
     runner: EncoderGraphRunner | None = None
     engine: Any = model
     engine_backend = "eager"
     if args.mode == "graph":
         engine_backend = "cuda" if device.type == "cuda" else "emulate"
-        runner = EncoderGraphRunner(model, budget_config, backend=engine_backend).capture()
+        runner = EncoderGraphRunner(model, workload.budget_config, backend=engine_backend).capture()
         engine = runner
-    bench = Bench(args, rank, world, device, full, dtype, model, runner, engine_backend, DataParallelEncoder(engine),
-                  buckets, requests, budget_config)
+    bench = Bench(args, rank, world, device, model, runner, engine_backend, DataParallelEncoder(engine), workload,
+                  requests)
     if rank == 0:
-        print(f"glmvit.parallel: {world} rank(s), {dist.get_backend()} on {device.type}, "
-              f"{'GLM-4.1V tower' if full else 'tiny config'} ({dtype}), mode {args.mode} ({engine_backend}); "
-              f"budgets {list(budget_config.token_budgets)}, max_items {budget_config.max_items}, "
-              f"max_segments {budget_config.max_segments}; collective timeout {args.timeout:g} s")
+        c = workload.budget_config
+        print(f"glmvit.parallel: {count(world, 'rank')} over {dist.get_backend()}, {describe(args)}, "
+              f"mode {args.mode} ({engine_backend}); budgets {list(c.token_budgets)}, max_items {c.max_items}, "
+              f"max_segments {c.max_segments}; collective timeout {args.timeout:g} s")
     return bench
 
 
@@ -203,8 +271,8 @@ def _row_start(grid) -> np.ndarray:
 def _bitwise_vs_local(b: Bench, outs: list[torch.Tensor]) -> bool:
     """Every rank's items equal, bitwise, that rank's batch re-run here alone (agreed across ranks)."""
     pixels, grid = b.requests[0]
-    mine = balance_items(patch_counts_of(grid), b.world).ranks[b.rank]
-    again = b.dp._encode_local(pixels, b.model.check_inputs(pixels, grid), mine, _row_start(grid))
+    mine = b.dp.assignment(grid).ranks[b.rank]
+    again = b.dp.encode_share(pixels, grid, mine)
     exact = all(torch.equal(outs[i], o) for i, o in zip(mine, again, strict=True))
     flag = torch.tensor([int(exact)], device=b.dp.comm_device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
@@ -234,10 +302,11 @@ def verify_first_request(b: Bench) -> tuple[dict, list[torch.Tensor]]:
     outs = b.dp.run(pixels, grid)
     exact = _bitwise_vs_local(b, outs)
     max_diff = _max_diff_vs_eager(b, outs)
-    tol = 1e-4 if b.dtype == torch.float32 else 2**-6  # of the output's scale: fp32 reordered sums; 2 bf16 ulps
+    tol = 1e-4 if b.model.dtype == torch.float32 else 2**-6  # of the output's scale: fp32 reordered sums; 2 bf16
+    # ulps (fp16's are finer)
     ok = exact and max_diff <= tol and len(outs) == len(grid)
     if b.rank == 0:
-        counts = balance_items(patch_counts_of(grid), b.world).counts
+        counts = b.dp.assignment(grid).counts
         print(f"verify request 0 ({len(grid)} items, per rank {counts}): per-rank batches bitwise "
               f"{'equal' if exact else 'DIFFERENT'}; max |DP − per-item eager| / scale = {max_diff:.3g} "
               f"(tolerance {tol}) → {'OK' if ok else 'FAILED'}")
@@ -333,10 +402,10 @@ class _FaultyEncoder(DataParallelEncoder):
         super().__init__(engine)
         self.victim = victim
 
-    def _encode_local(self, *args, **kwargs):
+    def encode_share(self, *args, **kwargs):
         if self.rank == self.victim:
             raise RuntimeError(f"fault drill: rank {self.rank} fails mid-request")
-        return super()._encode_local(*args, **kwargs)
+        return super().encode_share(*args, **kwargs)
 
 
 def _drill_verdict(record: dict, victim: int, timeout_s: float) -> bool:
@@ -383,28 +452,30 @@ def report(b: Bench, results: dict, argv: list[str]) -> None:
         return
     dp, single = results["dp"], results["single_ms"]
     dps = summarise(dp["dp_ms"])
-    print(f"encoder_forward_ms over {len(dp['dp_ms'])} requests ({b.world} ranks, data parallel): mean "
-          f"{dps['mean_ms']:.3f}  median {dps['median_ms']:.3f}  P99 {dps['p99_ms']:.3f}; "
+    print(f"encoder_forward_ms over {count(len(dp['dp_ms']), 'request')} ({count(b.world, 'rank')}, data "
+          f"parallel): mean {dps['mean_ms']:.3f}  median {dps['median_ms']:.3f}  P99 {dps['p99_ms']:.3f}; "
           f"mean imbalance {dp['mean_imbalance']:.3f}")
     for q, r in enumerate(dp["per_rank"]):
-        print(f"  rank {q}: {r['items']} items, {r['tokens']} tokens; per request: check {r['check_ms_mean']:.3f} "
-              f"ms, local {r['local_ms_mean']:.3f} ms, wait for the slowest {r['sync_ms_mean']:.3f} ms, gather "
-              f"{r['gather_ms_mean']:.3f} ms ({100 * r['gather_share_mean']:.1f}% of the call, P99 "
-              f"{100 * r['gather_share_p99']:.1f}%)")
+        print(f"  rank {q}: {count(r['items'], 'item')}, {count(r['tokens'], 'token')}; per request: check "
+              f"{r['check_ms_mean']:.3f} ms, local {r['local_ms_mean']:.3f} ms, wait for the slowest "
+              f"{r['sync_ms_mean']:.3f} ms, gather {r['gather_ms_mean']:.3f} ms ({100 * r['gather_share_mean']:.1f}% "
+              f"of the call, P99 {100 * r['gather_share_p99']:.1f}%)")
     sps = summarise(single) if single else None
     if sps:
         print(f"encoder_forward_ms single process (rank 0 alone): mean {sps['mean_ms']:.3f}  median "
-              f"{sps['median_ms']:.3f}  P99 {sps['p99_ms']:.3f}; speed-up of the mean "
-              f"{sps['mean_ms'] / dps['mean_ms']:.2f}x")
+              f"{sps['median_ms']:.3f}  P99 {sps['p99_ms']:.3f}; "
+              f"{compare_speed(sps['mean_ms'], dps['mean_ms'])}")
     if b.args.json:
         args = b.args
         write_json(args.json, {
             "benchmark": "glmvit.parallel", "world_size": b.world, "backend": dist.get_backend(),
-            "device": b.device.type, "config": "glm41v" if b.full else "tiny", "dtype": str(b.dtype).split(".")[-1],
+            "device": b.device.type, "config": CONFIG_NAMES[args.config], "dtype": str(b.model.dtype).split(".")[-1],
+            "weights": weights_identity(args.weights) if args.weights else {"random_seed": args.seed},
+            "weights_digest": b.dp.model_digest,  # glmvit.parallel.weights_digest, hex
             "mode": args.mode, "runner_backend": b.engine_backend, "budgets": list(b.budget_config.token_budgets),
             "max_items": b.budget_config.max_items, "max_segments": b.budget_config.max_segments,
             "timeout_s": args.timeout,
-            "workload": {"bucket_config": {str(k): v for k, v in b.buckets.items()},
+            "workload": {"bucket_config": {str(k): v for k, v in b.workload.buckets.items()},
                          "items_per_request": args.items_per_request, "range_ratio": args.range_ratio,
                          "num_requests": args.num_requests, "warmup": args.warmup, "seed": args.seed},
             "encoder_forward_ms": dps, "single_process_ms": sps,
@@ -417,11 +488,13 @@ def report(b: Bench, results: dict, argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    workload = check_args(parser, args)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
-    rank, world, device = init_distributed(args.device, args.timeout)
+    rank, world, device = init_distributed(torch.device(args.device).type, args.timeout)
     try:
-        b = setup(args, rank, world, device)
+        b = setup(args, workload, rank, world, device)
         verification, first_outs = verify_first_request(b)
         results: dict[str, Any] = {"verification": verification, "dp": time_data_parallel(b),
                                    "single_ms": time_single_process(b)}
@@ -433,5 +506,17 @@ def main(argv: list[str] | None = None) -> int:
         dist.destroy_process_group()
 
 
+def script(argv: list[str] | None = None) -> int:
+    """``torchrun -m glmvit.cli.dp_bench``: :func:`main` with bad input or files as one line (as ``python -m
+    glmvit dp-bench`` does; ``GLMVIT_DEBUG=1`` shows the traceback)."""
+    try:
+        return main(argv)
+    except USER_ERRORS as err:
+        if os.environ.get("GLMVIT_DEBUG"):
+            raise
+        print(f"dp_bench: error: {err}", file=sys.stderr)
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(script())
