@@ -121,7 +121,8 @@ class BudgetConfig:
         - budgets only, or nothing: max_items = min(hi // lo, smallest budget), budgets ``auto_budgets(lo, hi)``
           when none are given;
         - max_segments (vLLM's frames per batch, one per temporal patch): max_items × 600 with video
-          (GLM's ``_MAX_FRAMES_PER_VIDEO``), max_items without (room for one image per item).
+          (GLM's ``_MAX_FRAMES_PER_VIDEO``), capped at the largest budget (a batch never has more segments than
+          tokens, so slots past it are never used); max_items without video (room for one image per item).
         """
         lo, hi = auto_range
         given = tuple(sorted({positive_int("token budget", b) for b in token_budgets or ()}))
@@ -132,7 +133,7 @@ class BudgetConfig:
             budgets = given or auto_budgets(lo, hi)
             max_items = min(hi // lo, budgets[0])
         if max_segments is None:
-            max_segments = max_items * VLLM_MAX_FRAMES_PER_VIDEO if video else max_items
+            max_segments = min(max_items * VLLM_MAX_FRAMES_PER_VIDEO, budgets[-1]) if video else max_items
         return cls(budgets, max_items, max_segments)
 
     @classmethod

@@ -240,7 +240,7 @@ def test_budget_config_defaults_follow_vllm():
     the GLM range (64, min(max_num_batched_tokens 8192, max_model_len 65536)) and 600 frames per video."""
     config = BudgetConfig.resolve()  # nothing given: auto budgets, max_batch = min(8192 // 64, 64)
     assert config.token_budgets == (64, 128, 256, 512, 1024, 2048, 4096, 8192)
-    assert config.max_items == 64 and config.max_segments == 64 * 600
+    assert config.max_items == 64 and config.max_segments == min(64 * 600, 8192)  # capped: ≤ 1 segment a token
     assert BudgetConfig.resolve(video=False).max_segments == 64
     assert BudgetConfig.resolve((512, 128)).max_items == min(8192 // 64, 128)  # budgets only
     assert BudgetConfig.resolve((16, 1024)).max_items == 16

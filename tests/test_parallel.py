@@ -379,7 +379,7 @@ def _bf16_verdicts(device, backend):
     with torch.device(device):
         model = GlmVisionEncoder(VisionConfig.tiny())
     model = randomize_(model.cpu(), seed=0).to(device, torch.bfloat16).eval()
-    runner = EncoderGraphRunner(model, BUDGETS, backend="cuda" if backend == "nccl" else "emulate",
+    runner = EncoderGraphRunner(model, BUDGETS, mode="cuda" if backend == "nccl" else "emulate",
                                 progress=False).capture()
     verdicts = {}
     for engine_name, engine in {"runner": runner, "eager": model}.items():
@@ -565,7 +565,7 @@ def _worker(rank, world, port, outdir, backend):
         with torch.device(device):
             model = GlmVisionEncoder(VisionConfig.tiny())
         model = randomize_(model.cpu(), seed=0).to(device).eval()  # same weights on every rank
-        runner = EncoderGraphRunner(model, BUDGETS, backend="cuda" if backend == "nccl" else "emulate",
+        runner = EncoderGraphRunner(model, BUDGETS, mode="cuda" if backend == "nccl" else "emulate",
                                     progress=False).capture()
         tol = 1e-5 if backend == "gloo" else GPU_TOL
         engines = {"runner": runner, "eager": model}

@@ -9,6 +9,7 @@ from glmvit.costmodel import LatencyTable, load_latency_table, predict_time
 from glmvit.deployment import evaluate_budgets, vllm_compilation_config, vllm_frames_needed
 from glmvit.geometry import ItemSpec
 from glmvit.packing import BudgetConfig, plan_workload
+from glmvit.records import LatencySweep, find_one, staleness
 from glmvit.traces import MAX_FRAMES, load_trace, parse_trace
 from glmvit.workloads import make_item
 
@@ -96,8 +97,8 @@ def test_vllm_export_has_vllms_keys_and_our_limits():
 
 def test_vllm_packs_without_a_frame_check_so_the_export_makes_room():
     """Eight 64-token clips of 4 temporal patches fit 512 tokens and 8 items: vLLM puts them in one batch of 32
-    segments, where our packer (max_segments 8) makes four batches."""
-    config = BudgetConfig((64, 512), 8, 8)
+    segments (on budgets 64…512 no deferral splits them), where our packer (max_segments 8) makes four batches."""
+    config = BudgetConfig((64, 128, 256, 512), 8, 8)
     requests = [[ItemSpec(64, 4)] * 8]
     assert max(b.segments for b in plan_workload(requests, config)[0].batches) == 8
     assert vllm_frames_needed(requests, config) == 32
@@ -166,7 +167,7 @@ def test_plan_from_a_trace_compares_exports_and_reports(tmp_path, table_path, ca
                  "--json", str(report)]) == 0
     out = capsys.readouterr().out
     assert "trace " in out and "2 requests, 4 items" in out
-    assert "64, 1024, 4096" in out and "64, 128, 256, 512, 1024, 2048, 4096" in out  # side by side
+    assert "64, 1024, 4096" in out and "64, 128, 256, 512, 1024, 2048, 4096, 8192" in out  # side by side
     assert "P99" in out and "capture time" in out and "(from the table's capture times)" in out
     exported = json.loads(export.read_text())
     assert exported == {"cudagraph_mm_encoder": True, "encoder_cudagraph_token_budgets": [64, 1024, 4096],
@@ -174,14 +175,39 @@ def test_plan_from_a_trace_compares_exports_and_reports(tmp_path, table_path, ca
                         "encoder_cudagraph_max_frames_per_batch": 16}
     assert f"--compilation-config '{json.dumps(exported)}'" in out
     data = json.loads(report.read_text())
-    assert [r["token_budgets"] for r in data["reports"]] == [[64, 1024, 4096], [64, 128, 256, 512, 1024, 2048, 4096]]
+    assert [r["token_budgets"] for r in data["reports"]] == [[64, 1024, 4096],
+                                                            [64, 128, 256, 512, 1024, 2048, 4096, 8192]]
     assert data["reports"][0]["graphs_ms"]["p99_ms"] > 0 and data["vllm_compilation_config"] == exported
 
 
 def test_plan_without_a_table_says_times_are_unknown(capsys):
-    assert main(["plan", "--workload", "video8x224", "--num-requests", "5"]) == 0
+    assert main(["plan", "--workload", "video8x224", "--num-requests", "5", "--latency-table", "none"]) == 0
     out = capsys.readouterr().out
     assert "predicted time" in out and "unknown (no latency table" in out and "graph memory" in out
+
+
+@pytest.mark.parametrize("mode, compiled", [("graph-compiled", True), ("graph", False)])
+def test_plan_predicts_from_the_table_recorded_for_its_mode_and_says_which(mode, compiled, capsys):
+    """The table is chosen by what it measured; its file, mode and staleness are printed, and what the plan cannot
+    vouch for is a warning: here budgets past the table's measured range (8192 > its largest budget)."""
+    _, sweep = find_one(LatencySweep, compiled=compiled)
+    assert main(["plan", "--workload", "mixed-img", "--num-requests", "20", "--mode", mode]) == 0
+    out, err = capsys.readouterr()
+    line = next(x for x in out.splitlines() if x.startswith("times: "))
+    assert f"({mode}, {sweep.attn_backend}," in line and sweep.provenance.short_commit in line
+    assert ("STALE" in line) == bool(staleness(sweep))
+    assert "warning: budgets [8192] lie outside the measured 64..4096 tokens" in err
+
+
+def test_plan_warns_of_a_table_for_another_tower_and_of_exports_slower_than_eager(tmp_path, capsys):
+    slow = [{"tokens": t, "graph_ms": 100.0 + t, "eager_ms": 1.0} for t in (64, 4096)]
+    table = tmp_path / "cpu.json"
+    table.write_text(json.dumps({"config": "tiny", "dtype": "float32", "provenance": {"device": "cpu"},
+                                 "budgets": slow}))
+    assert main(["plan", "--num-requests", "5", "--budgets", "64,4096", "--latency-table", str(table)]) == 0
+    err = capsys.readouterr().err
+    assert "measured the tiny tower in float32, but the plan is for GLM-4.1V in bfloat16" in err
+    assert "measured on cpu, not a GPU" in err and "predicted slower than running every request eagerly" in err
 
 
 def test_plan_export_is_checked_before_planning(tmp_path, capsys):

@@ -226,7 +226,7 @@ class Bench:
     device: torch.device
     model: GlmVisionEncoder
     runner: EncoderGraphRunner | None
-    engine_backend: str  # cuda (graphs), emulate (CPU stand-in for graphs) or eager
+    runner_mode: str  # cuda (graphs), emulate (CPU stand-in for graphs) or eager
     dp: DataParallelEncoder
     workload: Workload
     requests: list  # per request: (pixel_values on this rank's device, grid_thw as a long tensor)
@@ -246,17 +246,17 @@ def setup(args: argparse.Namespace, workload: Workload, rank: int, world: int, d
         requests.append((pixels.to(device, model.dtype), grid))
     runner: EncoderGraphRunner | None = None
     engine: Any = model
-    engine_backend = "eager"
+    runner_mode = "eager"
     if args.mode == "graph":
-        engine_backend = "cuda" if device.type == "cuda" else "emulate"
-        runner = EncoderGraphRunner(model, workload.budget_config, backend=engine_backend).capture()
+        runner_mode = "cuda" if device.type == "cuda" else "emulate"
+        runner = EncoderGraphRunner(model, workload.budget_config, mode=runner_mode).capture()
         engine = runner
-    bench = Bench(args, rank, world, device, model, runner, engine_backend, DataParallelEncoder(engine), workload,
+    bench = Bench(args, rank, world, device, model, runner, runner_mode, DataParallelEncoder(engine), workload,
                   requests)
     if rank == 0:
         c = workload.budget_config
         print(f"glmvit.parallel: {count(world, 'rank')} over {dist.get_backend()}, {describe(args)}, "
-              f"mode {args.mode} ({engine_backend}); budgets {list(c.token_budgets)}, max_items {c.max_items}, "
+              f"mode {args.mode} ({runner_mode}); budgets {list(c.token_budgets)}, max_items {c.max_items}, "
               f"max_segments {c.max_segments}; collective timeout {args.timeout:g} s")
     return bench
 
@@ -472,7 +472,7 @@ def report(b: Bench, results: dict, argv: list[str]) -> None:
             "device": b.device.type, "config": CONFIG_NAMES[args.config], "dtype": str(b.model.dtype).split(".")[-1],
             "weights": weights_identity(args.weights) if args.weights else {"random_seed": args.seed},
             "weights_digest": b.dp.model_digest,  # glmvit.parallel.weights_digest, hex
-            "mode": args.mode, "runner_backend": b.engine_backend, "budgets": list(b.budget_config.token_budgets),
+            "mode": args.mode, "runner_mode": b.runner_mode, "budgets": list(b.budget_config.token_budgets),
             "max_items": b.budget_config.max_items, "max_segments": b.budget_config.max_segments,
             "timeout_s": args.timeout,
             "workload": {"bucket_config": {str(k): v for k, v in b.workload.buckets.items()},

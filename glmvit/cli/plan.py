@@ -2,14 +2,19 @@
 
 Packs a workload — a named preset, a random-mm bucket config, or a trace of real item sizes (CSV / JSON / JSON
 Lines of height, width, frames and optionally request; see :mod:`glmvit.traces`) — into a budget set, and reports
-batches, eager items, padding, graph memory (an estimate for the GLM-4.1V tower) and, with a latency table of
-your GPU, the capture time and the predicted median / mean / P99 milliseconds per request. ``--compare`` puts a
-second budget set beside the first; ``--export`` writes the first as vLLM's ``--compilation-config`` JSON::
+batches, eager items, padding, graph memory (an estimate for the GLM-4.1V tower) and, from a latency table, the
+capture time and the predicted median / mean / P99 milliseconds per request. The table is the one recorded for
+``--mode`` (graph-compiled by default) in data/bench, or yours (``--latency-table``); which one, and whether it still
+describes this code, is printed. ``--system vllm`` (default) models vLLM 0.33 exactly (its packer, no routing),
+``--system glmvit`` glmvit's runner (first-fit decreasing, routed); ``--per step`` packs every request of a vLLM
+engine step together. ``--compare`` puts a second budget set beside the first; ``--export`` writes the first as
+vLLM's ``--compilation-config`` JSON. Warnings go to stderr: a table of another tower, dtype or device, a stale
+one, budgets it never measured, an exported set predicted slower than eager::
 
-    python -m glmvit latency --json latency.json              # once, on the GPU you deploy on
+    python -m glmvit latency --compile --json latency.json    # once, on the GPU you deploy on
     python -m glmvit plan --trace trace.csv --latency-table latency.json --budgets 64,256,1024,4096 \\
         --compare auto --export vllm_compilation_config.json
-    vllm serve THUDM/GLM-4.1V-9B-Thinking --compilation-config "$(cat vllm_compilation_config.json)"
+    vllm serve zai-org/GLM-4.1V-9B-Thinking --compilation-config "$(cat vllm_compilation_config.json)"
 """
 from __future__ import annotations
 
@@ -20,15 +25,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..costmodel import LatencyTable
+from ..costmodel import TABLE_MODES, LatencyTable, recorded_table
 from ..deployment import BudgetReport, TimeSummary, evaluate_budgets, vllm_compilation_config, vllm_frames_needed
 from ..geometry import ItemSpec
-from ..packing import PACKERS, BudgetConfig, combined_stats, plan_workload
+from ..packing import PACKERS, VLLM_MAX_NUM_BATCHED_TOKENS, BudgetConfig, combined_stats, plan_workload
 from ..provenance import collect
 from ..traces import load_trace
 from ..workloads import PRESETS, MMItem, random_mm_workload
 from .common import (
     DTYPES,
+    MAX_BUDGET_TOKENS,
     SEED_MAX,
     Parser,
     bucket_config_arg,
@@ -47,6 +53,7 @@ MAX_ITEMS = 10_000_000  # planning is pure Python at ≈ 30 µs an item (both pa
 RANDOM_ONLY = ("num_requests", "items_per_request", "range_ratio", "seed")  # flags a trace has no use for
 PRESET_DECIDES = ("items_per_request", "range_ratio")  # flags a named preset sets itself
 GIB = 2**30
+SYSTEMS = {"vllm": ("vllm", False), "glmvit": ("ffd", True)}  # system → (packer, routing)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,12 +79,21 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-items", type=int_in(1), help="items per batch (default: vLLM's, min(64, smallest budget))")
     b.add_argument("--max-segments", type=int_in(1),
                    help="attention segments (temporal patches) per batch (default: max items)")
-    b.add_argument("--packer", choices=list(PACKERS), default="ffd", help="how a request's items are packed "
-                   "(default ffd; vllm: vLLM's ascending next-fit)")
+    b.add_argument("--system", choices=list(SYSTEMS), default="vllm",
+                   help="whose runtime to model: vllm (default: vLLM 0.33's packer, every batch a budget holds "
+                        "replays; what --export deploys) or glmvit (first-fit decreasing, each batch routed to the "
+                        "faster of replay and eager by the table)")
+    b.add_argument("--per", choices=("request", "step"), default="request",
+                   help="pack each request alone (default), or every request of a vLLM engine step together")
+    b.add_argument("--step-tokens", type=int_in(1, MAX_BUDGET_TOKENS), default=VLLM_MAX_NUM_BATCHED_TOKENS,
+                   help=f"with --per step: vision tokens per engine step (vLLM's max_num_batched_tokens; default "
+                        f"{VLLM_MAX_NUM_BATCHED_TOKENS})")
     c = p.add_argument_group("cost")
-    c.add_argument("--latency-table", metavar="PATH", help="latency table measured on your GPU, made with "
-                   "'python -m glmvit latency --json PATH' (the H200's: data/bench/latency_h200.json); without "
-                   "one, times and capture time are not predicted")
+    c.add_argument("--mode", choices=TABLE_MODES, default="graph-compiled",
+                   help="the runner mode predicted: graph-compiled (default) or graph; its recorded table in "
+                        "data/bench is used unless --latency-table is given")
+    c.add_argument("--latency-table", metavar="PATH", help="a latency table measured on your GPU for --mode "
+                   "(python -m glmvit latency [--compile] --json PATH); 'none': predict no times")
     c.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="for the graph memory estimate")
     o = p.add_argument_group("output")
     o.add_argument("--export", metavar="PATH", help="write the first budget set as vLLM's --compilation-config JSON")
@@ -105,11 +121,52 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tup
             configs.append(_budget_config(args.compare, args, dtype, "--compare: "))
         for path in outputs:
             check_writable(path)
-        table = read_latency_table(args.latency_table) if args.latency_table else None
+        table = _table(args)
         requests = load_trace(args.trace) if args.trace else _random_requests(args)
     except (ValueError, OSError) as err:
         parser.error(str(err))
     return requests, configs, table
+
+
+def _table(args: argparse.Namespace) -> LatencyTable | None:
+    """--latency-table, or the table recorded for --mode (None when there is none, or with 'none')."""
+    if args.latency_table == "none":
+        return None
+    if args.latency_table:
+        table = read_latency_table(args.latency_table)
+        if table.mode is not None and table.mode != args.mode:
+            raise ValueError(f"--latency-table {table.describe()} measured {table.mode}, not --mode {args.mode}")
+        return table
+    try:
+        return recorded_table(args.mode)
+    except ValueError:
+        return None
+
+
+def warnings(table: LatencyTable | None, configs: list[BudgetConfig], reports: list[BudgetReport],
+             dtype: str) -> list[str]:
+    """What the plan cannot vouch for: a table of another tower, dtype or device, or stale; budgets past the ones
+    it measured (extrapolated); an exported set predicted slower than running everything eagerly."""
+    out: list[str] = []
+    if table is None:
+        return out
+    if table.config != "glm41v" or table.dtype != dtype:
+        out.append(f"the latency table measured the {table.config} tower in {table.dtype}, but the plan is for "
+                   f"GLM-4.1V in {dtype}: its times do not describe this deployment")
+    if table.provenance.get("device") not in (None, "cuda") and not table.provenance.get("gpu"):
+        out.append(f"the latency table was measured on {table.provenance.get('device')}, not a GPU")
+    if table.changed:
+        out.append(f"the latency table is stale: {table.describe()}")
+    lo, hi = table.tokens[0], table.tokens[-1]
+    outside = sorted({b for c in configs for b in c.token_budgets if not lo <= b <= hi})
+    if outside:
+        out.append(f"budgets {outside} lie outside the measured {lo}..{hi} tokens: their times are extrapolated")
+    first = reports[0]
+    if first.graphs is not None and first.eager is not None and first.graphs.mean_ms > first.eager.mean_ms:
+        out.append(f"budgets {list(first.config.token_budgets)} are predicted slower than running every request "
+                   f"eagerly ({first.graphs.mean_ms:.2f} vs {first.eager.mean_ms:.2f} ms per request): capture no "
+                   "graphs for this traffic, or choose other budgets (python -m glmvit plan --compare auto)")
+    return out
 
 
 def _budget_config(budgets: tuple[int, ...] | None, args: argparse.Namespace, dtype: str,
@@ -140,12 +197,13 @@ def _random_requests(args: argparse.Namespace) -> list[list[MMItem]]:
 def report_rows(reports: list[BudgetReport], specs: list[list[ItemSpec]], packer: str) -> list[tuple[str, ...]]:
     """The comparison as rows (label, value for each budget set): what ``plan`` prints and the explorer shows."""
     other = next(name for name in PACKERS if name != packer)
+    per = "per engine step" if reports[0].per == "step" else "per request"
     rows: list[tuple[str, ...]] = [
         ("budgets", *(", ".join(map(str, r.config.token_budgets)) for r in reports)),
         ("limits per batch", *(f"{r.config.max_items} items, {r.config.max_segments} segments" for r in reports)),
-        (f"batches ({packer}; {other})", *(f"{r.stats.batches} ({other}: "
-                                           f"{combined_stats(plan_workload(specs, r.config, other)).batches})"
-                                           for r in reports)),
+        (f"batches ({packer}, {per}; {other} per request)",
+         *(f"{r.stats.batches} ({other}: {combined_stats(plan_workload(specs, r.config, other)).batches})"
+           for r in reports)),
         ("replays", *(str(r.stats.replays) for r in reports)),
         ("eager items (over the limits)", *(str(r.stats.fallbacks) for r in reports)),
         ("padding waste", *(f"{r.stats.padding_fraction:.1%} of replayed tokens ({r.stats.padded_tokens} tokens)"
@@ -199,12 +257,19 @@ def main(argv: list[str] | None = None) -> int:
     requests, configs, table = check_args(parser, args)
     specs = [[item.spec for item in request] for request in requests]
     dtype = str(DTYPES[args.dtype]).removeprefix("torch.")
-    reports = [evaluate_budgets(specs, c, table, dtype=dtype, packer=args.packer) for c in configs]
+    packer, route = SYSTEMS[args.system]
+    reports = [evaluate_budgets(specs, c, table, dtype=dtype, packer=packer, route=route, per=args.per,
+                                step_tokens=args.step_tokens) for c in configs]
     source = f"trace {args.trace}" if args.trace else f"workload {args.workload or 'random-mm'}"
     print(f"{source}: {len(requests)} requests, {sum(map(len, requests))} items, "
-          f"{reports[0].stats.real_tokens} tokens; memory for GLM-4.1V in {dtype}"
-          + (f"; times from {args.latency_table} ({table.config}, {table.dtype})" if table else ""))
-    print_rows(report_rows(reports, specs, args.packer))
+          f"{reports[0].stats.real_tokens} tokens; memory for GLM-4.1V in {dtype}; as {args.system} runs it"
+          + (", each batch routed to the faster of replay and eager" if route else "")
+          + (f", {reports[0].groups} engine steps of ≤ {args.step_tokens} tokens" if args.per == "step" else ""))
+    print(f"times: {table.describe()}" if table else "times: no latency table (none recorded for --mode "
+          f"{args.mode}, or --latency-table none)")
+    for warning in warnings(table, configs, reports, dtype):
+        print(f"warning: {warning}", file=sys.stderr)
+    print_rows(report_rows(reports, specs, packer))
     exported = export_config(configs[0], specs)
     print(f"\nvLLM: --compilation-config '{json.dumps(exported)}'")
     if exported["encoder_cudagraph_max_frames_per_batch"] > configs[0].max_segments:
@@ -215,9 +280,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.export}")
     if args.json:
         write_json(args.json, {
-            "benchmark": "glmvit.cli.plan", "provenance": collect("cpu", " ".join([sys.executable, "-m", "glmvit",
+            "report": "glmvit plan", "provenance": collect("cpu", " ".join([sys.executable, "-m", "glmvit",
                                                                                     "plan", *argv])),
-            "source": source, "requests": len(requests), "packer": args.packer, "latency_table": args.latency_table,
+            "source": source, "requests": len(requests), "system": args.system, "per": args.per,
+            "latency_table": table.describe() if table else None,
+            "warnings": warnings(table, configs, reports, dtype),
             "reports": [_report_json(r) for r in reports], "vllm_compilation_config": exported})
     return 0
 
