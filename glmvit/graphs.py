@@ -375,8 +375,8 @@ class EncoderGraphRunner:
             replay, predicted = self._route(budget, tokens, work)
             rows = tuple((int(starts[i]), int(starts[i + 1])) for i in idx)
             contiguous = all(a == prev_b for (_, prev_b), (a, _) in zip(rows, rows[1:], strict=False))
-            index = None if contiguous else torch.from_numpy(
-                np.concatenate([np.arange(a, b) for a, b in rows])).to(self.model.device)
+            index = None if contiguous else torch.from_numpy(  # pageable source: staged before the call returns
+                np.concatenate([np.arange(a, b) for a, b in rows])).to(self.model.device, non_blocking=True)
             steps.append(BatchStep(tuple(idx), tokens, work, self.graphs[budget] if budget else None, replay,
                                    predicted, grids[list(idx)], rows, index, tuple(items[i].tokens for i in idx)))
         assert sum(s.tokens for s in steps) * merge_area == int(starts[-1]), "every row planned once"
