@@ -63,6 +63,10 @@ class SchedulerClosed(RuntimeError):
     """The scheduler is draining or stopped and takes no new requests (HTTP 503)."""
 
 
+class RequestTooLarge(ValueError):
+    """One request holds more tokens than the whole queue may (HTTP 413): it can never be admitted."""
+
+
 class ResultMismatch(RuntimeError):
     """A batch returned outputs that do not match its items (count or shape): nothing of it was handed out."""
 
@@ -256,8 +260,8 @@ class BatchScheduler:
     def submit(self, pixel_values: torch.Tensor, grid_thw) -> Future:
         """Admit one request; the future resolves to its :class:`RequestResult` (or its error).
 
-        Raises at once: ValueError for bad input (naming the item) or a request larger than the queue,
-        :class:`QueueFull`, :class:`SchedulerClosed`. Pixels already on the model's device in its dtype are used
+        Raises at once: ValueError for bad input (naming the item), :class:`RequestTooLarge`, :class:`QueueFull`,
+        :class:`SchedulerClosed`. Pixels already on the model's device in its dtype are used
         as they are: leave them unchanged until the future resolves.
         """
         grids = self.model.check_inputs(pixel_values, grid_thw)
@@ -266,7 +270,8 @@ class BatchScheduler:
         tokens = [int(r) // merge_area for r in rows]
         total = sum(tokens)
         if total > self.max_tokens:
-            raise ValueError(f"the request has {total:,} tokens, more than the queue holds ({self.max_tokens:,})")
+            raise RequestTooLarge(f"the request has {total:,} tokens, more than the queue holds "
+                                  f"({self.max_tokens:,}): split it")
         with self._cond:
             if self._closing:
                 self._stats.rejected_closed += 1

@@ -18,7 +18,7 @@ import torch
 from glmvit import VisionConfig
 from glmvit.graphs import EncoderGraphRunner
 from glmvit.packing import BudgetConfig
-from glmvit.scheduler import BatchScheduler, QueueFull, ResultMismatch, SchedulerClosed
+from glmvit.scheduler import BatchScheduler, QueueFull, RequestTooLarge, ResultMismatch, SchedulerClosed
 from glmvit.workloads import random_batch
 
 ONE_BUDGET = BudgetConfig(token_budgets=(32,), max_items=4, max_segments=8)
@@ -157,7 +157,7 @@ def test_the_queue_is_bounded_in_requests_and_tokens(tiny_model):
     scheduler.close(TIMEOUT)
 
     scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), max_tokens=40, start=False)
-    with pytest.raises(ValueError, match="more than the queue holds"):
+    with pytest.raises(RequestTooLarge, match="more than the queue holds"):
         scheduler.submit(*random_batch([[1, 14, 14]], TINY))  # 49 tokens: never
     scheduler.submit(*random_batch([[1, 12, 12]], TINY))  # 36 tokens
     scheduler.submit(*random_batch([[1, 4, 4]], TINY))  # 4 more: 40, full to the token
