@@ -139,7 +139,7 @@ def prepare_pixels(body: bytes, check: Callable[[torch.Tensor, Any], np.ndarray]
         raise BadRequest("the request holds no items (grid_thw has no rows)")
     rows = np.concatenate([[0], np.cumsum(grids.prod(axis=1))])
     raw = pixels.contiguous().view(torch.uint8).numpy()  # each item's rows as sent: its sha256
-    records = [item_record(None, hashlib.sha256(memoryview(raw[rows[i] : rows[i + 1]])).hexdigest(),
+    records = [item_record(None, hashlib.sha256(raw[rows[i] : rows[i + 1]].data).hexdigest(),
                            "image" if t == 1 else "video", [int(t), int(h), int(w)], int(t * h * w) // merge_area)
                for i, (t, h, w) in enumerate(grids)]
     return Prepared(pixels, torch.from_numpy(grids), records)
