@@ -185,7 +185,8 @@ def test_lab_and_explorer_take_a_port_and_a_host():
 
 def test_env_knobs_reach_venv_and_pip():
     default = make_dry_run("-B", "env", installed=False)
-    assert "-m venv .venv" in default and "-c constraints.txt" in default and '-e ".[test,notebooks,video,serve]"' in default
+    assert "-m venv .venv" in default and "-c constraints.txt" in default
+    assert '-e ".[test,notebooks,video,serve]"' in default
     cuda = make_dry_run(
         "-B", "env", "VENV_FLAGS=--system-site-packages", "CONSTRAINTS=", "EXTRAS=", "PIP_FLAGS=--no-index",
         installed=False,

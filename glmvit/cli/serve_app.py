@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
+from urllib.parse import unquote
 
 import numpy as np
 import torch
@@ -90,8 +91,9 @@ class Prepared:
 
 
 def upload_name(raw: str | None, index: int) -> str:
-    """An uploaded file's name without folders or control characters, at most MAX_NAME characters."""
-    name = PurePosixPath((raw or "").replace("\\", "/")).name
+    """An uploaded file's name (percent-encoding undone, as aiohttp's client sends it) without folders or control
+    characters, at most MAX_NAME characters. It names the item; it never becomes a path."""
+    name = PurePosixPath(unquote(raw or "").replace("\\", "/")).name
     name = "".join(c for c in name if c.isprintable())[:MAX_NAME]
     return name or f"file{index}"
 
