@@ -47,8 +47,8 @@ def random_request(seed):
     return random_batch(grids, TINY, seed=500 + seed)
 
 
-def service_for(model, start=True, limits=None, **scheduler_args):
-    runner = EncoderGraphRunner(model, ONE_BUDGET, backend="emulate").capture()
+def service_for(model, start=True, limits=None, config=ONE_BUDGET, **scheduler_args):
+    runner = EncoderGraphRunner(model, config, backend="emulate").capture()
     scheduler = BatchScheduler(runner, start=start, **scheduler_args)
     return EncoderService(scheduler, {"description": "tiny test tower"}, {"command": "test"}, limits or HttpLimits(),
                           threads=2)
@@ -357,3 +357,91 @@ def test_graph_compiled_needs_cuda(capsys):
     with pytest.raises(SystemExit) as exit_:
         cli_main(["serve", "--device", "cpu", "--mode", "graph-compiled"])
     assert exit_.value.code == 2 and "graph-compiled needs CUDA" in capsys.readouterr().err
+
+
+# ---- bench-serve ---------------------------------------------------------------------------------------------------
+def test_bench_serve_runs_the_seeds_workload_and_a_sweep_against_a_server(tiny_model, tmp_path, capsys):
+    """8-frame 224² clips, one per request (the seed's serve workload, smaller), at rate inf and at a finite rate."""
+    service = service_for(tiny_model, config=BudgetConfig((256, 512, 1024), 4, 16))  # a clip: 256 tokens, 4 segments
+    out = tmp_path / "serve.json"
+    with ServerThread(service) as server:
+        assert cli_main(["bench-serve", "--url", server.url, "--workload", "video8x224", "--num-prompts", "6",
+                         "--request-rate", "inf,40", "--warmup-requests", "2", "--device", "cpu",
+                         "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "Serving Benchmark Result: graph-emulated" in printed and "Time to Embedding" in printed
+    record = json.loads(out.read_text())
+    assert [r["request_rate"] for r in record["runs"]] == ["inf", 40.0]
+    for run_ in record["runs"]:
+        assert (run_["successful"], run_["failed"]) == (6, 0)
+        assert run_["tokens_per_s"] == pytest.approx(256 * run_["items_per_s"])
+        assert len(run_["per_request"]["queue_ms"]) == 6 and all(q >= 0 for q in run_["per_request"]["queue_ms"])
+        assert run_["tte_ms"]["median"] >= run_["queue_ms"]["median"]
+        assert run_["server"]["items"] == 6 and run_["server"]["batches"] >= 2  # 4 items at most per batch
+    settings = record["settings"]
+    assert settings["workload"] == "video8x224" and settings["request_rates"] == ["inf", 40.0]
+    assert record["workload"]["grids"] == [[[4, 16, 16]]] * 6
+    assert "bench-serve" in record["provenance"]["command"] and record["provenance"]["server_command"] == "test"
+    assert record["floor"]["graph-emulated"] is None  # this test server measured no floor
+
+
+def test_bench_serve_counts_refusals_as_failures_with_their_reason(tiny_model, tmp_path, capsys):
+    service = service_for(tiny_model, max_requests=2)
+    entered, release = gated(service)
+    releaser = threading.Thread(target=lambda: (wait_until(lambda: service.responses[429] == 4, "four 429s"),
+                                                release.set()))
+    releaser.start()
+    with ServerThread(service) as server:
+        assert cli_main(["bench-serve", "--url", server.url, "--bucket-config", "{(224, 224, 1): 1.0}",
+                         "--num-prompts", "6", "--warmup-requests", "0", "--device", "cpu",
+                         "--json", str(tmp_path / "x.json")]) == 0
+    releaser.join(TIMEOUT)
+    (run_,) = json.loads((tmp_path / "x.json").read_text())["runs"]
+    assert (run_["successful"], run_["failed"]) == (2, 4)
+    ((error, count),) = run_["errors"].items()
+    assert count == 4 and error.startswith("HTTP 429: the queue is full")
+
+
+def test_bench_serve_in_process_and_spawned(tmp_path, capsys):
+    common = ["--device", "cpu", "--budgets", "64,256", "--bucket-config", "{(224, 224, 1): 1.0}",
+              "--items-per-request", "2", "--num-prompts", "4", "--warmup-requests", "1"]
+    assert cli_main(["bench-serve", "--in-process", "--modes", "eager,graph", *common,
+                     "--json", str(tmp_path / "a.json")]) == 0
+    record = json.loads((tmp_path / "a.json").read_text())
+    assert [r["mode"] for r in record["runs"]] == ["eager", "graph-emulated"]
+    assert all(r["successful"] == 4 and r["items_per_s"] > 0 for r in record["runs"])
+    assert record["floor"]["eager"]["items_per_s"] > 0  # measured here, in-process
+    assert cli_main(["bench-serve", "--spawn", "--modes", "graph", *common, "--json", str(tmp_path / "b.json")]) == 0
+    record = json.loads((tmp_path / "b.json").read_text())
+    (run_,) = record["runs"]
+    assert run_["successful"] == 4 and record["servers"]["graph-emulated"]["url"].startswith("http://127.0.0.1:")
+    assert "--budgets 64,256" in record["provenance"]["server_command"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--url", "http://127.0.0.1:1", "--modes", "eager"], "--modes applies to --spawn and --in-process"),
+    (["--url", "127.0.0.1:8000"], "expected http://HOST:PORT"),
+    (["--spawn", "--request-rate", "0"], "must be > 0"),
+    (["--spawn", "--request-rate", "fast"], "is not a number or inf"),
+    (["--in-process", "--modes", "graph,turbo"], "unknown mode(s) ['turbo']"),
+    (["--spawn", "--modes", "graph-compiled", "--device", "cpu"], "graph-compiled needs CUDA"),
+    ([], "one of the arguments --url --spawn --in-process is required"),
+])
+def test_bench_serve_refuses_bad_arguments_in_one_line(argv, words, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["bench-serve", *argv])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and words in err and len(err.strip().splitlines()) == 1
+
+
+def test_arrivals_are_vllms_gamma_process():
+    from glmvit.cli.bench_serve import arrival_offsets
+
+    assert not arrival_offsets(5, float("inf"), 1.0, seed=0).any()
+    for burstiness in (1.0, 4.0):  # Poisson (exponential gaps, CV 1) and a steadier process (CV 1/2)
+        offsets = arrival_offsets(40_001, 10.0, burstiness, seed=1)
+        gaps = np.diff(offsets)
+        assert offsets[0] == 0 and (gaps >= 0).all()
+        # 40,000 gaps: the sample mean is within 5 standard errors (σ/√n = 0.1/√burstiness/200) of 1/rate
+        assert abs(gaps.mean() - 0.1) < 5 * 0.1 / np.sqrt(burstiness) / 200
+        assert gaps.std() / gaps.mean() == pytest.approx(1 / np.sqrt(burstiness), rel=0.05)

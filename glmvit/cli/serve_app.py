@@ -272,13 +272,15 @@ class EncoderService:
         return save_safetensors(tensors, metadata=file_metadata(records, self.info, self.provenance))
 
     async def health(self, request: web.Request) -> web.Response:
+        limits = self.limits
+        scheduler = {k: v for k, v in self.scheduler.stats().items()
+                     if k in ("limits", "max_requests", "max_tokens", "max_wait_s")}
         return web.json_response({
             "status": "draining" if self.draining else "ok", "mode": self.scheduler.mode, "url": self.url,
-            **self.info, "limits": {"max_body_bytes": self.limits.max_body_bytes, "max_items": self.limits.max_items,
-                                    "max_requests": self.limits.max_requests},
-            "scheduler": {k: v for k, v in self.scheduler.stats().items() if k in ("limits", "max_requests",
-                                                                                  "max_tokens", "max_wait_s")},
-            **self.extra_health, "provenance": self.provenance,
+            "vision_config": vars(self.model.config), **self.info,
+            "limits": {"max_body_bytes": limits.max_body_bytes, "max_items": limits.max_items,
+                       "max_requests": limits.max_requests},
+            "scheduler": scheduler, **self.extra_health, "provenance": self.provenance,
         })
 
     def metrics_json(self) -> dict[str, Any]:
