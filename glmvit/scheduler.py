@@ -9,6 +9,7 @@
    (:func:`stage`), so that the worker only concatenates rows that are already there.
 2. **Batching** (the worker): items wait in arrival order. When the worker is free it takes items from the head of
    the queue, next-fit, until the next one would overflow the largest budget, ``max_items`` or ``max_segments``
+   (:func:`fits`)
    (an item that fits no budget, or has more segments than a batch, runs alone: the runner runs it eagerly).
    Items of several requests share a batch; a request's items may span batches.
 3. **Encoding**: one ``runner.run`` per batch (the runner packs it into its smallest fitting budget and routes
@@ -80,6 +81,11 @@ class RequestResult:
     queue_s: float  # from admission to the start of the first batch holding one of its items
     total_s: float  # from admission to the last of its items encoded
     batches: tuple[int, ...]  # the ids of the batches its items ran in
+
+
+def fits(limits: BudgetConfig, items: int, tokens: int, segments: int) -> bool:
+    """Whether a batch of ``items`` items, ``tokens`` tokens and ``segments`` segments is within ``limits``."""
+    return items <= limits.max_items and tokens <= limits.largest and segments <= limits.max_segments
 
 
 def eager_encoder(model: GlmVisionEncoder) -> Encode:
@@ -177,7 +183,9 @@ class SchedulerStats:
     tokens: int = 0
     mixed_batches: int = 0  # batches holding items of two or more requests
     alone_batches: int = 0  # an item no budget holds, run alone (eagerly, by the runner)
-    budget_tokens: int = 0  # Σ over the other batches of the smallest budget holding them (what packing pads to)
+    # Σ over the other batches of the smallest budget holding them: what packing pads to (the runner's own stats say
+    # what it replayed, if it routes a batch eagerly)
+    budget_tokens: int = 0
     packed_tokens: int = 0  # Σ tokens of those batches
     busy_s: float = 0.0  # wall time inside the encoder
     queue_ms: collections.deque = field(default_factory=lambda: collections.deque(maxlen=DELAY_SAMPLES))
@@ -372,11 +380,6 @@ class BatchScheduler:
         self._release(sum(request.tokens))
         self._stats.failed += 1
 
-    def _fits(self, batch: _Batch, tokens: int, segments: int) -> bool:
-        lim = self.limits
-        return (len(batch.slots) < lim.max_items and batch.tokens + tokens <= lim.largest
-                and batch.segments + segments <= lim.max_segments)
-
     def _fill(self, batch: _Batch) -> None:
         """Move items from the head of the queue into ``batch`` while they fit (under the lock)."""
         while self._pending and not batch.full:
@@ -385,12 +388,10 @@ class BatchScheduler:
                 self._pending.popleft()
                 continue
             tokens, segments = request.tokens[i], request.segments[i]
-            if not self._fits(batch, tokens, segments):
-                alone = not self._fits(_Batch(-1), tokens, segments)
+            if not fits(self.limits, len(batch.slots) + 1, batch.tokens + tokens, batch.segments + segments):
+                batch.full = True
                 if batch.slots:
-                    batch.full = True
-                    break
-                batch.full = alone  # an item no budget holds: a batch of its own
+                    break  # else it is an item no batch holds (the runner runs it eagerly): a batch of its own
             self._pending.popleft()
             batch.slots.append((request, i))
             batch.tokens += tokens
