@@ -9,8 +9,8 @@
    (:func:`stage`), so that the worker only concatenates rows that are already there.
 2. **Batching** (the worker): items wait in arrival order. When the worker is free it takes items from the head of
    the queue, next-fit, until the next one would overflow the largest budget, ``max_items`` or ``max_segments``
-   (:func:`fits`)
-   (an item that fits no budget, or has more segments than a batch, runs alone: the runner runs it eagerly).
+   (:func:`fits`); an item that fits no budget, or has more segments than a batch, runs alone (the runner runs it
+   eagerly).
    Items of several requests share a batch; a request's items may span batches.
 3. **Encoding**: one ``runner.run`` per batch (the runner packs it into its smallest fitting budget and routes
    it, replay or eager), or the eager model for a baseline (:func:`eager_encoder`).
@@ -21,16 +21,16 @@
    batch runs either way. (A permutation of same-sized items inside the encoder cannot be seen from sizes:
    tests/test_scheduler.py compares outputs bitwise against requests encoded alone.)
 
-**Why a batch does not wait for more items** (``max_wait_s`` = 0 by default). A replay's time T hardly depends on
-how full its budget is (data/bench/latency_h200.json: every layout replays in at most 1.000× its full batch's
-time), so batching buys a share of T. Holding a lone request for w delays it by w; a request arriving in that
-window (probability ≈ λw for Poisson arrivals at rate λ) then shares its replay instead of waiting up to T for it
-and T for its own, which saves it T − w. The wait pays when λw(T − w) > w, i.e. λ(T − w) > 1: only when requests
-arrive faster than one per replay, where the worker is never idle, a queue forms by itself and every batch takes
-what arrived during the previous one. Below that the wait is pure latency: with T = 3.4 ms (one 8-frame 224² clip
-replayed graph-compiled on the H200, README) a wait of 1 ms is 30 % on a lone request, all the margin issue 28 allows
-at low load (median ≤ 1.3× a lone request). ``max_wait_s`` > 0 keeps an under-full batch open that long, for
-arrivals known to come in bursts.
+**Why a batch does not wait for more items** (``max_wait_s`` = 0 by default). A replay's time T does not depend on
+how full its budget is (data/bench/latency_h200.json: every layout replays in at most 1.000× its full batch's time)
+and grows slowly from one small budget to the next, so batching buys a share of T. Holding a lone request for w
+delays it by w; a request arriving in that window (probability ≈ λw for Poisson arrivals at rate λ) then shares its
+replay instead of waiting up to T for it and T for its own, which saves it T − w. The wait pays when λw(T − w) > w,
+i.e. λ(T − w) > 1: only when requests arrive faster than one per replay, where the worker is never idle, a queue
+forms by itself and every batch takes what arrived during the previous one. Below that the wait is pure latency:
+with T = 3.4 ms (one 8-frame 224² clip replayed graph-compiled on the H200, README) a wait of 1 ms is 30 % on a lone
+request, all the margin issue 28 allows at low load (median ≤ 1.3× a lone request). ``max_wait_s`` > 0 keeps an
+under-full batch open that long, for arrivals known to come in bursts.
 
 **Drain**: :meth:`~BatchScheduler.close` refuses new requests at once, lets every admitted one finish, then stops
 the worker. :meth:`~BatchScheduler.stats` reports queue delays, batch sizes and padding.
@@ -309,13 +309,18 @@ class BatchScheduler:
                            outputs=[None] * len(tokens), remaining=len(tokens))
         with self._cond:
             self._staging -= 1
-            if tokens:
+            orphaned = self._closing and not self._worker_started  # closed, never started, while it was staged
+            if orphaned:
+                self._fail(request)
+            elif tokens:
                 self._pending.extend((request, i) for i in range(len(tokens)))
             else:
                 self._release(0)
                 self._stats.completed += 1
             self._cond.notify_all()
-        if not tokens:
+        if orphaned:
+            future.set_exception(SchedulerClosed("the scheduler was closed before it started"))
+        elif not tokens:
             future.set_result(RequestResult(request_id, [], 0.0, 0.0, ()))
         return future
 
