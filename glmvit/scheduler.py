@@ -29,7 +29,7 @@ replay instead of waiting up to T for it and T for its own, which saves it T −
 i.e. λ(T − w) > 1: only when requests arrive faster than one per replay, where the worker is never idle, a queue
 forms by itself and every batch takes what arrived during the previous one. Below that the wait is pure latency:
 with T = 3.4 ms (one 8-frame 224² clip replayed graph-compiled on the H200, README) a wait of 1 ms is 30 % on a lone
-request, all the margin issue 28 allows at low load (median ≤ 1.3× a lone request). ``max_wait_s`` > 0 keeps an
+request, all the margin of a low-load target of a median ≤ 1.3× a lone request's. ``max_wait_s`` > 0 keeps an
 under-full batch open that long, for arrivals known to come in bursts.
 
 **Drain**: :meth:`~BatchScheduler.close` refuses new requests at once, lets every admitted one finish, then stops
