@@ -289,3 +289,48 @@ def test_arguments_are_checked(tiny_model):
         BatchScheduler(tiny_model, LADDER, max_requests=0, start=False)
     with pytest.raises(TypeError):
         BatchScheduler("model", LADDER)
+
+
+# ---- on CUDA (the lead's H200): real graphs, pixels staged from other threads' streams ---------------------------
+@pytest.fixture(scope="module")
+def full_cuda():
+    from glmvit.cli.common import build_model
+
+    model = build_model(VisionConfig.glm41v(), "cuda", torch.bfloat16)
+    yield model
+    del model
+    torch.cuda.empty_cache()
+
+
+CUDA_LIMITS = BudgetConfig((256, 1024), max_items=4, max_segments=16)
+
+
+def cuda_requests(n):
+    """Images and 8-frame 224² clips, 1–2 per request, as float32 CPU rows (what the server hands the scheduler)."""
+    rng = np.random.default_rng(0)
+    shapes = [[1, 16, 16], [4, 16, 16], [1, 10, 14], [2, 12, 12]]
+    return [random_batch([shapes[k] for k in rng.integers(0, 4, size=int(rng.integers(1, 3)))], VisionConfig(),
+                         seed=j) for j in range(n)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
+def test_cuda_scheduler_serves_concurrent_submitters(full_cuda, eager):
+    """Each item within tests/test_gpu.py's bound for another batch composition of model.forward on it alone."""
+    from tests.test_gpu import assert_bf16_batch_close
+
+    encoder = full_cuda if eager else EncoderGraphRunner(full_cuda, CUDA_LIMITS, backend="cuda").capture()
+    requests = cuda_requests(24)
+    scheduler = BatchScheduler(encoder, CUDA_LIMITS, start=False)
+    futures = submit_from_threads(scheduler, requests, threads=6)
+    scheduler.start()
+    for (pixels, grid), future in zip(requests, futures, strict=True):
+        outs, start = future.result(TIMEOUT).outputs, 0
+        for out, (t, h, w) in zip(outs, grid.tolist(), strict=True):
+            assert out.device.type == "cuda"
+            with torch.inference_mode():
+                ref = full_cuda(pixels[start : start + t * h * w].cuda(), torch.tensor([[t, h, w]]))
+            start += t * h * w
+            assert_bf16_batch_close(out, ref)
+    assert scheduler.stats()["mixed_batches"] > 0
+    scheduler.close(TIMEOUT)

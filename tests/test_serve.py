@@ -445,3 +445,31 @@ def test_arrivals_are_vllms_gamma_process():
         # 40,000 gaps: the sample mean is within 5 standard errors (σ/√n = 0.1/√burstiness/200) of 1/rate
         assert abs(gaps.mean() - 0.1) < 5 * 0.1 / np.sqrt(burstiness) / 200
         assert gaps.std() / gaps.mean() == pytest.approx(1 / np.sqrt(burstiness), rel=0.05)
+
+
+@pytest.mark.gpu
+def test_cuda_server_answers_concurrent_clients():
+    """The full tower in bf16 behind real graphs: float32 answers within tests/test_gpu.py's bound of each item
+    encoded alone, read back through the answering threads' own CUDA streams."""
+    from glmvit.cli.common import build_model
+    from tests.test_gpu import assert_bf16_batch_close
+
+    model = build_model(VisionConfig.glm41v(), "cuda", torch.bfloat16)
+    runner = EncoderGraphRunner(model, BudgetConfig((256, 1024), 4, 16), backend="cuda").capture()
+    service = EncoderService(BatchScheduler(runner), {"description": "full tower"}, {"command": "test"},
+                             HttpLimits(), threads=4)
+    requests = [random_batch([[4, 16, 16]] * (1 + j % 2), VisionConfig(), seed=j) for j in range(12)]
+    with ServerThread(service) as server:
+        async def clients():
+            async with aiohttp.ClientSession() as session:
+                return await asyncio.gather(*(post(session, server.url, pixel_body(*r)) for r in requests))
+        answers = run(clients())
+    for (pixels, grid), (status, _, body) in zip(requests, answers, strict=True):
+        assert status == 200, body
+        got = load(body)
+        for i, (t, h, w) in enumerate(grid.tolist()):
+            rows = slice(i * t * h * w, (i + 1) * t * h * w)
+            with torch.inference_mode():
+                ref = model(pixels[rows].cuda(), torch.tensor([[t, h, w]]))
+            assert got[f"item_{i}"].dtype == torch.float32
+            assert_bf16_batch_close(got[f"item_{i}"].cuda(), ref)
