@@ -74,9 +74,9 @@ def check_budgets(budgets: tuple[int, ...] | None) -> tuple[int, ...] | None:
         raise ValueError(f"{len(budgets)} budgets: at most {MAX_BUDGETS} (each is a captured graph)")
     for budget in budgets or ():
         if not 1 <= budget <= MAX_BUDGET_TOKENS:
-            raise ValueError(f"budget {budget:,} is not in [1, {MAX_BUDGET_TOKENS:,}] tokens (a batch never holds "
-                             "more than one request, and a request must fit the 128K-token context of "
-                             "GLM-4.6V-Flash)")
+            raise ValueError(f"budget {budget:,} is not in [1, {MAX_BUDGET_TOKENS:,}] tokens (a request must fit "
+                             "the 128K-token context of GLM-4.6V-Flash, and a graph that large already takes tens "
+                             "of GiB)")
     return budgets
 
 
