@@ -185,7 +185,8 @@ def test_lab_and_explorer_take_a_port_and_a_host():
 
 def test_env_knobs_reach_venv_and_pip():
     default = make_dry_run("-B", "env", installed=False)
-    assert "-m venv .venv" in default and "-c constraints.txt" in default and '-e ".[test,notebooks,video]"' in default
+    assert "-m venv .venv" in default and "-c constraints.txt" in default
+    assert '-e ".[test,notebooks,video,serve]"' in default
     cuda = make_dry_run(
         "-B", "env", "VENV_FLAGS=--system-site-packages", "CONSTRAINTS=", "EXTRAS=", "PIP_FLAGS=--no-index",
         installed=False,
@@ -205,7 +206,7 @@ def test_an_existing_environment_is_installed_into_not_recreated(tmp_path):
         cwd=ROOT, env=make_env(), capture_output=True, text=True,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    expected = ["-m", "pip", "install", "--quiet", "-e", ".[test,notebooks,video]"]
+    expected = ["-m", "pip", "install", "--quiet", "-e", ".[test,notebooks,video,serve]"]
     assert (tmp_path / "calls").read_text().split() == expected
     assert (tmp_path / ".glmvit-installed").exists()
 

@@ -19,6 +19,8 @@ COMMANDS = {
     "kernels": ("glmvit.cli.kernels", "profile a graph replay kernel by kernel against each op's roofline (CUDA)"),
     "bench-interp": ("glmvit.cli.bench_interp", "benchmark the Triton interpolation kernel vs grid_sample"),
     "dp-bench": ("glmvit.cli.dp_bench", "data-parallel demo/benchmark (launch with torchrun -m glmvit.cli.dp_bench)"),
+    "serve": ("glmvit.cli.serve", "serve the encoder over HTTP, batching the items of concurrent requests"),
+    "bench-serve": ("glmvit.cli.bench_serve", "load-test a server (or one it starts) as vllm bench serve does"),
     "record": ("glmvit.cli.record", "re-measure every recorded GPU result at this code, in one run (CUDA)"),
     "records": ("glmvit.cli.records", "list the recorded results and which are stale (code changed since)"),
 }

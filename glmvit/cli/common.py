@@ -24,10 +24,10 @@ from ..workloads import parse_bucket_config
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SEED_MAX = 2**32 - 1  # 32-bit seeds: what every generator accepts (numpy's legacy RandomState stops here)
-# The largest token budget worth capturing. glmvit never packs items of different requests into one batch, so a
-# batch holds at most one request's visual tokens, and those must fit the language model's context: 128K tokens
-# for GLM-4.6V-Flash (64K for GLM-4.1V-9B-Thinking). vLLM likewise caps its automatic encoder budgets at
-# min(max_num_batched_tokens, max_model_len). A graph that large already takes tens of GiB (costmodel.graph_memory).
+# The largest token budget worth capturing. A request's visual tokens must fit the language model's context: 128K
+# tokens for GLM-4.6V-Flash (64K for GLM-4.1V-9B-Thinking); vLLM likewise caps its automatic encoder budgets at
+# min(max_num_batched_tokens, max_model_len). (glmvit.scheduler packs items of several requests into one batch, but
+# never past the largest budget.) A graph that large already takes tens of GiB (costmodel.graph_memory).
 MAX_BUDGET_TOKENS = 131_072
 MAX_BUDGETS = 64  # vLLM warns past 64 captured encoder graphs: each one costs capture time and static buffers
 H200_BYTES = 141 * 10**9  # one H200's HBM3e (NVIDIA's specification): the graphs of a budget set must fit in it
@@ -75,9 +75,9 @@ def check_budgets(budgets: tuple[int, ...] | None) -> tuple[int, ...] | None:
         raise ValueError(f"{len(budgets)} budgets: at most {MAX_BUDGETS} (each is a captured graph)")
     for budget in budgets or ():
         if not 1 <= budget <= MAX_BUDGET_TOKENS:
-            raise ValueError(f"budget {budget:,} is not in [1, {MAX_BUDGET_TOKENS:,}] tokens (a batch never holds "
-                             "more than one request, and a request must fit the 128K-token context of "
-                             "GLM-4.6V-Flash)")
+            raise ValueError(f"budget {budget:,} is not in [1, {MAX_BUDGET_TOKENS:,}] tokens (a request must fit "
+                             "the 128K-token context of GLM-4.6V-Flash, and a graph that large already takes tens "
+                             "of GiB)")
     return budgets
 
 

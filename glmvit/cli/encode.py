@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -52,6 +51,7 @@ from .common import (
     write_json,
 )
 from .demo import IMAGE_SUFFIXES
+from .embedding_file import file_metadata, inputs_record
 
 ANIMATION_SUFFIXES = (".gif", ".webp")  # animated ones are videos; a still GIF or WebP is an image
 VIDEO_SUFFIXES = (".mp4", ".webm", ".mov", ".mkv", ".m4v", ".avi")  # through PyAV (pip install av)
@@ -109,9 +109,8 @@ def load(path: Path, kind: str) -> VisionInputs:
 
 def item_metadata(path: Path, inputs: VisionInputs, embedding: torch.Tensor) -> dict[str, Any]:
     """What one encoded item is: its file (absolute path, sha256), its grid, its sampled frames' times."""
-    return {"source": str(path.resolve()), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-            "kind": inputs.kinds[0], "grid_thw": inputs.grid_thw[0].tolist(), "tokens": embedding.shape[0],
-            "frame_indices": inputs.frame_indices[0], "timestamps": inputs.timestamps[0]}
+    return inputs_record(str(path.resolve()), hashlib.sha256(path.read_bytes()).hexdigest(), inputs,
+                         embedding.shape[0])
 
 
 def model_metadata(args: argparse.Namespace, model: GlmVisionEncoder) -> dict[str, Any]:
@@ -164,10 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     info = model_metadata(args, model)
     provenance = collect(device, " ".join([sys.executable, "-m", "glmvit", "encode", *argv]))
     if args.out:
-        metadata = {f"item_{i}": json.dumps(item) for i, item in enumerate(items)}
-        metadata.update({k: json.dumps(v) for k, v in info.items()}, provenance=json.dumps(provenance))
         with atomic_output(args.out) as tmp:
-            save_file(tensors, str(tmp), metadata=metadata)
+            save_file(tensors, str(tmp), metadata=file_metadata(items, info, provenance))
         print(f"saved {len(items)} embeddings to {args.out}")
     if args.json:
         write_json(args.json, {"out": str(args.out) if args.out else None, "items": items, **info,

@@ -1,0 +1,624 @@
+"""``python -m glmvit bench-serve``: the encoder under load, modelled on ``vllm bench serve`` with ``random-mm``.
+
+Requests come from vLLM's random-mm dataset (:mod:`glmvit.workloads`: a ``--workload`` preset, or
+``--bucket-config`` with ``--items-per-request`` / ``--range-ratio`` / ``--limit-per-request``), ``--num-prompts``
+of them drawn with ``--seed``; each is sent as pixel rows (random normal, seeded; one safetensors body per distinct
+layout, built before timing). Arrivals as in vLLM: ``--request-rate inf`` sends everything at once, a finite rate
+draws gaps from a gamma distribution of shape ``--burstiness`` (1: Poisson) and mean 1/rate; several rates in one
+list make a sweep. ``--max-concurrency`` caps the requests in flight. Per request: the time to embedding (from
+sending it to its whole answer read) and the server's queueing delay (its ``X-Queue-Delay-Ms``: admission to the
+first batch holding one of its items). Every answer is checked (one tensor per item, of its tokens and width).
+
+Where the load goes:
+
+- ``--url URL``: a running ``glmvit serve`` (one mode: the server's);
+- ``--spawn``: for each of ``--modes`` a ``python -m glmvit serve`` child process on 127.0.0.1 (an ephemeral port),
+  with the model and batching flags given here, stopped by SIGTERM (drained) after its runs; a process of its own,
+  as ``vllm serve`` is for ``vllm bench serve``, so that client and server do not share an interpreter lock;
+- ``--in-process``: no HTTP: the same scheduler in this process, what the encoder and scheduler alone sustain.
+
+The floor-limited rate is the server's measured matmul rate (``serve --measure-floor``) over the workload's mean
+analytic FLOPs per item (:mod:`glmvit.floor`): at saturation batches are large, the weights are read once per
+batch, and the matmuls bound the rate. Examples (the seed's serve workload; a sweep)::
+
+    python -m glmvit bench-serve --spawn --modes eager,graph,graph-compiled --workload video8x224 \\
+        --num-prompts 100 --request-rate inf --json data/bench/serve_video8x224_h200.json
+    python -m glmvit bench-serve --spawn --modes eager,graph-compiled --workload mixed-av --num-prompts 500 \\
+        --request-rate 25,50,100,200,inf --json data/bench/serve_mixed_av_h200.json
+
+Why one module of this length: the workload, the arrivals, the three targets and the report are one command.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import datetime
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+import aiohttp
+import numpy as np
+import torch
+from safetensors.torch import save as save_safetensors
+
+from ..config import VisionConfig
+from ..floor import flops_breakdown
+from ..provenance import collect
+from ..scheduler import BatchScheduler, QueueFull, SchedulerClosed
+from ..workloads import PRESETS, random_batch, random_mm_workload
+from .common import (
+    Parser,
+    add_model_args,
+    bucket_config_arg,
+    check_writable,
+    device_memory_bytes,
+    float_in,
+    int_in,
+    model_from_args,
+    resolve_model_args,
+    write_json,
+)
+from .serve import MODES, add_serving_args, check_serving_args, make_scheduler, measure_floor
+
+MAX_PROMPTS = 100_000
+PIXEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+HOST_SHARE = 0.5  # the request bodies are built before timing: at most half of this machine's memory
+Send = Callable[[int], Awaitable["Outcome"]]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One request: whether it came back right, when it was sent and answered (perf_counter s), its queue delay."""
+
+    ok: bool
+    sent: float
+    done: float
+    queue_ms: float | None = None
+    error: str | None = None
+
+
+def parse_rates(text: str) -> list[float]:
+    """``"inf"`` or ``"10, 50,inf"`` → request rates per second (math.inf for inf), each > 0."""
+    rates = []
+    for word in text.replace(",", " ").split():
+        try:
+            rate = float(word)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"request rate {word!r} is not a number or inf") from None
+        if not rate > 0:
+            raise argparse.ArgumentTypeError(f"request rate {word!r} must be > 0 (or inf)")
+        rates.append(rate)
+    if not rates:
+        raise argparse.ArgumentTypeError("no request rate given")
+    return rates
+
+
+def arrival_offsets(n: int, rate: float, burstiness: float, seed: int) -> np.ndarray:
+    """Seconds after the start at which each of ``n`` requests is sent: all at 0 for an infinite rate; otherwise
+    gaps ~ Gamma(shape=burstiness, scale=1/(rate·burstiness)) after each request, as vLLM's ``get_request``."""
+    if math.isinf(rate):
+        return np.zeros(n)
+    gaps = np.random.default_rng(seed).gamma(burstiness, 1.0 / (rate * burstiness), size=n)
+    return np.concatenate([[0.0], np.cumsum(gaps[:-1])])
+
+
+def summary_ms(values: list[float]) -> dict[str, float | None]:
+    a = np.asarray(values, dtype=np.float64)
+    if a.size == 0:
+        return {"mean": None, "median": None, "p99": None, "min": None, "max": None}
+    return {"mean": float(a.mean()), "median": float(np.median(a)), "p99": float(np.percentile(a, 99)),
+            "min": float(a.min()), "max": float(a.max())}
+
+
+# ---- the workload ----------------------------------------------------------------------------------------------
+@dataclass
+class Workload:
+    grids: list[np.ndarray]  # per request, [items, 3]
+    item_tokens: list[list[int]]  # per request, per item
+    layouts: list[int]  # per request: its index into ``pixels`` (requests of the same grids share pixels)
+    pixels: list[torch.Tensor]  # per distinct layout
+    settings: dict[str, Any]
+
+    @property
+    def tokens(self) -> list[int]:
+        return [sum(t) for t in self.item_tokens]
+
+    def distinct_grids(self) -> list[np.ndarray]:
+        first = {i: g for g, i in reversed(list(zip(self.grids, self.layouts, strict=True)))}
+        return [first[i] for i in range(len(first))]
+
+
+def build_workload(args: argparse.Namespace) -> Workload:
+    """The requests, drawn as ``bench`` draws them, and one seeded tensor of pixel rows per distinct layout."""
+    if args.workload:
+        p = PRESETS[args.workload]
+        buckets, n, ratio, limit = dict(p.bucket_config), p.items_per_request, p.range_ratio, p.limit_per_request
+    else:
+        buckets, n, ratio, limit = (dict(args.bucket_config), args.items_per_request, args.range_ratio,
+                                    args.limit_per_request)
+    requests = [r for r in random_mm_workload(buckets, args.num_prompts, n, ratio, args.seed, limit) if r]
+    if not requests:
+        raise ValueError("the workload drew no items (raise --items-per-request or lower --range-ratio)")
+    grids = [np.array([item.grid for item in r], dtype=np.int64) for r in requests]
+    index: dict[bytes, int] = {}
+    layouts = [index.setdefault(g.tobytes(), len(index)) for g in grids]
+    workload = Workload(grids, [[item.spec.tokens for item in r] for r in requests], layouts, [], {
+        "workload": args.workload, "bucket_config": {str(k): v for k, v in buckets.items()}, "items_per_request": n,
+        "range_ratio": ratio, "limit_per_request": limit, "num_prompts": args.num_prompts, "requests": len(requests),
+        "seed": args.seed})
+    config, dtype = VisionConfig(), PIXEL_DTYPES[args.pixel_dtype]  # GLM-4V's patch geometry: rows of 1176
+    distinct = workload.distinct_grids()
+    nbytes = sum(int(g.prod(axis=1).sum()) for g in distinct) * config.patch_dim * dtype.itemsize
+    if nbytes > HOST_SHARE * device_memory_bytes("cpu"):
+        raise ValueError(f"the workload's distinct requests need {nbytes / 2**30:,.1f} GiB of pixels, more than half "
+                         "of this machine's memory: fewer or smaller requests")
+    workload.pixels = [random_batch(g, config, seed=args.seed + i)[0].to(dtype) for i, g in enumerate(distinct)]
+    return workload
+
+
+# ---- the targets -----------------------------------------------------------------------------------------------
+def answer_error(body: bytes, tokens: list[int], width: int) -> str | None:
+    """Why an answer is not one [tokens_i, width] tensor per item (None when it is): read from its header alone."""
+    try:
+        size = int.from_bytes(body[:8], "little")
+        header = json.loads(body[8 : 8 + size])
+    except (ValueError, UnicodeDecodeError):
+        return "the answer is not a safetensors file"
+    shapes = {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+    want = {f"item_{i}": [t, width] for i, t in enumerate(tokens)}
+    return None if shapes == want else f"the answer holds {shapes}, not {want}"
+
+
+class HttpTarget:
+    """Requests to a running server: one pre-built safetensors body per distinct layout."""
+
+    def __init__(self, url: str, workload: Workload, health: dict, response_dtype: str, timeout: float):
+        self.url, self.workload, self.health = url.rstrip("/"), workload, health
+        self.width = int(health["vision_config"]["out_hidden_size"])
+        self.bodies = [save_safetensors({"pixel_values": p, "grid_thw": torch.from_numpy(g)})
+                       for p, g in zip(workload.pixels, workload.distinct_grids(), strict=True)]
+        self.params = {"dtype": response_dtype}
+        self.timeout = aiohttp.ClientTimeout(total=timeout)
+        self.session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> "HttpTarget":
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=self.timeout)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        assert self.session is not None
+        await self.session.close()
+
+    async def send(self, j: int) -> Outcome:
+        assert self.session is not None
+        body = self.bodies[self.workload.layouts[j]]
+        sent = time.perf_counter()
+        try:
+            async with self.session.post(f"{self.url}/v1/encode", data=body, params=self.params,
+                                         headers={"Content-Type": "application/x-safetensors"}) as response:
+                data = await response.read()
+                done = time.perf_counter()
+                if response.status != 200:
+                    try:
+                        why = json.loads(data)["error"]
+                    except (ValueError, KeyError, TypeError):
+                        why = data[:200].decode("utf-8", "replace")
+                    return Outcome(False, sent, done, error=f"HTTP {response.status}: {why}")
+                wrong = answer_error(data, self.workload.item_tokens[j], self.width)
+                queue_ms = float(response.headers.get("X-Queue-Delay-Ms", "nan"))
+                return Outcome(wrong is None, sent, done, queue_ms, wrong)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+            return Outcome(False, sent, time.perf_counter(), error=f"{type(err).__name__}: {err}")
+
+    async def server_stats(self) -> dict:
+        assert self.session is not None
+        async with self.session.get(f"{self.url}/metrics", params={"format": "json"}) as response:
+            return (await response.json())["scheduler"]
+
+
+class InProcessTarget:
+    """Requests straight to a scheduler in this process (no HTTP): admission in a thread pool, as the server does."""
+
+    def __init__(self, scheduler: BatchScheduler, workload: Workload, threads: int):
+        self.scheduler, self.workload = scheduler, workload
+        self.width = scheduler.model.config.out_hidden_size
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="glmvit-bench-serve")
+
+    async def __aenter__(self) -> "InProcessTarget":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.pool.shutdown(wait=True)
+
+    async def send(self, j: int) -> Outcome:
+        loop = asyncio.get_running_loop()
+        pixels, grids = self.workload.pixels[self.workload.layouts[j]], self.workload.grids[j]
+        sent = time.perf_counter()
+        try:
+            future = await loop.run_in_executor(self.pool, self.scheduler.submit, pixels, grids)
+            result = await asyncio.wrap_future(future)
+        except (QueueFull, SchedulerClosed, ValueError, RuntimeError) as err:
+            return Outcome(False, sent, time.perf_counter(), error=f"{type(err).__name__}: {err}")
+        done = time.perf_counter()
+        shapes = [list(o.shape) for o in result.outputs]
+        want = [[t, self.width] for t in self.workload.item_tokens[j]]
+        return Outcome(shapes == want, sent, done, result.queue_s * 1e3,
+                       None if shapes == want else f"outputs {shapes}, not {want}")
+
+    async def server_stats(self) -> dict:
+        return self.scheduler.stats()
+
+
+# ---- one run ---------------------------------------------------------------------------------------------------
+async def drive(send: Send, n: int, rate: float, burstiness: float, max_concurrency: int | None,
+                seed: int) -> tuple[list[Outcome], float, float]:
+    """Send requests 0..n−1 at their arrival times; their outcomes, the start and the end (perf_counter s)."""
+    offsets = arrival_offsets(n, rate, burstiness, seed)
+    limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    start = time.perf_counter()
+
+    async def one(j: int) -> Outcome:
+        await asyncio.sleep(max(0.0, start + offsets[j] - time.perf_counter()))
+        if limit is None:
+            return await send(j)
+        async with limit:
+            return await send(j)
+
+    outcomes = await asyncio.gather(*(one(j) for j in range(n)))
+    return list(outcomes), start, max(o.done for o in outcomes)
+
+
+def server_delta(before: dict, after: dict, duration: float) -> dict[str, Any]:
+    """What the scheduler did during one run: batches, their sizes, padding, mixing, how busy it was."""
+    d = {k: after[k] - before[k] for k in ("batches", "items", "tokens", "mixed_batches", "alone_batches",
+                                             "budget_tokens", "packed_tokens", "busy_s", "failed_batches")}
+    d["items_per_batch"] = d["items"] / d["batches"] if d["batches"] else None
+    d["padding_fraction"] = 1 - d["packed_tokens"] / d["budget_tokens"] if d["budget_tokens"] else None
+    d["utilisation"] = d["busy_s"] / duration if duration > 0 else None
+    return d
+
+
+async def run_rates(target: Any, workload: Workload, args: argparse.Namespace, mode: str,
+                    floor_items_per_s: float | None) -> list[dict[str, Any]]:
+    n = len(workload.grids)
+    if args.warmup_requests:
+        await drive(target.send, min(args.warmup_requests, n), math.inf, 1.0, None, args.seed)
+    runs = []
+    for rate in args.request_rate:
+        before = await target.server_stats()
+        outcomes, start, end = await drive(target.send, n, rate, args.burstiness, args.max_concurrency, args.seed)
+        after = await target.server_stats()
+        runs.append(run_record(mode, rate, args, workload, outcomes, end - start, server_delta(before, after,
+                                                                                                end - start),
+                               floor_items_per_s))
+        print_run(runs[-1])
+    return runs
+
+
+def run_record(mode: str, rate: float, args: argparse.Namespace, workload: Workload, outcomes: list[Outcome],
+               duration: float, server: dict, floor_items_per_s: float | None) -> dict[str, Any]:
+    ok = [j for j, o in enumerate(outcomes) if o.ok]
+    items = sum(len(workload.grids[j]) for j in ok)
+    tokens = sum(workload.tokens[j] for j in ok)
+    tte = [(outcomes[j].done - outcomes[j].sent) * 1e3 for j in ok]
+    queue = [q for j in ok if (q := outcomes[j].queue_ms) is not None]
+    errors = collections.Counter(o.error for o in outcomes if o.error)
+    items_per_s = items / duration if duration > 0 else 0.0
+    return {
+        "mode": mode, "request_rate": "inf" if math.isinf(rate) else rate, "burstiness": args.burstiness,
+        "max_concurrency": args.max_concurrency, "requests": len(outcomes), "successful": len(ok),
+        "failed": len(outcomes) - len(ok), "errors": dict(errors.most_common(10)), "duration_s": duration,
+        "requests_per_s": len(ok) / duration if duration > 0 else 0.0, "items_per_s": items_per_s,
+        "tokens_per_s": tokens / duration if duration > 0 else 0.0,
+        "vs_floor": items_per_s / floor_items_per_s if floor_items_per_s else None,
+        "tte_ms": summary_ms(tte), "queue_ms": summary_ms(queue), "server": server,
+        "per_request": {"ok": [o.ok for o in outcomes], "sent_s": [o.sent - outcomes[0].sent for o in outcomes],
+                        "tte_ms": [(o.done - o.sent) * 1e3 for o in outcomes],
+                        "queue_ms": [o.queue_ms for o in outcomes]},
+    }
+
+
+# ---- the report ------------------------------------------------------------------------------------------------
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def print_run(r: dict[str, Any]) -> None:
+    rate = r["request_rate"]
+    lines = [
+        f"{' Serving Benchmark Result: ' + r['mode'] + ' ':=^52}",
+        f"{'Successful requests:':<40}{r['successful']:>12}",
+        f"{'Failed requests:':<40}{r['failed']:>12}",
+        f"{'Maximum request concurrency:':<40}{str(r['max_concurrency']):>12}",
+        f"{'Request rate configured (RPS):':<40}{rate if isinstance(rate, str) else f'{rate:.2f}':>12}",
+        f"{'Benchmark duration (s):':<40}{r['duration_s']:>12.2f}",
+        f"{'Request throughput (req/s):':<40}{r['requests_per_s']:>12.2f}",
+        f"{'Item throughput (items/s):':<40}{r['items_per_s']:>12.2f}",
+        f"{'Token throughput (tok/s):':<40}{r['tokens_per_s']:>12.1f}",
+    ]
+    if r["vs_floor"] is not None:
+        lines.append(f"{'Items/s vs the floor-limited rate:':<40}{r['vs_floor']:>12.1%}")
+    for title, key in (("Time to Embedding", "tte_ms"), ("Queueing Delay", "queue_ms")):
+        lines.append(f"{' ' + title + ' ':-^52}")
+        short = "TTE" if key == "tte_ms" else "queue delay"
+        for stat, label in (("mean", "Mean"), ("median", "Median"), ("p99", "P99")):
+            lines.append(f"{f'{label} {short} (ms):':<40}{_ms(r[key][stat]):>12}")
+    s = r["server"]
+    lines.append(f"{' Batches ':-^52}")
+    batches = f"{s['batches']} ({s['mixed_batches']})"
+    lines.append(f"{'Batches (mixing requests):':<40}{batches:>12}")
+    lines.append(f"{'Items per batch:':<40}{_ms(s['items_per_batch']):>12}")
+    pad = s["padding_fraction"]
+    lines.append(f"{'Padding of budget tokens:':<40}{'-' if pad is None else f'{pad:.1%}':>12}")
+    lines.append("=" * 52)
+    for error, count in r["errors"].items():
+        lines.append(f"  {count} × {error}")
+    print("\n".join(lines), flush=True)
+
+
+def print_summary(runs: list[dict[str, Any]]) -> None:
+    head = f"{'mode':<16}{'rate':>7}{'ok':>6}{'fail':>5}{'req/s':>8}{'items/s':>9}{'×floor':>8}{'TTE med':>9}" \
+           f"{'P99':>9}{'queue med':>10}{'P99':>9}{'items/b':>8}{'pad':>6}"
+    print("\n" + head + "\n" + "-" * len(head))
+    for r in runs:
+        rate = r["request_rate"] if isinstance(r["request_rate"], str) else f"{r['request_rate']:g}"
+        floor = "-" if r["vs_floor"] is None else f"{r['vs_floor']:.0%}"
+        pad = r["server"]["padding_fraction"]
+        print(f"{r['mode']:<16}{rate:>7}{r['successful']:>6}{r['failed']:>5}{r['requests_per_s']:>8.2f}"
+              f"{r['items_per_s']:>9.1f}{floor:>8}{_ms(r['tte_ms']['median']):>9}{_ms(r['tte_ms']['p99']):>9}"
+              f"{_ms(r['queue_ms']['median']):>10}{_ms(r['queue_ms']['p99']):>9}"
+              f"{_ms(r['server']['items_per_batch']):>8}{'-' if pad is None else f'{pad:.0%}':>6}")
+    print("(TTE: time to embedding, ms; queue: the server's queueing delay, ms; items/b: items per batch; "
+          "pad: padded share of budget tokens)")
+
+
+# ---- servers ---------------------------------------------------------------------------------------------------
+def floor_rate(health: dict, workload: Workload) -> dict[str, Any] | None:
+    """The floor-limited items/s: the server's measured matmul rate over the mean analytic FLOPs per item."""
+    floor = health.get("floor")
+    if not floor:
+        return None
+    config = VisionConfig(**health["vision_config"])
+    flops = [flops_breakdown(config, g[None])["total"] for grids in workload.grids for g in grids]
+    mean = float(np.mean(flops))
+    return {**floor, "mean_flops_per_item": mean, "items_per_s": floor["matmul_tflops"] * 1e12 / mean,
+            "definition": "measured matmul rate / mean analytic FLOPs per item (glmvit.floor)"}
+
+
+class SpawnedServer:
+    """``python -m glmvit serve`` as a child process on 127.0.0.1 with an ephemeral port; its URL once it listens."""
+
+    def __init__(self, argv: list[str], startup_timeout: float):
+        self.argv, self.startup_timeout = argv, startup_timeout
+        self.process: subprocess.Popen | None = None
+        self.url: str | None = None
+
+    def __enter__(self) -> "SpawnedServer":
+        self.process = process = subprocess.Popen(self.argv, stdout=subprocess.PIPE, text=True)
+        assert process.stdout is not None
+        stdout = process.stdout
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(self.startup_timeout)
+        if not line or "listening on " not in line[0]:
+            self.__exit__()
+            raise RuntimeError(f"the server did not start listening within {self.startup_timeout:g} s "
+                               f"({' '.join(self.argv)}): {line[0].strip() if line else 'no output'}")
+        self.url = line[0].split("listening on ")[1].split()[0]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)  # drains: requests in flight finish
+        try:
+            self.process.wait(120)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def serve_argv(args: argparse.Namespace, mode: str, workload: Workload) -> list[str]:
+    """The child server's command line: this command's model and batching flags, a queue for every request."""
+    body_mb = max(64.0, 2 * max(p.numel() * p.element_size() for p in workload.pixels) / 2**20)
+    argv = [sys.executable, "-m", "glmvit", "serve", "--host", "127.0.0.1", "--port", "0", "--mode", mode,
+            "--device", args.device, "--config", args.config, "--dtype", args.dtype, "--seed", str(args.seed),
+            "--max-wait-ms", str(args.max_wait_ms), "--max-queue", str(queue_requests(args, workload)),
+            "--max-queue-tokens", str(queue_tokens(args, workload)), "--max-body-mb", f"{body_mb:.1f}",
+            "--max-items-per-request", str(max(64, max(len(g) for g in workload.grids))), "--quiet"]
+    if args.weights:
+        argv += ["--weights", args.weights]
+    for flag, value in (("--budgets", ",".join(map(str, args.budgets)) if args.budgets else None),
+                        ("--max-items", args.max_items), ("--max-segments", args.max_segments),
+                        ("--attn-backend", args.attn_backend)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def queue_requests(args: argparse.Namespace, workload: Workload) -> int:
+    """The queue a run needs so that a burst (rate inf) is queued, not refused: unless --max-queue says less."""
+    return args.max_queue if args.max_queue_set else max(args.max_queue, len(workload.grids) + args.warmup_requests)
+
+
+def queue_tokens(args: argparse.Namespace, workload: Workload) -> int:
+    return args.max_queue_tokens or max(sum(workload.tokens), 64 * 4096)
+
+
+async def fetch_health(url: str) -> dict:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        async with session.get(url.rstrip("/") + "/health") as response:
+            if response.status != 200:
+                raise ValueError(f"{url}/health answered {response.status}: is it a glmvit serve?")
+            return await response.json()
+
+
+async def bench_http(url: str, workload: Workload, args: argparse.Namespace, record: dict[str, Any]) -> None:
+    health = await fetch_health(url)
+    mode = health["mode"]
+    floor = floor_rate(health, workload)
+    record["servers"][mode], record["floor"][mode] = health, floor
+    async with HttpTarget(url, workload, health, args.response_dtype, args.timeout) as target:
+        record["runs"] += await run_rates(target, workload, args, mode, floor["items_per_s"] if floor else None)
+
+
+async def bench_in_process(workload: Workload, args: argparse.Namespace, record: dict[str, Any]) -> None:
+    model = model_from_args(args)
+    if args.attn_backend:
+        model.attn_backend = args.attn_backend
+        model.attention_backend()  # a clear error if it cannot run here
+    floor = measure_floor(model)
+    health = {"vision_config": vars(model.config), "floor": floor}
+    for mode in args.modes:
+        scheduler, runner = make_scheduler(model, mode, _queue_args(args, workload))
+        label = scheduler.mode
+        record["servers"][label] = {"mode": label, "attn_backend": model.attention_backend(),
+                                    "limits": scheduler.stats()["limits"],
+                                    "capture": {str(k): v for k, v in runner.stats.capture.items()} if runner else None}
+        rate = floor_rate(health, workload)
+        record["floor"][label] = rate
+        try:
+            async with InProcessTarget(scheduler, workload, args.threads) as target:
+                record["runs"] += await run_rates(target, workload, args, label, rate["items_per_s"] if rate else None)
+        finally:
+            scheduler.close()
+        del scheduler, runner
+        if model.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _queue_args(args: argparse.Namespace, workload: Workload) -> argparse.Namespace:
+    copy = argparse.Namespace(**vars(args))
+    copy.max_queue, copy.max_queue_tokens = queue_requests(args, workload), queue_tokens(args, workload)
+    return copy
+
+
+# ---- the command -----------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="python -m glmvit bench-serve", description=(__doc__ or "").split("\n\n")[0],
+               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=(__doc__ or "").split("\n\n", 1)[1])
+    t = p.add_argument_group("target (one of)")
+    where = t.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="a running glmvit serve, e.g. http://127.0.0.1:8000")
+    where.add_argument("--spawn", action="store_true", help="start python -m glmvit serve per mode (a child process)")
+    where.add_argument("--in-process", action="store_true", help="drive the scheduler in this process (no HTTP)")
+    t.add_argument("--modes", default=None, help=f"with --spawn / --in-process: comma list of {', '.join(MODES)} "
+                   "(default graph)")
+    t.add_argument("--startup-timeout", type=float_in(1, 7200), default=1800.0,
+                   help="seconds a spawned server may take to capture and listen (default 1800)")
+    w = p.add_argument_group("workload (vLLM random-mm)")
+    w.add_argument("--workload", choices=list(PRESETS),
+                   help="a named preset: " + "; ".join(f"{k}: {v.description}" for k, v in PRESETS.items()))
+    w.add_argument("--bucket-config", "--random-mm-bucket-config", type=bucket_config_arg,
+                   default="{(224, 224, 8): 1.0}", help="{(height, width, frames): probability, ...} (default: one "
+                   "8-frame 224² clip; ignored with --workload)")
+    w.add_argument("--items-per-request", "--random-mm-base-items-per-request", type=int_in(1, 4096), default=1)
+    w.add_argument("--range-ratio", "--random-mm-num-mm-items-range-ratio", type=float_in(0, 1), default=0.0)
+    w.add_argument("--limit-per-request", "--random-mm-limit-mm-per-prompt", type=int_in(1, 4096), default=None)
+    w.add_argument("--num-prompts", "--num-requests", type=int_in(1, MAX_PROMPTS), default=100)
+    w.add_argument("--pixel-dtype", choices=list(PIXEL_DTYPES), default="float32",
+                   help="dtype of the pixel rows sent (default float32, what glmvit.processing makes)")
+    a = p.add_argument_group("load")
+    a.add_argument("--request-rate", type=parse_rates, default=[math.inf],
+                   help="requests per second, or inf (all at once); a comma list is a sweep (default inf)")
+    a.add_argument("--burstiness", type=float_in(1e-3, 1e3), default=1.0,
+                   help="gamma shape of the gaps between arrivals (1: Poisson, as vLLM)")
+    a.add_argument("--max-concurrency", type=int_in(1, MAX_PROMPTS), default=None, help="requests in flight at most")
+    a.add_argument("--warmup-requests", type=int_in(0, MAX_PROMPTS), default=8,
+                   help="untimed requests sent at once before each mode's runs (default 8)")
+    a.add_argument("--timeout", type=float_in(1, 36000), default=600.0, help="seconds one request may take")
+    a.add_argument("--response-dtype", choices=("float32", "model"), default="float32",
+                   help="dtype of the answers (the server's ?dtype=; default float32, encode --out's)")
+    a.add_argument("--threads", type=int_in(1, 256), default=min(8, os.cpu_count() or 1),
+                   help="--in-process: threads that admit requests (default min(8, CPUs))")
+    add_model_args(p)
+    add_serving_args(p)
+    o = p.add_argument_group("output")
+    o.add_argument("--json", metavar="PATH", help="write every number and setting, with provenance, to this JSON")
+    return p
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]) -> None:
+    args.max_queue_set = any(a == "--max-queue" or a.startswith("--max-queue=") for a in argv)
+    if args.url and args.modes:
+        parser.error("--modes applies to --spawn and --in-process (a running server has its own mode)")
+    if args.url and not args.url.startswith(("http://", "https://")):
+        parser.error(f"--url {args.url!r}: expected http://HOST:PORT")
+    try:
+        args.modes = [m for m in (args.modes or "graph").replace(",", " ").split()]
+        bad = [m for m in args.modes if m not in MODES]
+        if bad or not args.modes:
+            raise ValueError(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
+        if args.json:
+            check_writable(args.json)
+    except (ValueError, OSError) as err:
+        parser.error(str(err))
+    resolve_model_args(parser, args)
+    if not args.url:
+        check_serving_args(parser, args, args.modes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args, argv)
+    command = " ".join([sys.executable, "-m", "glmvit", "bench-serve", *argv])
+    workload = build_workload(args)
+    target = "url" if args.url else "spawn" if args.spawn else "in-process"
+    record: dict[str, Any] = {
+        "benchmark": "glmvit.bench_serve", "provenance": None,
+        "settings": {"target": target, "url": args.url, "modes": None if args.url else args.modes,
+                     **workload.settings, "request_rates": ["inf" if math.isinf(r) else r for r in args.request_rate],
+                     "burstiness": args.burstiness, "max_concurrency": args.max_concurrency,
+                     "warmup_requests": args.warmup_requests, "pixel_dtype": args.pixel_dtype,
+                     "response_dtype": args.response_dtype, "timeout_s": args.timeout,
+                     "model": {"device": args.device, "config": args.config, "dtype": args.dtype,
+                               "weights": args.weights, "seed": args.seed},
+                     "batching": {"budgets": list(args.budgets) if args.budgets else None, "max_items": args.max_items,
+                                  "max_segments": args.max_segments, "max_wait_ms": args.max_wait_ms,
+                                  "max_queue": queue_requests(args, workload),
+                                  "max_queue_tokens": queue_tokens(args, workload), "attn_backend": args.attn_backend},
+                     "arrivals": "gamma(burstiness, 1/(rate·burstiness)) gaps after each request, all at 0 for inf",
+                     "timing": "time to embedding: request sent → whole answer read; queue: the server's "
+                               "X-Queue-Delay-Ms"},
+        "workload": {"requests": len(workload.grids), "items": sum(len(g) for g in workload.grids),
+                     "tokens": sum(workload.tokens), "distinct_layouts": len(workload.pixels),
+                     "grids": [g.tolist() for g in workload.grids]},
+        "servers": {}, "floor": {}, "runs": [],
+    }
+    if args.url:
+        asyncio.run(bench_http(args.url, workload, args, record))
+    elif args.spawn:
+        for mode in args.modes:
+            with SpawnedServer(serve_argv(args, mode, workload), args.startup_timeout) as server:
+                assert server.url is not None
+                asyncio.run(bench_http(server.url, workload, args, record))
+    else:
+        asyncio.run(bench_in_process(workload, args, record))
+    record["provenance"] = bench_provenance(record, args, command)
+    print_summary(record["runs"])
+    if args.json:
+        write_json(args.json, record)
+    return 0
+
+
+def bench_provenance(record: dict[str, Any], args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """Where it ran: the (first) server's provenance, GPU included, with this command and date; in-process, here."""
+    servers = [s["provenance"] for s in record["servers"].values() if s.get("provenance")]
+    if not servers:
+        return collect(args.device, command)
+    prov = dict(servers[0], server_command=servers[0].get("command"), command=command)
+    prov["date_utc"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return prov

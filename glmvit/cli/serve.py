@@ -1,0 +1,165 @@
+"""``python -m glmvit serve``: the encoder as an HTTP service; the items of concurrent requests share batches.
+
+One worker thread owns the encoder (:class:`~glmvit.scheduler.BatchScheduler`): ``--mode graph`` is the captured
+runner (``graph-emulated`` off CUDA), ``graph-compiled`` the same with ``torch.compile`` (CUDA), ``eager`` the model
+under the same batch limits. Listens on 127.0.0.1 unless ``--host`` says otherwise and prints its URL once it
+listens; SIGINT or SIGTERM drains (requests in flight finish, new ones get 503) and exits. Endpoints, bodies and
+status codes: :mod:`glmvit.cli.serve_app`. Examples::
+
+    python -m glmvit serve --port 8000
+    curl -s -F file=@data/images/coffee.jpg -F file=@data/clip.gif http://127.0.0.1:8000/v1/encode -o emb.safetensors
+    curl -s http://127.0.0.1:8000/health; curl -s http://127.0.0.1:8000/metrics
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from typing import Any
+
+import torch
+
+from ..floor import measure_copy_bandwidth, measure_matmul_tflops, weight_bytes
+from ..graphs import EncoderGraphRunner
+from ..model import GlmVisionEncoder
+from ..packing import BudgetConfig, default_ladder
+from ..provenance import collect
+from ..scheduler import DEFAULT_MAX_REQUESTS, BatchScheduler
+from .common import (
+    DTYPES,
+    MAX_BUDGET_TOKENS,
+    Parser,
+    add_model_args,
+    budgets_arg,
+    check_budget_config,
+    float_in,
+    int_in,
+    model_from_args,
+    resolve_model_args,
+)
+from .encode import model_metadata
+from .serve_app import EncoderService, HttpLimits, run_server
+
+MODES = ("eager", "graph", "graph-compiled")
+LARGEST_BUDGET = 4096  # the default ladder's top: sixteen 8-frame 224² clips, or four 896² images, in one batch
+DEFAULT_ITEMS = 64  # vLLM's default max items per batch for its 64..4096 budget range (4096 // 64)
+
+
+def add_serving_args(parser: argparse.ArgumentParser) -> None:
+    """Batch limits and scheduling: the same flags for ``serve`` and ``bench-serve --in-process``."""
+    g = parser.add_argument_group("batching")
+    g.add_argument("--budgets", type=budgets_arg, default=None,
+                   help=f"graph token budgets, e.g. 256,1024,4096 (default: the default ladder up to {LARGEST_BUDGET})")
+    g.add_argument("--max-items", type=int_in(1, MAX_BUDGET_TOKENS), default=None,
+                   help=f"items per batch (default {DEFAULT_ITEMS}, at most the smallest budget)")
+    g.add_argument("--max-segments", type=int_in(1, MAX_BUDGET_TOKENS), default=None,
+                   help="attention segments (temporal patches) per batch (default: max items)")
+    g.add_argument("--max-wait-ms", type=float_in(0, 1000), default=0.0,
+                   help="keep an under-full batch open this long for more items (default 0: see glmvit.scheduler)")
+    g.add_argument("--max-queue", type=int_in(1, 100_000), default=DEFAULT_MAX_REQUESTS,
+                   help=f"requests admitted and not yet answered (default {DEFAULT_MAX_REQUESTS}); then 429")
+    g.add_argument("--max-queue-tokens", type=int_in(1, 2**31), default=None,
+                   help="their output tokens (default 64 × the largest budget); then 429")
+    g.add_argument("--attn-backend", default=None, help="attention backend (default: the device's)")
+
+
+def budget_config(args: argparse.Namespace) -> BudgetConfig:
+    budgets = args.budgets or default_ladder(LARGEST_BUDGET)
+    items = args.max_items or min(DEFAULT_ITEMS, min(budgets))
+    return BudgetConfig.resolve(budgets, items, args.max_segments or items)
+
+
+def check_serving_args(parser: argparse.ArgumentParser, args: argparse.Namespace, modes: list[str]) -> None:
+    """Refuse what cannot run, before the model is built (one line, exit 2)."""
+    device = torch.device(args.device)
+    if "graph-compiled" in modes and device.type != "cuda":
+        parser.error("graph-compiled needs CUDA (off CUDA the runner only emulates graphs: use graph)")
+    try:
+        check_budget_config(budget_config(args), str(DTYPES[args.dtype]).removeprefix("torch."))
+    except ValueError as err:
+        parser.error(str(err))
+
+
+def make_scheduler(model: GlmVisionEncoder, mode: str, args: argparse.Namespace,
+                   progress: bool = False) -> tuple[BatchScheduler, EncoderGraphRunner | None]:
+    """The scheduler of ``mode`` over ``model`` (a runner captured first for the graph modes), and its runner."""
+    config = budget_config(args)
+    runner = None
+    if mode == "eager":
+        encoder: EncoderGraphRunner | GlmVisionEncoder = model
+    else:
+        backend = "cuda" if model.device.type == "cuda" else "emulate"
+        runner = EncoderGraphRunner(model, config, backend=backend, torch_compile=mode == "graph-compiled",
+                                    progress=progress).capture()
+        encoder = runner
+    scheduler = BatchScheduler(encoder, config, max_wait_s=args.max_wait_ms / 1e3, max_requests=args.max_queue,
+                               max_tokens=args.max_queue_tokens)
+    return scheduler, runner
+
+
+def measure_floor(model: GlmVisionEncoder) -> dict[str, Any]:
+    """The measured matmul rate and copy bandwidth on the model's device (glmvit.floor), and its weight bytes."""
+    return {"matmul_tflops": measure_matmul_tflops(model.device, model.dtype),
+            "matmul_dtype": str(model.dtype).removeprefix("torch."),
+            "copy_gbps": measure_copy_bandwidth(model.device), "weight_bytes": weight_bytes(model)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="python -m glmvit serve", description=(__doc__ or "").split("\n\n")[0],
+                    formatter_class=argparse.RawDescriptionHelpFormatter, epilog=(__doc__ or "").split("\n\n", 1)[1])
+    parser.add_argument("--mode", choices=MODES, default="graph", help="what encodes (default graph)")
+    add_model_args(parser)
+    add_serving_args(parser)
+    h = parser.add_argument_group("http")
+    h.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    h.add_argument("--port", type=int_in(0, 65535), default=8000, help="port (default 8000; 0: any free port)")
+    h.add_argument("--max-body-mb", type=float_in(0.001, 4096), default=64.0,
+                   help="largest request body, in MiB (default 64); larger: 413")
+    h.add_argument("--max-items-per-request", type=int_in(1, 4096), default=64, help="default 64; more: 413")
+    h.add_argument("--max-requests", type=int_in(1, 100_000), default=None,
+                   help="requests in the server at once, decoding included (default: --max-queue); then 429")
+    h.add_argument("--threads", type=int_in(1, 256), default=min(8, os.cpu_count() or 1),
+                   help="threads that decode uploads and write answers (default min(8, CPUs))")
+    h.add_argument("--shutdown-timeout", type=float_in(0, 3600), default=60.0,
+                   help="seconds a drain waits for requests in flight (default 60)")
+    h.add_argument("--measure-floor", action=argparse.BooleanOptionalAction, default=True,
+                   help="measure the matmul rate and copy bandwidth at start (for bench-serve's floor; default on)")
+    h.add_argument("--quiet", action="store_true", help="no progress bars")
+    return parser
+
+
+def build_service(args: argparse.Namespace, command: str) -> EncoderService:
+    """Model, encoder (captured), scheduler and application, as the resolved flags say."""
+    model = model_from_args(args)
+    if args.attn_backend:
+        model.attn_backend = args.attn_backend
+        model.attention_backend()  # a clear error if it cannot run here
+    scheduler, runner = make_scheduler(model, args.mode, args, progress=not args.quiet)
+    extra = {"attn_backend": model.attention_backend(),
+             "floor": measure_floor(model) if args.measure_floor else None,
+             "capture": {str(k): v for k, v in runner.stats.capture.items()} if runner else None,
+             "capture_failed": {str(k): v for k, v in runner.stats.failed.items()} if runner else None}
+    limits = HttpLimits(int(args.max_body_mb * 2**20), args.max_items_per_request, args.max_requests or args.max_queue)
+    return EncoderService(scheduler, model_metadata(args, model), collect(model.device, command), limits,
+                          args.threads, extra, (lambda: runner.stats.as_dict()) if runner else None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    resolve_model_args(parser, args)
+    check_serving_args(parser, args, [args.mode])
+    logging.basicConfig(level=logging.WARNING, format="glmvit serve: %(message)s")
+    service = build_service(args, " ".join([sys.executable, "-m", "glmvit", "serve", *argv]))
+    mode = service.scheduler.mode
+
+    def ready(url: str) -> None:
+        print(f"glmvit serve: {mode}, {service.info['description']}; listening on {url} (POST {url}/v1/encode)",
+              flush=True)
+
+    asyncio.run(run_server(service, args.host, args.port, args.shutdown_timeout, ready, handle_signals=True))
+    print("glmvit serve: stopped", flush=True)
+    return 0

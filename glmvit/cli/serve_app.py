@@ -1,0 +1,407 @@
+"""The HTTP face of a :class:`~glmvit.scheduler.BatchScheduler` (aiohttp): what ``glmvit serve`` runs.
+
+``POST /v1/encode`` takes one of two bodies:
+
+- ``multipart/form-data``: one part per image or video file, its filename's suffix saying which (the types
+  ``glmvit encode`` takes); each is checked and decoded as ``encode`` does, within the same pixel budgets;
+- ``application/x-safetensors`` (or ``application/octet-stream``): a safetensors file of ``pixel_values``
+  [rows, C·T·P²] (float32, bfloat16 or float16) and ``grid_thw`` [items, 3] (integers), the rows as
+  :mod:`glmvit.processing` makes them.
+
+It answers ``200`` with ``application/x-safetensors`` in ``encode --out``'s layout (tensors ``item_<i>``, float32;
+``?dtype=model`` returns the model's dtype instead, half the bytes in bfloat16), with headers ``X-Request-Id``,
+``X-Queue-Delay-Ms`` (admission to the first batch holding one of its items), ``X-Encode-Ms`` (admission to its
+last item encoded), ``X-Prepare-Ms`` (reading and decoding before admission) and ``X-Batches``. Every error is
+JSON ``{"error": one line, "status": code}``: 400 bad input (naming the item or the file), 413 too large,
+415 another content type, 429 the queue is full (with ``Retry-After``), 503 shutting down, 500 an internal error
+(its traceback goes to the server's log, never to the client). ``GET /health``: JSON about the model, the limits,
+the floor and the provenance. ``GET /metrics``: Prometheus text, or JSON with ``?format=json``.
+
+:func:`run_server` serves until asked to stop, then drains: it stops listening, answers new requests on open
+connections with 503, lets every request in flight finish (up to ``shutdown_timeout``), then closes the scheduler.
+:class:`ServerThread` runs it in a thread of its own (tests, in-process use).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import logging
+import signal
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable
+from urllib.parse import unquote
+
+import numpy as np
+import torch
+from aiohttp import BodyPartReader, web
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from ..metadata import as_grid_array
+from ..processing import VisionInputs
+from ..scheduler import BatchScheduler, QueueFull, RequestTooLarge, SchedulerClosed, host_copy
+from .embedding_file import file_metadata, inputs_record, item_record
+from .encode import check_file, load
+
+log = logging.getLogger(__name__)
+
+SAFETENSORS = "application/x-safetensors"
+PIXEL_TYPES = (SAFETENSORS, "application/octet-stream")
+PIXEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+CHUNK = 1 << 16
+MAX_NAME = 200  # characters of an uploaded file's name kept for messages and the item's "source"
+
+
+class BadRequest(ValueError):
+    """An HTTP-level problem with the request (a status other than 400 may go with it)."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """What one request may hold, and how many requests the server holds at once (reading, decoding, queued or
+    being encoded); past that it answers 429 before reading the body."""
+
+    max_body_bytes: int = 64 * 2**20
+    max_items: int = 64
+    max_requests: int = 256
+
+
+@dataclass(frozen=True)
+class Upload:
+    name: str
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Prepared:
+    pixel_values: torch.Tensor
+    grid_thw: torch.Tensor
+    records: list[dict[str, Any]]
+
+
+def upload_name(raw: str | None, index: int) -> str:
+    """An uploaded file's name (percent-encoding undone, as aiohttp's client sends it) without folders or control
+    characters, at most MAX_NAME characters. It names the item; it never becomes a path."""
+    name = PurePosixPath(unquote(raw or "").replace("\\", "/")).name
+    name = "".join(c for c in name if c.isprintable())[:MAX_NAME]
+    return name or f"file{index}"
+
+
+def prepare_files(uploads: list[Upload], merge_area: int) -> Prepared:
+    """Every uploaded file checked and decoded as ``glmvit encode`` does; an error names the file (never the
+    temporary path it was written to)."""
+    if not uploads:
+        raise BadRequest("the request holds no files (send each image or video as a multipart file part)")
+    loaded, records = [], []
+    with tempfile.TemporaryDirectory(prefix="glmvit-serve-") as folder:
+        for k, upload in enumerate(uploads):
+            path = Path(folder).resolve() / f"{k}{PurePosixPath(upload.name).suffix.lower()}"
+            path.write_bytes(upload.data)
+            try:
+                inputs = load(path, check_file(path))
+            except (ValueError, OSError) as err:
+                raise BadRequest(str(err).replace(str(path), f"file {k} ({upload.name})")) from None
+            tokens = int(inputs.grid_thw[0].prod()) // merge_area
+            records.append(inputs_record(upload.name, hashlib.sha256(upload.data).hexdigest(), inputs, tokens))
+            loaded.append(inputs)
+    batch = VisionInputs.concat(loaded)
+    return Prepared(batch.pixel_values, batch.grid_thw, records)
+
+
+def prepare_pixels(body: bytes, check: Callable[[torch.Tensor, Any], np.ndarray], merge_area: int) -> Prepared:
+    """``pixel_values`` and ``grid_thw`` out of a safetensors body, checked (``check``: the model's
+    ``check_inputs`` without the NaN/Inf pass, which admission runs), with a record per item."""
+    try:
+        tensors = load_safetensors(body)
+    except (SafetensorError, ValueError) as err:
+        raise BadRequest(f"the body is not a safetensors file ({err})") from None
+    extra = sorted(set(tensors) - {"pixel_values", "grid_thw"})
+    missing = sorted({"pixel_values", "grid_thw"} - set(tensors))
+    if missing or extra:
+        raise BadRequest(f"the safetensors body must hold exactly pixel_values and grid_thw (missing {missing}, "
+                         f"unexpected {extra})")
+    pixels, grid = tensors["pixel_values"], tensors["grid_thw"]
+    if pixels.dtype not in PIXEL_DTYPES:
+        raise BadRequest(f"pixel_values must be float32, bfloat16 or float16, not {str(pixels.dtype)[6:]}")
+    if grid.dtype.is_floating_point or grid.dtype.is_complex or grid.dtype == torch.bool:
+        raise BadRequest(f"grid_thw must hold integers, not {str(grid.dtype)[6:]}")
+    grids = check(pixels, as_grid_array(grid))
+    if len(grids) == 0:
+        raise BadRequest("the request holds no items (grid_thw has no rows)")
+    rows = np.concatenate([[0], np.cumsum(grids.prod(axis=1))])
+    raw = pixels.contiguous().view(torch.uint8).numpy()  # each item's rows as sent: its sha256
+    records = [item_record(None, hashlib.sha256(raw[rows[i] : rows[i + 1]].data).hexdigest(),
+                           "image" if t == 1 else "video", [int(t), int(h), int(w)], int(t * h * w) // merge_area)
+               for i, (t, h, w) in enumerate(grids)]
+    return Prepared(pixels, torch.from_numpy(grids), records)
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message, "status": status}, status=status, headers=headers)
+
+
+def _prometheus(name: str, value: float | None, help_text: str, kind: str = "gauge", labels: str = "") -> list[str]:
+    if value is None:
+        return []
+    return [f"# HELP glmvit_{name} {help_text}", f"# TYPE glmvit_{name} {kind}", f"glmvit_{name}{labels} {value:g}"]
+
+
+class EncoderService:
+    """The application: its handlers, the limits, the counters, and the thread pool that decodes and answers."""
+
+    def __init__(self, scheduler: BatchScheduler, info: dict[str, Any], provenance: dict[str, Any],
+                 limits: HttpLimits = HttpLimits(), threads: int = 4, extra_health: dict[str, Any] | None = None,
+                 runner_stats: Callable[[], dict] | None = None):
+        self.scheduler, self.info, self.provenance, self.limits = scheduler, info, provenance, limits
+        self.model = scheduler.model
+        self.extra_health = extra_health or {}
+        self.runner_stats = runner_stats
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="glmvit-serve")
+        self.draining = False
+        self.in_server = 0
+        self.responses: collections.Counter[int] = collections.Counter()
+        self.url: str | None = None
+        self.app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[self._errors])
+        self.app.router.add_post("/v1/encode", self.encode)
+        self.app.router.add_get("/health", self.health)
+        self.app.router.add_get("/metrics", self.metrics)
+
+    # ---- the handlers --------------------------------------------------------------------------------------
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        """Every error as one line of JSON (aiohttp's own 404/405/413 included), every status counted."""
+        try:
+            response = await handler(request)
+        except web.HTTPException as err:
+            response = error_response(err.status, err.text if err.text and err.status == 413 else err.reason)
+        except Exception as err:  # noqa: BLE001 - the client gets one line; the log gets the traceback
+            log.exception("internal error on %s %s", request.method, request.path)
+            response = error_response(500, f"internal error: {type(err).__name__}: {str(err).splitlines()[0]}"
+                                      if str(err) else f"internal error: {type(err).__name__}")
+        self.responses[response.status] += 1
+        return response
+
+    async def encode(self, request: web.Request) -> web.Response:
+        start = time.perf_counter()
+        if self.draining:
+            return error_response(503, "the server is shutting down and takes no new requests")
+        if self.in_server >= self.limits.max_requests:
+            return error_response(429, f"the server holds {self.in_server} requests already (at most "
+                                  f"{self.limits.max_requests}); retry later", {"Retry-After": "1"})
+        dtype = request.query.get("dtype", "float32")
+        if dtype not in ("float32", "model"):
+            return error_response(400, f"dtype must be float32 or model, not {dtype!r}")
+        self.in_server += 1
+        loop = asyncio.get_running_loop()
+        try:
+            prepared = await self._read(request)
+            if len(prepared.records) > self.limits.max_items:
+                raise BadRequest(f"{len(prepared.records)} items in one request: at most {self.limits.max_items}",
+                                 413)
+            prepared_at = time.perf_counter()
+            future = await loop.run_in_executor(self.pool, self.scheduler.submit, prepared.pixel_values,
+                                                prepared.grid_thw)
+            result = await asyncio.wrap_future(future)
+            body = await loop.run_in_executor(self.pool, self._pack, result.outputs, prepared.records, dtype)
+        except BadRequest as err:
+            return error_response(err.status, str(err))
+        except RequestTooLarge as err:
+            return error_response(413, str(err))
+        except ValueError as err:  # the model's checks: grids, rows, NaN/Inf, each naming the item
+            return error_response(400, str(err))
+        except QueueFull as err:
+            return error_response(429, str(err), {"Retry-After": "1"})
+        except SchedulerClosed as err:
+            return error_response(503, str(err))
+        finally:
+            self.in_server -= 1
+        headers = {"X-Request-Id": str(result.request_id), "X-Queue-Delay-Ms": f"{result.queue_s * 1e3:.3f}",
+                   "X-Encode-Ms": f"{result.total_s * 1e3:.3f}", "X-Prepare-Ms": f"{(prepared_at - start) * 1e3:.3f}",
+                   "X-Batches": ",".join(map(str, result.batches))}
+        return web.Response(body=body, content_type=SAFETENSORS, headers=headers)
+
+    async def _read(self, request: web.Request) -> Prepared:
+        if request.content_length is not None and request.content_length > self.limits.max_body_bytes:
+            raise BadRequest(f"the body has {request.content_length:,} bytes: at most "
+                             f"{self.limits.max_body_bytes:,}", 413)
+        loop = asyncio.get_running_loop()
+        merge_area = self.model.config.merge_area
+        if request.content_type == "multipart/form-data":
+            uploads = await self._read_multipart(request)
+            return await loop.run_in_executor(self.pool, prepare_files, uploads, merge_area)
+        if request.content_type in PIXEL_TYPES:
+            body = await request.read()
+            check = lambda pixels, grids: self.model.check_inputs(pixels, grids, check_finite=False)  # noqa: E731
+            return await loop.run_in_executor(self.pool, prepare_pixels, body, check, merge_area)
+        raise BadRequest(f"content type {request.content_type!r}: send multipart/form-data (files) or "
+                         f"{SAFETENSORS} (pixel_values and grid_thw)", 415)
+
+    async def _read_multipart(self, request: web.Request) -> list[Upload]:
+        reader = await request.multipart()
+        uploads: list[Upload] = []
+        total = 0
+        while (part := await reader.next()) is not None:
+            k = len(uploads)
+            if not isinstance(part, BodyPartReader) or part.filename is None:
+                raise BadRequest(f"part {k} is not a file: send each image or video as a file part (with a filename)")
+            if k >= self.limits.max_items:
+                raise BadRequest(f"more than {self.limits.max_items} files in one request", 413)
+            data = bytearray()
+            while chunk := await part.read_chunk(CHUNK):
+                total += len(chunk)
+                if total > self.limits.max_body_bytes:
+                    raise BadRequest(f"the files add up to more than {self.limits.max_body_bytes:,} bytes", 413)
+                data += chunk
+            uploads.append(Upload(upload_name(part.filename, k), bytes(data)))
+        return uploads
+
+    def _pack(self, outputs: list[torch.Tensor], records: list[dict[str, Any]], dtype: str) -> bytes:
+        out_dtype = torch.float32 if dtype == "float32" else self.model.dtype
+        tensors = {f"item_{i}": t for i, t in enumerate(host_copy(outputs, out_dtype))}
+        return save_safetensors(tensors, metadata=file_metadata(records, self.info, self.provenance))
+
+    async def health(self, request: web.Request) -> web.Response:
+        limits = self.limits
+        scheduler = {k: v for k, v in self.scheduler.stats().items()
+                     if k in ("limits", "max_requests", "max_tokens", "max_wait_s")}
+        return web.json_response({
+            "status": "draining" if self.draining else "ok", "mode": self.scheduler.mode, "url": self.url,
+            "vision_config": vars(self.model.config), **self.info,
+            "limits": {"max_body_bytes": limits.max_body_bytes, "max_items": limits.max_items,
+                       "max_requests": limits.max_requests},
+            "scheduler": scheduler, **self.extra_health, "provenance": self.provenance,
+        })
+
+    def metrics_json(self) -> dict[str, Any]:
+        return {"http": {"in_server": self.in_server, "draining": self.draining,
+                         "responses": {str(k): v for k, v in sorted(self.responses.items())}},
+                "scheduler": self.scheduler.stats(), "runner": self.runner_stats() if self.runner_stats else None}
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        data = self.metrics_json()
+        if request.query.get("format") == "json":
+            return web.json_response(data)
+        s = data["scheduler"]
+        lines = ["# HELP glmvit_http_responses_total responses by status",
+                 "# TYPE glmvit_http_responses_total counter"]
+        lines += [f'glmvit_http_responses_total{{status="{k}"}} {v}' for k, v in data["http"]["responses"].items()]
+        lines += _prometheus("http_requests_in_server", self.in_server, "requests read, decoded, queued or running")
+        for key, help_text in (("submitted", "requests admitted"), ("completed", "requests answered"),
+                               ("failed", "requests failed"), ("batches", "batches run"), ("items", "items encoded"),
+                               ("tokens", "output tokens encoded"), ("mixed_batches", "batches of several requests"),
+                               ("busy_s", "seconds inside the encoder")):
+            lines += _prometheus(f"scheduler_{key}_total", s[key], help_text, "counter")
+        for reason in ("full", "closed"):
+            lines += _prometheus("scheduler_rejected_total", s[f"rejected_{reason}"], "requests refused", "counter",
+                                 f'{{reason="{reason}"}}')
+        lines += _prometheus("scheduler_outstanding_requests", s["outstanding_requests"], "admitted, not answered")
+        lines += _prometheus("scheduler_padding_fraction", s["padding_fraction"], "padded share of budget tokens")
+        for key in ("median", "p99"):
+            lines += _prometheus(f"scheduler_queue_delay_ms_{key}", s["queue_ms"][key], "recent queue delays")
+            lines += _prometheus(f"scheduler_batch_items_{key}", s["batch_items"][key], "recent batch sizes")
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    # ---- lifetime ------------------------------------------------------------------------------------------
+    def begin_drain(self) -> None:
+        if not self.draining:
+            self.draining = True
+            log.warning("shutting down: %d request(s) in the server will finish, new ones get 503", self.in_server)
+
+    def close(self, timeout: float | None = None) -> None:
+        self.scheduler.close(timeout)
+        self.pool.shutdown(wait=True)
+
+
+def format_url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int = 0, shutdown_timeout: float = 60.0,
+                     on_ready: Callable[[str], None] | None = None, stop: asyncio.Event | None = None,
+                     handle_signals: bool = False) -> None:
+    """Serve ``service`` until ``stop`` is set (or SIGINT/SIGTERM with ``handle_signals``), then drain (module
+    docstring). ``on_ready`` gets the URL once the socket listens (port 0: an ephemeral port)."""
+    runner = web.AppRunner(service.app, handle_signals=False, shutdown_timeout=shutdown_timeout, access_log=None)
+    await runner.setup()
+    loop = asyncio.get_running_loop()
+    stop = stop or asyncio.Event()
+    signals = (signal.SIGINT, signal.SIGTERM) if handle_signals else ()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses[0]
+        service.url = format_url(host, bound[1])
+        for sig in signals:
+            loop.add_signal_handler(sig, stop.set)
+        if on_ready:
+            on_ready(service.url)
+        await stop.wait()
+    finally:
+        for sig in signals:  # a second signal acts as usual (ends the process)
+            loop.remove_signal_handler(sig)
+        service.begin_drain()
+        await runner.cleanup()  # stop listening, close idle connections, wait for the handlers in flight
+        await loop.run_in_executor(None, service.close, shutdown_timeout)
+
+
+class ServerThread:
+    """:func:`run_server` in a thread with its own event loop, started with :meth:`start`, drained by
+    :meth:`shutdown` (which returns once every request in flight is answered)."""
+
+    def __init__(self, service: EncoderService, host: str = "127.0.0.1", port: int = 0,
+                 shutdown_timeout: float = 60.0):
+        self.service, self.host, self.port, self.shutdown_timeout = service, host, port, shutdown_timeout
+        self.url: str | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._main, name="glmvit-serve-loop", daemon=True)
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as err:  # noqa: BLE001 - reported to the thread that started the server
+            self._error = err
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+
+        def ready(url: str) -> None:
+            self.url = url
+            self._ready.set()
+
+        await run_server(self.service, self.host, self.port, self.shutdown_timeout, ready, self._stop)
+
+    def start(self, timeout: float = 60.0) -> "ServerThread":
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError(f"the server did not start listening within {timeout:g} s")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def shutdown(self, timeout: float | None = None) -> bool:
+        """Drain and stop; True if the server thread ended within ``timeout``."""
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def __enter__(self) -> "ServerThread":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()

@@ -1,0 +1,533 @@
+"""Continuous batching: the items of concurrent requests share the encoder's batches; each request gets its own back.
+
+:class:`BatchScheduler` takes requests from any number of threads (:meth:`~BatchScheduler.submit` returns a
+``concurrent.futures.Future``) and one worker thread, the only caller of the encoder, runs them:
+
+1. **Admission** (the submitting thread): the request is validated (``model.check_inputs``: grids, row count,
+   NaN/Inf, each error naming the item), counted against a bounded queue (:class:`QueueFull` when it would
+   overflow, :class:`SchedulerClosed` once closing) and its pixels are moved to the model's device and dtype
+   (:func:`stage`), so that the worker only concatenates rows that are already there.
+2. **Batching** (the worker): items wait in arrival order. When the worker is free it takes items from the head of
+   the queue, next-fit, until the next one would overflow the largest budget, ``max_items`` or ``max_segments``
+   (:func:`fits`); an item that fits no budget, or has more segments than a batch, runs alone (the runner runs it
+   eagerly).
+   Items of several requests share a batch; a request's items may span batches.
+3. **Encoding**: one ``runner.run`` per batch (the runner packs it into its smallest fitting budget and routes
+   it, replay or eager), or the eager model for a baseline (:func:`eager_encoder`).
+4. **Delivery, checked**: a batch must return one output per item, of that item's token count (t·h·w / m²) and
+   ``out_hidden_size``; every output goes to the slot its item was taken from (request id, item index), each slot
+   is filled exactly once, and a request is answered only when all its slots are. Anything else fails the requests
+   of that batch with :class:`ResultMismatch`; an error inside the encoder fails them with that error. The next
+   batch runs either way. (A permutation of same-sized items inside the encoder cannot be seen from sizes:
+   tests/test_scheduler.py compares outputs bitwise against requests encoded alone.)
+
+**Why a batch does not wait for more items** (``max_wait_s`` = 0 by default). A replay's time T does not depend on
+how full its budget is (data/bench/latency_h200.json: every layout replays in at most 1.000× its full batch's time)
+and grows slowly from one small budget to the next, so batching buys a share of T. Holding a lone request for w
+delays it by w; a request arriving in that window (probability ≈ λw for Poisson arrivals at rate λ) then shares its
+replay instead of waiting up to T for it and T for its own, which saves it T − w. The wait pays when λw(T − w) > w,
+i.e. λ(T − w) > 1: only when requests arrive faster than one per replay, where the worker is never idle, a queue
+forms by itself and every batch takes what arrived during the previous one. Below that the wait is pure latency:
+with T = 3.4 ms (one 8-frame 224² clip replayed graph-compiled on the H200, README) a wait of 1 ms is 30 % on a lone
+request, all the margin of a low-load target of a median ≤ 1.3× a lone request's. ``max_wait_s`` > 0 keeps an
+under-full batch open that long, for arrivals known to come in bursts.
+
+**Drain**: :meth:`~BatchScheduler.close` refuses new requests at once, lets every admitted one finish, then stops
+the worker. :meth:`~BatchScheduler.stats` reports queue delays, batch sizes and padding.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .graphs import EncoderGraphRunner
+from .model import GlmVisionEncoder
+from .packing import BudgetConfig
+
+Encode = Callable[[torch.Tensor, np.ndarray], list[torch.Tensor]]
+DELAY_SAMPLES = 10_000  # queue delays and batch sizes kept for the percentiles: the most recent ones
+DEFAULT_MAX_REQUESTS = 256
+
+
+class QueueFull(RuntimeError):
+    """The scheduler holds as many requests (or tokens) as it may: retry later (HTTP 429)."""
+
+
+class SchedulerClosed(RuntimeError):
+    """The scheduler is draining or stopped and takes no new requests (HTTP 503)."""
+
+
+class RequestTooLarge(ValueError):
+    """One request holds more tokens than the whole queue may (HTTP 413): it can never be admitted."""
+
+
+class ResultMismatch(RuntimeError):
+    """A batch returned outputs that do not match its items (count or shape): nothing of it was handed out."""
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    """What one request gets back: its outputs in input order, and where its time went (seconds)."""
+
+    request_id: int
+    outputs: list[torch.Tensor]
+    queue_s: float  # from admission to the start of the first batch holding one of its items
+    total_s: float  # from admission to the last of its items encoded
+    batches: tuple[int, ...]  # the ids of the batches its items ran in
+
+
+def fits(limits: BudgetConfig, items: int, tokens: int, segments: int) -> bool:
+    """Whether a batch of ``items`` items, ``tokens`` tokens and ``segments`` segments is within ``limits``."""
+    return items <= limits.max_items and tokens <= limits.largest and segments <= limits.max_segments
+
+
+def eager_encoder(model: GlmVisionEncoder) -> Encode:
+    """The eager baseline as a scheduler encoder: one ``model.forward`` per batch, split per item, finished.
+
+    Synchronises on CUDA before returning, as ``EncoderGraphRunner.run`` does, so results are ready for any thread.
+    """
+    merge_area = model.config.merge_area
+
+    def encode(pixels: torch.Tensor, grids: np.ndarray) -> list[torch.Tensor]:
+        with torch.inference_mode():
+            out = model(pixels, grids, check_finite=False)
+            # Clones, as the runner hands out: no request keeps the batch's tensor (or another's rows) alive.
+            parts = [part.clone() for part in out.split([int(t * h * w) // merge_area for t, h, w in grids])]
+        if out.device.type == "cuda":
+            torch.cuda.current_stream(out.device).synchronize()
+        return parts
+
+    return encode
+
+
+_streams = threading.local()
+
+
+def _side_stream(device: torch.device) -> "torch.cuda.Stream":
+    """A CUDA stream of this thread's own, so its copies overlap the worker's replays on the default stream."""
+    streams = _streams.__dict__.setdefault("by_device", {})
+    if device not in streams:
+        streams[device] = torch.cuda.Stream(device)
+    return streams[device]
+
+
+def stage(pixels: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``pixels`` on ``device`` in ``dtype``, finished: safe to hand to another thread.
+
+    On CUDA the copy runs on this thread's own stream (not behind the replays queued on the default stream), and
+    the stream is synchronised before returning. The conversion rounds as the runner's copy into its bfloat16
+    buffer (or the eager forward's cast) would, so staged pixels give bitwise the results unstaged ones give.
+    """
+    if device.type != "cuda" or (pixels.device == device and pixels.dtype == dtype):
+        return pixels.to(device=device, dtype=dtype)
+    stream = _side_stream(device)
+    with torch.cuda.stream(stream):
+        out = pixels.to(device=device, dtype=dtype)
+    stream.synchronize()
+    return out
+
+
+def host_copy(tensors: list[torch.Tensor], dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    """Contiguous CPU copies of finished device tensors in ``dtype`` (on CUDA through this thread's own stream)."""
+    if not tensors or tensors[0].device.type != "cuda":
+        return [t.to(dtype).contiguous() for t in tensors]
+    with torch.cuda.stream(_side_stream(tensors[0].device)):
+        return [t.to(dtype).cpu() for t in tensors]
+
+
+@dataclass(eq=False)
+class _Request:
+    id: int
+    pixels: torch.Tensor
+    grids: np.ndarray
+    tokens: list[int]
+    segments: list[int]
+    row_start: np.ndarray
+    admitted: float
+    future: Future
+    outputs: list[torch.Tensor | None] = field(default_factory=list)
+    remaining: int = 0
+    started: float | None = None
+    batches: list[int] = field(default_factory=list)
+    finished: bool = False
+
+
+@dataclass(eq=False)
+class _Batch:
+    id: int
+    slots: list[tuple[_Request, int]] = field(default_factory=list)
+    tokens: int = 0
+    segments: int = 0
+    full: bool = False  # nothing more may join
+
+
+@dataclass
+class SchedulerStats:
+    """Counters since construction. Queue delays and batch sizes keep the most recent ``DELAY_SAMPLES``."""
+
+    submitted: int = 0
+    completed: int = 0
+    failed: int = 0
+    rejected_full: int = 0
+    rejected_closed: int = 0
+    batches: int = 0
+    failed_batches: int = 0
+    items: int = 0
+    tokens: int = 0
+    mixed_batches: int = 0  # batches holding items of two or more requests
+    alone_batches: int = 0  # an item no budget holds, run alone (eagerly, by the runner)
+    # Σ over the other batches of the smallest budget holding them: what packing pads to (the runner's own stats say
+    # what it replayed, if it routes a batch eagerly)
+    budget_tokens: int = 0
+    packed_tokens: int = 0  # Σ tokens of those batches
+    busy_s: float = 0.0  # wall time inside the encoder
+    queue_ms: collections.deque = field(default_factory=lambda: collections.deque(maxlen=DELAY_SAMPLES))
+    batch_items: collections.deque = field(default_factory=lambda: collections.deque(maxlen=DELAY_SAMPLES))
+
+
+def _summary(values) -> dict[str, float | None]:
+    a = np.asarray(values, dtype=np.float64)
+    if a.size == 0:
+        return {"mean": None, "median": None, "p99": None, "max": None}
+    return {"mean": float(a.mean()), "median": float(np.median(a)), "p99": float(np.percentile(a, 99)),
+            "max": float(a.max())}
+
+
+class BatchScheduler:
+    """Batch the items of concurrent requests into the encoder's budgets (see the module docstring).
+
+    ``encoder``: a captured :class:`~glmvit.graphs.EncoderGraphRunner` (its ``config`` gives the batch limits), or
+    a :class:`~glmvit.model.GlmVisionEncoder` run eagerly under ``limits`` (the same limits as a runner's, for a
+    fair baseline). The scheduler's worker must be the only caller of the encoder while it runs.
+    ``max_requests`` and ``max_tokens`` bound what is admitted and not yet answered (queued or running); a request
+    of more tokens than ``max_tokens`` can never be admitted (ValueError). ``start=False`` admits requests without
+    running them until :meth:`start` (to fill the queue first, e.g. in a test or a notebook).
+    """
+
+    def __init__(self, encoder: EncoderGraphRunner | GlmVisionEncoder, limits: BudgetConfig | None = None, *,
+                 max_wait_s: float = 0.0, max_requests: int = DEFAULT_MAX_REQUESTS, max_tokens: int | None = None,
+                 start: bool = True):
+        if isinstance(encoder, EncoderGraphRunner):
+            runner = encoder
+            self.model, self.limits = runner.model, limits or runner.config
+            self._encode: Encode = lambda pixels, grids: runner.run(pixels, grids, check_finite=False)
+            self.mode = "graph" if runner.backend == "cuda" else "graph-emulated"
+            if runner.compiled:
+                self.mode += "-compiled"
+        elif isinstance(encoder, GlmVisionEncoder):
+            if limits is None:
+                raise ValueError("an eager model needs limits (a BudgetConfig): the batches a runner would take")
+            self.model, self.limits, self._encode, self.mode = encoder, limits, eager_encoder(encoder), "eager"
+        else:
+            raise TypeError(f"expected an EncoderGraphRunner or a GlmVisionEncoder, got {type(encoder).__name__}")
+        if not (isinstance(max_wait_s, (int, float)) and 0 <= max_wait_s <= 1):
+            raise ValueError(f"max_wait_s must be in [0, 1] seconds, got {max_wait_s!r}")
+        if isinstance(max_requests, bool) or not isinstance(max_requests, int) or max_requests < 1:
+            raise ValueError(f"max_requests must be a positive integer, got {max_requests!r}")
+        self.max_wait_s = float(max_wait_s)
+        self.max_requests = max_requests
+        self.max_tokens = max_tokens if max_tokens is not None else 64 * self.limits.largest
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        self._cond = threading.Condition()
+        self._pending: collections.deque[tuple[_Request, int]] = collections.deque()
+        self._outstanding = 0  # admitted, not yet answered
+        self._outstanding_tokens = 0
+        self._staging = 0  # admitted, pixels still being staged (not yet queued)
+        self._closing = False
+        self._next_request = 0
+        self._next_batch = 0
+        self._stats = SchedulerStats()
+        self._started_at = time.perf_counter()
+        self._worker = threading.Thread(target=self._loop, name="glmvit-scheduler", daemon=True)
+        self._worker_started = False
+        if start:
+            self.start()
+
+    # ---- the callers' side ---------------------------------------------------------------------------------
+    def start(self) -> "BatchScheduler":
+        """Start the worker (once; the constructor does unless ``start=False``)."""
+        with self._cond:
+            if not self._worker_started:
+                self._worker_started = True
+                self._started_at = time.perf_counter()
+                self._worker.start()
+        return self
+
+    @property
+    def accepting(self) -> bool:
+        return not self._closing
+
+    def submit(self, pixel_values: torch.Tensor, grid_thw) -> Future:
+        """Admit one request; the future resolves to its :class:`RequestResult` (or its error).
+
+        Raises at once: ValueError for bad input (naming the item), :class:`RequestTooLarge`, :class:`QueueFull`,
+        :class:`SchedulerClosed`. Pixels already on the model's device in its dtype are used
+        as they are: leave them unchanged until the future resolves.
+        """
+        grids = self.model.check_inputs(pixel_values, grid_thw)
+        merge_area = self.model.config.merge_area
+        rows = (grids[:, 0] * grids[:, 1] * grids[:, 2]).astype(np.int64)
+        tokens = [int(r) // merge_area for r in rows]
+        total = sum(tokens)
+        if total > self.max_tokens:
+            raise RequestTooLarge(f"the request has {total:,} tokens, more than the queue holds "
+                                  f"({self.max_tokens:,}): split it")
+        with self._cond:
+            if self._closing:
+                self._stats.rejected_closed += 1
+                raise SchedulerClosed("the encoder is shutting down and takes no new requests")
+            if self._outstanding >= self.max_requests or self._outstanding_tokens + total > self.max_tokens:
+                self._stats.rejected_full += 1
+                raise QueueFull(f"the queue is full ({self._outstanding} requests, {self._outstanding_tokens:,} "
+                                f"tokens waiting; at most {self.max_requests} requests, {self.max_tokens:,} tokens)"
+                                "; retry later")
+            self._outstanding += 1
+            self._outstanding_tokens += total
+            self._staging += 1
+            request_id = self._next_request
+            self._next_request += 1
+            self._stats.submitted += 1
+        future: Future = Future()
+        try:
+            pixels = stage(pixel_values, self.model.device, self.model.dtype)
+        except BaseException:
+            with self._cond:
+                self._release(total)
+                self._staging -= 1
+                self._cond.notify_all()
+            raise
+        request = _Request(request_id, pixels, grids, tokens, grids[:, 0].astype(int).tolist(),
+                           np.concatenate([[0], np.cumsum(rows)]), time.perf_counter(), future,
+                           outputs=[None] * len(tokens), remaining=len(tokens))
+        with self._cond:
+            self._staging -= 1
+            orphaned = self._closing and not self._worker_started  # closed, never started, while it was staged
+            if orphaned:
+                self._fail(request)
+            elif tokens:
+                self._pending.extend((request, i) for i in range(len(tokens)))
+            else:
+                self._release(0)
+                self._stats.completed += 1
+            self._cond.notify_all()
+        if orphaned:
+            future.set_exception(SchedulerClosed("the scheduler was closed before it started"))
+        elif not tokens:
+            future.set_result(RequestResult(request_id, [], 0.0, 0.0, ()))
+        return future
+
+    def encode(self, pixel_values: torch.Tensor, grid_thw, timeout: float | None = None) -> RequestResult:
+        """:meth:`submit` and wait for the result."""
+        return self.submit(pixel_values, grid_thw).result(timeout)
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Refuse new requests, finish every admitted one, stop the worker; True if it stopped within ``timeout``.
+
+        Without a started worker, admitted requests fail with :class:`SchedulerClosed`.
+        """
+        unstarted: list[_Request] = []
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+            started = self._worker_started
+            while self._pending and not started:
+                request, _ = self._pending.popleft()
+                if not request.finished:
+                    self._fail(request)
+                    unstarted.append(request)
+        for request in unstarted:
+            request.future.set_exception(SchedulerClosed("the scheduler was closed before it started"))
+        if started:
+            self._worker.join(timeout)
+            return not self._worker.is_alive()
+        return True
+
+    def __enter__(self) -> "BatchScheduler":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def stats(self) -> dict:
+        """A snapshot: counters, queue delays (ms) and batch sizes over the recent samples, padding, utilisation."""
+        with self._cond:
+            s = self._stats
+            elapsed = time.perf_counter() - self._started_at
+            snapshot = {k: v for k, v in vars(s).items() if not isinstance(v, collections.deque)}
+            snapshot.update(
+                mode=self.mode, accepting=not self._closing, outstanding_requests=self._outstanding,
+                outstanding_tokens=self._outstanding_tokens, queued_items=len(self._pending),
+                max_requests=self.max_requests, max_tokens=self.max_tokens, max_wait_s=self.max_wait_s,
+                limits={"token_budgets": list(self.limits.token_budgets), "max_items": self.limits.max_items,
+                        "max_segments": self.limits.max_segments},
+                queue_ms=_summary(s.queue_ms), batch_items=_summary(s.batch_items),
+                padding_fraction=1 - s.packed_tokens / s.budget_tokens if s.budget_tokens else 0.0,
+                utilisation=s.busy_s / elapsed if elapsed > 0 else 0.0, uptime_s=elapsed,
+            )
+        return snapshot
+
+    # ---- the worker ----------------------------------------------------------------------------------------
+    def _release(self, tokens: int) -> None:
+        self._outstanding -= 1
+        self._outstanding_tokens -= tokens
+
+    def _fail(self, request: _Request) -> None:
+        """Count ``request`` as answered with an error (under the lock); the caller sets the future's exception."""
+        request.finished = True
+        self._release(sum(request.tokens))
+        self._stats.failed += 1
+
+    def _fill(self, batch: _Batch) -> None:
+        """Move items from the head of the queue into ``batch`` while they fit (under the lock)."""
+        while self._pending and not batch.full:
+            request, i = self._pending[0]
+            if request.finished:  # failed in an earlier batch: its other items are not worth encoding
+                self._pending.popleft()
+                continue
+            tokens, segments = request.tokens[i], request.segments[i]
+            if not fits(self.limits, len(batch.slots) + 1, batch.tokens + tokens, batch.segments + segments):
+                batch.full = True
+                if batch.slots:
+                    break  # else it is an item no batch holds (the runner runs it eagerly): a batch of its own
+            self._pending.popleft()
+            batch.slots.append((request, i))
+            batch.tokens += tokens
+            batch.segments += segments
+            lim = self.limits
+            if len(batch.slots) == lim.max_items or batch.tokens >= lim.largest or batch.segments >= lim.max_segments:
+                batch.full = True
+
+    def _take(self) -> _Batch | None:
+        """The next batch (blocking until there is one); None once closing and everything admitted is answered."""
+        with self._cond:
+            while True:
+                while not self._pending:
+                    if self._closing and self._staging == 0:
+                        return None
+                    self._cond.wait()
+                batch = _Batch(self._next_batch)
+                self._fill(batch)
+                deadline = time.perf_counter() + self.max_wait_s
+                while not batch.full and not self._closing and self.max_wait_s > 0:
+                    left = deadline - time.perf_counter()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                    self._fill(batch)
+                if batch.slots:  # empty when every queued item belonged to a failed request
+                    self._next_batch += 1
+                    return batch
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._take()
+            if batch is None:
+                return
+            self._run(batch)
+
+    def _run(self, batch: _Batch) -> None:
+        start = time.perf_counter()
+        requests = list(dict.fromkeys(request for request, _ in batch.slots))
+        for request in requests:
+            if request.started is None:
+                request.started = start
+            request.batches.append(batch.id)
+        try:
+            pixels = self._gather(batch)
+            grids = np.stack([request.grids[i] for request, i in batch.slots])
+            outputs = self._encode(pixels, grids)
+            self._check(batch, outputs)
+        except Exception as err:  # noqa: BLE001 - the batch's requests get the error; the worker goes on
+            with self._cond:
+                self._stats.failed_batches += 1
+                failed = [request for request in requests if not request.finished]
+                for request in failed:
+                    self._fail(request)
+                self._cond.notify_all()
+            for request in failed:
+                request.future.set_exception(err)
+            return
+        done = time.perf_counter()
+        self._deliver(batch, outputs, requests, start, done)
+
+    def _gather(self, batch: _Batch) -> torch.Tensor:
+        chunks = []
+        for request, i in batch.slots:
+            a, b = int(request.row_start[i]), int(request.row_start[i + 1])
+            chunks.append(request.pixels[a:b])
+        if chunks[0].device.type == "cuda":  # staged on another thread's stream: keep it until the worker is done
+            stream = torch.cuda.current_stream(chunks[0].device)
+            for request in dict.fromkeys(request for request, _ in batch.slots):
+                request.pixels.record_stream(stream)
+        return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+
+    def _check(self, batch: _Batch, outputs: list[torch.Tensor]) -> None:
+        width = self.model.config.out_hidden_size
+        if len(outputs) != len(batch.slots):
+            raise ResultMismatch(f"batch {batch.id}: {len(batch.slots)} items but {len(outputs)} outputs")
+        for (request, i), out in zip(batch.slots, outputs, strict=True):
+            if tuple(out.shape) != (request.tokens[i], width):
+                raise ResultMismatch(f"batch {batch.id}: request {request.id} item {i} should be "
+                                     f"[{request.tokens[i]}, {width}] but got {list(out.shape)}")
+
+    def _deliver(self, batch: _Batch, outputs: list[torch.Tensor], requests: list[_Request], start: float,
+                 done: float) -> None:
+        answers: list[tuple[_Request, RequestResult | BaseException]] = []
+        for (request, i), out in zip(batch.slots, outputs, strict=True):
+            if request.finished:
+                continue
+            if request.outputs[i] is not None:
+                answers.append((request, ResultMismatch(f"request {request.id} item {i} was encoded twice")))
+                request.finished = True
+                continue
+            request.outputs[i] = out
+            request.remaining -= 1
+        for request in requests:
+            if request.finished or request.remaining:
+                continue
+            outs = [o for o in request.outputs if o is not None]
+            if len(outs) != len(request.tokens):  # cannot happen unless the bookkeeping above is wrong
+                answers.append((request, ResultMismatch(f"request {request.id}: {len(outs)} of "
+                                                        f"{len(request.tokens)} items came back")))
+            else:
+                queue_s = (request.started or start) - request.admitted
+                answers.append((request, RequestResult(request.id, outs, queue_s, done - request.admitted,
+                                                       tuple(request.batches))))
+            request.finished = True
+        with self._cond:
+            s = self._stats
+            s.batches += 1
+            s.items += len(batch.slots)
+            s.tokens += batch.tokens
+            s.busy_s += done - start
+            s.batch_items.append(len(batch.slots))
+            s.mixed_batches += len(requests) > 1
+            budget = self.limits.budget_for(batch.tokens) if batch.segments <= self.limits.max_segments else None
+            if budget is None:
+                s.alone_batches += 1
+            else:
+                s.budget_tokens += budget
+                s.packed_tokens += batch.tokens
+            for request in requests:
+                if request.batches[0] == batch.id:
+                    s.queue_ms.append((start - request.admitted) * 1e3)
+            for request, answer in answers:
+                self._release(sum(request.tokens))
+                if isinstance(answer, RequestResult):
+                    s.completed += 1
+                else:
+                    s.failed += 1
+            self._cond.notify_all()
+        for request, answer in answers:  # outside the lock: callbacks run here
+            if isinstance(answer, RequestResult):
+                request.future.set_result(answer)
+            else:
+                request.future.set_exception(answer)

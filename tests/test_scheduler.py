@@ -1,0 +1,336 @@
+"""BatchScheduler on CPU (tiny tower, fp32, the runner's emulate backend): many concurrent submitters, each request
+gets exactly its own items back, batches respect the limits, back-pressure, drain and failures are typed.
+
+Why the first test asks for bitwise equality: with one budget every batch the runner runs has the same shape
+(budget·m² rows), so each matmul, norm and the per-segment attention (the CPU default backend) of an item's rows
+runs at the same sizes with the same reduction order whether the rest of the batch holds other requests' items,
+the same request's or padding; rows never reach each other (tests/test_isolation.py). Only other batch shapes
+(another budget, or the eager model on an unpadded batch) change the summation order: there the bound is the one
+tests/test_graphs.py holds the runner to against the forward of each item alone.
+"""
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from glmvit import VisionConfig
+from glmvit.graphs import EncoderGraphRunner
+from glmvit.packing import BudgetConfig
+from glmvit.scheduler import BatchScheduler, QueueFull, RequestTooLarge, ResultMismatch, SchedulerClosed
+from glmvit.workloads import random_batch
+
+ONE_BUDGET = BudgetConfig(token_budgets=(32,), max_items=4, max_segments=8)
+LADDER = BudgetConfig(token_budgets=(8, 16, 32), max_items=4, max_segments=8)
+FORWARD_ATOL = 1e-5  # tests/test_graphs.py: the runner against the forward of each item alone, fp32
+TIMEOUT = 60  # seconds any wait in these tests may take at most (a hang fails instead of blocking CI)
+TINY = VisionConfig.tiny()
+
+
+def random_request(seed: int):
+    """1–3 items: images, 2–3 frame clips, now and then one no budget holds (runs alone, eagerly)."""
+    rng = np.random.default_rng(seed)
+    grids = []
+    for _ in range(int(rng.integers(1, 4))):
+        kind = rng.choice(["image", "video", "oversize"], p=[0.6, 0.3, 0.1])
+        h, w = (2 * rng.integers(1, 4, size=2)).tolist()
+        grids.append([1, 12, 12] if kind == "oversize" else [int(rng.integers(2, 4)) if kind == "video" else 1, h, w])
+    return random_batch(grids, TINY, seed=1000 + seed)
+
+
+def runner_for(model, config):
+    return EncoderGraphRunner(model, config, backend="emulate").capture()
+
+
+def submit_from_threads(scheduler, requests, threads=8):
+    """Submit ``requests`` from ``threads`` threads at once (request j from thread j mod threads); the futures."""
+    futures = [None] * len(requests)
+    barrier = threading.Barrier(threads)
+
+    def client(k):
+        barrier.wait()
+        for j in range(k, len(requests), threads):
+            futures[j] = scheduler.submit(*requests[j])
+
+    workers = [threading.Thread(target=client, args=(k,)) for k in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(TIMEOUT)
+    return futures
+
+
+def recording(scheduler):
+    """Wrap the scheduler's encoder so that every batch's grids are recorded."""
+    batches, encode = [], scheduler._encode
+
+    def wrapped(pixels, grids):
+        batches.append(grids.copy())
+        return encode(pixels, grids)
+
+    scheduler._encode = wrapped
+    return batches
+
+
+@pytest.mark.parametrize("paused", [True, False], ids=["queued-then-run", "live"])
+def test_concurrent_requests_get_exactly_their_own_items_bitwise(tiny_model, paused):
+    requests = [random_request(seed) for seed in range(48)]
+    alone = runner_for(tiny_model, ONE_BUDGET)
+    expected = [alone.run(*r) for r in requests]
+    scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), start=not paused)
+    futures = submit_from_threads(scheduler, requests)
+    scheduler.start()
+    results = [f.result(TIMEOUT) for f in futures]
+    scheduler.close(TIMEOUT)
+    assert sorted(r.request_id for r in results) == list(range(len(requests)))
+    for j, (result, want) in enumerate(zip(results, expected, strict=True)):
+        assert len(result.outputs) == len(want), j
+        for i, (got, ref) in enumerate(zip(result.outputs, want, strict=True)):
+            assert torch.equal(got, ref), f"request {j} item {i}"
+    stats = scheduler.stats()
+    assert stats["completed"] == len(requests) and stats["failed"] == 0 and stats["outstanding_requests"] == 0
+    if paused:  # everything was queued before the worker started: batches must mix requests
+        assert stats["mixed_batches"] > 0
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["runner-ladder", "eager-model"])
+def test_other_batch_shapes_stay_within_the_forward_bound(tiny_model, eager):
+    requests = [random_request(seed) for seed in range(100, 124)]
+    scheduler = BatchScheduler(tiny_model if eager else runner_for(tiny_model, LADDER), LADDER, start=False)
+    futures = submit_from_threads(scheduler, requests, threads=4)
+    scheduler.start()
+    for (pixels, grid), future in zip(requests, futures, strict=True):
+        outs, start = future.result(TIMEOUT).outputs, 0
+        for out, (t, h, w) in zip(outs, grid.tolist(), strict=True):
+            with torch.inference_mode():
+                ref = tiny_model(pixels[start : start + t * h * w], torch.tensor([[t, h, w]]))
+            start += t * h * w
+            torch.testing.assert_close(out, ref, atol=FORWARD_ATOL, rtol=FORWARD_ATOL)
+    assert scheduler.stats()["mixed_batches"] > 0
+    scheduler.close(TIMEOUT)
+
+
+def test_batches_respect_the_limits_and_keep_arrival_order(tiny_model):
+    requests = [random_request(seed) for seed in range(200, 240)]
+    scheduler = BatchScheduler(runner_for(tiny_model, LADDER), start=False)
+    batches = recording(scheduler)
+    futures = [scheduler.submit(*r) for r in requests]
+    scheduler.start()
+    for f in futures:
+        f.result(TIMEOUT)
+    scheduler.close(TIMEOUT)
+    for grids in batches:
+        tokens, segments = int((grids.prod(axis=1) // 4).sum()), int(grids[:, 0].sum())
+        alone = len(grids) == 1 and (tokens > LADDER.largest or segments > LADDER.max_segments)
+        assert alone or (len(grids) <= LADDER.max_items and tokens <= LADDER.largest
+                         and segments <= LADDER.max_segments), grids.tolist()
+    # next-fit in arrival order: the batches, read one after another, are the items in the order they came
+    assert np.concatenate(batches).tolist() == [g for _, grid in requests for g in grid.tolist()]
+    stats = scheduler.stats()
+    assert stats["items"] == sum(len(g) for g in batches) and stats["batches"] == len(batches)
+    assert stats["batch_items"]["max"] <= LADDER.max_items
+
+
+def test_padding_counts_the_budget_each_batch_packs_into(tiny_model):
+    scheduler = BatchScheduler(runner_for(tiny_model, LADDER), start=False)
+    future = scheduler.submit(*random_batch([[1, 4, 4], [1, 4, 6], [1, 2, 2]], TINY, seed=5))
+    scheduler.start()
+    future.result(TIMEOUT)
+    scheduler.close(TIMEOUT)
+    stats = scheduler.stats()  # 4 + 6 + 1 = 11 tokens: one batch in budget 16
+    assert (stats["batches"], stats["packed_tokens"], stats["budget_tokens"]) == (1, 11, 16)
+    assert stats["padding_fraction"] == pytest.approx(5 / 16)
+
+
+def test_the_queue_is_bounded_in_requests_and_tokens(tiny_model):
+    small = random_batch([[1, 2, 2]], TINY)  # 1 token
+    scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), max_requests=3, start=False)
+    futures = [scheduler.submit(*small) for _ in range(3)]
+    with pytest.raises(QueueFull, match="queue is full"):
+        scheduler.submit(*small)
+    scheduler.start()
+    for f in futures:
+        f.result(TIMEOUT)
+    scheduler.submit(*small).result(TIMEOUT)  # answered requests leave the queue
+    assert scheduler.stats()["rejected_full"] == 1
+    scheduler.close(TIMEOUT)
+
+    scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), max_tokens=40, start=False)
+    with pytest.raises(RequestTooLarge, match="more than the queue holds"):
+        scheduler.submit(*random_batch([[1, 14, 14]], TINY))  # 49 tokens: never
+    scheduler.submit(*random_batch([[1, 12, 12]], TINY))  # 36 tokens
+    scheduler.submit(*random_batch([[1, 4, 4]], TINY))  # 4 more: 40, full to the token
+    with pytest.raises(QueueFull, match="40 tokens waiting"):
+        scheduler.submit(*small)
+    scheduler.close(TIMEOUT)
+
+
+def test_bad_input_is_refused_at_once_naming_the_item(tiny_model):
+    scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET))
+    pixels, grid = random_batch([[1, 4, 4], [2, 2, 2], [1, 2, 4]], TINY)
+    pixels[20, 3] = float("nan")  # a row of item 1 (rows 16..23)
+    with pytest.raises(ValueError, match=r"item\(s\) \[1\]"):
+        scheduler.submit(pixels, grid)
+    with pytest.raises(ValueError, match="item 1: grid h×w = 3×2"):
+        scheduler.submit(*random_batch([[1, 2, 2], [1, 3, 2]], TINY))
+    with pytest.raises(ValueError, match="rows"):
+        scheduler.submit(pixels[:-1], grid)
+    assert scheduler.stats()["submitted"] == 0 and scheduler.stats()["outstanding_requests"] == 0
+    scheduler.close(TIMEOUT)
+
+
+def gate(scheduler):
+    """Make the encoder wait, inside its first batch, until the returned ``release`` event is set."""
+    entered, release, encode = threading.Event(), threading.Event(), scheduler._encode
+
+    def held(pixels, grids):
+        entered.set()
+        assert release.wait(TIMEOUT)
+        return encode(pixels, grids)
+
+    scheduler._encode = held
+    return entered, release
+
+
+def test_close_finishes_every_admitted_request_and_refuses_new_ones(tiny_model):
+    requests = [random_request(seed) for seed in range(300, 310)]
+    alone = runner_for(tiny_model, ONE_BUDGET)
+    scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET))
+    entered, release = gate(scheduler)
+    futures = [scheduler.submit(*r) for r in requests]
+    assert entered.wait(TIMEOUT)  # the first batch is running, the rest are queued
+    closer = threading.Thread(target=scheduler.close, args=(TIMEOUT,))
+    closer.start()
+    deadline = time.monotonic() + TIMEOUT
+    while scheduler.accepting and time.monotonic() < deadline:
+        time.sleep(0.001)
+    with pytest.raises(SchedulerClosed):
+        scheduler.submit(*requests[0])
+    release.set()
+    closer.join(TIMEOUT)
+    assert not closer.is_alive()
+    for request, future in zip(requests, futures, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(future.result(0).outputs, alone.run(*request), strict=True))
+    assert scheduler.stats()["rejected_closed"] == 1
+
+
+def test_closing_before_the_worker_starts_fails_what_was_admitted(tiny_model):
+    scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), start=False)
+    future = scheduler.submit(*random_request(1))
+    assert scheduler.close(TIMEOUT)
+    with pytest.raises(SchedulerClosed):
+        future.result(0)
+
+
+def test_a_failing_batch_fails_only_its_requests(tiny_model):
+    scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), start=False)
+    encode, calls = scheduler._encode, []
+
+    def first_fails(pixels, grids):
+        calls.append(len(grids))
+        if len(calls) == 1:
+            raise RuntimeError("device lost")
+        return encode(pixels, grids)
+
+    scheduler._encode = first_fails
+    one = random_batch([[1, 2, 2]], TINY)
+    futures = [scheduler.submit(*one) for _ in range(6)]  # 4 per batch (max_items): the first 4 fail
+    scheduler.start()
+    for f in futures[:4]:
+        with pytest.raises(RuntimeError, match="device lost"):
+            f.result(TIMEOUT)
+    assert all(torch.equal(f.result(TIMEOUT).outputs[0], futures[4].result(0).outputs[0]) for f in futures[4:])
+    stats = scheduler.stats()
+    assert (stats["failed"], stats["completed"], stats["failed_batches"]) == (4, 2, 1)
+    scheduler.close(TIMEOUT)
+
+
+@pytest.mark.parametrize("fault", ["dropped", "swapped"])
+def test_outputs_that_do_not_match_their_items_are_never_handed_out(tiny_model, fault):
+    scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), start=False)
+    encode = scheduler._encode
+
+    def faulty(pixels, grids):
+        outs = encode(pixels, grids)
+        return outs[:-1] if fault == "dropped" else outs[::-1]
+
+    scheduler._encode = faulty
+    futures = [scheduler.submit(*random_batch([[1, 2, 2]], TINY)),
+               scheduler.submit(*random_batch([[1, 4, 4]], TINY))]  # 1 and 4 tokens
+    scheduler.start()
+    for f in futures:
+        with pytest.raises(ResultMismatch):
+            f.result(TIMEOUT)
+    scheduler.close(TIMEOUT)
+
+
+def test_an_empty_request_is_answered_at_once(tiny_model):
+    scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), start=False)
+    result = scheduler.submit(torch.zeros(0, TINY.patch_dim), torch.zeros(0, 3, dtype=torch.long))
+    assert result.result(0).outputs == []
+    scheduler.close(TIMEOUT)
+
+
+def test_a_batch_waits_for_later_arrivals_when_asked(tiny_model):
+    """With max_wait_s the first request waits in an open batch; the fourth fills it (max_items) and it runs."""
+    scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), max_wait_s=1.0)
+    futures = [scheduler.submit(*random_batch([[1, 2, 2]], TINY, seed=k)) for k in range(4)]
+    assert [f.result(TIMEOUT).batches for f in futures] == [(0,)] * 4
+    scheduler.close(TIMEOUT)
+
+
+def test_arguments_are_checked(tiny_model):
+    with pytest.raises(ValueError, match="needs limits"):
+        BatchScheduler(tiny_model)
+    with pytest.raises(ValueError, match="max_wait_s"):
+        BatchScheduler(tiny_model, LADDER, max_wait_s=-1, start=False)
+    with pytest.raises(ValueError, match="max_requests"):
+        BatchScheduler(tiny_model, LADDER, max_requests=0, start=False)
+    with pytest.raises(TypeError):
+        BatchScheduler("model", LADDER)
+
+
+# ---- on CUDA (the lead's H200): real graphs, pixels staged from other threads' streams ---------------------------
+@pytest.fixture(scope="module")
+def full_cuda():
+    from glmvit.cli.common import build_model
+
+    model = build_model(VisionConfig.glm41v(), "cuda", torch.bfloat16)
+    yield model
+    del model
+    torch.cuda.empty_cache()
+
+
+CUDA_LIMITS = BudgetConfig((256, 1024), max_items=4, max_segments=16)
+
+
+def cuda_requests(n):
+    """Images and 8-frame 224² clips, 1–2 per request, as float32 CPU rows (what the server hands the scheduler)."""
+    rng = np.random.default_rng(0)
+    shapes = [[1, 16, 16], [4, 16, 16], [1, 10, 14], [2, 12, 12]]
+    return [random_batch([shapes[k] for k in rng.integers(0, 4, size=int(rng.integers(1, 3)))], VisionConfig(),
+                         seed=j) for j in range(n)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
+def test_cuda_scheduler_serves_concurrent_submitters(full_cuda, eager):
+    """Each item within tests/test_gpu.py's bound for another batch composition of model.forward on it alone."""
+    from tests.test_gpu import assert_bf16_batch_close
+
+    encoder = full_cuda if eager else EncoderGraphRunner(full_cuda, CUDA_LIMITS, backend="cuda").capture()
+    requests = cuda_requests(24)
+    scheduler = BatchScheduler(encoder, CUDA_LIMITS, start=False)
+    futures = submit_from_threads(scheduler, requests, threads=6)
+    scheduler.start()
+    for (pixels, grid), future in zip(requests, futures, strict=True):
+        outs, start = future.result(TIMEOUT).outputs, 0
+        for out, (t, h, w) in zip(outs, grid.tolist(), strict=True):
+            assert out.device.type == "cuda"
+            with torch.inference_mode():
+                ref = full_cuda(pixels[start : start + t * h * w].cuda(), torch.tensor([[t, h, w]]))
+            start += t * h * w
+            assert_bf16_batch_close(out, ref)
+    assert scheduler.stats()["mixed_batches"] > 0
+    scheduler.close(TIMEOUT)

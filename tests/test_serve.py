@@ -1,0 +1,475 @@
+"""glmvit serve on CPU: the real aiohttp server on 127.0.0.1 (an ephemeral port), driven over HTTP by concurrent
+clients. Files come back as ``encode --out`` writes them; pixel rows of concurrent clients come back bitwise as
+requests encoded alone (why bitwise: tests/test_scheduler.py); overload, bad input and shutdown mid-request answer as
+the server promises. No traffic leaves the loopback interface; every wait is bounded."""
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load, save
+
+from glmvit import VisionConfig
+from glmvit.cli import main as cli_main
+from glmvit.cli.common import resolve_model_args
+from glmvit.cli.serve import build_parser, build_service
+from glmvit.cli.serve_app import EncoderService, HttpLimits, ServerThread
+from glmvit.graphs import EncoderGraphRunner
+from glmvit.packing import BudgetConfig
+from glmvit.scheduler import BatchScheduler
+from glmvit.workloads import random_batch
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = VisionConfig.tiny()
+ONE_BUDGET = BudgetConfig(token_budgets=(32,), max_items=4, max_segments=8)
+TIMEOUT = 60
+SAFETENSORS = {"Content-Type": "application/x-safetensors"}
+pytestmark = pytest.mark.timeout(300)
+
+
+def pixel_body(pixels, grid):
+    return save({"pixel_values": pixels.contiguous(), "grid_thw": grid.contiguous()})
+
+
+def random_request(seed):
+    rng = np.random.default_rng(seed)
+    grids = [[int(rng.choice([1, 1, 2])), *(2 * rng.integers(1, 4, size=2)).tolist()]
+             for _ in range(int(rng.integers(1, 4)))]
+    return random_batch(grids, TINY, seed=500 + seed)
+
+
+def service_for(model, start=True, limits=None, config=ONE_BUDGET, **scheduler_args):
+    runner = EncoderGraphRunner(model, config, backend="emulate").capture()
+    scheduler = BatchScheduler(runner, start=start, **scheduler_args)
+    return EncoderService(scheduler, {"description": "tiny test tower"}, {"command": "test"}, limits or HttpLimits(),
+                          threads=2)
+
+
+def run(coroutine):
+    return asyncio.run(asyncio.wait_for(coroutine, TIMEOUT))
+
+
+async def post(session, url, body, headers=SAFETENSORS, **kw):
+    async with session.post(url + "/v1/encode", data=body, headers=headers, **kw) as response:
+        return response.status, response.headers.copy(), await response.read()
+
+
+def error_of(status_body):
+    status, _, body = status_body
+    return status, json.loads(body)["error"]
+
+
+def wait_until(condition, what):
+    deadline = time.monotonic() + TIMEOUT
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+def test_files_come_back_as_encode_out_writes_them(tmp_path, capsys):
+    files = [ROOT / "data/images/coffee.jpg", ROOT / "data/clip.gif"]
+    dest = tmp_path / "emb.safetensors"
+    assert cli_main(["encode", *map(str, files), "--out", str(dest), "--device", "cpu", "--quiet"]) == 0
+    parser = build_parser()  # the same model: tiny tower, random weights of seed 0, fp32, CPU
+    args = parser.parse_args(["--device", "cpu", "--budgets", "32", "--no-measure-floor", "--quiet"])
+    resolve_model_args(parser, args)
+    with ServerThread(build_service(args, "test")) as server:  # every sample item exceeds budget 32: eager, alone
+        async def send():
+            form = aiohttp.FormData()
+            for path in files:
+                form.add_field("file", path.read_bytes(), filename=path.name)
+            async with aiohttp.ClientSession() as session:
+                return await post(session, server.url, form, headers={})
+        status, headers, body = run(send())
+    assert status == 200 and headers["Content-Type"] == "application/x-safetensors", body[:300]
+    got, want = load(body), load(dest.read_bytes())
+    assert sorted(got) == sorted(want) == ["item_0", "item_1"]
+    assert all(torch.equal(got[k], want[k]) and got[k].dtype == torch.float32 for k in want)
+    served = json.loads(file_metadata_of(body)["item_1"])
+    written = json.loads(file_metadata_of(dest.read_bytes())["item_1"])
+    assert served.pop("source") == "clip.gif" and written.pop("source") == str(files[1].resolve())
+    assert served == written and served["kind"] == "video" and served["timestamps"]
+    for key in ("vision_config", "dtype", "weights", "device", "description"):
+        assert file_metadata_of(body)[key] == file_metadata_of(dest.read_bytes())[key], key
+
+
+def file_metadata_of(data: bytes) -> dict:
+    header = int.from_bytes(data[:8], "little")
+    return json.loads(data[8 : 8 + header])["__metadata__"]
+
+
+def test_concurrent_clients_get_exactly_their_own_items(tiny_model):
+    requests = [random_request(seed) for seed in range(32)]
+    alone = EncoderGraphRunner(tiny_model, ONE_BUDGET, backend="emulate").capture()
+    expected = [alone.run(*r) for r in requests]
+    service = service_for(tiny_model, start=False)  # the worker starts once every request is queued: they mix
+    with ServerThread(service) as server:
+        async def clients():
+            async with aiohttp.ClientSession() as session:
+                async def client(k):
+                    return [await post(session, server.url, pixel_body(*requests[j]))
+                            for j in range(k, len(requests), 8)]
+                tasks = [asyncio.create_task(client(k)) for k in range(8)]
+                await asyncio.to_thread(wait_until, lambda: service.scheduler.stats()["outstanding_requests"] == 8,
+                                        "the first request of every client to be queued")
+                service.scheduler.start()
+                return await asyncio.gather(*tasks)
+        answers = run(clients())
+    ids = set()
+    for k, per_client in enumerate(answers):
+        for n, (status, headers, body) in enumerate(per_client):
+            j = k + 8 * n
+            assert status == 200, body
+            got = load(body)
+            assert len(got) == len(expected[j])
+            assert all(torch.equal(got[f"item_{i}"], ref) for i, ref in enumerate(expected[j])), f"request {j}"
+            ids.add(headers["X-Request-Id"])
+            assert float(headers["X-Queue-Delay-Ms"]) >= 0
+    assert len(ids) == len(requests)
+    assert service.scheduler.stats()["mixed_batches"] > 0
+
+
+def test_overload_is_429_with_a_reason(tiny_model):
+    service = service_for(tiny_model, start=False, max_requests=2)
+    small = pixel_body(*random_batch([[1, 2, 2]], TINY))
+    with ServerThread(service) as server:
+        async def overload():
+            async with aiohttp.ClientSession() as session:
+                queued = [asyncio.create_task(post(session, server.url, small)) for _ in range(2)]
+                await asyncio.to_thread(wait_until, lambda: service.scheduler.stats()["outstanding_requests"] == 2,
+                                        "two queued requests")
+                refused = await post(session, server.url, small)
+                service.scheduler.start()
+                return refused, await asyncio.gather(*queued)
+        (status, headers, body), done = run(overload())
+    assert status == 429 and headers["Retry-After"] == "1" and "queue is full" in json.loads(body)["error"]
+    assert [s for s, _, _ in done] == [200, 200]
+
+
+def test_the_server_refuses_requests_past_its_own_bound_before_reading_them(tiny_model):
+    service = service_for(tiny_model, start=False, limits=HttpLimits(max_requests=1))
+    small = pixel_body(*random_batch([[1, 2, 2]], TINY))
+    with ServerThread(service) as server:
+        async def two():
+            async with aiohttp.ClientSession() as session:
+                first = asyncio.create_task(post(session, server.url, small))
+                await asyncio.to_thread(wait_until, lambda: service.in_server == 1, "one request in the server")
+                second = await post(session, server.url, small)
+                service.scheduler.start()
+                return second, await first
+        second, first = run(two())
+    assert error_of(second)[0] == 429 and "at most 1" in error_of(second)[1]
+    assert first[0] == 200
+
+
+BAD_PIXELS = [
+    ("nan", 400, r"item(s) [1]"),
+    ("grid", 400, "item 1: grid h×w = 3×2"),
+    ("rows", 400, "rows but grid_thw needs"),
+    ("keys", 400, "exactly pixel_values and grid_thw"),
+    ("dtype", 400, "pixel_values must be float32"),
+    ("float grid", 400, "grid_thw must hold integers"),
+    ("garbage", 400, "not a safetensors file"),
+    ("empty", 400, "no items"),
+    ("too many", 413, "5 items in one request: at most 4"),
+]
+
+
+def bad_pixel_body(kind):
+    pixels, grid = random_batch([[1, 4, 4], [2, 2, 2]], TINY)
+    if kind == "nan":
+        pixels[20, 0] = float("nan")  # a row of item 1
+    if kind == "grid":
+        return pixel_body(*random_batch([[1, 2, 2], [1, 3, 2]], TINY))
+    if kind == "rows":
+        pixels = pixels[:-1]
+    if kind == "keys":
+        return save({"pixel_values": pixels, "grid_thw": grid, "extra": grid.clone()})
+    if kind == "dtype":
+        pixels = pixels.double()
+    if kind == "float grid":
+        grid = grid.float()
+    if kind == "garbage":
+        return b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}"
+    if kind == "empty":
+        return pixel_body(torch.zeros(0, TINY.patch_dim), torch.zeros(0, 3, dtype=torch.long))
+    if kind == "too many":
+        return pixel_body(*random_batch([[1, 2, 2]] * 5, TINY))
+    return pixel_body(pixels, grid)
+
+
+def test_bad_input_is_a_4xx_that_names_the_item_or_file(tiny_model):
+    service = service_for(tiny_model, limits=HttpLimits(max_body_bytes=2**20, max_items=4))
+    jpeg = (ROOT / "data/images/coffee.jpg").read_bytes()
+    with ServerThread(service) as server:
+        async def send_all():
+            async with aiohttp.ClientSession() as session:
+                answers = {kind: await post(session, server.url, bad_pixel_body(kind)) for kind, _, _ in BAD_PIXELS}
+                for name, data in (("notes.txt", b"hello"), ("broken.png", jpeg[:200]), ("../../etc/x.jpg", b"")):
+                    form = aiohttp.FormData()
+                    form.add_field("file", jpeg, filename="fine.jpg")
+                    form.add_field("file", data, filename=name)
+                    answers[name] = await post(session, server.url, form, headers={})
+                answers["json"] = await post(session, server.url, b"{}", headers={"Content-Type": "application/json"})
+                answers["huge"] = await post(session, server.url, b"\0" * (2**20 + 1))
+                answers["dtype query"] = await post(session, server.url, bad_pixel_body("ok"), params={"dtype": "x"})
+                form = aiohttp.FormData()
+                form.add_field("a", "b", content_type="text/plain")  # a multipart field without a filename
+                answers["no file"] = await post(session, server.url, form, headers={})
+                return answers
+        answers = run(send_all())
+    for kind, status, words in BAD_PIXELS:
+        assert error_of(answers[kind])[0] == status and words in error_of(answers[kind])[1], (kind, answers[kind])
+    expected = {"notes.txt": (400, "file 1 (notes.txt): unsupported file type '.txt'"),
+                "broken.png": (400, "file 1 (broken.png): "), "../../etc/x.jpg": (400, "file 1 (x.jpg): empty file"),
+                "json": (415, "content type 'application/json'"), "huge": (413, "at most 1,048,576"),
+                "dtype query": (400, "dtype must be float32 or model"), "no file": (400, "part 0 is not a file")}
+    for kind, (status, words) in expected.items():
+        got_status, message = error_of(answers[kind])
+        assert got_status == status and words in message, (kind, message)
+        assert "glmvit-serve-" not in message and "Traceback" not in message  # never the temporary path
+    assert service.responses[500] == 0
+
+
+def gated(service):
+    entered, release, encode = threading.Event(), threading.Event(), service.scheduler._encode
+
+    def held(pixels, grids):
+        entered.set()
+        assert release.wait(TIMEOUT)
+        return encode(pixels, grids)
+
+    service.scheduler._encode = held
+    return entered, release
+
+
+def test_shutdown_mid_request_finishes_it_and_refuses_new_ones(tiny_model):
+    request = random_request(7)
+    expected = EncoderGraphRunner(tiny_model, ONE_BUDGET, backend="emulate").capture().run(*request)
+    service = service_for(tiny_model)
+    entered, release = gated(service)
+    server = ServerThread(service).start()
+
+    async def scenario():
+        async with aiohttp.ClientSession() as session:
+            in_flight = asyncio.create_task(post(session, server.url, pixel_body(*request)))
+            await asyncio.to_thread(entered.wait, TIMEOUT)  # the worker is inside the encoder with it
+            stopper = asyncio.create_task(asyncio.to_thread(server.shutdown, TIMEOUT))
+            await asyncio.to_thread(wait_until, lambda: service.draining, "the drain to begin")
+            async with aiohttp.ClientSession() as fresh:  # a new connection: the listener is closed (or 503)
+                try:
+                    late = (await post(fresh, server.url, pixel_body(*request)))[0]
+                except aiohttp.ClientConnectionError:
+                    late = "refused"
+            release.set()
+            return await in_flight, late, await stopper
+    (status, _, body), late, stopped = run(scenario())
+    assert status == 200 and all(torch.equal(load(body)[f"item_{i}"], e) for i, e in enumerate(expected))
+    assert late in (503, "refused") and stopped
+    assert not service.scheduler.accepting
+
+
+CHILD = """
+import threading, sys
+import glmvit.cli.serve as serve, glmvit.cli.serve_app as app
+drain = threading.Event()
+begin = app.EncoderService.begin_drain
+def begin_drain(self):
+    drain.set()
+    begin(self)
+app.EncoderService.begin_drain = begin_drain
+make = serve.make_scheduler
+def make_scheduler(*a, **k):  # the encoder holds every batch until the drain has begun: SIGTERM lands mid-request
+    scheduler, runner = make(*a, **k)
+    encode = scheduler._encode
+    def held(pixels, grids):
+        print("encoding", flush=True)
+        assert drain.wait(60)
+        return encode(pixels, grids)
+    scheduler._encode = held
+    return scheduler, runner
+serve.make_scheduler = make_scheduler
+sys.exit(serve.main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_lets_the_request_in_flight_finish(tmp_path):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    child = subprocess.Popen([sys.executable, "-c", CHILD, "--device", "cpu", "--port", "0", "--budgets", "32",
+                              "--no-measure-floor", "--quiet"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        line = child.stdout.readline()
+        assert "listening on http://127.0.0.1:" in line, line + child.stderr.read()
+        url = line.split("listening on ")[1].split()[0]
+        request = random_request(3)
+
+        async def scenario():
+            async with aiohttp.ClientSession() as session:
+                in_flight = asyncio.create_task(post(session, url, pixel_body(*request)))
+                assert await asyncio.to_thread(child.stdout.readline) == "encoding\n"
+                child.send_signal(signal.SIGTERM)
+                return await in_flight
+        status, _, body = run(scenario())
+        assert child.wait(TIMEOUT) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(TIMEOUT)
+    assert status == 200 and len(load(body)) == len(request[1])
+    out = child.stdout.read()
+    assert "stopped" in out and "1 request(s) in the server will finish" in child.stderr.read()
+
+
+def test_health_and_metrics(tiny_model):
+    service = service_for(tiny_model)
+    with ServerThread(service) as server:
+        async def read():
+            async with aiohttp.ClientSession() as session:
+                await post(session, server.url, pixel_body(*random_request(1)))
+                await post(session, server.url, b"junk")
+                out = []
+                for path in ("/metrics", "/metrics?format=json", "/health", "/nowhere"):
+                    async with session.get(server.url + path) as response:
+                        out.append((response.status, await response.text()))
+                return out
+        text, metrics, health, missing = run(read())
+    assert health[0] == 200 and json.loads(health[1])["mode"] == "graph-emulated"
+    assert json.loads(health[1])["scheduler"]["limits"]["token_budgets"] == [32]
+    assert 'glmvit_http_responses_total{status="200"} 1' in text[1]
+    assert 'glmvit_http_responses_total{status="400"} 1' in text[1]
+    assert "glmvit_scheduler_completed_total 1" in text[1]
+    assert json.loads(metrics[1])["scheduler"]["completed"] == 1
+    assert json.loads(metrics[1])["http"]["responses"] == {"200": 2, "400": 1}  # the first /metrics counted too
+    assert missing[0] == 404 and json.loads(missing[1])["error"] == "Not Found"
+
+
+def test_graph_compiled_needs_cuda(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["serve", "--device", "cpu", "--mode", "graph-compiled"])
+    assert exit_.value.code == 2 and "graph-compiled needs CUDA" in capsys.readouterr().err
+
+
+# ---- bench-serve ---------------------------------------------------------------------------------------------------
+def test_bench_serve_runs_the_seeds_workload_and_a_sweep_against_a_server(tiny_model, tmp_path, capsys):
+    """8-frame 224² clips, one per request (the seed's serve workload, smaller), at rate inf and at a finite rate."""
+    service = service_for(tiny_model, config=BudgetConfig((256, 512, 1024), 4, 16))  # a clip: 256 tokens, 4 segments
+    out = tmp_path / "serve.json"
+    with ServerThread(service) as server:
+        assert cli_main(["bench-serve", "--url", server.url, "--workload", "video8x224", "--num-prompts", "6",
+                         "--request-rate", "inf,40", "--warmup-requests", "2", "--device", "cpu",
+                         "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "Serving Benchmark Result: graph-emulated" in printed and "Time to Embedding" in printed
+    record = json.loads(out.read_text())
+    assert [r["request_rate"] for r in record["runs"]] == ["inf", 40.0]
+    for run_ in record["runs"]:
+        assert (run_["successful"], run_["failed"]) == (6, 0)
+        assert run_["tokens_per_s"] == pytest.approx(256 * run_["items_per_s"])
+        assert len(run_["per_request"]["queue_ms"]) == 6 and all(q >= 0 for q in run_["per_request"]["queue_ms"])
+        assert run_["tte_ms"]["median"] >= run_["queue_ms"]["median"]
+        assert run_["server"]["items"] == 6 and run_["server"]["batches"] >= 2  # 4 items at most per batch
+    settings = record["settings"]
+    assert settings["workload"] == "video8x224" and settings["request_rates"] == ["inf", 40.0]
+    assert record["workload"]["grids"] == [[[4, 16, 16]]] * 6
+    assert "bench-serve" in record["provenance"]["command"] and record["provenance"]["server_command"] == "test"
+    assert record["floor"]["graph-emulated"] is None  # this test server measured no floor
+
+
+def test_bench_serve_counts_refusals_as_failures_with_their_reason(tiny_model, tmp_path, capsys):
+    service = service_for(tiny_model, max_requests=2)
+    entered, release = gated(service)
+    releaser = threading.Thread(target=lambda: (wait_until(lambda: service.responses[429] == 4, "four 429s"),
+                                                release.set()))
+    releaser.start()
+    with ServerThread(service) as server:
+        assert cli_main(["bench-serve", "--url", server.url, "--bucket-config", "{(224, 224, 1): 1.0}",
+                         "--num-prompts", "6", "--warmup-requests", "0", "--device", "cpu",
+                         "--json", str(tmp_path / "x.json")]) == 0
+    releaser.join(TIMEOUT)
+    (run_,) = json.loads((tmp_path / "x.json").read_text())["runs"]
+    assert (run_["successful"], run_["failed"]) == (2, 4)
+    ((error, count),) = run_["errors"].items()
+    assert count == 4 and error.startswith("HTTP 429: the queue is full")
+
+
+def test_bench_serve_in_process_and_spawned(tmp_path, capsys):
+    common = ["--device", "cpu", "--budgets", "64,256", "--bucket-config", "{(224, 224, 1): 1.0}",
+              "--items-per-request", "2", "--num-prompts", "4", "--warmup-requests", "1"]
+    assert cli_main(["bench-serve", "--in-process", "--modes", "eager,graph", *common,
+                     "--json", str(tmp_path / "a.json")]) == 0
+    record = json.loads((tmp_path / "a.json").read_text())
+    assert [r["mode"] for r in record["runs"]] == ["eager", "graph-emulated"]
+    assert all(r["successful"] == 4 and r["items_per_s"] > 0 for r in record["runs"])
+    assert record["floor"]["eager"]["items_per_s"] > 0  # measured here, in-process
+    assert cli_main(["bench-serve", "--spawn", "--modes", "graph", *common, "--json", str(tmp_path / "b.json")]) == 0
+    record = json.loads((tmp_path / "b.json").read_text())
+    (run_,) = record["runs"]
+    assert run_["successful"] == 4 and record["servers"]["graph-emulated"]["url"].startswith("http://127.0.0.1:")
+    assert "--budgets 64,256" in record["provenance"]["server_command"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--url", "http://127.0.0.1:1", "--modes", "eager"], "--modes applies to --spawn and --in-process"),
+    (["--url", "127.0.0.1:8000"], "expected http://HOST:PORT"),
+    (["--spawn", "--request-rate", "0"], "must be > 0"),
+    (["--spawn", "--request-rate", "fast"], "is not a number or inf"),
+    (["--in-process", "--modes", "graph,turbo"], "unknown mode(s) ['turbo']"),
+    (["--spawn", "--modes", "graph-compiled", "--device", "cpu"], "graph-compiled needs CUDA"),
+    ([], "one of the arguments --url --spawn --in-process is required"),
+])
+def test_bench_serve_refuses_bad_arguments_in_one_line(argv, words, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["bench-serve", *argv])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and words in err and len(err.strip().splitlines()) == 1
+
+
+def test_arrivals_are_vllms_gamma_process():
+    from glmvit.cli.bench_serve import arrival_offsets
+
+    assert not arrival_offsets(5, float("inf"), 1.0, seed=0).any()
+    for burstiness in (1.0, 4.0):  # Poisson (exponential gaps, CV 1) and a steadier process (CV 1/2)
+        offsets = arrival_offsets(40_001, 10.0, burstiness, seed=1)
+        gaps = np.diff(offsets)
+        assert offsets[0] == 0 and (gaps >= 0).all()
+        # 40,000 gaps: the sample mean is within 5 standard errors (σ/√n = 0.1/√burstiness/200) of 1/rate
+        assert abs(gaps.mean() - 0.1) < 5 * 0.1 / np.sqrt(burstiness) / 200
+        assert gaps.std() / gaps.mean() == pytest.approx(1 / np.sqrt(burstiness), rel=0.05)
+
+
+@pytest.mark.gpu
+def test_cuda_server_answers_concurrent_clients():
+    """The full tower in bf16 behind real graphs: float32 answers within tests/test_gpu.py's bound of each item
+    encoded alone, read back through the answering threads' own CUDA streams."""
+    from glmvit.cli.common import build_model
+    from tests.test_gpu import assert_bf16_batch_close
+
+    model = build_model(VisionConfig.glm41v(), "cuda", torch.bfloat16)
+    runner = EncoderGraphRunner(model, BudgetConfig((256, 1024), 4, 16), backend="cuda").capture()
+    service = EncoderService(BatchScheduler(runner), {"description": "full tower"}, {"command": "test"},
+                             HttpLimits(), threads=4)
+    requests = [random_batch([[4, 16, 16]] * (1 + j % 2), VisionConfig(), seed=j) for j in range(12)]
+    with ServerThread(service) as server:
+        async def clients():
+            async with aiohttp.ClientSession() as session:
+                return await asyncio.gather(*(post(session, server.url, pixel_body(*r)) for r in requests))
+        answers = run(clients())
+    for (pixels, grid), (status, _, body) in zip(requests, answers, strict=True):
+        assert status == 200, body
+        got = load(body)
+        for i, (t, h, w) in enumerate(grid.tolist()):
+            rows = slice(i * t * h * w, (i + 1) * t * h * w)
+            with torch.inference_mode():
+                ref = model(pixels[rows].cuda(), torch.tensor([[t, h, w]]))
+            assert got[f"item_{i}"].dtype == torch.float32
+            assert_bf16_batch_close(got[f"item_{i}"].cuda(), ref)
