@@ -107,6 +107,21 @@ def eager_encoder(model: GlmVisionEncoder) -> Encode:
     return encode
 
 
+def runner_encoder(runner: EncoderGraphRunner) -> Encode:
+    """``runner.run`` on a batch (its pixels were checked at admission), finished before it returns: the results go
+    to other threads, on other streams, so the worker waits on one event after the batch is launched."""
+
+    def encode(pixels: torch.Tensor, grids: np.ndarray) -> list[torch.Tensor]:
+        outs = runner.run(pixels, grids, check_finite=False)
+        if runner.model.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+            done.synchronize()
+        return outs
+
+    return encode
+
+
 _streams = threading.local()
 
 
@@ -217,8 +232,8 @@ class BatchScheduler:
         if isinstance(encoder, EncoderGraphRunner):
             runner = encoder
             self.model, self.limits = runner.model, limits or runner.config
-            self._encode: Encode = lambda pixels, grids: runner.run(pixels, grids, check_finite=False)
-            self.mode = "graph" if runner.backend == "cuda" else "graph-emulated"
+            self._encode: Encode = runner_encoder(runner)
+            self.mode = "graph" if runner.mode == "cuda" else "graph-emulated"
             if runner.compiled:
                 self.mode += "-compiled"
         elif isinstance(encoder, GlmVisionEncoder):

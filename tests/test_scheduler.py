@@ -40,7 +40,7 @@ def random_request(seed: int):
 
 
 def runner_for(model, config):
-    return EncoderGraphRunner(model, config, backend="emulate").capture()
+    return EncoderGraphRunner(model, config, mode="emulate").capture()
 
 
 def submit_from_threads(scheduler, requests, threads=8):
@@ -319,7 +319,7 @@ def test_cuda_scheduler_serves_concurrent_submitters(full_cuda, eager):
     """Each item within tests/test_gpu.py's bound for another batch composition of model.forward on it alone."""
     from tests.test_gpu import assert_bf16_batch_close
 
-    encoder = full_cuda if eager else EncoderGraphRunner(full_cuda, CUDA_LIMITS, backend="cuda").capture()
+    encoder = full_cuda if eager else EncoderGraphRunner(full_cuda, CUDA_LIMITS, mode="cuda").capture()
     requests = cuda_requests(24)
     scheduler = BatchScheduler(encoder, CUDA_LIMITS, start=False)
     futures = submit_from_threads(scheduler, requests, threads=6)

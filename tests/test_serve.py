@@ -48,7 +48,7 @@ def random_request(seed):
 
 
 def service_for(model, start=True, limits=None, config=ONE_BUDGET, **scheduler_args):
-    runner = EncoderGraphRunner(model, config, backend="emulate").capture()
+    runner = EncoderGraphRunner(model, config, mode="emulate").capture()
     scheduler = BatchScheduler(runner, start=start, **scheduler_args)
     return EncoderService(scheduler, {"description": "tiny test tower"}, {"command": "test"}, limits or HttpLimits(),
                           threads=2)
@@ -109,7 +109,7 @@ def file_metadata_of(data: bytes) -> dict:
 
 def test_concurrent_clients_get_exactly_their_own_items(tiny_model):
     requests = [random_request(seed) for seed in range(32)]
-    alone = EncoderGraphRunner(tiny_model, ONE_BUDGET, backend="emulate").capture()
+    alone = EncoderGraphRunner(tiny_model, ONE_BUDGET, mode="emulate").capture()
     expected = [alone.run(*r) for r in requests]
     service = service_for(tiny_model, start=False)  # the worker starts once every request is queued: they mix
     with ServerThread(service) as server:
@@ -254,7 +254,7 @@ def gated(service):
 
 def test_shutdown_mid_request_finishes_it_and_refuses_new_ones(tiny_model):
     request = random_request(7)
-    expected = EncoderGraphRunner(tiny_model, ONE_BUDGET, backend="emulate").capture().run(*request)
+    expected = EncoderGraphRunner(tiny_model, ONE_BUDGET, mode="emulate").capture().run(*request)
     service = service_for(tiny_model)
     entered, release = gated(service)
     server = ServerThread(service).start()
@@ -455,7 +455,7 @@ def test_cuda_server_answers_concurrent_clients():
     from tests.test_gpu import assert_bf16_batch_close
 
     model = build_model(VisionConfig.glm41v(), "cuda", torch.bfloat16)
-    runner = EncoderGraphRunner(model, BudgetConfig((256, 1024), 4, 16), backend="cuda").capture()
+    runner = EncoderGraphRunner(model, BudgetConfig((256, 1024), 4, 16), mode="cuda").capture()
     service = EncoderService(BatchScheduler(runner), {"description": "full tower"}, {"command": "test"},
                              HttpLimits(), threads=4)
     requests = [random_batch([[4, 16, 16]] * (1 + j % 2), VisionConfig(), seed=j) for j in range(12)]

@@ -42,9 +42,9 @@ from tqdm.auto import tqdm
 
 from ..attention import check_backend
 from ..config import VisionConfig
-from ..costmodel import TABLE_MODES, LatencyTable, predict_time, recorded_table
+from ..costmodel import TABLE_MODES, LatencyTable, predict_time
 from ..floor import floor_ms, flops_breakdown, measure_copy_bandwidth, measure_matmul_tflops, weight_bytes
-from ..graphs import EncoderGraphRunner
+from ..graphs import EncoderGraphRunner, recorded_table_for
 from ..metadata import build_metadata
 from ..model import GlmVisionEncoder
 from ..oracle import flatten_video_grids, hf_twin
@@ -224,7 +224,7 @@ def run_benchmark(args: argparse.Namespace, command: str) -> BenchRecord:
     floor = _floor(args, device, dtype, model)
     floors = [floor_ms(f["total"], floor["weight_bytes"], floor["matmul_tflops"], floor["copy_gbps"]) for f in flops]
     plans = [plan_batches(r, budget_config) for r in specs]
-    tables = resolve_tables(args.tables, model, args.config)
+    tables = resolve_tables(args.tables, model)
 
     result: dict[str, Any] = {
         "settings": {
@@ -314,7 +314,7 @@ def _add_comparisons(result: dict, outputs: dict[str, torch.Tensor]) -> None:
             result["accuracy"][label]["vs_transformers"] = compare(out, outputs["transformers"])
 
 
-def resolve_tables(spec: str, model: GlmVisionEncoder, config_name: str) -> dict[str, LatencyTable]:
+def resolve_tables(spec: str, model: GlmVisionEncoder) -> dict[str, LatencyTable]:
     """``--tables``: ``auto`` → each graph mode's table recorded in data/bench, where it measured this model
     (config, dtype, attention backend) on this GPU; ``off`` → none; ``graph=PATH,graph-compiled=PATH`` → those."""
     if spec == "off":
@@ -325,16 +325,10 @@ def resolve_tables(spec: str, model: GlmVisionEncoder, config_name: str) -> dict
             mode, _, path = part.partition("=")
             tables[mode.strip()] = read_latency_table(path.strip())
         return tables
-    name = "glm41v" if model.config == VisionConfig.glm41v() else config_name
-    dtype = str(model.dtype).replace("torch.", "")
-    gpu = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else None
     tables = {}
     for mode in TABLE_MODES:
-        try:
-            table = recorded_table(mode, model.attention_backend())
-        except ValueError:
-            continue
-        if (table.config, table.dtype, table.provenance.get("gpu")) == (name, dtype, gpu):
+        table = recorded_table_for(model, compiled=mode == "graph-compiled")
+        if table is not None:
             tables[mode] = table
     return tables
 

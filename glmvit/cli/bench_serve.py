@@ -54,6 +54,7 @@ from safetensors.torch import save as save_safetensors
 from ..config import VisionConfig
 from ..floor import flops_breakdown
 from ..provenance import collect
+from ..records import Fingerprint, ServeRecord, fingerprint_now, make
 from ..scheduler import BatchScheduler, QueueFull, SchedulerClosed
 from ..workloads import PRESETS, random_batch, random_mm_workload
 from .common import (
@@ -66,7 +67,7 @@ from .common import (
     int_in,
     model_from_args,
     resolve_model_args,
-    write_json,
+    write_record,
 )
 from .serve import MODES, add_serving_args, check_serving_args, make_scheduler, measure_floor
 
@@ -485,7 +486,8 @@ async def bench_in_process(workload: Workload, args: argparse.Namespace, record:
         label = scheduler.mode
         record["servers"][label] = {"mode": label, "attn_backend": model.attention_backend(),
                                     "limits": scheduler.stats()["limits"],
-                                    "capture": {str(k): v for k, v in runner.stats.capture.items()} if runner else None}
+                                    "capture": {str(k): v.as_dict() for k, v in runner.captures.items()}
+                                    if runner else None}
         rate = floor_rate(health, workload)
         record["floor"][label] = rate
         try:
@@ -578,7 +580,6 @@ def main(argv: list[str] | None = None) -> int:
     workload = build_workload(args)
     target = "url" if args.url else "spawn" if args.spawn else "in-process"
     record: dict[str, Any] = {
-        "benchmark": "glmvit.bench_serve", "provenance": None,
         "settings": {"target": target, "url": args.url, "modes": None if args.url else args.modes,
                      **workload.settings, "request_rates": ["inf" if math.isinf(r) else r for r in args.request_rate],
                      "burstiness": args.burstiness, "max_concurrency": args.max_concurrency,
@@ -607,10 +608,14 @@ def main(argv: list[str] | None = None) -> int:
                 asyncio.run(bench_http(server.url, workload, args, record))
     else:
         asyncio.run(bench_in_process(workload, args, record))
-    record["provenance"] = bench_provenance(record, args, command)
+    provenance = bench_provenance(record, args, command)
+    modules = dict(fingerprint_now().modules)  # this process's code, and each server's (it measured theirs)
+    for server in record["servers"].values():
+        modules.update(server.pop("fingerprint", None) or {})
     print_summary(record["runs"])
     if args.json:
-        write_json(args.json, record)
+        write_record(args.json, make(ServeRecord, provenance=provenance, fingerprint=Fingerprint(modules=modules),
+                                     **record))
     return 0
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ..floor import measure_copy_bandwidth, measure_matmul_tflops, weight_bytes
-from ..graphs import EncoderGraphRunner
+from ..graphs import EncoderGraphRunner, recorded_table_for
 from ..model import GlmVisionEncoder
 from ..packing import BudgetConfig, default_ladder
 from ..provenance import collect
@@ -91,8 +91,9 @@ def make_scheduler(model: GlmVisionEncoder, mode: str, args: argparse.Namespace,
         encoder: EncoderGraphRunner | GlmVisionEncoder = model
     else:
         backend = "cuda" if model.device.type == "cuda" else "emulate"
-        runner = EncoderGraphRunner(model, config, backend=backend, torch_compile=mode == "graph-compiled",
-                                    progress=progress).capture()
+        compiled = mode == "graph-compiled"
+        runner = EncoderGraphRunner(model, config, mode=backend, torch_compile=compiled, progress=progress,
+                                    latency_table=recorded_table_for(model, compiled)).capture()
         encoder = runner
     scheduler = BatchScheduler(encoder, config, max_wait_s=args.max_wait_ms / 1e3, max_requests=args.max_queue,
                                max_tokens=args.max_queue_tokens)
@@ -139,8 +140,10 @@ def build_service(args: argparse.Namespace, command: str) -> EncoderService:
     scheduler, runner = make_scheduler(model, args.mode, args, progress=not args.quiet)
     extra = {"attn_backend": model.attention_backend(),
              "floor": measure_floor(model) if args.measure_floor else None,
-             "capture": {str(k): v for k, v in runner.stats.capture.items()} if runner else None,
-             "capture_failed": {str(k): v for k, v in runner.stats.failed.items()} if runner else None}
+             "capture": {str(k): v.as_dict() for k, v in runner.captures.items()} if runner else None,
+             "capture_failed": {str(k): v for k, v in runner.failed.items()} if runner else None,
+             "routing": (runner.latency_table.describe() if runner.latency_table else "off: no recorded table for "
+                         "this model, mode and GPU (every batch a budget holds replays)") if runner else None}
     limits = HttpLimits(int(args.max_body_mb * 2**20), args.max_items_per_request, args.max_requests or args.max_queue)
     return EncoderService(scheduler, model_metadata(args, model), collect(model.device, command), limits,
                           args.threads, extra, (lambda: runner.stats.as_dict()) if runner else None)

@@ -46,6 +46,7 @@ from safetensors.torch import save as save_safetensors
 
 from ..metadata import as_grid_array
 from ..processing import VisionInputs
+from ..records import fingerprint_now
 from ..scheduler import BatchScheduler, QueueFull, RequestTooLarge, SchedulerClosed, host_copy
 from .embedding_file import file_metadata, inputs_record, item_record
 from .encode import check_file, load
@@ -164,6 +165,7 @@ class EncoderService:
                  limits: HttpLimits = HttpLimits(), threads: int = 4, extra_health: dict[str, Any] | None = None,
                  runner_stats: Callable[[], dict] | None = None):
         self.scheduler, self.info, self.provenance, self.limits = scheduler, info, provenance, limits
+        self.fingerprint = fingerprint_now().modules  # the code this server runs: what a benchmark of it measures
         self.model = scheduler.model
         self.extra_health = extra_health or {}
         self.runner_stats = runner_stats
