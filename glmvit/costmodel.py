@@ -19,6 +19,7 @@ import numpy as np
 from .config import VisionConfig
 from .metadata import BatchShape
 from .packing import (
+    SMALLEST_BUDGET,
     BudgetConfig,
     Plan,
     positive_int,
@@ -280,6 +281,17 @@ def load_latency_table(path: str | Path) -> LatencyTable:
     if isinstance(data, dict) and "kind" in data:
         return LatencyTable.from_sweep(parse(data, LatencySweep, str(path)), str(path))
     return dataclasses.replace(LatencyTable.from_dict(data), source=str(path))
+
+
+def ladder_split(table: LatencyTable, merge_area: int = 4) -> int:
+    """Where a mode's default ladder stops doubling (:func:`glmvit.packing.default_ladder`): the largest power of
+    two, within the table's budgets, whose replay of one full image costs no more than the eager forward's launch
+    floor — below it a padded replay still beats running eagerly. The smallest budget when none does."""
+    split = SMALLEST_BUDGET
+    while 2 * split <= table.tokens[-1] and \
+            table.graph_time(2 * split, (merge_area * 2 * split) ** 2) <= table.eager_floor_ms:
+        split *= 2
+    return split
 
 
 def recorded_table(mode: str = "graph-compiled", attention: str | None = None) -> LatencyTable:

@@ -55,21 +55,23 @@ def auto_budgets(lo: int, hi: int) -> tuple[int, ...]:
     return tuple(budgets)
 
 
-LADDER_SPLIT = 512  # above this many tokens the default ladder steps by 1.5× and 4/3× instead of 2×
+LADDER_SPLIT = 512  # without a latency table: above this many tokens the ladder steps by 1.5× and 4/3×, not 2×
 
 
-def default_ladder(largest_request: int, smallest: int = SMALLEST_BUDGET) -> tuple[int, ...]:
+def default_ladder(largest_request: int, smallest: int = SMALLEST_BUDGET, split: int = LADDER_SPLIT) -> tuple[int, ...]:
     """The default budgets, from ``smallest`` up to the first one ≥ the largest request's tokens.
 
-    Powers of two up to 512 tokens, where even a full replay costs less than an eager forward's launches (on the
-    H200: data/bench/latency_h200.json), so padding there is cheap; above, where a replay costs what its budget's
-    matmuls cost, the powers of two get a midpoint (768, 1536, 3072, …) so a batch pads by at most a third.
+    Powers of two up to ``split`` tokens, where even a full replay costs less than an eager forward's launches, so
+    padding there is cheap; above, where a replay costs what its budget's matmuls cost, the powers of two get a
+    midpoint (768, 1536, 3072, …) so a batch pads by at most a third. ``split`` is the mode's own
+    (:func:`glmvit.costmodel.ladder_split` of its latency table: a compiled replay is cheaper, so it doubles
+    further); 512 without a table.
     """
     budgets = [positive_int("smallest budget", smallest)]
     while budgets[-1] < largest_request:
         last = budgets[-1]
         is_power = last & (last - 1) == 0
-        budgets.append(last * 2 if last < LADDER_SPLIT else last * 3 // 2 if is_power else last * 4 // 3)
+        budgets.append(last * 2 if last < split else last * 3 // 2 if is_power else last * 4 // 3)
     return tuple(budgets)
 
 
@@ -138,12 +140,14 @@ class BudgetConfig:
 
     @classmethod
     def for_requests(cls, requests: Iterable[Sequence[ItemSpec]], token_budgets: Iterable[int] | None = None,
-                     max_items: int | None = None, max_segments: int | None = None) -> BudgetConfig:
-        """Sized for a workload: the default ladder up to its largest request, and limits that hold its largest
-        request (most items; most segments), capped so that every item still gets a token of the smallest budget."""
+                     max_items: int | None = None, max_segments: int | None = None,
+                     split: int = LADDER_SPLIT) -> BudgetConfig:
+        """Sized for a workload: the default ladder (doubling up to ``split``) up to its largest request, and limits
+        that hold its largest request (most items; most segments), capped so that every item still gets a token of
+        the smallest budget."""
         requests = [list(r) for r in requests]
         largest = max((sum(s.tokens for s in r) for r in requests), default=0)
-        budgets = tuple(sorted(set(token_budgets))) if token_budgets else default_ladder(largest)
+        budgets = tuple(sorted(set(token_budgets))) if token_budgets else default_ladder(largest, split=split)
         if max_items is None:
             max_items = min(max([len(r) for r in requests] + [1]), budgets[0])
         if max_segments is None:

@@ -42,13 +42,13 @@ from tqdm.auto import tqdm
 
 from ..attention import check_backend
 from ..config import VisionConfig
-from ..costmodel import TABLE_MODES, LatencyTable, predict_time
+from ..costmodel import TABLE_MODES, LatencyTable, ladder_split, predict_time
 from ..floor import floor_ms, flops_breakdown, measure_copy_bandwidth, measure_matmul_tflops, weight_bytes
 from ..graphs import EncoderGraphRunner, recorded_table_for
 from ..metadata import build_metadata
 from ..model import GlmVisionEncoder
 from ..oracle import flatten_video_grids, hf_twin
-from ..packing import BudgetConfig, plan_batches
+from ..packing import LADDER_SPLIT, BudgetConfig, plan_batches
 from ..provenance import collect
 from ..records import BenchRecord, make
 from ..timing import summarise, sync
@@ -261,7 +261,10 @@ def run_benchmark(args: argparse.Namespace, command: str) -> BenchRecord:
         try:
             with torch.inference_mode():
                 route_table = None if args.no_route else tables.get(mode)
-                fn, runner = make_mode(mode, model, budget_config, record, not args.quiet, route_table)
+                mode_config = _mode_config(mode, specs, args, tables) if mode in TABLE_MODES else budget_config
+                fn, runner = make_mode(mode, model, mode_config, record, not args.quiet, route_table)
+                if runner is not None:
+                    record["budgets"] = list(mode_config.token_budgets)
                 record["warmup_s"] = _warm(fn, inputs, n, args.warmup, device)
                 if runner is not None:  # count only the timed requests
                     runner.stats.reset()
@@ -331,6 +334,13 @@ def resolve_tables(spec: str, model: GlmVisionEncoder) -> dict[str, LatencyTable
         if table is not None:
             tables[mode] = table
     return tables
+
+
+def _mode_config(mode: str, specs: list, args: argparse.Namespace, tables: dict[str, LatencyTable]) -> BudgetConfig:
+    """A graph mode's budgets: the ones given, else the default ladder doubling as far as the mode's own table says
+    padding is cheap (:func:`glmvit.costmodel.ladder_split`; 512 without a table)."""
+    split = ladder_split(tables[mode]) if mode in tables and not args.budgets else LADDER_SPLIT
+    return BudgetConfig.for_requests(specs, args.budgets, args.max_items, args.max_segments, split=split)
 
 
 def parse_tables(text: str) -> str:
@@ -444,7 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--max-segments", type=int_in(1, MAX_BUDGET_TOKENS), default=None,
                    help="attention segments (temporal patches) per graph batch (default: the most any request has; "
                         "every segment slot is a row of the flash-attention grid, so unused slots cost time)")
-    m.add_argument("--attn-backend", default=None, help="varlen, flash_attn, sdpa_masked (default: the device's)")
+    m.add_argument("--attn-backend", default=None, help="triton, varlen, flash_attn, sdpa_masked (default: the "
+                   "device's: triton on CUDA)")
     m.add_argument("--threads", type=int_in(1, os.cpu_count() or 1), default=None, help="torch.set_num_threads(N) "
                    "first (CPU runs; on a busy machine 1 is the least noisy)")
     m.add_argument("--warmup", type=int_in(0, MAX_WARMUP), default=5,
