@@ -1,8 +1,9 @@
 """glmvit: the GLM-4V vision encoder under full CUDA graphs, built step by step.
 
-The public API fits on one line::
+The public API::
 
-    from glmvit import GlmVisionEncoder, EncoderGraphRunner, BudgetConfig, process_images, process_video
+    from glmvit import (VisionConfig, GlmVisionEncoder, load_vision_weights, EncoderGraphRunner, BudgetConfig,
+                        process_images, process_video)
 """
 from typing import Any
 

@@ -353,7 +353,9 @@ def plan_batches(items: Iterable[Sequence[int]], config: BudgetConfig, packer: s
 
 def plan_workload(requests: Iterable[Iterable[Sequence[int]]], config: BudgetConfig,
                   packer: str = "ffd") -> list[Plan]:
-    """One plan per request (items of different requests are never packed together)."""
+    """One plan per request, each packed alone (as the runner packs one call; the serving scheduler,
+    :mod:`glmvit.scheduler`, joins concurrent requests' items into one call, and vLLM an engine step's:
+    :func:`glmvit.deployment.plan_engine_steps`)."""
     return [plan_batches(request, config, packer) for request in requests]
 
 

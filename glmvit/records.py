@@ -239,14 +239,17 @@ def module_path(name: str, package: Path = PACKAGE) -> Path | None:
 
 
 @lru_cache(maxsize=None)
-def _file_hash(path: Path, mtime_ns: int) -> str:
+def _file_hash(path: Path, mtime_ns: int, size: int) -> str:
     return source_hash(path.read_text())
 
 
 def tree_hash(name: str, package: Path = PACKAGE) -> str | None:
     """The hash of module ``name`` as this working tree has it now; None if it no longer exists."""
     path = module_path(name, package)
-    return None if path is None else _file_hash(path, path.stat().st_mtime_ns)
+    if path is None:
+        return None
+    stat = path.stat()
+    return _file_hash(path, stat.st_mtime_ns, stat.st_size)
 
 
 def fingerprint_now(extra: dict[str, str] | None = None) -> Fingerprint:

@@ -3,7 +3,6 @@ import dataclasses
 import itertools
 import json
 import math
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -573,62 +572,6 @@ def test_recommend_errors(kwargs, message):
 
 
 # ------------------------------------------------------------------ the cost model against recorded H200 runs
-BENCH = Path(__file__).resolve().parents[1] / "data" / "bench"
-
-
-def recorded_prediction_errors(workload_json):
-    """Predicted vs measured mean ms per mode, for a recorded mixed benchmark and the recorded latency sweep."""
-    table = load_latency_table(BENCH / "latency_h200.json")
-    run = json.loads((BENCH / workload_json).read_text())
-    s = run["settings"]
-    config = BudgetConfig(tuple(s["budgets"]), s["max_items"], s["max_segments"])
-    requests = [[ItemSpec(t * h * w // 4, t) for t, h, w in grids] for grids in run["workload"]["grids"]]
-    plans = [plan_batches(request, config) for request in requests]
-    estimates = [predict_time(plan, table) for plan in plans]
-    predicted = {"graph": sum(e.total_ms for e in estimates), "eager": sum(e.eager_ms for e in estimates)}
-    return {mode: predicted[mode] / sum(run["modes"][mode]["ms"]) - 1 for mode in predicted}
-
-
-@pytest.mark.parametrize("workload_json", sorted(p.name for p in BENCH.glob("mixed_*_h200.json")))
-def test_cost_model_predicts_recorded_mixed_workloads_within_15_percent(workload_json):
-    """The model is fitted on the latency sweep's synthetic layouts only; the mixed workload is out of sample."""
-    for mode, error in recorded_prediction_errors(workload_json).items():
-        assert abs(error) <= 0.15, f"{mode}: predicted {error:+.1%} off the measured mean"
-
-
-def test_latency_fit_separates_matmuls_from_attention():
-    table = load_latency_table(BENCH / "latency_h200.json")
-    assert table.attention_ms > 0 and table.eager_floor_ms > 0
-    raw = json.loads((BENCH / "latency_h200.json").read_text())
-    for budget in raw["budgets"]:  # every measured layout within 10% of the two-term model
-        for layout in budget["layouts"]:
-            model = table.graph_time(budget["tokens"], layout["segment_rows2"])
-            assert model == pytest.approx(layout["graph_ms"], rel=0.10), (budget["tokens"], layout["name"])
-
-
-@pytest.mark.parametrize("path", sorted(BENCH.glob("*_h200.json")), ids=lambda p: p.name)
-def test_graph_memory_estimate_matches_every_recorded_pool_within_15_percent(path):
-    """The shared pool of a run is sized by its largest budget: the estimate of that pool vs the measured growth."""
-    run = json.loads(path.read_text())
-    captures = {mode: run["modes"][mode]["capture"] for mode in ("graph", "graph-compiled")
-                if mode in run.get("modes", {})}
-    if run.get("benchmark") == "glmvit.cli.latency":
-        captures = {"graph-compiled" if run["provenance"].get("compiled") else "graph": run["capture"]}
-    if not captures:
-        pytest.skip("no graphs in this run")
-    attention = run.get("settings", {}).get("attn_backend") or run.get("attn_backend")
-    for mode, capture in captures.items():
-        config = BudgetConfig(tuple(sorted(int(b) for b in capture)), 1, max(c["segments"] for c in capture.values()))
-        estimate = max(m.pool_bytes for m in graph_memory(config, VisionConfig.glm41v(), compiled=mode != "graph",
-                                                          attention=attention))
-        measured = sum(c["graph_bytes"] for c in capture.values())
-        assert estimate == pytest.approx(measured, rel=0.15), f"{mode}: {estimate >> 20} vs {measured >> 20} MiB"
-        static = sum(m.static_bytes for m in graph_memory(config, VisionConfig.glm41v()))
-        # The static buffers are exact; runs recorded before the metadata sections were 16-byte aligned hold up to
-        # 3 int32 less per budget (cu_seqlens had segments + 2 slots, not that rounded up to a multiple of 4).
-        assert 0 <= static - sum(c["buffer_bytes"] for c in capture.values()) <= 12 * len(capture)
-
-
 def test_recommend_never_proposes_budgets_slower_than_eager():
     """A table where replays cost more than eager forwards: recommending time must say eager wins, with both times."""
     from glmvit.deployment import EagerIsFaster

@@ -1,0 +1,94 @@
+"""Data consistency of the recorded GPU results (data/bench, data/notebooks): checks of data, not of behaviour.
+
+Each check reads records made on the H200 by ``python -m glmvit record`` and asks whether they agree with the code
+that reads them — the cost model refitted here reproduces what the benchmark predicted, the graph-memory model
+covers every recorded pool — and whether they are one run's. They run in CI like every test (marker ``records``);
+``python -m glmvit records`` says which records are stale, and a stale record is skipped here with that reason,
+since only the GPU machine can re-record it.
+"""
+from pathlib import Path
+
+import pytest
+
+from glmvit import VisionConfig
+from glmvit.costmodel import graph_memory, load_latency_table
+from glmvit.packing import BudgetConfig
+from glmvit.records import BenchRecord, LatencySweep, Record, find, load, load_any, record_files, staleness
+
+pytestmark = pytest.mark.records
+BENCH = Path(__file__).resolve().parents[1] / "data" / "bench"
+
+
+def current(record: Record, path: Path) -> None:
+    changed = staleness(record)
+    if changed:
+        pytest.skip(f"{path.name} is stale ({', '.join(changed)}): re-record it with python -m glmvit record")
+
+
+@pytest.mark.parametrize("path", list(record_files()), ids=lambda p: p.name)
+def test_every_record_reads_as_its_type(path):
+    record = load_any(path)
+    assert record.provenance.command and record.provenance.date_utc
+
+
+def test_the_current_results_are_one_record_run():
+    """Every current result record was made by the same `python -m glmvit record` run (one machine, one code)."""
+    runs = {load_any(p).record_run for p in record_files() if load_any(p).kind != "tune" and not
+            staleness(load_any(p))}
+    assert len(runs - {None}) <= 1 and (None not in runs or len(runs) == 1), runs
+
+
+@pytest.mark.parametrize("path", sorted(BENCH.glob("mixed_*_h200.json")), ids=lambda p: p.name)
+def test_the_cost_model_reproduces_the_recorded_prediction(path):
+    """The benchmark predicted every mode's mean from the latency sweeps of its run; today's cost model, fitted on
+    the same sweeps, predicts the same (so the recorded error describes the model in the code)."""
+    run = load(path, BenchRecord)
+    current(run, path)
+    assert run.prediction, "the mixed benchmarks are recorded with the cost model's prediction"
+    for mode, p in run.prediction.items():
+        measured = run.modes[mode].mean_ms
+        assert p["measured_mean_ms"] == measured and p["error"] == pytest.approx(p["predicted_mean_ms"] / measured - 1)
+    sweeps = {("graph-compiled" if s.compiled else "graph"): (q, s) for q, s in find(LatencySweep)}
+    for mode in ("graph", "graph-compiled"):
+        if mode in run.prediction and mode in sweeps:
+            table = load_latency_table(sweeps[mode][0])
+            assert table.describe().split(" (")[0] in run.prediction[mode]["table"]
+
+
+@pytest.mark.parametrize("path", sorted(BENCH.glob("latency*_h200.json")), ids=lambda p: p.name)
+def test_latency_fit_separates_matmuls_from_attention(path):
+    """Every measured layout within 10% of the two-term model (its budget's matmuls + its real attention)."""
+    sweep = load(path, LatencySweep)
+    table = load_latency_table(path)
+    assert table.attention_ms >= 0 and table.eager_floor_ms > 0
+    for budget in sweep.budgets:
+        for layout in budget.layouts:
+            model = table.graph_time(budget.tokens, layout.segment_rows2)
+            assert model == pytest.approx(layout.graph_ms, rel=0.10), (budget.tokens, layout.name)
+
+
+def _captures(record: Record) -> dict[str, dict]:
+    if isinstance(record, LatencySweep):
+        return {record.mode: record.capture}
+    if isinstance(record, BenchRecord):
+        return {mode: record.modes[mode].capture for mode in ("graph", "graph-compiled")
+                if mode in record.modes}
+    return {}
+
+
+@pytest.mark.parametrize("path", [p for p in sorted(BENCH.glob("*_h200.json"))
+                                  if load_any(p).kind in ("bench", "latency")], ids=lambda p: p.name)
+def test_graph_memory_estimate_matches_every_recorded_pool_within_15_percent(path):
+    """The shared pool of a run is sized by its largest budget: the estimate of that pool vs the measured growth;
+    the static buffers are exact."""
+    record = load_any(path)
+    attention = record.settings.attn_backend if isinstance(record, BenchRecord) else record.attn_backend
+    for mode, capture in _captures(record).items():
+        config = BudgetConfig(tuple(sorted(int(b) for b in capture)), 1, max(c["segments"] for c in capture.values()))
+        estimate = max(m.pool_bytes for m in graph_memory(config, VisionConfig.glm41v(), compiled=mode != "graph",
+                                                          attention=attention))
+        measured = sum(c["graph_bytes"] for c in capture.values())
+        assert estimate == pytest.approx(measured, rel=0.15), f"{mode}: {estimate >> 20} vs {measured >> 20} MiB"
+        static = sum(m.static_bytes for m in graph_memory(config, VisionConfig.glm41v()))
+        # runs recorded before the metadata sections were 16-byte aligned hold up to 3 int32 less per budget
+        assert 0 <= static - sum(c["buffer_bytes"] for c in capture.values()) <= 12 * len(capture)

@@ -1,0 +1,107 @@
+"""glmvit.records: typed records, code fingerprints, staleness, and the commands that list and re-record them."""
+import json
+
+import pytest
+
+import glmvit.records as records
+from glmvit.__main__ import main
+from glmvit.cli.record import JOBS, job_status
+from glmvit.records import BenchRecord, Fingerprint, LatencySweep, NotebookResult, make, source_hash, staleness
+
+CODE = '''"""A module docstring."""
+import math
+
+
+def area(r):
+    """A docstring."""
+    return math.pi * r * r  # a comment
+'''
+
+
+def test_the_hash_ignores_docs_comments_and_layout_but_not_code():
+    same = CODE.replace("A docstring.", "Another text.").replace("# a comment", "# changed").replace(
+        "return math.pi * r * r", "return math.pi  *  r * r")
+    assert source_hash(same) == source_hash(CODE)
+    assert source_hash(CODE.replace("r * r", "r ** 2")) != source_hash(CODE)
+    assert source_hash(CODE.replace('"""A docstring."""\n', "")) == source_hash(CODE)
+
+
+@pytest.fixture
+def package(tmp_path, monkeypatch):
+    """A throwaway package tree standing in for glmvit/: its modules' hashes are what staleness compares with."""
+    (tmp_path / "glmvit").mkdir()
+    (tmp_path / "glmvit" / "__init__.py").write_text("")
+    (tmp_path / "glmvit" / "model.py").write_text(CODE)
+    monkeypatch.setattr(records.tree_hash, "__defaults__", (tmp_path / "glmvit",))
+    return tmp_path / "glmvit"
+
+
+def test_a_record_is_stale_exactly_when_a_module_it_measured_changes(package):
+    record = make(NotebookResult, provenance={"command": "x"}, name="n",
+                  fingerprint=Fingerprint(modules={"glmvit.model": source_hash(CODE), "<cell n>": "abc"}))
+    assert staleness(record) == []
+    (package / "model.py").write_text(CODE.replace("# a comment", "# edited"))  # docs only: still current
+    assert staleness(record) == []
+    (package / "model.py").write_text(CODE.replace("r * r", "r ** 2"))
+    assert staleness(record) == ["glmvit.model"]
+    assert staleness(record, cells={"<cell n>": "def"}) == ["<cell n>", "glmvit.model"]
+    (package / "model.py").unlink()
+    assert staleness(record) == ["glmvit.model"]  # gone counts as changed
+    assert staleness(make(NotebookResult, provenance={}, name="n").model_copy(update={"fingerprint": None})) == \
+        ["no fingerprint"]
+
+
+def test_this_process_fingerprints_the_glmvit_modules_it_imported():
+    import glmvit.graphs  # noqa: F401
+
+    modules = records.fingerprint_now().modules
+    assert "glmvit.graphs" in modules and "glmvit.model" in modules
+    assert not set(modules) & records.UNFINGERPRINTED  # the recording machinery and dispatchers are left out
+
+
+def test_reading_checks_the_type_and_names_the_file(tmp_path):
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({"kind": "latency", "provenance": {}, "dtype": "bfloat16"}))
+    with pytest.raises(ValueError, match=r"sweep.json: not a valid latency record \(config: Field required\)"):
+        records.load(sweep, LatencySweep)
+    with pytest.raises(ValueError, match="sweep.json: a 'latency' record, not the 'bench' record expected"):
+        records.load(sweep, BenchRecord)
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(ValueError, match="broken.json: not a JSON record"):
+        records.load(tmp_path / "broken.json", BenchRecord)
+    with pytest.raises(ValueError, match="no such record file"):
+        records.load(tmp_path / "missing.json", BenchRecord)
+
+
+def test_a_record_round_trips_through_its_type(tmp_path):
+    record = make(NotebookResult, provenance={"gpu": "NVIDIA H200", "git_commit": "abc1234def"}, name="x",
+                  answer=42, nested={"a": [1, 2]})
+    path = tmp_path / "x.json"
+    path.write_text(records.to_json(record))
+    back = records.load(path, NotebookResult)
+    assert back == record and back.model_extra == {"answer": 42, "nested": {"a": [1, 2]}}
+    assert "x.json: notebook record (NVIDIA H200, commit abc1234" in records.describe(back, path)
+
+
+def test_records_lists_what_is_stale_and_never_fails_unless_strict(capsys):
+    assert main(["records"]) == 0
+    out = capsys.readouterr().out
+    stale = [line for line in out.splitlines() if " stale" in line and line.startswith("data/")]
+    assert out.strip().splitlines()[-1].startswith(f"{len(stale)} of ")
+    assert main(["records", "--strict"]) == (1 if stale else 0)
+
+
+def test_record_plans_jobs_in_dependency_order_and_skips_current_ones(capsys, monkeypatch):
+    names = [j.name for j in JOBS]
+    assert names.index("latency") < names.index("mixed_img") and names.index("latency_compiled") < \
+        names.index("mixed_av")  # the benchmarks route and predict with the sweeps
+    assert main(["record", "--dry-run", "--groups", "sweeps"]) == 0
+    assert all(line.startswith(("[run]", "[skip]", "record run")) for line in capsys.readouterr().out.splitlines())
+    current = next(j for j in JOBS if j.name == "interp")
+    monkeypatch.setattr("glmvit.cli.record.job_status", lambda job: (job is current, 10.0))
+    assert main(["record", "--dry-run", "--only", "interp,latency", "--time-limit", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "[skip] interp: current" in out and "[later] latency: expected 10 s, 5 s left" in out
+    with pytest.raises(SystemExit):
+        main(["record", "--only", "nope"])
+    assert job_status(current)[1] > 0
