@@ -317,6 +317,33 @@ def evaluate_budgets(requests: Sequence[Sequence[ItemSpec]], config: BudgetConfi
         graphs_at_p99=None if slow is None else TimeSummary.of(per_request(slow, "total_ms")))
 
 
+H200_BYTES = 141 * 10**9  # one H200's HBM3e (NVIDIA's specification): the default deployment target
+
+
+def check_budget_fits(config: BudgetConfig, dtype: str = "bfloat16", memory_bytes: int = H200_BYTES,
+                      vision_config: VisionConfig | None = None, weight_bytes: int | None = None) -> BudgetConfig:
+    """``config`` if its graphs (:func:`~glmvit.costmodel.graph_memory`, one shared pool) and the tower's weights
+    fit ``memory_bytes`` (the GPU's memory; one H200 by default) for ``vision_config`` (GLM-4.1V) in ``dtype``;
+    otherwise a ValueError saying what they need. Segment slots past the largest budget are refused: every segment
+    has at least one token, so a batch never has more segments than tokens."""
+    if config.max_segments > config.largest:
+        raise ValueError(f"max_segments={config.max_segments:,} exceeds the largest budget {config.largest:,}: "
+                         "every segment has at least one token, so a batch never has more segments than tokens")
+    tower = vision_config or VisionConfig.glm41v()
+    if weight_bytes is None:
+        import torch
+
+        from .floor import tower_bytes
+
+        weight_bytes = tower_bytes(tower, getattr(torch, dtype))
+    need = total_graph_memory(graph_memory(config, tower, dtype)) + weight_bytes
+    if need > memory_bytes:
+        raise ValueError(f"{len(config.token_budgets)} budgets up to {config.largest:,} tokens need ≈ "
+                         f"{need / 2**30:,.0f} GiB for their graphs and the weights (costmodel.graph_memory, "
+                         f"{dtype}): more than the {memory_bytes / 2**30:,.0f} GiB of GPU memory")
+    return config
+
+
 def vllm_frames_needed(requests: Iterable[Sequence[ItemSpec]], config: BudgetConfig) -> int:
     """The most segments in one replayed batch when vLLM packs ``requests``: ascending tokens, next-fit on tokens
     and items only; vLLM's packer has no frame check (``EncoderCudaGraphManager._execute_local`` in

@@ -84,6 +84,14 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in model.state_dict().values())
 
 
+def tower_bytes(config: VisionConfig, dtype: torch.dtype) -> int:
+    """:func:`weight_bytes` of a tower of ``config`` in ``dtype``, counted on the meta device (nothing allocated)."""
+    from .model import GlmVisionEncoder
+
+    with torch.device("meta"):
+        return weight_bytes(GlmVisionEncoder(config).to(dtype))
+
+
 def floor_ms(flops: int, nbytes: int, tflops: float, gbps: float) -> float:
     """max(compute time at the matmul rate, time to read the weights at the copy bandwidth), in ms."""
     return max(flops / (tflops * 1e12), nbytes / (gbps * 1e9)) * 1e3

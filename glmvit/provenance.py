@@ -7,11 +7,13 @@ commit, so ``GLMVIT_GIT_COMMIT``, when set, names the commit and wins over git; 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
 import platform
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -73,3 +75,21 @@ def collect(device: torch.device | str, command: str | None = None) -> dict[str,
         date_utc=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
     return info
+
+
+def weights_identity(path: str | Path) -> dict[str, Any]:
+    """A cheap identity of a checkpoint: its resolved path, its safetensors files' names and sizes, and one sha256
+    over those names and sizes and the bytes of its config.json and index. No weight is read."""
+    path = Path(path).resolve()
+    directory = path if path.is_dir() else path.parent
+    weights = sorted(directory.glob("*.safetensors")) if path.is_dir() else [path]
+    small = [f for f in (directory / "config.json", directory / "model.safetensors.index.json") if f.is_file()]
+    digest = hashlib.sha256()
+    files = []
+    for file in weights:
+        size = file.stat().st_size
+        files.append({"name": file.name, "bytes": size})
+        digest.update(f"{file.name}\t{size}\n".encode())
+    for file in small:
+        digest.update(f"{file.name}\n".encode() + file.read_bytes())
+    return {"path": str(path), "files": files, "hashed_json": [f.name for f in small], "sha256": digest.hexdigest()}

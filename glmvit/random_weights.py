@@ -1,11 +1,15 @@
 """Random but non-trivial weights, drawn the same way on every device: the embedded default model of the demo,
-the benchmark and the tests (which load the same draw into transformers' tower)."""
+the benchmark and the tests (which load the same draw into transformers' tower). :func:`random_encoder` builds it."""
 from __future__ import annotations
 
 import math
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
+
+if TYPE_CHECKING:
+    from .config import VisionConfig
+    from .model import GlmVisionEncoder
 
 Module = TypeVar("Module", bound=torch.nn.Module)
 
@@ -34,3 +38,14 @@ def randomize_(model: Module, seed: int = 0) -> Module:
                 value = noise / math.sqrt(p[0].numel())
             p.copy_(value)
     return model
+
+
+def random_encoder(config: "VisionConfig", device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                   seed: int = 0) -> "GlmVisionEncoder":
+    """The embedded default: a :class:`~glmvit.model.GlmVisionEncoder` of ``config`` with seeded random weights
+    (:func:`randomize_`, drawn in float32, then cast to ``dtype``) on ``device``, in eval mode."""
+    from .model import GlmVisionEncoder
+
+    with torch.device(device):
+        model = GlmVisionEncoder(config)
+    return randomize_(model, seed).to(dtype).eval()
