@@ -42,6 +42,7 @@ from .geometry import (
     FACTOR,
     IMAGE_MAX_PIXELS,
     IMAGE_MIN_PIXELS,
+    MAX_FRAMES,
     MERGE_SIZE,
     PATCH_SIZE,
     TEMPORAL_PATCH_SIZE,
@@ -65,7 +66,6 @@ PATCH, TEMPORAL, MERGE = PATCH_SIZE, TEMPORAL_PATCH_SIZE, MERGE_SIZE
 RULES = ("glm41v", "glm46v")
 RESIZES = ("pil", "torchvision")
 KINDS = ("image", "video")
-MAX_FRAMES = 2**24  # frame counts above this (155 h at 30 fps) are refused before sampling: bounded work
 
 _MEAN = np.array(OPENAI_CLIP_MEAN, dtype=np.float32)
 _STD = np.array(OPENAI_CLIP_STD, dtype=np.float32)

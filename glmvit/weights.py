@@ -20,6 +20,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from .config import VisionConfig
+from .files import read_bounded
 from .rotary import inv_freq
 
 if TYPE_CHECKING:
@@ -154,10 +155,9 @@ def _read_index(directory: Path, index: Path) -> dict[str, Path]:
 
 def _read_json(file: Path) -> dict[str, Any]:
     """A small JSON object from ``file``; any problem is a one-line error naming it."""
-    if os.stat(file).st_size > MAX_JSON_BYTES:
-        raise ValueError(f"{file}: larger than {MAX_JSON_BYTES >> 20} MiB, not a checkpoint's JSON")
+    raw = read_bounded(file, MAX_JSON_BYTES, "checkpoint JSON file")
     try:
-        data = json.loads(file.read_bytes())
+        data = json.loads(raw)
     except (ValueError, RecursionError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ValueError(f"{file}: not valid JSON ({err})") from None
     if not isinstance(data, dict):
