@@ -27,6 +27,10 @@ VIDEO_MAX_PIXELS = 28 * 28 * 2 * 30000  # the video processors' longest_edge; co
 # so no decoder yields a side above MAX_SIDE; MAX_FRAMES is 155 hours at 30 fps.
 MAX_SIDE = 2**31 - 1
 MAX_FRAMES = 2**24
+# The most pixels of one decoded picture (an image, or a frame of a video) the readers accept, checked from the
+# file's header before decoding: 8192² = 64 MP, above the 50 MP of today's largest camera photos. The model sees at
+# most IMAGE_MAX_PIXELS / 2 = 4.8 MP of a picture; decoding and converting one costs about 15 bytes a pixel.
+MAX_FRAME_PIXELS = 8192 * 8192
 
 
 class ItemSpec(NamedTuple):
@@ -89,6 +93,16 @@ def grid_for(height: int, width: int, frames: int = 1) -> tuple[int, int, int]:
     else:
         h_px, w_px = smart_resize(height, width, TEMPORAL_PATCH_SIZE * t, max_pixels=VIDEO_MAX_PIXELS)
     return t, h_px // PATCH_SIZE, w_px // PATCH_SIZE
+
+
+def check_frame_pixels(width: int, height: int, name: str, max_frame_pixels: int = MAX_FRAME_PIXELS,
+                       error: type[ValueError] = ValueError) -> None:
+    """Refuse a picture of more than ``max_frame_pixels`` before it is decoded or copied (a file's header states
+    its size): an ``error`` naming it."""
+    if width * height > max_frame_pixels:
+        raise error(f"{name}: {width}×{height} is {width * height:,} pixels, more than max_frame_pixels="
+                    f"{max_frame_pixels:,} (glmvit.geometry.MAX_FRAME_PIXELS): resize it first, or raise the limit "
+                    "for a file you trust")
 
 
 def _side(value: int) -> str:
