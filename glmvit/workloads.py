@@ -52,8 +52,8 @@ def parse_bucket_config(bucket_config: str | Mapping[Any, Any]) -> dict[tuple[in
         try:
             bucket_config = ast.literal_eval(bucket_config)
         except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError) as err:
-            reason = "nested too deeply" if isinstance(err, (RecursionError, MemoryError)) else err
-            raise ValueError(f"could not parse bucket_config {shown(bucket_config)}: {shown(reason, 120)}") from None
+            reason = "nested too deeply" if isinstance(err, (RecursionError, MemoryError)) else shown(err, 120)
+            raise ValueError(f"could not parse bucket_config {shown(bucket_config)}: {reason}") from None
     if not isinstance(bucket_config, Mapping) or not bucket_config:
         raise ValueError(f"bucket_config must be a non-empty dict {{(height, width, frames): prob}}, "
                          f"got {shown(bucket_config)}")

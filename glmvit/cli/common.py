@@ -20,6 +20,7 @@ from ..files import file_kind, read_bounded
 from ..model import GlmVisionEncoder
 from ..packing import BudgetConfig, parse_budgets
 from ..random_weights import randomize_
+from ..weights import checkpoint_config, missing_checkpoint
 from ..workloads import parse_bucket_config, shown
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -44,10 +45,13 @@ class Parser(argparse.ArgumentParser):
 def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
     """An argparse ``type``: an integer in [lo, hi] (hi None: no upper bound); anything else is a one-line error."""
     def parse(text: str) -> int:
+        digits = text.strip().removeprefix("-").removeprefix("+")
+        if len(digits) > 40 and digits.isascii() and digits.isdigit():  # past every bound; int() stops at 4,300
+            raise argparse.ArgumentTypeError(f"{text[:12]}… ({len(digits):,} digits) is far out of range")
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+            raise argparse.ArgumentTypeError(f"{shown(text)} is not an integer") from None
         if value < lo or (hi is not None and value > hi):
             bound = f"in [{lo:,}, {hi:,}]" if hi is not None else f"≥ {lo:,}"
             raise argparse.ArgumentTypeError(f"{value:,} is not {bound}")
@@ -62,9 +66,9 @@ def float_in(lo: float, hi: float) -> Callable[[str], float]:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+            raise argparse.ArgumentTypeError(f"{shown(text)} is not a number") from None
         if not (math.isfinite(value) and lo <= value <= hi):
-            raise argparse.ArgumentTypeError(f"{text} is not in [{lo:g}, {hi:g}]")
+            raise argparse.ArgumentTypeError(f"{text if len(text) <= 24 else shown(text)} is not in [{lo:g}, {hi:g}]")
         return value
 
     return parse
@@ -119,9 +123,14 @@ def resolve_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         parser.error(f"--device {args.device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
     if args.weights and not Path(args.weights).exists():
-        parser.error(f"--weights {args.weights}: no such checkpoint directory or file")
+        parser.error(f"--weights {missing_checkpoint(args.weights)}")
     if args.weights and args.config != "auto":
         parser.error("--config applies to random weights; with --weights the checkpoint's config.json decides")
+    if args.weights:
+        try:
+            checkpoint_config(args.weights)  # config.json read and checked now, before any other work
+        except (ValueError, OSError) as err:
+            parser.error(f"--weights: {err}")
     if args.config == "auto":
         args.config = "checkpoint" if args.weights else "full" if device.type == "cuda" else "tiny"
     if args.dtype is None:
@@ -309,6 +318,11 @@ def write_json(path: str | Path, data: Any) -> None:
     write_atomic(check_writable(path), (json.dumps(data, indent=1) + "\n").encode())
     print(f"wrote {path}")
 
+
+
+def plural(count: int, noun: str, plural_form: str | None = None) -> str:
+    """``"1 replay"``, ``"3 replays"``: a count and its noun, in the right number."""
+    return f"{count:,} {noun if count == 1 else plural_form or noun + 's'}"
 
 
 def device_memory_bytes(device: torch.device | str) -> int:
