@@ -116,9 +116,11 @@ def load(path: Path, kind: str) -> VisionInputs:
 
 def item_metadata(path: Path, inputs: VisionInputs, embedding: torch.Tensor) -> dict[str, Any]:
     """What one encoded item is: its file (absolute path, sha256), its grid, its sampled frames' times."""
+    digest = hashlib.sha256()
     with path.open("rb") as f:
-        digest = hashlib.file_digest(f, "sha256").hexdigest()  # read in chunks: a video can be large
-    return {"source": str(path.resolve()), "sha256": digest,
+        while chunk := f.read(1 << 20):  # in chunks: a video can be large
+            digest.update(chunk)
+    return {"source": str(path.resolve()), "sha256": digest.hexdigest(),
             "kind": inputs.kinds[0], "grid_thw": inputs.grid_thw[0].tolist(), "tokens": embedding.shape[0],
             "frame_indices": inputs.frame_indices[0], "timestamps": inputs.timestamps[0]}
 
