@@ -94,7 +94,8 @@ def shown(value: Any, limit: int = 60) -> str:
     except (ValueError, RecursionError):  # an int past Python's 4300-digit limit, a structure nested too deeply
         text = f"<a {type(value).__name__} too large to show>"
     text = text.replace("\n", " ")
-    return text if len(text) <= limit else f"{text[: limit // 2]}…{text[-limit // 4:]} ({len(text):,} characters)"
+    length = len(value) if isinstance(value, str) else len(text)
+    return text if len(text) <= limit else f"{text[: limit // 2]}…{text[-limit // 4:]} ({length:,} characters)"
 
 
 def random_mm_workload(bucket_config: str | Mapping[Any, Any], num_requests: int, items_per_request: int = 1,

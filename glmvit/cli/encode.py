@@ -29,6 +29,7 @@ import argparse
 import hashlib
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,17 @@ SUFFIXES = tuple(sorted(set(IMAGE_SUFFIXES + ANIMATION_SUFFIXES + VIDEO_SUFFIXES
 
 
 def check_file(path: Path) -> str:
-    """The kind of ``path`` ("image" or "video") once it is known to load: otherwise one line naming it."""
+    """The kind of ``path`` ("image" or "video") once it is known to load: otherwise one line naming it.
+
+    PIL's decompression-bomb warning is silenced here: it fires above 89 M pixels, and MAX_FRAME_PIXELS (64 M)
+    refuses every such picture with one line of its own.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        return _check_file(path)
+
+
+def _check_file(path: Path) -> str:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
     if not path.is_file():
