@@ -56,10 +56,10 @@ def smart_resize(height: int, width: int, num_frames: int = TEMPORAL_PATCH_SIZE,
     Returns (height, width) in pixels.
     """
     if not temporal_factor <= num_frames <= MAX_FRAMES:
-        raise ValueError(f"num_frames={num_frames} must be at least temporal_factor={temporal_factor}"
-                         if num_frames < temporal_factor else f"{num_frames:,} frames: at most {MAX_FRAMES:,}")
+        raise ValueError(f"num_frames={_side(num_frames)} must be at least temporal_factor={temporal_factor}"
+                         if num_frames < temporal_factor else f"{_side(num_frames)} frames: at most {MAX_FRAMES:,}")
     if height <= 0 or width <= 0:
-        raise ValueError(f"image size must be positive, got {height}×{width}")
+        raise ValueError(f"image size must be positive, got {_side(height)}×{_side(width)}")
     if max(height, width) > MAX_SIDE:
         raise ValueError(f"image size {_side(height)}×{_side(width)}: a side is larger than {MAX_SIDE:,} pixels, "
                          "more than any decoder gives")
