@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -9,7 +10,11 @@ _HF_ALIASES = {"num_hidden_layers": "depth", "num_attention_heads": "num_heads"}
 GLM4V_MODEL_TYPES = ("glm4v", "glm4v_moe", "glm46v")  # full models whose vision_config is this tower
 GLM4V_VISION_TYPES = ("glm4v_vision", "glm4v_moe_vision")  # transformers' vision sub-configs of the same tower
 _REQUIRED = ("depth", "hidden_size", "num_heads")  # what tells a tower's size; the rest has GLM-4V defaults
-_MAX_DEPTH = 1024  # GLM-4V has 24 blocks; a config asking for millions would exhaust memory building modules
+# Bounds on a config's sizes (a checkpoint's config.json comes from outside): far above GLM-4V's, low enough that
+# no weight's element count can overflow while the tower is built (on the meta device, before any file is read).
+MAX_DEPTH = 1024  # GLM-4V has 24 blocks; a config asking for millions would exhaust memory building modules
+MAX_WIDTH = 2**17  # every matrix side: GLM-4V's widest is the merger MLP's 13,696; the largest LLMs' MLPs ~53k
+MAX_POS_GRID = 1024  # the learned position table's side (GLM-4V: 24); the table has side² rows
 
 
 @dataclass(frozen=True)
@@ -32,8 +37,18 @@ class VisionConfig:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if value is None or value <= 0:
-                raise ValueError(f"VisionConfig.{f.name} must be positive, got {value!r}")
+            if value is None or not value > 0 or value == math.inf:
+                raise ValueError(f"VisionConfig.{f.name} must be positive and finite, got {_shown(value)}")
+        widths = {"depth": (self.depth, MAX_DEPTH), "hidden_size": (self.hidden_size, MAX_WIDTH),
+                  "out_hidden_size": (self.out_hidden_size, MAX_WIDTH),
+                  "intermediate_size": (self.intermediate_size, MAX_WIDTH),
+                  "patch_dim (in_channels·temporal_patch_size·patch_size²)": (self.patch_dim, MAX_WIDTH),
+                  "spatial_merge_size²·hidden_size": (self.merge_area * self.hidden_size, MAX_WIDTH),
+                  "pos_grid (image_size / patch_size)": (self.image_size // self.patch_size, MAX_POS_GRID)}
+        for name, (value, bound) in widths.items():
+            if value > bound:
+                raise ValueError(f"VisionConfig.{name} {_shown(value)} is implausible: at most {bound:,} "
+                                 "(glmvit.config bounds; GLM-4V's are far below)")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
         if self.head_dim % 4:
@@ -130,11 +145,17 @@ def _vision_values(vision: Mapping[str, Any]) -> dict[str, Any]:
                              f"got {value!r}")
         if fields[name] == "float":
             values[name] = float(value)
-    if values["depth"] > _MAX_DEPTH:
-        raise ValueError(f"vision_config.depth {values['depth']} is implausible (GLM-4V has 24; at most {_MAX_DEPTH})")
     act = vision.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"only hidden_act='silu' is supported (GLM-4V), got {act!r}")
     if vision.get("attention_bias"):
         raise ValueError("attention_bias=True is not a GLM-4V vision tower")
     return values
+
+
+def _shown(value: Any) -> str:
+    """A config value for an error message: a number too long to read is given by its digit count."""
+    if isinstance(value, int) and value.bit_length() > 100:
+        return f"(an int of about {value.bit_length() * 0.30103:,.0f} digits)"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:20] + "…"

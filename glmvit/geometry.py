@@ -22,6 +22,15 @@ FACTOR = PATCH_SIZE * MERGE_SIZE  # 28 px: one output token's side
 IMAGE_MIN_PIXELS = 112 * 112  # Glm4vImageProcessor's size["shortest_edge"]
 IMAGE_MAX_PIXELS = 28 * 28 * 2 * 6144  # 9,633,792: size["longest_edge"] of the GLM-4V checkpoints
 VIDEO_MAX_PIXELS = 28 * 28 * 2 * 30000  # the video processors' longest_edge; counts t̄·h·w
+# Bounds on sizes from outside (files, traces, bucket configs), checked before any arithmetic: the resize rule
+# works in floats, and a 400-digit side would overflow them. Pillow and FFmpeg keep a picture's sides in C ints,
+# so no decoder yields a side above MAX_SIDE; MAX_FRAMES is 155 hours at 30 fps.
+MAX_SIDE = 2**31 - 1
+MAX_FRAMES = 2**24
+# The most pixels of one decoded picture (an image, or a frame of a video) the readers accept, checked from the
+# file's header before decoding: 8192² = 64 MP, above the 50 MP of today's largest camera photos. The model sees at
+# most IMAGE_MAX_PIXELS / 2 = 4.8 MP of a picture; decoding and converting one costs about 15 bytes a pixel.
+MAX_FRAME_PIXELS = 8192 * 8192
 
 
 class ItemSpec(NamedTuple):
@@ -60,10 +69,14 @@ def smart_resize(height: int, width: int, num_frames: int = TEMPORAL_PATCH_SIZE,
     frames · h · w stays within [min_pixels, max_pixels]. Images count as ``temporal_factor`` frames.
     Returns (height, width) in pixels.
     """
-    if num_frames < temporal_factor:
-        raise ValueError(f"num_frames={num_frames} must be at least temporal_factor={temporal_factor}")
+    if not temporal_factor <= num_frames <= MAX_FRAMES:
+        raise ValueError(f"num_frames={_side(num_frames)} must be at least temporal_factor={temporal_factor}"
+                         if num_frames < temporal_factor else f"{_side(num_frames)} frames: at most {MAX_FRAMES:,}")
     if height <= 0 or width <= 0:
-        raise ValueError(f"image size must be positive, got {height}×{width}")
+        raise ValueError(f"image size must be positive, got {_side(height)}×{_side(width)}")
+    if max(height, width) > MAX_SIDE:
+        raise ValueError(f"image size {_side(height)}×{_side(width)}: a side is larger than {MAX_SIDE:,} pixels, "
+                         "more than any decoder gives")
     if min_pixels > max_pixels:
         raise ValueError(f"min_pixels={min_pixels} is larger than max_pixels={max_pixels}")
     if height < factor or width < factor:
@@ -86,14 +99,30 @@ def smart_resize(height: int, width: int, num_frames: int = TEMPORAL_PATCH_SIZE,
 
 def grid_for(height: int, width: int, frames: int = 1) -> tuple[int, int, int]:
     """Patch grid (t, h, w) of an image (frames = 1) or a video of ``frames`` sampled frames (t = ceil(frames / 2))."""
-    if frames < 1:
-        raise ValueError(f"frames must be ≥ 1, got {frames}")
+    if not 1 <= frames <= MAX_FRAMES:
+        raise ValueError(f"frames must be in [1, {MAX_FRAMES:,}], got {_side(frames)}")
     t = math.ceil(frames / TEMPORAL_PATCH_SIZE)
     if frames == 1:
         h_px, w_px = smart_resize(height, width)
     else:
         h_px, w_px = smart_resize(height, width, TEMPORAL_PATCH_SIZE * t, max_pixels=VIDEO_MAX_PIXELS)
     return t, h_px // PATCH_SIZE, w_px // PATCH_SIZE
+
+
+def check_frame_pixels(width: int, height: int, name: str, max_frame_pixels: int = MAX_FRAME_PIXELS,
+                       error: type[ValueError] = ValueError) -> None:
+    """Refuse a picture of more than ``max_frame_pixels`` before it is decoded or copied (a file's header states
+    its size): an ``error`` naming it."""
+    if width * height > max_frame_pixels:
+        raise error(f"{name}: {width}×{height} is {width * height:,} pixels, more than max_frame_pixels="
+                    f"{max_frame_pixels:,} (glmvit.geometry.MAX_FRAME_PIXELS): resize it first, or raise the limit "
+                    "for a file you trust")
+
+
+def _side(value: int) -> str:
+    """A size for an error message: the number, or its digit count if it is too long to read."""
+    text = f"{value:,}"
+    return text if len(text) <= 27 else f"(a {len(str(value))}-digit number)"
 
 
 def output_tokens(t: int, h: int, w: int, merge: int = MERGE_SIZE) -> int:

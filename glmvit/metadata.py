@@ -20,6 +20,7 @@ its own (``n + i`` after the n real segments), so the masked backend lets it att
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -46,32 +47,90 @@ class BatchShape:
         return self.cu_slots + 5 * self.rows + self.rows // merge_area
 
 
+# The most patch rows one batch may have. The packed metadata is int32 and holds row offsets and segment ids up to
+# rows + segments ≤ 2·rows (every segment has at least one row), so 2³⁰ rows keeps every value below 2³¹. Checked
+# on the exact product t·h·w of every item and on the sum, so nothing wraps in int64 and nothing is allocated
+# for a grid no pixels could fill: 2³⁰ rows of 1176 float32 pixels are 5 TB, far past any real batch.
+MAX_ROWS = 2**30
+
+
 def as_grid_array(grid_thw) -> np.ndarray:
-    """grid_thw (tensor, array or nested list) as an int64 numpy array of shape [n, 3], validated."""
+    """grid_thw (tensor, array or nested list) as an int64 numpy array of shape [n, 3], validated: positive
+    integers whose rows t·h·w, and their sum, are at most :data:`MAX_ROWS`. Errors name the item."""
     if isinstance(grid_thw, torch.Tensor):
         grid_thw = grid_thw.detach().cpu().numpy()
-    grids = np.asarray(grid_thw)
+    try:
+        grids = np.asarray(grid_thw)
+    except (ValueError, TypeError):  # ragged nested lists
+        raise ValueError("grid_thw must be an [n, 3] array of integers, got rows of different lengths") from None
     if grids.size == 0:
         return np.zeros((0, 3), dtype=np.int64)
     if grids.ndim != 2 or grids.shape[1] != 3:
         raise ValueError(f"grid_thw must have shape [n, 3] (rows [t, h, w]), got {tuple(grids.shape)}")
-    if not np.issubdtype(grids.dtype, np.integer):
-        if not np.all(np.mod(grids, 1) == 0):
-            raise ValueError("grid_thw must hold integers")
-    grids = grids.astype(np.int64)
-    for i, (t, h, w) in enumerate(grids):
-        if min(t, h, w) <= 0:
-            raise ValueError(f"item {i}: grid [t, h, w] = {[int(t), int(h), int(w)]} has a non-positive entry")
+    grids = _exact_entries(grids)
+    hw = grids[:, 1] * grids[:, 2]  # each entry ≤ 2³⁰: no product below wraps
+    rows = grids[:, 0] * np.minimum(hw, MAX_ROWS + 1)
+    over = np.flatnonzero((hw > MAX_ROWS) | (rows > MAX_ROWS))
+    if len(over):
+        i = int(over[0])
+        t, h, w = (int(v) for v in grids[i])
+        raise ValueError(f"item {i}: grid [t, h, w] = {[t, h, w]} is t·h·w = {t * h * w:,} patch rows, more than "
+                         f"{MAX_ROWS:,} (glmvit.metadata.MAX_ROWS: the metadata is int32)")
+    total = int(rows.sum())
+    if total > MAX_ROWS:
+        raise ValueError(f"grid_thw: Σ t·h·w = {total:,} patch rows, more than {MAX_ROWS:,} "
+                         "(glmvit.metadata.MAX_ROWS: the metadata is int32); split the batch")
     return grids
 
 
+def _exact_entries(grids: np.ndarray) -> np.ndarray:
+    """The entries of an [n, 3] array as int64, each an integer in [1, MAX_ROWS], checked before any cast (a float
+    or a Python int beyond int64 must not wrap into range); the first bad item is named."""
+    kind = grids.dtype.kind
+    if kind == "O":  # Python ints too large for int64, or a mix of types
+        good = np.array([[_entry_ok(v) for v in row] for row in grids], dtype=bool)
+    elif kind in "iuf":
+        with np.errstate(invalid="ignore"):
+            good = (grids >= 1) & (grids <= MAX_ROWS)
+            if kind == "f":
+                good &= np.mod(grids, 1) == 0  # NaN and inf fail every comparison
+    else:
+        raise ValueError(f"grid_thw must hold integers, got dtype {grids.dtype}")
+    bad = np.flatnonzero(~good.all(axis=1))
+    if len(bad):
+        i = int(bad[0])
+        shown = [v.item() if isinstance(v, np.generic) else v for v in grids[i]]
+        if not all(_entry_ok(v) or (isinstance(v, numbers.Real) and v <= 0) for v in shown):
+            raise ValueError(f"item {i}: grid [t, h, w] = {_short(shown)} must hold integers in [1, {MAX_ROWS:,}] "
+                             "(glmvit.metadata.MAX_ROWS)")
+        raise ValueError(f"item {i}: grid [t, h, w] = {_short(shown)} has a non-positive entry")
+    return grids.astype(np.int64)
+
+
+def _entry_ok(value) -> bool:
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_ROWS
+
+
+def _short(values: list) -> str:
+    """A grid row for an error message, each entry at most 24 characters (a 400-digit int stays readable)."""
+    return "[" + ", ".join(text if len(text := repr(v)) <= 24 else text[:10] + "…" + text[-6:] for v in values) + "]"
+
+
 def check_grids(grids: np.ndarray, merge: int) -> None:
-    for i, (_, h, w) in enumerate(grids):
-        if h % merge or w % merge:
-            raise ValueError(f"item {i}: grid h×w = {h}×{w} is not divisible by the spatial merge size {merge}")
+    """Every item's h and w divisible by the spatial merge size (``grids`` from :func:`as_grid_array`)."""
+    bad = np.flatnonzero((grids[:, 1] % merge) | (grids[:, 2] % merge))
+    if len(bad):
+        i = int(bad[0])
+        h, w = int(grids[i, 1]), int(grids[i, 2])
+        raise ValueError(f"item {i}: grid h×w = {h}×{w} is not divisible by the spatial merge size {merge}")
 
 
 def rows_of(grids: np.ndarray) -> int:
+    """Σ t·h·w of ``grids`` from :func:`as_grid_array` (exact: it bounds every product and the sum)."""
     return int((grids[:, 0] * grids[:, 1] * grids[:, 2]).sum()) if len(grids) else 0
 
 

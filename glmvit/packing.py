@@ -76,15 +76,24 @@ def default_ladder(largest_request: int, smallest: int = SMALLEST_BUDGET, split:
 
 
 def parse_budgets(text: str) -> tuple[int, ...] | None:
-    """Budgets typed as text: ``"64, 128 256"`` → (64, 128, 256); ``"auto"`` or blank → None (auto budgets)."""
+    """Budgets typed as text: ``"64, 128 256"`` → (64, 128, 256); ``"auto"`` or blank → None (auto budgets).
+
+    Each word must be ASCII digits with an optional sign, and at most 18 digits (any budget that long is out of
+    every range the callers check; Python refuses to convert past 4,300): anything else is a ValueError naming it.
+    """
     words = text.replace(",", " ").split()
     if not words or [w.lower() for w in words] == ["auto"]:
         return None
-    try:
-        return tuple(int(w) for w in words)
-    except ValueError:
-        bad = next(w for w in words if not w.lstrip("+-").isdigit())
-        raise ValueError(f"budget {bad!r} is not an integer (write e.g. '64, 256, 1024' or 'auto')") from None
+    budgets = []
+    for word in words:
+        digits = word[1:] if word[:1] in "+-" else word
+        if not (digits.isascii() and digits.isdigit()):
+            shown = word if len(word) <= 24 else f"{word[:12]}…{word[-6:]}"
+            raise ValueError(f"budget {shown!r} is not an integer (write e.g. '64, 256, 1024' or 'auto')")
+        if len(digits.lstrip("0")) > 18:
+            raise ValueError(f"budget {word[:12]}… ({len(digits):,} digits) is far larger than any token budget")
+        budgets.append(int(word))
+    return tuple(budgets)
 
 
 @dataclass(frozen=True)

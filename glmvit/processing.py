@@ -42,10 +42,13 @@ from .geometry import (
     FACTOR,
     IMAGE_MAX_PIXELS,
     IMAGE_MIN_PIXELS,
+    MAX_FRAME_PIXELS,
+    MAX_FRAMES,
     MERGE_SIZE,
     PATCH_SIZE,
     TEMPORAL_PATCH_SIZE,
     VIDEO_MAX_PIXELS,
+    check_frame_pixels,
     smart_resize,
 )
 from .video import MAX_DECODED_PIXELS, PIL_ERRORS
@@ -65,7 +68,6 @@ PATCH, TEMPORAL, MERGE = PATCH_SIZE, TEMPORAL_PATCH_SIZE, MERGE_SIZE
 RULES = ("glm41v", "glm46v")
 RESIZES = ("pil", "torchvision")
 KINDS = ("image", "video")
-MAX_FRAMES = 2**24  # frame counts above this (155 h at 30 fps) are refused before sampling: bounded work
 
 _MEAN = np.array(OPENAI_CLIP_MEAN, dtype=np.float32)
 _STD = np.array(OPENAI_CLIP_STD, dtype=np.float32)
@@ -164,76 +166,100 @@ def _to_8bit(image: Image.Image, name: str) -> Image.Image:
     return Image.fromarray(scaled)
 
 
-def _rgb_array(image: Image.Image, name: str) -> np.ndarray:
-    """(H, W, 3) uint8: transformers' ``convert_to_rgb`` for PIL images (transparency composited on white),
-    after scaling high-bit-depth modes to 8 bits."""
+def _rgb_image(image: Image.Image, name: str) -> Image.Image:
+    """A mode RGB copy: transformers' ``convert_to_rgb`` for PIL images (transparency composited on white), after
+    scaling high-bit-depth modes to 8 bits."""
     if image.mode == "F" or image.mode.startswith("I"):
         image = _to_8bit(image, name)
     try:
         if "A" in image.getbands() or image.info.get("transparency") is not None:
             rgba = image.convert("RGBA")
             image = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
-        return np.asarray(image.convert("RGB"))
+        return image.convert("RGB")
     except PIL_ERRORS as err:
         raise ValueError(f"{name}: cannot convert a mode {image.mode} image to RGB: {err}") from err
+
+
+def _rgb_array(image: Image.Image, name: str) -> np.ndarray:
+    """(H, W, 3) uint8 of :func:`_rgb_image`."""
+    return np.asarray(_rgb_image(image, name))
 
 
 # --- images ------------------------------------------------------------------------------------------------------
 
 
-def _open_image(path: Path, name: str) -> Image.Image:
-    """The decoded picture of an image file, EXIF orientation applied (as transformers' ``load_image``)."""
+def _open_image(path: Path, name: str, max_frame_pixels: int) -> Image.Image:
+    """The decoded picture of an image file, EXIF orientation applied (as transformers' ``load_image``); its size
+    is checked from the header first."""
     if not path.is_file():
         raise FileNotFoundError(f"{name}: no such file: {path}")
     try:
-        with Image.open(path) as im:
-            return ImageOps.exif_transpose(im)  # a loaded copy
+        im = Image.open(path)
     except UnidentifiedImageError as err:
         raise ValueError(f"{name}: cannot decode {path} as an image") from err
     except PIL_ERRORS as err:
         raise ValueError(f"{name}: cannot decode {path}: {err}") from err
+    with im:
+        check_frame_pixels(*im.size, f"{name} ({path})", max_frame_pixels)
+        try:
+            return ImageOps.exif_transpose(im)  # a loaded copy
+        except PIL_ERRORS as err:
+            raise ValueError(f"{name}: cannot decode {path}: {err}") from err
 
 
-def _load_image(item, index: int) -> tuple[np.ndarray, str | None]:
-    """One image input as (H, W, 3) uint8 RGB and its source name."""
+def _load_image(item, index: int, max_frame_pixels: int) -> tuple[Image.Image, str | None]:
+    """One image input as a mode RGB PIL image and its source name."""
     name = f"image {index}"
     if isinstance(item, (str, Path)):
-        return _rgb_array(_open_image(Path(item), name), f"{name} ({item})"), str(item)
+        return _rgb_image(_open_image(Path(item), name, max_frame_pixels), f"{name} ({item})"), str(item)
     if isinstance(item, Image.Image):
-        return _rgb_array(item, name), getattr(item, "filename", None) or None
+        check_frame_pixels(*item.size, name, max_frame_pixels)
+        return _rgb_image(item, name), getattr(item, "filename", None) or None
     if isinstance(item, np.ndarray):
         if item.dtype != np.uint8 or item.ndim != 3 or item.shape[2] != 3:
             raise ValueError(f"{name}: arrays must be HWC uint8 with 3 channels, got {item.dtype} {item.shape}")
-        return item, None
+        check_frame_pixels(item.shape[1], item.shape[0], name, max_frame_pixels)
+        return Image.fromarray(item), None
     raise TypeError(f"{name}: expected a path, a PIL image or an HWC uint8 array, got {type(item).__name__}")
 
 
-def _check_image_size(rgb: np.ndarray, name: str, min_pixels: int, max_pixels: int) -> None:
+def _check_image_size(image: Image.Image, name: str, min_pixels: int, max_pixels: int) -> None:
     """The processor's resize rule, run first so that a size it refuses is an error naming the image."""
     try:
-        smart_resize(rgb.shape[0], rgb.shape[1], min_pixels=min_pixels, max_pixels=max_pixels)
+        smart_resize(image.height, image.width, min_pixels=min_pixels, max_pixels=max_pixels)
     except ValueError as err:
         raise ValueError(f"{name}: {err}") from err
 
 
-def process_images(images, min_pixels: int = IMAGE_MIN_PIXELS, max_pixels: int = IMAGE_MAX_PIXELS) -> VisionInputs:
-    """Images (paths, PIL images or HWC uint8 arrays; one or a list) through ``Glm4vImageProcessorPil``."""
+def process_images(images, min_pixels: int = IMAGE_MIN_PIXELS, max_pixels: int = IMAGE_MAX_PIXELS, *,
+                   max_frame_pixels: int = MAX_FRAME_PIXELS) -> VisionInputs:
+    """Images (paths, PIL images or HWC uint8 arrays; one or a list) through ``Glm4vImageProcessorPil``.
+
+    One image at a time is decoded and processed (the processor treats each image alone, so the batch is the same):
+    memory holds one decoded picture, whatever the number of images. A picture of more than ``max_frame_pixels``
+    (width × height, read from a file's header before decoding) is refused.
+    """
     _check_pixel_bounds(min_pixels, max_pixels)
     if isinstance(images, (str, Path, Image.Image, np.ndarray)):
         images = [images]
     if not images:
         raise ValueError("process_images needs at least one image")
-    loaded = [_load_image(item, i) for i, item in enumerate(images)]
-    for i, (rgb, source) in enumerate(loaded):
-        _check_image_size(rgb, f"image {i}" + (f" ({source})" if source else ""), min_pixels, max_pixels)
     processor = Glm4vImageProcessorPil(size={"shortest_edge": min_pixels, "longest_edge": max_pixels})
-    out = processor([Image.fromarray(rgb) for rgb, _ in loaded], return_tensors="pt")
+    pixels, grids, sources = [], [], []
+    for i, item in enumerate(images):
+        image, source = _load_image(item, i, max_frame_pixels)
+        _check_image_size(image, f"image {i}" + (f" ({source})" if source else ""), min_pixels, max_pixels)
+        out = processor([image], return_tensors="pt")
+        del image
+        pixels.append(out["pixel_values"])
+        grids.append(out["image_grid_thw"].long())
+        sources.append(source)
     return VisionInputs(
-        pixel_values=out["pixel_values"],
-        grid_thw=out["image_grid_thw"].long(),
-        kinds=["image"] * len(loaded),
-        timestamps=[None] * len(loaded),
-        sources=[source for _, source in loaded],
+        pixel_values=torch.cat(pixels),
+        grid_thw=torch.cat(grids),
+        kinds=["image"] * len(sources),
+        timestamps=[None] * len(sources),
+        sources=sources,
     )
 
 
@@ -395,20 +421,23 @@ class _Clip:
     read: Callable[[list[int]], Iterator[tuple[int, Frame]]]  # distinct indices, increasing → (index, frame)
 
 
-def _array_clip(frames: np.ndarray, video_fps: float | None, duration: float | None) -> _Clip:
+def _array_clip(frames: np.ndarray, video_fps: float | None, duration: float | None,
+                max_frame_pixels: int) -> _Clip:
     if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[3] != 3:
         raise ValueError(f"video arrays must be (F, H, W, 3) uint8, got {frames.dtype} {frames.shape}")
+    check_frame_pixels(frames.shape[2], frames.shape[1], "video (array)", max_frame_pixels)
     if video_fps is None:
         raise ValueError("a video given as an array needs video_fps (the frame rate of its frames)")
     return _Clip("video (array)", None, len(frames), video_fps, duration,
                  lambda indices: ((i, frames[i]) for i in sorted(set(indices))))
 
 
-def _file_clip(path: Path, video_fps: float | None, duration: float | None, max_decoded_pixels: int) -> _Clip:
+def _file_clip(path: Path, video_fps: float | None, duration: float | None, max_decoded_pixels: int,
+               max_frame_pixels: int) -> _Clip:
     """A video file: its own metadata unless the caller gives video_fps / duration."""
     if not path.is_file():
         raise FileNotFoundError(f"video: no such file: {path}")
-    info = video_files.probe(path)
+    info = video_files.probe(path, max_frame_pixels)
     fps = video_fps if video_fps is not None else info.fps
     if fps is None:
         raise ValueError(f"video {path}: the file states no frame rate (no frame durations); pass video_fps")
@@ -416,17 +445,18 @@ def _file_clip(path: Path, video_fps: float | None, duration: float | None, max_
         duration = info.duration
 
     def read(indices: list[int]) -> Iterator[tuple[int, Frame]]:
-        for index, frame in video_files.decode(path, info, indices, max_decoded_pixels):
+        for index, frame in video_files.decode(path, info, indices, max_decoded_pixels, max_frame_pixels):
             yield index, frame if isinstance(frame, np.ndarray) else _rgb_array(frame, f"video {path} frame {index}")
 
     return _Clip(f"video {path}", str(path), info.frames, fps, duration, read)
 
 
-def _open_clip(video, video_fps: float | None, duration: float | None, max_decoded_pixels: int) -> _Clip:
+def _open_clip(video, video_fps: float | None, duration: float | None, max_decoded_pixels: int,
+               max_frame_pixels: int) -> _Clip:
     if isinstance(video, (str, Path)):
-        return _file_clip(Path(video), video_fps, duration, max_decoded_pixels)
+        return _file_clip(Path(video), video_fps, duration, max_decoded_pixels, max_frame_pixels)
     if isinstance(video, np.ndarray):
-        return _array_clip(video, video_fps, duration)
+        return _array_clip(video, video_fps, duration, max_frame_pixels)
     raise TypeError(f"video: expected a path or an (F, H, W, 3) uint8 array, got {type(video).__name__}")
 
 
@@ -524,6 +554,7 @@ def process_video(
     duration: float | None = None,
     resize: str = "pil",
     max_decoded_pixels: int = MAX_DECODED_PIXELS,
+    max_frame_pixels: int = MAX_FRAME_PIXELS,
 ) -> VisionInputs:
     """One video → one video item: a file (GIF/WebP through PIL; mp4, webm, mov, ... through PyAV, an optional
     dependency) or (F, H, W, 3) uint8 frames with ``video_fps``.
@@ -544,11 +575,12 @@ def process_video(
     from PIL by up to 19 levels (about 0.3) on noise frames.
 
     Only frames up to the last sampled one are decoded, one at a time; decoding more than ``max_decoded_pixels``
-    (frames × width × height) is refused with :class:`glmvit.video.DecodeLimitError`.
+    (frames × width × height), or a frame of more than ``max_frame_pixels``, is refused with
+    :class:`glmvit.video.DecodeLimitError`, from the file's header before decoding where it tells.
     """
     _check_video_args(rule, fps, resize, min_pixels, max_pixels)
     resizer = _pil_frame if resize == "pil" else _torchvision_resizer()
-    clip = _open_clip(video, video_fps, duration, max_decoded_pixels)
+    clip = _open_clip(video, video_fps, duration, max_decoded_pixels, max_frame_pixels)
     indices = _sample(clip, rule, fps)
     _check_frame_count(clip, len(indices), max_pixels)
     pixels = _resample(clip, indices, resizer, min_pixels, max_pixels)

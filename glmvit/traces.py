@@ -27,7 +27,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from .workloads import MMItem, make_item
+from .files import read_bounded
+from .geometry import MAX_SIDE
+from .workloads import MMItem, make_item, shown
 
 FIELDS = ("height", "width", "frames", "request")
 SUFFIXES = (".csv", ".json", ".jsonl")
@@ -41,11 +43,7 @@ def load_trace(path: str | Path) -> list[list[MMItem]]:
     path = Path(path)
     if path.suffix.lower() not in SUFFIXES:
         raise ValueError(f"{path}: a trace must be {', '.join(SUFFIXES)}, got {path.suffix or 'no suffix'!r}")
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such trace file")
-    if path.stat().st_size > MAX_TRACE_BYTES:
-        raise ValueError(f"{path}: larger than {MAX_TRACE_BYTES >> 20} MiB; sample it first")
-    return parse_trace(path.read_bytes(), path.name)
+    return parse_trace(read_bounded(path, MAX_TRACE_BYTES, "trace file"), path.name)
 
 
 def parse_trace(data: bytes, name: str) -> list[list[MMItem]]:
@@ -114,32 +112,35 @@ def _jsonl_records(text: str, name: str) -> Iterator[tuple[str, Any]]:
 
 def _request_id(value: Any, where: str) -> str:
     if value == "" or isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise ValueError(f"{where}: request must be a non-empty string or an integer, got {value!r}")
+        raise ValueError(f"{where}: request must be a non-empty string or an integer, got {shown(value)}")
     return str(value)
 
 
 def _item(record: Any, where: str) -> MMItem:
     if not isinstance(record, Mapping):
-        raise ValueError(f"{where}: expected an object with height, width (frames, request), got {record!r}")
-    height, width = (_count(record, key, where) for key in ("height", "width"))
-    frames = _count(record, "frames", where) if record.get("frames") not in (None, "") else 1
-    if frames > MAX_FRAMES:
-        raise ValueError(f"{where}: frames {frames:,} is more than GLM-4V's samplers ever give ({MAX_FRAMES})")
+        raise ValueError(f"{where}: expected an object with height, width (frames, request), got {shown(record)}")
+    height, width = (_count(record, key, where, MAX_SIDE) for key in ("height", "width"))
+    frames = _count(record, "frames", where, MAX_FRAMES) if record.get("frames") not in (None, "") else 1
     try:
         return _make_item(height, width, frames)
     except ValueError as err:
         raise ValueError(f"{where}: {err}") from None
 
 
-def _count(record: Mapping[str, Any], key: str, where: str) -> int:
-    """A positive integer field: an int in JSON, digits in CSV (at most nine: no picture is a billion pixels wide)."""
+def _count(record: Mapping[str, Any], key: str, where: str, limit: int) -> int:
+    """A positive integer field up to ``limit``: an int in JSON, ASCII digits in CSV."""
     value = record.get(key)
     if value is None or value == "":
         raise ValueError(f"{where}: {key} is missing")
-    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 9:
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        if len(value.lstrip("0")) > len(str(limit)):
+            raise ValueError(f"{where}: {key} {shown(value, 27)} is larger than {limit:,}")
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{where}: {key} must be a positive integer, got {value!r}")
+        raise ValueError(f"{where}: {key} must be a positive integer, got {shown(value)}")
+    if value > limit:
+        what = "GLM-4V's samplers ever give" if key == "frames" else "any decoder gives (geometry.MAX_SIDE)"
+        raise ValueError(f"{where}: {key} {shown(value, 27)} is more than {what} ({limit:,})")
     return value
 
 

@@ -13,10 +13,14 @@ Two readers:
   decoded in order, converted with ``to_ndarray(format="rgb24")`` as transformers does, and decoding stops after
   the last sampled index.
 
-Every frame decoded, sampled or not, costs its width × height against ``max_decoded_pixels``: checked before any
-decoding (last sampled index + 1 frames of the stated size) and again frame by frame, so a tiny file that claims
-or grows huge frames fails with a clear error instead of running for minutes. PIL's own per-frame
-decompression-bomb check stays in force. Only one decoded frame is held at a time.
+Two bounds, both checked from the file's header before any decoding and again on every decoded frame, so a tiny
+file that claims or grows huge frames fails with a clear error instead of running for minutes or exhausting
+memory: each frame at most ``max_frame_pixels`` (:data:`glmvit.geometry.MAX_FRAME_PIXELS`), and every frame
+decoded, sampled or not, costs its width × height against ``max_decoded_pixels`` (last sampled index + 1 frames of
+the stated size, before decoding). FFmpeg is also given the per-frame bound (its ``max_pixels`` option, with room
+for its row alignment), so it refuses to allocate a frame whose bitstream is larger than its header says; PIL's own
+decompression-bomb check stays in force. Only one decoded frame is held at a time (FFmpeg's frame threads hold one
+each).
 """
 from __future__ import annotations
 
@@ -30,6 +34,8 @@ from typing import BinaryIO
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
+
+from .geometry import MAX_FRAME_PIXELS, check_frame_pixels
 
 __all__ = ["MAX_DECODED_PIXELS", "DecodeLimitError", "VideoInfo", "probe", "decode"]
 
@@ -61,25 +67,30 @@ class VideoInfo:
     reader: str  # "pil" or "pyav"
 
 
-def probe(path: Path) -> VideoInfo:
-    """Frame count, rate, duration and frame size of a video file, without decoding a frame."""
+def probe(path: Path, max_frame_pixels: int = MAX_FRAME_PIXELS) -> VideoInfo:
+    """Frame count, rate, duration and frame size of a video file, without decoding a frame; a stated frame size
+    above ``max_frame_pixels`` is a :class:`DecodeLimitError`."""
     fmt = _pil_format(path)
     if fmt is None:
-        return _probe_pyav(path)
-    if fmt not in ANIMATIONS:
+        info = _probe_pyav(path)
+    elif fmt not in ANIMATIONS:
         raise ValueError(f"video {path}: PIL reads it as a still {fmt} image, not a video "
                          f"(animations: GIF, WebP; other videos through PyAV)")
-    return _probe_animation(path, fmt)
+    else:
+        info = _probe_animation(path, fmt)
+    check_frame_pixels(info.width, info.height, f"video {path}", max_frame_pixels, DecodeLimitError)
+    return info
 
 
-def decode(path: Path, info: VideoInfo, indices: list[int],
-           max_decoded_pixels: int = MAX_DECODED_PIXELS) -> Iterator[tuple[int, Image.Image | np.ndarray]]:
+def decode(path: Path, info: VideoInfo, indices: list[int], max_decoded_pixels: int = MAX_DECODED_PIXELS,
+           max_frame_pixels: int = MAX_FRAME_PIXELS) -> Iterator[tuple[int, Image.Image | np.ndarray]]:
     """(index, frame) for each distinct index in ``indices``, in increasing order, one frame alive at a time.
 
     PIL frames come as the loaded ``Image`` (valid until the next item); PyAV frames as (H, W, 3) uint8 RGB.
-    Raises :class:`DecodeLimitError` before decoding when the frames up to the last index, at the stated size,
-    exceed ``max_decoded_pixels``.
+    Raises :class:`DecodeLimitError` before decoding when a frame of the stated size exceeds ``max_frame_pixels``
+    or the frames up to the last index exceed ``max_decoded_pixels``, and while decoding when a frame does.
     """
+    check_frame_pixels(info.width, info.height, f"video {path}", max_frame_pixels, DecodeLimitError)
     wanted = sorted(set(indices))
     if not wanted or wanted[0] < 0 or wanted[-1] >= info.frames:
         raise ValueError(f"video {path}: frame indices must lie in [0, {info.frames}), got {indices[:3]}...")
@@ -88,18 +99,19 @@ def decode(path: Path, info: VideoInfo, indices: list[int],
         raise DecodeLimitError(
             f"video {path}: decoding frames 0..{wanted[-1]} of {info.width}×{info.height} is {needed:,} pixels, "
             f"more than max_decoded_pixels={max_decoded_pixels:,} (raise it for a file you trust)")
-    budget = _PixelBudget(path, max_decoded_pixels)
+    budget = _PixelBudget(path, max_decoded_pixels, max_frame_pixels)
     reader = _decode_animation if info.reader == "pil" else _decode_pyav
     return reader(path, wanted, budget)
 
 
 class _PixelBudget:
-    """Running total of decoded pixels; raises once it passes the limit."""
+    """Running total of decoded pixels; raises once it passes the limit, or a frame passes the per-frame one."""
 
-    def __init__(self, path: Path, limit: int) -> None:
-        self.path, self.limit, self.used = path, limit, 0
+    def __init__(self, path: Path, limit: int, frame_limit: int) -> None:
+        self.path, self.limit, self.frame_limit, self.used = path, limit, frame_limit, 0
 
     def spend(self, width: int, height: int) -> None:
+        check_frame_pixels(width, height, f"video {self.path}: a decoded frame", self.frame_limit, DecodeLimitError)
         self.used += width * height
         if self.used > self.limit:
             raise DecodeLimitError(f"video {self.path}: the decoded frames pass max_decoded_pixels="
@@ -107,14 +119,14 @@ class _PixelBudget:
 
 
 @contextmanager
-def _decode_errors(path: Path, errors: tuple[type[BaseException], ...]) -> Iterator[None]:
+def _decode_errors(path: Path, errors: tuple[type[BaseException], ...], hint: str = "") -> Iterator[None]:
     """Decoder errors → one ValueError naming the file (our own DecodeLimitError passes through)."""
     try:
         yield
     except DecodeLimitError:
         raise
     except errors as err:
-        raise ValueError(f"video {path}: cannot decode it: {err}") from err
+        raise ValueError(f"video {path}: cannot decode it: {err}{hint}") from err
 
 
 # --- PIL animations ----------------------------------------------------------------------------------------------
@@ -242,9 +254,13 @@ def _decode_pyav(path: Path, wanted: list[int], budget: _PixelBudget) -> Iterato
     av = _import_av(path)
     targets = iter(wanted)
     target, decoded = next(targets), 0
-    with _decode_errors(path, (av.FFmpegError, OSError)), av.open(str(path)) as container:
+    hint = (f" (a corrupt stream, or a frame larger than its header states: FFmpeg refuses frames above "
+            f"max_frame_pixels={budget.frame_limit:,})")
+    with _decode_errors(path, (av.FFmpegError, OSError), hint), av.open(str(path)) as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"  # frame threads: same frames, faster
+        # FFmpeg counts rows padded to its alignment (up to 64 bytes more a row): twice the limit leaves room
+        stream.codec_context.options = {"max_pixels": str(2 * budget.frame_limit)}
         for frame in container.decode(stream):
             budget.spend(frame.width, frame.height)
             if decoded == target:

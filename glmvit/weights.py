@@ -20,6 +20,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from .config import VisionConfig
+from .files import read_bounded
 from .rotary import inv_freq
 
 if TYPE_CHECKING:
@@ -68,13 +69,15 @@ def load_pretrained(cls: type[Encoder], path: str | Path, dtype: torch.dtype | s
                     device: torch.device | str | None = None, attn_backend: str | None = None) -> Encoder:
     """``cls`` built from ``path``'s ``config.json`` holding its weights, on ``device`` in ``dtype``, in eval mode.
 
-    ``path``: a checkpoint directory, or a .safetensors file with ``config.json`` beside it. ``dtype=None``: the
-    checkpoint's (config.json's ``dtype``/``torch_dtype``, else the tensors'). Built on the meta device, materialised
-    once in ``dtype`` and filled tensor by tensor: there is never a full-precision copy of the model.
+    ``path``: a local checkpoint directory, or a .safetensors file with ``config.json`` beside it (nothing is
+    downloaded: :func:`missing_checkpoint` says how to fetch one). ``dtype=None`` or ``"auto"``: the checkpoint's
+    (config.json's ``dtype``/``torch_dtype``, else the tensors'), as transformers' ``dtype="auto"``. Built on the
+    meta device, materialised once in ``dtype`` and filled tensor by tensor: there is never a full-precision copy
+    of the model.
     """
     path = Path(path)
     config, config_dtype = checkpoint_config(path)
-    wanted = _parse_dtype(dtype, "dtype") if dtype is not None else config_dtype
+    wanted = config_dtype if dtype is None or dtype == "auto" else _parse_dtype(dtype, "dtype")
     device = torch.device(device if device is not None else "cpu")
     with torch.device("meta"):
         model = cls(config, attn_backend=attn_backend)
@@ -89,7 +92,7 @@ def checkpoint_config(path: str | Path) -> tuple[VisionConfig, torch.dtype | Non
     """The vision config and the dtype (None when unstated) from the ``config.json`` of a checkpoint."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no such checkpoint file or directory")
+        raise FileNotFoundError(missing_checkpoint(path))
     directory = path if path.is_dir() else path.parent
     file = _inside(directory, CONFIG_NAME, directory)
     data = _read_json(file)
@@ -99,6 +102,16 @@ def checkpoint_config(path: str | Path) -> tuple[VisionConfig, torch.dtype | Non
         raise ValueError(f"{file}: {err}") from None
     raw = data.get("dtype") or data.get("torch_dtype")
     return config, None if raw in (None, "auto") else _parse_dtype(raw, f"{file}: dtype")
+
+
+def missing_checkpoint(path: str | Path) -> str:
+    """The one-line error for a checkpoint path that does not exist: only local files are read, and how to get one
+    (a name like ``org/model`` is taken for a Hugging Face model id)."""
+    text = str(path)
+    hub_id = text.count("/") == 1 and not text.startswith((".", "/", "~")) and all(text.split("/"))
+    model = text if hub_id else "zai-org/GLM-4.1V-9B-Thinking"
+    return (f"{text}: no such checkpoint file or directory (only local checkpoints are read, nothing is downloaded; "
+            f"fetch {'it' if hub_id else 'one'} with: huggingface-cli download {model} --local-dir DIR, then pass DIR)")
 
 
 def _parse_dtype(value: Any, what: str) -> torch.dtype:
@@ -123,7 +136,7 @@ def _checkpoint_files(path: Path) -> tuple[list[Path], dict[str, Path] | None]:
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no such checkpoint file or directory") from None
+        raise FileNotFoundError(missing_checkpoint(path)) from None
     if not stat.S_ISDIR(mode):
         if path.suffix != ".safetensors":
             raise ValueError(f"{path}: only .safetensors files are loaded (no pickle checkpoints)")
@@ -154,10 +167,9 @@ def _read_index(directory: Path, index: Path) -> dict[str, Path]:
 
 def _read_json(file: Path) -> dict[str, Any]:
     """A small JSON object from ``file``; any problem is a one-line error naming it."""
-    if os.stat(file).st_size > MAX_JSON_BYTES:
-        raise ValueError(f"{file}: larger than {MAX_JSON_BYTES >> 20} MiB, not a checkpoint's JSON")
+    raw = read_bounded(file, MAX_JSON_BYTES, "checkpoint JSON file")
     try:
-        data = json.loads(file.read_bytes())
+        data = json.loads(raw)
     except (ValueError, RecursionError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ValueError(f"{file}: not valid JSON ({err})") from None
     if not isinstance(data, dict):

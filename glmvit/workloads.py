@@ -43,28 +43,59 @@ def workload_from_sizes(sizes: Iterable[Sequence[int]]) -> list[MMItem]:
 
 
 def parse_bucket_config(bucket_config: str | Mapping[Any, Any]) -> dict[tuple[int, int, int], float]:
-    """``{(height, width, frames): probability}`` (or its string form) → normalised probabilities."""
+    """``{(height, width, frames): probability}`` (or its string form) → normalised probabilities.
+
+    Every bucket must be a size GLM-4V's resize accepts (checked here, naming the bucket) and every probability a
+    finite number ≥ 0; any problem is one ValueError.
+    """
     if isinstance(bucket_config, str):
         try:
             bucket_config = ast.literal_eval(bucket_config)
-        except (ValueError, SyntaxError) as err:
-            raise ValueError(f"could not parse bucket_config {bucket_config!r}: {err}") from None
+        except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError) as err:
+            reason = "nested too deeply" if isinstance(err, (RecursionError, MemoryError)) else shown(err, 120)
+            raise ValueError(f"could not parse bucket_config {shown(bucket_config)}: {reason}") from None
     if not isinstance(bucket_config, Mapping) or not bucket_config:
         raise ValueError(f"bucket_config must be a non-empty dict {{(height, width, frames): prob}}, "
-                         f"got {bucket_config!r}")
+                         f"got {shown(bucket_config)}")
     buckets = {}
     for key, prob in bucket_config.items():
         if not (isinstance(key, tuple) and len(key) == 3):
-            raise ValueError(f"bucket key must be (height, width, frames), got {key!r}")
+            raise ValueError(f"bucket key must be (height, width, frames), got {shown(key)}")
         names = ("height", "width", "frames")
-        key = tuple(positive_int(f"bucket {key} {name}", v) for name, v in zip(names, key, strict=True))
-        if isinstance(prob, bool) or not isinstance(prob, numbers.Real) or not float(prob) >= 0:
-            raise ValueError(f"bucket {key} probability must be a number ≥ 0, got {prob!r}")
-        buckets[key] = float(prob)
-    total = sum(buckets.values())
-    if not total > 0:
-        raise ValueError(f"bucket_config probabilities must sum to > 0, got {total}")
-    return {k: p / total for k, p in buckets.items() if p > 0}
+        key = tuple(positive_int(f"bucket {shown(key)} {name}", v) for name, v in zip(names, key, strict=True))
+        try:
+            make_item(*key)
+        except ValueError as err:
+            raise ValueError(f"bucket {shown(key)}: {err}") from None
+        buckets[key] = _probability(key, prob)
+    top = max(buckets.values())
+    if not top > 0:
+        raise ValueError("bucket_config probabilities must sum to > 0, got 0")
+    scaled = {k: p / top for k, p in buckets.items() if p > 0}  # in (0, 1]: the sum cannot overflow
+    total = math.fsum(scaled.values())
+    return {k: p / total for k, p in scaled.items()}
+
+
+def _probability(key: tuple[int, ...], prob: Any) -> float:
+    if not isinstance(prob, bool) and isinstance(prob, numbers.Real):
+        try:
+            value = float(prob)
+        except OverflowError:  # an int beyond a float
+            value = math.inf
+        if math.isfinite(value) and value >= 0:
+            return value
+    raise ValueError(f"bucket {shown(key)} probability must be a finite number ≥ 0, got {shown(prob)}")
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` for an error message, cut in the middle past ``limit`` characters (one line, readable)."""
+    try:
+        text = str(value) if isinstance(value, BaseException) else repr(value)
+    except (ValueError, RecursionError):  # an int past Python's 4300-digit limit, a structure nested too deeply
+        text = f"<a {type(value).__name__} too large to show>"
+    text = text.replace("\n", " ")
+    length = len(value) if isinstance(value, str) else len(text)
+    return text if len(text) <= limit else f"{text[: limit // 2]}…{text[-limit // 4:]} ({length:,} characters)"
 
 
 def random_mm_workload(bucket_config: str | Mapping[Any, Any], num_requests: int, items_per_request: int = 1,

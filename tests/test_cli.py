@@ -4,6 +4,9 @@ import hashlib
 import importlib.util
 import json
 import os
+import socket
+import stat
+import threading
 
 import pytest
 import torch
@@ -17,6 +20,7 @@ import glmvit.cli.encode
 import glmvit.cli.plan
 from glmvit import GlmVisionEncoder
 from glmvit.__main__ import main
+from tests.test_processing import png_claiming
 
 
 def test_demo_encodes_every_sample_item(capsys):
@@ -27,6 +31,7 @@ def test_demo_encodes_every_sample_item(capsys):
     assert "emulated (no CUDA graphs on CPU)" in out
     diff = float(out.rsplit("max |runner − eager| = ", 1)[1].split()[0])
     assert diff < 1e-4
+    assert "eager ms: the median of 3 calls per item, after 2 warm-up calls of its shape" in out
 
 
 def test_encode_saves_embeddings_with_what_made_them(tmp_path, capsys):
@@ -188,7 +193,7 @@ BAD_INVOCATIONS = [
     (["demo", "--device", "mps"], "only cuda and cpu are supported"),
     pytest.param(["demo", "--device", "cuda"], "no CUDA GPU is available here", marks=NO_GPU),
     (["demo", "--dtype", "fp8"], "argument --dtype: invalid choice: 'fp8'"),
-    (["demo", "--weights", "{tmp}/no-checkpoint"], "no-checkpoint: no such checkpoint directory or file"),
+    (["demo", "--weights", "{tmp}/no-checkpoint"], "no-checkpoint: no such checkpoint file or directory (only local"),
     (["demo", "--data", "{tmp}"], "expected images/*.jpg and clip.gif"),
     (["encode"], "the following arguments are required: files"),
     (["encode", "data/images/coffee.jpg", "--out", UNWRITABLE], "out.json: cannot write here"),
@@ -218,7 +223,7 @@ BAD_INVOCATIONS = [
     (["plan", "--bucket-config", "{(224, 224): 1}"], "bucket key must be (height, width, frames)"),
     (["plan", "--packer", "best"], "argument --packer: invalid choice"),
     (["plan", "--latency-table", "{tmp}/a-file"], "a-file: not a latency table"),
-    (["plan", "--latency-table", "{tmp}/none.json"], "none.json: cannot read the latency table"),
+    (["plan", "--latency-table", "{tmp}/none.json"], "none.json: cannot read the latency table (no such file)"),
     (["plan", "--export", UNWRITABLE], "out.json: cannot write here"),
     (["plan", "--json", UNWRITABLE], "out.json: cannot write here"),
     (["plan", "--export", "{tmp}/x", "--json", "{tmp}/x"], "--export and --json name the same file"),
@@ -251,13 +256,71 @@ BAD_INVOCATIONS = [
     (["kernels", "--layouts", "1x224,1x999"], "unknown layout or part ['1x999']"),
     (["kernels", "--parts", "gemm,speed"], "unknown layout or part ['speed']"),
     pytest.param(["kernels"], "this machine has no CUDA device", marks=NO_GPU),
+    # hostile files and sizes (issue 29): {tmp} also holds the files of hostile_files()
+    (["plan", "--trace", "{tmp}/fifo.json"], "fifo.json: a FIFO (named pipe), not a regular file"),
+    (["plan", "--trace", "{tmp}/zero.csv"], "zero.csv: a character device, not a regular file"),
+    (["plan", "--trace", "{tmp}/sparse.csv"], "sparse.csv: 257.0 MiB, larger than any trace file"),
+    (["plan", "--trace", "{tmp}/huge.json"], "huge.json record 1: height 1000000000000"),
+    (["plan", "--trace", "{tmp}/huge.csv"], "huge.csv line 2: height '100000000000"),
+    (["plan", "--latency-table", "{tmp}/fifo.json"], "fifo.json: a FIFO (named pipe), not a regular file"),
+    (["plan", "--latency-table", "{tmp}/zero.json"], "zero.json: a character device, not a regular file"),
+    (["plan", "--latency-table", "{tmp}/sparse.json"], "sparse.json: 257.0 MiB, larger than any latency table"),
+    (["plan", "--latency-table", "{tmp}/deep.json"], "deep.json: not a latency table"),
+    (["bench", "--predict", "{tmp}/fifo.json"], "fifo.json: a FIFO (named pipe), not a regular file"),
+    (["bench", "--predict", "{tmp}/zero.json"], "zero.json: a character device, not a regular file"),
+    (["plan", "--budgets", "1" + "0" * 5000], "budget 100000000000… (5,001 digits) is far larger than any"),
+    (["plan", "--budgets=" + "-" * 3000 + "1"], "is not an integer"),
+    (["plan", "--budgets", "64,²"], "budget '²' is not an integer"),
+    (["plan", "--seed", "1" + "0" * 5000], "(5,001 digits) is far out of range"),
+    (["plan", "--range-ratio", "1" + "0" * 5000], "(5,001 characters) is not in [0, 1]"),
+    (["plan", "--bucket-config", "{(1" + "0" * 400 + ", 224, 1): 1}"], "a side is larger than 2,147,483,647"),
+    (["plan", "--bucket-config", "{(224, 224, 1" + "0" * 400 + "): 1}"], "frames must be in [1, 16,777,216]"),
+    (["plan", "--bucket-config", "{(" + "-" * 3000 + "1, 224, 1): 1}"], "nested too deeply"),
+    (["plan", "--bucket-config", "(" * 3000], "too many nested parentheses"),
+    (["plan", "--bucket-config", "{(224, 224, 1): 1e400}"], "probability must be a finite number ≥ 0, got inf"),
+    (["plan", "--bucket-config", "{(224, 224, 1): 1" + "0" * 400 + "}"], "probability must be a finite number"),
+    (["plan", "--bucket-config", "{(224, 224, 1): 1" + "0" * 5000 + "}"], "could not parse bucket_config"),
+    (["plan", "--json", "{tmp}/sock"], "sock: a socket; outputs go to regular files"),
+    (["encode", "{tmp}/huge.png"], "huge.png: 12000×12000 is 144,000,000 pixels, more than max_frame_pixels"),
+    (["encode", "{tmp}/fifo.json"], "fifo.json: not a regular file"),
+    (["demo", "--weights", "zai-org/GLM-4.1V-9B-Thinking"],
+     "only local checkpoints are read, nothing is downloaded; fetch it with: huggingface-cli download "
+     "zai-org/GLM-4.1V-9B-Thinking --local-dir DIR"),
+    (["demo", "--weights", "{tmp}/ck"], "ck/config.json: VisionConfig.hidden_size 1099511627776 is implausible"),
 ]
 
 
+def hostile_files(tmp):
+    """What a hostile user points the tools at: a FIFO (a read would block), /dev/zero (never ends), sparse files
+    past the size limits, 400-digit sizes, JSON nested past the recursion limit, a 60-byte PNG stating 12000²
+    pixels, a socket, and a checkpoint config with hidden_size 2⁴⁰."""
+    os.mkfifo(tmp / "fifo.json")
+    for name in ("zero.csv", "zero.json"):
+        (tmp / name).symlink_to("/dev/zero")
+    for name in ("sparse.csv", "sparse.json"):
+        with open(tmp / name, "wb") as f:
+            f.truncate(257 << 20)  # no blocks on disk
+    (tmp / "huge.json").write_text(json.dumps([{"height": 10**400, "width": 224}]))
+    (tmp / "huge.csv").write_text(f"height,width\n{10**400},224\n")
+    (tmp / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp / "huge.png").write_bytes(png_claiming(12000, 12000))
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(tmp / "sock"))
+    server.close()
+    (tmp / "ck").mkdir()
+    (tmp / "ck" / "config.json").write_text(json.dumps({"model_type": "glm4v_vision", "depth": 2,
+                                                        "hidden_size": 2**40, "num_heads": 16}))
+
+
+
+
 @pytest.mark.parametrize("argv, message", BAD_INVOCATIONS)
+@pytest.mark.timeout(60)
 def test_every_bad_invocation_is_one_line_before_any_work(argv, message, tmp_path, capsys, no_model):
     (tmp_path / "a-file").write_text("not what was asked for")
     (tmp_path / "t.csv").write_text("height,width\n224,224\n")
+    hostile_files(tmp_path)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     try:
         code = main(argv)
@@ -267,4 +330,53 @@ def test_every_bad_invocation_is_one_line_before_any_work(argv, message, tmp_pat
     assert code not in (0, None)
     assert err.count("\n") == 1 and "error:" in err and "Traceback" not in err, err
     assert message in err, err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "t.csv"]  # nothing written, nothing left
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing written, nothing left
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo.json").st_mode)
+
+
+# --- outputs are written through, never replacing what is not a regular file -----------------------------------------
+
+
+def test_outputs_keep_the_umask_and_the_mode_of_what_they_replace(tmp_path):
+    old = os.umask(0o027)
+    try:
+        glmvit.cli.common.write_json(tmp_path / "new.json", 1)
+        existing = tmp_path / "private.json"
+        existing.write_text("old")
+        existing.chmod(0o600)
+        glmvit.cli.common.write_json(existing, 2)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "new.json").st_mode) == 0o640  # 0666 less the umask, as open() gives
+    assert stat.S_IMODE(os.stat(existing).st_mode) == 0o600 and existing.read_text() == "2\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.json", "private.json"]  # no temporary file left
+
+
+def test_plan_writes_into_a_fifo_without_replacing_it(tmp_path, capsys):
+    fifo = tmp_path / "plan.json"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_text()), daemon=True)
+    reader.start()  # a FIFO's writer waits for its reader: the tool writes in place, as a shell redirection does
+    assert main(["plan", "--num-requests", "2", "--json", str(fifo)]) == 0
+    reader.join(30)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode), "the FIFO was replaced by a regular file"
+    assert received and json.loads(received[0])["benchmark"] == "glmvit.cli.plan"
+
+
+def test_encode_reads_one_file_at_a_time_and_says_its_weights_are_random(tmp_path, monkeypatch, capsys):
+    """Each file is read just before it is encoded, never all first (20 small PNGs used to hold 2.95 GB)."""
+    events = []
+    load, forward = glmvit.cli.encode.load, GlmVisionEncoder.forward
+    monkeypatch.setattr(glmvit.cli.encode, "load", lambda path, kind: events.append("read") or load(path, kind))
+    monkeypatch.setattr(GlmVisionEncoder, "forward",
+                        lambda self, *a, **k: events.append("encode") or forward(self, *a, **k))
+    files = ["data/images/coffee.jpg", "data/clip.gif", "data/images/rocket.jpg"]
+    assert main(["encode", *files, "--quiet"]) == 0
+    assert events == ["read", "encode"] * 3
+    out = capsys.readouterr().out
+    assert "random weights (seed 0)" in out and "--weights DIR loads a checkpoint" in out
+
+
+def test_counts_have_the_right_number():
+    assert [glmvit.cli.common.plural(n, "replay") for n in (0, 1, 2)] == ["0 replays", "1 replay", "2 replays"]

@@ -1,6 +1,10 @@
 """Images and videos → pixel rows, against transformers' processors and frame samplers (the oracle)."""
 import importlib.util
 import math
+import struct
+import subprocess
+import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -433,3 +437,67 @@ def test_bad_video_inputs(tmp_path):
     text.write_text("not a video")
     with pytest.raises(ValueError, match="cannot decode" if importlib.util.find_spec("av") else "pip install av"):
         process_video(text)
+
+
+# --- bounded memory ------------------------------------------------------------------------------------------------
+
+
+def png_claiming(width: int, height: int) -> bytes:
+    """A 60-byte PNG whose header states width × height RGB pixels (and whose image data is empty): what a reader
+    must refuse from the header, as a real 140 KB PNG of 12000² pixels would cost 2.7 GB to decode."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
+def test_a_picture_above_max_frame_pixels_is_refused_before_decoding(tmp_path):
+    path = tmp_path / "huge.png"
+    path.write_bytes(png_claiming(12000, 12000))
+    with Image.open(path) as im:
+        assert im.size == (12000, 12000)  # PIL reads the header (its own bomb limit warns only, at 144 M pixels)
+    with pytest.raises(ValueError, match=rf"image 1 \({path}\): 12000×12000 is 144,000,000 pixels, more than "
+                                         r"max_frame_pixels=67,108,864") as err:
+        process_images([IMAGES[0], path])
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match=r"image 0: 60×40 is 2,400 pixels, more than max_frame_pixels=2,000"):
+        process_images(np.zeros((40, 60, 3), np.uint8), max_frame_pixels=2000)
+    with pytest.raises(ValueError, match=r"image 0: 60×40 is 2,400 pixels"):
+        process_images(Image.new("RGB", (60, 40)), max_frame_pixels=2000)
+    with pytest.raises(ValueError, match=r"video \(array\): 60×40 is 2,400 pixels"):
+        process_video(np.zeros((2, 40, 60, 3), np.uint8), video_fps=2, max_frame_pixels=2000)
+    assert len(process_images(np.zeros((40, 60, 3), np.uint8), max_frame_pixels=2400)) == 1  # the bound is inclusive
+
+
+MEMORY_SCRIPT = """
+import sys
+from glmvit.processing import process_images
+
+def peak_kib():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+path, count = sys.argv[1], int(sys.argv[2])
+process_images([path], max_pixels=28 * 28 * 2 * 64)  # warm up: imports, allocator pools, one picture's peak
+one = peak_kib()
+out = process_images([path] * count, max_pixels=28 * 28 * 2 * 64)
+print(one, peak_kib(), out.grid_thw.shape[0])
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmHWM from /proc (Linux)")
+def test_many_images_are_decoded_one_at_a_time(tmp_path):
+    """Eight 3000 × 3000 PNGs of 30 KB each: decoded all at once they held 8 × 63 MB (RGB array and PIL copy);
+    one at a time, the peak after the first stays within one picture's RGB bytes, whatever the count (the outputs,
+    64 tokens an image, are 1.2 MB each)."""
+    path = tmp_path / "flat.png"
+    Image.new("RGB", (3000, 3000), (30, 140, 200)).save(path)
+    assert path.stat().st_size < 100_000
+    run = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(path), "8"], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert run.returncode == 0, run.stderr
+    one, eight, items = (int(v) for v in run.stdout.split())
+    assert items == 8 and eight - one < 3000 * 3000 * 3 // 1024, run.stdout

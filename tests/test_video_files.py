@@ -262,7 +262,7 @@ def test_a_small_gif_claiming_too_many_pixels_is_refused_before_decoding(tmp_pat
     bomb = tiny_frames_gif(tmp_path / "bomb.gif", 9000, 9000, 2000, delay_cs=1)
     assert bomb.stat().st_size < 50_000
     with pytest.raises(DecodeLimitError, match=rf"video {bomb}: decoding frames 0\.\.\d+ of 9000×9000"):
-        process_video(bomb)
+        process_video(bomb, max_frame_pixels=9000 * 9000)  # each frame allowed: the total is what is refused
     assert MAX_DECODED_PIXELS < 2000 * 9000 * 9000
 
 
@@ -273,6 +273,67 @@ def test_frames_that_grow_past_the_stated_size_are_caught_while_decoding(tmp_pat
     with pytest.raises(DecodeLimitError, match="grow beyond the size the file states"):
         process_video(grows, max_decoded_pixels=1_000_000)
     assert probe(grows).width == 100
+
+
+@pytest.mark.timeout(30)
+def test_a_frame_above_max_frame_pixels_is_refused_from_the_header(tmp_path):
+    """Two 15000 × 15000 frames in a few bytes (the default limit is 8192²): refused by probe, before decoding."""
+    bomb = tiny_frames_gif(tmp_path / "huge.gif", 15000, 15000, 2)
+    Image.MAX_IMAGE_PIXELS, limit = None, Image.MAX_IMAGE_PIXELS  # so that our bound, not PIL's, is what refuses
+    try:
+        for call in (lambda: probe(bomb), lambda: process_video(bomb)):
+            with pytest.raises(DecodeLimitError, match=rf"video {bomb}: 15000×15000 is 225,000,000 pixels, more "
+                                                       rf"than max_frame_pixels=67,108,864") as err:
+                call()
+            assert "\n" not in str(err.value)
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit
+    at_the_limit = tiny_frames_gif(tmp_path / "ok.gif", 600, 600, 4)
+    assert len(process_video(at_the_limit, max_frame_pixels=600 * 600)) == 1  # the bound is inclusive
+
+
+def test_frames_that_grow_past_max_frame_pixels_are_caught_while_decoding(tmp_path):
+    grows = tiny_frames_gif(tmp_path / "grows.gif", 100, 100, 8, delay_cs=50,
+                            offset=lambda k: (2999, 2999) if k else (0, 0))
+    with pytest.raises(DecodeLimitError, match="a decoded frame: 3000×3000 is 9,000,000 pixels, more than "
+                                               "max_frame_pixels=1,000,000"):
+        process_video(grows, max_frame_pixels=1_000_000)
+
+
+def raw_h264(width: int, height: int, frames: int) -> bytes:
+    """An Annex B H.264 stream (no container): concatenating two gives a stream whose frame size changes."""
+    av = pytest.importorskip("av")
+    import io
+
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="h264") as container:
+        stream = container.add_stream("libx264", rate=10)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for k in range(frames):
+            frame = np.full((height, width, 3), 40 * k, np.uint8)
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        container.mux(stream.encode())
+    return buffer.getvalue()
+
+
+def test_pyav_frames_are_bounded_by_the_header_and_while_decoding(tmp_path):
+    """PyAV frames get the same bounds as PIL's: the stated size first, then every decoded frame, and FFmpeg itself
+    is told the limit (its max_pixels, twice ours for its row alignment), so a stream whose frames grow from 64²
+    to 512² is stopped before, or right after, FFmpeg allocates one."""
+    stated = tmp_path / "stated.h264"
+    stated.write_bytes(raw_h264(256, 256, 2))
+    with pytest.raises(DecodeLimitError, match=r"256×256 is 65,536 pixels, more than max_frame_pixels=10,000"):
+        process_video(stated, max_frame_pixels=10_000, video_fps=10)
+    grows = tmp_path / "grows.h264"
+    grows.write_bytes(raw_h264(64, 64, 4) + raw_h264(512, 512, 4))
+    assert (probe(grows).width, probe(grows).height) == (64, 64)
+    info, every = probe(grows), list(range(8))
+    assert [f.shape for _, f in video_files.decode(grows, info, every)][-1] == (512, 512, 3)  # within the default
+    with pytest.raises(DecodeLimitError, match=r"a decoded frame: 512×512 is 262,144 pixels"):
+        list(video_files.decode(grows, info, every, max_frame_pixels=200_000))  # FFmpeg's 400,000 lets it through
+    with pytest.raises(ValueError, match=r"FFmpeg refuses frames above max_frame_pixels=100,000") as err:
+        list(video_files.decode(grows, info, every, max_frame_pixels=100_000))  # FFmpeg's 200,000: it refuses
+    assert "\n" not in str(err.value)
 
 
 # --- bad files -------------------------------------------------------------------------------------------------------

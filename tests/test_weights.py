@@ -121,6 +121,7 @@ def test_bf16_checkpoint_gives_transformers_bf16_model(hf_full, tmp_path):
     theirs = Glm4vForConditionalGeneration.from_pretrained(tmp_path, dtype=torch.bfloat16).model.visual
     ours = GlmVisionEncoder.from_pretrained(tmp_path)
     assert ours.dtype == torch.bfloat16
+    assert GlmVisionEncoder.from_pretrained(tmp_path, dtype="auto").dtype == torch.bfloat16  # as transformers' "auto"
     assert_equal_state(ours, theirs)
     assert ours.rotary_pos_emb.inv_freq.dtype == theirs.rotary_pos_emb.inv_freq.dtype == torch.float32
     assert torch.equal(ours.rotary_pos_emb.inv_freq, theirs.rotary_pos_emb.inv_freq)
@@ -417,6 +418,38 @@ def test_pickle_checkpoints_are_refused(tmp_path, tiny_config):
         GlmVisionEncoder.from_pretrained(tmp_path / "nowhere")
 
 
+def test_a_hub_model_id_says_only_local_checkpoints_are_read(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as err:
+        GlmVisionEncoder.from_pretrained("zai-org/GLM-4.1V-9B-Thinking")
+    assert str(err.value) == (
+        "zai-org/GLM-4.1V-9B-Thinking: no such checkpoint file or directory (only local checkpoints are read, nothing "
+        "is downloaded; fetch it with: huggingface-cli download zai-org/GLM-4.1V-9B-Thinking --local-dir DIR, then "
+        "pass DIR)")
+    with pytest.raises(FileNotFoundError, match=r"fetch one with: huggingface-cli download zai-org/GLM-4.1V"):
+        GlmVisionEncoder.from_pretrained(tmp_path / "nowhere")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "huge"])
+def test_a_config_json_that_is_no_regular_small_file_is_refused_without_reading_it(single, tmp_path, kind):
+    """A FIFO would block the read, /dev/zero never ends (a link to it resolves outside the checkpoint, and is
+    refused for that first), a sparse 65 MiB file is past the limit: each a one-line error, quickly."""
+    shutil.copy(single / "model.safetensors", tmp_path / "model.safetensors")
+    config = tmp_path / "config.json"
+    if kind == "fifo":
+        os.mkfifo(config)
+    elif kind == "dev-zero":
+        config.symlink_to("/dev/zero")
+    else:
+        with open(config, "wb") as f:
+            f.truncate(65 << 20)
+    message = {"fifo": "not a regular file", "dev-zero": "outside", "huge": "larger than any checkpoint JSON"}[kind]
+    with pytest.raises(ValueError, match=message) as err:
+        GlmVisionEncoder.from_pretrained(tmp_path)
+    assert "config.json" in str(err.value) and "\n" not in str(err.value)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # config.json
 # ---------------------------------------------------------------------------------------------------------------
@@ -449,6 +482,12 @@ VISION = {"model_type": "glm4v_vision", "depth": 2, "hidden_size": 64, "num_head
     (VISION | {"rms_norm_eps": "small"}, r"vision_config.rms_norm_eps must be a number"),
     (VISION | {"depth": 10**9}, r"depth 1000000000 is implausible"),
     (VISION | {"depth": -1}, r"depth must be positive"),
+    (VISION | {"hidden_size": 2**40, "num_heads": 16}, r"hidden_size 1099511627776 is implausible: at most 131,072"),
+    (VISION | {"out_hidden_size": 10**400}, r"out_hidden_size \(an int of about 400 digits\) is implausible"),
+    (VISION | {"intermediate_size": 2**20}, r"intermediate_size 1048576 is implausible"),
+    (VISION | {"patch_size": 2**12}, r"patch_dim .* is implausible"),
+    (VISION | {"image_size": 14 * 2000, "patch_size": 14}, r"pos_grid .* 2000 is implausible"),
+    (VISION | {"rope_theta": float("inf")}, r"rope_theta must be positive and finite, got inf"),
     (VISION | {"hidden_act": "gelu"}, r"hidden_act='silu'"),
 ])
 def test_non_glm4v_config_is_refused(config, message):

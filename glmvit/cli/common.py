@@ -7,7 +7,7 @@ import hashlib
 import json
 import math
 import os
-import tempfile
+import stat
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Callable, Iterator, NoReturn
@@ -15,12 +15,14 @@ from typing import Any, Callable, Iterator, NoReturn
 import torch
 
 from ..config import VisionConfig
-from ..costmodel import LatencyTable, graph_memory, load_latency_table, total_graph_memory
+from ..costmodel import LatencyTable, graph_memory, total_graph_memory
+from ..files import file_kind, read_bounded
 from ..model import GlmVisionEncoder
 from ..packing import BudgetConfig, parse_budgets
 from ..random_weights import randomize_
 from ..records import Record, to_json
-from ..workloads import parse_bucket_config
+from ..weights import checkpoint_config, missing_checkpoint
+from ..workloads import parse_bucket_config, shown
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SEED_MAX = 2**32 - 1  # 32-bit seeds: what every generator accepts (numpy's legacy RandomState stops here)
@@ -30,6 +32,7 @@ SEED_MAX = 2**32 - 1  # 32-bit seeds: what every generator accepts (numpy's lega
 # never past the largest budget.) A graph that large already takes tens of GiB (costmodel.graph_memory).
 MAX_BUDGET_TOKENS = 131_072
 MAX_BUDGETS = 64  # vLLM warns past 64 captured encoder graphs: each one costs capture time and static buffers
+MAX_TABLE_BYTES = 16 << 20  # a latency table is tens of KiB (data/bench/latency_h200.json: 34 KB)
 H200_BYTES = 141 * 10**9  # one H200's HBM3e (NVIDIA's specification): the graphs of a budget set must fit in it
 
 
@@ -43,10 +46,13 @@ class Parser(argparse.ArgumentParser):
 def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
     """An argparse ``type``: an integer in [lo, hi] (hi None: no upper bound); anything else is a one-line error."""
     def parse(text: str) -> int:
+        digits = text.strip().removeprefix("-").removeprefix("+")
+        if len(digits) > 40 and digits.isascii() and digits.isdigit():  # past every bound; int() stops at 4,300
+            raise argparse.ArgumentTypeError(f"{text[:12]}… ({len(digits):,} digits) is far out of range")
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+            raise argparse.ArgumentTypeError(f"{shown(text)} is not an integer") from None
         if value < lo or (hi is not None and value > hi):
             bound = f"in [{lo:,}, {hi:,}]" if hi is not None else f"≥ {lo:,}"
             raise argparse.ArgumentTypeError(f"{value:,} is not {bound}")
@@ -61,9 +67,9 @@ def float_in(lo: float, hi: float) -> Callable[[str], float]:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+            raise argparse.ArgumentTypeError(f"{shown(text)} is not a number") from None
         if not (math.isfinite(value) and lo <= value <= hi):
-            raise argparse.ArgumentTypeError(f"{text} is not in [{lo:g}, {hi:g}]")
+            raise argparse.ArgumentTypeError(f"{text if len(text) <= 24 else shown(text)} is not in [{lo:g}, {hi:g}]")
         return value
 
     return parse
@@ -118,9 +124,14 @@ def resolve_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         parser.error(f"--device {args.device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
     if args.weights and not Path(args.weights).exists():
-        parser.error(f"--weights {args.weights}: no such checkpoint directory or file")
+        parser.error(f"--weights {missing_checkpoint(args.weights)}")
     if args.weights and args.config != "auto":
         parser.error("--config applies to random weights; with --weights the checkpoint's config.json decides")
+    if args.weights:
+        try:
+            checkpoint_config(args.weights)  # config.json read and checked now, before any other work
+        except (ValueError, OSError) as err:
+            parser.error(f"--weights: {err}")
     if args.config == "auto":
         args.config = "checkpoint" if args.weights else "full" if device.type == "cuda" else "tiny"
     if args.dtype is None:
@@ -188,36 +199,50 @@ def describe(args: argparse.Namespace) -> str:
 
 
 def check_writable(path: str | Path) -> Path:
-    """Fail now, before any work, if ``path`` cannot be written (its folder is created if missing): a file is
-    created and removed beside it, the way :func:`write_atomic` will write it."""
+    """Fail now, before any work, if ``path`` cannot be written the way :func:`atomic_output` will write it (its
+    folder is created if missing): for a regular or new file, a file is created and removed beside its target."""
     path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"{path}: is a directory, not an output file")
+    target, existing, direct = _output_target(path)
+    if direct:
+        if not os.access(target, os.W_OK):
+            raise PermissionError(f"{path}: cannot write here (permission denied)")
+        return path
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = _create_beside(target, ".probe", None)
         os.close(fd)
         os.unlink(probe)
     except OSError as err:
         raise OSError(f"{path}: cannot write here ({err.strerror or err})") from None
-    if path.exists() and not os.access(path, os.W_OK):
+    if existing is not None and not os.access(target, os.W_OK):
         raise PermissionError(f"{path}: cannot write here (the file is read-only)")
     return path
 
 
 @contextmanager
 def atomic_output(path: str | Path) -> Iterator[Path]:
-    """A temporary file beside ``path`` to write; renamed to ``path`` when the block ends, removed if it fails:
-    there is never a half-written ``path``. OS errors name ``path``."""
+    """Where to write ``path``'s new contents. A regular (or new) file: a temporary file beside its target (the
+    resolved path: a symlink is written through), renamed onto it when the block ends and removed if it fails,
+    so there is never a half-written file; it keeps the mode of the file it replaces, or gets the umask's. A
+    character device or a FIFO (``/dev/null``, ``/dev/stdout``, a named pipe), or any path under /dev or /proc:
+    ``path`` itself, written in place (a stream cannot be replaced, nor un-written on failure). A directory, a
+    block device or a socket is refused. OS errors name ``path``."""
     path = Path(path)
+    target, existing, direct = _output_target(path)
+    if direct:
+        try:
+            yield path
+        except OSError as err:
+            raise OSError(f"{path}: writing failed ({err.strerror or err})") from None
+        return
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = _create_beside(target, ".tmp", existing)
         os.close(fd)
     except OSError as err:
         raise OSError(f"{path}: cannot write here ({err.strerror or err})") from None
     try:
-        yield Path(tmp)
-        os.replace(tmp, path)
+        yield tmp
+        os.replace(tmp, target)
     except BaseException as err:
         with suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -227,20 +252,66 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
 
 
 def write_atomic(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through :func:`atomic_output`: no half-written output on failure."""
-    with atomic_output(path) as tmp:
-        tmp.write_bytes(data)
+    """Write ``data`` to ``path`` through :func:`atomic_output`: no half-written regular file on failure."""
+    with atomic_output(path) as out, open(out, "wb") as f:
+        f.write(data)
+
+
+def _output_target(path: Path) -> tuple[Path, os.stat_result | None, bool]:
+    """(the file to write, its stat if it exists, whether to write it in place) for an output ``path``."""
+    try:
+        existing = os.stat(path)  # follows links, /dev/stdout's too
+    except FileNotFoundError:  # a new file, or a dangling symlink: created at its target
+        return Path(os.path.realpath(path)), None, False
+    except OSError as err:
+        raise OSError(f"{path}: cannot write here ({err.strerror or err})") from None
+    mode = existing.st_mode
+    if stat.S_ISREG(mode):  # in place under /dev and /proc: /dev/stdout may resolve to the file the shell opened
+        return Path(os.path.realpath(path)), existing, str(path.absolute()).startswith(("/dev/", "/proc/"))
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(f"{path}: is a directory, not an output file")
+    if not (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
+        raise OSError(f"{path}: {file_kind(mode)}; outputs go to regular files, character devices (/dev/null) or "
+                      "FIFOs")
+    return path, existing, True
+
+
+def _create_beside(target: Path, suffix: str, existing: os.stat_result | None) -> tuple[int, Path]:
+    """A new empty file ``.NAME.XXXXXXXX<suffix>`` beside ``target``: mode 0666 less the umask (the kernel applies
+    it), or the mode (and, where allowed, the owner) of ``existing``, set before anything is written."""
+    for _ in range(100):
+        tmp = target.with_name(f".{target.name}.{os.urandom(4).hex()}{suffix}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        except FileExistsError:
+            continue
+        if existing is not None:
+            try:
+                with suppress(PermissionError):  # first: a change of owner clears set-id bits
+                    os.fchown(fd, existing.st_uid, existing.st_gid)
+                os.fchmod(fd, stat.S_IMODE(existing.st_mode))
+            except BaseException:
+                os.close(fd)
+                os.unlink(tmp)
+                raise
+        return fd, tmp
+    raise FileExistsError(f"{target.parent}: no free temporary file name")
 
 
 def read_latency_table(path: str | Path) -> LatencyTable:
-    """:func:`glmvit.costmodel.load_latency_table`, with every problem a ValueError naming the file."""
+    """A latency table file (``python -m glmvit latency --json``), read through :func:`glmvit.files.read_bounded`:
+    every problem is a ValueError naming the file."""
     try:
-        return load_latency_table(path)
+        raw = read_bounded(path, MAX_TABLE_BYTES, "latency table")
+    except FileNotFoundError:
+        raise ValueError(f"{path}: cannot read the latency table (no such file)") from None
     except OSError as err:
-        raise ValueError(f"{path}: cannot read the latency table ({err.strerror or err})") from None
-    except ValueError as err:
+        raise ValueError(str(err)) from None
+    try:
+        return LatencyTable.from_dict(json.loads(raw))
+    except (ValueError, RecursionError, AttributeError) as err:
         raise ValueError(f"{path}: not a latency table (make one with python -m glmvit latency --json PATH): "
-                         f"{err}") from None
+                         f"{shown(err, 200)}") from None
 
 
 def write_json(path: str | Path, data: Any) -> None:
@@ -248,6 +319,11 @@ def write_json(path: str | Path, data: Any) -> None:
     write_atomic(check_writable(path), (json.dumps(data, indent=1) + "\n").encode())
     print(f"wrote {path}")
 
+
+
+def plural(count: int, noun: str, plural_form: str | None = None) -> str:
+    """``"1 replay"``, ``"3 replays"``: a count and its noun, in the right number."""
+    return f"{count:,} {noun if count == 1 else plural_form or noun + 's'}"
 
 
 def device_memory_bytes(device: torch.device | str) -> int:

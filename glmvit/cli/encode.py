@@ -1,9 +1,11 @@
 """``python -m glmvit encode FILES...``: embeddings of image and video files, saved with what made them.
 
-Every file is checked and read before the model is loaded — it exists, is a non-empty readable regular file of a
-supported type, decodes (a video: the frames it samples, within a pixel budget), and has a size GLM-4V's resize
-accepts — and a bad one stops the command with one line naming it. ``--out`` and ``--json`` are checked writable
-first and written atomically.
+Every file is checked before the model is loaded — it exists, is a non-empty readable regular file of a
+supported type, states a frame size within ``glmvit.geometry.MAX_FRAME_PIXELS``, its first frame decodes (a video:
+its container's metadata reads), and has a size GLM-4V's resize accepts — and a bad one stops the command with one
+line naming it. Then the files are read and encoded one at a time, so memory holds one file's pixels whatever the
+number of files (a video decodes only the frames it samples, within a pixel budget). ``--out`` and ``--json`` are
+checked writable first and written atomically when everything is done.
 
 Each item is encoded alone and eagerly: its embedding is the model's own output for it, with no packing or
 padding. The graph runner pays off for a stream of requests (capturing costs seconds and GPU memory; on a CPU it
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +38,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from .. import video
-from ..geometry import smart_resize
+from ..geometry import MAX_FRAME_PIXELS, check_frame_pixels, smart_resize
 from ..model import GlmVisionEncoder
 from ..processing import VisionInputs, process_images, process_video
 from ..provenance import collect
@@ -46,6 +49,7 @@ from .common import (
     check_writable,
     describe,
     model_from_args,
+    plural,
     resolve_model_args,
     weights_identity,
     write_json,
@@ -59,7 +63,17 @@ SUFFIXES = tuple(sorted(set(IMAGE_SUFFIXES + ANIMATION_SUFFIXES + VIDEO_SUFFIXES
 
 
 def check_file(path: Path) -> str:
-    """The kind of ``path`` ("image" or "video") once it is known to load: otherwise one line naming it."""
+    """The kind of ``path`` ("image" or "video") once it is known to load: otherwise one line naming it.
+
+    PIL's decompression-bomb warning is silenced here: it fires above 89 M pixels, and MAX_FRAME_PIXELS (64 M)
+    refuses every such picture with one line of its own.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        return _check_file(path)
+
+
+def _check_file(path: Path) -> str:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
     if not path.is_file():
@@ -75,6 +89,7 @@ def check_file(path: Path) -> str:
         video.probe(path)  # container metadata only; decoding (bounded) comes with processing
         return "video"
     frames, (width, height) = _first_frame(path)
+    check_frame_pixels(width, height, str(path))
     try:
         smart_resize(height, width)
     except ValueError as err:
@@ -83,12 +98,15 @@ def check_file(path: Path) -> str:
 
 
 def _first_frame(path: Path) -> tuple[int, tuple[int, int]]:
-    """Decode the first frame (a truncated or corrupt image fails here); the frame count and the size. An
-    animation's other frames are decoded, within a pixel budget, only when sampled (glmvit.video)."""
+    """Decode the first frame (a truncated or corrupt image fails here), once its stated size is known to be within
+    MAX_FRAME_PIXELS; the frame count and the size. An animation's other frames are decoded, within a pixel budget,
+    only when sampled (glmvit.video)."""
     try:
         with Image.open(path) as im:
-            im.load()
-            return getattr(im, "n_frames", 1), im.size
+            size = im.size
+            if size[0] * size[1] <= MAX_FRAME_PIXELS:
+                im.load()
+            return getattr(im, "n_frames", 1), size
     except PermissionError:
         raise ValueError(f"{path}: cannot read it (permission denied)") from None
     except UnidentifiedImageError:
@@ -109,8 +127,11 @@ def load(path: Path, kind: str) -> VisionInputs:
 
 def item_metadata(path: Path, inputs: VisionInputs, embedding: torch.Tensor) -> dict[str, Any]:
     """What one encoded item is: its file (absolute path, sha256), its grid, its sampled frames' times."""
-    return inputs_record(str(path.resolve()), hashlib.sha256(path.read_bytes()).hexdigest(), inputs,
-                         embedding.shape[0])
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):  # in chunks: a video can be large
+            digest.update(chunk)
+    return inputs_record(str(path.resolve()), digest.hexdigest(), inputs, embedding.shape[0])
 
 
 def model_metadata(args: argparse.Namespace, model: GlmVisionEncoder) -> dict[str, Any]:
@@ -147,14 +168,15 @@ def main(argv: list[str] | None = None) -> int:
     bar = {"file": sys.stderr, "disable": args.quiet or len(args.files) == 1, "unit": "file"}
     with tqdm(args.files, desc="checking", **bar) as files:  # closes the bar before an error is printed
         kinds = [check_file(path) for path in files]
-    with tqdm(list(zip(args.files, kinds, strict=True)), desc="reading", **bar) as todo:
-        loaded = [load(path, kind) for path, kind in todo]  # every file decoded before the model is built
+    print(f"glmvit encode: {describe(args)}")
+    if not args.weights:
+        print("  (random weights: the embeddings only exercise the pipeline; --weights DIR loads a checkpoint)")
     model = model_from_args(args)
     device = torch.device(args.device)
     items, tensors = [], {}
-    with torch.inference_mode(), tqdm(list(zip(args.files, loaded, strict=True)), desc="encoding", **bar) as todo:
-        for i, (path, inputs) in enumerate(todo):
-            kind = inputs.kinds[0]
+    with torch.inference_mode(), tqdm(list(zip(args.files, kinds, strict=True)), desc="encoding", **bar) as todo:
+        for i, (path, kind) in enumerate(todo):
+            inputs = load(path, kind)  # one file's pixels at a time
             out = model(inputs.pixel_values.to(device), inputs.grid_thw).float().cpu()
             tensors[f"item_{i}"] = out.contiguous()
             items.append(item_metadata(path, inputs, out))
@@ -165,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         with atomic_output(args.out) as tmp:
             save_file(tensors, str(tmp), metadata=file_metadata(items, info, provenance))
-        print(f"saved {len(items)} embeddings to {args.out}")
+        print(f"saved {plural(len(items), 'embedding')} to {args.out}")
     if args.json:
         write_json(args.json, {"out": str(args.out) if args.out else None, "items": items, **info,
                                "provenance": provenance})
