@@ -277,10 +277,16 @@ def load_latency_table(path: str | Path) -> LatencyTable:
     if path.is_file() and path.stat().st_size > MAX_RECORD_BYTES:
         raise ValueError(f"{path}: larger than {MAX_RECORD_BYTES // 2**20} MiB; not a latency table")
     with open(path) as f:
-        data = json.load(f)
+        return latency_table_from_json(json.load(f), str(path))
+
+
+def latency_table_from_json(data: Any, source: str) -> LatencyTable:
+    """A decoded latency-table file: a recorded sweep (``"kind": "latency"``) or a plain ``{"budgets": [...]}``."""
     if isinstance(data, dict) and "kind" in data:
-        return LatencyTable.from_sweep(parse(data, LatencySweep, str(path)), str(path))
-    return dataclasses.replace(LatencyTable.from_dict(data), source=str(path))
+        return LatencyTable.from_sweep(parse(data, LatencySweep, source), source)
+    if not isinstance(data, Mapping):
+        raise ValueError(f"latency table: expected a JSON object, got {type(data).__name__}")
+    return dataclasses.replace(LatencyTable.from_dict(data), source=source)
 
 
 def ladder_split(table: LatencyTable, merge_area: int = 4) -> int:

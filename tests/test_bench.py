@@ -144,7 +144,7 @@ def test_bucket_config_strings_parse():
     ("{(224, 224): 1.0}", "bucket key must be (height, width, frames)"),
     ("{(224, 224, 1): }", "could not parse bucket_config"),
     ("[(224, 224, 1)]", "must be a non-empty dict"),
-    ("{(224, 224, 1): -1}", "probability must be a number"),
+    ("{(224, 224, 1): -1}", "probability must be a finite number ≥ 0"),
     ("{(224, 0, 1): 1}", "must be a positive integer"),
 ])
 def test_bad_bucket_config_is_a_clear_cli_error(text, message, capsys):

@@ -214,14 +214,14 @@ BAD_INVOCATIONS = [
     (["plan", "--compare", "0,64"], "argument --compare: budget 0 is not in"),
     (["plan", "--max-items", "0"], "argument --max-items: 0 is not"),
     (["plan", "--max-items", "100", "--budgets", "64,128"], "max_items=100 exceeds the smallest budget 64"),
-    (["plan", "--max-segments", "100000"], "max_segments=100,000 exceeds the largest budget 4,096"),
+    (["plan", "--max-segments", "100000"], "max_segments=100,000 exceeds the largest budget 8,192"),
     (["plan", "--trace", "{tmp}/missing.csv"], "missing.csv: no such trace file"),
     (["plan", "--trace", "{tmp}/a-file"], "a trace must be .csv, .json, .jsonl"),
     (["plan", "--trace", "{tmp}/t.csv", "--seed", "3"], "--seed with --trace: a trace has its own requests"),
     (["plan", "--workload", "mixed-av", "--items-per-request", "2"], "--items-per-request with --workload"),
     (["plan", "--workload", "nope"], "argument --workload: invalid choice: 'nope'"),
     (["plan", "--bucket-config", "{(224, 224): 1}"], "bucket key must be (height, width, frames)"),
-    (["plan", "--packer", "best"], "argument --packer: invalid choice"),
+    (["plan", "--system", "best"], "argument --system: invalid choice"),
     (["plan", "--latency-table", "{tmp}/a-file"], "a-file: not a latency table"),
     (["plan", "--latency-table", "{tmp}/none.json"], "none.json: cannot read the latency table (no such file)"),
     (["plan", "--export", UNWRITABLE], "out.json: cannot write here"),
@@ -244,7 +244,7 @@ BAD_INVOCATIONS = [
     (["bench", "--modes", "eager,fast"], "unknown mode 'fast'"),
     (["bench", "--attn-backend", "nope"], "unknown attention backend 'nope'"),
     (["bench", "--json", UNWRITABLE], "out.json: cannot write here"),
-    (["bench", "--predict", "{tmp}/a-file"], "a-file: not a latency table"),
+    (["bench", "--tables", "graph={tmp}/a-file"], "a-file: not a latency table"),
     (["latency", "--runs", "0"], "argument --runs: 0 is not in"),
     (["latency", "--warmup", "-1"], "argument --warmup: -1 is not in"),
     (["latency", "--budgets", "64"], "--budgets needs at least two budgets"),
@@ -266,8 +266,8 @@ BAD_INVOCATIONS = [
     (["plan", "--latency-table", "{tmp}/zero.json"], "zero.json: a character device, not a regular file"),
     (["plan", "--latency-table", "{tmp}/sparse.json"], "sparse.json: 257.0 MiB, larger than any latency table"),
     (["plan", "--latency-table", "{tmp}/deep.json"], "deep.json: not a latency table"),
-    (["bench", "--predict", "{tmp}/fifo.json"], "fifo.json: a FIFO (named pipe), not a regular file"),
-    (["bench", "--predict", "{tmp}/zero.json"], "zero.json: a character device, not a regular file"),
+    (["bench", "--tables", "graph={tmp}/fifo.json"], "fifo.json: a FIFO (named pipe), not a regular file"),
+    (["bench", "--tables", "graph={tmp}/zero.json"], "zero.json: a character device, not a regular file"),
     (["plan", "--budgets", "1" + "0" * 5000], "budget 100000000000… (5,001 digits) is far larger than any"),
     (["plan", "--budgets=" + "-" * 3000 + "1"], "is not an integer"),
     (["plan", "--budgets", "64,²"], "budget '²' is not an integer"),
@@ -361,7 +361,7 @@ def test_plan_writes_into_a_fifo_without_replacing_it(tmp_path, capsys):
     assert main(["plan", "--num-requests", "2", "--json", str(fifo)]) == 0
     reader.join(30)
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode), "the FIFO was replaced by a regular file"
-    assert received and json.loads(received[0])["benchmark"] == "glmvit.cli.plan"
+    assert received and json.loads(received[0])["report"] == "glmvit plan"
 
 
 def test_encode_reads_one_file_at_a_time_and_says_its_weights_are_random(tmp_path, monkeypatch, capsys):

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, NoReturn
 import torch
 
 from ..config import VisionConfig
-from ..costmodel import LatencyTable, graph_memory, total_graph_memory
+from ..costmodel import LatencyTable, graph_memory, latency_table_from_json, total_graph_memory
 from ..files import file_kind, read_bounded
 from ..model import GlmVisionEncoder
 from ..packing import BudgetConfig, parse_budgets
@@ -308,7 +308,7 @@ def read_latency_table(path: str | Path) -> LatencyTable:
     except OSError as err:
         raise ValueError(str(err)) from None
     try:
-        return LatencyTable.from_dict(json.loads(raw))
+        return latency_table_from_json(json.loads(raw), str(path))
     except (ValueError, RecursionError, AttributeError) as err:
         raise ValueError(f"{path}: not a latency table (make one with python -m glmvit latency --json PATH): "
                          f"{shown(err, 200)}") from None
