@@ -593,3 +593,18 @@ def process_video(
         sources=[clip.source],
         frame_indices=[indices],
     )
+
+
+SAMPLE_DATA = Path(__file__).resolve().parents[1] / "data"  # the repository's sample photographs and clip
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
+
+
+def sample_inputs(data: Path = SAMPLE_DATA, max_pixels: int | None = None) -> VisionInputs:
+    """The sample photographs and the sample clip (data/, see data/README.md), as one batch: images, then the clip."""
+    images = sorted(p for p in (data / "images").glob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not images or not (data / "clip.gif").exists():
+        raise FileNotFoundError(f"{data}: expected images/*.jpg and clip.gif (run from a checkout, or pass --data)")
+    if max_pixels is None:
+        return VisionInputs.concat([process_images(images), process_video(data / "clip.gif")])
+    return VisionInputs.concat([process_images(images, max_pixels=max_pixels),
+                                process_video(data / "clip.gif", max_pixels=max_pixels)])

@@ -13,11 +13,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from glmvit import VisionConfig
 from glmvit.cli.bench import main, parse_modes
-from glmvit.cli.common import build_model
 from glmvit.cli.latency import square_grid
 from glmvit.costmodel import load_latency_table
 from glmvit.floor import encoder_flops, floor_ms, flops_breakdown
 from glmvit.geometry import grid_for
+from glmvit.random_weights import random_encoder
 from glmvit.workloads import PRESETS, parse_bucket_config
 
 CPU_ARGS = ["--device", "cpu", "--config", "tiny", "--num-requests", "3", "--warmup", "1", "--quiet", "--threads", "1"]
@@ -102,7 +102,7 @@ def test_flops_against_flop_counter(backend):
     useful Σ L²).
     """
     config = VisionConfig.tiny()
-    model = build_model(config, torch.device("cpu"), torch.float32)
+    model = random_encoder(config, torch.device("cpu"), torch.float32)
     model.attn_backend = backend
     grids = np.array([[2, 4, 6], [1, 8, 4]])
     pixels = torch.randn(int(grids.prod(1).sum()), config.patch_dim)

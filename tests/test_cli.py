@@ -74,7 +74,7 @@ def no_model(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("work started before the arguments were checked")
 
-    monkeypatch.setattr(glmvit.cli.common, "build_model", refuse)
+    monkeypatch.setattr(glmvit.cli.common, "random_encoder", refuse)
     monkeypatch.setattr(GlmVisionEncoder, "from_pretrained", refuse)
     monkeypatch.setattr(glmvit.cli.plan, "evaluate_budgets", refuse)
     monkeypatch.setattr(glmvit.cli.bench, "run_benchmark", refuse)

@@ -4,7 +4,8 @@ attention segment, and EncoderGraphRunner with real CUDA graphs (capture, bitwis
 padding, a small item in a large graph, images + videos, 2,000 random replays, capture out of memory). Every test
 is marked ``gpu`` and is skipped without CUDA (tests/conftest.py). Run: ``pytest -m gpu tests/test_gpu.py``.
 
-Runner tests use the full GLM-4.1V tower in bfloat16 with random weights (``glmvit.demo.build_model``); oracle
+Runner tests use the full GLM-4.1V tower in bfloat16 with random weights (``glmvit.random_weights.random_encoder``);
+oracle
 comparisons that need exactness run in float32 with the ``sdpa_masked`` backend (the flash kernels take bf16 only).
 """
 import copy
@@ -19,12 +20,12 @@ import torch
 import glmvit.model as model_module
 from glmvit import VisionConfig
 from glmvit.attention import available_backends
-from glmvit.cli.common import build_model
 from glmvit.costmodel import LatencyTable
 from glmvit.graphs import EncoderGraphRunner
 from glmvit.metadata import BatchShape, build_metadata
 from glmvit.oracle import encoder_like, flatten_video_grids, hf_vision_model
 from glmvit.packing import BudgetConfig
+from glmvit.random_weights import random_encoder
 
 pytestmark = pytest.mark.gpu
 
@@ -171,7 +172,7 @@ def free_cuda():
 @pytest.fixture(scope="module")
 def full():
     """The full GLM-4.1V tower, bf16, random weights, on CUDA (default attention backend)."""
-    model = build_model(VisionConfig.glm41v(), CUDA, torch.bfloat16)
+    model = random_encoder(VisionConfig.glm41v(), CUDA, torch.bfloat16)
     yield model
     del model
     free_cuda()
@@ -229,7 +230,7 @@ def test_full_fp32_one_image_equals_transformers():
     from transformers.models.glm4v.modeling_glm4v import Glm4vVisionModel
 
     config = VisionConfig.glm41v()
-    model = build_model(config, CUDA, torch.float32, seed=1)
+    model = random_encoder(config, CUDA, torch.float32, seed=1)
     model.attn_backend = "sdpa_masked"
     hf_config = Glm4vVisionConfig(**config.to_hf_dict())
     hf_config._attn_implementation = "eager"

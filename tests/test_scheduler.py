@@ -294,9 +294,9 @@ def test_arguments_are_checked(tiny_model):
 # ---- on CUDA (the lead's H200): real graphs, pixels staged from other threads' streams ---------------------------
 @pytest.fixture(scope="module")
 def full_cuda():
-    from glmvit.cli.common import build_model
+    from glmvit.random_weights import random_encoder
 
-    model = build_model(VisionConfig.glm41v(), "cuda", torch.bfloat16)
+    model = random_encoder(VisionConfig.glm41v(), "cuda", torch.bfloat16)
     yield model
     del model
     torch.cuda.empty_cache()

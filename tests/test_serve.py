@@ -451,10 +451,10 @@ def test_arrivals_are_vllms_gamma_process():
 def test_cuda_server_answers_concurrent_clients():
     """The full tower in bf16 behind real graphs: float32 answers within tests/test_gpu.py's bound of each item
     encoded alone, read back through the answering threads' own CUDA streams."""
-    from glmvit.cli.common import build_model
+    from glmvit.random_weights import random_encoder
     from tests.test_gpu import assert_bf16_batch_close
 
-    model = build_model(VisionConfig.glm41v(), "cuda", torch.bfloat16)
+    model = random_encoder(VisionConfig.glm41v(), "cuda", torch.bfloat16)
     runner = EncoderGraphRunner(model, BudgetConfig((256, 1024), 4, 16), mode="cuda").capture()
     service = EncoderService(BatchScheduler(runner), {"description": "full tower"}, {"command": "test"},
                              HttpLimits(), threads=4)

@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 from ..attention import check_backend
 from ..config import VisionConfig
 from ..costmodel import TABLE_MODES, LatencyTable, ladder_split, predict_time
+from ..deployment import check_budget_fits
 from ..floor import floor_ms, flops_breakdown, measure_copy_bandwidth, measure_matmul_tflops, weight_bytes
 from ..graphs import EncoderGraphRunner, recorded_table_for
 from ..metadata import build_metadata
@@ -60,10 +61,10 @@ from .common import (
     add_model_args,
     bucket_config_arg,
     budgets_arg,
-    check_budget_config,
     check_writable,
     device_memory_bytes,
     float_in,
+    graph_memory_target,
     int_in,
     model_from_args,
     read_latency_table,
@@ -511,7 +512,7 @@ def _check_workload(args: argparse.Namespace, device: torch.device) -> None:
     config = BudgetConfig.for_requests(specs, args.budgets, args.max_items, args.max_segments)
     if args.max_segments is None:  # the default may exceed small budgets; the runner never uses slots past them
         config = BudgetConfig(config.token_budgets, config.max_items, min(config.max_segments, config.largest))
-    check_budget_config(config, str(DTYPES[args.dtype]).removeprefix("torch."))
+    check_budget_fits(config, str(DTYPES[args.dtype]).removeprefix("torch."), graph_memory_target(device))
     rows = sum(int(np.prod(item.grid)) for r in requests for item in r)
     need = rows * VisionConfig().patch_dim * DTYPES[args.dtype].itemsize
     have = device_memory_bytes(device)

@@ -3,7 +3,6 @@ on sizes, and output written atomically (JSON with provenance)."""
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -15,11 +14,12 @@ from typing import Any, Callable, Iterator, NoReturn
 import torch
 
 from ..config import VisionConfig
-from ..costmodel import LatencyTable, graph_memory, latency_table_from_json, total_graph_memory
+from ..costmodel import LatencyTable, latency_table_from_json
+from ..deployment import H200_BYTES
 from ..files import file_kind, read_bounded
 from ..model import GlmVisionEncoder
-from ..packing import BudgetConfig, parse_budgets
-from ..random_weights import randomize_
+from ..packing import parse_budgets
+from ..random_weights import random_encoder
 from ..records import Record, to_json
 from ..weights import checkpoint_config, missing_checkpoint
 from ..workloads import parse_bucket_config, shown
@@ -33,7 +33,6 @@ SEED_MAX = 2**32 - 1  # 32-bit seeds: what every generator accepts (numpy's lega
 MAX_BUDGET_TOKENS = 131_072
 MAX_BUDGETS = 64  # vLLM warns past 64 captured encoder graphs: each one costs capture time and static buffers
 MAX_TABLE_BYTES = 16 << 20  # a latency table is tens of KiB (data/bench/latency_h200.json: 34 KB)
-H200_BYTES = 141 * 10**9  # one H200's HBM3e (NVIDIA's specification): the graphs of a budget set must fit in it
 
 
 class Parser(argparse.ArgumentParser):
@@ -146,41 +145,8 @@ def bucket_config_arg(text: str) -> dict:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def check_budget_config(config: BudgetConfig, dtype: str = "bfloat16") -> BudgetConfig:
-    """``config`` if one H200 can hold it for the GLM-4.1V tower in ``dtype``; otherwise a ValueError saying why.
-
-    Budgets are already ≤ MAX_BUDGET_TOKENS (:func:`budgets_arg`). Segment slots past the largest budget are never
-    used (every segment has at least one token); the graphs (costmodel's estimate) and the weights must fit.
-    """
-    if config.max_segments > config.largest:
-        raise ValueError(f"max_segments={config.max_segments:,} exceeds the largest budget {config.largest:,}: "
-                         "every segment has at least one token, so a batch never has more segments than tokens")
-    tower = VisionConfig.glm41v()
-    need = total_graph_memory(graph_memory(config, tower, dtype)) + tower_bytes(tower, dtype)
-    if need > H200_BYTES:
-        raise ValueError(f"{len(config.token_budgets)} budgets up to {config.largest:,} tokens need ≈ "
-                         f"{need / 2**30:,.0f} GiB for their graphs and the weights (costmodel.graph_memory, "
-                         f"GLM-4.1V, {dtype}): more than one H200 ({H200_BYTES / 2**30:.0f} GiB)")
-    return config
-
-
-def tower_bytes(config: VisionConfig, dtype: str = "bfloat16") -> int:
-    """Bytes of the parameters of a tower of ``config`` in ``dtype`` (counted on the meta device: nothing allocated)."""
-    with torch.device("meta"):
-        model = GlmVisionEncoder(config)
-    return sum(p.numel() for p in model.parameters()) * getattr(torch, dtype).itemsize
-
-
 def vision_config(name: str) -> VisionConfig:
     return VisionConfig.glm41v() if name == "full" else VisionConfig.tiny()
-
-
-def build_model(config: VisionConfig, device: torch.device | str, dtype: torch.dtype,
-                seed: int = 0) -> GlmVisionEncoder:
-    """The embedded default: a model with seeded random weights on ``device`` in ``dtype`` (eval mode)."""
-    with torch.device(device):
-        model = GlmVisionEncoder(config)
-    return randomize_(model, seed).to(dtype).eval()
 
 
 def model_from_args(args: argparse.Namespace) -> GlmVisionEncoder:
@@ -188,7 +154,7 @@ def model_from_args(args: argparse.Namespace) -> GlmVisionEncoder:
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     if args.weights:
         return GlmVisionEncoder.from_pretrained(args.weights, dtype=dtype, device=device)
-    return build_model(vision_config(args.config), device, dtype, args.seed)
+    return random_encoder(vision_config(args.config), device, dtype, args.seed)
 
 
 def describe(args: argparse.Namespace) -> str:
@@ -334,22 +300,10 @@ def device_memory_bytes(device: torch.device | str) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def weights_identity(path: str | Path) -> dict[str, Any]:
-    """A cheap identity of a checkpoint: its resolved path, its safetensors files' names and sizes, and one sha256
-    over those names and sizes and the bytes of its config.json and index. No weight is read."""
-    path = Path(path).resolve()
-    directory = path if path.is_dir() else path.parent
-    weights = sorted(directory.glob("*.safetensors")) if path.is_dir() else [path]
-    small = [f for f in (directory / "config.json", directory / "model.safetensors.index.json") if f.is_file()]
-    digest = hashlib.sha256()
-    files = []
-    for file in weights:
-        size = file.stat().st_size
-        files.append({"name": file.name, "bytes": size})
-        digest.update(f"{file.name}\t{size}\n".encode())
-    for file in small:
-        digest.update(f"{file.name}\n".encode() + file.read_bytes())
-    return {"path": str(path), "files": files, "hashed_json": [f.name for f in small], "sha256": digest.hexdigest()}
+def graph_memory_target(device: torch.device | str) -> int:
+    """The memory a budget set must fit: this GPU's on CUDA; elsewhere one H200's, the GPU the tools plan for."""
+    device = torch.device(device)
+    return device_memory_bytes(device) if device.type == "cuda" else H200_BYTES
 
 
 def write_record(path: str | Path, record: Record) -> None:

@@ -14,30 +14,17 @@ import torch
 from ..geometry import ItemSpec
 from ..graphs import EncoderGraphRunner
 from ..packing import BudgetConfig
-from ..processing import VisionInputs, process_images, process_video
+from ..processing import SAMPLE_DATA, sample_inputs
 from ..timing import sync
 from .common import Parser, add_model_args, describe, model_from_args, plural, resolve_model_args
 
-DATA = Path(__file__).resolve().parents[2] / "data"
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
 WARMUP_CALLS, TIMED_CALLS = 2, 3
-
-
-def sample_inputs(data: Path = DATA, max_pixels: int | None = None) -> VisionInputs:
-    """The sample photographs and the sample clip, as one batch (images first, then the clip)."""
-    images = sorted(p for p in (data / "images").glob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
-    if not images or not (data / "clip.gif").exists():
-        raise FileNotFoundError(f"{data}: expected images/*.jpg and clip.gif (run from a checkout, or pass --data)")
-    if max_pixels is None:
-        return VisionInputs.concat([process_images(images), process_video(data / "clip.gif")])
-    return VisionInputs.concat([process_images(images, max_pixels=max_pixels),
-                                process_video(data / "clip.gif", max_pixels=max_pixels)])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m glmvit demo", description=__doc__)
     add_model_args(parser)
-    parser.add_argument("--data", type=Path, default=DATA, help="a folder with images/ and clip.gif")
+    parser.add_argument("--data", type=Path, default=SAMPLE_DATA, help="a folder with images/ and clip.gif")
     args = parser.parse_args(argv)
     resolve_model_args(parser, args)
     device = torch.device(args.device)

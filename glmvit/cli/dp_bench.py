@@ -36,11 +36,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..deployment import check_budget_fits
 from ..graphs import EncoderGraphRunner
 from ..model import GlmVisionEncoder
 from ..packing import BudgetConfig
 from ..parallel import DataParallelEncoder, DPStats, RankFailed, free_port, patch_counts_of
-from ..provenance import collect
+from ..provenance import collect, weights_identity
 from ..timing import summarise
 from ..weights import checkpoint_config
 from ..workloads import random_batch, random_mm_workload
@@ -51,16 +52,15 @@ from .common import (
     Parser,
     add_model_args,
     bucket_config_arg,
-    check_budget_config,
     check_writable,
     describe,
     device_memory_bytes,
     float_in,
+    graph_memory_target,
     int_in,
     model_from_args,
     resolve_model_args,
     vision_config,
-    weights_identity,
     write_json,
 )
 
@@ -131,7 +131,7 @@ def plan_workload(args: argparse.Namespace) -> Workload:
                              "fit the 128K-token context of GLM-4.6V-Flash): fewer or smaller items")
     config = BudgetConfig.for_requests(specs)
     config = BudgetConfig(config.token_budgets, config.max_items, min(config.max_segments, config.largest))
-    check_budget_config(config, str(DTYPES[args.dtype]).removeprefix("torch."))
+    check_budget_fits(config, str(DTYPES[args.dtype]).removeprefix("torch."), graph_memory_target(args.device))
     return Workload(buckets, grids, config)
 
 

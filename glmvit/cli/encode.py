@@ -40,8 +40,8 @@ from tqdm.auto import tqdm
 from .. import video
 from ..geometry import MAX_FRAME_PIXELS, check_frame_pixels, smart_resize
 from ..model import GlmVisionEncoder
-from ..processing import VisionInputs, process_images, process_video
-from ..provenance import collect
+from ..processing import IMAGE_SUFFIXES, VisionInputs, process_images, process_video
+from ..provenance import collect, weights_identity
 from .common import (
     Parser,
     add_model_args,
@@ -51,10 +51,8 @@ from .common import (
     model_from_args,
     plural,
     resolve_model_args,
-    weights_identity,
     write_json,
 )
-from .demo import IMAGE_SUFFIXES
 from .embedding_file import file_metadata, inputs_record
 
 ANIMATION_SUFFIXES = (".gif", ".webp")  # animated ones are videos; a still GIF or WebP is an image

@@ -21,12 +21,12 @@ from matplotlib.ticker import MaxNLocator
 
 from ..config import VisionConfig
 from ..costmodel import LatencyTable
-from ..deployment import evaluate_budgets, recommend_budgets
+from ..deployment import check_budget_fits, evaluate_budgets, recommend_budgets
 from ..geometry import ItemSpec
 from ..packing import BudgetConfig, Plan, parse_budgets, plan_workload
 from ..traces import SUFFIXES, load_trace, parse_trace
 from ..workloads import PRESETS, MMItem, random_mm_workload
-from .common import check_budget_config, check_budgets, check_writable, read_latency_table, write_atomic
+from .common import check_budgets, check_writable, read_latency_table, write_atomic
 from .plan import export_config, report_rows
 
 H200_TABLE = Path(__file__).resolve().parents[2] / "data" / "bench" / "latency_h200.json"
@@ -200,7 +200,7 @@ class BudgetExplorer:
         try:
             budgets = check_budgets(parse_budgets(text))
             config = BudgetConfig.resolve(budgets, self.max_items.value, self.max_segments.value)
-            return check_budget_config(config)
+            return check_budget_fits(config)
         except ValueError as err:
             raise ValueError(f"{what}{err}") from None
 

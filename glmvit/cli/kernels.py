@@ -29,11 +29,12 @@ from ..metadata import attention_work, build_metadata
 from ..packing import BudgetConfig
 from ..profiling import encoder_gemms, graph_time_us, profile_kernels, roofline_us
 from ..provenance import collect
+from ..random_weights import random_encoder
 from ..records import KernelsProfile, make
 from ..rotary import rotary_cos_sin
 from ..timing import summarise, time_calls
 from ..workloads import random_batch
-from .common import Parser, build_model, check_writable, vision_config, write_record
+from .common import Parser, check_writable, vision_config, write_record
 
 LAYOUTS = {
     "1x224": [[1, 16, 16]],
@@ -179,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         check_writable(args.json)
     config = vision_config("full")
-    model = build_model(config, "cuda", torch.bfloat16)
+    model = random_encoder(config, "cuda", torch.bfloat16)
     tflops, gbps = measure_matmul_tflops("cuda"), measure_copy_bandwidth("cuda")
     result: dict[str, Any] = {
         "floor": {"matmul_tflops": tflops, "copy_gbps": gbps},

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..deployment import check_budget_fits
 from ..floor import encoder_flops
 from ..graphs import EncoderGraphRunner
 from ..model import GlmVisionEncoder
@@ -32,8 +33,8 @@ from .common import (
     Parser,
     add_model_args,
     budgets_arg,
-    check_budget_config,
     check_writable,
+    graph_memory_target,
     int_in,
     model_from_args,
     resolve_model_args,
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--budgets needs at least two budgets, e.g. 64,128,256,512")
         config = BudgetConfig(tuple(sorted(budgets)), min(args.max_items, min(budgets)),
                               min(args.max_segments, max(budgets)))  # slots past a budget's tokens are never used
-        check_budget_config(config, str(DTYPES[args.dtype]).removeprefix("torch."))
+        check_budget_fits(config, str(DTYPES[args.dtype]).removeprefix("torch."), graph_memory_target(args.device))
         if args.json:
             check_writable(args.json)
     except (ValueError, OSError) as err:

@@ -26,7 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from ..costmodel import TABLE_MODES, LatencyTable, recorded_table
-from ..deployment import BudgetReport, TimeSummary, evaluate_budgets, vllm_compilation_config, vllm_frames_needed
+from ..deployment import (
+    BudgetReport,
+    TimeSummary,
+    check_budget_fits,
+    evaluate_budgets,
+    vllm_compilation_config,
+    vllm_frames_needed,
+)
 from ..geometry import ItemSpec
 from ..packing import PACKERS, VLLM_MAX_NUM_BATCHED_TOKENS, BudgetConfig, combined_stats, plan_workload
 from ..provenance import collect
@@ -39,7 +46,6 @@ from .common import (
     Parser,
     bucket_config_arg,
     budgets_arg,
-    check_budget_config,
     check_writable,
     float_in,
     int_in,
@@ -172,7 +178,7 @@ def warnings(table: LatencyTable | None, configs: list[BudgetConfig], reports: l
 def _budget_config(budgets: tuple[int, ...] | None, args: argparse.Namespace, dtype: str,
                    what: str = "") -> BudgetConfig:
     try:
-        return check_budget_config(BudgetConfig.resolve(budgets, args.max_items, args.max_segments), dtype)
+        return check_budget_fits(BudgetConfig.resolve(budgets, args.max_items, args.max_segments), dtype)
     except ValueError as err:
         raise ValueError(f"{what}{err}") from None
 

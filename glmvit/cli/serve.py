@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ..deployment import check_budget_fits
 from ..floor import measure_copy_bandwidth, measure_matmul_tflops, weight_bytes
 from ..graphs import EncoderGraphRunner, recorded_table_for
 from ..model import GlmVisionEncoder
@@ -33,8 +34,8 @@ from .common import (
     Parser,
     add_model_args,
     budgets_arg,
-    check_budget_config,
     float_in,
+    graph_memory_target,
     int_in,
     model_from_args,
     resolve_model_args,
@@ -77,7 +78,8 @@ def check_serving_args(parser: argparse.ArgumentParser, args: argparse.Namespace
     if "graph-compiled" in modes and device.type != "cuda":
         parser.error("graph-compiled needs CUDA (off CUDA the runner only emulates graphs: use graph)")
     try:
-        check_budget_config(budget_config(args), str(DTYPES[args.dtype]).removeprefix("torch."))
+        check_budget_fits(budget_config(args), str(DTYPES[args.dtype]).removeprefix("torch."),
+                          graph_memory_target(args.device))
     except ValueError as err:
         parser.error(str(err))
 
