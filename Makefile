@@ -40,6 +40,8 @@ demo: $(STAMP)
 ## Every test, the notebooks included (nbval). Installs Debian's chromium for the browser test when it can.
 test: $(STAMP) browser lint
 	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=15 $(PYTEST_NB) tests notebooks
+	@echo "recorded GPU results measured on code that has changed since (a warning: only a GPU can re-record):"
+	-@$(BIN)/python -m glmvit records --stale
 
 ## ruff and mypy, configured in pyproject.toml (make test runs them first).
 lint: $(STAMP)

@@ -340,7 +340,8 @@ def check_budget_fits(config: BudgetConfig, dtype: str = "bfloat16", memory_byte
     if need > memory_bytes:
         raise ValueError(f"{len(config.token_budgets)} budgets up to {config.largest:,} tokens need ≈ "
                          f"{need / 2**30:,.0f} GiB for their graphs and the weights (costmodel.graph_memory, "
-                         f"{dtype}): more than the {memory_bytes / 2**30:,.0f} GiB of GPU memory")
+                         f"{dtype}): more than the {memory_bytes / 2**30:,.0f} GiB of "
+                         + ("one H200" if memory_bytes == H200_BYTES else "this GPU"))
     return config
 
 

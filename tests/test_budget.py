@@ -384,7 +384,7 @@ def test_random_mm_workload_video_items():
     ("[(224, 224, 1)]", "must be a non-empty dict"),
     ({}, "must be a non-empty dict"),
     ({(224, 224, 1): 0.0}, "must sum to > 0"),
-    ({(224, 224, 1): -1.0}, "probability must be a number ≥ 0"),
+    ({(224, 224, 1): -1.0}, "probability must be a finite number ≥ 0"),
     ({(224, 224): 1.0}, r"bucket key must be \(height, width, frames\)"),
     ({(224, 0, 1): 1.0}, "width must be a positive integer, got 0"),
 ])

@@ -210,7 +210,7 @@ BAD_INVOCATIONS = [
     (["plan", "--budgets", HUGE], "budget 1,000,000,000 is not in [1, 131,072] tokens"),
     (["plan", "--budgets", "64,abc"], "budget 'abc' is not an integer"),
     (["plan", "--budgets", ",".join(str(64 * k) for k in range(1, 66))], "65 budgets: at most 64"),
-    (["plan", "--budgets", ",".join(str(131072 - k) for k in range(64))], "more than one H200"),
+    (["plan", "--budgets", ",".join(str(131072 - k) for k in range(64))], "GiB of one H200"),
     (["plan", "--compare", "0,64"], "argument --compare: budget 0 is not in"),
     (["plan", "--max-items", "0"], "argument --max-items: 0 is not"),
     (["plan", "--max-items", "100", "--budgets", "64,128"], "max_items=100 exceeds the smallest budget 64"),

@@ -60,7 +60,7 @@ BAD = [
     (["--device", "tpu"], "--device 'tpu' is not a device"),
     pytest.param(["--device", "cuda"], "no CUDA GPU is available here", marks=NO_GPU),
     pytest.param(["--device", "cuda:1"], "every rank takes cuda:LOCAL_RANK", marks=NEEDS_GPU),
-    (["--weights", "{tmp}/none"], "none: no such checkpoint directory or file"),
+    (["--weights", "{tmp}/none"], "none: no such checkpoint file or directory (only local checkpoints are read"),
     (["--weights", "{tmp}", "--config", "tiny"], "--config applies to random weights"),
     (["--json", "{tmp}/a-file/out.json"], "out.json: cannot write here"),
     (["--bucket-config", "{(4000, 4000, 1): 1}", "--items-per-request", "22", "--num-requests", "1", "--warmup",

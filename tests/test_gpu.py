@@ -5,7 +5,8 @@ padding, a small item in a large graph, images + videos, 2,000 random replays, c
 is marked ``gpu`` and is skipped without CUDA (tests/conftest.py). Run: ``pytest -m gpu tests/test_gpu.py``.
 
 Runner tests use the full GLM-4.1V tower in bfloat16 with random weights (``glmvit.random_weights.random_encoder``);
-oracle comparisons that need exactness run in float32 with the ``sdpa_masked`` backend (the flash kernels take bf16 only).
+oracle comparisons that need exactness run in float32 with the ``sdpa_masked`` backend
+(the flash kernels take bf16 only).
 """
 import copy
 import dataclasses
