@@ -449,10 +449,10 @@ def test_arrivals_are_vllms_gamma_process():
 
 @pytest.mark.gpu
 def test_cuda_server_answers_concurrent_clients():
-    """The full tower in bf16 behind real graphs: float32 answers within tests/test_gpu.py's bound of each item
-    encoded alone, read back through the answering threads' own CUDA streams."""
+    """The full tower in bf16 behind real graphs: float32 answers within tests/test_gpu.py's bound (from the item's
+    own bf16 error) of each item encoded alone, read back through the answering threads' own CUDA streams."""
     from glmvit.random_weights import random_encoder
-    from tests.test_gpu import assert_bf16_batch_close
+    from tests.test_gpu import assert_per_item
 
     model = random_encoder(VisionConfig.glm41v(), "cuda", torch.bfloat16)
     runner = EncoderGraphRunner(model, BudgetConfig((256, 1024), 4, 16), mode="cuda").capture()
@@ -467,9 +467,6 @@ def test_cuda_server_answers_concurrent_clients():
     for (pixels, grid), (status, _, body) in zip(requests, answers, strict=True):
         assert status == 200, body
         got = load(body)
-        for i, (t, h, w) in enumerate(grid.tolist()):
-            rows = slice(i * t * h * w, (i + 1) * t * h * w)
-            with torch.inference_mode():
-                ref = model(pixels[rows].cuda(), torch.tensor([[t, h, w]]))
-            assert got[f"item_{i}"].dtype == torch.float32
-            assert_bf16_batch_close(got[f"item_{i}"].cuda(), ref)
+        outs = [got[f"item_{i}"] for i in range(len(grid))]
+        assert all(out.dtype == torch.float32 for out in outs)  # bf16 values, answered as float32 (exact)
+        assert_per_item(model, [out.cuda().bfloat16() for out in outs], pixels.cuda().bfloat16(), grid)

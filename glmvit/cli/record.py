@@ -85,8 +85,16 @@ JOBS: tuple[Job, ...] = (
     _bench("mixed_av", "mixed-av", 500, "--transformers-requests", "60", estimate=90),
     _bench("seed_img1x224", "img1x224", 300, *SEED_CONFIG, modes="eager,graph,graph-compiled", estimate=35),
     _bench("seed_video8x224", "video8x224", 200, *SEED_CONFIG, modes="eager,graph,graph-compiled", estimate=35),
-    Job("serve", "serve", ("-m", "glmvit", "bench-serve", "--preset", "seed", "--sweep", "mixed-av", "--quiet",
-                           "--json", "data/bench/serve_h200.json"), ("bench/serve_h200.json",), 150),
+    # the seed's serve run (vLLM PR 40576: 8-frame 224² clips, one per request, 100 requests, rate inf), per mode
+    Job("serve_video8x224", "serve", ("-m", "glmvit", "bench-serve", "--spawn", "--modes", "eager,graph,graph-compiled",
+                                      "--workload", "video8x224", "--num-prompts", "100", "--request-rate", "inf",
+                                      "--json", "data/bench/serve_video8x224_h200.json"),
+        ("bench/serve_video8x224_h200.json",), 90),
+    # latency against throughput on mixed traffic, graph-compiled: Poisson arrivals at rising rates, then all at once
+    Job("serve_mixed_av", "serve", ("-m", "glmvit", "bench-serve", "--spawn", "--modes", "graph-compiled",
+                                    "--workload", "mixed-av", "--num-prompts", "200", "--request-rate",
+                                    "10,25,50,100,inf", "--json", "data/bench/serve_mixed_av_h200.json"),
+        ("bench/serve_mixed_av_h200.json",), 90),
     *(_notebook(stem, est) for stem, est in (
         ("00_tour", 60), ("02_interpolation_kernel", 40), ("03_cuda_graphs", 40), ("04_static_forward", 40),
         ("06_capture_replay", 60), ("08_benchmark", 90), ("10_kernels", 60))),
