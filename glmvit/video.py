@@ -151,7 +151,8 @@ def _probe_animation(path: Path, fmt: str) -> VideoInfo:
         with path.open("rb") as fp:
             delays = _gif_delays(fp) if fmt == "GIF" else _webp_delays(fp)
     if len(delays) != frames:
-        raise ValueError(f"video {path}: PIL sees {frames} frames but the file's blocks describe {len(delays)}")
+        raise ValueError(f"video {path}: PIL sees {frames} frame{'s' * (frames != 1)} but the file's blocks "
+                         f"describe {len(delays)}")
     seconds = sum(delays) / 1000
     fps = frames / seconds if seconds > 0 else None
     return VideoInfo(frames, fps, seconds if seconds > 0 else None, width, height, "pil")
@@ -281,4 +282,5 @@ def _decode_pyav(path: Path, wanted: list[int], budget: _PixelBudget) -> Iterato
                 if (target := next(targets, -1)) < 0:
                     return
             decoded += 1
-    raise ValueError(f"video {path}: decoding ended after {decoded} frames, before sampled frame {target}")
+    raise ValueError(f"video {path}: decoding ended after {decoded} frame{'s' * (decoded != 1)}, before sampled "
+                     f"frame {target}")

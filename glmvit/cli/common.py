@@ -157,7 +157,7 @@ def check_budget_config(config: BudgetConfig, dtype: str = "bfloat16") -> Budget
     tower = VisionConfig.glm41v()
     need = total_graph_memory(graph_memory(config, tower, dtype)) + tower_bytes(tower, dtype)
     if need > H200_BYTES:
-        raise ValueError(f"{len(config.token_budgets)} budgets up to {config.largest:,} tokens need ≈ "
+        raise ValueError(f"{plural(len(config.token_budgets), 'budget')} up to {config.largest:,} tokens need ≈ "
                          f"{need / 2**30:,.0f} GiB for their graphs and the weights (costmodel.graph_memory, "
                          f"GLM-4.1V, {dtype}): more than one H200 ({H200_BYTES / 2**30:.0f} GiB)")
     return config
