@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 from PIL import Image, UnidentifiedImageError
-from safetensors.torch import save_file
+from safetensors.torch import save
 from tqdm.auto import tqdm
 
 from .. import video
@@ -189,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         metadata = {f"item_{i}": json.dumps(item) for i, item in enumerate(items)}
         metadata.update({k: json.dumps(v) for k, v in info.items()}, provenance=json.dumps(provenance))
-        with atomic_output(args.out) as tmp:
-            save_file(tensors, str(tmp), metadata=metadata)
+        with atomic_output(args.out) as f:
+            f.write(save(tensors, metadata=metadata))  # bytes: save_file would replace a device or FIFO
         print(f"saved {plural(len(items), 'embedding')} to {args.out}")
     if args.json:
         write_json(args.json, {"out": str(args.out) if args.out else None, "items": items, **info,
