@@ -54,6 +54,7 @@ from .geometry import (
     check_frame_pixels,
     smart_resize,
 )
+from .metadata import as_grid_array
 from .video import MAX_DECODED_PIXELS, PIL_ERRORS
 
 __all__ = [
@@ -99,6 +100,7 @@ class VisionInputs:
             self.frame_indices = [None] * len(self.kinds)
         if self.grid_thw.ndim != 2 or self.grid_thw.shape[1] != 3:
             raise ValueError(f"grid_thw must have shape [items, 3], got {tuple(self.grid_thw.shape)}")
+        as_grid_array(self.grid_thw)  # positive entries whose products and sum are exact (metadata.MAX_ROWS)
         n = self.grid_thw.shape[0]
         columns = (self.kinds, self.timestamps, self.sources, self.frame_indices)
         if any(len(column) != n for column in columns):
