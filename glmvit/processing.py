@@ -26,6 +26,8 @@ from __future__ import annotations
 import itertools
 import math
 import operator
+import os
+import stat
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -38,6 +40,7 @@ from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil
 
 from . import video as video_files
+from .files import file_kind
 from .geometry import (
     FACTOR,
     IMAGE_MAX_PIXELS,
@@ -51,6 +54,7 @@ from .geometry import (
     check_frame_pixels,
     smart_resize,
 )
+from .metadata import as_grid_array
 from .video import MAX_DECODED_PIXELS, PIL_ERRORS
 
 __all__ = [
@@ -96,6 +100,7 @@ class VisionInputs:
             self.frame_indices = [None] * len(self.kinds)
         if self.grid_thw.ndim != 2 or self.grid_thw.shape[1] != 3:
             raise ValueError(f"grid_thw must have shape [items, 3], got {tuple(self.grid_thw.shape)}")
+        as_grid_array(self.grid_thw)  # positive entries whose products and sum are exact (metadata.MAX_ROWS)
         n = self.grid_thw.shape[0]
         columns = (self.kinds, self.timestamps, self.sources, self.frame_indices)
         if any(len(column) != n for column in columns):
@@ -188,11 +193,22 @@ def _rgb_array(image: Image.Image, name: str) -> np.ndarray:
 # --- images ------------------------------------------------------------------------------------------------------
 
 
+def _check_regular(path: Path, name: str) -> None:
+    """A file to decode must be a regular one: a FIFO would block, a device never end (one line naming it)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{name}: no such file: {path}") from None
+    except OSError as err:
+        raise ValueError(f"{name}: cannot read {path} ({err.strerror or err})") from None
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{name}: {path} is {file_kind(mode)}, not a regular file")
+
+
 def _open_image(path: Path, name: str, max_frame_pixels: int) -> Image.Image:
     """The decoded picture of an image file, EXIF orientation applied (as transformers' ``load_image``); its size
     is checked from the header first."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{name}: no such file: {path}")
+    _check_regular(path, name)
     try:
         im = Image.open(path)
     except UnidentifiedImageError as err:
@@ -435,8 +451,7 @@ def _array_clip(frames: np.ndarray, video_fps: float | None, duration: float | N
 def _file_clip(path: Path, video_fps: float | None, duration: float | None, max_decoded_pixels: int,
                max_frame_pixels: int) -> _Clip:
     """A video file: its own metadata unless the caller gives video_fps / duration."""
-    if not path.is_file():
-        raise FileNotFoundError(f"video: no such file: {path}")
+    _check_regular(path, "video")
     info = video_files.probe(path, max_frame_pixels)
     fps = video_fps if video_fps is not None else info.fps
     if fps is None:

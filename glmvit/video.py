@@ -45,6 +45,7 @@ ANIMATIONS = ("GIF", "WEBP")  # PIL formats read as videos
 # What PIL raises on corrupt or truncated data (struct.error: short headers; IndexError: short palettes).
 PIL_ERRORS = (OSError, EOFError, SyntaxError, ValueError, struct.error, IndexError, Image.DecompressionBombError)
 PYAV_HINT = "reading it needs PyAV, which is not installed: pip install av"
+_MAX_STREAMS = 256  # per-stream FFmpeg options are given for this many streams (a file has a handful)
 
 
 class DecodeLimitError(ValueError):
@@ -72,7 +73,7 @@ def probe(path: Path, max_frame_pixels: int = MAX_FRAME_PIXELS) -> VideoInfo:
     above ``max_frame_pixels`` is a :class:`DecodeLimitError`."""
     fmt = _pil_format(path)
     if fmt is None:
-        info = _probe_pyav(path)
+        info = _probe_pyav(path, max_frame_pixels)
     elif fmt not in ANIMATIONS:
         raise ValueError(f"video {path}: PIL reads it as a still {fmt} image, not a video "
                          f"(animations: GIF, WebP; other videos through PyAV)")
@@ -150,7 +151,8 @@ def _probe_animation(path: Path, fmt: str) -> VideoInfo:
         with path.open("rb") as fp:
             delays = _gif_delays(fp) if fmt == "GIF" else _webp_delays(fp)
     if len(delays) != frames:
-        raise ValueError(f"video {path}: PIL sees {frames} frames but the file's blocks describe {len(delays)}")
+        raise ValueError(f"video {path}: PIL sees {frames} frame{'s' * (frames != 1)} but the file's blocks "
+                         f"describe {len(delays)}")
     seconds = sum(delays) / 1000
     fps = frames / seconds if seconds > 0 else None
     return VideoInfo(frames, fps, seconds if seconds > 0 else None, width, height, "pil")
@@ -235,9 +237,22 @@ def _import_av(path: Path):
     return av
 
 
-def _probe_pyav(path: Path) -> VideoInfo:
+def _open_pyav(av, path: Path, frame_limit: int):
+    """``av.open(path)``, FFmpeg told the per-frame bound (its ``max_pixels``, twice ours: it counts rows padded to
+    its alignment) for every stream, so the frames it decodes while probing the streams are bounded too. Formats that
+    state no streams before probing (raw streams, MPEG-TS) cannot take per-stream options: opened without."""
+    bound = {"max_pixels": str(2 * frame_limit)}
+    try:
+        return av.open(str(path), stream_options=[bound] * _MAX_STREAMS)
+    except ValueError as err:
+        if "stream_options" not in str(err):
+            raise
+        return av.open(str(path))
+
+
+def _probe_pyav(path: Path, frame_limit: int) -> VideoInfo:
     av = _import_av(path)
-    with _decode_errors(path, (av.FFmpegError, OSError)), av.open(str(path)) as container:
+    with _decode_errors(path, (av.FFmpegError, OSError)), _open_pyav(av, path, frame_limit) as container:
         if not container.streams.video:
             raise ValueError(f"video {path}: no video stream")
         stream = container.streams.video[0]
@@ -256,11 +271,10 @@ def _decode_pyav(path: Path, wanted: list[int], budget: _PixelBudget) -> Iterato
     target, decoded = next(targets), 0
     hint = (f" (a corrupt stream, or a frame larger than its header states: FFmpeg refuses frames above "
             f"max_frame_pixels={budget.frame_limit:,})")
-    with _decode_errors(path, (av.FFmpegError, OSError), hint), av.open(str(path)) as container:
+    with _decode_errors(path, (av.FFmpegError, OSError), hint), _open_pyav(av, path, budget.frame_limit) as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"  # frame threads: same frames, faster
-        # FFmpeg counts rows padded to its alignment (up to 64 bytes more a row): twice the limit leaves room
-        stream.codec_context.options = {"max_pixels": str(2 * budget.frame_limit)}
+        stream.codec_context.options = {"max_pixels": str(2 * budget.frame_limit)}  # as _open_pyav's
         for frame in container.decode(stream):
             budget.spend(frame.width, frame.height)
             if decoded == target:
@@ -268,4 +282,5 @@ def _decode_pyav(path: Path, wanted: list[int], budget: _PixelBudget) -> Iterato
                 if (target := next(targets, -1)) < 0:
                     return
             decoded += 1
-    raise ValueError(f"video {path}: decoding ended after {decoded} frames, before sampled frame {target}")
+    raise ValueError(f"video {path}: decoding ended after {decoded} frame{'s' * (decoded != 1)}, before sampled "
+                     f"frame {target}")

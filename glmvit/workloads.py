@@ -16,6 +16,7 @@ import torch
 
 from .config import VisionConfig
 from .geometry import ItemSpec, grid_for, item_spec
+from .metadata import as_grid_array, rows_of
 from .packing import positive_int
 
 
@@ -163,7 +164,7 @@ PRESETS: dict[str, Preset] = {
 
 def random_batch(grids: Any, config: VisionConfig, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Random normal pixel rows (float32, CPU) for ``grids`` (rows [t, h, w]), and the grids as a long tensor."""
-    grid = torch.as_tensor(np.asarray(grids), dtype=torch.long).reshape(-1, 3)
-    rows = int((grid[:, 0] * grid[:, 1] * grid[:, 2]).sum())
+    checked = as_grid_array(np.asarray(grids).reshape(-1, 3))  # exact rows, bounded: nothing wraps
+    grid, rows = torch.from_numpy(checked), rows_of(checked)
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(rows, config.patch_dim, generator=gen), grid

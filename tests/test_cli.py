@@ -9,6 +9,7 @@ import stat
 import threading
 
 import pytest
+import safetensors.torch
 import torch
 from PIL import Image
 from safetensors import safe_open
@@ -380,3 +381,30 @@ def test_encode_reads_one_file_at_a_time_and_says_its_weights_are_random(tmp_pat
 
 def test_counts_have_the_right_number():
     assert [glmvit.cli.common.plural(n, "replay") for n in (0, 1, 2)] == ["0 replays", "1 replay", "2 replays"]
+
+
+def test_encode_out_writes_into_devices_and_fifos_and_keeps_the_umask(tmp_path, capsys):
+    """safetensors' save_file writes a temporary file and renames it onto its target: given a device node it made
+    it a regular file (so --out /dev/null, as root, replaced the system's). encode writes the bytes itself."""
+    fifo, new = tmp_path / "emb.fifo", tmp_path / "new.safetensors"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    old = os.umask(0o022)
+    try:
+        assert main(["encode", "data/images/coffee.jpg", "--out", str(fifo), "--quiet"]) == 0
+        assert main(["encode", "data/images/coffee.jpg", "--out", str(new), "--quiet"]) == 0
+    finally:
+        os.umask(old)
+    reader.join(30)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and received
+    assert torch.equal(safetensors.torch.load(received[0])["item_0"], load_file(str(new))["item_0"])
+    assert stat.S_IMODE(os.stat(new).st_mode) == 0o644
+    null = tmp_path / "null"
+    try:
+        os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's device, made here
+    except OSError as err:
+        pytest.skip(f"cannot make a device node here ({err})")
+    assert main(["encode", "data/images/coffee.jpg", "--out", str(null), "--quiet"]) == 0
+    assert stat.S_ISCHR(os.lstat(null).st_mode), "the device node was replaced by a regular file"

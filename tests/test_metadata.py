@@ -83,3 +83,42 @@ def test_every_section_starts_16_byte_aligned(segments):
     for view in (meta.cu_seqlens, meta.h_idx, meta.w_idx, meta.target_h, meta.target_w, meta.segment_ids,
                  meta.token_valid):
         assert (view.data_ptr() - meta.packed.data_ptr()) % 16 == 0
+
+
+SEGFAULT_SCRIPT = """
+import torch
+from glmvit import GlmVisionEncoder, VisionConfig
+model = GlmVisionEncoder(VisionConfig.tiny()).eval()
+for rows, grid in ((4, [[2**62, 2, 2]] * 4 + [[1, 2, 2]]), (0, [[1, 2**32, 2**32]]), (4, [[2**70, 2, 2]]),
+                   (4, [[1e30, 2.0, 2.0]]), (0, [[1, 2**15, 2**15]] * 2)):
+    try:
+        model(torch.zeros(rows, 1176), grid)
+    except ValueError as err:
+        print(str(err).split(":")[0])
+"""
+
+
+def test_the_grids_of_issue_29_are_one_line_errors_in_bounded_memory():
+    """t·h·w wrapped in int64: the first grid segfaulted in build_metadata, the second allocated 16 GB. Run in a
+    child with a 3 GB address-space limit, so a regression fails the test instead of the machine."""
+    import resource
+    import subprocess
+    import sys
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    run = subprocess.run([sys.executable, "-c", SEGFAULT_SCRIPT], capture_output=True, text=True, timeout=300,
+                         preexec_fn=limit)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split("\n")[:5] == ["item 0"] * 4 + ["grid_thw"], run.stdout
+
+
+def test_max_rows_is_inclusive_and_the_sum_is_bounded():
+    from glmvit.metadata import MAX_ROWS, as_grid_array, rows_of
+
+    assert rows_of(as_grid_array([[1, 2**15, 2**15]])) == MAX_ROWS
+    with pytest.raises(ValueError, match=r"item 0: .* is t·h·w = 1,073,741,828 patch rows, more than 1,073,741,824"):
+        as_grid_array([[1, 4, 2**28 + 1]])
+    with pytest.raises(ValueError, match=r"grid_thw: Σ t·h·w = 1,073,741,828 patch rows"):
+        as_grid_array([[1, 2**15, 2**15], [1, 2, 2]])

@@ -336,6 +336,46 @@ def test_pyav_frames_are_bounded_by_the_header_and_while_decoding(tmp_path):
     assert "\n" not in str(err.value)
 
 
+PROBE_SCRIPT = """
+import sys
+from pathlib import Path
+from glmvit import video
+
+def peak_kib():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+video.probe(Path(sys.argv[1]))  # warm up: PyAV, FFmpeg's decoder
+before = peak_kib()
+try:
+    video.probe(Path(sys.argv[2]), max_frame_pixels=int(sys.argv[3]))
+except video.DecodeLimitError:
+    pass
+print(peak_kib() - before)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmHWM from /proc (Linux)")
+def test_probing_a_container_decodes_no_frame_above_the_limit(tmp_path):
+    """FFmpeg decodes a frame while it probes a container's streams (avformat_find_stream_info): 4096² costs it
+    about 70 MB. Told the bound per stream, it decodes none above it (5 MB measured); the limit is 1,000 here."""
+    av = pytest.importorskip("av")
+    small = write_video(tmp_path / "small.mkv", moving_frames(2), "libx264", Fraction(10))
+    big = tmp_path / "big.mkv"
+    with av.open(str(big), "w") as container:
+        stream = container.add_stream("libx264", rate=10, options={"preset": "ultrafast"})
+        stream.width, stream.height, stream.pix_fmt = 4096, 4096, "yuv420p"
+        frame = av.VideoFrame(4096, 4096, "yuv420p")
+        for plane in frame.planes:
+            plane.update(bytes(plane.buffer_size))
+        container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    run = subprocess.run([sys.executable, "-c", PROBE_SCRIPT, str(small), str(big), "1000"], capture_output=True,
+                         text=True, cwd=ROOT, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert int(run.stdout) < 4096 * 4096 * 3 // 2 // 1024 // 2, run.stdout  # under half of one frame's YUV
+
+
 # --- bad files -------------------------------------------------------------------------------------------------------
 
 

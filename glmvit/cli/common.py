@@ -9,7 +9,7 @@ import os
 import stat
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Callable, Iterator, NoReturn
+from typing import Any, BinaryIO, Callable, Iterator, NoReturn
 
 import torch
 
@@ -186,28 +186,36 @@ def check_writable(path: str | Path) -> Path:
 
 
 @contextmanager
-def atomic_output(path: str | Path) -> Iterator[Path]:
-    """Where to write ``path``'s new contents. A regular (or new) file: a temporary file beside its target (the
-    resolved path: a symlink is written through), renamed onto it when the block ends and removed if it fails,
-    so there is never a half-written file; it keeps the mode of the file it replaces, or gets the umask's. A
-    character device or a FIFO (``/dev/null``, ``/dev/stdout``, a named pipe), or any path under /dev or /proc:
-    ``path`` itself, written in place (a stream cannot be replaced, nor un-written on failure). A directory, a
-    block device or a socket is refused. OS errors name ``path``."""
+def atomic_output(path: str | Path) -> Iterator[BinaryIO]:
+    """A binary file to write ``path``'s new contents into. A regular (or new) file: a temporary file beside its
+    target (the resolved path: a symlink is written through), renamed onto it when the block ends and removed if it
+    fails, so there is never a half-written file; it keeps the mode of the file it replaces, or gets the umask's.
+    A character device or a FIFO (``/dev/null``, ``/dev/stdout``, a named pipe), or any path under /dev or /proc:
+    ``path`` itself, opened and written in place (a stream cannot be replaced, nor un-written on failure). A
+    directory, a block device or a socket is refused. OS errors name ``path``.
+
+    A file object, not a path: a library that writes by name may replace what it is given (safetensors'
+    ``save_file`` writes a temporary file and renames it, which turned ``/dev/null`` into a regular file). Write
+    bytes (e.g. ``safetensors.torch.save``) into it instead.
+    """
     path = Path(path)
     target, existing, direct = _output_target(path)
     if direct:
         try:
-            yield path
+            with open(path, "wb") as f:
+                yield f
         except OSError as err:
             raise OSError(f"{path}: writing failed ({err.strerror or err})") from None
         return
     try:
         fd, tmp = _create_beside(target, ".tmp", existing)
-        os.close(fd)
     except OSError as err:
         raise OSError(f"{path}: cannot write here ({err.strerror or err})") from None
     try:
-        yield tmp
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())  # the data is on disk before the name points at it
         os.replace(tmp, target)
     except BaseException as err:
         with suppress(FileNotFoundError):
@@ -219,7 +227,7 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
 
 def write_atomic(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through :func:`atomic_output`: no half-written regular file on failure."""
-    with atomic_output(path) as out, open(out, "wb") as f:
+    with atomic_output(path) as f:
         f.write(data)
 
 

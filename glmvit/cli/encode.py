@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 from PIL import Image, UnidentifiedImageError
-from safetensors.torch import save_file
+from safetensors.torch import save
 from tqdm.auto import tqdm
 
 from .. import video
@@ -183,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     info = model_metadata(args, model)
     provenance = collect(device, " ".join([sys.executable, "-m", "glmvit", "encode", *argv]))
     if args.out:
-        with atomic_output(args.out) as tmp:
-            save_file(tensors, str(tmp), metadata=file_metadata(items, info, provenance))
+        with atomic_output(args.out) as f:
+            f.write(save(tensors, metadata=file_metadata(items, info, provenance)))  # bytes: save_file would replace
         print(f"saved {plural(len(items), 'embedding')} to {args.out}")
     if args.json:
         write_json(args.json, {"out": str(args.out) if args.out else None, "items": items, **info,
