@@ -24,6 +24,7 @@ from glmvit.cli.explorer_serve import MIN_TOKEN_CHARS, build_server, explorer_to
 from glmvit.costmodel import LatencyTable, recorded_table
 from glmvit.deployment import evaluate_budgets, recommend_budgets
 from glmvit.packing import BudgetConfig, plan_workload
+from glmvit.records import tree_hash
 from glmvit.traces import parse_trace
 from glmvit.workloads import PRESETS, random_mm_workload
 
@@ -294,6 +295,23 @@ def test_a_table_file_in_the_workspace_is_added_and_selected(app, workspace):
     assert app.message.value == "" and app.table_choice.label == "yours: gpu.json"
     assert "file: <b>gpu.json</b>" in app.table_info.value and "GPU: <b>Synthetic GPU</b>" in app.table_info.value
     assert "every batch at its P99 latency" in app.summary.value and "≈ " in app.summary.value
+    assert "status: <b>unknown (a plain table" in app.table_info.value and "a plain one" in app.warnings.value
+
+
+@pytest.mark.parametrize("current", [True, False])
+def test_a_recorded_sweep_says_whether_the_code_changed_since(app, current):
+    """The status comes from the sweep's fingerprint against this tree (glmvit.records.staleness)."""
+    sweep = json.loads(Path(recorded_table("graph-compiled").source).read_text())
+    digest = tree_hash("glmvit.costmodel") if current else "0" * 16
+    sweep["fingerprint"] = {"modules": {"glmvit.costmodel": digest}}
+    app.table_upload.value = ({"name": "sweep.json", "type": "", "size": 10, "last_modified": NOW,
+                               "content": memoryview(json.dumps(sweep).encode())},)
+    assert "runner mode: <b>graph-compiled</b>" in app.table_info.value
+    if current:
+        assert "status: <b>current</b>" in app.table_info.value and "STALE" not in app.warnings.value
+    else:
+        assert "status: <b>STALE: glmvit.costmodel changed since</b>" in app.table_info.value
+        assert "re-record it on the GPU" in app.warnings.value
 
 
 def test_an_uploaded_table_is_added_and_a_bad_one_says_why(app):

@@ -137,8 +137,8 @@ class BudgetExplorer:
         self.export_path = widgets.Text(value="vllm_compilation_config.json", description="export to",
                                         style=style, layout=widgets.Layout(width="26em"))
         self.export = widgets.Button(description="Export vLLM config", button_style="success",
-                                     tooltip=f"write the first budget set as vLLM's --compilation-config JSON in "
-                                             f"{self.workspace.root}")
+                                     tooltip="write the first budget set as vLLM's --compilation-config JSON in "
+                                             "the workspace directory")
         self.message = widgets.HTML()
         self.warnings = widgets.HTML()
         self.summary = widgets.HTML()

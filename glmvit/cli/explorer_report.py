@@ -221,7 +221,8 @@ def table_facts(table: LatencyTable) -> list[tuple[str, str]]:
             ("GPU", str(prov.get("gpu") or prov.get("device") or "unknown")),
             ("commit", str(prov.get("git_commit") or "unknown")[:7]),
             ("recorded", str(prov.get("date_utc") or "undated")[:10]),
-            ("status", "current" if not table.changed else table.describe().rsplit("; ", 1)[-1].rstrip(")"))]
+            ("status", table.describe().rsplit("; ", 1)[-1].rstrip(")") if table.changed else
+             "current" if table.mode else "unknown (a plain table: no fingerprint of the code it measured)")]
 
 
 def table_warnings(table: LatencyTable, configs: Sequence[BudgetConfig]) -> list[str]:
@@ -230,6 +231,9 @@ def table_warnings(table: LatencyTable, configs: Sequence[BudgetConfig]) -> list
     if table.changed:
         notes.append(f"{table.describe()}: the code it measured differs from this checkout's, so its times may "
                      "not hold here; re-record it on the GPU (python -m glmvit record)")
+    if table.mode is None:
+        notes.append("the table is a plain one (not a recorded sweep): which runner mode and code it measured is "
+                     "unknown")
     if table.config != "glm41v":
         notes.append(f"the table measured the {table.config!r} tower, not GLM-4.1V: its times do not describe a "
                      "GLM-4.1V deployment")
