@@ -346,9 +346,18 @@ def test_an_unusable_table_given_in_code_is_reported(tmp_path):
     assert "unknown (no latency table" in app.summary.value
 
 
-def test_table_from_bytes_names_the_upload_in_errors():
+@pytest.mark.parametrize("data", [
+    b"\xff\xfe", b"[" * 100_000, b'{"kind": "latency"}', b'{"budgets": 5}',
+    json.dumps(table_json(budgets=[{"tokens": 10**400, "graph_ms": 1, "eager_ms": 2},
+                                   {"tokens": 10**401, "graph_ms": 1, "eager_ms": 2}])).encode(),
+    json.dumps(table_json(capture={"9" * 400: {"seconds": 1}})).encode(),
+])
+def test_table_from_bytes_refuses_what_is_not_a_usable_table_naming_the_upload(data):
     with pytest.raises(ValueError, match=r"^x\.json: not a latency table"):
-        table_from_bytes(b"\xff\xfe", "x.json")
+        table_from_bytes(data, "x.json")
+
+
+def test_table_from_bytes_names_the_table_after_the_upload():
     assert table_from_bytes(json.dumps(table_json()).encode(), "t.json").source == "t.json"
 
 

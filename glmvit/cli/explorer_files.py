@@ -18,7 +18,7 @@ from typing import Any, Sequence
 from ..costmodel import LatencyTable
 from ..records import LatencySweep, parse
 from ..workloads import MMItem
-from .common import write_atomic
+from .common import MAX_BUDGET_TOKENS, write_atomic
 
 WORKSPACE_ENV = "GLMVIT_EXPLORER_DIR"
 MAX_FILE_BYTES = 16 * 2**20  # what a file field or an upload may bring in (a 100,000-item trace is ≈ 3 MiB of CSV)
@@ -122,11 +122,16 @@ def table_from_bytes(data: bytes, name: str) -> LatencyTable:
     try:
         decoded = json.loads(data)
         if isinstance(decoded, dict) and "kind" in decoded:
-            return LatencyTable.from_sweep(parse(decoded, LatencySweep, name), name)
-        return dataclasses.replace(LatencyTable.from_dict(decoded), source=name)
+            table = LatencyTable.from_sweep(parse(decoded, LatencySweep, name), name)
+        else:
+            table = dataclasses.replace(LatencyTable.from_dict(decoded), source=name)
+        budgets = [*table.tokens, *table.capture_s]
+        if max(budgets) > MAX_BUDGET_TOKENS:  # the arithmetic on larger ones overflows floats
+            raise ValueError(f"a budget of {max(budgets):,} tokens; no budget exceeds {MAX_BUDGET_TOKENS:,}")
     except (ValueError, TypeError, KeyError, UnicodeDecodeError, RecursionError) as err:
         raise ValueError(f"{name}: not a latency table (make one with python -m glmvit latency --json PATH): "
                          f"{err}") from None
+    return table
 
 
 def upload_bytes(upload: Any) -> bytes:
