@@ -71,9 +71,11 @@ test-oldest:
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/ --no-browser --allow-root --ip=$(HOST) --port=$(or $(PORT),8888)
 
-## The budget explorer as a standalone page (Voilà).
+## The budget explorer as a standalone page (Voilà), behind a token: open the URL it prints. Your own token:
+## JUPYTER_TOKEN=... make explorer (16+ characters). Its file fields read and write only in this directory.
 explorer: $(STAMP)
-	$(BIN)/voila notebooks/explorer.ipynb --no-browser --Voila.ip=$(HOST) --port=$(or $(PORT),8866)
+	$(BIN)/python -m glmvit.cli.explorer_serve notebooks/explorer.ipynb --no-browser --Voila.ip=$(HOST) \
+	    --port=$(or $(PORT),8866)
 
 browser:
 	@command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || \

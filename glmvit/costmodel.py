@@ -27,6 +27,7 @@ from .packing import (
 from .records import MAX_RECORD_BYTES, LatencySweep, find_one, parse, staleness
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+MAX_TABLE_TOKENS = 2**20  # far past any context (128K tokens): a larger budget is an error, not a float overflow
 TABLE_MODES = ("graph-compiled", "graph")  # the runner modes a latency sweep measures (compiled first: the default)
 
 
@@ -132,8 +133,9 @@ class LatencyTable:
             raise ValueError("latency table: tokens, graph_ms and eager_ms differ in length")
         if len(self.tokens) < 2:
             raise ValueError(f"latency table needs at least 2 budgets, got {len(self.tokens)}")
-        for t in self.tokens:
-            positive_int("latency table tokens", t)
+        for t in (*self.tokens, *self.capture_s):
+            if positive_int("latency table tokens", t) > MAX_TABLE_TOKENS:
+                raise ValueError(f"latency table: a budget of {t:,} tokens; none is above {MAX_TABLE_TOKENS:,}")
         if any(a >= b for a, b in zip(self.tokens, self.tokens[1:], strict=False)):
             raise ValueError(f"latency table tokens must be strictly increasing, got {list(self.tokens)}")
         p99 = (self.graph_p99_ms or ()) + (self.eager_p99_ms or ())

@@ -1,40 +1,60 @@
-"""The budget explorer: an ipywidgets app over :mod:`glmvit.packing`, :mod:`glmvit.costmodel`,
-:mod:`glmvit.workloads` and :mod:`glmvit.traces` — ``glmvit plan`` with controls.
+"""The budget explorer: ``glmvit plan`` with controls, as an ipywidgets app (``explorer()`` returns it; ``make
+explorer`` serves it behind a token, :mod:`glmvit.cli.explorer_serve`).
 
-``explorer()`` returns the widget. The workload is a preset or a trace of real item sizes (a path, or an upload);
-times, P99 and capture time come from the latency table in the table field (the H200's by default; measure your
-GPU's with ``python -m glmvit latency --json PATH``) and are not shown without one. A second budget set can be
-shown beside the first, and the first is exported as vLLM's ``--compilation-config`` JSON.
+Times come from a latency table: by default the sweep recorded in data/bench for the graph-compiled runner
+(``glmvit.costmodel.recorded_table``), or the uncompiled one, or your own (a file or an upload); the page says what
+the table measured, on which GPU, at which commit, and whether the code changed since. Two systems are modelled:
+vLLM 0.33 (its packer; every batch a budget holds is replayed) and glmvit (first-fit decreasing; each batch replayed
+or run eagerly, whichever the table predicts faster), packed per request or per vLLM engine step
+(:mod:`glmvit.cli.explorer_report`). The first budget set is exported as vLLM's ``--compilation-config`` JSON, beside
+what vLLM is predicted to do with it. File fields read and write only in the :class:`~glmvit.cli.explorer_files.
+Workspace`.
 """
 from __future__ import annotations
 
+import base64
+import dataclasses
 import html
-import io
 import json
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import ipywidgets as widgets
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
 from ..config import VisionConfig
-from ..costmodel import LatencyTable
-from ..deployment import check_budget_fits, evaluate_budgets, recommend_budgets
+from ..costmodel import TABLE_MODES, LatencyTable, load_latency_table, recorded_table
+from ..deployment import check_budget_fits, recommend_budgets
 from ..geometry import ItemSpec
-from ..packing import BudgetConfig, Plan, parse_budgets, plan_workload
-from ..traces import SUFFIXES, load_trace, parse_trace
+from ..packing import VLLM_MAX_NUM_BATCHED_TOKENS, BudgetConfig, parse_budgets
+from ..traces import SUFFIXES, parse_trace
 from ..workloads import PRESETS, MMItem, random_mm_workload
-from .common import check_budgets, check_writable, read_latency_table, write_atomic
-from .plan import export_config, report_rows
+from .common import check_budgets
+from .explorer_files import Workspace, bounded, table_from_bytes, upload_bytes
+from .explorer_report import (
+    GIB,
+    SYSTEM_TEXT,
+    SYSTEMS,
+    Analysis,
+    analyse,
+    batch_table_html,
+    error_html,
+    figure_svg,
+    packing_figure,
+    rows_html,
+    summary_rows,
+    table_facts,
+    table_warnings,
+    times_text,
+    warning_html,
+)
+from .plan import export_config
 
-H200_TABLE = Path(__file__).resolve().parents[2] / "data" / "bench" / "latency_h200.json"
-DEFAULT_TABLE = H200_TABLE if H200_TABLE.is_file() else None  # a checkout has it; an installed package may not
-EXPLORER_PRESETS = ("img1x224", "mixed-img", "mixed-av", "mixed-large", "video8x224")
-SAMPLE_REQUESTS = 8
-GIB = 2**30
+DEFAULT_PRESET = "mixed-av"  # images and clips of two sizes, 1–3 a request: what the padding trade is about
+SAMPLE_GROUPS = 6  # requests (or engine steps) the chart draws
 TRACE = "trace"  # the workload dropdown's value for the loaded trace
+NO_TABLE = "none"  # the table dropdown's value for "no times"
 
 
 @lru_cache(maxsize=16)
@@ -44,85 +64,70 @@ def _workload(preset: str, num_requests: int, items_per_request: int, seed: int)
                               p.limit_per_request)
 
 
-def packing_figure(requests: list[list[MMItem]], plans: list[Plan], title: str = "") -> Figure:
-    """One bar per batch with its items stacked, a black tick at the budget it replays; eager batches hatched red."""
-    fig = Figure(figsize=(9, 3.6), dpi=90)
-    ax = fig.add_subplot()
-    # eager? → x, height, bottom, colour
-    bars: dict[bool, tuple[list[Any], ...]] = {True: ([], [], [], []), False: ([], [], [], [])}
-    ticks, x = [], 0
-    for items, plan in zip(requests, plans, strict=False):
-        for batch in plan.batches:
-            bottom = 0
-            for k, i in enumerate(batch.item_indices):
-                values = (x, items[i].spec.tokens, bottom, f"C{k % 10}")
-                for column, value in zip(bars[batch.budget is None], values, strict=True):
-                    column.append(value)
-                bottom += items[i].spec.tokens
-            if batch.budget is not None:
-                ticks.append((x, batch.budget))
-            x += 1
-        ax.axvline(x - 0.5, color="grey", linestyle=":", linewidth=0.8)
-    xs, heights, bottoms, colours = bars[False]
-    ax.bar(xs, heights, bottom=bottoms, width=0.8, color=colours, edgecolor="white")
-    xs, heights, bottoms, _ = bars[True]
-    ax.bar(xs, heights, bottom=bottoms, width=0.8, color="mistyrose", edgecolor="firebrick", hatch="//")
-    ax.hlines([b for _, b in ticks], [t - 0.45 for t, _ in ticks], [t + 0.45 for t, _ in ticks], color="black",
-              linewidth=2)
-    ax.set_xlim(-0.6, max(x, 1) - 0.4)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel(f"batches of the first {len(requests)} requests (dotted lines separate requests)")
-    ax.set_ylabel("output tokens")
-    ax.set_title(title or "stacked items; black tick = budget replayed; hatched = eager fallback", fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def figure_png(fig: Figure) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
-
-
-def _rows_html(rows: list[tuple[str, ...]], heads: tuple[str, ...] = ()) -> str:
-    head = "".join(f"<th style='text-align:left;padding-right:1em'>{html.escape(h)}</th>" for h in heads)
-    body = "".join("<tr><td style='padding-right:1em'>" + html.escape(row[0]) + "</td>" +
-                   "".join(f"<td style='padding-right:1em'><b>{html.escape(v)}</b></td>" for v in row[1:]) + "</tr>"
-                   for row in rows)
-    return f"<table class='glmvit-summary'>{'<tr>' + head + '</tr>' if head else ''}{body}</table>"
+def _specs(requests: list[list[MMItem]]) -> list[list[ItemSpec]]:
+    return [[item.spec for item in request] for request in requests]
 
 
 class BudgetExplorer:
-    """Widgets for a workload (preset or trace), budgets, limits, a latency table and a second budget set; shows
-    packing, padding, replays, memory, capture time and predicted median / P99 times, and exports to vLLM."""
+    """Widgets for a workload (preset or trace), the system and how it packs, budgets, limits, a latency table and
+    a second budget set; shows packing, padding, how each batch runs, memory, capture time and predicted times,
+    and exports the first set to vLLM.
 
-    def __init__(self, latency_table: str | Path | None = DEFAULT_TABLE, vision_config: VisionConfig | None = None):
+    ``latency_table``: a runner mode ("graph-compiled", the default, or "graph") picks the table recorded for it in
+    data/bench; a path or a :class:`LatencyTable` is yours (read as given: code is trusted, the page's fields are
+    not); None: no times. ``workspace``: where the page's file fields read and write (:meth:`Workspace.default`).
+    ``num_requests``: where the requests slider starts.
+    """
+
+    def __init__(self, latency_table: str | Path | LatencyTable | None = "graph-compiled",
+                 vision_config: VisionConfig | None = None, workspace: Workspace | None = None,
+                 num_requests: int = 1000):
         self.vision_config = vision_config or VisionConfig.glm41v()
-        self.table: LatencyTable | None = None
-        self._table_note = ""
+        self.workspace = workspace or Workspace.default()
+        self.tables: dict[str, LatencyTable | None] = {NO_TABLE: None}
+        self._table_labels: dict[str, str] = {NO_TABLE: "no table (no times)"}
+        self._notes: list[str] = []  # problems with the tables, shown until the next good one
         self._trace: list[list[MMItem]] = []
+        self.analyses: list[Analysis] = []
+        self._quiet = True  # no redraws while widgets are built or several change at once
         style = {"description_width": "initial"}
-        wide = widgets.Layout(width="34em")
-        self.preset = widgets.Dropdown(options=self._workload_options(), description="workload", style=style)
-        self.packer = widgets.ToggleButtons(options=[("FFD", "ffd"), ("vLLM next-fit", "vllm")], description="packer")
-        self.trace_path = widgets.Text(description="trace file", placeholder="trace.csv, .json or .jsonl",
-                                       continuous_update=False, style=style, layout=wide)
-        self.upload = widgets.FileUpload(accept=",".join(SUFFIXES), multiple=False, description="upload trace")
-        self.table_path = widgets.Text(value=str(latency_table or ""), description="latency table",
-                                       placeholder="python -m glmvit latency --json PATH", continuous_update=False,
-                                       style=style, layout=wide)
-        self.budgets = widgets.Text(value="auto", description="budgets", continuous_update=False,
-                                    placeholder="64, 256, 1024 or auto", style=style)
-        self.compare = widgets.Text(value="", description="compare with", continuous_update=False,
-                                    placeholder="second budget set (empty: none)", style=style)
-        self.max_items = widgets.IntSlider(64, 1, 64, description="max items", continuous_update=False)
-        self.max_segments = widgets.IntSlider(64, 1, 512, description="max segments", continuous_update=False)
-        self.num_requests = widgets.IntSlider(1000, 10, 2000, step=10, description="requests",
+        wide = widgets.Layout(width="30em")
+        self.preset = widgets.Dropdown(options=self._workload_options(), value=DEFAULT_PRESET,
+                                       description="workload", style=style, layout=widgets.Layout(width="46em"))
+        self.num_requests = widgets.IntSlider(num_requests, 10, 2000, step=10, description="requests",
                                               continuous_update=False)
         self.items_per_request = widgets.IntSlider(1, 1, 8, description="items/request", continuous_update=False,
                                                    style=style)
         self.seed = widgets.BoundedIntText(42, min=0, max=2**32 - 1, description="seed",
                                            layout=widgets.Layout(width="12em"))
+        self.trace_path = widgets.Text(description="trace file", continuous_update=False, style=style, layout=wide,
+                                       placeholder=f"in {self.workspace.root.name or '/'}/: .csv, .json or .jsonl")
+        self.upload = widgets.FileUpload(accept=",".join(SUFFIXES), multiple=False, description="upload trace")
+        self.system = widgets.ToggleButtons(options=[("vLLM 0.33", "vllm"), ("glmvit", "glmvit")],
+                                            description="system", style=style,
+                                            tooltips=[SYSTEM_TEXT["vllm"], SYSTEM_TEXT["glmvit"]])
+        self.per = widgets.ToggleButtons(options=[("request", "request"), ("engine step", "step")],
+                                         description="packed per", style=style,
+                                         tooltips=["each request packed alone",
+                                                   "vLLM at saturation: every item of an engine step packed together"])
+        self.step_tokens = widgets.BoundedIntText(VLLM_MAX_NUM_BATCHED_TOKENS, min=1, max=1_000_000, style=style,
+                                                  description="vision tokens per step",
+                                                  layout=widgets.Layout(width="16em"), disabled=True)
+        self.budgets = widgets.Text(value="auto", description="budgets", continuous_update=False,
+                                    placeholder="64, 256, 1024 or auto", style=style)
+        self.max_items = widgets.IntSlider(64, 1, 128, description="max items", continuous_update=False)
+        self.max_segments = widgets.Text(value="auto", description="max segments", continuous_update=False,
+                                         placeholder="auto or a number", style=style,
+                                         layout=widgets.Layout(width="16em"))
+        self.compare = widgets.Text(value="", description="compare with", continuous_update=False,
+                                    placeholder="second budget set (empty: none)", style=style)
+        self.table_choice = widgets.Dropdown(description="predict from", style=style,
+                                             layout=widgets.Layout(width="30em"))
+        self.table_path = widgets.Text(description="table file", continuous_update=False, style=style,
+                                       layout=widgets.Layout(width="22em"),
+                                       placeholder="python -m glmvit latency --json PATH")
+        self.table_upload = widgets.FileUpload(accept=".json", multiple=False, description="upload table")
+        self.table_info = widgets.HTML()
         self.max_graphs = widgets.IntSlider(7, 1, 12, description="max graphs", continuous_update=False)
         self.memory_gib = widgets.BoundedFloatText(0.0, min=0.0, max=1024.0, step=0.5, style=style,
                                                    description="memory limit GiB (0 = none)",
@@ -130,100 +135,138 @@ class BudgetExplorer:
         self.recommend = widgets.Button(description="Recommend", button_style="info",
                                         tooltip="fill the budgets field with recommend_budgets")
         self.export_path = widgets.Text(value="vllm_compilation_config.json", description="export to",
-                                        style=style, layout=wide)
+                                        style=style, layout=widgets.Layout(width="26em"))
         self.export = widgets.Button(description="Export vLLM config", button_style="success",
-                                     tooltip="write the first budget set as vLLM's --compilation-config JSON")
+                                     tooltip="write the first budget set as vLLM's --compilation-config JSON in "
+                                             "the workspace directory")
         self.message = widgets.HTML()
+        self.warnings = widgets.HTML()
         self.summary = widgets.HTML()
+        self.routing = widgets.HTML()
         self.export_text = widgets.HTML()
-        self.picture = widgets.Image(format="png")
+        self.picture = widgets.Image(format="svg+xml", layout=widgets.Layout(width="100%", max_width="1000px"))
         self.widget = widgets.VBox([
             widgets.HTML("<h3>glmvit budget explorer</h3>"),
-            widgets.HBox([self.preset, self.packer]),
-            widgets.HBox([self.trace_path, self.upload]),
+            self.preset,
             widgets.HBox([self.num_requests, self.items_per_request, self.seed]),
+            widgets.HBox([self.trace_path, self.upload]),
+            widgets.HBox([self.system, self.per, self.step_tokens]),
             widgets.HBox([self.budgets, self.max_items, self.max_segments]),
-            widgets.HBox([self.compare, self.table_path]),
+            self.compare,
+            widgets.HBox([self.table_choice, self.table_path, self.table_upload]),
+            self.table_info,
             widgets.HBox([self.recommend, self.max_graphs, self.memory_gib]),
-            self.message, self.summary,
+            self.message, self.warnings, self.summary, self.routing, self.picture,
             widgets.HBox([self.export, self.export_path]), self.export_text,
-            self.picture,
         ])
-        self._load_table()
+        self._init_tables(latency_table)
         self.preset.observe(self._on_preset, names="value")
-        for w in (self.packer, self.budgets, self.compare, self.max_items, self.max_segments, self.num_requests,
-                  self.items_per_request, self.seed):
+        for w in (self.system, self.per, self.step_tokens, self.budgets, self.compare, self.max_items,
+                  self.max_segments, self.num_requests, self.items_per_request, self.seed, self.table_choice):
             w.observe(self._on_change, names="value")
-        self.table_path.observe(self._on_table, names="value")
+        self.table_path.observe(self._on_table_path, names="value")
+        self.table_upload.observe(self._on_table_upload, names="value")
         self.trace_path.observe(self._on_trace_path, names="value")
         self.upload.observe(self._on_upload, names="value")
         self.recommend.on_click(self._on_recommend)
         self.export.on_click(self._on_export)
+        self._quiet = False
         self._on_preset()
 
-    # ---- inputs ------------------------------------------------------------------------------------------------
+    # ---- tables ------------------------------------------------------------------------------------------------
+    def _init_tables(self, latency_table: str | Path | LatencyTable | None) -> None:
+        for mode in TABLE_MODES:
+            try:
+                table = recorded_table(mode)
+                label = f"{'compiled' if mode == 'graph-compiled' else 'uncompiled'} graphs: the recorded " \
+                        f"{table.provenance.get('gpu') or ''} table{' (STALE)' if table.changed else ''}"
+                self._add_table(f"recorded:{mode}", table, label, select=False)
+            except ValueError as err:  # an installed package has no data/bench; a second sweep of a mode is ambiguous
+                self._notes.append(f"no recorded {mode} table: {err}")
+        if isinstance(latency_table, str) and latency_table in TABLE_MODES:
+            key = f"recorded:{latency_table}"
+            self._refresh_table_options(key if key in self.tables else NO_TABLE)
+        elif latency_table is None:
+            self._refresh_table_options(NO_TABLE)
+        else:
+            try:
+                table = latency_table if isinstance(latency_table, LatencyTable) else \
+                    load_latency_table(latency_table)
+                self._add_table(f"file:{len(self.tables)}", table, f"yours: {Path(table.source or 'table').name}")
+            except (ValueError, OSError, UnicodeDecodeError) as err:
+                self._notes.append(f"latency table unusable: {err}")
+                self._refresh_table_options(NO_TABLE)
+
+    def _add_table(self, key: str, table: LatencyTable, label: str, select: bool = True) -> None:
+        self.tables[key] = table
+        self._table_labels[key] = label
+        self._refresh_table_options(key if select else self.table_choice.value or NO_TABLE)
+
+    def _refresh_table_options(self, value: str) -> None:
+        order = [k for k in self.tables if k != NO_TABLE] + [NO_TABLE]
+        with self._held():
+            self.table_choice.options = [(self._table_labels[k], k) for k in order]
+            self.table_choice.value = value
+
+    @contextmanager
+    def _held(self, then: Callable[[], None] | None = None) -> Iterator[None]:
+        """Change several widgets, then redraw once with ``then`` (default ``_on_change``), if redrawing is on."""
+        quiet, self._quiet = self._quiet, True
+        try:
+            yield
+        finally:
+            self._quiet = quiet
+        if not quiet:
+            (then or self._on_change)()
+
+    @property
+    def table(self) -> LatencyTable | None:
+        return self.tables.get(self.table_choice.value)
+
+    def _on_table_path(self, change: Any = None) -> None:
+        if self.table_path.value.strip():
+            self._load_table(lambda: self.workspace.read(self.table_path.value, (".json",), "latency table"))
+
+    def _on_table_upload(self, change: Any = None) -> None:
+        if self.table_upload.value:
+            upload = self.table_upload.value[0]
+            self._load_table(lambda: (upload["name"], upload_bytes(upload)))
+
+    def _load_table(self, read: Callable[[], tuple[str, bytes]]) -> None:
+        try:
+            name, data = read()
+            table = table_from_bytes(data, name)
+        except ValueError as err:
+            self._notes = [f"latency table unusable: {err}"]
+            self._on_change()
+            return
+        self._notes = []
+        self._add_table(f"file:{len(self.tables)}", table, f"yours: {name}")
+
+    # ---- workload ----------------------------------------------------------------------------------------------
     def _workload_options(self, trace: str = "") -> list[tuple[str, str]]:
-        options = [(f"{k}: {PRESETS[k].description}", k) for k in EXPLORER_PRESETS]
+        options = [(f"{k}: {p.description}", k) for k, p in PRESETS.items()]
         return options + [(f"trace: {trace}", TRACE)] if trace else options
 
-    def _load_table(self) -> None:
-        path = self.table_path.value.strip()
-        if not path:
-            self.table, self._table_note = None, ""
-            return
-        try:
-            self.table, self._table_note = read_latency_table(path), ""
-        except ValueError as err:
-            self.table, self._table_note = None, _error_html(f"latency table unusable: {err}")
-
     def _set_trace(self, requests: list[list[MMItem]], name: str) -> None:
-        self._trace = requests
+        self._trace = bounded(requests, name)
         label = f"{name} ({len(requests)} requests, {sum(map(len, requests))} items)"
-        self.preset.options = self._workload_options(label)
-        if self.preset.value == TRACE:
-            self._on_preset()
-        else:
-            self.preset.value = TRACE  # observed: _on_preset redraws
+        with self._held(self._on_preset):
+            self.preset.options = self._workload_options(label)
+            self.preset.value = TRACE
 
     def _requests(self) -> list[list[MMItem]]:
         if self.preset.value == TRACE:
             return self._trace
         return _workload(self.preset.value, self.num_requests.value, self.items_per_request.value, self.seed.value)
 
-    def _configs(self) -> list[BudgetConfig]:
-        configs = [self._config(self.budgets.value)]
-        if self.compare.value.strip():
-            configs.append(self._config(self.compare.value, "compare with: "))
-        return configs
-
-    def _config(self, text: str, what: str = "") -> BudgetConfig:
-        try:
-            budgets = check_budgets(parse_budgets(text))
-            config = BudgetConfig.resolve(budgets, self.max_items.value, self.max_segments.value)
-            return check_budget_fits(config)
-        except ValueError as err:
-            raise ValueError(f"{what}{err}") from None
-
-    # ---- events ------------------------------------------------------------------------------------------------
-    def _on_preset(self, change: Any = None) -> None:
-        random = self.preset.value != TRACE
-        for w in (self.num_requests, self.items_per_request, self.seed):
-            w.disabled = not random
-        if random:
-            self.items_per_request.value = PRESETS[self.preset.value].items_per_request
-        self._on_change()
-
-    def _on_table(self, change: Any = None) -> None:
-        self._load_table()
-        self._on_change()
-
     def _on_trace_path(self, change: Any = None) -> None:
-        path = self.trace_path.value.strip()
-        if not path:
+        if not self.trace_path.value.strip():
             return
         try:
-            self._set_trace(load_trace(path), Path(path).name)
-        except (ValueError, OSError) as err:
+            name, data = self.workspace.read(self.trace_path.value, SUFFIXES, "trace")
+            self._set_trace(parse_trace(data, name), name)
+        except ValueError as err:
             self._show_error(err)
 
     def _on_upload(self, change: Any = None) -> None:
@@ -231,79 +274,155 @@ class BudgetExplorer:
             return
         upload = self.upload.value[0]
         try:
-            self._set_trace(parse_trace(bytes(upload["content"]), upload["name"]), upload["name"])
+            self._set_trace(parse_trace(upload_bytes(upload), upload["name"]), upload["name"])
         except ValueError as err:
             self._show_error(err)
 
+    def _on_preset(self, change: Any = None) -> None:
+        if self._quiet:
+            return
+        random = self.preset.value != TRACE
+        with self._held():
+            for w in (self.num_requests, self.items_per_request, self.seed):
+                w.disabled = not random
+            if random:
+                self.items_per_request.value = PRESETS[self.preset.value].items_per_request
+
+    # ---- budgets -----------------------------------------------------------------------------------------------
+    def _configs(self) -> list[BudgetConfig]:
+        configs = [self._config(self.budgets.value)]
+        if self.compare.value.strip():
+            configs.append(self._config(self.compare.value, "compare with: "))
+        return configs
+
+    def _config(self, text: str, what: str = "") -> BudgetConfig:
+        """The budgets typed, the limits set; max segments "auto": vLLM's 600 frames an item, at most the largest
+        budget (a batch never has more segments than tokens, and glmvit refuses graphs with more)."""
+        try:
+            budgets, segments = check_budgets(parse_budgets(text)), self._max_segments()
+            config = BudgetConfig.resolve(budgets, self.max_items.value, segments, video=True)
+            if segments is None:
+                config = dataclasses.replace(config, max_segments=min(config.max_segments, config.largest))
+            return check_budget_fits(config)
+        except ValueError as err:
+            raise ValueError(f"{what}{err}") from None
+
+    def _max_segments(self) -> int | None:
+        text = self.max_segments.value.strip()
+        if text.lower() in ("", "auto"):
+            return None
+        if not (text.isascii() and text.isdigit() and len(text) <= 9):
+            raise ValueError(f"max segments {text!r} is not a positive integer or 'auto'")
+        return int(text)
+
+    # ---- showing -----------------------------------------------------------------------------------------------
     def _on_change(self, change: Any = None) -> None:
+        if self._quiet:
+            return
+        self.step_tokens.disabled = self.per.value != "step"
+        self.table_info.value = self._table_html()
         try:
             requests, configs = self._requests(), self._configs()
+            specs = _specs(requests)
+            self.analyses = [analyse(specs, c, self.table, self.system.value, self.per.value,
+                                     self.step_tokens.value, self.vision_config) for c in configs]
         except ValueError as err:
             self._show_error(err)
             return
-        self.message.value = self._table_note
-        self._show(requests, configs)
+        self.message.value = "".join(error_html(n) for n in self._notes)
+        self._show(requests, specs)
+
+    def _table_html(self) -> str:
+        table = self.table
+        if table is None:
+            return "<div class='glmvit-table'>no latency table: packing, padding and memory only, no times</div>"
+        facts = " · ".join(f"{k}: <b>{html.escape(v)}</b>" for k, v in table_facts(table))
+        return f"<div class='glmvit-table'>predicting from {facts}</div>"
 
     def _show_error(self, err: Exception) -> None:
         """Bad input: a visible message instead of numbers that no longer match the controls."""
-        self.message.value = _error_html(err)
-        self.summary.value = ""
-        self.export_text.value = ""
+        self.message.value = error_html(err)
+        for w in (self.warnings, self.summary, self.routing, self.export_text):
+            w.value = ""
         self.picture.value = b""
+        self.analyses = []
 
-    def _show(self, requests: list[list[MMItem]], configs: list[BudgetConfig]) -> None:
-        specs = _specs(requests)
-        reports = [evaluate_budgets(specs, c, self.table, self.vision_config, packer=self.packer.value)
-                   for c in configs]
-        rows = [("workload", *(f"{len(requests)} requests, {sum(map(len, requests))} items, "
-                               f"{r.stats.real_tokens} tokens" for r in reports))]
-        rows += report_rows(reports, specs, self.packer.value)
-        heads = ("", "budget set A", "budget set B") if len(configs) > 1 else ()
-        source = "" if self.table is None else \
-            f"times from {html.escape(self.table_path.value)} ({self.table.config}, {self.table.dtype}); "
-        where = f"<div class='glmvit-note'>{source}graph memory: an estimate for GLM-4.1V in bf16</div>"
-        self.summary.value = _rows_html(rows, heads) + where
-        self.export_text.value = "<pre class='glmvit-export'>" + html.escape(
-            json.dumps(export_config(configs[0], specs))) + "</pre>"
-        plans = plan_workload(specs[:SAMPLE_REQUESTS], configs[0], self.packer.value)
-        self.picture.value = figure_png(packing_figure(requests[:SAMPLE_REQUESTS], plans))
+    def _show(self, requests: list[list[MMItem]], specs: list[list[ItemSpec]]) -> None:
+        first = self.analyses[0]
+        videos = sum(s.segments > 1 for r in specs for s in r)
+        plural = "" if videos == 1 else "s"
+        workload = (f"{len(requests)} requests, {sum(map(len, requests))} items ({videos} video{plural}), "
+                    f"{first.report.stats.real_tokens:,} tokens")
+        rows = [("workload", *(workload for _ in self.analyses))] + summary_rows(self.analyses,
+                                                                                 self.step_tokens.value)
+        heads = ("", "budget set A", "budget set B") if len(self.analyses) > 1 else ()
+        note = "<div class='glmvit-note'>graph memory: an estimate for GLM-4.1V in bf16, for the runner mode and " \
+               "attention of the table (costmodel.graph_memory)</div>"
+        self.summary.value = rows_html(rows, heads) + note
+        warnings = table_warnings(self.table, [a.config for a in self.analyses]) if self.table else []
+        warnings += [f"budget set {'AB'[k]}: {self.system.value} is predicted slower than running every request "
+                     f"eagerly" for k, a in enumerate(self.analyses)
+                     if a.report.graphs and a.report.eager and a.report.graphs.mean_ms > a.report.eager.mean_ms]
+        self.warnings.value = "".join(warning_html(w) for w in warnings)
+        self.routing.value = batch_table_html(first)
+        self.picture.value = figure_svg(packing_figure(first.groups[:SAMPLE_GROUPS], first.runs, first.report.per))
+        self.export_text.value = self._export_html(specs)
 
+    def _export_html(self, specs: list[list[ItemSpec]]) -> str:
+        first = self.analyses[0]
+        data = export_config(first.config, specs)
+        text = json.dumps(data, indent=1) + "\n"
+        link = (f"<a class='glmvit-download' download='vllm_compilation_config.json' "
+                f"href='data:application/json;base64,{base64.b64encode(text.encode()).decode()}'>download it</a>")
+        vllm = first if first.system == "vllm" else analyse(specs, first.config, self.table, "vllm",
+                                                             self.per.value, self.step_tokens.value,
+                                                             self.vision_config)
+        if vllm.report.graphs is None or vllm.report.eager is None:
+            predicted = "no latency table: what vLLM will take is not predicted"
+        else:
+            predicted = (f"vLLM with this config (its packer, no routing, packed per {self.per.value}): "
+                         f"{times_text(vllm.report.graphs)} ms/request (median · mean · P99); all eager "
+                         f"{times_text(vllm.report.eager)}")
+        slower = vllm.report.graphs and vllm.report.eager and vllm.report.graphs.mean_ms > vllm.report.eager.mean_ms
+        warning = warning_html("vLLM is predicted slower with these graphs than without: do not deploy them "
+                                "as they are") if slower else ""
+        return (f"<div class='glmvit-vllm'>{html.escape(predicted)}</div>{warning}"
+                f"<pre class='glmvit-export'>{html.escape(text)}</pre>"
+                f"<div>pass it as <code>vllm serve … --compilation-config \"$(cat FILE)\"</code>, or {link}</div>")
+
+    # ---- buttons -----------------------------------------------------------------------------------------------
     def _on_recommend(self, button: Any = None) -> None:
-        objective = "padding" if self.table is None else "time"
+        table = self.table
+        objective = "padding" if table is None else "time"
+        packer = SYSTEMS[self.system.value][0]
         try:
             requests, config = self._requests(), self._config(self.budgets.value)
             limit = int(self.memory_gib.value * GIB) or None
-            budgets = recommend_budgets(_specs(requests), self.max_graphs.value, limit, self.table, objective,
+            budgets = recommend_budgets(_specs(requests), self.max_graphs.value, limit, table, objective,
                                         max_items=config.max_items, max_segments=config.max_segments,
-                                        packer=self.packer.value, vision_config=self.vision_config)
+                                        packer=packer, vision_config=self.vision_config)
         except ValueError as err:
-            self.message.value = _error_html(err)
+            self.message.value = error_html(err)
             return
         self.budgets.value = ", ".join(map(str, budgets))
-        self.message.value = f"<span class='glmvit-info'>recommended {len(budgets)} budgets minimising predicted " \
-                             f"{objective}</span>"
+        self.message.value = (f"<span class='glmvit-info'>recommended {len(budgets)} budgets minimising predicted "
+                              f"{objective} ({packer} packer, each request packed alone, no routing)</span>")
 
     def _on_export(self, button: Any = None) -> None:
         try:
             configs = self._configs()
-            path = check_writable(self.export_path.value.strip() or "vllm_compilation_config.json")
             data = export_config(configs[0], _specs(self._requests()))
-            write_atomic(path, (json.dumps(data, indent=1) + "\n").encode())
+            path = self.workspace.write_export(self.export_path.value or "vllm_compilation_config.json",
+                                               (json.dumps(data, indent=1) + "\n").encode())
         except (ValueError, OSError) as err:
-            self.message.value = _error_html(err)
+            self.message.value = error_html(err)
             return
         self.message.value = f"<span class='glmvit-info'>wrote {html.escape(str(path))}: pass it to vLLM as " \
                              f"--compilation-config \"$(cat {html.escape(str(path))})\"</span>"
 
 
-def _specs(requests: list[list[MMItem]]) -> list[list[ItemSpec]]:
-    return [[item.spec for item in request] for request in requests]
-
-
-def _error_html(err: Any) -> str:
-    return f"<span class='glmvit-error' style='color:#b00020'>⚠ {html.escape(str(err))}</span>"
-
-
-def explorer(latency_table: str | Path | None = DEFAULT_TABLE) -> widgets.VBox:
-    """The budget explorer widget (display it in a notebook or serve it with Voilà)."""
+def explorer(latency_table: str | Path | LatencyTable | None = "graph-compiled") -> widgets.VBox:
+    """The budget explorer widget (display it in a notebook, or serve it: ``make explorer``)."""
     return BudgetExplorer(latency_table).widget
+
+

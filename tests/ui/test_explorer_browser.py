@@ -1,11 +1,15 @@
-"""The budget explorer served by Voilà and driven in a real headless Chromium (part of make test; marked ``ui``).
+"""The budget explorer served as ``make explorer`` serves it (Voilà behind a token) and driven in a real headless
+Chromium (part of make test; marked ``ui``).
 
 Skipped where Debian's chromium is missing (``apt-get install -y chromium``; make test installs it when it can);
-every request that leaves the loopback interface is aborted, so the test runs offline. Drives every control a
-deployment decision needs: limits, budgets, a second budget set, a latency table path, a trace upload, Recommend
-and the vLLM export. Saves test-output/explorer.png for a human to look at.
+every request that leaves the loopback interface is aborted, so the test runs offline. Opens the page with the
+token the server printed (without it: the login page), then drives every control a deployment decision needs:
+limits, budgets, the system and how it packs, a second budget set, the table selector and a table file, a trace
+upload, Recommend and the vLLM export. Saves test-output/explorer.png for a human to look at.
 """
 import json
+import os
+import re
 import socket
 import subprocess
 import sys
@@ -45,17 +49,29 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> N
 
 
 @pytest.fixture
-def voila_url(tmp_path):
+def workspace(tmp_path):
+    root = tmp_path / "work"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+def voila_url(tmp_path, workspace):
+    """The page's URL with the token the server printed; its file fields confined to ``workspace``."""
     if not CHROMIUM.exists():
         pytest.skip("needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)")
-    voila = Path(sys.executable).parent / "voila"
     port = free_port()
-    log = open(tmp_path / "voila.log", "w")
-    proc = subprocess.Popen([str(voila), "notebooks/explorer.ipynb", "--no-browser", f"--port={port}",
-                             "--Voila.ip=127.0.0.1"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    env = {k: v for k, v in os.environ.items() if k != "JUPYTER_TOKEN"}
+    env.update(PYTHONPATH=str(ROOT), GLMVIT_EXPLORER_DIR=str(workspace))
+    log_path = tmp_path / "voila.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "glmvit.cli.explorer_serve", "notebooks/explorer.ipynb",
+                             "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1"], cwd=ROOT, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_for_port(port, proc)
-        yield f"http://127.0.0.1:{port}/"
+        (url,) = re.findall(rf"^    (http://127\.0\.0\.1:{port}/\?token=\S+)$", log_path.read_text(), re.M)
+        yield url
     finally:
         proc.terminate()
         try:
@@ -75,8 +91,8 @@ def loopback_only(route):
 def synthetic_table(path: Path) -> Path:
     """A latency table made up for this test only (P99 columns and capture times included)."""
     rows = [{"tokens": t, "graph_ms": 1.0 + 0.004 * t, "eager_ms": 6.0 + 0.005 * t, "graph_p99_ms": 2.0 + 0.004 * t,
-             "eager_p99_ms": 9.0 + 0.005 * t} for t in (64, 256, 1024, 4096)]
-    path.write_text(json.dumps({"provenance": {"source": "synthetic test table"}, "budgets": rows,
+             "eager_p99_ms": 9.0 + 0.005 * t} for t in (64, 256, 1024, 4096, 8192)]
+    path.write_text(json.dumps({"provenance": {"gpu": "Synthetic GPU"}, "budgets": rows,
                                 "capture": {"64": {"seconds": 0.5}, "4096": {"seconds": 2.5}}}))
     return path
 
@@ -86,51 +102,69 @@ def submit(field, text: str) -> None:
     field.press("Enter")
 
 
-def test_explorer_renders_and_responds(voila_url, tmp_path):
+def test_explorer_renders_and_responds(voila_url, workspace, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
-    table = synthetic_table(tmp_path / "my_gpu.json")
+    synthetic_table(workspace / "my_gpu.json")
     trace = tmp_path / "traffic.csv"
     trace.write_text(TRACE_CSV)
-    export = tmp_path / "vllm.json"
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
         try:
             page = browser.new_page(viewport={"width": 1300, "height": 1400})
             page.route("**/*", loopback_only)
+            page.goto(voila_url.split("?")[0], wait_until="commit")  # without the token: the login page
+            expect(page).to_have_url(re.compile(r"/login"), timeout=30_000)
             page.goto(voila_url, wait_until="commit")
             summary = page.locator(".glmvit-summary")
             expect(summary).to_contain_text("padding waste", timeout=90_000)
-            expect(summary).to_contain_text("64 items, 64 segments")
-            expect(summary).to_contain_text("P99")  # the H200 table is the default
+            expect(summary).to_contain_text("64 items, 8,192 segments")
+            expect(summary).to_contain_text("vLLM 0.33")
+            expect(summary).to_contain_text("P99")  # the recorded compiled table is the default
+            expect(page.locator(".glmvit-table")).to_contain_text("graph-compiled")
+            expect(page.locator(".glmvit-batches")).to_contain_text("replay ms")
+            chart = page.locator("img.widget-image")
+            expect(chart).to_have_count(1)
+            page.wait_for_function("() => document.querySelector('img.widget-image').naturalWidth > 0",
+                                   timeout=30_000)  # the SVG decodes in a real browser
 
             page.locator(".widget-slider", has_text="max items").locator(".noUi-handle").focus()
             page.keyboard.press("ArrowLeft")
-            expect(summary).to_contain_text("63 items, 64 segments", timeout=30_000)
+            expect(summary).to_contain_text("63 items, 8,192 segments", timeout=30_000)
 
             budgets = page.get_by_placeholder("64, 256, 1024 or auto")
             submit(budgets, "64, abc")
             expect(page.locator(".glmvit-error")).to_contain_text("is not an integer", timeout=30_000)
 
-            page.locator("select").select_option(label=MIXED)
+            page.locator("select").first.select_option(label=MIXED)
             submit(budgets, "256, 1024, 4096")
             expect(summary).to_contain_text("256, 1024, 4096", timeout=30_000)
             expect(page.locator(".glmvit-error")).to_have_count(0)
+
+            page.get_by_role("button", name="glmvit").click()
+            expect(summary).to_contain_text("first-fit decreasing", timeout=30_000)
+            expect(page.locator(".glmvit-routing")).to_contain_text("glmvit's runner replays a batch only where")
+            page.get_by_role("button", name="engine step").click()
+            expect(summary).to_contain_text("per vLLM engine step", timeout=30_000)
 
             submit(page.get_by_placeholder("second budget set (empty: none)"), "64, 512")
             expect(summary).to_contain_text("budget set B", timeout=30_000)
             expect(summary).to_contain_text("64, 512")
 
-            submit(page.get_by_placeholder("python -m glmvit latency --json PATH"), str(table))
-            expect(page.locator(".glmvit-note")).to_contain_text("my_gpu.json", timeout=30_000)
+            table_field = page.get_by_placeholder("python -m glmvit latency --json PATH")
+            submit(table_field, "/etc/passwd")
+            expect(page.locator(".glmvit-error")).to_contain_text("is outside", timeout=30_000)
+            submit(table_field, "my_gpu.json")
+            expect(page.locator(".glmvit-table")).to_contain_text("my_gpu.json", timeout=30_000)
+            expect(page.locator(".glmvit-table")).to_contain_text("Synthetic GPU")
             expect(summary).to_contain_text("every batch at its P99 latency")
 
             with page.expect_file_chooser() as chooser:  # ipywidgets' upload button opens a detached file input
-                page.locator(".widget-upload").click()
+                page.locator(".widget-upload", has_text="upload trace").click()
             chooser.value.set_files(str(trace))
             expect(summary).to_contain_text("2 requests, 3 items", timeout=30_000)
-            expect(page.locator("select")).to_contain_text("traffic.csv")
+            expect(page.locator("select").first).to_contain_text("traffic.csv")
 
             before = summary.inner_text()
             page.get_by_role("button", name="Recommend").click()
@@ -139,10 +173,11 @@ def test_explorer_renders_and_responds(voila_url, tmp_path):
             assert summary.inner_text() != before
 
             expect(page.locator(".glmvit-export")).to_contain_text("encoder_cudagraph_token_budgets")
-            page.locator(".widget-text", has_text="export to").locator("input").fill(str(export))
+            expect(page.locator(".glmvit-vllm")).to_contain_text("vLLM with this config")
+            page.locator(".widget-text", has_text="export to").locator("input").fill("vllm.json")
             page.get_by_role("button", name="Export vLLM config").click()
             expect(page.locator(".glmvit-info").first).to_contain_text("wrote", timeout=30_000)
-            assert json.loads(export.read_text())["cudagraph_mm_encoder"] is True
+            assert json.loads((workspace / "vllm.json").read_text())["cudagraph_mm_encoder"] is True
 
             out = ROOT / "test-output"
             out.mkdir(exist_ok=True)
