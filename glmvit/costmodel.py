@@ -51,7 +51,7 @@ def _dtype_bytes(dtype: str) -> int:
 
 
 # The graph pool per patch row and hidden unit, for 2-byte dtypes, and the pool's fixed part: fitted to the pool
-# growth of the recorded H200 captures (data/bench/*_h200.json, 256 to 24,576 rows; tests/test_budget.py checks
+# growth of the recorded H200 captures (data/bench/*_h200.json, 256 to 24,576 rows; tests/test_recorded_data.py checks
 # each within 15%), keyed by (compiled, attention). "library": the varlen/flash kernels after the unfused rotary,
 # whose step keeps q and k in fp32 beside the bf16 qkv (an eager forward's peak holds about 30 bytes per row·hidden;
 # a capture keeps more, as blocks freed inside it are not all reused). "triton": glmvit's kernel rotates in

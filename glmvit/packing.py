@@ -101,7 +101,9 @@ class BudgetConfig:
     """Captured token budgets (strictly increasing) and the per-batch limits every graph is sized for.
 
     ``max_items``: items per batch (≤ the smallest budget: every item has ≥ 1 token). ``max_segments``: attention
-    segments (temporal patches) per batch, ≥ ``max_items``; every slot is a row of the attention kernel's grid.
+    segments (temporal patches) per batch, ≥ ``max_items``; a slot costs 4 bytes of metadata, and a column of
+    FlashAttention-2's launch grid (the varlen and flash_attn backends launch it even when empty), but no program of
+    glmvit's triton kernel.
     Build one with :meth:`resolve` to get vLLM's defaults, or :meth:`for_requests` to size it for a workload.
     """
 
