@@ -85,3 +85,48 @@ def test_no_library_module_imports_the_tools():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             assert not any(n == "cli" or n.startswith(("cli.", "glmvit.cli")) for n in names), path.name
+
+
+def _imports(source: str) -> list[tuple[str, list[str]]]:
+    """(module, names) of every import statement in ``source``."""
+    import ast
+
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [(a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            out.append((node.module or "", [a.name for a in node.names]))
+    return out
+
+
+def _notebook_code(path: Path) -> str:
+    cells = json.loads(path.read_text())["cells"]
+    return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
+def test_notebooks_use_the_library_not_the_tools_nor_private_names(path):
+    """A notebook teaches the package: it imports no private name, and from the tool layer only the explorer app
+    and the command entry point (``glmvit.cli.main``), never a command's internals."""
+    for module, names in _imports(_notebook_code(path)):
+        if module.startswith("glmvit"):
+            assert not any(n.startswith("_") for n in names), (path.name, module, names)
+        if module.startswith("glmvit.cli"):
+            assert module == "glmvit.cli.explorer" or (module == "glmvit.cli" and names == ["main"]), \
+                (path.name, module, names)
+
+
+CLI_TESTS = {"test_cli.py", "test_bench.py", "test_plan.py", "test_explorer.py", "test_serve.py", "test_dp_bench.py",
+             "test_records.py", "test_kernels.py", "test_profiling.py", "test_explorer_browser.py",
+             "test_fuzz_inputs.py"}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "tests").rglob("test_*.py")), ids=lambda p: p.name)
+def test_tests_import_no_private_names_and_only_cli_tests_the_tools(path):
+    """Tests import no private glmvit name; only the tests of the commands import from glmvit.cli."""
+    for module, names in _imports(path.read_text()):
+        if module.startswith("glmvit"):
+            assert not any(n.startswith("_") for n in names), (path.name, module, names)
+        if module.startswith("glmvit.cli") or (module == "glmvit" and "cli" in names):
+            assert path.name in CLI_TESTS, (path.name, module, names)
