@@ -19,6 +19,7 @@ from glmvit.records import (  # noqa: E402 - the repository's own package, by pa
     KernelsProfile,
     LatencySweep,
     Record,
+    ServeRecord,
     StartupRecord,
     load,
     staleness,
@@ -65,8 +66,8 @@ def fixed_table() -> list[str]:
 
 
 def mixed_table() -> list[str]:
-    rows = ["| workload | mode | mean | median | P99 | slower than eager | worst / eager | padding | cost model |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| workload | mode | mean | median | P99 | slower than eager | worst / eager | padding | batches routed to "
+            "eager | cost model |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, label in MIXED.items():
         run = bench(name)
         prediction = run.prediction or {}
@@ -74,11 +75,16 @@ def mixed_table() -> list[str]:
             r = run.modes[mode].model_dump()
             vs = r["vs_eager_per_request"]
             pad = f"{r['runner']['padding_fraction']:.1%}" if "runner" in r else ""
+            routed = ""
+            if "runner" in r:
+                runner = r["runner"]
+                batches = runner["replays"] + runner["eager_batches"]
+                routed = f"{runner['routed_eager']} of {batches}" if "routed_eager" in runner else "(no routing)"
             model = f"{prediction[mode]['error']:+.1%}" if mode in prediction else ""
             rows.append(f"| {label} (@ {run.provenance.short_commit}, {run.workload['requests']} requests, "
                         f"{run.settings.attn_backend}{mark(run)}) | {mode} | {ms(r['mean_ms'])} | "
                         f"{ms(r['median_ms'])} | {ms(r['p99_ms'])} | {vs['share_slower']:.0%} | "
-                        f"{vs['worst_ratio']:.2f} | {pad} | {model} |")
+                        f"{vs['worst_ratio']:.2f} | {pad} | {routed} | {model} |")
     return rows
 
 
@@ -96,12 +102,12 @@ def kernels_lines() -> list[str]:
     record = load(BENCH / "kernels_h200.json", KernelsProfile)
     run = record.model_dump()
     lines = ["**Kernels** (`python -m glmvit kernels`, `kernels_h200.json` @ "
-             f"{record.provenance.short_commit}{mark(record)}; GPU time of one replay, triton attention, forward "
-             "compiled whole, by kernel category, and each kind against its roofline at the rates measured in the same "
-             "run):", "",
+             f"{record.provenance.short_commit}{mark(record)}; GPU time of one replay, triton attention, compiled in "
+             "regions as by default, by kernel category, and each kind against its roofline at the rates measured in "
+             "the same run):", "",
              "| layout | GPU time | kernels | matmuls (roofline) | attention (roofline) | fused elementwise |",
              "|---|---|---|---|---|---|"]
-    for layout, p in run["profile"]["triton-compiled-model"].items():
+    for layout, p in run["profile"]["triton-compiled"].items():
         if layout == "capture":
             continue
         gemm = run["gemm"][layout]
@@ -133,6 +139,58 @@ def interp_line() -> str:
             f"(`interp_h200.json`{mark(run)}).")
 
 
+def host_line() -> str:
+    """What the host adds to one small request: the benchmark's wall time against one replay's GPU time."""
+    run, kernels = bench("img1x224"), load(BENCH / "kernels_h200.json", KernelsProfile)
+    wall = run.modes["graph-compiled"].median_ms
+    gpu = kernels.profile["triton-compiled"]["1x224"]["gpu_us_per_call"] / 1e3
+    runner = run.modes["graph-compiled"].runner
+    host = runner["host_s"] / runner["runs"] * 1e3
+    return (f"One 224² image, graph-compiled: {ms(wall)} wall per request (`img1x224_h200.json`, median) for "
+            f"{ms(gpu)} of GPU work in one replay (`kernels_h200.json`): {wall - gpu:.3f} ms of host and gaps, of "
+            f"which `runner.run` spends {host:.3f} ms on the host before its one wait.")
+
+
+def seed_lines() -> list[str]:
+    """The seed PR's published numbers (data/seed_pr40576.json) beside glmvit's in the PR's own configuration."""
+    import json
+
+    seed = json.loads((ROOT / "data" / "seed_pr40576.json").read_text())
+    lines = ["**The seed's configuration** (vLLM PR 40576: budgets 128…2048, 4 items, 32 frames; mean and P99 ms per "
+             "request; the PR measured vLLM on RTX 4090s, glmvit is measured here on the H200 — compare the ratios, "
+             "and see notebook 08 for why they differ):", "",
+             "| workload | PR eager → graph (RTX 4090) | glmvit eager | glmvit graph | glmvit graph-compiled "
+             "| padding |",
+             "|---|---|---|---|---|---|"]
+    pr_rows = seed["encoder_forward_ms"]
+    for name, pr in (("seed_img1x224", pr_rows[0]), ("seed_video8x224", pr_rows[2])):
+        run = bench(name)
+        m = run.modes
+        pad = m["graph"].runner["padding_fraction"]
+        cells = [f"{ms(m[k].mean_ms)} ({ms(m[k].p99_ms)})" for k in ("eager", "graph", "graph-compiled")]
+        lines.append(f"| {pr['workload']} (`{name}_h200.json` @ {run.provenance.short_commit}{mark(run)}) | "
+                     f"{pr['eager']['mean_ms']} → {pr['graph']['mean_ms']} ms ({pr['eager']['p99_ms']} → "
+                     f"{pr['graph']['p99_ms']}) | " + " | ".join(cells) + f" | {pad:.0%} |")
+    return lines
+
+
+def serve_lines() -> list[str]:
+    """The served encoder under load (``python -m glmvit bench-serve``): the seed's serve workload, and a rate sweep."""
+    lines = ["**Served under load** (`python -m glmvit bench-serve --spawn`, one H200, over HTTP on loopback; "
+             "time to embedding from request sent to answer read):", "",
+             "| workload | mode | rate | req/s | items/s | of floor rate | TTE median (P99) | queue median | "
+             "items per batch |", "|---|---|---|---|---|---|---|---|---|"]
+    for name in ("serve_video8x224", "serve_mixed_av"):
+        record = load(BENCH / f"{name}_h200.json", ServeRecord)
+        for r in record.runs:
+            floor = f"{r['vs_floor']:.0%}" if r.get("vs_floor") else ""
+            lines.append(f"| {record.settings['workload']} (`{name}_h200.json` @ {record.provenance.short_commit}"
+                         f"{mark(record)}) | {r['mode']} | {r['request_rate']} | {r['requests_per_s']:.1f} | "
+                         f"{r['items_per_s']:.1f} | {floor} | {ms(r['tte_ms']['median'])} ({ms(r['tte_ms']['p99'])}) | "
+                         f"{ms(r['queue_ms']['median'])} | {r['server']['items_per_batch']:.1f} |")
+    return lines
+
+
 def block() -> str:
     prov = bench("mixed_img").provenance
     head = (f"Recorded on an {prov.gpu} (driver {prov.driver}, torch {prov.torch}, triton {prov.triton}, "
@@ -141,8 +199,8 @@ def block() -> str:
     mixed = ("**Mixed workloads** (vLLM random-mm style, requests in arrival order; cost model = predicted mean / "
              "measured − 1):")
     return "\n".join([BEGIN, head, "", "**Fixed workloads** (median per request; P99 in brackets):", "",
-                      *fixed_table(), "", *kernels_lines(), "", mixed, "", *mixed_table(), "", sweep_line(), "",
-                      interp_line(), END])
+                      *fixed_table(), "", host_line(), "", *kernels_lines(), "", mixed, "", *mixed_table(), "",
+                      sweep_line(), "", *seed_lines(), "", *serve_lines(), "", interp_line(), END])
 
 
 def render(readme: str) -> str:

@@ -26,7 +26,7 @@ from ..records import DATA, REPO, RUN_ENV, Record, load_any, staleness, to_json
 from .common import Parser, float_in
 
 LADDER = "64,128,256,512,768,1024,1536,2048,3072,4096"
-SEED_CONFIG = ("--budgets", "128,256,512,1024,2048", "--max-items", "4", "--max-segments", "32")  # vLLM PR 40576
+SEED_CONFIG = ("--budgets", "128,256,512,1024,1536,2048", "--max-items", "4", "--max-segments", "32")  # PR 40576
 GROUPS = ("sweeps", "bench", "serve", "notebooks")
 
 
