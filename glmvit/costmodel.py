@@ -17,6 +17,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from .config import VisionConfig
+from .files import read_bounded
 from .metadata import BatchShape
 from .packing import (
     SMALLEST_BUDGET,
@@ -275,11 +276,7 @@ def _linear(x: float, xs: Sequence[int], ys: Sequence[float]) -> float:
 
 def load_latency_table(path: str | Path) -> LatencyTable:
     """A latency table from a file: a recorded sweep (``"kind": "latency"``), or a plain ``{"budgets": [...]}``."""
-    path = Path(path)
-    if path.is_file() and path.stat().st_size > MAX_RECORD_BYTES:
-        raise ValueError(f"{path}: larger than {MAX_RECORD_BYTES // 2**20} MiB; not a latency table")
-    with open(path) as f:
-        return latency_table_from_json(json.load(f), str(path))
+    return latency_table_from_json(json.loads(read_bounded(path, MAX_RECORD_BYTES, "latency table")), str(path))
 
 
 def latency_table_from_json(data: Any, source: str) -> LatencyTable:

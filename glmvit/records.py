@@ -27,6 +27,8 @@ from typing import Any, Iterator, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .files import read_bounded
+
 PACKAGE = Path(__file__).resolve().parent
 REPO = PACKAGE.parent
 DATA = REPO / "data"
@@ -308,21 +310,22 @@ def parse(data: Any, kind: type[R], source: str = "record") -> R:
 
 def load(path: str | Path, kind: type[R]) -> R:
     """Read the record at ``path`` as ``kind``: a one-line ValueError naming the file when it is not one."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: no such record file")
-    if path.stat().st_size > MAX_RECORD_BYTES:
-        raise ValueError(f"{path}: larger than {MAX_RECORD_BYTES // 2**20} MiB; not a record")
+    return parse(_read(path), kind, str(path))
+
+
+def _read(path: str | Path) -> Any:
+    """The decoded JSON of a record file, read bounded (:func:`glmvit.files.read_bounded`); ValueError otherwise."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return json.loads(read_bounded(path, MAX_RECORD_BYTES, "record"))
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such record file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise ValueError(f"{path}: not a JSON record ({err})") from None
-    return parse(data, kind, str(path))
 
 
 def load_any(path: str | Path) -> Record:
     """Read a record of whatever kind it says it is."""
-    data = json.loads(Path(path).read_text())
+    data = _read(path)
     name = data.get("kind") if isinstance(data, dict) else None
     kind = KINDS.get(name) if isinstance(name, str) else None
     if kind is None:
@@ -353,8 +356,8 @@ def find(kind: type[R], dirs: tuple[Path, ...] = RECORD_DIRS, **match: Any) -> l
     found = []
     for path in record_files(dirs):
         try:
-            head = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            head = _read(path)
+        except ValueError:
             continue
         if not isinstance(head, dict) or head.get("kind") != expected:
             continue

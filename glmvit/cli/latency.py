@@ -41,6 +41,7 @@ from .common import (
     write_record,
 )
 
+CPU_QUICK_BUDGET = 256  # above this, a CPU sweep takes minutes: say so before starting
 MAX_RUNS = 10_000  # per layout, per budget, twice (graph and eager): more is hours, not precision
 SMALL = [1, 16, 16]  # one 224² image: 64 tokens
 CLIP = [4, 16, 16]  # an 8-frame 224² clip: 4 segments, 256 tokens
@@ -137,6 +138,11 @@ def main(argv: list[str] | None = None) -> int:
             check_writable(args.json)
     except (ValueError, OSError) as err:
         parser.error(str(err))
+    if args.device == "cpu" and max(budgets) > CPU_QUICK_BUDGET:
+        forwards = 2 * (args.runs + args.warmup) * sum(len(layouts(b, config.max_items, config.max_segments))
+                                                       for b in budgets)
+        print(f"warning: {forwards:,} forwards on a CPU, up to {max(budgets):,} tokens each: this takes long (many "
+              f"minutes with the defaults); for a quick table pass --budgets 16,64,128 --runs 3", file=sys.stderr)
     model = model_from_args(args)
     mode = "cuda" if model.device.type == "cuda" else "emulate"
     runner = EncoderGraphRunner(model, config, mode=mode, progress=not args.quiet,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..records import DATA, REPO, RUN_ENV, Record, load_any, staleness, to_json
-from .common import Parser, float_in
+from .common import Parser, float_in, write_atomic
 
 LADDER = "64,128,256,512,768,1024,1536,2048,3072,4096"
 SEED_CONFIG = ("--budgets", "128,256,512,1024,1536,2048", "--max-items", "4", "--max-segments", "32")  # PR 40576
@@ -126,7 +126,7 @@ def stamp_elapsed(job: Job, seconds: float, started: float) -> list[Path]:
             continue
         record: Record = load_any(path)
         record.elapsed_s = round(seconds, 1)
-        path.write_text(to_json(record))
+        write_atomic(path, to_json(record).encode())
         written.append(path)
     return written
 
