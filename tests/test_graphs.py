@@ -264,3 +264,39 @@ def test_one_runner_shared_by_threads_returns_each_caller_its_own_items(tiny_mod
     wrong = [i for i in range(len(requests)) if not all(torch.equal(a, b) for a, b in zip(got[i], alone[i],
                                                                                           strict=True))]
     assert wrong == []
+
+
+# ---- behaviour no other test pins down ------------------------------------------------------------------------
+def test_replay_refuses_what_it_cannot_run(runner, tiny_config):
+    pixels, grid = random_batch([[1, 8, 8]], tiny_config, seed=50)  # 16 tokens
+    with pytest.raises(ValueError, match=r"budget 12 is not captured \(captured: \[8, 16, 32\]\)"):
+        runner.replay(12, pixels, grid)
+    with pytest.raises(ValueError, match="a batch of 16 tokens in 1 segments does not fit budget 8"):
+        runner.replay(8, pixels, grid)
+    out = runner.replay(16, pixels, grid)
+    assert out is runner.graphs[16].output  # the static buffer itself: the next replay overwrites it
+
+
+def test_the_layout_cache_is_bounded_and_plans_again_after_eviction(runner, tiny_config, monkeypatch):
+    import glmvit.graphs as graphs
+
+    monkeypatch.setattr(graphs, "LAYOUT_CACHE_SIZE", 2)
+    a, b, c = ([[1, 2, 2 * k]] for k in (1, 2, 3))
+    for grid in (a, b):
+        runner.plan(grid)
+    assert len(runner._layouts) == 2
+    runner.plan(c)  # a third layout: the cache is emptied, then holds it alone
+    assert len(runner._layouts) == 1
+    first = runner.plan(a)
+    assert runner.plan(a) is first  # cached again
+
+
+def test_capture_again_replans_and_replays_correctly(tiny_model, tiny_config):
+    runner = EncoderGraphRunner(tiny_model, CONFIG, mode="emulate").capture()
+    pixels, grid = random_batch([[1, 4, 4], [1, 2, 2]], tiny_config, seed=51)
+    before = runner.run(pixels, grid)
+    old = runner.plan(grid)
+    runner.capture()
+    assert runner.plan(grid) is not old  # plans name the budgets they replay: made anew
+    after = runner.run(pixels, grid)
+    assert all(torch.equal(x, y) for x, y in zip(before, after, strict=True))

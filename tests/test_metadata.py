@@ -122,3 +122,28 @@ def test_max_rows_is_inclusive_and_the_sum_is_bounded():
         as_grid_array([[1, 4, 2**28 + 1]])
     with pytest.raises(ValueError, match=r"grid_thw: Σ t·h·w = 1,073,741,828 patch rows"):
         as_grid_array([[1, 2**15, 2**15], [1, 2, 2]])
+
+
+def test_build_metadata_refuses_a_batch_larger_than_its_shape():
+    from glmvit.metadata import BatchShape, build_metadata
+
+    with pytest.raises(ValueError, match="batch has 32 patch rows, more than the shape's 16"):
+        build_metadata([[2, 4, 4]], 2, BatchShape(16, 4, 16))
+    with pytest.raises(ValueError, match="batch has 3 temporal patches, more than the shape's 2"):
+        build_metadata([[3, 2, 2]], 2, BatchShape(16, 2, 16))
+    with pytest.raises(ValueError, match="a segment of 16 rows exceeds max_seqlen 8"):
+        build_metadata([[1, 4, 4]], 2, BatchShape(16, 2, 8))
+    with pytest.raises(ValueError, match="out must be int32"):
+        build_metadata([[1, 2, 2]], 2, BatchShape(16, 2, 16), out=np.zeros(3, np.int32))
+
+
+def test_metadata_built_into_a_used_buffer_equals_a_fresh_one():
+    """The runner builds straight into its pinned staging buffer, which holds the previous batch: every section is
+    rewritten, so nothing of that batch remains."""
+    from glmvit.metadata import BatchShape, build_metadata
+
+    shape = BatchShape(64, 6, 64)
+    buffer = build_metadata([[2, 4, 4], [1, 2, 8]], 2, shape).packed.copy()  # the previous batch's metadata
+    fresh = build_metadata([[1, 2, 2]], 2, shape)
+    reused = build_metadata([[1, 2, 2]], 2, shape, out=buffer)
+    assert reused.packed is buffer and np.array_equal(buffer, fresh.packed)
