@@ -98,7 +98,7 @@ def sweep_line() -> str:
 
 def kernels_lines() -> list[str]:
     """Where a compiled replay's GPU time goes (``kernels_h200.json``) and how long a start takes
-    (``capture_h200.json``: regional compile, the default; ``capture_model_h200.json``: the whole model)."""
+    (``capture_h200.json``: regional compile, the default)."""
     record = load(BENCH / "kernels_h200.json", KernelsProfile)
     run = record.model_dump()
     lines = ["**Kernels** (`python -m glmvit kernels`, `kernels_h200.json` @ "
@@ -118,15 +118,13 @@ def kernels_lines() -> list[str]:
         lines.append(f"| {layout} | {p['gpu_us_per_call']:.0f} µs | {p['kernels_per_call']:.0f} | "
                      f"{cats.get('gemm', 0):.0f} µs ({gemm_roof:.0f} µs) | {cats.get('attention', 0):.0f} µs "
                      f"({attn['roofline_us'] * depth:.0f} µs) | {cats.get('fused elementwise', 0):.0f} µs |")
-    starts = []
-    for name, scope in (("capture_h200.json", "regional (default)"), ("capture_model_h200.json", "whole model")):
-        data = load(BENCH / name, StartupRecord)
-        runs = {k: v for k, v in data.runs.items() if k.endswith(("auto-cold", "auto-warm"))}
-        cold = next(v["capture_s"] for k, v in runs.items() if k.endswith("cold"))
-        warm = next(v["capture_s"] for k, v in runs.items() if k.endswith("warm"))
-        starts.append(f"{scope} {cold:.1f} s cold, {warm:.1f} s warm (`{name}`{mark(data)})")
-    lines += ["", f"Compile + capture of the default ladder of {len(data.budgets)} budgets in a fresh process "
-              f"(`tools/capture_time.py`): " + "; ".join(starts) + "."]
+    data = load(BENCH / "capture_h200.json", StartupRecord)
+    runs = {k: v for k, v in data.runs.items() if k.endswith(("auto-cold", "auto-warm"))}
+    cold = next(v["capture_s"] for k, v in runs.items() if k.endswith("cold"))
+    warm = next(v["capture_s"] for k, v in runs.items() if k.endswith("warm"))
+    lines += ["", f"Compile + capture of the default ladder of {len(data.budgets)} budgets in a fresh process, "
+              f"compiled in regions as by default (`tools/capture_time.py`): {cold:.1f} s cold, {warm:.1f} s warm "
+              f"(`capture_h200.json`{mark(data)})."]
     return lines
 
 
