@@ -15,7 +15,8 @@ def forbid_host_syncs() -> Iterator[None]:
 
     It patches these Tensor methods only: ``x[mask]``, ``torch.nonzero``, ``repeat_interleave`` with a tensor,
     ``masked_select``, ``unique`` and ``.to("cpu")`` go through other paths. On CUDA,
-    ``torch.cuda.set_sync_debug_mode("error")`` is the complete check.
+    ``torch.cuda.set_sync_debug_mode("error")`` is the stronger check, though not a complete one either (torch's
+    docstring: "not all synchronizing operations will trigger warning or error").
     """
     saved = {name: getattr(torch.Tensor, name) for name in SYNC_METHODS}
 

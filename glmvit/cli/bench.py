@@ -454,7 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="items per graph batch (default: the most any request of the workload has)")
     m.add_argument("--max-segments", type=int_in(1, MAX_BUDGET_TOKENS), default=None,
                    help="attention segments (temporal patches) per graph batch (default: the most any request has; "
-                        "every segment slot is a row of the flash-attention grid, so unused slots cost time)")
+                        "with the varlen and flash_attn backends every slot is a column of the launch grid, so unused "
+                        "slots cost time; the triton backend launches nothing for them)")
     m.add_argument("--attn-backend", default=None, help="triton, varlen, flash_attn, sdpa_masked (default: the "
                    "device's: triton on CUDA)")
     m.add_argument("--threads", type=int_in(1, os.cpu_count() or 1), default=None, help="torch.set_num_threads(N) "
