@@ -67,8 +67,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .geometry import ItemSpec
 from .graphs import EncoderGraphRunner
-from .metadata import as_grid_array
+from .metadata import as_grid_array, item_row_starts
 from .model import GlmVisionEncoder
 
 
@@ -146,7 +147,7 @@ def round_robin_items(patch_counts: Sequence[int], world_size: int) -> Assignmen
 
 def patch_counts_of(grid_thw) -> list[int]:
     """Input patches t·h·w per item: the load vLLM balances (rows of pixel_values, not output tokens)."""
-    return [int(t * h * w) for t, h, w in as_grid_array(grid_thw)]
+    return np.diff(item_row_starts(as_grid_array(grid_thw))).tolist()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -494,14 +495,14 @@ class DataParallelEncoder:
             raise ValueError(f"items {items} name an item twice")
         if not items:
             return []
-        row_start = np.concatenate([[0], np.cumsum(grids.prod(axis=1))]).astype(np.int64)
+        row_start = item_row_starts(grids)
         local = torch.cat([pixel_values[row_start[i] : row_start[i + 1]] for i in items]).to(self.model.device)
         if self.runner is not None:
             return self.runner.run(local, grids[items], check_finite=check_finite)
         with torch.inference_mode():
             out = self.model(local, grids[items], check_finite=check_finite)
-        m2 = self.model.config.merge_area
-        return list(out.split([int(row_start[i + 1] - row_start[i]) // m2 for i in items]))
+        merge = self.model.config.spatial_merge_size
+        return list(out.split([ItemSpec.from_grid(grids[i], merge).tokens for i in items]))
 
     def _encode_or_error(self, pixel_values: torch.Tensor, grids: np.ndarray, items: Sequence[int],
                          expected_tokens: int):

@@ -47,7 +47,9 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .geometry import ItemSpec
 from .graphs import EncoderGraphRunner
+from .metadata import item_row_starts
 from .model import GlmVisionEncoder
 from .packing import BudgetConfig
 
@@ -288,9 +290,8 @@ class BatchScheduler:
         as they are: leave them unchanged until the future resolves.
         """
         grids = self.model.check_inputs(pixel_values, grid_thw)
-        merge_area = self.model.config.merge_area
-        rows = (grids[:, 0] * grids[:, 1] * grids[:, 2]).astype(np.int64)
-        tokens = [int(r) // merge_area for r in rows]
+        starts = item_row_starts(grids)
+        tokens = [ItemSpec.from_grid(g, self.model.config.spatial_merge_size).tokens for g in grids]
         total = sum(tokens)
         if total > self.max_tokens:
             raise RequestTooLarge(f"the request has {total:,} tokens, more than the queue holds "
@@ -320,7 +321,7 @@ class BatchScheduler:
                 self._cond.notify_all()
             raise
         request = _Request(request_id, pixels, grids, tokens, grids[:, 0].astype(int).tolist(),
-                           np.concatenate([[0], np.cumsum(rows)]), time.perf_counter(), future,
+                           starts, time.perf_counter(), future,
                            outputs=[None] * len(tokens), remaining=len(tokens))
         with self._cond:
             self._staging -= 1

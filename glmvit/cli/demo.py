@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"eager ms: the median of {TIMED_CALLS} calls per item, after {WARMUP_CALLS} warm-up calls of its shape")
 
     backend = "cuda" if device.type == "cuda" else "emulate"
-    specs = [ItemSpec(int(t * h * w) // model.config.merge_area, int(t)) for t, h, w in inputs.grid_thw.tolist()]
+    specs = [ItemSpec.from_grid(g, model.config.spatial_merge_size) for g in inputs.grid_thw.tolist()]
     config = BudgetConfig.for_requests([specs])
     runner = EncoderGraphRunner(model, config, mode=backend).capture()
     start = time.perf_counter()

@@ -38,9 +38,10 @@ import torch.distributed as dist
 
 from ..deployment import check_budget_fits
 from ..graphs import EncoderGraphRunner
+from ..metadata import as_grid_array, item_row_starts
 from ..model import GlmVisionEncoder
 from ..packing import BudgetConfig
-from ..parallel import DataParallelEncoder, DPStats, RankFailed, free_port, patch_counts_of
+from ..parallel import DataParallelEncoder, DPStats, RankFailed, free_port
 from ..provenance import collect, weights_identity
 from ..timing import summarise
 from ..weights import checkpoint_config
@@ -265,7 +266,7 @@ def setup(args: argparse.Namespace, workload: Workload, rank: int, world: int, d
 # Verify the first request
 # ---------------------------------------------------------------------------------------------------------------
 def _row_start(grid) -> np.ndarray:
-    return np.concatenate([[0], np.cumsum(patch_counts_of(grid))]).astype(np.int64)
+    return item_row_starts(as_grid_array(grid))
 
 
 def _bitwise_vs_local(b: Bench, outs: list[torch.Tensor]) -> bool:
