@@ -493,7 +493,10 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             check_writable(args.json)
         if args.tables not in ("auto", "off"):
             for part in args.tables.split(","):
-                read_latency_table(part.partition("=")[2].strip())
+                mode, _, path = part.partition("=")
+                table = read_latency_table(path.strip())
+                if table.mode not in (None, mode.strip()):
+                    raise ValueError(f"--tables {part}: {table.describe()} measured {table.mode}, not {mode.strip()}")
         _check_workload(args, device)
     except (ValueError, OSError) as err:
         parser.error(str(err))
