@@ -62,21 +62,22 @@ def _notebook(stem: str, estimate: float) -> Job:
                 "--nbval-cell-timeout=600", f"notebooks/{stem}.ipynb"), (), estimate, (("GLMVIT_RECORD", "1"),))
 
 
-JOBS: tuple[Job, ...] = (
+JOBS: tuple[Job, ...] = (  # in priority order: the sweeps the benchmarks route with, the benchmarks the issues
+    # measure against targets, the profiles, the other benchmarks, serving, the notebooks
     Job("latency", "sweeps", ("-m", "glmvit", "latency", "--budgets", LADDER, "--runs", "8", "--warmup", "2",
                               "--quiet", "--json", "data/bench/latency_h200.json"), ("bench/latency_h200.json",), 60),
     Job("latency_compiled", "sweeps", ("-m", "glmvit", "latency", "--compile", "--budgets", LADDER, "--runs", "8",
                                        "--warmup", "2", "--quiet", "--json", "data/bench/latency_compiled_h200.json"),
         ("bench/latency_compiled_h200.json",), 90),
+    _bench("img1x224", "img1x224", 200, "--transformers-requests", "20"),
+    _bench("mixed_img", "mixed-img", 300, "--transformers-requests", "40", estimate=70),
+    _bench("mixed_av", "mixed-av", 300, "--transformers-requests", "40", estimate=70),
     Job("kernels", "sweeps", ("-m", "glmvit", "kernels", "--quiet", "--json", "data/bench/kernels_h200.json"),
         ("bench/kernels_h200.json",), 120),
     Job("capture", "sweeps", ("tools/capture_time.py", "--scopes", "blocks", "--json", "data/bench/capture_h200.json"),
         ("bench/capture_h200.json",), 60),
     Job("interp", "sweeps", ("-m", "glmvit", "bench-interp", "--json", "data/bench/interp_h200.json"),
         ("bench/interp_h200.json",), 30),
-    _bench("img1x224", "img1x224", 200, "--transformers-requests", "20"),
-    _bench("mixed_img", "mixed-img", 300, "--transformers-requests", "40", estimate=70),
-    _bench("mixed_av", "mixed-av", 300, "--transformers-requests", "40", estimate=70),
     _bench("img4x224", "img4x224", 150, "--transformers-requests", "20"),
     _bench("video8x224", "video8x224", 150, "--transformers-requests", "20"),
     _bench("video2x8x224", "video2x8x224", 150, "--transformers-requests", "20"),
