@@ -1,10 +1,15 @@
 """The split-K matmul (glmvit.kernels.triton_gemm) against x @ Wᵀ, on the CPU through the Triton interpreter (fp32,
 a fresh process: the interpreter is chosen at import). Two launches in a row must agree bitwise: the last program of
 each tile resets its counter, so a graph replay starts clean. fp32 tolerance: sums of ≤ 128 products of N(0, 1)
-values reordered by the split: a few float32 ulps of values up to ~50, far below 1e-4."""
+values reordered by the split: a few float32 ulps of values up to ~50, far below 1e-4.
+
+The counters are graph-safe: growing them never frees a buffer a graph may have captured (checked on the CPU by
+the buffer's lifetime, on a GPU by replaying a graph after the buffer grew and its old memory could be reused)."""
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 
 import pytest
 import torch
@@ -16,7 +21,7 @@ CASES = [(70, 100, 90, (16, 16, 16, 3)), (33, 64, 40, (16, 32, 16, 1)), (16, 48,
 
 
 def _interpreter_child() -> None:
-    from glmvit.kernels.triton_gemm import _COUNTERS, SplitK, splitk_linear_triton
+    from glmvit.kernels.triton_gemm import SplitK, splitk_linear_triton, tile_counters
 
     torch.set_num_threads(2)
     gen = torch.Generator().manual_seed(0)
@@ -25,7 +30,7 @@ def _interpreter_child() -> None:
         x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
         first, second = (splitk_linear_triton(x, w, SplitK(bm, bn, bk, split)) for _ in range(2))
         results.append({"err": (first - x @ w.T).abs().max().item(), "same": bool(torch.equal(first, second)),
-                        "counters_zero": int(_COUNTERS[x.device].abs().sum()) == 0})
+                        "counters_zero": int(tile_counters(x.device).abs().sum()) == 0})
     print(json.dumps(results))
 
 
@@ -38,3 +43,63 @@ def interpreted():
 def test_split_k_matches_matmul_and_resets_its_counters(interpreted, case):
     result = interpreted[case]
     assert result["err"] <= 1e-4 and result["same"] and result["counters_zero"]
+
+
+def test_growing_the_counters_keeps_the_old_buffer_alive():
+    """A graph captured with the first buffer still points at it: a larger launch must not free it."""
+    pytest.importorskip("triton")
+    from glmvit.kernels import triton_gemm
+
+    device = torch.device("cpu")
+    first = triton_gemm._counters(device, 8)
+    alive = weakref.ref(first)
+    grown = triton_gemm._counters(device, first.numel() + 1)
+    del first
+    gc.collect()
+    assert alive() is not None and grown.numel() > alive().numel()
+    assert triton_gemm.tile_counters(device) is grown and int(grown.abs().sum()) == 0
+    assert triton_gemm._counters(device, 8) is grown  # smaller launches keep using the larger buffer
+
+
+@pytest.mark.gpu
+def test_a_captured_launch_survives_the_counters_growing():
+    """Capture a split-K launch, grow the counters with a larger eager launch, let the allocator hand out memory of
+    the first buffer's size, and replay: the graph's output must be the eager one, bitwise (the sum's order is
+    fixed), and the new tensors untouched. Had the first buffer been freed, a new tensor would take its block and
+    the replay's atomics would write into it (and, from its non-zero values, never write the output)."""
+    from glmvit.kernels.triton_gemm import SplitK, splitk_linear_triton, tile_counters
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    cfg = SplitK(64, 64, 64, 4)
+    x = torch.randn(256, 1536, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(1536, 1536, device="cuda", dtype=torch.bfloat16, generator=gen)
+    expected = splitk_linear_triton(x, w, cfg)  # before the capture: the counters exist
+    before = tile_counters("cuda")
+    size = before.numel()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = splitk_linear_triton(x, w, cfg)
+    big_x = torch.randn(64 * (size // 64 + 1), 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+    big_w = torch.randn(64 * 64, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+    splitk_linear_triton(big_x, big_w, SplitK(64, 64, 64, 1))  # more tiles than the buffer holds: it grows
+    assert tile_counters("cuda").numel() > size
+    del before
+    fills = [torch.full((size,), 7, dtype=torch.int32, device="cuda") for _ in range(8)]
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, expected)
+    assert all(bool((f == 7).all()) for f in fills)
+
+
+def test_no_counters_are_made_inside_a_capture(monkeypatch):
+    """The guard, without a GPU: a capture is simulated by the one query the guard makes; nothing is allocated."""
+    pytest.importorskip("triton")
+    from glmvit.kernels import triton_gemm
+
+    device = torch.device("cuda", 0)
+    before = triton_gemm._COUNTERS.get(device)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="launch this shape once before capturing"):
+        triton_gemm._counters(device, 2**40)
+    assert triton_gemm._COUNTERS.get(device) is before

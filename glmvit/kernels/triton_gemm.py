@@ -8,7 +8,8 @@ partial and stores it in a workspace; then it bumps the tile's counter (one atom
 after a barrier so every thread's stores are in). The program that finds the counter at S − 1 arrives last: it sums
 the S partials in slice order (deterministic), writes the output in x's dtype and puts the counter back to 0, so
 the next launch (the next graph replay) starts clean. One kernel, no memset, no second pass; the grid depends only
-on the shapes, so a CUDA graph captures it. Under ``TRITON_INTERPRET=1`` it runs on CPU tensors (fp32).
+on the shapes, so a CUDA graph captures it, and the counters it captured are never freed (:func:`_counters`). Under
+``TRITON_INTERPRET=1`` it runs on CPU tensors (fp32).
 """
 from __future__ import annotations
 
@@ -68,15 +69,37 @@ def _splitk_kernel(x_ptr, w_ptr, y_ptr, partial_ptr, counter_ptr, M, N, K, k_per
             tl.atomic_xchg(counter_ptr + tile, 0, sem="relaxed", scope="gpu")
 
 
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
+COUNTER_SLOTS = 4096  # the smallest counter buffer (16 KiB); a launch with more tiles grows it
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}  # what launches on each device use now
+_RETIRED: list[torch.Tensor] = []  # buffers grown out of, kept alive: graphs captured earlier still use them
+
+
+def tile_counters(device: torch.device | str) -> torch.Tensor | None:
+    """The per-tile arrival counters that launches on ``device`` use now (int32, zero between launches), or None
+    before the first launch there. For inspection: a launch that starts from non-zero counters is wrong."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # tensors name their GPU: "cuda" is the current one
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _COUNTERS.get(device)
 
 
 def _counters(device: torch.device, tiles: int) -> torch.Tensor:
     """Per-tile arrival counters, zero between launches (the last program of a tile resets its own). One buffer per
-    device, grown when needed; launches on one device must not overlap (one stream), as in the runner."""
+    device; launches on one device must not overlap (one stream), as in the runner.
+
+    Graph-safe: a captured launch keeps the buffer's address, so a buffer is never freed — when a launch needs more
+    tiles, a larger one takes over and the old one is retired, still alive, for the graphs that captured it. A new
+    buffer cannot be made during a capture (its zero-fill would run only at replay): launch once before capturing.
+    """
     buf = _COUNTERS.get(device)
     if buf is None or buf.numel() < tiles:
-        buf = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"split-K counters for {tiles:,} tiles on {device} do not exist yet and cannot be "
+                               "made inside a CUDA graph capture: launch this shape once before capturing")
+        if buf is not None:
+            _RETIRED.append(buf)
+        buf = torch.zeros(max(tiles, COUNTER_SLOTS), dtype=torch.int32, device=device)
         _COUNTERS[device] = buf
     return buf
 
