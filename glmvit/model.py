@@ -290,8 +290,9 @@ class GlmVisionEncoder(nn.Module):
                         attn_backend: str | None = None):
         """The vision tower of a safetensors checkpoint (a directory, or a file with ``config.json`` beside it).
 
-        Config from ``config.json``; ``dtype=None`` keeps the checkpoint's; built without a full-precision copy;
-        returned in eval mode. See :func:`glmvit.weights.load_pretrained`.
+        Config from ``config.json``; ``dtype=None`` or ``"auto"`` keeps the checkpoint's; built without a
+        full-precision copy; returned in eval mode. Only local checkpoints are read (nothing is downloaded). See
+        :func:`glmvit.weights.load_pretrained`.
         """
         from .weights import load_pretrained
 
