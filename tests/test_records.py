@@ -8,6 +8,7 @@ from glmvit.__main__ import main
 from glmvit.cli.record import JOBS, job_status
 from glmvit.records import BenchRecord, Fingerprint, LatencySweep, NotebookResult, make, source_hash, staleness
 
+GOLDEN = "2abd8b91e34b4cfd"  # source_hash of the snippet in test_the_hash_is_the_same_on_every_python
 CODE = '''"""A module docstring."""
 import math
 
@@ -49,6 +50,13 @@ def test_a_record_is_stale_exactly_when_a_module_it_measured_changes(package):
     assert staleness(record) == ["glmvit.model"]  # gone counts as changed
     assert staleness(make(NotebookResult, provenance={}, name="n").model_copy(update={"fingerprint": None})) == \
         ["no fingerprint"]
+
+
+def test_the_hash_is_the_same_on_every_python():
+    """A golden value: ast.dump differs between Pythons (3.12 adds type_params and splits some f-strings), the hash
+    must not, or a record made on the GPU machine's Python reads as stale on CI's. Checked here on 3.10–3.13."""
+    code = 'class A:\n    def f(self, x: int) -> str:\n        return f"{x}{x!r:>4} and {x}"\n'
+    assert source_hash(code) == GOLDEN
 
 
 def test_this_process_fingerprints_the_glmvit_modules_it_imported():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..records import RECORD_DIRS, REPO, load_any, staleness
+from ..records import RECORD_DIRS, REPO, RESULT_KINDS, load_any, staleness
 from .common import Parser
 
 
@@ -34,11 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strict", action="store_true", help="exit 1 when any record is stale")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     listing = rows()
-    stale = [r for r in listing if r[3]]
+    stale = [r for r in listing if r[3] and r[1] in RESULT_KINDS]  # an input (a tune sweep) is listed, not counted
     width = max((len(r[0]) for r in listing), default=10)
     for name, kind, commit, changed in (stale if args.stale else listing):
         status = "current" if not changed else "stale: " + (
             "made before fingerprints" if changed == ["no fingerprint"] else ", ".join(changed))
+        if kind not in RESULT_KINDS and kind != "?":
+            status = f"an input, not re-measured by python -m glmvit record ({status})"
         print(f"{name:<{width}}  {kind:<9} {commit:<8} {status}")
     n = len(listing)
     print(f"{len(stale)} of {n} record{'s' if n != 1 else ''} stale" + (
