@@ -179,6 +179,10 @@ def serve_lines() -> list[str]:
              "| workload | mode | rate | req/s | items/s | of floor rate | TTE median (P99) | queue median | "
              "items per batch |", "|---|---|---|---|---|---|---|---|---|"]
     for name in ("serve_video8x224", "serve_mixed_av"):
+        if not (BENCH / f"{name}_h200.json").exists():
+            lines.append(f"| `{name}_h200.json`: not recorded yet (python -m glmvit record --only {name}) "
+                         "| | | | | | | | |")
+            continue
         record = load(BENCH / f"{name}_h200.json", ServeRecord)
         for r in record.runs:
             floor = f"{r['vs_floor']:.0%}" if r.get("vs_floor") else ""
