@@ -232,13 +232,13 @@ def _dump(node: Any) -> str:
         parts: list[Any] = []
         for value in node.values:
             if isinstance(value, ast.Constant) and parts and isinstance(parts[-1], ast.Constant):
-                parts[-1] = ast.Constant(parts[-1].value + value.value)
+                parts[-1] = ast.Constant(str(parts[-1].value) + str(value.value))  # literal parts are str
             elif not (isinstance(value, ast.Constant) and value.value == ""):
                 parts.append(value)
         return f"JoinedStr(values={_dump(parts)})"
     if isinstance(node, ast.AST):
-        fields = [f"{name}={_dump(value)}" for name in node._fields
-                  if (value := getattr(node, name, None)) is not None and value != []]
+        fields = [f"{name}={_dump(field)}" for name in node._fields
+                  if (field := getattr(node, name, None)) is not None and field != []]
         return f"{type(node).__name__}({', '.join(fields)})"
     if isinstance(node, list):
         return "[" + ", ".join(_dump(item) for item in node) + "]"
