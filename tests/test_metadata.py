@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from glmvit.metadata import BatchShape, attention_work, build_metadata
+from glmvit.metadata import BatchShape, attention_work, build_metadata, item_row_starts, items_of_rows
 
 MERGE, AREA = 2, 4
 
@@ -27,6 +27,18 @@ def views(meta):
     c, r = meta.shape.cu_slots, meta.shape.rows
     base = c + 4 * r
     return meta.packed[:c], meta.packed[base : base + r], meta.packed[base + r :]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(grid_rows, max_size=6))
+def test_item_row_starts_count_every_frame(rows):
+    """Each item holds t·h·w pixel rows (a clip's frames one after another); every row maps back to its own item."""
+    grids = np.array(rows, dtype=np.int64).reshape(-1, 3)
+    sizes = [t * h * w for t, h, w in rows]
+    assert item_row_starts(grids).tolist() == [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+    owner = [i for i, size in enumerate(sizes) for _ in range(size)]
+    for row, item in enumerate(owner):
+        assert items_of_rows(grids, np.array([row])) == [item]
 
 
 @settings(max_examples=300, deadline=None)
