@@ -168,15 +168,32 @@ def test_compile_is_skipped_on_cpu(tmp_path):
     assert list(r["modes"]) == ["eager"] and "CUDA" in r["skipped"]["compile"]
 
 
-def test_latency_table_loads(tmp_path):
-    from glmvit.cli.latency import main as latency_main
+def test_latency_table_loads(tmp_path, monkeypatch):
+    """``bench latency``'s sweep, end to end into the table that ``plan`` reads, with each call still made but its
+    time taken from a known model (wall times on a loaded CI machine are noise): the fit must recover the model."""
+    import glmvit.cli.latency as latency
 
+    slope = 10.0  # ms per 1e6 segment rows² — the attention term the fit estimates by least squares
+
+    def modelled_times(fn, device, runs, warmup=0, on_device=False):
+        fn()  # the replay or eager call still runs; only its clock is replaced
+        grids = np.asarray(fn.args[-1])
+        attention = slope * float((grids[:, 0] * (grids[:, 1] * grids[:, 2]) ** 2).sum()) / 1e6
+        if len(fn.args) == 3:  # runner.replay(budget, pixels, grids): the budget's fixed cost, whatever it holds
+            return [2.0 + fn.args[0] / 16 + attention] * runs
+        return [1.0 + float(grids.prod(axis=1).sum()) / 4 / 32 + attention] * runs  # eager: its real tokens
+
+    monkeypatch.setattr(latency, "time_calls", modelled_times)
     path = tmp_path / "latency.json"
-    assert latency_main(["--device", "cpu", "--config", "tiny", "--quiet", "--warmup", "0", "--runs", "1",
+    assert latency.main(["--device", "cpu", "--config", "tiny", "--quiet", "--warmup", "0", "--runs", "2",
                          "--budgets", "16,64,128", "--json", str(path)]) == 0
     table = load_latency_table(path)
     assert table.tokens == (16, 64, 128) and table.config == "tiny" and table.dtype == "float32"
     assert table.mode == "graph" and table.changed == () and "current" in table.describe()
+    # exact up to float64 rounding of a least-squares fit over a handful of layouts
+    assert table.attention_ms == pytest.approx(slope, rel=1e-9)
+    assert table.graph_ms == pytest.approx([2.0 + t / 16 for t in table.tokens], rel=1e-9)
+    assert table.eager_ms == pytest.approx([1.0 + t / 32 for t in table.tokens], rel=1e-9)
     raw = json.loads(path.read_text())
     assert raw["kind"] == "latency" and raw["measurement"]["runner_mode"] == "emulate" and raw["compiled"] is False
     assert [b["grid"] for b in raw["budgets"]] == [[1, 8, 8], [1, 16, 16], [1, 16, 32]]
