@@ -16,9 +16,9 @@ from .geometry import ItemSpec
 SMALLEST_BUDGET = 64  # one 224² image: the default ladder starts here
 # vLLM 0.33's automatic budgets for GLM-4V (Glm4vForConditionalGeneration.get_encoder_cudagraph_budget_range in
 # vllm/model_executor/models/glm4_1v.py): 64 (a 224² image) .. min(max_num_batched_tokens, max_model_len). The
-# defaults are `vllm serve` on an H200 (max_num_batched_tokens 8192 for an API server on a ≥ 70 GiB GPU other than an
-# A100: EngineArgs.get_batch_defaults in vllm/engine/arg_utils.py) with GLM-4.1V-9B-Thinking's 65,536-token context
-# (GLM-4.6V-Flash: 131,072): 64 .. 8192.
+# defaults are `vllm serve` on an H200 (max_num_batched_tokens 8192 for an API server on a 70–160 GiB GPU other than
+# an A100 or a GB10: EngineArgs.get_batch_defaults in vllm/engine/arg_utils.py) with GLM-4.1V-9B-Thinking's
+# 65,536-token context (GLM-4.6V-Flash: 131,072): 64 .. 8192.
 VLLM_MIN_BUDGET = 64
 VLLM_MAX_NUM_BATCHED_TOKENS = 8192
 GLM41V_MAX_MODEL_LEN = 65_536
