@@ -79,12 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--seed", type=int_in(0, SEED_MAX), help="random: seed (default 42)")
     b = p.add_argument_group("budgets")
     b.add_argument("--budgets", type=budgets_arg, default=None, help="comma-separated token budgets, or 'auto' "
-                   "(vLLM's: 64, 128, … 4096)")
+                   "(vLLM's on an H200: 64, 128, … 8192)")
     b.add_argument("--compare", type=budgets_arg, metavar="BUDGETS", default=False,
                    help="a second budget set to show beside the first (same limits), e.g. 64,256,1024 or auto")
     b.add_argument("--max-items", type=int_in(1), help="items per batch (default: vLLM's, min(64, smallest budget))")
     b.add_argument("--max-segments", type=int_in(1),
-                   help="attention segments (temporal patches) per batch (default: max items)")
+                   help="attention segments (temporal patches) per batch (default: vLLM's, max items × 600 but at "
+                        "most the largest budget for a workload with video, else max items)")
     b.add_argument("--system", choices=list(SYSTEMS), default="vllm",
                    help="whose runtime to model: vllm (default: vLLM 0.33's packer, every batch a budget holds "
                         "replays; what --export deploys) or glmvit (first-fit decreasing, each batch routed to the "
