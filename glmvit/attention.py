@@ -10,8 +10,8 @@ q, k, v are (rows, heads, head_dim); segments come from the metadata. Padded row
   attends only to itself). Shape-static and graph-safe on any device; O(rows²) memory: the graph-safe reference.
 - ``triton``: glmvit's own Triton kernel (``glmvit.kernels.triton_attention``): reads q, k, v straight out of the
   qkv projection and applies the rotary inside, one program per (block of 64 or 128 rows, head), so short segments
-  still fill the GPU. Graph-safe; the CUDA default in fp16/bf16 (head_dim 32–256), and on the CPU in fp32 under
-  ``TRITON_INTERPRET=1``.
+  still fill the GPU. Graph-safe; the CUDA default in fp16/bf16 (head_dim 32, 64, 128 or 256: ``TRITON_HEAD_DIMS``),
+  and on the CPU in fp32 under ``TRITON_INTERPRET=1``.
 - ``segments``: one SDPA call per segment, reading cu_seqlens from the tensor (a host read: a sync on CUDA, so
   eager only there). No (rows)² mask, O(rows) memory: the CPU default.
 
