@@ -21,17 +21,18 @@
    batch runs either way. (A permutation of same-sized items inside the encoder cannot be seen from sizes:
    tests/test_scheduler.py compares outputs bitwise against requests encoded alone.)
 
-**Why a batch does not wait for more items** (``max_wait_s`` = 0 by default). A replay's time T does not depend on
-how full its budget is (the latency sweep, data/bench/latency_h200.json, replays every layout of a budget in about
-its full batch's time) and grows slowly from one small budget to the next, so batching buys a share of T. Holding a
-lone request for w delays it by w; a request arriving in that window (probability ≈ λw for Poisson arrivals at rate
-λ) then shares its replay instead of waiting up to T for it and T for its own, which saves it T − w. The wait pays
-when λw(T − w) > w, i.e. λ(T − w) > 1: only when requests arrive faster than one per replay, where the worker is
-never idle, a queue forms by itself and every batch takes what arrived during the previous one. Below that the wait
-is pure latency: a wait of w adds w / T to a lone request's time, and T is a few milliseconds for a 224² image or an
-8-frame clip graph-compiled on an H200 (data/bench: notebook 11 reads it), so even 1 ms eats the whole margin of a
-low-load target of a median ≤ 1.3× a lone request's. ``max_wait_s`` > 0 keeps an under-full batch open that long,
-for arrivals known to come in bursts.
+**Why a batch does not wait for more items** (``max_wait_s`` = 0 by default). Filling a budget with small items adds
+little to a replay's time T: the latency sweeps (data/bench/latency_h200.json, latency_compiled_h200.json) replay as
+many small images as a batch may hold in about the time of one alone (notebook 11 prints the ratio; one image as large
+as the budget is slower: its attention spans every row), and among the small budgets T grows less than the budget does,
+so batching buys a share of T. Holding a lone request for w delays it by w; a request arriving in that window
+(probability ≈ λw for Poisson arrivals at rate λ) then shares its replay instead of waiting up to T for it and T for its
+own, which saves it T − w. The wait pays when λw(T − w) > w, i.e. λ(T − w) > 1: only when requests arrive faster than
+one per replay, where the worker is never idle, a queue forms by itself and every batch takes what arrived during the
+previous one. Below that the wait is pure latency: a wait of w adds w / T to a lone request's time, and T is a few
+milliseconds for a 224² image or an 8-frame clip graph-compiled on an H200 (data/bench: notebook 11 reads it), so even 1
+ms eats the whole margin of a low-load target of a median ≤ 1.3× a lone request's. ``max_wait_s`` > 0 keeps an
+under-full batch open that long, for arrivals known to come in bursts.
 
 **Drain**: :meth:`~BatchScheduler.close` refuses new requests at once, lets every admitted one finish, then stops
 the worker. :meth:`~BatchScheduler.stats` reports queue delays, batch sizes and padding.
