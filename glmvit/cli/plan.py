@@ -121,6 +121,11 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tup
     outputs = [Path(p) for p in (args.export, args.json) if p]
     if len(outputs) == 2 and outputs[0].resolve() == outputs[1].resolve():
         parser.error("--export and --json name the same file")
+    inputs = {"--trace": args.trace, "--latency-table": args.latency_table if args.latency_table != "none" else None}
+    for out_flag, out in (("--export", args.export), ("--json", args.json)):
+        for in_flag, given in inputs.items():
+            if out and given and Path(out).resolve() == Path(given).resolve():
+                parser.error(f"{out_flag} {out} is the {in_flag} input: writing it would destroy it")
     dtype = str(DTYPES[args.dtype]).removeprefix("torch.")
     try:
         configs = [_budget_config(args.budgets, args, dtype)]
