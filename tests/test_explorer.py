@@ -515,6 +515,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_server(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """Terminate a server started by a test; kill it if it has not exited after ``timeout`` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 class NoRedirect(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, *args, **kwargs):
         return None
@@ -565,12 +575,7 @@ def test_the_served_page_refuses_requests_without_the_token(tmp_path):
         assert status(f"{base}/voila/api/shutdown/00000000-0000-0000-0000-000000000000", "POST")[0] == 403
         assert status(url)[0] == 200
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
 
 
 def _printed_url(text: str, port: int) -> str:

@@ -19,6 +19,8 @@ from urllib.parse import urlparse
 
 import pytest
 
+from tests.test_explorer import free_port, stop_server
+
 pytestmark = pytest.mark.ui
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,12 +30,6 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 MIXED = "mixed-large: 224²–1344² images, 1–4 per request"
 TRACE_CSV = "request,height,width,frames\nr1,1080,1920,1\nr1,720,1280,16\nr2,224,224,1\n"
 LOOPBACK = {"127.0.0.1", "localhost"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
@@ -73,11 +69,7 @@ def voila_url(tmp_path, workspace):
         (url,) = re.findall(rf"^    (http://127\.0\.0\.1:{port}/\?token=\S+)$", log_path.read_text(), re.M)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc, timeout=15)
         log.close()
 
 
