@@ -28,6 +28,7 @@ from .packing import (
 from .records import MAX_RECORD_BYTES, LatencySweep, find_one, parse, staleness
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+MIN_BASE_MS = 1e-3  # one microsecond: the least a replay or a forward can cost (a kernel launch)
 MAX_TABLE_TOKENS = 2**20  # far past any context (128K tokens): a larger budget is an error, not a float overflow
 TABLE_MODES = ("graph-compiled", "graph")  # the runner modes a latency sweep measures (compiled first: the default)
 
@@ -242,13 +243,17 @@ def _fit(rows: list[Mapping[str, Any]], data: Mapping[str, Any]) -> LatencyTable
         dx += list(work - work.mean())
         dy += list(ms - ms.mean())
     slope = max(0.0, float(np.dot(dx, dy) / np.dot(dx, dx))) if np.dot(dx, dx) > 0 else 0.0
-    # Attention cannot take longer than a whole replay: noisy timings (a loaded CPU) must not fit a slope that
-    # leaves a budget a negative base.
+    # Attention cannot take longer than a whole replay, nor than the whole eager forward of a full layout: noisy
+    # timings (a loaded CPU) must not fit a slope that leaves a budget a negative base. A base that the cap leaves
+    # at zero is held at MIN_BASE_MS: no forward is faster than launching its work.
     ratios = [x["graph_ms"] / (x["segment_rows2"] / 1e6) for r in rows for x in r["layouts"] if x["segment_rows2"]]
+    ratios += [r["layouts"][0]["eager_ms"] / (r["layouts"][0]["segment_rows2"] / 1e6) for r in rows
+               if r["layouts"][0]["segment_rows2"]]
     slope = min([slope, *ratios])
-    base = [float(np.mean([x["graph_ms"] - slope * x["segment_rows2"] / 1e6 for x in r["layouts"]])) for r in rows]
+    base = [max(MIN_BASE_MS, float(np.mean([x["graph_ms"] - slope * x["segment_rows2"] / 1e6 for x in r["layouts"]])))
+            for r in rows]
     small = [x["eager_ms"] for r in rows for x in r["layouts"] if x["real_tokens"] <= 256]
-    eager = [max(0.0, float(r["layouts"][0]["eager_ms"]) - slope * r["layouts"][0]["segment_rows2"] / 1e6)
+    eager = [max(MIN_BASE_MS, float(r["layouts"][0]["eager_ms"]) - slope * r["layouts"][0]["segment_rows2"] / 1e6)
              for r in rows]
     small_p99 = [x["eager_p99_ms"] for r in rows for x in r["layouts"] if x["real_tokens"] <= 256]
     # P99 columns: each budget's base plus the largest tail (P99 − median) of its layouts

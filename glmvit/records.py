@@ -23,7 +23,7 @@ import os
 import sys
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator, Literal, TypeVar
+from typing import Annotated, Any, Iterator, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -121,19 +121,29 @@ class BenchRecord(Record):
     prediction: dict[str, Any] | None = None
 
 
+Milliseconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]  # a measured time: finite, never negative
+Count = Annotated[int, Field(ge=0)]
+
+
 class LatencyLayout(_Open):
+    """One batch layout of a budget, replayed and run eagerly: medians and P99s of each."""
+
     name: str
-    real_tokens: int
-    segment_rows2: int
-    graph_ms: float
-    eager_ms: float
+    real_tokens: Annotated[int, Field(ge=1)]
+    segment_rows2: Count
+    graph_ms: Milliseconds
+    eager_ms: Milliseconds
+    graph_p99_ms: Milliseconds
+    eager_p99_ms: Milliseconds
 
 
 class LatencyBudget(_Open):
-    tokens: int
-    graph_ms: float
-    eager_ms: float
-    layouts: list[LatencyLayout] = Field(default_factory=list)
+    """A budget's layouts, the full one (its real tokens are the budget's) first."""
+
+    tokens: Annotated[int, Field(ge=1)]
+    graph_ms: Milliseconds
+    eager_ms: Milliseconds
+    layouts: list[LatencyLayout] = Field(min_length=1)
 
 
 class LatencySweep(Record):

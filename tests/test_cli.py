@@ -425,12 +425,8 @@ def test_encode_out_writes_into_devices_and_fifos_and_keeps_the_umask(tmp_path, 
     assert stat.S_ISCHR(os.lstat(null).st_mode), "the device node was replaced by a regular file"
 
 
-# --- defects the hostile pass of 2026-12-01 found, not fixed yet ------------------------------------------------------
-# Their fixes change modules that recorded H200 results were measured with (glmvit.cli.encode, glmvit.costmodel,
-# glmvit.cli.bench_interp), so they land with the next re-record. strict: a fix turns each into an unexpected pass,
-# which fails, so the marker goes with the fix.
+# --- defects the hostile pass of 2026-12-01 found (fixed with the re-record they waited for) -------------------------
 ROOT = Path(__file__).resolve().parents[1]
-NOT_FIXED_YET = pytest.mark.xfail(strict=True, reason="hostile-pass defect: fixed together with the next re-record")
 
 
 def exit_code(argv):
@@ -440,7 +436,6 @@ def exit_code(argv):
         return exc.code
 
 
-@NOT_FIXED_YET
 def test_encode_refuses_to_write_over_its_own_input(tmp_path):
     image = tmp_path / "x.png"
     Image.new("RGB", (64, 64), (10, 20, 30)).save(image)
@@ -449,7 +444,6 @@ def test_encode_refuses_to_write_over_its_own_input(tmp_path):
     assert code == 2 and image.read_bytes() == before
 
 
-@NOT_FIXED_YET
 def test_a_truncated_animated_gif_is_one_line_naming_the_file(tmp_path, capsys):
     rng = np.random.default_rng(0)
     frames = [Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)) for _ in range(5)]
@@ -458,21 +452,47 @@ def test_a_truncated_animated_gif_is_one_line_naming_the_file(tmp_path, capsys):
     (tmp_path / "t.gif").write_bytes(data[: len(data) * 2 // 3])
     code = exit_code(["encode", "--config", "tiny", "--device", "cpu", str(tmp_path / "t.gif")])
     err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and "t.gif" in err, err
+    assert code == 1 and err.count("\n") == 1 and "t.gif: cannot decode it" in err, err  # a bad input: 1
 
 
-@NOT_FIXED_YET
 def test_a_latency_sweep_missing_a_field_is_a_value_error():
     from glmvit.costmodel import latency_table_from_json
 
     sweep = json.loads((ROOT / "data" / "bench" / "latency_compiled_h200.json").read_text())
     del sweep["budgets"][0]["layouts"][0]["graph_p99_ms"]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="broken.json: not a valid latency record .*graph_p99_ms"):
         latency_table_from_json(sweep, "broken.json")
 
 
-@NOT_FIXED_YET
+@pytest.mark.parametrize("where, value", [("real_tokens", "many"), ("graph_ms", None), ("eager_ms", -1.0),
+                                          ("segment_rows2", 1e400), ("graph_p99_ms", float("nan"))])
+def test_a_latency_sweep_with_a_mistyped_field_is_a_value_error_naming_it(where, value):
+    from glmvit.costmodel import latency_table_from_json
+
+    sweep = json.loads((ROOT / "data" / "bench" / "latency_compiled_h200.json").read_text())
+    sweep["budgets"][1]["layouts"][0][where] = value
+    with pytest.raises(ValueError, match=f"broken.json: .*budgets.1.layouts.0.{where}"):
+        latency_table_from_json(sweep, "broken.json")
+    sweep = json.loads((ROOT / "data" / "bench" / "latency_compiled_h200.json").read_text())
+    sweep["budgets"][1]["layouts"] = []
+    with pytest.raises(ValueError, match="broken.json: .*budgets.1.layouts"):
+        latency_table_from_json(sweep, "broken.json")
+
+
 def test_bench_interp_bad_runs_is_one_line(capsys):
     assert exit_code(["bench-interp", "--runs", "abc"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--runs" in err, err
+
+
+def test_ctrl_c_is_one_line_and_status_130_with_nothing_written(tmp_path, capsys, monkeypatch):
+    import glmvit.cli.encode as encode
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(encode, "load", interrupted)  # as if Ctrl-C came while the first file decodes
+    out = tmp_path / "e.safetensors"
+    code = exit_code(["encode", "--config", "tiny", "--device", "cpu", "data/images/coffee.jpg", "--out", str(out)])
+    assert code == 130 and capsys.readouterr().err == "glmvit encode: interrupted\n"
+    assert not out.exists() and not list(tmp_path.iterdir())

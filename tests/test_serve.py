@@ -3,6 +3,7 @@ clients. Files come back as ``encode --out`` writes them; pixel rows of concurre
 requests encoded alone (why bitwise: tests/test_scheduler.py); overload, bad input and shutdown mid-request answer as
 the server promises. No traffic leaves the loopback interface; every wait is bounded."""
 import asyncio
+import io
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import aiohttp
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from safetensors.torch import load, save
 
 from glmvit import VisionConfig
@@ -210,11 +212,16 @@ def bad_pixel_body(kind):
 def test_bad_input_is_a_4xx_that_names_the_item_or_file(tiny_model):
     service = service_for(tiny_model, limits=HttpLimits(max_body_bytes=2**20, max_items=4))
     jpeg = (ROOT / "data/images/coffee.jpg").read_bytes()
+    gif = io.BytesIO()
+    frames = [Image.fromarray(np.random.default_rng(k).integers(0, 255, (32, 32, 3), dtype=np.uint8)) for k in range(5)]
+    frames[0].save(gif, format="GIF", save_all=True, append_images=frames[1:], duration=100)
+    cut_gif = gif.getvalue()[: len(gif.getvalue()) * 2 // 3]  # PIL counts its frames with an IndexError
     with ServerThread(service) as server:
         async def send_all():
             async with aiohttp.ClientSession() as session:
                 answers = {kind: await post(session, server.url, bad_pixel_body(kind)) for kind, _, _ in BAD_PIXELS}
-                for name, data in (("notes.txt", b"hello"), ("broken.png", jpeg[:200]), ("../../etc/x.jpg", b"")):
+                for name, data in (("notes.txt", b"hello"), ("broken.png", jpeg[:200]), ("../../etc/x.jpg", b""),
+                                   ("cut.gif", cut_gif)):
                     form = aiohttp.FormData()
                     form.add_field("file", jpeg, filename="fine.jpg")
                     form.add_field("file", data, filename=name)
@@ -231,6 +238,7 @@ def test_bad_input_is_a_4xx_that_names_the_item_or_file(tiny_model):
         assert error_of(answers[kind])[0] == status and words in error_of(answers[kind])[1], (kind, answers[kind])
     expected = {"notes.txt": (400, "file 1 (notes.txt): unsupported file type '.txt'"),
                 "broken.png": (400, "file 1 (broken.png): "), "../../etc/x.jpg": (400, "file 1 (x.jpg): empty file"),
+                "cut.gif": (400, "file 1 (cut.gif): cannot decode it"),
                 "json": (415, "content type 'application/json'"), "huge": (413, "at most 1,048,576"),
                 "dtype query": (400, "dtype must be float32 or model"), "no file": (400, "part 0 is not a file")}
     for kind, (status, words) in expected.items():
@@ -238,6 +246,50 @@ def test_bad_input_is_a_4xx_that_names_the_item_or_file(tiny_model):
         assert got_status == status and words in message, (kind, message)
         assert "glmvit-serve-" not in message and "Traceback" not in message  # never the temporary path
     assert service.responses[500] == 0
+
+
+def raw_exchange(url, head, body_parts, pause_s=0.0):
+    """Send a raw HTTP request over a socket (headers, then each body part, pausing ``pause_s`` before the last);
+    the status and JSON error of the answer."""
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    with socket.create_connection((where.hostname, where.port), timeout=TIMEOUT) as sock:
+        sock.sendall(head)
+        for k, part in enumerate(body_parts):
+            if k == len(body_parts) - 1 and pause_s:
+                time.sleep(pause_s)
+            try:
+                sock.sendall(part)
+            except OSError:  # the server answered and closed first
+                break
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    status = int(answer.split(b" ", 2)[1])
+    return status, json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+
+
+def test_a_malformed_part_header_is_a_400_and_a_stalled_body_a_408_that_frees_its_place(tiny_model):
+    service = service_for(tiny_model, limits=HttpLimits(read_timeout_s=0.5))
+    body = (b"--b\r\nContent-Disposition: form-data; name=\"f\"; filename=\"a.png\"\r\nno colon here\r\n\r\n"
+            b"data\r\n--b--\r\n")
+    head = (b"POST /v1/encode HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+            b"Content-Length: %d\r\n\r\n")
+    with ServerThread(service) as server:
+        malformed = raw_exchange(server.url, head % len(body), [body])
+        pixels = pixel_body(*random_request(3))
+        stalled = raw_exchange(server.url, b"POST /v1/encode HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                               b"application/x-safetensors\r\nContent-Length: %d\r\n\r\n" % len(pixels),
+                               [pixels[:100], pixels[100:]], pause_s=2.0)
+        held = service.in_server
+    assert malformed[0] == 400 and "multipart body is malformed" in malformed[1], malformed
+    assert stalled == (408, "the body did not arrive within 0.5 s"), stalled
+    assert held == 0 and service.responses[500] == 0
 
 
 def gated(service):
@@ -421,7 +473,8 @@ def test_bench_serve_in_process_and_spawned(tmp_path, capsys):
 @pytest.mark.parametrize("argv, words", [
     (["--url", "http://127.0.0.1:1", "--modes", "eager"], "--modes applies to --spawn and --in-process"),
     (["--url", "127.0.0.1:8000"], "expected http://HOST:PORT"),
-    (["--spawn", "--request-rate", "0"], "must be > 0"),
+    (["--spawn", "--request-rate", "0"], "must be at least 0.01 per second"),
+    (["--spawn", "--request-rate", "1e-300"], "must be at least 0.01 per second"),
     (["--spawn", "--request-rate", "fast"], "is not a number or inf"),
     (["--in-process", "--modes", "graph,turbo"], "unknown mode(s) ['turbo']"),
     (["--spawn", "--modes", "graph-compiled", "--device", "cpu"], "graph-compiled needs CUDA"),

@@ -43,3 +43,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"glmvit {argv[0]}: error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: outputs are written atomically at the end, so none is half-written
+        if os.environ.get("GLMVIT_DEBUG"):
+            raise
+        print(f"glmvit {argv[0]}: interrupted", file=sys.stderr)
+        return 130

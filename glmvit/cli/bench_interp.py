@@ -13,7 +13,6 @@ Each is timed with CUDA events (warm-up, then the median of ``--runs`` single ca
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 
@@ -25,7 +24,7 @@ from ..metadata import build_metadata
 from ..provenance import collect
 from ..records import InterpRecord, make
 from ..timing import time_calls
-from .common import check_writable, write_record
+from .common import Parser, check_writable, int_in, write_record
 
 # 224² → a 16×16 patch grid; 1024² → smart_resize rounds to 1036² = 74×74 patches (an even count per side).
 CASES = {
@@ -103,20 +102,19 @@ def time_us(fn, warmup: int, runs: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argparse.ArgumentParser(prog="python -m glmvit bench-interp", description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=200, help="timed calls per measurement (>= 100; default 200)")
-    parser.add_argument("--warmup", type=int, default=25, help="untimed calls first (default 25)")
+    parser = Parser(prog="python -m glmvit bench-interp", description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--runs", type=int_in(100, 100_000), default=200,
+                        help="timed calls per measurement (100…100,000; default 200)")
+    parser.add_argument("--warmup", type=int_in(0, 100_000), default=25, help="untimed calls first (default 25)")
     parser.add_argument("--json", metavar="PATH", help="write results and provenance to this JSON file")
     args = parser.parse_args(argv)
-    if args.runs < 100:
-        parser.error("--runs must be at least 100")
     if args.json:
         try:
             check_writable(args.json)
         except OSError as err:
             parser.error(str(err))
     if not torch.cuda.is_available():
-        sys.exit("kernel_bench needs a CUDA GPU (torch.cuda.is_available() is False); nothing was measured.")
+        sys.exit("bench-interp needs a CUDA GPU (torch.cuda.is_available() is False); nothing was measured.")
     table = torch.randn(576, 1536, generator=torch.Generator().manual_seed(0)).to("cuda", torch.bfloat16)
     if not uses_triton(table):
         sys.exit("the Triton kernel is not used for a CUDA table (Triton missing, or TRITON_INTERPRET is set).")

@@ -72,6 +72,7 @@ from .common import (
 from .serve import MODES, add_serving_args, check_serving_args, make_scheduler, measure_floor
 
 MAX_PROMPTS = 100_000
+MIN_RATE = 0.01  # requests per second: one every 100 s; slower, 100 prompts would take hours
 PIXEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HOST_SHARE = 0.5  # the request bodies are built before timing: at most half of this machine's memory
 Send = Callable[[int], Awaitable["Outcome"]]
@@ -89,15 +90,15 @@ class Outcome:
 
 
 def parse_rates(text: str) -> list[float]:
-    """``"inf"`` or ``"10, 50,inf"`` → request rates per second (math.inf for inf), each > 0."""
+    """``"inf"`` or ``"10, 50,inf"`` → request rates per second (math.inf for inf), each ≥ MIN_RATE."""
     rates = []
     for word in text.replace(",", " ").split():
         try:
             rate = float(word)
         except ValueError:
             raise argparse.ArgumentTypeError(f"request rate {word!r} is not a number or inf") from None
-        if not rate > 0:
-            raise argparse.ArgumentTypeError(f"request rate {word!r} must be > 0 (or inf)")
+        if not rate >= MIN_RATE:
+            raise argparse.ArgumentTypeError(f"request rate {word!r} must be at least {MIN_RATE:g} per second (or inf)")
         rates.append(rate)
     if not rates:
         raise argparse.ArgumentTypeError("no request rate given")

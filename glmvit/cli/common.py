@@ -185,6 +185,22 @@ def check_writable(path: str | Path) -> Path:
     return path
 
 
+def refuse_outputs_over_inputs(parser: argparse.ArgumentParser, outputs: dict[str, str | Path | None],
+                               inputs: dict[str, str | Path | None]) -> None:
+    """A usage error if an output names an input (writing it would destroy what is being read) or two outputs name
+    one file: checked before any work. Keys name the outputs' flags and the inputs ("the --trace input")."""
+    given_out = {flag: Path(p).resolve() for flag, p in outputs.items() if p}
+    seen: dict[Path, str] = {}
+    for flag, path in given_out.items():
+        if path in seen:
+            parser.error(f"{seen[path]} and {flag} name the same file")
+        seen[path] = flag
+    for flag, path in given_out.items():
+        for in_name, given in inputs.items():
+            if given and path == Path(given).resolve():
+                parser.error(f"{flag} {outputs[flag]} is {in_name}: writing it would destroy it")
+
+
 @contextmanager
 def atomic_output(path: str | Path) -> Iterator[BinaryIO]:
     """A binary file to write ``path``'s new contents into. A regular (or new) file: a temporary file beside its

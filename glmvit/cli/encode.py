@@ -50,6 +50,7 @@ from .common import (
     describe,
     model_from_args,
     plural,
+    refuse_outputs_over_inputs,
     resolve_model_args,
     write_json,
 )
@@ -111,7 +112,8 @@ def _first_frame(path: Path) -> tuple[int, tuple[int, int]]:
         raise ValueError(f"{path}: not an image or animation that PIL can decode") from None
     except Image.DecompressionBombError as err:
         raise ValueError(f"{path}: too many pixels ({err})") from None
-    except (OSError, SyntaxError, ValueError, EOFError) as err:  # truncated or corrupt data
+    except (OSError, SyntaxError, ValueError, EOFError, IndexError) as err:  # truncated or corrupt data
+        # (IndexError: PIL counting the frames of an animation cut short)
         raise ValueError(f"{path}: cannot decode it ({err})") from None
 
 
@@ -156,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     resolve_model_args(parser, args)
     outputs = [p for p in (args.out, args.json) if p]
-    if len(outputs) == 2 and outputs[0].resolve() == outputs[1].resolve():
-        parser.error("--out and --json name the same file")
+    refuse_outputs_over_inputs(parser, {"--out": args.out, "--json": args.json},
+                               {f"the input {path}": path for path in args.files})
     try:
         for path in outputs:
             check_writable(path)

@@ -50,6 +50,7 @@ from .common import (
     float_in,
     int_in,
     read_latency_table,
+    refuse_outputs_over_inputs,
     write_atomic,
     write_json,
 )
@@ -119,13 +120,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tup
         if given:
             parser.error(f"{', '.join(given)} with --{flag}: {why}")
     outputs = [Path(p) for p in (args.export, args.json) if p]
-    if len(outputs) == 2 and outputs[0].resolve() == outputs[1].resolve():
-        parser.error("--export and --json name the same file")
-    inputs = {"--trace": args.trace, "--latency-table": args.latency_table if args.latency_table != "none" else None}
-    for out_flag, out in (("--export", args.export), ("--json", args.json)):
-        for in_flag, given in inputs.items():
-            if out and given and Path(out).resolve() == Path(given).resolve():
-                parser.error(f"{out_flag} {out} is the {in_flag} input: writing it would destroy it")
+    table_input = args.latency_table if args.latency_table != "none" else None
+    refuse_outputs_over_inputs(parser, {"--export": args.export, "--json": args.json},
+                               {"the --trace input": args.trace, "the --latency-table input": table_input})
     dtype = str(DTYPES[args.dtype]).removeprefix("torch.")
     try:
         configs = [_budget_config(args.budgets, args, dtype)]

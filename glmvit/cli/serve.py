@@ -125,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests in the server at once, decoding included (default: --max-queue); then 429")
     h.add_argument("--threads", type=int_in(1, 256), default=min(8, os.cpu_count() or 1),
                    help="threads that decode uploads and write answers (default min(8, CPUs))")
+    h.add_argument("--read-timeout", type=float_in(0.1, 3600), default=30.0,
+                   help="seconds a request's body may take to arrive (default 30; later: 408, its place freed)")
     h.add_argument("--shutdown-timeout", type=float_in(0, 3600), default=60.0,
                    help="seconds a drain waits for requests in flight (default 60)")
     h.add_argument("--measure-floor", action=argparse.BooleanOptionalAction, default=True,
@@ -146,7 +148,8 @@ def build_service(args: argparse.Namespace, command: str) -> EncoderService:
              "capture_failed": {str(k): v for k, v in runner.failed.items()} if runner else None,
              "routing": (runner.latency_table.describe() if runner.latency_table else "off: no recorded table for "
                          "this model, mode and GPU (every batch a budget holds replays)") if runner else None}
-    limits = HttpLimits(int(args.max_body_mb * 2**20), args.max_items_per_request, args.max_requests or args.max_queue)
+    limits = HttpLimits(int(args.max_body_mb * 2**20), args.max_items_per_request, args.max_requests or args.max_queue,
+                        args.read_timeout)
     return EncoderService(scheduler, model_metadata(args, model), collect(model.device, command), limits,
                           args.threads, extra, (lambda: runner.stats.as_dict()) if runner else None)
 

@@ -12,9 +12,10 @@ It answers ``200`` with ``application/x-safetensors`` in ``encode --out``'s layo
 ``?dtype=model`` returns the model's dtype instead, half the bytes in bfloat16), with headers ``X-Request-Id``,
 ``X-Queue-Delay-Ms`` (admission to the first batch holding one of its items), ``X-Encode-Ms`` (admission to its
 last item encoded), ``X-Prepare-Ms`` (reading and decoding before admission) and ``X-Batches``. Every error is
-JSON ``{"error": one line, "status": code}``: 400 bad input (naming the item or the file), 413 too large,
-415 another content type, 429 the queue is full (with ``Retry-After``), 503 shutting down, 500 an internal error
-(its traceback goes to the server's log, never to the client). ``GET /health``: JSON about the model, the limits,
+JSON ``{"error": one line, "status": code}``: 400 bad input (naming the item or the file), 408 a body that did not
+arrive within ``read_timeout_s`` (a slow client never keeps its place), 413 too large, 415 another content type,
+429 the queue is full (with ``Retry-After``), 503 shutting down, 500 an internal error (its traceback goes to the
+server's log, never to the client). ``GET /health``: JSON about the model, the limits,
 the floor and the provenance. ``GET /metrics``: Prometheus text, or JSON with ``?format=json``.
 
 :func:`run_server` serves until asked to stop, then drains: it stops listening, answers new requests on open
@@ -40,6 +41,7 @@ from urllib.parse import unquote
 import numpy as np
 import torch
 from aiohttp import BodyPartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
@@ -71,11 +73,13 @@ class BadRequest(ValueError):
 @dataclass(frozen=True)
 class HttpLimits:
     """What one request may hold, and how many requests the server holds at once (reading, decoding, queued or
-    being encoded); past that it answers 429 before reading the body."""
+    being encoded); past that it answers 429 before reading the body. A body must arrive within
+    ``read_timeout_s`` (408 otherwise): a client that sends its headers and stalls frees its place."""
 
     max_body_bytes: int = 64 * 2**20
     max_items: int = 64
     max_requests: int = 256
+    read_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -237,17 +241,29 @@ class EncoderService:
         if request.content_length is not None and request.content_length > self.limits.max_body_bytes:
             raise BadRequest(f"the body has {request.content_length:,} bytes: at most "
                              f"{self.limits.max_body_bytes:,}", 413)
+        if request.content_type != "multipart/form-data" and request.content_type not in PIXEL_TYPES:
+            raise BadRequest(f"content type {request.content_type!r}: send multipart/form-data (files) or "
+                             f"{SAFETENSORS} (pixel_values and grid_thw)", 415)
+        timeout = self.limits.read_timeout_s
+        try:
+            body = await asyncio.wait_for(self._receive(request), timeout)
+        except asyncio.TimeoutError:
+            raise BadRequest(f"the body did not arrive within {timeout:g} s", 408) from None
+        except HttpProcessingError as err:  # a malformed multipart part (its headers)
+            why = " ".join(str(err.message).split()) or type(err).__name__
+            raise BadRequest(f"the multipart body is malformed ({why})") from None
         loop = asyncio.get_running_loop()
         merge_area = self.model.config.merge_area
+        if isinstance(body, list):
+            return await loop.run_in_executor(self.pool, prepare_files, body, merge_area)
+        check = lambda pixels, grids: self.model.check_inputs(pixels, grids, check_finite=False)  # noqa: E731
+        return await loop.run_in_executor(self.pool, prepare_pixels, body, check, merge_area)
+
+    async def _receive(self, request: web.Request) -> list[Upload] | bytes:
+        """The body: a multipart request's files, or a pixel request's bytes."""
         if request.content_type == "multipart/form-data":
-            uploads = await self._read_multipart(request)
-            return await loop.run_in_executor(self.pool, prepare_files, uploads, merge_area)
-        if request.content_type in PIXEL_TYPES:
-            body = await request.read()
-            check = lambda pixels, grids: self.model.check_inputs(pixels, grids, check_finite=False)  # noqa: E731
-            return await loop.run_in_executor(self.pool, prepare_pixels, body, check, merge_area)
-        raise BadRequest(f"content type {request.content_type!r}: send multipart/form-data (files) or "
-                         f"{SAFETENSORS} (pixel_values and grid_thw)", 415)
+            return await self._read_multipart(request)
+        return await request.read()
 
     async def _read_multipart(self, request: web.Request) -> list[Upload]:
         reader = await request.multipart()
