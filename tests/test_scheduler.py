@@ -1,12 +1,14 @@
 """BatchScheduler on CPU (tiny tower, fp32, the runner's emulate backend): many concurrent submitters, each request
 gets exactly its own items back, batches respect the limits, back-pressure, drain and failures are typed.
 
-Why the first test asks for bitwise equality: with one budget every batch the runner runs has the same shape
-(budget·m² rows), so each matmul, norm and the per-segment attention (the CPU default backend) of an item's rows
-runs at the same sizes with the same reduction order whether the rest of the batch holds other requests' items,
-the same request's or padding; rows never reach each other (tests/test_isolation.py). Only other batch shapes
-(another budget, or the eager model on an unpadded batch) change the summation order: there the bound is the one
-tests/test_graphs.py holds the runner to against the forward of each item alone.
+Why the first test holds each item to float32 rounding of itself alone, and no looser: with one budget every batch
+the runner runs has the same shape (budget·m² rows), so each matmul, norm and the per-segment attention (the CPU
+default backend) of an item's rows runs at the same sizes whether the rest of the batch holds other requests' items,
+the same request's or padding; rows never reach each other (tests/test_isolation.py). On most CPUs that is bitwise;
+a BLAS may still sum a row in another order at another row position (the H200 machine's CPU does), so the bound is
+the one tests/test_graphs.py holds the runner to against the forward of each item alone — and another item's output
+is orders of magnitude further away (asserted), so no item can pass for another. Other batch shapes (another
+budget, or the eager model on an unpadded batch) change the summation order everywhere: the same bound.
 """
 import threading
 import time
@@ -74,7 +76,7 @@ def recording(scheduler):
 
 
 @pytest.mark.parametrize("paused", [True, False], ids=["queued-then-run", "live"])
-def test_concurrent_requests_get_exactly_their_own_items_bitwise(tiny_model, paused):
+def test_concurrent_requests_get_exactly_their_own_items(tiny_model, paused):
     requests = [random_request(seed) for seed in range(48)]
     alone = runner_for(tiny_model, ONE_BUDGET)
     expected = [alone.run(*r) for r in requests]
@@ -87,7 +89,11 @@ def test_concurrent_requests_get_exactly_their_own_items_bitwise(tiny_model, pau
     for j, (result, want) in enumerate(zip(results, expected, strict=True)):
         assert len(result.outputs) == len(want), j
         for i, (got, ref) in enumerate(zip(result.outputs, want, strict=True)):
-            assert torch.equal(got, ref), f"request {j} item {i}"
+            torch.testing.assert_close(got, ref, atol=FORWARD_ATOL, rtol=FORWARD_ATOL, msg=f"request {j} item {i}")
+    everyone = [ref for want in expected for ref in want]
+    nearest_other = min((a - b).abs().max().item() for a in everyone for b in everyone
+                        if a is not b and a.shape == b.shape)
+    assert nearest_other > 1e3 * FORWARD_ATOL  # the bound cannot confuse one item's output with another's
     stats = scheduler.stats()
     assert stats["completed"] == len(requests) and stats["failed"] == 0 and stats["outstanding_requests"] == 0
     if paused:  # everything was queued before the worker started: batches must mix requests
@@ -211,7 +217,8 @@ def test_close_finishes_every_admitted_request_and_refuses_new_ones(tiny_model):
     closer.join(TIMEOUT)
     assert not closer.is_alive()
     for request, future in zip(requests, futures, strict=True):
-        assert all(torch.equal(a, b) for a, b in zip(future.result(0).outputs, alone.run(*request), strict=True))
+        for a, b in zip(future.result(0).outputs, alone.run(*request), strict=True):
+            torch.testing.assert_close(a, b, atol=FORWARD_ATOL, rtol=FORWARD_ATOL)  # module docstring: the bound
     assert scheduler.stats()["rejected_closed"] == 1
 
 
@@ -240,7 +247,9 @@ def test_a_failing_batch_fails_only_its_requests(tiny_model):
     for f in futures[:4]:
         with pytest.raises(RuntimeError, match="device lost"):
             f.result(TIMEOUT)
-    assert all(torch.equal(f.result(TIMEOUT).outputs[0], futures[4].result(0).outputs[0]) for f in futures[4:])
+    for f in futures[4:]:  # the same image at two positions of one batch: to float32 rounding (module docstring)
+        torch.testing.assert_close(f.result(TIMEOUT).outputs[0], futures[4].result(0).outputs[0], atol=FORWARD_ATOL,
+                                   rtol=FORWARD_ATOL)
     stats = scheduler.stats()
     assert (stats["failed"], stats["completed"], stats["failed_batches"]) == (4, 2, 1)
     scheduler.close(TIMEOUT)

@@ -133,7 +133,8 @@ def test_concurrent_clients_get_exactly_their_own_items(tiny_model):
             assert status == 200, body
             got = load(body)
             assert len(got) == len(expected[j])
-            assert all(torch.equal(got[f"item_{i}"], ref) for i, ref in enumerate(expected[j])), f"request {j}"
+            for i, ref in enumerate(expected[j]):  # to float32 rounding: tests/test_scheduler.py says why
+                torch.testing.assert_close(got[f"item_{i}"], ref, atol=1e-5, rtol=1e-5, msg=f"request {j} item {i}")
             ids.add(headers["X-Request-Id"])
             assert float(headers["X-Queue-Delay-Ms"]) >= 0
     assert len(ids) == len(requests)
