@@ -4,6 +4,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import socket
 import stat
 import threading
@@ -496,3 +497,101 @@ def test_ctrl_c_is_one_line_and_status_130_with_nothing_written(tmp_path, capsys
     code = exit_code(["encode", "--config", "tiny", "--device", "cpu", "data/images/coffee.jpg", "--out", str(out)])
     assert code == 130 and capsys.readouterr().err == "glmvit encode: interrupted\n"
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+# --- a second hostile pass (2026-12-01, after the re-record): defects whose fixes change glmvit's library code, which
+# the H200 records of aad13a0 describe, so they land with the next re-record; strict, so a fix turns each into an
+# unexpected pass, which fails, and the marker goes with the fix.
+NOT_FIXED_YET = pytest.mark.xfail(strict=True, reason="hostile-pass defect: fixed together with the next re-record")
+
+
+@pytest.mark.parametrize("edit, where", [
+    pytest.param(lambda s: s["budgets"][0].__setitem__("tokens", True), "budgets.0.tokens", marks=NOT_FIXED_YET),
+    pytest.param(lambda s: s["budgets"][0]["layouts"][0].__setitem__("real_tokens", "64"),
+                 "budgets.0.layouts.0.real_tokens", marks=NOT_FIXED_YET),
+    pytest.param(lambda s: s["budgets"][0]["layouts"][0].__setitem__("graph_ms", "1.5"), "budgets.0.layouts.0.graph_ms",
+                 marks=NOT_FIXED_YET),
+    pytest.param(lambda s: s.__setitem__("compiled", "yes"), "compiled", marks=NOT_FIXED_YET),
+    pytest.param(lambda s: s["budgets"][0]["layouts"][0].__setitem__("segment_rows2", 10**400),
+                 "layouts.0.segment_rows2", marks=NOT_FIXED_YET),
+    (lambda s: s["budgets"][0].__setitem__("tokens", 64.7), "budgets.0.tokens"),
+    pytest.param(lambda s: s["budgets"][0]["layouts"][0].__setitem__("graph_p99_ms", 0.001),
+                 "graph_p99_ms 0.001 is below", marks=NOT_FIXED_YET),
+])
+def test_a_latency_sweep_takes_no_lax_number_and_no_p99_below_its_median(edit, where):
+    from glmvit.costmodel import latency_table_from_json
+
+    sweep = json.loads((ROOT / "data" / "bench" / "latency_compiled_h200.json").read_text())
+    edit(sweep)
+    with pytest.raises(ValueError, match=re.escape(where)):
+        latency_table_from_json(sweep, "lax.json")
+
+
+@NOT_FIXED_YET
+def test_the_sweep_schema_bounds_tokens_as_the_table_does():
+    from pydantic import ValidationError
+
+    from glmvit.costmodel import MAX_TABLE_TOKENS
+    from glmvit.records import LatencyBudget
+
+    layout = {"name": "full", "segment_rows2": 0, "graph_ms": 1.0, "eager_ms": 1.0, "graph_p99_ms": 1.0,
+              "eager_p99_ms": 1.0}
+    for tokens, ok in ((MAX_TABLE_TOKENS, True), (MAX_TABLE_TOKENS + 1, False)):
+        budget = {"tokens": tokens, "graph_ms": 1.0, "eager_ms": 1.0, "layouts": [{**layout, "real_tokens": tokens}]}
+        try:
+            LatencyBudget.model_validate(budget)
+            assert ok, tokens
+        except ValidationError:
+            assert not ok, tokens
+
+
+@NOT_FIXED_YET
+def test_ctrl_c_while_a_command_imports_is_one_line(capsys, monkeypatch):
+    import glmvit.cli as cli
+
+    def interrupted(name):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.importlib, "import_module", interrupted)
+    try:
+        code = cli.main(["encode", "x.png"])
+    except KeyboardInterrupt:  # the defect: torch's import, outside the handler, is where Ctrl-C often lands
+        code = None
+    assert code == 130 and capsys.readouterr().err == "glmvit encode: interrupted\n"
+
+
+@NOT_FIXED_YET
+def test_every_cut_of_an_animated_gif_is_checked_or_refused_in_one_line(tmp_path):
+    from glmvit.cli.encode import check_file
+
+    rng = np.random.default_rng(1)
+    frames = [Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)) for _ in range(30)]
+    frames[0].save(tmp_path / "long.gif", save_all=True, append_images=frames[1:], duration=40)
+    data = (tmp_path / "long.gif").read_bytes()
+    cut = tmp_path / "cut.gif"
+    for k in range(len(data) // 2, len(data), max(1, len(data) // 400)):
+        cut.write_bytes(data[:k])
+        try:
+            check_file(cut)
+        except ValueError:
+            pass  # anything else (PIL's struct.error counting frames) is a traceback in encode, a 500 in serve
+
+
+@NOT_FIXED_YET
+@pytest.mark.parametrize("budget", [{"tokens": 1e400}, {"tokens": 64.7}])
+def test_a_plain_latency_table_refuses_a_budget_that_is_not_an_integer(budget):
+    from glmvit.costmodel import latency_table_from_json
+
+    sweep = json.loads((ROOT / "data" / "bench" / "latency_compiled_h200.json").read_text())
+    plain = {"budgets": [{**b, **(budget if i == 0 else {})} for i, b in enumerate(sweep["budgets"])]}
+    with pytest.raises(ValueError):
+        latency_table_from_json(plain, "plain.json")
+
+
+@NOT_FIXED_YET
+def test_an_output_that_is_a_hard_link_to_an_input_is_refused(tmp_path):
+    image = tmp_path / "a.png"
+    Image.new("RGB", (64, 64), (10, 20, 30)).save(image)
+    os.link(image, tmp_path / "b.png")
+    code = exit_code(["encode", "--config", "tiny", "--device", "cpu", str(image), "--out", str(tmp_path / "b.png")])
+    assert code == 2
