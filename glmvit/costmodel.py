@@ -25,11 +25,10 @@ from .packing import (
     Plan,
     positive_int,
 )
-from .records import MAX_RECORD_BYTES, LatencySweep, find_one, parse, staleness
+from .records import MAX_RECORD_BYTES, MAX_TABLE_TOKENS, LatencySweep, PlainLatencyTable, find_one, parse, staleness
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 MIN_BASE_MS = 1e-3  # one microsecond: the least a replay or a forward can cost (a kernel launch)
-MAX_TABLE_TOKENS = 2**20  # far past any context (128K tokens): a larger budget is an error, not a float overflow
 TABLE_MODES = ("graph-compiled", "graph")  # the runner modes a latency sweep measures (compiled first: the default)
 
 
@@ -177,17 +176,16 @@ class LatencyTable:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LatencyTable:
-        try:
-            rows = sorted(data["budgets"], key=lambda r: r["tokens"])
-            if all(r.get("layouts") for r in rows):
-                return _fit(rows, data)
-            columns = ([r["tokens"] for r in rows], [r["graph_ms"] for r in rows], [r["eager_ms"] for r in rows])
-        except (KeyError, TypeError) as err:
-            raise ValueError(f"latency table: expected budgets as [{{tokens, graph_ms, eager_ms}}, ...] ({err!r})") \
-                from None
-        tokens, graph_ms, eager_ms = (tuple(c) for c in columns)
+        """A plain table, ``{"budgets": [{tokens, graph_ms, eager_ms[, graph_p99_ms, eager_p99_ms][, layouts]}]}``,
+        typed as strictly as a recorded sweep (:class:`glmvit.records.PlainLatencyTable`): fitted on its layouts if
+        every budget has them, else read as columns."""
+        table = parse(dict(data), PlainLatencyTable, "latency table").model_dump(mode="json", exclude_none=True)
+        rows = sorted(table["budgets"], key=lambda r: r["tokens"])
+        if all("layouts" in r for r in rows):
+            return _fit(rows, table)
+        tokens, graph_ms, eager_ms = (tuple(r[key] for r in rows) for key in ("tokens", "graph_ms", "eager_ms"))
         p99 = all("graph_p99_ms" in r and "eager_p99_ms" in r for r in rows)
-        return cls(tokens, graph_ms, eager_ms, **_labels(data),
+        return cls(tokens, graph_ms, eager_ms, **_labels(table),
                    graph_p99_ms=tuple(r["graph_p99_ms"] for r in rows) if p99 else None,
                    eager_p99_ms=tuple(r["eager_p99_ms"] for r in rows) if p99 else None)
 
@@ -221,14 +219,9 @@ class LatencyTable:
 
 
 def _labels(data: Mapping[str, Any]) -> dict[str, Any]:
-    provenance = data.get("provenance", {})
-    if not isinstance(provenance, Mapping):
-        raise ValueError(f"latency table: provenance must be an object, got {type(provenance).__name__}")
-    for key in ("dtype", "config"):
-        if key in data and not isinstance(data[key], str):
-            raise ValueError(f"latency table: {key} must be a string, got {data[key]!r}")
+    """The labels of a typed table (a sweep's or a plain table's dump): its dtype, config, provenance, captures."""
     return {"dtype": data.get("dtype", "bfloat16"), "config": data.get("config", "glm41v"),
-            "provenance": dict(provenance), "capture_s": _capture_seconds(data.get("capture", {}))}
+            "provenance": dict(data.get("provenance", {})), "capture_s": _capture_seconds(data.get("capture", {}))}
 
 
 def _fit(rows: list[Mapping[str, Any]], data: Mapping[str, Any]) -> LatencyTable:

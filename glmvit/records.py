@@ -25,7 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .files import read_bounded
 
@@ -121,29 +121,74 @@ class BenchRecord(Record):
     prediction: dict[str, Any] | None = None
 
 
-Milliseconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]  # a measured time: finite, never negative
-Count = Annotated[int, Field(ge=0)]
+M = TypeVar("M", bound=BaseModel)
+
+
+def _p99_not_below_median(times: M) -> M:
+    """``times`` itself, if each P99 it has is at least its median; a ValueError naming the field otherwise."""
+    for mode in ("graph", "eager"):
+        median, p99 = getattr(times, f"{mode}_ms"), getattr(times, f"{mode}_p99_ms")
+        if p99 is not None and p99 < median:
+            raise ValueError(f"{mode}_p99_ms {p99:g} is below its median {mode}_ms {median:g}")
+    return times
+
+
+MAX_TABLE_TOKENS = 2**20  # far past any context (128K tokens): a larger budget is an error, not a float overflow
+# Numbers as JSON writes them (strict): no true for 1, no "64" or "1.5" for a number, no 64.7 for an integer.
+# A measured time is finite and never negative; Σ L² counts patch rows, four to a token.
+Milliseconds = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
+Tokens = Annotated[int, Field(ge=1, le=MAX_TABLE_TOKENS, strict=True)]
+SegmentRows2 = Annotated[int, Field(ge=0, le=(4 * MAX_TABLE_TOKENS) ** 2, strict=True)]
+Limit = Annotated[int, Field(ge=1, strict=True)]
 
 
 class LatencyLayout(_Open):
     """One batch layout of a budget, replayed and run eagerly: medians and P99s of each."""
 
     name: str
-    real_tokens: Annotated[int, Field(ge=1)]
-    segment_rows2: Count
+    real_tokens: Tokens
+    segment_rows2: SegmentRows2
     graph_ms: Milliseconds
     eager_ms: Milliseconds
     graph_p99_ms: Milliseconds
     eager_p99_ms: Milliseconds
 
+    @model_validator(mode="after")
+    def _p99s(self) -> LatencyLayout:
+        return _p99_not_below_median(self)
+
 
 class LatencyBudget(_Open):
     """A budget's layouts, the full one (its real tokens are the budget's) first."""
 
-    tokens: Annotated[int, Field(ge=1)]
+    tokens: Tokens
     graph_ms: Milliseconds
     eager_ms: Milliseconds
     layouts: list[LatencyLayout] = Field(min_length=1)
+
+
+class LatencyRow(_Open):
+    """One budget of a plain latency table: its times, and the layouts they came from if it has them."""
+
+    tokens: Tokens
+    graph_ms: Milliseconds
+    eager_ms: Milliseconds
+    graph_p99_ms: Milliseconds | None = None
+    eager_p99_ms: Milliseconds | None = None
+    layouts: Annotated[list[LatencyLayout], Field(min_length=1)] | None = None
+
+    @model_validator(mode="after")
+    def _p99s(self) -> LatencyRow:
+        return _p99_not_below_median(self)
+
+
+class PlainLatencyTable(_Open):
+    """A latency table without ``kind`` (written by hand or another tool): ``{"budgets": [...]}`` and labels."""
+
+    budgets: list[LatencyRow] = Field(min_length=1)
+    dtype: str = "bfloat16"
+    config: str = "glm41v"
+    provenance: dict[str, Any] = Field(default_factory=dict)
 
 
 class LatencySweep(Record):
@@ -153,9 +198,9 @@ class LatencySweep(Record):
     dtype: str
     config: str
     attn_backend: str
-    compiled: bool
-    max_items: int
-    max_segments: int
+    compiled: Annotated[bool, Field(strict=True)]
+    max_items: Limit
+    max_segments: Limit
     budgets: list[LatencyBudget]
     capture: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
@@ -326,7 +371,7 @@ def describe(record: Record, path: str | Path | None = None, cells: dict[str, st
 # ---------------------------------------------------------------------------------------------------------------
 # Reading and writing
 # ---------------------------------------------------------------------------------------------------------------
-def parse(data: Any, kind: type[R], source: str = "record") -> R:
+def parse(data: Any, kind: type[M], source: str = "record") -> M:
     """``data`` (a decoded JSON object) as a record of type ``kind``; a ValueError naming ``source`` otherwise."""
     expected = kind.model_fields["kind"].default if "kind" in kind.model_fields else None
     if isinstance(data, dict) and expected and data.get("kind") != expected:
@@ -336,7 +381,8 @@ def parse(data: Any, kind: type[R], source: str = "record") -> R:
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "(top level)"
-        raise ValueError(f"{source}: not a valid {expected or 'record'} record ({where}: {first['msg']})") from None
+        what = f"not a valid {expected} record" if expected else "not valid"
+        raise ValueError(f"{source}: {what} ({where}: {first['msg']})") from None
 
 
 def load(path: str | Path, kind: type[R]) -> R:

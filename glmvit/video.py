@@ -166,7 +166,9 @@ def _gif_delays(fp: BinaryIO) -> list[int]:
     _skip_color_table(fp, header[10])
     delays: list[int] = []
     delay = 0
-    while (byte := fp.read(1)) not in (b"", b";"):
+    while (byte := fp.read(1)) != b";":  # the trailer: every GIF ends with it, so a cut one never reaches it
+        if byte == b"":
+            raise ValueError(f"cut short: the file ends inside frame {len(delays) + 1}, before the GIF trailer")
         if byte == b"!":  # extension: label, then data sub-blocks
             label, block = fp.read(1), _sub_block(fp)
             if label == b"\xf9" and len(block) >= 3:
@@ -174,9 +176,7 @@ def _gif_delays(fp: BinaryIO) -> list[int]:
             _skip_sub_blocks(fp)
         elif byte == b",":  # image descriptor, local colour table, LZW code size, image data
             descriptor = fp.read(9)
-            if len(descriptor) < 9:
-                break
-            _skip_color_table(fp, descriptor[8])
+            _skip_color_table(fp, descriptor[8] if len(descriptor) == 9 else 0)
             fp.read(1)
             _skip_sub_blocks(fp)
             delays.append(delay)
@@ -204,6 +204,10 @@ def _webp_delays(fp: BinaryIO) -> list[int]:
     header = fp.read(12)
     if len(header) < 12 or header[:4] != b"RIFF" or header[8:] != b"WEBP":
         raise ValueError("not a WebP header")
+    stated, size = 8 + int.from_bytes(header[4:8], "little"), fp.seek(0, 2)
+    if size < stated:
+        raise ValueError(f"cut short: {size:,} bytes where the RIFF header states {stated:,}")
+    fp.seek(12)
     delays: list[int] = []
     while len(chunk := fp.read(8)) == 8:
         size = int.from_bytes(chunk[4:], "little")

@@ -455,11 +455,16 @@ def test_load_latency_table_round_trip(tmp_path):
 
 @pytest.mark.parametrize("data, message", [
     ({"budgets": [{"tokens": 64, "graph_ms": 1.0, "eager_ms": 2.0}]}, "at least 2 budgets"),
-    ({"budgets": [{"tokens": 64, "graph_ms": 1.0}, {"tokens": 128, "graph_ms": 2, "eager_ms": 3}]}, "expected budgets"),
+    ({"budgets": [{"tokens": 64, "graph_ms": 1.0}, {"tokens": 128, "graph_ms": 2, "eager_ms": 3}]},
+     "budgets.0.eager_ms: Field required"),
     ({"budgets": [{"tokens": 64, "graph_ms": 1, "eager_ms": 2}, {"tokens": 64, "graph_ms": 2, "eager_ms": 3}]},
      "strictly increasing"),
     ({"budgets": [{"tokens": 64, "graph_ms": -1, "eager_ms": 2}, {"tokens": 128, "graph_ms": 2, "eager_ms": 3}]},
+     "budgets.0.graph_ms: Input should be greater than or equal to 0"),
+    ({"budgets": [{"tokens": 64, "graph_ms": 0, "eager_ms": 2}, {"tokens": 128, "graph_ms": 2, "eager_ms": 3}]},
      "positive finite"),
+    ({"budgets": [{"tokens": 64.0, "graph_ms": 1, "eager_ms": 2}, {"tokens": 128, "graph_ms": 2, "eager_ms": 3}]},
+     "budgets.0.tokens: Input should be a valid integer"),
 ])
 def test_bad_latency_tables(data, message):
     with pytest.raises(ValueError, match=message):
@@ -588,11 +593,11 @@ def test_latency_fit_never_gives_a_budget_a_negative_base():
     alone (≈ 229 ms per 10⁶ rows²) would leave the first budget a negative base; attention is capped at the time of
     the replay it is part of (5 ms for 0.2 · 10⁶ rows² here)."""
     def layout(work, ms):
-        return {"segment_rows2": work * 1e6, "graph_ms": ms, "eager_ms": ms, "real_tokens": 16,
-                "graph_p99_ms": ms, "eager_p99_ms": ms}
+        return {"name": f"{work}M", "segment_rows2": int(work * 1e6), "graph_ms": ms, "eager_ms": ms,
+                "real_tokens": 16, "graph_p99_ms": ms, "eager_p99_ms": ms}
 
-    rows = [{"tokens": 16, "eager_ms": 5.0, "layouts": [layout(0.1, 5.0), layout(0.2, 5.0)]},
-            {"tokens": 64, "eager_ms": 5.0, "layouts": [layout(0.1, 5.0), layout(4.0, 900.0)]}]
+    rows = [{"tokens": 16, "graph_ms": 5.0, "eager_ms": 5.0, "layouts": [layout(0.1, 5.0), layout(0.2, 5.0)]},
+            {"tokens": 64, "graph_ms": 450.0, "eager_ms": 5.0, "layouts": [layout(0.1, 5.0), layout(4.0, 900.0)]}]
     table = LatencyTable.from_dict({"budgets": rows})
     assert all(ms > 0 for ms in table.graph_ms) and table.attention_ms == 5.0 / 0.2
 

@@ -59,7 +59,8 @@ def test_a_table_without_the_optional_columns_says_unknown():
     ({"capture": [1, 2]}, "expected capture as"),
     ({"capture": {"64": {"s": 1}}}, "expected capture as"),
     ({"capture": {"64": {"seconds": -1}}}, "capture seconds must be finite numbers"),
-    ({"p99": -1.0}, "times must be positive finite numbers"),
+    ({"p99": -1.0}, "budgets.0.graph_p99_ms: Input should be greater than or equal to 0"),
+    ({"p99": 0.5}, "budgets.0: Value error, graph_p99_ms 0.5 is below its median graph_ms 1"),
 ])
 def test_bad_optional_columns_are_refused(data, message):
     p99 = data.pop("p99", 1.0)

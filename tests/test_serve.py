@@ -293,6 +293,40 @@ def test_a_malformed_part_header_is_a_400_and_a_stalled_body_a_408_that_frees_it
     assert held == 0 and service.responses[500] == 0
 
 
+def test_stalled_headers_are_closed_and_connections_past_the_limit_get_a_503(tiny_model):
+    """Clients that connect and stall inside their headers (slowloris) hold a connection for header_timeout_s at
+    most, and never more than max_connections at once: past that a connection is answered 503 at once, so they
+    cannot use up the server's open files. What aiohttp's own parser refuses is one line of JSON too."""
+    import socket
+    from urllib.parse import urlsplit
+
+    service = service_for(tiny_model, limits=HttpLimits(header_timeout_s=1.0, max_connections=3))
+    with ServerThread(service) as server:
+        where = urlsplit(server.url)
+        stalled = [socket.create_connection((where.hostname, where.port), timeout=TIMEOUT) for _ in range(3)]
+        for sock in stalled:
+            sock.sendall(b"POST /v1/encode HTTP/1.1\r\nHost: x\r\n")  # and never the rest of its headers
+        wait_until(lambda: service.metrics_json()["http"]["connections"] == 3, "three open connections")
+        past = raw_exchange(server.url, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", [])
+        closed = [sock.recv(1) for sock in stalled]  # b"": the server closed it (a timeout here raises)
+        for sock in stalled:
+            sock.close()
+        wait_until(lambda: service.metrics_json()["http"]["connections"] == 0, "the stalled connections closed")
+        oversized = raw_exchange(server.url, b"POST /v1/encode HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                                 + b"1" * 31 + b"\r\n\r\n", [])
+        health = run(get_status(server.url + "/health"))
+    assert past == (503, "the server holds 3 connections already (at most 3); retry later"), past
+    assert closed == [b""] * 3
+    assert oversized[0] == 400 and oversized[1].startswith("malformed HTTP request"), oversized
+    assert health == 200 and service.responses[503] == 1 and service.responses[400] == 1
+    assert service.responses[500] == 0
+
+
+async def get_status(url):
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return response.status
+
+
 def gated(service):
     entered, release, encode = threading.Event(), threading.Event(), service.scheduler._encode
 
@@ -477,6 +511,8 @@ def test_bench_serve_in_process_and_spawned(tmp_path, capsys):
     (["--spawn", "--request-rate", "0"], "must be at least 0.01 per second"),
     (["--spawn", "--request-rate", "1e-300"], "must be at least 0.01 per second"),
     (["--spawn", "--request-rate", "fast"], "is not a number or inf"),
+    (["--spawn", "--request-rate", "1e400"], "too large for a float: write inf"),
+    (["--spawn", "--request-rate", ",".join(["1"] * 17)], "17 request rates: at most 16"),
     (["--in-process", "--modes", "graph,turbo"], "unknown mode(s) ['turbo']"),
     (["--spawn", "--modes", "graph-compiled", "--device", "cpu"], "graph-compiled needs CUDA"),
     ([], "one of the arguments --url --spawn --in-process is required"),

@@ -35,9 +35,8 @@ def main(argv: list[str] | None = None) -> int:
                             help="; ".join(f"{k}: {v[1]}" for k, v in COMMANDS.items()))
         parser.parse_args(argv[:1])
         return 2
-    module = importlib.import_module(COMMANDS[argv[0]][0])
-    try:
-        return module.main(argv[1:]) or 0
+    try:  # the import too: torch's takes seconds, and Ctrl-C often lands there
+        return importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:]) or 0
     except USER_ERRORS as err:
         if os.environ.get("GLMVIT_DEBUG"):
             raise

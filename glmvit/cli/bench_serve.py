@@ -73,6 +73,7 @@ from .serve import MODES, add_serving_args, check_serving_args, make_scheduler, 
 
 MAX_PROMPTS = 100_000
 MIN_RATE = 0.01  # requests per second: one every 100 s; slower, 100 prompts would take hours
+MAX_RATES = 16  # rates in one sweep: each is a full run of --num-prompts requests
 PIXEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HOST_SHARE = 0.5  # the request bodies are built before timing: at most half of this machine's memory
 Send = Callable[[int], Awaitable["Outcome"]]
@@ -99,9 +100,13 @@ def parse_rates(text: str) -> list[float]:
             raise argparse.ArgumentTypeError(f"request rate {word!r} is not a number or inf") from None
         if not rate >= MIN_RATE:
             raise argparse.ArgumentTypeError(f"request rate {word!r} must be at least {MIN_RATE:g} per second (or inf)")
+        if math.isinf(rate) and word.lower().lstrip("+") not in ("inf", "infinity"):
+            raise argparse.ArgumentTypeError(f"request rate {word!r} is too large for a float: write inf for no pacing")
         rates.append(rate)
     if not rates:
         raise argparse.ArgumentTypeError("no request rate given")
+    if len(rates) > MAX_RATES:
+        raise argparse.ArgumentTypeError(f"{len(rates)} request rates: at most {MAX_RATES} in one sweep")
     return rates
 
 

@@ -197,8 +197,16 @@ def refuse_outputs_over_inputs(parser: argparse.ArgumentParser, outputs: dict[st
         seen[path] = flag
     for flag, path in given_out.items():
         for in_name, given in inputs.items():
-            if given and path == Path(given).resolve():
+            if given and (path == Path(given).resolve() or _same_file(path, given)):
                 parser.error(f"{flag} {outputs[flag]} is {in_name}: writing it would destroy it")
+
+
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether two existing paths are one file (a hard link: same device and inode); False if either is missing."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 @contextmanager

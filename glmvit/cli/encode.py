@@ -87,34 +87,35 @@ def _check_file(path: Path) -> str:
     if suffix in VIDEO_SUFFIXES:
         video.probe(path)  # container metadata only; decoding (bounded) comes with processing
         return "video"
-    frames, (width, height) = _first_frame(path)
+    frames, (width, height), fmt = _first_frame(path)
     check_frame_pixels(width, height, str(path))
     try:
         smart_resize(height, width)
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
+    if fmt in video.ANIMATIONS:  # its block structure whole, so that a cut animation is refused, never shortened
+        video.probe(path)
     return "video" if suffix in ANIMATION_SUFFIXES and frames > 1 else "image"
 
 
-def _first_frame(path: Path) -> tuple[int, tuple[int, int]]:
+def _first_frame(path: Path) -> tuple[int, tuple[int, int], str | None]:
     """Decode the first frame (a truncated or corrupt image fails here), once its stated size is known to be within
-    MAX_FRAME_PIXELS; the frame count and the size. An animation's other frames are decoded, within a pixel budget,
-    only when sampled (glmvit.video)."""
+    MAX_FRAME_PIXELS; the frame count, the size and PIL's format. An animation's other frames are decoded, within a
+    pixel budget, only when sampled (glmvit.video)."""
     try:
         with Image.open(path) as im:
             size = im.size
             if size[0] * size[1] <= MAX_FRAME_PIXELS:
                 im.load()
-            return getattr(im, "n_frames", 1), size
+            return getattr(im, "n_frames", 1), size, im.format
     except PermissionError:
         raise ValueError(f"{path}: cannot read it (permission denied)") from None
     except UnidentifiedImageError:
         raise ValueError(f"{path}: not an image or animation that PIL can decode") from None
     except Image.DecompressionBombError as err:
         raise ValueError(f"{path}: too many pixels ({err})") from None
-    except (OSError, SyntaxError, ValueError, EOFError, IndexError) as err:  # truncated or corrupt data
-        # (IndexError: PIL counting the frames of an animation cut short)
-        raise ValueError(f"{path}: cannot decode it ({err})") from None
+    except video.PIL_ERRORS as err:  # truncated or corrupt data, PIL counting an animation's frames included
+        raise ValueError(f"{path}: cannot decode it ({type(err).__name__}: {err})") from None
 
 
 def load(path: Path, kind: str) -> VisionInputs:

@@ -127,6 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="threads that decode uploads and write answers (default min(8, CPUs))")
     h.add_argument("--read-timeout", type=float_in(0.1, 3600), default=30.0,
                    help="seconds a request's body may take to arrive (default 30; later: 408, its place freed)")
+    h.add_argument("--header-timeout", type=float_in(0.1, 3600), default=30.0,
+                   help="seconds a connection may take to send a request's headers, or stay idle between requests "
+                        "(default 30; then it is closed)")
+    h.add_argument("--max-connections", type=int_in(1, 1_000_000), default=1024,
+                   help="open connections at once (default 1024, fewer if ulimit -n is lower); more: 503")
     h.add_argument("--shutdown-timeout", type=float_in(0, 3600), default=60.0,
                    help="seconds a drain waits for requests in flight (default 60)")
     h.add_argument("--measure-floor", action=argparse.BooleanOptionalAction, default=True,
@@ -149,7 +154,7 @@ def build_service(args: argparse.Namespace, command: str) -> EncoderService:
              "routing": (runner.latency_table.describe() if runner.latency_table else "off: no recorded table for "
                          "this model, mode and GPU (every batch a budget holds replays)") if runner else None}
     limits = HttpLimits(int(args.max_body_mb * 2**20), args.max_items_per_request, args.max_requests or args.max_queue,
-                        args.read_timeout)
+                        args.read_timeout, args.header_timeout, args.max_connections)
     return EncoderService(scheduler, model_metadata(args, model), collect(model.device, command), limits,
                           args.threads, extra, (lambda: runner.stats.as_dict()) if runner else None)
 

@@ -12,11 +12,13 @@ It answers ``200`` with ``application/x-safetensors`` in ``encode --out``'s layo
 ``?dtype=model`` returns the model's dtype instead, half the bytes in bfloat16), with headers ``X-Request-Id``,
 ``X-Queue-Delay-Ms`` (admission to the first batch holding one of its items), ``X-Encode-Ms`` (admission to its
 last item encoded), ``X-Prepare-Ms`` (reading and decoding before admission) and ``X-Batches``. Every error is
-JSON ``{"error": one line, "status": code}``: 400 bad input (naming the item or the file), 408 a body that did not
-arrive within ``read_timeout_s`` (a slow client never keeps its place), 413 too large, 415 another content type,
-429 the queue is full (with ``Retry-After``), 503 shutting down, 500 an internal error (its traceback goes to the
-server's log, never to the client). ``GET /health``: JSON about the model, the limits,
-the floor and the provenance. ``GET /metrics``: Prometheus text, or JSON with ``?format=json``.
+JSON ``{"error": one line, "status": code}``: 400 bad input (naming the item or the file) or a request aiohttp's
+HTTP parser refuses, 408 a body that did not arrive within ``read_timeout_s`` (a slow client never keeps its
+place), 413 too large, 415 another content type, 429 the queue is full (with ``Retry-After``), 503 shutting down or
+past ``max_connections`` open connections, 500 an internal error (its traceback goes to the server's log, never to
+the client). A connection whose request headers take longer than ``header_timeout_s`` is closed. ``GET /health``:
+JSON about the model, the limits, the floor and the provenance. ``GET /metrics``: Prometheus text, or JSON with
+``?format=json``.
 
 :func:`run_server` serves until asked to stop, then drains: it stops listening, answers new requests on open
 connections with 503, lets every request in flight finish (up to ``shutdown_timeout``), then closes the scheduler.
@@ -27,13 +29,16 @@ from __future__ import annotations
 import asyncio
 import collections
 import hashlib
+import json
 import logging
+import resource
 import signal
 import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from http import HTTPStatus
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 from urllib.parse import unquote
@@ -74,12 +79,17 @@ class BadRequest(ValueError):
 class HttpLimits:
     """What one request may hold, and how many requests the server holds at once (reading, decoding, queued or
     being encoded); past that it answers 429 before reading the body. A body must arrive within
-    ``read_timeout_s`` (408 otherwise): a client that sends its headers and stalls frees its place."""
+    ``read_timeout_s`` (408 otherwise): a client that sends its headers and stalls frees its place. A connection
+    whose request headers have not all arrived within ``header_timeout_s`` of its opening (or of its last answer)
+    is closed; past ``max_connections`` open connections a new one gets 503 and is closed at once, so clients
+    that connect and stall can never use up the process's open files."""
 
     max_body_bytes: int = 64 * 2**20
     max_items: int = 64
     max_requests: int = 256
     read_timeout_s: float = 30.0
+    header_timeout_s: float = 30.0
+    max_connections: int = 1024
 
 
 @dataclass(frozen=True)
@@ -178,6 +188,7 @@ class EncoderService:
         self.in_server = 0
         self.responses: collections.Counter[int] = collections.Counter()
         self.url: str | None = None
+        self.server: web.Server | None = None  # aiohttp's, once run_server listens: its open connections
         self.app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[self._errors])
         self.app.router.add_post("/v1/encode", self.encode)
         self.app.router.add_get("/health", self.health)
@@ -296,13 +307,13 @@ class EncoderService:
         return web.json_response({
             "status": "draining" if self.draining else "ok", "mode": self.scheduler.mode, "url": self.url,
             "vision_config": vars(self.model.config), **self.info,
-            "limits": {"max_body_bytes": limits.max_body_bytes, "max_items": limits.max_items,
-                       "max_requests": limits.max_requests},
+            "limits": asdict(limits),
             "scheduler": scheduler, **self.extra_health, "provenance": self.provenance,
         })
 
     def metrics_json(self) -> dict[str, Any]:
-        return {"http": {"in_server": self.in_server, "draining": self.draining,
+        connections = len(self.server.connections) if self.server else 0
+        return {"http": {"in_server": self.in_server, "connections": connections, "draining": self.draining,
                          "responses": {str(k): v for k, v in sorted(self.responses.items())}},
                 "scheduler": self.scheduler.stats(), "runner": self.runner_stats() if self.runner_stats else None}
 
@@ -315,6 +326,7 @@ class EncoderService:
                  "# TYPE glmvit_http_responses_total counter"]
         lines += [f'glmvit_http_responses_total{{status="{k}"}} {v}' for k, v in data["http"]["responses"].items()]
         lines += _prometheus("http_requests_in_server", self.in_server, "requests read, decoded, queued or running")
+        lines += _prometheus("http_connections", data["http"]["connections"], "open connections")
         for key, help_text in (("submitted", "requests admitted"), ("completed", "requests answered"),
                                ("failed", "requests failed"), ("batches", "batches run"), ("items", "items encoded"),
                                ("tokens", "output tokens encoded"), ("mixed_batches", "batches of several requests"),
@@ -341,6 +353,71 @@ class EncoderService:
         self.pool.shutdown(wait=True)
 
 
+class _JsonErrors(web.RequestHandler):
+    """aiohttp's connection handler, except that a request its HTTP parser refuses (a malformed request line, a
+    Content-Length of 10³⁰) is answered, counted and logged as every other error: one line of JSON, one log line."""
+
+    def __init__(self, manager: web.Server, responses: collections.Counter[int], **kwargs: Any):
+        super().__init__(manager, **kwargs)
+        self.responses = responses
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if request.writer.output_size > 0:  # as aiohttp's: an answer has begun, so the connection is broken
+            raise ConnectionError("an answer was being sent when the request failed")
+        why = " ".join((message or HTTPStatus(status).phrase).split())[:200]
+        log.warning("refused a malformed HTTP request from %s: %s", request.remote, why)
+        self.responses[status] += 1
+        response = error_response(status, f"malformed HTTP request: {why}")
+        response.force_close()
+        return response
+
+
+class _Busy(asyncio.Protocol):
+    """A connection past the limit: a JSON 503 and the socket closed, before anything is read from it."""
+
+    def __init__(self, answer: bytes):
+        self.answer = answer
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(self.answer)
+        transport.close()
+
+
+class _Connections:
+    """The listening socket's protocol factory: a :class:`_JsonErrors` handler for each of up to ``limit`` open
+    connections (a burst of accepts may pass it by the listen backlog), a :class:`_Busy` past that."""
+
+    def __init__(self, server: web.Server, service: EncoderService, limit: int):
+        self.server, self.service, self.limit = server, service, limit
+        self.loop = asyncio.get_running_loop()
+        body = json.dumps({"error": f"the server holds {limit} connections already (at most {limit}); retry later",
+                           "status": 503}).encode()
+        self.busy = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json; charset=utf-8\r\n"
+                     b"Content-Length: %d\r\nRetry-After: 1\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+
+    def __call__(self) -> asyncio.Protocol:
+        if len(self.server.connections) >= self.limit:
+            self.service.responses[503] += 1
+            return _Busy(self.busy)
+        return _JsonErrors(self.server, self.service.responses, loop=self.loop, access_log=None,
+                           keepalive_timeout=self.service.limits.header_timeout_s)
+
+
+FD_RESERVE = 128  # open files kept for all but connections: the model's, uploads' temporary files, the log's
+
+
+def connection_limit(wanted: int) -> int:
+    """``wanted`` connections, fewer if this process may not open that many files besides FD_RESERVE."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or wanted <= soft - FD_RESERVE:
+        return wanted
+    limit = max(1, soft - FD_RESERVE)
+    log.warning("at most %d connections, not %d: this process may open %d files (ulimit -n)", limit, wanted, soft)
+    return limit
+
+
 def format_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
@@ -350,16 +427,18 @@ async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int
                      handle_signals: bool = False) -> None:
     """Serve ``service`` until ``stop`` is set (or SIGINT/SIGTERM with ``handle_signals``), then drain (module
     docstring). ``on_ready`` gets the URL once the socket listens (port 0: an ephemeral port)."""
-    runner = web.AppRunner(service.app, handle_signals=False, shutdown_timeout=shutdown_timeout, access_log=None)
+    runner = web.AppRunner(service.app, handle_signals=False, shutdown_timeout=shutdown_timeout)
     await runner.setup()
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
     signals = (signal.SIGINT, signal.SIGTERM) if handle_signals else ()
+    listener: asyncio.Server | None = None
     try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound = runner.addresses[0]
-        service.url = format_url(host, bound[1])
+        assert runner.server is not None
+        service.server = runner.server
+        factory = _Connections(runner.server, service, connection_limit(service.limits.max_connections))
+        listener = await loop.create_server(factory, host, port, reuse_address=True)
+        service.url = format_url(host, listener.sockets[0].getsockname()[1])
         for sig in signals:
             loop.add_signal_handler(sig, stop.set)
         if on_ready:
@@ -369,7 +448,9 @@ async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int
         for sig in signals:  # a second signal acts as usual (ends the process)
             loop.remove_signal_handler(sig)
         service.begin_drain()
-        await runner.cleanup()  # stop listening, close idle connections, wait for the handlers in flight
+        if listener is not None:
+            listener.close()  # stop listening
+        await runner.cleanup()  # close idle connections, wait for the handlers in flight
         await loop.run_in_executor(None, service.close, shutdown_timeout)
 
 
