@@ -162,10 +162,11 @@ def test_bad_modes():
 
 def test_compile_is_skipped_on_cpu(tmp_path):
     path = tmp_path / "b.json"
-    assert main([*CPU_ARGS, "--workload", "img1x224", "--num-requests", "1", "--modes", "eager,compile",
-                 "--json", str(path)]) == 0
+    assert main([*CPU_ARGS, "--workload", "img1x224", "--num-requests", "1", "--modes",
+                 "eager,compile,transformers-compiled", "--json", str(path)]) == 0
     r = json.loads(path.read_text())
-    assert list(r["modes"]) == ["eager"] and "CUDA" in r["skipped"]["compile"]
+    assert list(r["modes"]) == ["eager"]
+    assert all("CUDA" in r["skipped"][m] for m in ("compile", "transformers-compiled"))
 
 
 def test_latency_table_loads(tmp_path, monkeypatch):

@@ -48,6 +48,10 @@ class Job:
         return [DATA / out for out in self.outputs]
 
 
+# the fixed workloads the peer ratio is taken on: transformers compiled once for their one shape
+PEER_MODES = "transformers,transformers-compiled,eager,graph,graph-compiled"
+
+
 def _bench(name: str, workload: str, requests: int, *extra: str, modes: str = "transformers,eager,graph,"
            "graph-compiled", estimate: float = 45.0) -> Job:
     out = f"bench/{name}_h200.json"
@@ -69,7 +73,7 @@ JOBS: tuple[Job, ...] = (  # in priority order: the sweeps the benchmarks route 
     Job("latency_compiled", "sweeps", ("-m", "glmvit", "latency", "--compile", "--budgets", LADDER, "--runs", "8",
                                        "--warmup", "2", "--quiet", "--json", "data/bench/latency_compiled_h200.json"),
         ("bench/latency_compiled_h200.json",), 90),
-    _bench("img1x224", "img1x224", 200, "--transformers-requests", "20"),
+    _bench("img1x224", "img1x224", 200, "--transformers-requests", "20", modes=PEER_MODES, estimate=90),
     _bench("mixed_img", "mixed-img", 300, "--transformers-requests", "40", estimate=70),
     _bench("mixed_av", "mixed-av", 300, "--transformers-requests", "40", estimate=70),
     Job("kernels", "sweeps", ("-m", "glmvit", "kernels", "--quiet", "--json", "data/bench/kernels_h200.json"),
@@ -81,7 +85,7 @@ JOBS: tuple[Job, ...] = (  # in priority order: the sweeps the benchmarks route 
     _bench("img4x224", "img4x224", 150, "--transformers-requests", "20"),
     _bench("video8x224", "video8x224", 150, "--transformers-requests", "20"),
     _bench("video2x8x224", "video2x8x224", 150, "--transformers-requests", "20"),
-    _bench("img8x448", "img8x448", 80, "--transformers-requests", "10", estimate=50),
+    _bench("img8x448", "img8x448", 80, "--transformers-requests", "10", modes=PEER_MODES, estimate=100),
     _bench("seed_img1x224", "img1x224", 150, *SEED_CONFIG, modes="eager,graph,graph-compiled", estimate=30),
     _bench("seed_video8x224", "video8x224", 150, *SEED_CONFIG, modes="eager,graph,graph-compiled", estimate=30),
     # the seed's serve run (vLLM PR 40576: 8-frame 224² clips, one per request, 100 requests, rate inf), per mode
