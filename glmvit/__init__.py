@@ -4,24 +4,32 @@ The public API::
 
     from glmvit import (VisionConfig, GlmVisionEncoder, load_vision_weights, EncoderGraphRunner, BudgetConfig,
                         process_images, process_video)
-"""
-from typing import Any
 
-from .config import VisionConfig
-from .graphs import EncoderGraphRunner
-from .model import GlmVisionEncoder
-from .packing import BudgetConfig
-from .weights import load_vision_weights
+Each name is imported on first use (:func:`__getattr__`), so ``import glmvit`` costs nothing until then: torch's
+import takes seconds, and ``python -m glmvit`` must be inside its Ctrl-C handler (:mod:`glmvit.cli`) before it
+begins. transformers' image processor, behind ``process_images`` / ``process_video``, loads later still.
+"""
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import VisionConfig
+    from .graphs import EncoderGraphRunner
+    from .model import GlmVisionEncoder
+    from .packing import BudgetConfig
+    from .processing import process_images, process_video
+    from .weights import load_vision_weights
 
 __all__ = ["VisionConfig", "GlmVisionEncoder", "EncoderGraphRunner", "BudgetConfig", "load_vision_weights",
            "process_images", "process_video"]
 __version__ = "0.1.0"
+_MODULES = {"VisionConfig": "config", "GlmVisionEncoder": "model", "EncoderGraphRunner": "graphs",
+            "BudgetConfig": "packing", "load_vision_weights": "weights", "process_images": "processing",
+            "process_video": "processing"}
 
 
 def __getattr__(name: str) -> Any:
-    """process_images / process_video load transformers' image processor: imported on first use only."""
-    if name in ("process_images", "process_video"):
-        from . import processing
-
-        return getattr(processing, name)
+    """A public name, imported from its module on first use."""
+    if name in _MODULES:
+        return getattr(import_module(f".{_MODULES[name]}", __name__), name)
     raise AttributeError(f"module 'glmvit' has no attribute {name!r}")

@@ -25,7 +25,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator, with_config
+from typing_extensions import Required, TypedDict
 
 from .files import read_bounded
 
@@ -135,11 +136,21 @@ def _p99_not_below_median(times: M) -> M:
 
 MAX_TABLE_TOKENS = 2**20  # far past any context (128K tokens): a larger budget is an error, not a float overflow
 # Numbers as JSON writes them (strict): no true for 1, no "64" or "1.5" for a number, no 64.7 for an integer.
-# A measured time is finite and never negative; Σ L² counts patch rows, four to a token.
-Milliseconds = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
+# A measured time is finite, never negative, and under 10⁹ ms (11 days: the fit's arithmetic stays far from
+# overflow); Σ L² counts patch rows, four to a token.
+Milliseconds = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False, strict=True)]
+Seconds = Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False, strict=True)]
 Tokens = Annotated[int, Field(ge=1, le=MAX_TABLE_TOKENS, strict=True)]
 SegmentRows2 = Annotated[int, Field(ge=0, le=(4 * MAX_TABLE_TOKENS) ** 2, strict=True)]
 Limit = Annotated[int, Field(ge=1, strict=True)]
+BudgetKey = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,6}$")]  # a budget as a JSON object's key: "64"
+
+
+@with_config(ConfigDict(extra="allow"))
+class CaptureTime(TypedDict, total=False):
+    """One budget's capture in a latency table: its seconds, and whatever else the capture recorded (a dict)."""
+
+    seconds: Required[Seconds]
 
 
 class LatencyLayout(_Open):
@@ -158,6 +169,13 @@ class LatencyLayout(_Open):
         return _p99_not_below_median(self)
 
 
+def _check_layouts_fit(tokens: int, layouts: list[LatencyLayout] | None) -> None:
+    """A ValueError if a layout holds more real tokens than its budget."""
+    for k, layout in enumerate(layouts or ()):
+        if layout.real_tokens > tokens:
+            raise ValueError(f"layout {k} holds {layout.real_tokens} real tokens, more than its budget's {tokens}")
+
+
 class LatencyBudget(_Open):
     """A budget's layouts, the full one (its real tokens are the budget's) first."""
 
@@ -165,6 +183,11 @@ class LatencyBudget(_Open):
     graph_ms: Milliseconds
     eager_ms: Milliseconds
     layouts: list[LatencyLayout] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _fits(self) -> LatencyBudget:
+        _check_layouts_fit(self.tokens, self.layouts)
+        return self
 
 
 class LatencyRow(_Open):
@@ -178,7 +201,10 @@ class LatencyRow(_Open):
     layouts: Annotated[list[LatencyLayout], Field(min_length=1)] | None = None
 
     @model_validator(mode="after")
-    def _p99s(self) -> LatencyRow:
+    def _checks(self) -> LatencyRow:
+        if (self.graph_p99_ms is None) != (self.eager_p99_ms is None):
+            raise ValueError("graph_p99_ms and eager_p99_ms come together: give both or neither")
+        _check_layouts_fit(self.tokens, self.layouts)
         return _p99_not_below_median(self)
 
 
@@ -189,6 +215,14 @@ class PlainLatencyTable(_Open):
     dtype: str = "bfloat16"
     config: str = "glm41v"
     provenance: dict[str, Any] = Field(default_factory=dict)
+    capture: dict[BudgetKey, CaptureTime] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _p99_everywhere_or_nowhere(self) -> PlainLatencyTable:
+        if len({r.graph_p99_ms is None for r in self.budgets}) > 1:
+            raise ValueError("P99 columns on some budgets only: give graph_p99_ms and eager_p99_ms for every "
+                             "budget or for none")
+        return self
 
 
 class LatencySweep(Record):
@@ -202,7 +236,7 @@ class LatencySweep(Record):
     max_items: Limit
     max_segments: Limit
     budgets: list[LatencyBudget]
-    capture: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    capture: dict[BudgetKey, CaptureTime] = Field(default_factory=dict)
 
     @property
     def mode(self) -> str:

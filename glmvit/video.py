@@ -159,7 +159,10 @@ def _probe_animation(path: Path, fmt: str) -> VideoInfo:
 
 
 def _gif_delays(fp: BinaryIO) -> list[int]:
-    """Each GIF frame's delay in ms (0 without a graphic control extension), as PIL sets ``info["duration"]``."""
+    """Each GIF frame's delay in ms (0 without a graphic control extension), as PIL sets ``info["duration"]``.
+
+    Stricter than PIL, which skips bytes it does not know: every block must start with an introducer (``!``, ``,``)
+    and the file must reach its trailer (``;``), so a cut or corrupt file is refused, never read in part."""
     header = fp.read(13)
     if len(header) < 13 or not header.startswith(b"GIF"):
         raise ValueError("not a GIF header")
@@ -170,17 +173,18 @@ def _gif_delays(fp: BinaryIO) -> list[int]:
         if byte == b"":
             raise ValueError(f"cut short: the file ends inside frame {len(delays) + 1}, before the GIF trailer")
         if byte == b"!":  # extension: label, then data sub-blocks
-            label, block = fp.read(1), _sub_block(fp)
+            label, block = fp.read(1), _sub_blocks(fp)
             if label == b"\xf9" and len(block) >= 3:
                 delay = int.from_bytes(block[1:3], "little") * 10
-            _skip_sub_blocks(fp)
         elif byte == b",":  # image descriptor, local colour table, LZW code size, image data
             descriptor = fp.read(9)
             _skip_color_table(fp, descriptor[8] if len(descriptor) == 9 else 0)
             fp.read(1)
-            _skip_sub_blocks(fp)
+            _sub_blocks(fp)
             delays.append(delay)
             delay = 0
+        else:
+            raise ValueError(f"corrupt: byte {byte[0]:#04x} at offset {fp.tell() - 1:,} starts no GIF block")
     return delays
 
 
@@ -189,14 +193,15 @@ def _skip_color_table(fp: BinaryIO, flags: int) -> None:
         fp.seek(3 << ((flags & 7) + 1), 1)
 
 
-def _sub_block(fp: BinaryIO) -> bytes:
-    size = fp.read(1)
-    return fp.read(size[0]) if size else b""
-
-
-def _skip_sub_blocks(fp: BinaryIO) -> None:
+def _sub_blocks(fp: BinaryIO) -> bytes:
+    """Read a chain of data sub-blocks up to its terminator (or the end of the file); its first block's bytes."""
+    first = None
     while (size := fp.read(1)) not in (b"", b"\x00"):
-        fp.seek(size[0], 1)
+        if first is None:
+            first = fp.read(size[0])
+        else:
+            fp.seek(size[0], 1)
+    return first or b""
 
 
 def _webp_delays(fp: BinaryIO) -> list[int]:

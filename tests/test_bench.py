@@ -5,6 +5,7 @@ Performance is measured by the benchmark, never asserted here: only structure an
 import contextlib
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from glmvit.geometry import grid_for
 from glmvit.random_weights import random_encoder
 from glmvit.workloads import PRESETS, parse_bucket_config
 
+ROOT = Path(__file__).resolve().parents[1]
 CPU_ARGS = ["--device", "cpu", "--config", "tiny", "--num-requests", "3", "--warmup", "1", "--quiet", "--threads", "1"]
 
 
@@ -158,6 +160,33 @@ def test_bad_modes():
     assert parse_modes("transformers, eager,graph-emulated") == ["transformers", "eager", "graph"]
     with pytest.raises(ValueError, match="unknown mode 'fast'"):
         parse_modes("eager,fast")
+
+
+@pytest.mark.gpu
+def test_bench_times_transformers_compiled_as_the_peer(tmp_path, monkeypatch):
+    """``--modes transformers,transformers-compiled``: the compiled peer runs, replays, and answers what transformers
+    answers. fp32 on the tiny tower without TF32: inductor sums in another order, so the two differ by float32
+    rounding through two blocks (about 1e-6 of outputs of size ~1); 1e-4 leaves that a hundredfold."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    path = tmp_path / "peer.json"
+    assert main(["--device", "cuda", "--config", "tiny", "--dtype", "float32", "--workload", "img1x224",
+                 "--num-requests", "4", "--warmup", "3", "--quiet", "--modes", "transformers,transformers-compiled",
+                 "--json", str(path)]) == 0
+    record = json.loads(path.read_text())
+    assert list(record["modes"]) == ["transformers", "transformers-compiled"] and not record["skipped"]
+    assert record["accuracy"]["transformers-compiled"]["vs_transformers"]["max_abs_diff"] < 1e-4
+    assert record["ratios"]["transformers-compiled"]["transformers"] > 0
+
+
+def test_json_naming_a_tables_input_is_refused_before_any_work(tmp_path, capsys):
+    table = tmp_path / "t.json"
+    table.write_bytes((ROOT / "data" / "bench" / "latency_h200.json").read_bytes())
+    before = table.read_bytes()
+    with pytest.raises(SystemExit) as exc:
+        main([*CPU_ARGS, "--modes", "eager,graph", "--tables", f"graph={table}", "--json", str(table)])
+    assert exc.value.code == 2 and "is the --tables graph input" in capsys.readouterr().err
+    assert table.read_bytes() == before
 
 
 def test_compile_is_skipped_on_cpu(tmp_path):

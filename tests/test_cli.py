@@ -511,6 +511,10 @@ def test_ctrl_c_is_one_line_and_status_130_with_nothing_written(tmp_path, capsys
     (lambda s: s["budgets"][0].__setitem__("tokens", 64.7), "budgets.0.tokens"),
     (lambda s: s["budgets"][0]["layouts"][0].__setitem__("graph_p99_ms", 0.001), "graph_p99_ms 0.001 is below"),
     (lambda s: s.__setitem__("max_items", 0), "max_items"),
+    (lambda s: s["budgets"][0]["layouts"][0].__setitem__("graph_ms", 1.7e308), "budgets.0.layouts.0.graph_ms"),
+    (lambda s: s["budgets"][0]["layouts"][0].__setitem__("real_tokens", 2**20), "holds 1048576 real tokens"),
+    (lambda s: next(iter(s["capture"].values())).__setitem__("seconds", 10**400), ".seconds"),
+    (lambda s: next(iter(s["capture"].values())).__setitem__("seconds", True), ".seconds"),
 ])
 def test_a_latency_sweep_takes_no_lax_number_and_no_p99_below_its_median(edit, where):
     from glmvit.costmodel import latency_table_from_json
@@ -550,6 +554,43 @@ def test_ctrl_c_while_a_command_imports_is_one_line(capsys, monkeypatch):
     except KeyboardInterrupt:  # the defect: torch's import, outside the handler, is where Ctrl-C often lands
         code = None
     assert code == 130 and capsys.readouterr().err == "glmvit encode: interrupted\n"
+
+
+def test_a_gif_is_read_block_by_block_as_the_format_says(tmp_path):
+    """An empty extension (a comment with no data) is valid and reads as PIL reads it; a byte that starts no
+    block is corruption, refused in one line, where PIL would skip it and could lose its place."""
+    from glmvit.cli.encode import check_file
+
+    frames = [Image.new("RGB", (32, 32), (40 * k, 0, 0)) for k in range(3)]
+    frames[0].save(tmp_path / "a.gif", save_all=True, append_images=frames[1:], duration=40)
+    data = (tmp_path / "a.gif").read_bytes()
+    table = 3 << ((data[10] & 7) + 1) if data[10] & 0x80 else 0  # the global colour table after the header
+    (tmp_path / "comment.gif").write_bytes(data[: 13 + table] + b"!\xfe\x00" + data[13 + table :])
+    (tmp_path / "stray.gif").write_bytes(data[: 13 + table] + b"\x07" + data[13 + table :])
+    assert check_file(tmp_path / "comment.gif") == "video" and Image.open(tmp_path / "comment.gif").n_frames == 3
+    with pytest.raises(ValueError, match="byte 0x07 at offset .* starts no GIF block"):
+        check_file(tmp_path / "stray.gif")
+
+
+def test_ctrl_c_during_torchs_import_in_a_real_process_is_one_line(tmp_path):
+    """``python -m glmvit`` with SIGINT sent while torch is being imported (its library is mapped into the
+    process, the command is not yet running): one line and exit 130. ``import glmvit`` itself imports nothing
+    heavy, so the handler is in place before torch's import begins."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    Image.new("RGB", (64, 64)).save(tmp_path / "a.png")
+    proc = subprocess.Popen([sys.executable, "-m", "glmvit", "encode", "--config", "tiny", "--device", "cpu",
+                             str(tmp_path / "a.png")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT)
+    maps, deadline = Path(f"/proc/{proc.pid}/maps"), time.monotonic() + 120
+    while proc.poll() is None and "libtorch" not in maps.read_text() and time.monotonic() < deadline:
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err) == (130, "glmvit encode: interrupted\n")
 
 
 @pytest.mark.parametrize("suffix", [".gif", ".webp"])

@@ -276,18 +276,26 @@ def raw_exchange(url, head, body_parts, pause_s=0.0):
 
 
 def test_a_malformed_part_header_is_a_400_and_a_stalled_body_a_408_that_frees_its_place(tiny_model):
+    import socket
+    from urllib.parse import urlsplit
+
     service = service_for(tiny_model, limits=HttpLimits(read_timeout_s=0.5))
     body = (b"--b\r\nContent-Disposition: form-data; name=\"f\"; filename=\"a.png\"\r\nno colon here\r\n\r\n"
             b"data\r\n--b--\r\n")
     head = (b"POST /v1/encode HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
             b"Content-Length: %d\r\n\r\n")
     with ServerThread(service) as server:
+        where = urlsplit(server.url)
         malformed = raw_exchange(server.url, head % len(body), [body])
         pixels = pixel_body(*random_request(3))
         stalled = raw_exchange(server.url, b"POST /v1/encode HTTP/1.1\r\nHost: x\r\nContent-Type: "
                                b"application/x-safetensors\r\nContent-Length: %d\r\n\r\n" % len(pixels),
                                [pixels[:100], pixels[100:]], pause_s=2.0)
         held = service.in_server
+        with socket.create_connection((where.hostname, where.port), timeout=TIMEOUT) as sock:  # leaves mid-body
+            sock.sendall(b"POST /v1/encode HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-safetensors\r\n"
+                         b"Content-Length: 100000\r\n\r\n" + pixels[:100])
+        wait_until(lambda: service.responses[400] == 2, "the dropped upload answered as a bad request")
     assert malformed[0] == 400 and "multipart body is malformed" in malformed[1], malformed
     assert stalled == (408, "the body did not arrive within 0.5 s"), stalled
     assert held == 0 and service.responses[500] == 0

@@ -24,7 +24,7 @@ The floor of a request is max(FLOPs / measured matmul rate, weight bytes / measu
 in the same run on the same device; FLOPs are analytic (:func:`glmvit.floor.encoder_flops`). Examples::
 
     python -m glmvit bench --workload img1x224 --num-requests 200 --json data/bench/img1x224_h200.json
-    python -m glmvit bench --workload mixed-img --num-requests 500 --predict data/bench/latency_h200.json
+    python -m glmvit bench --workload mixed-img --num-requests 500 --tables graph=data/bench/latency_h200.json
     python -m glmvit bench --bucket-config "{(224, 224, 1): 0.7, (448, 448, 1): 0.3}" --items-per-request 2
 
 Why one module of this length: the modes, the timed loop and the report are one command, with its CLI.
@@ -71,6 +71,7 @@ from .common import (
     int_in,
     model_from_args,
     read_latency_table,
+    refuse_outputs_over_inputs,
     resolve_model_args,
     write_record,
 )
@@ -490,6 +491,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     """Every value checked before any work: one line and exit 2 for a bad one. The workload is drawn here once
     to refuse what cannot run (no items, budgets that do not fit it, pixels that do not fit the device)."""
     resolve_model_args(parser, args)
+    given = [] if args.tables in ("auto", "off") else \
+        [(mode.strip(), path.strip()) for mode, _, path in (part.partition("=") for part in args.tables.split(","))]
+    refuse_outputs_over_inputs(parser, {"--json": args.json}, {f"the --tables {m} input": p for m, p in given})
     device = torch.device(args.device)
     if args.matmul_size and args.matmul_size > MAX_MATMUL[device.type]:
         parser.error(f"--matmul-size {args.matmul_size:,}: at most {MAX_MATMUL[device.type]:,} on {device.type}")
@@ -499,12 +503,10 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             check_backend(args.attn_backend, device, DTYPES[args.dtype])
         if args.json:
             check_writable(args.json)
-        if args.tables not in ("auto", "off"):
-            for part in args.tables.split(","):
-                mode, _, path = part.partition("=")
-                table = read_latency_table(path.strip())
-                if table.mode not in (None, mode.strip()):
-                    raise ValueError(f"--tables {part}: {table.describe()} measured {table.mode}, not {mode.strip()}")
+        for mode, path in given:
+            table = read_latency_table(path)
+            if table.mode not in (None, mode):
+                raise ValueError(f"--tables {mode}={path}: {table.describe()} measured {table.mode}, not {mode}")
         _check_workload(args, device)
     except (ValueError, OSError) as err:
         parser.error(str(err))

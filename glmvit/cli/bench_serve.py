@@ -56,7 +56,7 @@ from ..floor import flops_breakdown
 from ..provenance import collect
 from ..records import Fingerprint, ServeRecord, fingerprint_now, make
 from ..scheduler import BatchScheduler, QueueFull, SchedulerClosed
-from ..workloads import PRESETS, random_batch, random_mm_workload
+from ..workloads import PRESETS, random_batch, random_mm_workload, shown
 from .common import (
     Parser,
     add_model_args,
@@ -94,14 +94,15 @@ def parse_rates(text: str) -> list[float]:
     """``"inf"`` or ``"10, 50,inf"`` → request rates per second (math.inf for inf), each ≥ MIN_RATE."""
     rates = []
     for word in text.replace(",", " ").split():
+        what = f"request rate {shown(word, 40)}"
         try:
             rate = float(word)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"request rate {word!r} is not a number or inf") from None
+            raise argparse.ArgumentTypeError(f"{what} is not a number or inf") from None
         if not rate >= MIN_RATE:
-            raise argparse.ArgumentTypeError(f"request rate {word!r} must be at least {MIN_RATE:g} per second (or inf)")
+            raise argparse.ArgumentTypeError(f"{what} must be at least {MIN_RATE:g} per second (or inf)")
         if math.isinf(rate) and word.lower().lstrip("+") not in ("inf", "infinity"):
-            raise argparse.ArgumentTypeError(f"request rate {word!r} is too large for a float: write inf for no pacing")
+            raise argparse.ArgumentTypeError(f"{what} is too large for a float: write inf for no pacing")
         rates.append(rate)
     if not rates:
         raise argparse.ArgumentTypeError("no request rate given")

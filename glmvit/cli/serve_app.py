@@ -263,6 +263,8 @@ class EncoderService:
         except HttpProcessingError as err:  # a malformed multipart part (its headers)
             why = " ".join(str(err.message).split()) or type(err).__name__
             raise BadRequest(f"the multipart body is malformed ({why})") from None
+        except ConnectionError as err:  # the client left mid-body: a bad request, no internal error
+            raise BadRequest(f"the connection closed before the body arrived ({err})") from None
         loop = asyncio.get_running_loop()
         merge_area = self.model.config.merge_area
         if isinstance(body, list):
