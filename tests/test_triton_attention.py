@@ -34,6 +34,17 @@ LAYOUTS = {
 }
 
 
+# Keys split over 2 or 3 programs, 16 keys a block: every layout has segments with fewer key blocks than splits
+# (a split with nothing to do) and segments whose blocks do not divide evenly among the splits.
+SPLITS = (2, 3)
+
+
+def split_config(split):
+    from glmvit.kernels.triton_attention import AttnConfig
+
+    return AttnConfig(32, 16, 4, 1, split_k=split)
+
+
 def reference(qkv, cos, sin, meta, heads):
     rows = qkv.shape[0]
     q, k, v = qkv.view(rows, 3, heads, -1).unbind(1)
@@ -63,8 +74,13 @@ def _interpreter_child() -> None:
     for name, (grids, shape) in LAYOUTS.items():
         qkv, cos, sin, meta = case(grids, shape, heads, head_dim)
         n = meta.host.num_rows
+        expected = reference(qkv, cos, sin, meta, heads)[:n]
         got = rope_varlen_attention_triton(qkv, cos, sin, meta.segment_ids, meta.cu_seqlens, heads)
-        results[name] = (got[:n] - reference(qkv, cos, sin, meta, heads)[:n]).abs().max().item()
+        results[name] = (got[:n] - expected).abs().max().item()
+        for split in SPLITS:
+            split_out = rope_varlen_attention_triton(qkv, cos, sin, meta.segment_ids, meta.cu_seqlens, heads,
+                                                     split_config(split))
+            results[f"{name}-split{split}"] = (split_out[:n] - expected).abs().max().item()
         if shape is not None:  # the same batch unpadded: every real row bitwise the same
             exact = case(grids, None, heads, head_dim)
             alone = rope_varlen_attention_triton(*exact[:3], exact[3].segment_ids, exact[3].cu_seqlens, heads)
@@ -73,22 +89,23 @@ def _interpreter_child() -> None:
     # A NaN or Inf in one item's q, k or v: every row of every other item bitwise unchanged, that item's rows NaN.
     grids, shape = LAYOUTS["straddling"]
     qkv, cos, sin, meta = case(grids, shape, heads, head_dim)
-    clean = rope_varlen_attention_triton(qkv, cos, sin, meta.segment_ids, meta.cu_seqlens, heads)
     cu = meta.cu_seqlens.tolist()
-    isolated = True
-    for a, b in zip(cu[:-1], cu[1:], strict=True):
-        if b <= a:
-            continue
-        for value in (float("nan"), float("inf")):
-            for part in range(3):  # q, k, v of head 0
-                bad = qkv.clone()
-                bad[a, part * heads * head_dim] = value
-                out = rope_varlen_attention_triton(bad, cos, sin, meta.segment_ids, meta.cu_seqlens, heads)
-                others = torch.ones(out.shape[0], dtype=torch.bool)
-                others[a:b] = False
-                others[cu[-1]:] = False
-                isolated &= bool(torch.equal(out[others], clean[others]))
-    results["isolated"] = isolated
+    for config in (None, split_config(SPLITS[-1])):
+        clean = rope_varlen_attention_triton(qkv, cos, sin, meta.segment_ids, meta.cu_seqlens, heads, config)
+        isolated = True
+        for a, b in zip(cu[:-1], cu[1:], strict=True):
+            if b <= a:
+                continue
+            for value in (float("nan"), float("inf")):
+                for part in range(3):  # q, k, v of head 0
+                    bad = qkv.clone()
+                    bad[a, part * heads * head_dim] = value
+                    out = rope_varlen_attention_triton(bad, cos, sin, meta.segment_ids, meta.cu_seqlens, heads, config)
+                    others = torch.ones(out.shape[0], dtype=torch.bool)
+                    others[a:b] = False
+                    others[cu[-1]:] = False
+                    isolated &= bool(torch.equal(out[others], clean[others]))
+        results["isolated" if config is None else "isolated-split"] = isolated
 
     config = VisionConfig.tiny()
     hf = hf_vision_model(config, seed=0)
@@ -118,8 +135,15 @@ def test_interpreted_kernel_matches_reference(interpreted, layout):
         assert interpreted[layout + "-padding-invariant"]
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("split", SPLITS)
+def test_interpreted_split_keys_match_reference(interpreted, layout, split):
+    """The split-key path (partials, then the combine launch) is the same attention to float32 rounding."""
+    assert interpreted[f"{layout}-split{split}"] <= 1e-5
+
+
 def test_nonfinite_input_stays_in_its_segment(interpreted):
-    assert interpreted["isolated"]
+    assert interpreted["isolated"] and interpreted["isolated-split"]
 
 
 def test_encoder_with_triton_attention_matches_transformers(interpreted):
@@ -145,9 +169,11 @@ GPU_LAYOUTS = {
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("split", [1, 4])
 @pytest.mark.parametrize("layout", GPU_LAYOUTS)
-def test_gpu_bf16_within_rounding_of_float32_reference(layout):
-    from glmvit.kernels.triton_attention import rope_varlen_attention_triton
+def test_gpu_bf16_within_rounding_of_float32_reference(layout, split):
+    """Split keys add float32 partials and one bf16 rounding at the end: the same band as one pass."""
+    from glmvit.kernels.triton_attention import AttnConfig, rope_varlen_attention_triton
 
     heads, head_dim = 12, 128
     grids = GPU_LAYOUTS[layout]
@@ -158,7 +184,8 @@ def test_gpu_bf16_within_rounding_of_float32_reference(layout):
     q, k, v = qkv.view(-1, 3, heads, head_dim).unbind(1)
     ref = attend(apply_rotary(q, cos, sin).float(), apply_rotary(k, cos, sin).float(), v.float(), meta, "segments")
     band = 2**-6 * v[:n].float().abs().max().item()
-    got = rope_varlen_attention_triton(qkv, cos, sin, meta.segment_ids, meta.cu_seqlens, heads)
+    config = AttnConfig(64, 64, 4, 1, split_k=split)
+    got = rope_varlen_attention_triton(qkv, cos, sin, meta.segment_ids, meta.cu_seqlens, heads, config)
     assert (got[:n].float() - ref.reshape(-1, heads * head_dim)[:n]).abs().max().item() <= band
     library = attend(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v, meta, "varlen")
     assert (library[:n].float() - ref[:n]).abs().max().item() <= band

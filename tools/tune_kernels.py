@@ -1,8 +1,8 @@
 """Sweep the launch configurations of glmvit's Triton kernels on this GPU; the winners become the tables in
 ``glmvit.kernels`` (``tests/test_kernel_tables.py`` checks the tables against the recorded sweep).
 
-- attention: BLOCK_M × BLOCK_N × warps × stages on the benchmark layouts (one layer, 12 heads of 128), plus the
-  same kernel without the keys' rotation (what rotating in the loop costs);
+- attention: BLOCK_M × BLOCK_N × warps × stages × key splits on the benchmark layouts (one layer, 12 heads of
+  128), plus the same kernel without the keys' rotation (what rotating in the loop costs);
 - skinny matmuls: split-K tile × split on every matmul shape of the encoder at 64–1024 rows, against cuBLAS.
 
 Each timing is ``glmvit.profiling.graph_time_us`` (20 calls in one CUDA graph, median of 10 replays). CUDA only.
@@ -10,6 +10,7 @@ Each timing is ``glmvit.profiling.graph_time_us`` (20 calls in one CUDA graph, m
     GLMVIT_GIT_COMMIT=$(git rev-parse HEAD) python tools/tune_kernels.py --json data/bench/tune_h200.json
 """
 import argparse
+import dataclasses
 import itertools
 import sys
 from functools import partial
@@ -33,8 +34,13 @@ ATTN_LAYOUTS = {
     "8x448": [[1, 32, 32]] * 8,
     "1x1024": [[1, 74, 74]],
 }
-ATTN_CONFIGS = [AttnConfig(bm, bn, w, s) for bm, bn, w, s in
-                itertools.product((32, 64, 128), (32, 64, 128), (4, 8), (1, 2, 3))]
+ATTN_CONFIGS = [AttnConfig(bm, bn, w, s, split_k=k) for bm, bn, w, s, k in
+                itertools.product((32, 64, 128), (32, 64, 128), (4, 8), (1, 2, 3), (1, 2, 4))]
+
+
+def attn_key(c: AttnConfig) -> str:
+    """``64x64w4s1`` (and ``k4`` for four key splits): how tests/test_kernel_tables.py names a configuration."""
+    return f"{c.block_m}x{c.block_n}w{c.num_warps}s{c.num_stages}" + (f"k{c.split_k}" if c.split_k > 1 else "")
 GEMM_ROWS = (64, 256, 1024)
 TILES = ((64, 64, 64, 4), (64, 128, 64, 4), (128, 64, 64, 4), (64, 64, 128, 4), (128, 128, 64, 8))
 SPLITS = (1, 2, 3, 4, 6, 8)
@@ -55,16 +61,10 @@ def sweep_attention(config: VisionConfig) -> dict:
         qkv = torch.randn(meta.shape.rows, 3 * heads * d, device="cuda", dtype=torch.bfloat16)
         cos, sin = rotary_cos_sin(meta.h_idx, meta.w_idx, inv_freq(d).cuda())
         args = (qkv, cos, sin, meta.segment_ids, meta.cu_seqlens, heads)
-        rows = {}
-        for c in ATTN_CONFIGS:
-            rows[f"{c.block_m}x{c.block_n}w{c.num_warps}s{c.num_stages}"] = timed(
-                partial(rope_varlen_attention_triton, *args, config=c))
+        rows = {attn_key(c): timed(partial(rope_varlen_attention_triton, *args, config=c)) for c in ATTN_CONFIGS}
         ok = {k: v for k, v in rows.items() if isinstance(v, float)}
         best = min(ok, key=ok.get)
-        bm, rest = best.split("x")
-        bn, rest = rest.split("w")
-        w, s = rest.split("s")
-        no_rot = AttnConfig(int(bm), int(bn), int(w), int(s), rotate_k=False)
+        no_rot = dataclasses.replace(next(c for c in ATTN_CONFIGS if attn_key(c) == best), rotate_k=False)
         out[name] = {"rows": meta.shape.rows, "configs": rows, "best": best, "best_us": ok[best],
                      "best_without_key_rotation_us": timed(partial(rope_varlen_attention_triton, *args, config=no_rot))}
         print(f"attention {name:>8}: best {best} {ok[best]:.1f} µs; without key rotation "

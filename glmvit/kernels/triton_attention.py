@@ -1,15 +1,22 @@
 """Triton kernel: varlen attention over packed segments, reading q, k, v straight out of the qkv projection and
-rotating q and k on the fly, one launch for a whole batch.
+rotating q and k on the fly, one launch for a whole batch (two with split keys).
 
 Spec (``glmvit.attention``'s ``segments`` backend after ``glmvit.rotary.apply_rotary``): for every head and every
 row r of segment s = segment_ids[r], out[r] = softmax(q̃_r · K̃_sᵀ / √d) · V_s, where q̃, k̃ are q, k rotated in
 float32 and rounded to the input dtype, and K̃_s, V_s hold only the rows of segment s.
 
-Work list: one program per (block of BLOCK_M packed rows, head); the grid depends only on the batch's static shape,
-so a CUDA graph captures it. A row block may straddle segments (they are packed back to back): the program then
-loops over those segments, each against its own keys only, and stores only its rows of that segment, so no key or
-value of one segment is ever loaded for another (a NaN in one item cannot reach the next). Blocks past the real
-rows (padding, ``cu_seqlens[-1]`` on) return at once and leave their rows as they were, like the varlen kernels.
+Work list: one program per (block of BLOCK_M packed rows, head, key split); the grid depends only on the batch's
+static shape, so a CUDA graph captures it. With ``split_k = 1`` a program walks all of its rows' keys and writes the
+output. A short segment (a 224² image: 256 rows, 4 row blocks × 12 heads = 48 programs for 132 SMs) leaves most of
+the GPU idle, so ``split_k = S`` splits each segment's key blocks over S programs, flash-decoding style: program s
+takes key blocks s, s + S, …, writes its unnormalised output and its rows' running max and sum, and a second launch
+combines the S partials of each row (out = Σ 2^(mₛ−M)·accₛ / Σ 2^(mₛ−M)·lₛ, M = max mₛ; a split with no key block
+of a row's segment has mₛ = −∞ and adds nothing).
+
+A row block may straddle segments (they are packed back to back): the program then loops over those segments,
+each against its own keys only, and stores only its rows of that segment, so no key or value of one segment is
+ever loaded for another (a NaN in one item cannot reach the next). Blocks past the real rows (padding,
+``cu_seqlens[-1]`` on) return at once and leave their rows as they were, like the varlen kernels.
 
 Rotary: q and k are loaded as two halves x₁ = x[:, :d/2], x₂ = x[:, d/2:] (NeoX half-split), and rotated as
 (x₁·cos − x₂·sin, x₂·cos + x₁·sin) with the first d/2 columns of the cos/sin tables (the tables repeat themselves:
@@ -36,6 +43,7 @@ class AttnConfig:
     num_warps: int = 4
     num_stages: int = 2
     rotate_k: bool = True  # False: skip the keys' rotation (timing experiments only: not a correct attention)
+    split_k: int = 1  # programs that share one row block's keys (module docstring); 1: no combine launch
 
 
 # Launch configurations by the batch's static row count, from the sweep on the H200 recorded in
@@ -72,12 +80,14 @@ def _rotate(x_ptr, rows, ok, cos_ptr, sin_ptr, ROW_STRIDE, HALF: tl.constexpr, R
 def _rope_varlen_attention_kernel(
     qkv_ptr, cos_ptr, sin_ptr, segment_ids_ptr, cu_seqlens_ptr, out_ptr,
     last_slot, qk_scale,
+    part_ptr, stats_ptr, ROWS,
     HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    ROTATE_K: tl.constexpr = True,
+    ROTATE_K: tl.constexpr = True, SPLIT: tl.constexpr = 1,
 ):
     D: tl.constexpr = 2 * HALF
     ROW_STRIDE: tl.constexpr = 3 * HEADS * D  # qkv rows are [q heads | k heads | v heads]
     head = tl.program_id(1)
+    split = tl.program_id(2)
     num_rows = tl.load(cu_seqlens_ptr + last_slot)  # real rows; the padding after them is in no segment
     first = tl.program_id(0) * BLOCK_M
     if first >= num_rows:
@@ -97,7 +107,7 @@ def _rope_varlen_attention_kernel(
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
-        for start in range(key_start, key_end, BLOCK_N):
+        for start in range(key_start + split * BLOCK_N, key_end, SPLIT * BLOCK_N):
             keys = start + tl.arange(0, BLOCK_N)
             key_ok = keys < key_end
             k1, k2 = _rotate(k_ptr, keys, key_ok, cos_ptr, sin_ptr, ROW_STRIDE, HALF, ROTATE_K)
@@ -110,10 +120,43 @@ def _rope_varlen_attention_kernel(
             v = tl.load(v_ptr + keys.to(tl.int64)[:, None] * ROW_STRIDE + d[None, :], mask=key_ok[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
-        out = acc / l_i[:, None]
         store = row_ok & (row_seg == seg)
-        dst = out_ptr + rows.to(tl.int64)[:, None] * (HEADS * D) + head * D + d[None, :]
-        tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=store[:, None])
+        if SPLIT == 1:
+            dst = out_ptr + rows.to(tl.int64)[:, None] * (HEADS * D) + head * D + d[None, :]
+            tl.store(dst, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=store[:, None])
+        else:  # partials, float32: [split, row, head, d] and [split, 2 (max, sum), row, head]
+            part = (split.to(tl.int64) * ROWS + rows.to(tl.int64)) * HEADS + head
+            tl.store(part_ptr + part[:, None] * D + d[None, :], acc, mask=store[:, None])
+            stat = (split.to(tl.int64) * 2 * ROWS + rows.to(tl.int64)) * HEADS + head
+            tl.store(stats_ptr + stat, m_i, mask=store)
+            tl.store(stats_ptr + stat + ROWS * HEADS, l_i, mask=store)
+
+
+@triton.jit
+def _combine_splits_kernel(part_ptr, stats_ptr, cu_seqlens_ptr, out_ptr, last_slot, ROWS,
+                           HEADS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT: tl.constexpr):
+    """out[row, head] from the SPLIT partials of each real row (module docstring); padding rows are left as they are."""
+    head = tl.program_id(1)
+    num_rows = tl.load(cu_seqlens_ptr + last_slot)
+    first = tl.program_id(0) * BLOCK_M
+    if first >= num_rows:
+        return
+    rows = (first + tl.arange(0, BLOCK_M)).to(tl.int64)
+    row_ok = rows < num_rows
+    d = tl.arange(0, D)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for s in range(SPLIT):
+        m = tl.maximum(m, tl.load(stats_ptr + (s * 2 * ROWS + rows) * HEADS + head, mask=row_ok, other=0.0))
+    total = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for s in range(SPLIT):
+        stat = (s * 2 * ROWS + rows) * HEADS + head
+        weight = tl.exp2(tl.load(stats_ptr + stat, mask=row_ok, other=0.0) - m)
+        total += weight * tl.load(stats_ptr + stat + ROWS * HEADS, mask=row_ok, other=0.0)
+        part = (s * ROWS + rows) * HEADS + head
+        acc += weight[:, None] * tl.load(part_ptr + part[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
+    dst = out_ptr + rows[:, None] * (HEADS * D) + head * D + d[None, :]
+    tl.store(dst, (acc / total[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 def rope_varlen_attention_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segment_ids: torch.Tensor,
@@ -130,11 +173,20 @@ def rope_varlen_attention_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torc
     if rows == 0:
         return out
     config = config or config_for(rows)
-    grid = (triton.cdiv(rows, config.block_m), num_heads)
-    _rope_varlen_attention_kernel[grid](
+    split = config.split_k
+    if split > 1:  # every real row of every split is written (its max −∞ where a split has no keys of its segment)
+        part = torch.empty((split, rows, num_heads, head_dim), dtype=torch.float32, device=qkv.device)
+        stats = torch.empty((split, 2, rows, num_heads), dtype=torch.float32, device=qkv.device)
+    else:
+        part = stats = out  # not read
+    blocks = triton.cdiv(rows, config.block_m)
+    _rope_varlen_attention_kernel[(blocks, num_heads, split)](
         qkv, cos, sin, segment_ids, cu_seqlens, out,
-        cu_seqlens.shape[0] - 1, math.log2(math.e) / math.sqrt(head_dim),
+        cu_seqlens.shape[0] - 1, math.log2(math.e) / math.sqrt(head_dim), part, stats, rows,
         HEADS=num_heads, HALF=head_dim // 2, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        ROTATE_K=config.rotate_k, num_warps=config.num_warps, num_stages=config.num_stages,
+        ROTATE_K=config.rotate_k, SPLIT=split, num_warps=config.num_warps, num_stages=config.num_stages,
     )
+    if split > 1:
+        _combine_splits_kernel[(blocks, num_heads)](part, stats, cu_seqlens, out, cu_seqlens.shape[0] - 1, rows,
+                                                   HEADS=num_heads, D=head_dim, BLOCK_M=config.block_m, SPLIT=split)
     return out
