@@ -28,6 +28,11 @@ _MODULES = {"VisionConfig": "config", "GlmVisionEncoder": "model", "EncoderGraph
             "process_video": "processing"}
 
 
+def __dir__() -> list[str]:
+    """The module's names, the public ones included before their first use."""
+    return sorted({*globals(), *__all__})
+
+
 def __getattr__(name: str) -> Any:
     """A public name, imported from its module on first use."""
     if name in _MODULES:

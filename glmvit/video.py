@@ -171,7 +171,8 @@ def _gif_delays(fp: BinaryIO) -> list[int]:
     delay = 0
     while (byte := fp.read(1)) != b";":  # the trailer: every GIF ends with it, so a cut one never reaches it
         if byte == b"":
-            raise ValueError(f"cut short: the file ends inside frame {len(delays) + 1}, before the GIF trailer")
+            frames = len(delays)
+            raise ValueError(f"cut short: the file ends before the GIF trailer, {frames} frame{'s' * (frames != 1)} in")
         if byte == b"!":  # extension: label, then data sub-blocks
             label, block = fp.read(1), _sub_blocks(fp)
             if label == b"\xf9" and len(block) >= 3:

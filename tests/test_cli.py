@@ -593,6 +593,28 @@ def test_ctrl_c_during_torchs_import_in_a_real_process_is_one_line(tmp_path):
     assert (proc.returncode, err) == (130, "glmvit encode: interrupted\n")
 
 
+def test_ctrl_c_while_numpy_loads_is_one_line_not_swallowed(tmp_path):
+    """torch's C extension imports numpy itself and carries on past a KeyboardInterrupt (numpy then half-loaded,
+    the Ctrl-C lost): the command imports numpy first, inside its handler. A sitecustomize sends the SIGINT the
+    moment numpy.lib is looked up, so the test does not depend on timing."""
+    import subprocess
+    import sys
+
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os, signal, sys\n"
+        "class Interrupt:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'numpy.lib':\n"
+        "            sys.meta_path.remove(self)\n"
+        "            os.kill(os.getpid(), signal.SIGINT)\n"
+        "sys.meta_path.insert(0, Interrupt())\n")
+    Image.new("RGB", (64, 64)).save(tmp_path / "a.png")
+    done = subprocess.run([sys.executable, "-m", "glmvit", "encode", "--config", "tiny", "--device", "cpu",
+                           str(tmp_path / "a.png")], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert (done.returncode, done.stderr) == (130, "glmvit encode: interrupted\n")
+
+
 @pytest.mark.parametrize("suffix", [".gif", ".webp"])
 def test_every_cut_of_an_animation_is_refused_in_one_line(tmp_path, suffix):
     """A cut animation is refused whole, never encoded as the frames PIL can still read (a wrong grid, no word):

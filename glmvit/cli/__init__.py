@@ -35,7 +35,9 @@ def main(argv: list[str] | None = None) -> int:
                             help="; ".join(f"{k}: {v[1]}" for k, v in COMMANDS.items()))
         parser.parse_args(argv[:1])
         return 2
-    try:  # the import too: torch's takes seconds, and Ctrl-C often lands there
+    try:  # the imports too: torch's takes seconds, and Ctrl-C often lands there. numpy first: torch's C extension
+        # imports it itself and carries on past a KeyboardInterrupt, leaving numpy half-loaded and the Ctrl-C lost
+        importlib.import_module("numpy")
         return importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:]) or 0
     except USER_ERRORS as err:
         if os.environ.get("GLMVIT_DEBUG"):
