@@ -170,7 +170,7 @@ def test_bench_times_transformers_compiled_as_the_peer(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     path = tmp_path / "peer.json"
-    assert main(["--device", "cuda", "--config", "tiny", "--dtype", "float32", "--workload", "img1x224",
+    assert main(["--device", "cuda", "--config", "tiny", "--dtype", "fp32", "--workload", "img1x224",
                  "--num-requests", "4", "--warmup", "3", "--quiet", "--modes", "transformers,transformers-compiled",
                  "--json", str(path)]) == 0
     record = json.loads(path.read_text())
