@@ -593,10 +593,12 @@ def test_ctrl_c_during_torchs_import_in_a_real_process_is_one_line(tmp_path):
     assert (proc.returncode, err) == (130, "glmvit encode: interrupted\n")
 
 
-def test_ctrl_c_while_numpy_loads_is_one_line_not_swallowed(tmp_path):
+@pytest.mark.parametrize("module", ["numpy.lib", "datetime"])
+def test_ctrl_c_while_numpy_loads_is_one_line_not_swallowed(tmp_path, module):
     """torch's C extension imports numpy itself and carries on past a KeyboardInterrupt (numpy then half-loaded,
-    the Ctrl-C lost): the command imports numpy first, inside its handler. A sitecustomize sends the SIGINT the
-    moment numpy.lib is looked up, so the test does not depend on timing."""
+    the Ctrl-C lost): the command imports numpy first, inside its handler. numpy's own C extension turns a Ctrl-C
+    during its import of datetime into an ImportError: the handler remembers the SIGINT. A sitecustomize sends the
+    SIGINT the moment ``module`` is looked up, so the test does not depend on timing."""
     import subprocess
     import sys
 
@@ -604,7 +606,7 @@ def test_ctrl_c_while_numpy_loads_is_one_line_not_swallowed(tmp_path):
         "import os, signal, sys\n"
         "class Interrupt:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'numpy.lib':\n"
+        f"        if name == {module!r}:\n"
         "            sys.meta_path.remove(self)\n"
         "            os.kill(os.getpid(), signal.SIGINT)\n"
         "sys.meta_path.insert(0, Interrupt())\n")

@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 
 COMMANDS = {
     "demo": ("glmvit.cli.demo", "encode the sample images and clip with the embedded default model"),
@@ -27,6 +29,15 @@ COMMANDS = {
 USER_ERRORS = (ValueError, OSError)  # bad input or files: one line, no traceback (GLMVIT_DEBUG=1 shows it)
 
 
+CTRL_C = threading.Event()  # set by the SIGINT handler main() installs: what a C extension cannot hide
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    """Python's default SIGINT handler, remembered."""
+    CTRL_C.set()
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
@@ -35,17 +46,38 @@ def main(argv: list[str] | None = None) -> int:
                             help="; ".join(f"{k}: {v[1]}" for k, v in COMMANDS.items()))
         parser.parse_args(argv[:1])
         return 2
+    CTRL_C.clear()
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_sigint)
     try:  # the imports too: torch's takes seconds, and Ctrl-C often lands there. numpy first: torch's C extension
         # imports it itself and carries on past a KeyboardInterrupt, leaving numpy half-loaded and the Ctrl-C lost
         importlib.import_module("numpy")
         return importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:]) or 0
-    except USER_ERRORS as err:
+    except KeyboardInterrupt:
         if os.environ.get("GLMVIT_DEBUG"):
+            raise
+        return _interrupted(argv[0])
+    except Exception as err:
+        if os.environ.get("GLMVIT_DEBUG"):
+            raise
+        if CTRL_C.is_set():  # a C extension turned the KeyboardInterrupt into its own error (numpy: ImportError)
+            return _interrupted(argv[0])
+        if not isinstance(err, USER_ERRORS):
             raise
         print(f"glmvit {argv[0]}: error: {err}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # Ctrl-C: outputs are written atomically at the end, so none is half-written
-        if os.environ.get("GLMVIT_DEBUG"):
-            raise
-        print(f"glmvit {argv[0]}: interrupted", file=sys.stderr)
-        return 130
+
+
+def _interrupted(command: str) -> int:
+    """Ctrl-C: one line and status 130 (outputs are written atomically at the end, so none is half-written). As the
+    process's own command it exits at once: CPython re-raises SIGINT at shutdown (status −2) when the interrupt
+    passed through code it ran with exec (a dataclass being made during torch's import), and a second Ctrl-C
+    during the seconds torch takes to shut down would print a traceback."""
+    print(f"glmvit {command}: interrupted", file=sys.stderr)
+    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if getattr(main_spec, "name", None) == "glmvit.__main__":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    return 130
