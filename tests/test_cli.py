@@ -554,6 +554,9 @@ def test_ctrl_c_while_a_command_imports_is_one_line(capsys, monkeypatch):
     except KeyboardInterrupt:  # the defect: torch's import, outside the handler, is where Ctrl-C often lands
         code = None
     assert code == 130 and capsys.readouterr().err == "glmvit encode: interrupted\n"
+    import signal
+
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # an in-process caller gets it back
 
 
 def test_a_gif_is_read_block_by_block_as_the_format_says(tmp_path):

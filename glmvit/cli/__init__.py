@@ -47,9 +47,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.parse_args(argv[:1])
         return 2
     CTRL_C.clear()
-    if threading.current_thread() is threading.main_thread() and \
-            signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    own = threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if own:
         signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        return _dispatch(argv)
+    finally:
+        if own:  # an in-process caller gets Python's handler back
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _dispatch(argv: list[str]) -> int:
     try:  # the imports too: torch's takes seconds, and Ctrl-C often lands there. numpy first: torch's C extension
         # imports it itself and carries on past a KeyboardInterrupt, leaving numpy half-loaded and the Ctrl-C lost
         importlib.import_module("numpy")
