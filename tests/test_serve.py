@@ -425,8 +425,12 @@ def test_sigterm_lets_the_request_in_flight_finish(tmp_path):
     assert "stopped" in out and "1 request(s) in the server will finish" in child.stderr.read()
 
 
-def test_health_and_metrics(tiny_model):
-    service = service_for(tiny_model)
+def test_health_and_metrics(tiny_model, monkeypatch):
+    from glmvit.cli import serve_app
+    from glmvit.records import Fingerprint
+
+    service = service_for(tiny_model)  # the fingerprint is taken per /health, after the service is made
+    monkeypatch.setattr(serve_app, "fingerprint_now", lambda: Fingerprint(modules={"glmvit.kernels.x": "hash"}))
     with ServerThread(service) as server:
         async def read():
             async with aiohttp.ClientSession() as session:
@@ -440,6 +444,7 @@ def test_health_and_metrics(tiny_model):
         text, metrics, health, missing = run(read())
     assert health[0] == 200 and json.loads(health[1])["mode"] == "graph-emulated"
     assert json.loads(health[1])["scheduler"]["limits"]["token_budgets"] == [32]
+    assert json.loads(health[1])["fingerprint"] == {"glmvit.kernels.x": "hash"}  # what bench-serve records
     assert 'glmvit_http_responses_total{status="200"} 1' in text[1]
     assert 'glmvit_http_responses_total{status="400"} 1' in text[1]
     assert "glmvit_scheduler_completed_total 1" in text[1]
@@ -511,6 +516,8 @@ def test_bench_serve_in_process_and_spawned(tmp_path, capsys):
     (run_,) = record["runs"]
     assert run_["successful"] == 4 and record["servers"]["graph-emulated"]["url"].startswith("http://127.0.0.1:")
     assert "--budgets 64,256" in record["provenance"]["server_command"]
+    assert "fingerprint" not in record["servers"]["graph-emulated"]  # merged into the record's own
+    assert {"glmvit.model", "glmvit.scheduler"} <= set(record["fingerprint"]["modules"])
 
 
 @pytest.mark.parametrize("argv, words", [

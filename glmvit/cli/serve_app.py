@@ -179,7 +179,6 @@ class EncoderService:
                  limits: HttpLimits = HttpLimits(), threads: int = 4, extra_health: dict[str, Any] | None = None,
                  runner_stats: Callable[[], dict] | None = None):
         self.scheduler, self.info, self.provenance, self.limits = scheduler, info, provenance, limits
-        self.fingerprint = fingerprint_now().modules  # the code this server runs: what a benchmark of it measures
         self.model = scheduler.model
         self.extra_health = extra_health or {}
         self.runner_stats = runner_stats
@@ -311,6 +310,9 @@ class EncoderService:
             "vision_config": vars(self.model.config), **self.info,
             "limits": asdict(limits),
             "scheduler": scheduler, **self.extra_health, "provenance": self.provenance,
+            # the code this server runs, what a benchmark of it measures: taken now, so that it names the modules
+            # loaded on first use (the Triton kernels, imported by the capture) as well as those of the start-up
+            "fingerprint": fingerprint_now().modules,
         })
 
     def metrics_json(self) -> dict[str, Any]:
