@@ -15,8 +15,8 @@ SWEEP = json.loads((Path(__file__).parents[1] / "data" / "bench" / "tune_h200.js
 
 
 def key(config) -> str:  # as tools/tune_kernels.py's attn_key
-    return f"{config.block_m}x{config.block_n}w{config.num_warps}s{config.num_stages}" + (
-        f"k{config.split_k}" if config.split_k > 1 else "")
+    return (f"{config.block_m}x{config.block_n}w{config.num_warps}s{config.num_stages}"
+            + (f"k{config.split_k}" if config.split_k > 1 else "") + ("r" if config.prerotate else ""))
 
 
 @pytest.mark.parametrize("layout", sorted(SWEEP["attention"]))

@@ -45,6 +45,13 @@ def split_config(split):
     return AttnConfig(32, 16, 4, 1, split_k=split)
 
 
+def prerotated_config():
+    """q and k rotated once in their own launch (the long-segment path), 16 keys a block as above."""
+    from glmvit.kernels.triton_attention import AttnConfig
+
+    return AttnConfig(32, 16, 4, 1, prerotate=True)
+
+
 def reference(qkv, cos, sin, meta, heads):
     rows = qkv.shape[0]
     q, k, v = qkv.view(rows, 3, heads, -1).unbind(1)
@@ -81,6 +88,9 @@ def _interpreter_child() -> None:
             split_out = rope_varlen_attention_triton(qkv, cos, sin, meta.segment_ids, meta.cu_seqlens, heads,
                                                      split_config(split))
             results[f"{name}-split{split}"] = (split_out[:n] - expected).abs().max().item()
+        pre = rope_varlen_attention_triton(qkv, cos, sin, meta.segment_ids, meta.cu_seqlens, heads,
+                                           prerotated_config())
+        results[f"{name}-prerotated"] = (pre[:n] - expected).abs().max().item()
         if shape is not None:  # the same batch unpadded: every real row bitwise the same
             exact = case(grids, None, heads, head_dim)
             alone = rope_varlen_attention_triton(*exact[:3], exact[3].segment_ids, exact[3].cu_seqlens, heads)
@@ -90,7 +100,8 @@ def _interpreter_child() -> None:
     grids, shape = LAYOUTS["straddling"]
     qkv, cos, sin, meta = case(grids, shape, heads, head_dim)
     cu = meta.cu_seqlens.tolist()
-    for config in (None, split_config(SPLITS[-1])):
+    for label, config in (("isolated", None), ("isolated-split", split_config(SPLITS[-1])),
+                          ("isolated-prerotated", prerotated_config())):
         clean = rope_varlen_attention_triton(qkv, cos, sin, meta.segment_ids, meta.cu_seqlens, heads, config)
         isolated = True
         for a, b in zip(cu[:-1], cu[1:], strict=True):
@@ -105,7 +116,7 @@ def _interpreter_child() -> None:
                     others[a:b] = False
                     others[cu[-1]:] = False
                     isolated &= bool(torch.equal(out[others], clean[others]))
-        results["isolated" if config is None else "isolated-split"] = isolated
+        results[label] = isolated
 
     config = VisionConfig.tiny()
     hf = hf_vision_model(config, seed=0)
@@ -142,8 +153,15 @@ def test_interpreted_split_keys_match_reference(interpreted, layout, split):
     assert interpreted[f"{layout}-split{split}"] <= 1e-5
 
 
-def test_nonfinite_input_stays_in_its_segment(interpreted):
-    assert interpreted["isolated"] and interpreted["isolated-split"]
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_interpreted_prerotated_path_matches_reference(interpreted, layout):
+    """Rotating q and k once in a first launch and attending on the rotated copy: the same attention."""
+    assert interpreted[f"{layout}-prerotated"] <= 1e-5
+
+
+@pytest.mark.parametrize("path", ["isolated", "isolated-split", "isolated-prerotated"])
+def test_nonfinite_input_stays_in_its_segment(interpreted, path):
+    assert interpreted[path]
 
 
 def test_encoder_with_triton_attention_matches_transformers(interpreted):
@@ -168,11 +186,16 @@ GPU_LAYOUTS = {
 }
 
 
+GPU_CONFIGS = {"one-pass": {}, "split4": {"split_k": 4}, "prerotated": {"prerotate": True},
+               "prerotated-128x64w8s3": {"prerotate": True, "block_m": 128, "num_warps": 8, "num_stages": 3}}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("split", [1, 4])
+@pytest.mark.parametrize("path", GPU_CONFIGS)
 @pytest.mark.parametrize("layout", GPU_LAYOUTS)
-def test_gpu_bf16_within_rounding_of_float32_reference(layout, split):
-    """Split keys add float32 partials and one bf16 rounding at the end: the same band as one pass."""
+def test_gpu_bf16_within_rounding_of_float32_reference(layout, path):
+    """Split keys add float32 partials and one bf16 rounding at the end, and the prerotated path rounds q̃, k̃ as
+    the fused one does: the same band as one pass."""
     from glmvit.kernels.triton_attention import AttnConfig, rope_varlen_attention_triton
 
     heads, head_dim = 12, 128
@@ -184,7 +207,7 @@ def test_gpu_bf16_within_rounding_of_float32_reference(layout, split):
     q, k, v = qkv.view(-1, 3, heads, head_dim).unbind(1)
     ref = attend(apply_rotary(q, cos, sin).float(), apply_rotary(k, cos, sin).float(), v.float(), meta, "segments")
     band = 2**-6 * v[:n].float().abs().max().item()
-    config = AttnConfig(64, 64, 4, 1, split_k=split)
+    config = AttnConfig(**{"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 1, **GPU_CONFIGS[path]})
     got = rope_varlen_attention_triton(qkv, cos, sin, meta.segment_ids, meta.cu_seqlens, heads, config)
     assert (got[:n].float() - ref.reshape(-1, heads * head_dim)[:n]).abs().max().item() <= band
     library = attend(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v, meta, "varlen")

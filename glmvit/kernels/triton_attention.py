@@ -18,6 +18,13 @@ each against its own keys only, and stores only its rows of that segment, so no 
 ever loaded for another (a NaN in one item cannot reach the next). Blocks past the real rows (padding,
 ``cu_seqlens[-1]`` on) return at once and leave their rows as they were, like the varlen kernels.
 
+Two ends, two launch shapes. In a short segment the keys are few and the programs too few, so the rotation is done
+where the keys are loaded (above). In a long one (a 448² image: 1024 rows) every key block is loaded and rotated once
+per row block, and that rotation — float32 arithmetic on loaded registers, and cos/sin tables as large as the keys —
+is what the inner loop waits on: ``prerotate=True`` first rotates q and k of every head once, in their own launch,
+into a (rows, 2·heads·d) scratch, and the attention then streams plain bf16 keys, which the compiler can pipeline
+(``num_stages`` > 1). Both compute the same rounded q̃, k̃. ``CONFIGS`` picks per batch size from the recorded sweep.
+
 Rotary: q and k are loaded as two halves x₁ = x[:, :d/2], x₂ = x[:, d/2:] (NeoX half-split), and rotated as
 (x₁·cos − x₂·sin, x₂·cos + x₁·sin) with the first d/2 columns of the cos/sin tables (the tables repeat themselves:
 ``rotary_cos_sin`` concatenates the angles twice), so QKᵀ = q̃₁·k̃₁ᵀ + q̃₂·k̃₂ᵀ: two dots of width d/2.
@@ -44,6 +51,7 @@ class AttnConfig:
     num_stages: int = 2
     rotate_k: bool = True  # False: skip the keys' rotation (timing experiments only: not a correct attention)
     split_k: int = 1  # programs that share one row block's keys (module docstring); 1: no combine launch
+    prerotate: bool = False  # rotate q and k once in a first launch, then attend without rotating (module docstring)
 
 
 # Launch configurations by the batch's static row count, from the sweep on the H200 recorded in
@@ -52,6 +60,9 @@ class AttnConfig:
 # software-pipelining stage won on every layout (the loop's loads feed the rotation, not the dot directly).
 # tests/test_kernel_tables.py checks each choice against the recorded sweep.
 CONFIGS = ((1024, AttnConfig(64, 64, 4, 1)), (None, AttnConfig(128, 64, 4, 1)))
+
+
+ROTATE_ROWS = 32  # rows per program of the prerotated path's rotation launch (8192 rows: 256 programs)
 
 
 def config_for(rows: int) -> AttnConfig:
@@ -76,14 +87,40 @@ def _rotate(x_ptr, rows, ok, cos_ptr, sin_ptr, ROW_STRIDE, HALF: tl.constexpr, R
     return (x1 * c - x2 * s).to(dtype), (x2 * c + x1 * s).to(dtype)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["last_slot"])
+def _rotate_qk_kernel(qkv_ptr, cos_ptr, sin_ptr, cu_seqlens_ptr, qk_ptr, last_slot,
+                      HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
+    """q̃ and k̃ of every head for BLOCK real rows, from qkv (rows, 3·heads·d) into qk (rows, 2·heads·d): the
+    prerotated path's first launch. The rows' cos/sin halves are loaded once for all 2·heads rotations."""
+    D: tl.constexpr = 2 * HALF
+    num_rows = tl.load(cu_seqlens_ptr + last_slot)
+    first = tl.program_id(0) * BLOCK
+    if first >= num_rows:
+        return
+    rows = (first + tl.arange(0, BLOCK)).to(tl.int64)
+    ok = (rows < num_rows)[:, None]
+    cols = tl.arange(0, HALF)[None, :]
+    c = tl.load(cos_ptr + rows[:, None] * D + cols, mask=ok, other=0.0)
+    s = tl.load(sin_ptr + rows[:, None] * D + cols, mask=ok, other=0.0)
+    src = qkv_ptr + rows[:, None] * (3 * HEADS * D) + cols
+    dst = qk_ptr + rows[:, None] * (2 * HEADS * D) + cols
+    for h in range(2 * HEADS):  # the q heads, then the k heads: the first 2·heads·d columns of a qkv row
+        x1 = tl.load(src + h * D, mask=ok, other=0.0).to(tl.float32)
+        x2 = tl.load(src + h * D + HALF, mask=ok, other=0.0).to(tl.float32)
+        tl.store(dst + h * D, (x1 * c - x2 * s).to(qk_ptr.dtype.element_ty), mask=ok)
+        tl.store(dst + h * D + HALF, (x2 * c + x1 * s).to(qk_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit(do_not_specialize=["last_slot", "ROWS"])
 def _rope_varlen_attention_kernel(
     qkv_ptr, cos_ptr, sin_ptr, segment_ids_ptr, cu_seqlens_ptr, out_ptr,
     last_slot, qk_scale,
-    part_ptr, stats_ptr, ROWS,
-    HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    ROTATE_K: tl.constexpr = True, SPLIT: tl.constexpr = 1,
+    part_ptr, stats_ptr, ROWS, qk_ptr,
+    HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_STRIDE: tl.constexpr,
+    ROTATE_Q: tl.constexpr = True, ROTATE_K: tl.constexpr = True, SPLIT: tl.constexpr = 1,
 ):
+    """q and k are read from qk_ptr (row stride QK_STRIDE): qkv itself, rotated here, or the prerotated scratch;
+    v always from qkv."""
     D: tl.constexpr = 2 * HALF
     ROW_STRIDE: tl.constexpr = 3 * HEADS * D  # qkv rows are [q heads | k heads | v heads]
     head = tl.program_id(1)
@@ -95,8 +132,8 @@ def _rope_varlen_attention_kernel(
     rows = first + tl.arange(0, BLOCK_M)
     row_ok = rows < num_rows
     row_seg = tl.load(segment_ids_ptr + rows, mask=row_ok, other=-1)
-    q1, q2 = _rotate(qkv_ptr + head * D, rows, row_ok, cos_ptr, sin_ptr, ROW_STRIDE, HALF)
-    k_ptr = qkv_ptr + (HEADS + head) * D
+    q1, q2 = _rotate(qk_ptr + head * D, rows, row_ok, cos_ptr, sin_ptr, QK_STRIDE, HALF, ROTATE_Q)
+    k_ptr = qk_ptr + (HEADS + head) * D
     v_ptr = qkv_ptr + (2 * HEADS + head) * D
     d = tl.arange(0, D)
     seg_first = tl.load(segment_ids_ptr + first)
@@ -110,7 +147,7 @@ def _rope_varlen_attention_kernel(
         for start in range(key_start + split * BLOCK_N, key_end, SPLIT * BLOCK_N):
             keys = start + tl.arange(0, BLOCK_N)
             key_ok = keys < key_end
-            k1, k2 = _rotate(k_ptr, keys, key_ok, cos_ptr, sin_ptr, ROW_STRIDE, HALF, ROTATE_K)
+            k1, k2 = _rotate(k_ptr, keys, key_ok, cos_ptr, sin_ptr, QK_STRIDE, HALF, ROTATE_K)
             scores = tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))
             scores = tl.where(key_ok[None, :], scores * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(scores, 1))
@@ -132,7 +169,7 @@ def _rope_varlen_attention_kernel(
             tl.store(stats_ptr + stat + ROWS * HEADS, l_i, mask=store)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["last_slot", "ROWS"])
 def _combine_splits_kernel(part_ptr, stats_ptr, cu_seqlens_ptr, out_ptr, last_slot, ROWS,
                            HEADS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT: tl.constexpr):
     """out[row, head] from the SPLIT partials of each real row (module docstring); padding rows are left as they are."""
@@ -159,6 +196,18 @@ def _combine_splits_kernel(part_ptr, stats_ptr, cu_seqlens_ptr, out_ptr, last_sl
     tl.store(dst, (acc / total[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
+def rotate_qk_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor,
+                     num_heads: int) -> torch.Tensor:
+    """q̃, k̃ of every head, (rows, 2·heads·d) in qkv's dtype: the prerotated path's first launch. Rows past the real
+    ones (``cu_seqlens[-1]`` on) are left uninitialised: they are in no segment, so the attention never reads them."""
+    rows, width = qkv.shape
+    head_dim = width // (3 * num_heads)
+    qk = torch.empty((rows, 2 * num_heads * head_dim), dtype=qkv.dtype, device=qkv.device)
+    _rotate_qk_kernel[(triton.cdiv(rows, ROTATE_ROWS),)](qkv, cos, sin, cu_seqlens, qk, cu_seqlens.shape[0] - 1,
+                                                         HEADS=num_heads, HALF=head_dim // 2, BLOCK=ROTATE_ROWS)
+    return qk
+
+
 def rope_varlen_attention_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segment_ids: torch.Tensor,
                                  cu_seqlens: torch.Tensor, num_heads: int,
                                  config: AttnConfig | None = None) -> torch.Tensor:
@@ -179,14 +228,17 @@ def rope_varlen_attention_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torc
         stats = torch.empty((split, 2, rows, num_heads), dtype=torch.float32, device=qkv.device)
     else:
         part = stats = out  # not read
+    last_slot = cu_seqlens.shape[0] - 1
+    qk = rotate_qk_triton(qkv, cos, sin, cu_seqlens, num_heads) if config.prerotate else qkv
     blocks = triton.cdiv(rows, config.block_m)
     _rope_varlen_attention_kernel[(blocks, num_heads, split)](
         qkv, cos, sin, segment_ids, cu_seqlens, out,
-        cu_seqlens.shape[0] - 1, math.log2(math.e) / math.sqrt(head_dim), part, stats, rows,
-        HEADS=num_heads, HALF=head_dim // 2, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        ROTATE_K=config.rotate_k, SPLIT=split, num_warps=config.num_warps, num_stages=config.num_stages,
+        last_slot, math.log2(math.e) / math.sqrt(head_dim), part, stats, rows, qk,
+        HEADS=num_heads, HALF=head_dim // 2, BLOCK_M=config.block_m, BLOCK_N=config.block_n, QK_STRIDE=qk.shape[1],
+        ROTATE_Q=not config.prerotate, ROTATE_K=config.rotate_k and not config.prerotate, SPLIT=split,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if split > 1:
-        _combine_splits_kernel[(blocks, num_heads)](part, stats, cu_seqlens, out, cu_seqlens.shape[0] - 1, rows,
+        _combine_splits_kernel[(blocks, num_heads)](part, stats, cu_seqlens, out, last_slot, rows,
                                                    HEADS=num_heads, D=head_dim, BLOCK_M=config.block_m, SPLIT=split)
     return out
