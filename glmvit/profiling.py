@@ -14,7 +14,7 @@ from .config import VisionConfig
 # Ordered: the first pattern that matches a kernel's name names its category. Inductor names a fused kernel after
 # the ops it fused, so its rotary-before-varlen kernel (…_varlen_attn_…_cos_mul_neg_sin…) counts as attention.
 CATEGORIES = (
-    ("attention", r"rope_varlen|flash|fmha|attn|attention"),
+    ("attention", r"rope_varlen|rope_rotate|combine_splits|flash|fmha|attn|attention"),  # with its launches
     ("gemm", r"gemm|nvjet|cutlass|xmma|matmul|triton_tem|_mm_|splitk|cublas|sm90_|wgmma"),
     ("fused elementwise", r"triton_(poi|per|red)"),
     ("interpolation", r"interp"),

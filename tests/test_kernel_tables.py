@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from glmvit.kernels.triton_attention import config_for
+from glmvit.kernels.attention_table import config_for
 
 SWEEP = json.loads((Path(__file__).parents[1] / "data" / "bench" / "tune_h200.json").read_text())
 

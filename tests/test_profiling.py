@@ -13,6 +13,8 @@ from glmvit.profiling import OTHER, categorise, encoder_gemms, roofline_us
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "gemm"),
     ("triton_tem_fused_mm_0", "gemm"),
     ("_rope_varlen_attention_kernel", "attention"),
+    ("_rope_rotate_qk_kernel", "attention"),  # the prerotated path's first launch
+    ("_combine_splits_kernel", "attention"),  # the split-key path's second
     ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false>>", "attention"),
     ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_7", "fused elementwise"),
     ("triton_poi_fused_mul_silu_split_4", "fused elementwise"),

@@ -23,7 +23,7 @@ where the keys are loaded (above). In a long one (a 448² image: 1024 rows) ever
 per row block, and that rotation — float32 arithmetic on loaded registers, and cos/sin tables as large as the keys —
 is what the inner loop waits on: ``prerotate=True`` first rotates q and k of every head once, in their own launch,
 into a (rows, 2·heads·d) scratch, and the attention then streams plain bf16 keys, which the compiler can pipeline
-(``num_stages`` > 1). Both compute the same rounded q̃, k̃. ``CONFIGS`` picks per batch size from the recorded sweep.
+(``num_stages`` > 1). Both compute the same rounded q̃, k̃. ``glmvit.kernels.attention_table`` picks per batch size.
 
 Rotary: q and k are loaded as two halves x₁ = x[:, :d/2], x₂ = x[:, d/2:] (NeoX half-split), and rotated as
 (x₁·cos − x₂·sin, x₂·cos + x₁·sin) with the first d/2 columns of the cos/sin tables (the tables repeat themselves:
@@ -54,20 +54,7 @@ class AttnConfig:
     prerotate: bool = False  # rotate q and k once in a first launch, then attend without rotating (module docstring)
 
 
-# Launch configurations by the batch's static row count, from the sweep on the H200 recorded in
-# data/bench/tune_h200.json (tools/tune_kernels.py): up to 1024 rows (budgets ≤ 256 tokens) 64-row blocks with 4 warps
-# give the most programs; above, 128-row blocks halve how often each key block is loaded and rotated. A single
-# software-pipelining stage won on every layout (the loop's loads feed the rotation, not the dot directly).
-# tests/test_kernel_tables.py checks each choice against the recorded sweep.
-CONFIGS = ((1024, AttnConfig(64, 64, 4, 1)), (None, AttnConfig(128, 64, 4, 1)))
-
-
 ROTATE_ROWS = 32  # rows per program of the prerotated path's rotation launch (8192 rows: 256 programs)
-
-
-def config_for(rows: int) -> AttnConfig:
-    """The launch configuration for a batch of ``rows`` packed rows (``CONFIGS``)."""
-    return next(config for limit, config in CONFIGS if limit is None or rows <= limit)
 
 
 @triton.jit
@@ -88,7 +75,7 @@ def _rotate(x_ptr, rows, ok, cos_ptr, sin_ptr, ROW_STRIDE, HALF: tl.constexpr, R
 
 
 @triton.jit(do_not_specialize=["last_slot"])
-def _rotate_qk_kernel(qkv_ptr, cos_ptr, sin_ptr, cu_seqlens_ptr, qk_ptr, last_slot,
+def _rope_rotate_qk_kernel(qkv_ptr, cos_ptr, sin_ptr, cu_seqlens_ptr, qk_ptr, last_slot,
                       HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
     """q̃ and k̃ of every head for BLOCK real rows, from qkv (rows, 3·heads·d) into qk (rows, 2·heads·d): the
     prerotated path's first launch. The rows' cos/sin halves are loaded once for all 2·heads rotations."""
@@ -203,7 +190,7 @@ def rotate_qk_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu
     rows, width = qkv.shape
     head_dim = width // (3 * num_heads)
     qk = torch.empty((rows, 2 * num_heads * head_dim), dtype=qkv.dtype, device=qkv.device)
-    _rotate_qk_kernel[(triton.cdiv(rows, ROTATE_ROWS),)](qkv, cos, sin, cu_seqlens, qk, cu_seqlens.shape[0] - 1,
+    _rope_rotate_qk_kernel[(triton.cdiv(rows, ROTATE_ROWS),)](qkv, cos, sin, cu_seqlens, qk, cu_seqlens.shape[0] - 1,
                                                          HEADS=num_heads, HALF=head_dim // 2, BLOCK=ROTATE_ROWS)
     return qk
 
@@ -214,14 +201,18 @@ def rope_varlen_attention_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torc
     """Attention output (rows, heads·d) from the packed qkv projection (rows, 3·heads·d); see the module docstring.
 
     cos, sin: (rows, d) float32 from ``rotary_cos_sin``; segment_ids, cu_seqlens: int32 from the metadata. Rows
-    outside every segment are left uninitialised. ``config=None``: :func:`config_for` the row count.
+    outside every segment are left uninitialised. ``config=None``: the launch table's choice for the row count
+    (:func:`glmvit.kernels.attention_table.config_for`).
     """
     rows, width = qkv.shape
     head_dim = width // (3 * num_heads)
     out = torch.empty((rows, num_heads * head_dim), dtype=qkv.dtype, device=qkv.device)
     if rows == 0:
         return out
-    config = config or config_for(rows)
+    if config is None:
+        from .attention_table import config_for  # the table imports AttnConfig from here
+
+        config = config_for(rows)
     split = config.split_k
     if split > 1:  # every real row of every split is written (its max −∞ where a split has no keys of its segment)
         part = torch.empty((split, rows, num_heads, head_dim), dtype=torch.float32, device=qkv.device)
