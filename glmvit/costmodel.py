@@ -62,6 +62,11 @@ POOL_BYTES_PER_ROW_HIDDEN = {(False, "library"): 44.2, (True, "library"): 26.9,
                              (False, "triton"): 41.6, (True, "triton"): 23.6}
 POOL_FIXED_BYTES = {(False, "library"): 46_000_000, (True, "library"): 25_000_000,
                     (False, "triton"): 42_800_000, (True, "triton"): 16_000_000}
+# Above this many rows the triton backend takes its prerotated path (glmvit.kernels.attention_table, which a test
+# keeps in step): each attention holds a (rows, 2·hidden) scratch of rotated q and k. It raised the compiled pool by
+# exactly its size (H200 captures at 25bf945: +96 MiB at 16,384 rows, against 70a8c14); an uncompiled forward's peak
+# is in the MLP's unfused temporaries, above the attention's even with the scratch, and did not move (938 MiB both).
+PREROTATED_ABOVE_ROWS = 1024
 
 
 def graph_memory(config: BudgetConfig, vision_config: VisionConfig, dtype: str = "bfloat16",
@@ -71,7 +76,8 @@ def graph_memory(config: BudgetConfig, vision_config: VisionConfig, dtype: str =
     rows = budget · merge_area patch rows. Static buffers (exact): pixels rows × patch_dim (dtype), the int32
     metadata buffer of ``glmvit.metadata`` (``BatchShape.packed_size``: ≈ max_segments + 5·rows + rows / merge_area)
     and the output budget × out_hidden (dtype). Pool: ``POOL_FIXED_BYTES`` + rows · hidden ·
-    ``POOL_BYTES_PER_ROW_HIDDEN`` (scaled by the dtype's size), the measured model above. ``attention``: "triton"
+    ``POOL_BYTES_PER_ROW_HIDDEN`` (scaled by the dtype's size), the measured model above, plus the prerotated
+    attention's scratch where a compiled graph holds it (``PREROTATED_ABOVE_ROWS``). ``attention``: "triton"
     (glmvit's kernel, the CUDA default) or any library backend ("varlen", "flash_attn", …).
     """
     key = (compiled, "triton" if attention == "triton" else "library")
@@ -83,6 +89,8 @@ def graph_memory(config: BudgetConfig, vision_config: VisionConfig, dtype: str =
         static = (rows * vc.patch_dim + budget * vc.out_hidden_size) * size + 4 * metadata
         per_row = vc.hidden_size * POOL_BYTES_PER_ROW_HIDDEN[key] * size / 2
         pool = POOL_FIXED_BYTES[key] + round(rows * per_row)
+        if key == (True, "triton") and rows > PREROTATED_ABOVE_ROWS:
+            pool += rows * 2 * vc.hidden_size * size
         result.append(GraphMemory(budget, static, pool))
     return result
 

@@ -422,6 +422,30 @@ def test_graph_memory_metadata_matches_the_packed_layout():
     assert memory.static_bytes == 2 * (rows * vc.patch_dim + 64 * vc.out_hidden_size) + 4 * metadata
 
 
+def test_graph_memory_counts_the_prerotated_scratch_where_the_table_takes_that_path():
+    """The cost model's row threshold is the launch table's; past it a compiled triton graph's pool holds the
+    (rows, 2·hidden) scratch of rotated q and k, and an uncompiled one's does not grow (costmodel's comment)."""
+    from glmvit.costmodel import PREROTATED_ABOVE_ROWS, graph_memory
+    from glmvit.kernels.attention_table import config_for
+
+    assert not config_for(PREROTATED_ABOVE_ROWS).prerotate and config_for(PREROTATED_ABOVE_ROWS + 1).prerotate
+    vc = VisionConfig.glm41v()
+    below, above = PREROTATED_ABOVE_ROWS // vc.merge_area, 2 * PREROTATED_ABOVE_ROWS // vc.merge_area
+    config = BudgetConfig.resolve((below, above))
+    compiled = graph_memory(config, vc, compiled=True)
+    plain = graph_memory(config, vc, compiled=False)
+    library = graph_memory(config, vc, compiled=True, attention="varlen")
+
+    def per_row(memories):
+        return (memories[1].pool_bytes - memories[0].pool_bytes) / (above - below) / vc.merge_area
+
+    scratch = 2 * vc.hidden_size * 2  # bytes per row, bf16
+    base = per_row(plain), per_row(library)
+    assert per_row(compiled) - scratch * above / (above - below) == pytest.approx(
+        vc.hidden_size * 23.6, rel=1e-6)  # the fitted bytes per row·hidden, plus the scratch of every row above
+    assert base == pytest.approx((vc.hidden_size * 41.6, vc.hidden_size * 26.9), rel=1e-6)  # unchanged
+
+
 def test_graph_memory_rejects_unknown_dtype():
     with pytest.raises(ValueError, match="unknown dtype 'int8'"):
         graph_memory(BudgetConfig.resolve(), VisionConfig.tiny(), dtype="int8")

@@ -54,7 +54,7 @@ class AttnConfig:
     prerotate: bool = False  # rotate q and k once in a first launch, then attend without rotating (module docstring)
 
 
-ROTATE_ROWS = 32  # rows per program of the prerotated path's rotation launch (8192 rows: 256 programs)
+ROTATE_ROWS = 32  # rows per program of the prerotated path's rotation launch (256 rows, 12 heads: 96 programs)
 
 
 @triton.jit
@@ -76,10 +76,12 @@ def _rotate(x_ptr, rows, ok, cos_ptr, sin_ptr, ROW_STRIDE, HALF: tl.constexpr, R
 
 @triton.jit(do_not_specialize=["last_slot"])
 def _rope_rotate_qk_kernel(qkv_ptr, cos_ptr, sin_ptr, cu_seqlens_ptr, qk_ptr, last_slot,
-                      HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
-    """q̃ and k̃ of every head for BLOCK real rows, from qkv (rows, 3·heads·d) into qk (rows, 2·heads·d): the
-    prerotated path's first launch. The rows' cos/sin halves are loaded once for all 2·heads rotations."""
+                           HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
+    """q̃ and k̃ of one head for BLOCK real rows, from qkv (rows, 3·heads·d) into qk (rows, 2·heads·d): the
+    prerotated path's first launch, one program per (row block, head). The rows' cos/sin halves are loaded once
+    for both rotations; a program per head, not per row block, so that a few hundred rows still fill the GPU."""
     D: tl.constexpr = 2 * HALF
+    head = tl.program_id(1)
     num_rows = tl.load(cu_seqlens_ptr + last_slot)
     first = tl.program_id(0) * BLOCK
     if first >= num_rows:
@@ -89,13 +91,14 @@ def _rope_rotate_qk_kernel(qkv_ptr, cos_ptr, sin_ptr, cu_seqlens_ptr, qk_ptr, la
     cols = tl.arange(0, HALF)[None, :]
     c = tl.load(cos_ptr + rows[:, None] * D + cols, mask=ok, other=0.0)
     s = tl.load(sin_ptr + rows[:, None] * D + cols, mask=ok, other=0.0)
-    src = qkv_ptr + rows[:, None] * (3 * HEADS * D) + cols
-    dst = qk_ptr + rows[:, None] * (2 * HEADS * D) + cols
-    for h in range(2 * HEADS):  # the q heads, then the k heads: the first 2·heads·d columns of a qkv row
-        x1 = tl.load(src + h * D, mask=ok, other=0.0).to(tl.float32)
-        x2 = tl.load(src + h * D + HALF, mask=ok, other=0.0).to(tl.float32)
-        tl.store(dst + h * D, (x1 * c - x2 * s).to(qk_ptr.dtype.element_ty), mask=ok)
-        tl.store(dst + h * D + HALF, (x2 * c + x1 * s).to(qk_ptr.dtype.element_ty), mask=ok)
+    for part in range(2):  # q, then k: head h of each is column block (part·heads + h) of a qkv row
+        column = (part * HEADS + head) * D
+        src = qkv_ptr + rows[:, None] * (3 * HEADS * D) + column + cols
+        dst = qk_ptr + rows[:, None] * (2 * HEADS * D) + column + cols
+        x1 = tl.load(src, mask=ok, other=0.0).to(tl.float32)
+        x2 = tl.load(src + HALF, mask=ok, other=0.0).to(tl.float32)
+        tl.store(dst, (x1 * c - x2 * s).to(qk_ptr.dtype.element_ty), mask=ok)
+        tl.store(dst + HALF, (x2 * c + x1 * s).to(qk_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit(do_not_specialize=["last_slot", "ROWS"])
@@ -190,8 +193,8 @@ def rotate_qk_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu
     rows, width = qkv.shape
     head_dim = width // (3 * num_heads)
     qk = torch.empty((rows, 2 * num_heads * head_dim), dtype=qkv.dtype, device=qkv.device)
-    _rope_rotate_qk_kernel[(triton.cdiv(rows, ROTATE_ROWS),)](qkv, cos, sin, cu_seqlens, qk, cu_seqlens.shape[0] - 1,
-                                                         HEADS=num_heads, HALF=head_dim // 2, BLOCK=ROTATE_ROWS)
+    _rope_rotate_qk_kernel[(triton.cdiv(rows, ROTATE_ROWS), num_heads)](
+        qkv, cos, sin, cu_seqlens, qk, cu_seqlens.shape[0] - 1, HEADS=num_heads, HALF=head_dim // 2, BLOCK=ROTATE_ROWS)
     return qk
 
 
