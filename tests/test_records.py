@@ -113,3 +113,36 @@ def test_record_plans_jobs_in_dependency_order_and_skips_current_ones(capsys, mo
     with pytest.raises(SystemExit):
         main(["record", "--only", "nope"])
     assert job_status(current)[1] > 0
+
+
+def test_record_archive_holds_every_finished_job_before_the_next_starts(tmp_path, monkeypatch, capsys):
+    """A device lease can end mid-run: the archive is rewritten after every job, so it never waits for the last."""
+    import subprocess
+    import tarfile
+
+    import torch
+
+    from glmvit.cli import record
+    from glmvit.records import REPO
+
+    jobs = [j for j in JOBS if j.name in ("latency", "latency_compiled")]
+    fakes = {j.name: REPO / "data" / j.outputs[0] for j in jobs}  # existing files, never written here
+    archive = tmp_path / "records.tgz"
+    seen = []
+
+    def run(argv, **_):
+        if "--compile" in argv:  # the second job: the first one's record is already packed
+            with tarfile.open(archive) as tar:
+                seen.append(tar.getnames())
+        return subprocess.CompletedProcess(argv, 0)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(record, "job_status", lambda job: (False, 1.0))
+    monkeypatch.setattr(record, "stamp_elapsed", lambda job, seconds, started: [fakes[job.name]])
+    monkeypatch.setattr(record.subprocess, "run", run)
+    assert main(["record", "--only", "latency,latency_compiled", "--archive", str(archive)]) == 0
+    assert seen == [["data/bench/latency_h200.json"]]
+    with tarfile.open(archive) as tar:
+        assert tar.getnames() == ["data/bench/latency_h200.json", "data/bench/latency_compiled_h200.json"]
+    assert not (tmp_path / "records.tgz.partial").exists() and "wrote" in capsys.readouterr().out
+

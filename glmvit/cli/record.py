@@ -134,6 +134,15 @@ def stamp_elapsed(job: Job, seconds: float, started: float) -> list[Path]:
     return written
 
 
+def pack(archive: str, paths: list[Path]) -> None:
+    """Every record written so far into the .tgz ``archive``, replacing it whole (a temporary file, then a rename)."""
+    partial = Path(f"{archive}.partial")
+    with tarfile.open(partial, "w:gz") as tar:
+        for path in paths:
+            tar.add(path, arcname=str(path.relative_to(REPO)))
+    partial.replace(archive)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m glmvit record", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--groups", default=",".join(GROUPS), help=f"comma list of {', '.join(GROUPS)} (default all)")
@@ -186,10 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         new = stamp_elapsed(job, seconds, wall0 - 1)
         written += new
         print(f"[done] {job.name}: {seconds:.0f} s, {len(new)} record(s)", flush=True)
+        if args.archive and new:  # after every job: a lease that ends mid-run still hands back what was done
+            pack(args.archive, written)
     if args.archive and written:
-        with tarfile.open(args.archive, "w:gz") as tar:
-            for path in written:
-                tar.add(path, arcname=str(path.relative_to(REPO)))
         print(f"wrote {args.archive} ({len(written)} records)")
     print(f"record run {run_id}: {len(written)} written, {len(failed)} failed {failed or ''}, "
           f"{len(skipped)} left for a later call {skipped or ''}")
