@@ -26,12 +26,18 @@ def _interpreter_child() -> None:
     torch.set_num_threads(2)
     gen = torch.Generator().manual_seed(0)
     results = []
-    for m, k, n, (bm, bn, bk, split) in CASES:
-        x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
-        first, second = (splitk_linear_triton(x, w, SplitK(bm, bn, bk, split)) for _ in range(2))
-        results.append({"err": (first - x @ w.T).abs().max().item(), "same": bool(torch.equal(first, second)),
-                        "counters_zero": int(tile_counters(x.device).abs().sum()) == 0})
-    print(json.dumps(results))
+    for tma in (False, True):
+        for m, k, n, (bm, bn, bk, split) in CASES:
+            x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
+            first, second = (splitk_linear_triton(x, w, SplitK(bm, bn, bk, split, tma=tma)) for _ in range(2))
+            results.append({"err": (first - x @ w.T).abs().max().item(), "same": bool(torch.equal(first, second)),
+                            "counters_zero": int(tile_counters(x.device).abs().sum()) == 0})
+    try:  # K = 30 fp32 values: rows of 120 bytes, which a descriptor cannot step
+        splitk_linear_triton(torch.ones(8, 30), torch.ones(8, 30), SplitK(16, 16, 16, 1, tma=True))
+        refused = ""
+    except ValueError as err:
+        refused = str(err)
+    print(json.dumps({"cases": results, "refused": refused}))
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +45,16 @@ def interpreted():
     return run_interpreted("test_triton_gemm")
 
 
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_split_k_matches_matmul_and_resets_its_counters(interpreted, case):
-    result = interpreted[case]
+def test_split_k_matches_matmul_and_resets_its_counters(interpreted, case, tma):
+    """Pointer loads and descriptor loads: the same result, edges (M, N, K not multiples of the tile) included."""
+    result = interpreted["cases"][case + tma * len(CASES)]
     assert result["err"] <= 1e-4 and result["same"] and result["counters_zero"]
+
+
+def test_tma_refuses_rows_a_descriptor_cannot_step(interpreted):
+    assert interpreted["refused"] == "TMA needs rows of a multiple of 16 bytes: K = 30 in torch.float32 is 120"
 
 
 def test_growing_the_counters_keeps_the_old_buffer_alive():
@@ -103,3 +115,25 @@ def test_no_counters_are_made_inside_a_capture(monkeypatch):
     with pytest.raises(RuntimeError, match="launch this shape once before capturing"):
         triton_gemm._counters(device, 2**40)
     assert triton_gemm._COUNTERS.get(device) is before
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+def test_gpu_bf16_split_k_on_an_encoder_shape_replays_in_a_graph(tma):
+    """The block's proj at 256 rows, 4 splits, bf16: within two bf16 roundings of cuBLAS (randn inputs: |y| ≲ 5√K,
+    each rounding ≤ 2⁻⁸ of it), and a captured launch replays to the same bits."""
+    from glmvit.kernels.triton_gemm import SplitK, splitk_linear_triton
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(256, 1536, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(1536, 1536, device="cuda", dtype=torch.bfloat16, generator=gen)
+    cfg = SplitK(64, 64, 128, 4, tma=tma)
+    eager = splitk_linear_triton(x, w, cfg)
+    assert (eager.float() - torch.nn.functional.linear(x, w).float()).abs().max().item() <= 2**-7 * 5 * 1536**0.5
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = splitk_linear_triton(x, w, cfg)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+

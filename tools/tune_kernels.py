@@ -4,7 +4,8 @@
 - attention: BLOCK_M × BLOCK_N × warps × stages × key splits, rotated in the loop or prerotated, on the benchmark
   layouts (one layer, 12 heads of 128), plus the best in-loop kernel without the keys' rotation (what rotating in the
   loop costs) and the prerotated path's rotation launch alone;
-- skinny matmuls: split-K tile × split on every matmul shape of the encoder at 64–1024 rows, against cuBLAS.
+- skinny matmuls: split-K tile × split × pointer or TMA loads (``t``) on every matmul shape of the encoder at
+  64–1024 rows, against cuBLAS.
 
 Each timing is ``glmvit.profiling.graph_time_us`` (20 calls in one CUDA graph, median of 10 replays). CUDA only.
 
@@ -95,11 +96,11 @@ def sweep_gemm(config: VisionConfig) -> list:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         ref = F.linear(x, w)
         row = {"m": m, "k": k, "n": n, "cublas_us": timed(partial(F.linear, x, w)), "configs": {}}
-        for (bm, bn, bk, warps), split in itertools.product(TILES, SPLITS):
+        for (bm, bn, bk, warps), split, tma in itertools.product(TILES, SPLITS, (False, True)):
             if split > 1 and k // split < bk:
                 continue
-            c = SplitK(bm, bn, bk, split, warps, 3)
-            key = f"{bm}x{bn}x{bk}w{warps}k{split}"
+            c = SplitK(bm, bn, bk, split, warps, 3, tma=tma)
+            key = f"{bm}x{bn}x{bk}w{warps}k{split}" + ("t" if tma else "")
             try:
                 err = (splitk_linear_triton(x, w, c).float() - ref.float()).abs().max().item()
             except Exception as e:  # noqa: BLE001

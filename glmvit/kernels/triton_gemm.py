@@ -10,6 +10,10 @@ the S partials in slice order (deterministic), writes the output in x's dtype an
 the next launch (the next graph replay) starts clean. One kernel, no memset, no second pass; the grid depends only
 on the shapes, so a CUDA graph captures it, and the counters it captured are never freed (:func:`_counters`). Under
 ``TRITON_INTERPRET=1`` it runs on CPU tensors (fp32).
+
+``SplitK(tma=True)`` loads the tiles through host-built tensor descriptors instead of computed pointers: on Hopper,
+one TMA instruction per tile and no address arithmetic in the warps (what notebook 10 says the pointer kernel
+lacks). The descriptors hold the tensors' addresses, so a captured launch keeps them, as it keeps the counters.
 """
 from __future__ import annotations
 
@@ -30,11 +34,13 @@ class SplitK:
     split: int = 4
     num_warps: int = 4
     num_stages: int = 3
+    tma: bool = False  # load x and W tiles through tensor descriptors (TMA on Hopper) instead of pointers
 
 
 @triton.jit
-def _splitk_kernel(x_ptr, w_ptr, y_ptr, partial_ptr, counter_ptr, M, N, K, k_per_split,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
+def _splitk_kernel(x_ptr, w_ptr, y_ptr, partial_ptr, counter_ptr, M, N, K, k_per_split, x_desc, w_desc,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+                   TMA: tl.constexpr = False):
     tile = tl.program_id(0)
     part = tl.program_id(1)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -44,11 +50,15 @@ def _splitk_kernel(x_ptr, w_ptr, y_ptr, partial_ptr, counter_ptr, M, N, K, k_per
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     k_start = part * k_per_split
     for k in range(k_start, tl.minimum(k_start + k_per_split, K), BLOCK_K):
-        kk = k + ks
-        x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + kk[None, :],
-                    mask=(rows[:, None] < M) & (kk[None, :] < K), other=0.0)
-        w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * K + kk[None, :],
-                    mask=(cols[:, None] < N) & (kk[None, :] < K), other=0.0)
+        if TMA:  # one descriptor load per tile; rows, columns and K past the tensor's edge read as zeros
+            x = x_desc.load([(tile // tiles_n) * BLOCK_M, k])
+            w = w_desc.load([(tile % tiles_n) * BLOCK_N, k])
+        else:
+            kk = k + ks
+            x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + kk[None, :],
+                        mask=(rows[:, None] < M) & (kk[None, :] < K), other=0.0)
+            w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * K + kk[None, :],
+                        mask=(cols[:, None] < N) & (kk[None, :] < K), other=0.0)
         acc = tl.dot(x, tl.trans(w), acc)
     out_mask = (rows[:, None] < M) & (cols[None, :] < N)
     out_offsets = rows.to(tl.int64)[:, None] * N + cols[None, :]
@@ -115,9 +125,19 @@ def splitk_linear_triton(x: torch.Tensor, weight: torch.Tensor, config: SplitK) 
     k_per_split = triton.cdiv(triton.cdiv(k, config.split), config.block_k) * config.block_k
     partial = torch.empty(tiles * config.split * config.block_m * config.block_n if config.split > 1 else 1,
                           dtype=torch.float32, device=x.device)
+    x_desc: object = x
+    w_desc: object = weight  # not read without TMA
+    if config.tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        if (k * x.element_size()) % 16:
+            raise ValueError(f"TMA needs rows of a multiple of 16 bytes: K = {k} in {x.dtype} is "
+                             f"{k * x.element_size()}")
+        x_desc = TensorDescriptor.from_tensor(x, [config.block_m, config.block_k])
+        w_desc = TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k])
     _splitk_kernel[(tiles, config.split)](
-        x, weight, y, partial, _counters(x.device, tiles), m, n, k, k_per_split,
+        x, weight, y, partial, _counters(x.device, tiles), m, n, k, k_per_split, x_desc, w_desc,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT=config.split,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        TMA=config.tma, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return y
