@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..records import DATA, REPO, RUN_ENV, Record, load_any, staleness, to_json
-from .common import Parser, float_in, write_atomic
+from .common import Parser, atomic_output, float_in, write_atomic
 
 LADDER = "64,128,256,512,768,1024,1536,2048,3072,4096"
 SEED_CONFIG = ("--budgets", "128,256,512,1024,1536,2048", "--max-items", "4", "--max-segments", "32")  # PR 40576
@@ -135,12 +135,10 @@ def stamp_elapsed(job: Job, seconds: float, started: float) -> list[Path]:
 
 
 def pack(archive: str, paths: list[Path]) -> None:
-    """Every record written so far into the .tgz ``archive``, replacing it whole (a temporary file, then a rename)."""
-    partial = Path(f"{archive}.partial")
-    with tarfile.open(partial, "w:gz") as tar:
+    """Every record written so far into the .tgz ``archive``, replacing it whole (never half-written)."""
+    with atomic_output(archive) as f, tarfile.open(fileobj=f, mode="w:gz") as tar:
         for path in paths:
             tar.add(path, arcname=str(path.relative_to(REPO)))
-    partial.replace(archive)
 
 
 def main(argv: list[str] | None = None) -> int:
