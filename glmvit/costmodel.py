@@ -62,11 +62,18 @@ POOL_BYTES_PER_ROW_HIDDEN = {(False, "library"): 44.2, (True, "library"): 26.9,
                              (False, "triton"): 41.6, (True, "triton"): 23.6}
 POOL_FIXED_BYTES = {(False, "library"): 46_000_000, (True, "library"): 25_000_000,
                     (False, "triton"): 42_800_000, (True, "triton"): 16_000_000}
-# Above this many rows the triton backend takes its prerotated path (glmvit.kernels.attention_table, which a test
-# keeps in step): each attention holds a (rows, 2·hidden) scratch of rotated q and k. It raised the compiled pool by
-# exactly its size (H200 captures at 25bf945: +96 MiB at 16,384 rows, against 70a8c14); an uncompiled forward's peak
-# is in the MLP's unfused temporaries, above the attention's even with the scratch, and did not move (938 MiB both).
-PREROTATED_ABOVE_ROWS = 1024
+# The triton backend rotates in the loop from IN_LOOP_ROWS[0] to IN_LOOP_ROWS[1] rows and takes its prerotated path
+# outside (glmvit.kernels.attention_table, which a test keeps in step; kept here as numbers because the cost model
+# runs where triton is not installed): each prerotated attention holds a (rows, 2·hidden) scratch of rotated q and k.
+# It raised the compiled pool by exactly its size (H200 captures at 25bf945: +96 MiB at 16,384 rows, against
+# 70a8c14); an uncompiled forward's peak is in the MLP's unfused temporaries, above the attention's even with the
+# scratch, and did not move (938 MiB both).
+IN_LOOP_ROWS = (257, 1024)
+
+
+def prerotated(rows: int) -> bool:
+    """Whether the triton attention of ``rows`` packed rows takes its prerotated path (``IN_LOOP_ROWS``)."""
+    return not IN_LOOP_ROWS[0] <= rows <= IN_LOOP_ROWS[1]
 
 
 def graph_memory(config: BudgetConfig, vision_config: VisionConfig, dtype: str = "bfloat16",
@@ -77,7 +84,7 @@ def graph_memory(config: BudgetConfig, vision_config: VisionConfig, dtype: str =
     metadata buffer of ``glmvit.metadata`` (``BatchShape.packed_size``: ≈ max_segments + 5·rows + rows / merge_area)
     and the output budget × out_hidden (dtype). Pool: ``POOL_FIXED_BYTES`` + rows · hidden ·
     ``POOL_BYTES_PER_ROW_HIDDEN`` (scaled by the dtype's size), the measured model above, plus the prerotated
-    attention's scratch where a compiled graph holds it (``PREROTATED_ABOVE_ROWS``). ``attention``: "triton"
+    attention's scratch where a compiled graph holds it (``prerotated``). ``attention``: "triton"
     (glmvit's kernel, the CUDA default) or any library backend ("varlen", "flash_attn", …).
     """
     key = (compiled, "triton" if attention == "triton" else "library")
@@ -89,7 +96,7 @@ def graph_memory(config: BudgetConfig, vision_config: VisionConfig, dtype: str =
         static = (rows * vc.patch_dim + budget * vc.out_hidden_size) * size + 4 * metadata
         per_row = vc.hidden_size * POOL_BYTES_PER_ROW_HIDDEN[key] * size / 2
         pool = POOL_FIXED_BYTES[key] + round(rows * per_row)
-        if key == (True, "triton") and rows > PREROTATED_ABOVE_ROWS:
+        if key == (True, "triton") and prerotated(rows):
             pool += rows * 2 * vc.hidden_size * size
         result.append(GraphMemory(budget, static, pool))
     return result

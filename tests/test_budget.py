@@ -423,14 +423,14 @@ def test_graph_memory_metadata_matches_the_packed_layout():
 
 
 def test_graph_memory_counts_the_prerotated_scratch_where_the_table_takes_that_path():
-    """The cost model's row threshold is the launch table's; past it a compiled triton graph's pool holds the
+    """The cost model's row ranges are the launch table's; past 1024 rows a compiled triton graph's pool holds the
     (rows, 2·hidden) scratch of rotated q and k, and an uncompiled one's does not grow (costmodel's comment)."""
-    from glmvit.costmodel import PREROTATED_ABOVE_ROWS, graph_memory
+    from glmvit.costmodel import IN_LOOP_ROWS, graph_memory, prerotated
     from glmvit.kernels.attention_table import config_for
 
-    assert not config_for(PREROTATED_ABOVE_ROWS).prerotate and config_for(PREROTATED_ABOVE_ROWS + 1).prerotate
+    assert all(config_for(rows).prerotate == prerotated(rows) for rows in range(1, 4 * IN_LOOP_ROWS[1]))
     vc = VisionConfig.glm41v()
-    below, above = PREROTATED_ABOVE_ROWS // vc.merge_area, 2 * PREROTATED_ABOVE_ROWS // vc.merge_area
+    below, above = IN_LOOP_ROWS[1] // vc.merge_area, 2 * IN_LOOP_ROWS[1] // vc.merge_area
     config = BudgetConfig.resolve((below, above))
     compiled = graph_memory(config, vc, compiled=True)
     plain = graph_memory(config, vc, compiled=False)

@@ -1,18 +1,23 @@
 """The attention kernel's launch table: which :class:`~glmvit.kernels.triton_attention.AttnConfig` a batch of so
 many packed rows runs, chosen from the sweep recorded on the H200 (``data/bench/tune_h200.json``, made by
-``tools/tune_kernels.py``; ``tests/test_kernel_tables.py`` checks every choice within 10 % of the best measured on
-each layout). A module of its own because the sweep times the configurations it is given and never reads this
-table: the choice depends on the sweep, not the other way round, so changing it leaves the sweep's record current.
+``tools/tune_kernels.py``; ``tests/test_kernel_tables.py`` checks every choice within 10 % of the best one
+configuration can do on the layouts of that many rows). A module of its own because the sweep times the
+configurations it is given and never reads this table: the choice depends on the sweep, not the other way round, so
+changing it leaves the sweep's record current.
 
-Up to 1024 rows (budgets ≤ 256 tokens: segments of at most 256 rows) the keys are rotated in the loop, 64-row
-blocks with 4 warps and one stage: the most programs, and no second launch. Above, the prerotated path with
-3 pipelining stages: at eight 448² images it took 23 % off the best in-loop kernel, at one 1036² image 35 %.
+Up to 256 rows (one 224² image) the prerotated path with 3 pipelining stages: its own rotation launch is cheap
+there, and the loop over plain keys is shorter than one that rotates them. From 257 to 1024 rows the keys are
+rotated in the loop, 64-row blocks with 4 warps and one stage: four 224² images gain from the prerotated path but
+sixteen 112² images lose more (in 64-row segments the rotation launch costs more than the shorter loop saves),
+and a table keyed by rows cannot tell the two apart. Above 1024 rows the prerotated path again: at eight 448²
+images it took a quarter off the best in-loop kernel, at one 1036² image a third.
 """
 from __future__ import annotations
 
 from .triton_attention import AttnConfig
 
-CONFIGS = ((1024, AttnConfig(64, 64, 4, 1)), (None, AttnConfig(64, 64, 4, 3, prerotate=True)))
+PREROTATED = AttnConfig(64, 64, 4, 3, prerotate=True)
+CONFIGS = ((256, PREROTATED), (1024, AttnConfig(64, 64, 4, 1)), (None, PREROTATED))
 
 
 def config_for(rows: int) -> AttnConfig:
