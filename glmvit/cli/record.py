@@ -100,7 +100,7 @@ JOBS: tuple[Job, ...] = (  # in priority order: the sweeps the benchmarks route 
         ("bench/serve_mixed_av_h200.json",), 90),
     *(_notebook(stem, est) for stem, est in (
         ("00_tour", 60), ("02_interpolation_kernel", 40), ("03_cuda_graphs", 40), ("04_static_forward", 40),
-        ("06_capture_replay", 60), ("08_benchmark", 90), ("10_kernels", 60))),
+        ("06_capture_replay", 60), ("08_benchmark", 90))),
 )
 
 
