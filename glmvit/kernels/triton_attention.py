@@ -18,12 +18,14 @@ each against its own keys only, and stores only its rows of that segment, so no 
 ever loaded for another (a NaN in one item cannot reach the next). Blocks past the real rows (padding,
 ``cu_seqlens[-1]`` on) return at once and leave their rows as they were, like the varlen kernels.
 
-Two ends, two launch shapes. In a short segment the keys are few and the programs too few, so the rotation is done
-where the keys are loaded (above). In a long one (a 448² image: 1024 rows) every key block is loaded and rotated once
-per row block, and that rotation — float32 arithmetic on loaded registers, and cos/sin tables as large as the keys —
-is what the inner loop waits on: ``prerotate=True`` first rotates q and k of every head once, in their own launch,
-into a (rows, 2·heads·d) scratch, and the attention then streams plain bf16 keys, which the compiler can pipeline
-(``num_stages`` > 1). Both compute the same rounded q̃, k̃. ``glmvit.kernels.attention_table`` picks per batch size.
+Two launch shapes. Rotating where the keys are loaded (above) needs no second launch, but every key block is
+rotated once per row block: in a long segment (a 448² image: 1024 rows) many times over, and that rotation —
+float32 arithmetic on loaded registers, and cos/sin tables as large as the keys — is what the inner loop waits on.
+``prerotate=True`` first rotates q and k of every head once, in their own launch, into a (rows, 2·heads·d)
+scratch, and the attention then streams plain bf16 keys, which the compiler can pipeline (``num_stages`` > 1).
+Both compute the same rounded q̃, k̃. Which is faster depends on the segments and the rows (the second launch costs
+a few µs; many short segments save less than that), so ``glmvit.kernels.attention_table`` picks per batch size,
+from a measured sweep.
 
 Rotary: q and k are loaded as two halves x₁ = x[:, :d/2], x₂ = x[:, d/2:] (NeoX half-split), and rotated as
 (x₁·cos − x₂·sin, x₂·cos + x₁·sin) with the first d/2 columns of the cos/sin tables (the tables repeat themselves:
