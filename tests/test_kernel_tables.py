@@ -43,8 +43,9 @@ def ladder_shapes() -> set[tuple[int, int, int]]:
     """Every (M, K, N) the encoder runs at the default budgets (``packing.SMALLEST_BUDGET`` tokens and up) that the
     sweep's rows (64, 256, 1024) can meet: block matmuls from 256 rows, merger matmuls from 64 tokens."""
     config = VisionConfig.glm41v()
-    return {(m, k, n) for rows in (256, 1024, 4096) for _, m, k, n, _ in encoder_gemms(config, rows)
-            if rows >= SMALLEST_BUDGET * config.merge_area}
+    smallest = SMALLEST_BUDGET * config.merge_area  # 256 rows
+    return {(m, k, n) for rows in (smallest, 4 * smallest, 16 * smallest)
+            for _, m, k, n, _ in encoder_gemms(config, rows)}
 
 
 def test_cublas_stays_for_every_matmul_of_the_default_budgets_the_split_k_kernel_does_not_beat_by_10_percent():

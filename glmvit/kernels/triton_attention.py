@@ -81,7 +81,7 @@ def _rope_rotate_qk_kernel(qkv_ptr, cos_ptr, sin_ptr, cu_seqlens_ptr, qk_ptr, la
                            HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
     """q̃ and k̃ of one head for BLOCK real rows, from qkv (rows, 3·heads·d) into qk (rows, 2·heads·d): the
     prerotated path's first launch, one program per (row block, head). The rows' cos/sin halves are loaded once
-    for both rotations; a program per head, not per row block, so that a few hundred rows still fill the GPU."""
+    for both rotations; the grid splits heads as well as rows, so that a few hundred rows still fill the GPU."""
     D: tl.constexpr = 2 * HALF
     head = tl.program_id(1)
     num_rows = tl.load(cu_seqlens_ptr + last_slot)
