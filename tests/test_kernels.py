@@ -252,3 +252,21 @@ def test_bench_writes_json(tmp_path):
     record = json.loads(path.read_text())
     assert [r["case"] for r in record["results"]] == list(kernel_bench.CASES)
     assert all(r["median_us"]["triton"] > 0 for r in record["results"]) and record["provenance"]["gpu"]
+
+
+@pytest.mark.gpu
+def test_kernels_profile_splits_a_replay_into_busy_time_gaps_and_host(tmp_path):
+    """`glmvit kernels --parts profile`: a replay's time on the device holds its kernels' busy time plus the gaps
+    between them (one stream: kernels cannot overlap), and the wall time adds the host's launch and wait."""
+    from glmvit.cli import kernels as kernels_cli
+
+    path = tmp_path / "kernels.json"
+    assert kernels_cli.main(["--layouts", "1x224", "--parts", "profile", "--backends", "triton", "--quiet",
+                             "--json", str(path)]) == 0
+    profile = json.loads(path.read_text())["profile"]
+    assert set(profile) == {"triton", "triton-compiled", "triton-compiled-model"}
+    for variant in profile.values():
+        p = variant["1x224"]
+        device_us, wall_us = p["replay_device"]["median_ms"] * 1e3, p["replay_wall"]["median_ms"] * 1e3
+        assert p["gaps_us_per_call"] == pytest.approx(device_us - p["gpu_us_per_call"])
+        assert 0 < p["gpu_us_per_call"] < device_us < wall_us, p

@@ -3,7 +3,8 @@
 For each layout (one 224² image, four, an 8-frame clip, eight 448² images) and each graph-safe attention backend:
 
 - ``profile``: ``torch.profiler`` over replays of a captured graph (compiled and not): kernels per replay, GPU µs by
-  category (GEMM, attention, fused elementwise, fill, copy, …) and the top kernels;
+  category (GEMM, attention, fused elementwise, fill, copy, …), the top kernels, and the replay's time on the
+  device and on the wall, so a replay splits into busy time, gaps between kernels, and host work;
 - ``attention``: one layer's rotary + attention timed alone inside a CUDA graph, against its roofline;
 - ``gemm``: every matmul shape of the forward timed alone (cuBLAS, and cuBLASLt where torch offers the choice),
   gate and up fused vs apart, each against its roofline at the matmul rate and copy bandwidth measured in the run.
@@ -105,7 +106,14 @@ def measure_attention(config, grids, backends: list[str], tflops: float, gbps: f
 
 
 def profile_replays(model, layouts: dict[str, list], backends: list[str], quiet: bool) -> dict[str, Any]:
-    """Kernel profile and host-inclusive time of replays, per backend × compiled × layout."""
+    """Kernel profile and replay times, per backend × compiled × layout.
+
+    Every variant is captured and timed before the first profiler starts: once CUPTI is attached, each later
+    kernel launch carries its instrumentation, and the times would no longer be the ones a user sees. Per layout:
+    ``replay_wall`` (host-inclusive, between synchronisations), ``replay_device`` (back-to-back replays between CUDA
+    events: the graph alone) and ``gaps_us_per_call`` (device − the kernels' busy time: the boundaries inside the
+    graph, where the GPU waits for the next kernel to start).
+    """
     merge_area = model.config.merge_area
     tokens = {name: sum(t * h * w for t, h, w in g) // merge_area for name, g in layouts.items()}
     budgets = tuple(sorted(set(tokens.values())))
@@ -113,27 +121,33 @@ def profile_replays(model, layouts: dict[str, list], backends: list[str], quiet:
     segments = max(sum(t for t, _, _ in g) for g in layouts.values())
     config = BudgetConfig(budgets, min(items, budgets[0]), max(segments, items))
     inputs = {name: random_batch(g, model.config, seed=1) for name, g in layouts.items()}
-    out: dict[str, Any] = {}
     saved = model.attn_backend
     variants = [(b, compiled, "blocks") for b in backends for compiled in (False, True)]
     variants.append((backends[0], True, "model"))  # the whole forward compiled as one: what regions cost
+    out: dict[str, Any] = {}
+    replays: dict[str, dict[str, Callable[[], Any]]] = {}
     for backend, compiled, scope in variants:
         model.attn_backend = backend
         key = f"{backend}{'-compiled' if compiled else ''}{'-model' if scope == 'model' else ''}"
         runner = EncoderGraphRunner(model, config, torch_compile=compiled, compile_scope=scope,
                                     progress=not quiet).capture()
         out[key] = {"capture": {str(k): v.as_dict() for k, v in runner.captures.items()}}
-        for name, (pixels, grid) in inputs.items():
-            pixels = pixels.to("cuda", model.dtype)
-            budget = tokens[name]
-            replay = partial(runner.replay, budget, pixels, grid)
-            with torch.inference_mode():
-                prof = profile_kernels(replay)
-                wall = summarise(time_calls(replay, "cuda", runs=50, warmup=5))
-            out[key][name] = {**prof, "replay_wall": wall}
-        del runner
-        torch.cuda.empty_cache()
+        replays[key] = {name: partial(runner.replay, tokens[name], pixels.to("cuda", model.dtype), grid)
+                        for name, (pixels, grid) in inputs.items()}
+        with torch.inference_mode():
+            for name, replay in replays[key].items():
+                out[key][name] = {"replay_wall": summarise(time_calls(replay, "cuda", runs=50, warmup=5)),
+                                  "replay_device": summarise(time_calls(replay, "cuda", runs=50, warmup=5,
+                                                                        on_device=True))}
     model.attn_backend = saved
+    with torch.inference_mode():
+        for key, per_layout in replays.items():
+            for name, replay in per_layout.items():
+                prof = profile_kernels(replay)
+                device_us = out[key][name]["replay_device"]["median_ms"] * 1e3
+                out[key][name] = {**prof, **out[key][name], "gaps_us_per_call": device_us - prof["gpu_us_per_call"]}
+    del replays
+    torch.cuda.empty_cache()
     return out
 
 
@@ -144,8 +158,9 @@ def print_report(result: dict[str, Any]) -> None:
             if name == "capture":
                 continue
             cats = ", ".join(f"{c} {us:.0f}" for c, us in p["by_category_us"].items())
-            print(f"  {name:>10}: {p['gpu_us_per_call']:7.0f} µs GPU in {p['kernels_per_call']:.0f} kernels "
-                  f"(replay wall median {p['replay_wall']['median_ms']:.3f} ms) — {cats}")
+            print(f"  {name:>10}: {p['gpu_us_per_call']:7.0f} µs busy in {p['kernels_per_call']:.0f} kernels, "
+                  f"{p['gaps_us_per_call']:5.0f} µs of gaps (replay on device {p['replay_device']['median_ms']:.3f} "
+                  f"ms, wall {p['replay_wall']['median_ms']:.3f} ms) — {cats}")
     for name, a in result.get("attention", {}).items():
         cells = ", ".join(f"{b} {v['us']:.1f} µs ({v['roofline_fraction']:.0%})" for b, v in a.items()
                           if isinstance(v, dict))
