@@ -103,6 +103,19 @@ class Attention(nn.Module):
         return self.proj(attend_qkv(self.qkv(x), cos, sin, meta, backend, self.num_heads))
 
 
+def residual_add(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """``x + h``, written so that ``torch.compile`` keeps it a pointwise kernel.
+
+    Inductor rewrites ``mm(a, w) + x`` into ``addmm(x, a, w)``, and CUDA's addmm first copies its 2-D input into the
+    output: two device-to-device copies per block inside the regional compile (see ``should_prefer_unfused_addmm``
+    in torch/_inductor/fx_passes/post_grad.py). Adding in float32 and rounding once hides the pattern and gives the
+    same bits as eager, which also adds half-precision tensors in float32 and rounds once.
+    """
+    if torch.compiler.is_compiling():
+        return (x.float() + h.float()).to(x.dtype)
+    return x + h
+
+
 class Block(nn.Module):
     def __init__(self, config: VisionConfig):
         super().__init__()
@@ -112,8 +125,8 @@ class Block(nn.Module):
         self.mlp = SwiGLU(config.hidden_size, config.out_hidden_size)
 
     def forward(self, x, cos, sin, meta: EncoderMetadata, backend: str) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), cos, sin, meta, backend)
-        return x + self.mlp(self.norm2(x))
+        x = residual_add(x, self.attn(self.norm1(x), cos, sin, meta, backend))
+        return residual_add(x, self.mlp(self.norm2(x)))
 
 
 def run_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: EncoderMetadata,

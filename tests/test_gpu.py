@@ -10,6 +10,7 @@ oracle comparisons that need exactness run in float32 with the ``sdpa_masked`` b
 """
 import copy
 import dataclasses
+import functools
 import gc
 import threading
 
@@ -504,6 +505,26 @@ def test_a_routed_runner_runs_eagerly_what_its_table_says_is_faster(full):
         assert stats.predicted_ms == 1.0 and stats.measured_ms > 0
     finally:
         del routed
+        free_cuda()
+
+
+def test_regional_compile_runs_no_device_to_device_copy_per_block(full):
+    """Inductor fuses a matmul with the residual add after it into an addmm, which on CUDA copies its 2-D input
+    first (two copies per block); ``model.residual_add`` keeps the add pointwise, so a compiled replay runs fewer
+    copy kernels than the tower has blocks."""
+    from glmvit.profiling import profile_kernels
+
+    compiled = EncoderGraphRunner(full, BudgetConfig((64,), max_items=1, max_segments=1), mode="cuda",
+                                  torch_compile=True, progress=False).capture()
+    try:
+        pixels, grid = random_pixels([[1, 16, 16]], torch.bfloat16, seed=43)
+        replay = functools.partial(compiled.replay, 64, pixels, grid)
+        with torch.inference_mode():
+            prof = profile_kernels(replay, calls=3, top=1000)
+        copies = sum(k["launches_per_call"] for k in prof["top"] if k["category"] == "copy")
+        assert copies < full.config.depth, prof["by_category_us"]
+    finally:
+        del compiled
         free_cuda()
 
 

@@ -149,3 +149,16 @@ def test_fused_gate_up_round_trips_transformers_keys(tiny_hf, tiny_config, tmp_p
     again = GlmVisionEncoder(tiny_config)
     again.load_state_dict(loaded, strict=True)
     assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), ours.state_dict().values(), strict=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_compiled_residual_add_is_bitwise_the_eager_add(dtype):
+    """Under torch.compile the residual adds in float32 and rounds once (so inductor cannot turn it into an addmm
+    that copies its input): eager half-precision adds round the float32 sum once too, so the bits are the same."""
+    from glmvit.model import residual_add
+
+    g = torch.Generator().manual_seed(0)
+    x, h = (torch.randn(64, 48, generator=g).mul(8).to(dtype) for _ in range(2))
+    compiled = torch.compile(residual_add, fullgraph=True, dynamic=False)
+    got = compiled(x, h)
+    assert got.dtype == dtype and torch.equal(got, x + h)
