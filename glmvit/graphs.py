@@ -349,7 +349,10 @@ class EncoderGraphRunner:
 
     def plan(self, grid_thw: Any) -> list[BatchStep]:
         """The batches of a request with these grids, routed: planned once per distinct grids, then reused."""
-        grids = self.model.check_grid_thw(grid_thw)
+        return self._planned(self.model.check_grid_thw(grid_thw))
+
+    def _planned(self, grids: np.ndarray) -> list[BatchStep]:
+        """``plan`` for grids validated already (``_run`` checks a request once, with its pixels)."""
         key = grids.tobytes()
         steps = self._layouts.get(key)
         if steps is None:
@@ -464,7 +467,7 @@ class EncoderGraphRunner:
         grids = model.check_inputs(pixel_values, grid_thw, check_finite=False)
         if len(grids) == 0:
             return []
-        steps = self.plan(grids)
+        steps = self._planned(grids)
         self._resolve_timings(wait=False)
         on_device = pixel_values if pixel_values.device == device or all(s.row_index is None for s in steps) \
             else pixel_values.to(device, non_blocking=True)  # gathers read it on the device: copy the request once

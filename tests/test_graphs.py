@@ -145,6 +145,19 @@ def test_a_request_layout_is_planned_once(runner, tiny_config, monkeypatch):
     assert len(calls) == 2
 
 
+def test_a_request_is_validated_once(runner, tiny_model, tiny_config, monkeypatch):
+    """run() checks a request's grids once, with its pixels, and plans from the checked array; plan(), public,
+    still checks what it is given."""
+    calls = []
+    real = tiny_model.check_grid_thw
+    monkeypatch.setattr(tiny_model, "check_grid_thw", lambda g: calls.append(1) or real(g))
+    request = random_batch([[1, 4, 4], [2, 2, 2]], tiny_config, seed=8)
+    runner.run(*request)
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match="divisible|merge"):
+        runner.plan([[1, 3, 4]])
+
+
 def test_compile_scope_is_checked_and_blocks_compile_one_function_for_all(tiny_model):
     config = BudgetConfig((16, 32), 2, 4)
     with pytest.raises(ValueError, match="compile_scope must be one of"):
