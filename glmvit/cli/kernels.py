@@ -110,9 +110,10 @@ def profile_replays(model, layouts: dict[str, list], backends: list[str], quiet:
 
     Every variant is captured and timed before the first profiler starts: once CUPTI is attached, each later
     kernel launch carries its instrumentation, and the times would no longer be the ones a user sees. Per layout:
-    ``replay_wall`` (host-inclusive, between synchronisations), ``replay_device`` (back-to-back replays between CUDA
-    events: the graph alone) and ``gaps_us_per_call`` (device − the kernels' busy time: the boundaries inside the
-    graph, where the GPU waits for the next kernel to start).
+    ``replay_wall`` (``runner.replay``: checks, staging and the graph, between synchronisations), ``replay_device``
+    (the captured graph alone, replayed back to back between CUDA events), ``graph_gpu_us_per_call`` (its kernels'
+    busy time) and ``gaps_us_per_call`` (device − busy: the boundaries inside the graph, where the GPU waits for
+    the next kernel to start).
     """
     merge_area = model.config.merge_area
     tokens = {name: sum(t * h * w for t, h, w in g) // merge_area for name, g in layouts.items()}
@@ -125,27 +126,30 @@ def profile_replays(model, layouts: dict[str, list], backends: list[str], quiet:
     variants = [(b, compiled, "blocks") for b in backends for compiled in (False, True)]
     variants.append((backends[0], True, "model"))  # the whole forward compiled as one: what regions cost
     out: dict[str, Any] = {}
-    replays: dict[str, dict[str, Callable[[], Any]]] = {}
+    replays: dict[str, dict[str, tuple[Callable[[], Any], Callable[[], Any]]]] = {}
     for backend, compiled, scope in variants:
         model.attn_backend = backend
         key = f"{backend}{'-compiled' if compiled else ''}{'-model' if scope == 'model' else ''}"
         runner = EncoderGraphRunner(model, config, torch_compile=compiled, compile_scope=scope,
                                     progress=not quiet).capture()
         out[key] = {"capture": {str(k): v.as_dict() for k, v in runner.captures.items()}}
-        replays[key] = {name: partial(runner.replay, tokens[name], pixels.to("cuda", model.dtype), grid)
-                        for name, (pixels, grid) in inputs.items()}
+        graphs = {b: cb.graph for b, cb in runner.graphs.items() if cb.graph is not None}  # mode "cuda": all
+        replays[key] = {name: (partial(runner.replay, tokens[name], pixels.to("cuda", model.dtype), grid),
+                               graphs[tokens[name]].replay) for name, (pixels, grid) in inputs.items()}
         with torch.inference_mode():
-            for name, replay in replays[key].items():
-                out[key][name] = {"replay_wall": summarise(time_calls(replay, "cuda", runs=50, warmup=5)),
-                                  "replay_device": summarise(time_calls(replay, "cuda", runs=50, warmup=5,
-                                                                        on_device=True))}
+            for name, (replay, graph_replay) in replays[key].items():
+                wall = summarise(time_calls(replay, "cuda", runs=50, warmup=5))  # leaves this layout staged
+                device = summarise(time_calls(graph_replay, "cuda", runs=50, warmup=5, on_device=True))
+                out[key][name] = {"replay_wall": wall, "replay_device": device}
     model.attn_backend = saved
     with torch.inference_mode():
         for key, per_layout in replays.items():
-            for name, replay in per_layout.items():
+            for name, (replay, graph_replay) in per_layout.items():
                 prof = profile_kernels(replay)
+                busy = profile_kernels(graph_replay, top=0)["gpu_us_per_call"]
                 device_us = out[key][name]["replay_device"]["median_ms"] * 1e3
-                out[key][name] = {**prof, **out[key][name], "gaps_us_per_call": device_us - prof["gpu_us_per_call"]}
+                out[key][name] = {**prof, **out[key][name], "graph_gpu_us_per_call": busy,
+                                  "gaps_us_per_call": device_us - busy}
     del replays
     torch.cuda.empty_cache()
     return out
