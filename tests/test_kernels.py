@@ -269,5 +269,4 @@ def test_kernels_profile_splits_a_replay_into_busy_time_gaps_and_host(tmp_path):
         p = variant["1x224"]
         device_us, wall_us = p["replay_device"]["median_ms"] * 1e3, p["replay_wall"]["median_ms"] * 1e3
         assert p["gaps_us_per_call"] == pytest.approx(device_us - p["graph_gpu_us_per_call"])
-        assert 0 < p["graph_gpu_us_per_call"] <= p["gpu_us_per_call"] and p["graph_gpu_us_per_call"] < device_us
-        assert device_us < wall_us, p
+        assert 0 < p["graph_gpu_us_per_call"] < device_us < wall_us, p  # (two profiles: busy times differ by noise)
