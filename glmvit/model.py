@@ -106,10 +106,12 @@ class Attention(nn.Module):
 def residual_add(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     """``x + h``, written so that ``torch.compile`` keeps it a pointwise kernel.
 
-    Inductor rewrites ``mm(a, w) + x`` into ``addmm(x, a, w)``, and CUDA's addmm first copies its 2-D input into the
-    output: two device-to-device copies per block inside the regional compile (see ``should_prefer_unfused_addmm``
-    in torch/_inductor/fx_passes/post_grad.py). Adding in float32 and rounding once hides the pattern and gives the
-    same bits as eager, which also adds half-precision tensors in float32 and rounds once.
+    Inductor rewrites ``mm(a, w) + x`` into ``addmm(x, a, w)`` unless every use of the sum is pointwise (a region's
+    output is not), and CUDA's addmm first copies its 2-D input into the output: two device-to-device copies per
+    block inside the regional compile (``is_valid_addmm_fusion`` in torch/_inductor/fx_passes/post_grad.py). In half
+    precision, adding in float32 and rounding once hides the pattern (its dtypes must match the matmul's) and gives
+    eager's bits, since eager also adds half-precision tensors in float32 and rounds once. In float32 the casts are
+    no-ops and the rewrite still applies: copies, not a different result.
     """
     if torch.compiler.is_compiling():
         return (x.float() + h.float()).to(x.dtype)
