@@ -256,6 +256,15 @@ class KernelsProfile(Record):
     profile: dict[str, Any] = Field(default_factory=dict)
 
 
+class NcuProfile(Record):
+    """``python -m glmvit ncu``: Nsight Compute's counters for every kernel of one graph replay, per layout."""
+
+    kind: Literal["ncu"] = "ncu"
+    ncu: str
+    sections: list[str]
+    layouts: dict[str, Any]
+
+
 class StartupRecord(Record):
     """``tools/capture_time.py``: compile + capture of a budget ladder in fresh processes, cold and warm."""
 
@@ -296,7 +305,8 @@ class NotebookResult(Record):
 
 R = TypeVar("R", bound=Record)
 KINDS: dict[str, type[Record]] = {cls.model_fields["kind"].default: cls for cls in (
-    BenchRecord, LatencySweep, KernelsProfile, StartupRecord, InterpRecord, TuneSweep, ServeRecord, NotebookResult)}
+    BenchRecord, LatencySweep, KernelsProfile, NcuProfile, StartupRecord, InterpRecord, TuneSweep, ServeRecord,
+    NotebookResult)}
 RESULT_KINDS = frozenset(KINDS) - {"tune"}  # what `python -m glmvit record` re-measures; a tune sweep is an input
 
 

@@ -19,6 +19,7 @@ COMMANDS = {
     "bench": ("glmvit.cli.bench", "benchmark transformers vs eager vs CUDA graphs vs the GPU's floor"),
     "latency": ("glmvit.cli.latency", "measure the latency table (every budget, several layouts) for the cost model"),
     "kernels": ("glmvit.cli.kernels", "profile a graph replay kernel by kernel against each op's roofline (CUDA)"),
+    "ncu": ("glmvit.cli.ncu", "what limits each kernel of a graph replay, from Nsight Compute's counters (CUDA)"),
     "bench-interp": ("glmvit.cli.bench_interp", "benchmark the Triton interpolation kernel vs grid_sample"),
     "dp-bench": ("glmvit.cli.dp_bench", "data-parallel demo/benchmark (launch with torchrun -m glmvit.cli.dp_bench)"),
     "serve": ("glmvit.cli.serve", "serve the encoder over HTTP, batching the items of concurrent requests"),

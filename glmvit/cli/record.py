@@ -78,6 +78,8 @@ JOBS: tuple[Job, ...] = (  # in priority order: the sweeps the benchmarks route 
     _bench("mixed_av", "mixed-av", 300, "--transformers-requests", "40", estimate=70),
     Job("kernels", "sweeps", ("-m", "glmvit", "kernels", "--quiet", "--json", "data/bench/kernels_h200.json"),
         ("bench/kernels_h200.json",), 120),
+    Job("ncu", "sweeps", ("-m", "glmvit", "ncu", "--quiet", "--json", "data/bench/ncu_h200.json"),
+        ("bench/ncu_h200.json",), 400),
     Job("capture", "sweeps", ("tools/capture_time.py", "--scopes", "blocks", "--json", "data/bench/capture_h200.json"),
         ("bench/capture_h200.json",), 60),
     Job("interp", "sweeps", ("-m", "glmvit", "bench-interp", "--json", "data/bench/interp_h200.json"),
