@@ -36,12 +36,15 @@ def test_every_record_reads_as_its_type(path):
 def test_the_current_results_are_one_record_run_per_group_they_are_read_in():
     """The results read side by side were made by one `python -m glmvit record` run (one machine, one code): every
     current benchmark record (the README and the notebooks set them against each other), and each notebook's own
-    records. A notebook whose records stayed current is not re-run, so two notebooks may come from two runs."""
+    records. A notebook whose records stayed current is not re-run, so two notebooks may come from two runs. An ncu
+    profile is a group of its own: it is read for counters (fractions of peak, stall reasons), whose kernels ran alone
+    under Nsight Compute, and no time of it is set against a benchmark's."""
     groups: dict[str, set] = {}
     for path in record_files():
         record = load_any(path)
         if record.kind != "tune" and not staleness(record):
-            group = "bench" if path.parent.name == "bench" else path.name.split("_")[0]
+            group = record.kind if record.kind == "ncu" else "bench" if path.parent.name == "bench" else \
+                path.name.split("_")[0]
             groups.setdefault(group, set()).add(record.record_run)
     for group, runs in groups.items():
         assert len(runs - {None}) <= 1 and (None not in runs or len(runs) == 1), (group, runs)

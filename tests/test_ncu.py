@@ -1,0 +1,108 @@
+"""``python -m glmvit ncu`` on CPU: the parser on real Nsight Compute output, the limiter's rules, the grouping, and
+the command's one-line errors. The fixture ``tests/data/ncu_raw_8x448.csv`` is ncu's ``--csv --page raw`` output of
+one replay of eight 448² images on the H200 (the first launch of each kernel, the columns the parser reads)."""
+from __future__ import annotations
+
+import csv
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from glmvit.cli.ncu import HIGH, METRICS, limiter, parse_raw_csv, summarise_kernels, top_stalls
+from glmvit.profiling import categorise
+from glmvit.records import NcuProfile, load
+
+RAW = (Path(__file__).parent / "data" / "ncu_raw_8x448.csv").read_text()
+RECORD = Path(__file__).parents[1] / "data" / "bench" / "ncu_h200.json"
+
+
+def fixture_rows() -> list[dict[str, str]]:
+    """The fixture read by the csv module alone: the oracle the parser is checked against."""
+    lines = [line for line in RAW.splitlines() if not line.startswith("==")]
+    rows = list(csv.DictReader(lines))
+    return rows[1:]  # the first row holds the units
+
+
+def test_parser_reads_every_kernel_row_and_its_counters_as_the_csv_has_them():
+    kernels, rows = parse_raw_csv(RAW), fixture_rows()
+    assert [k["name"] for k in kernels] == [r["Kernel Name"] for r in rows]
+    for kernel, row in zip(kernels, rows):
+        assert kernel["sms"] == 132  # an H200
+        assert kernel["duration_us"] == pytest.approx(float(row[METRICS["duration_us"]].replace(",", "")) / 1e3)
+        assert kernel["grid"] == float(row[METRICS["grid"]].replace(",", ""))
+        assert "selected" not in kernel["stalls"] and "long_scoreboard" in kernel["stalls"]
+
+
+def test_limiter_rules_on_the_recorded_kernels():
+    """A tensor-core matmul, a bandwidth-bound elementwise kernel and the attention (neither, enough blocks)."""
+    by_name = {k["name"]: k for k in parse_raw_csv(RAW)}
+    gemm = next(k for n, k in by_name.items() if n.startswith("nvjet") and "192x192" in n)
+    assert gemm["tensor_pct"] >= HIGH and limiter(gemm) == "tensor"
+    silu = by_name["triton_poi_fused_mul_silu_split_2"]
+    assert silu["dram_pct"] >= HIGH and limiter(silu) == "dram"
+    attention = by_name["_rope_varlen_attention_kernel"]
+    assert max(attention["dram_pct"], attention["tensor_pct"], attention["issue_pct"]) < HIGH
+    assert attention["grid"] > attention["sms"] and limiter(attention) == "latency"
+
+
+def test_too_few_blocks_is_parallelism_and_throughput_wins_over_it():
+    quiet = {"dram_pct": 10.0, "tensor_pct": 10.0, "issue_pct": 10.0, "grid": 48.0, "sms": 132}
+    assert limiter(quiet) == "parallelism"
+    assert limiter({**quiet, "grid": 132.0}) == "latency"
+    assert limiter({**quiet, "dram_pct": HIGH}) == "dram"  # a few blocks can still saturate DRAM
+
+
+def test_grouping_keeps_every_microsecond_and_weights_counters_by_time():
+    kernels = parse_raw_csv(RAW)
+    twice = kernels + [dict(k, duration_us=3 * k["duration_us"], dram_pct=0.0) for k in kernels]
+    summary = summarise_kernels(twice)
+    total = sum(k["duration_us"] for k in twice)
+    assert summary["kernels"] == len(twice) and summary["gpu_us"] == pytest.approx(total)
+    assert sum(summary["by_category_us"].values()) == pytest.approx(total)
+    assert sum(summary["by_limiter_us"].values()) == pytest.approx(total)
+    for group in summary["groups"]:
+        one = next(k for k in kernels if k["name"] == group["name"])
+        assert group["launches"] == 2 and group["category"] == categorise(one["name"])
+        assert group["dram_pct"] == pytest.approx(one["dram_pct"] / 4)  # weights 1 and 3, the second at 0 %
+
+
+def test_top_stalls_most_first():
+    assert top_stalls({"wait": 1.0, "barrier": 5.0, "long_scoreboard": 3.0}) == ["barrier", "long_scoreboard"]
+
+
+def test_an_empty_profile_is_a_one_line_error():
+    with pytest.raises(ValueError, match="no kernel rows"):
+        parse_raw_csv("==PROF== Disconnected from process 1\n")
+
+
+def test_missing_columns_name_the_sections_to_collect():
+    with pytest.raises(ValueError, match="SpeedOfLight"):
+        parse_raw_csv('"ID","Kernel Name"\n"",""\n"0","k"\n')
+
+
+def test_command_refuses_a_machine_without_cuda_in_one_line():
+    done = subprocess.run([sys.executable, "-m", "glmvit", "ncu"], capture_output=True, text=True)
+    if "no CUDA device" not in done.stderr:
+        pytest.skip("this machine has CUDA")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_command_names_an_unknown_layout():
+    done = subprocess.run([sys.executable, "-m", "glmvit", "ncu", "--layouts", "1x224,3x3"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "3x3" in done.stderr
+
+
+def test_recorded_profile_adds_up():
+    """The record: every layout's µs split by category and by limiter, each the sum of its groups."""
+    record = load(RECORD, NcuProfile)
+    assert set(record.layouts) == {"1x224", "8x448"}
+    for entry in record.layouts.values():
+        groups = entry["groups"]
+        assert sum(g["launches"] for g in groups) == entry["kernels"]
+        for split in ("by_category_us", "by_limiter_us"):
+            assert math.isclose(sum(entry[split].values()), entry["gpu_us"], rel_tol=1e-9)
+        assert all(g["limiter"] == limiter(g) for g in groups)
