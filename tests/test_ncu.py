@@ -29,7 +29,7 @@ def fixture_rows() -> list[dict[str, str]]:
 def test_parser_reads_every_kernel_row_and_its_counters_as_the_csv_has_them():
     kernels, rows = parse_raw_csv(RAW), fixture_rows()
     assert [k["name"] for k in kernels] == [r["Kernel Name"] for r in rows]
-    for kernel, row in zip(kernels, rows):
+    for kernel, row in zip(kernels, rows, strict=True):
         assert kernel["sms"] == 132  # an H200
         assert kernel["duration_us"] == pytest.approx(float(row[METRICS["duration_us"]].replace(",", "")) / 1e3)
         assert kernel["grid"] == float(row[METRICS["grid"]].replace(",", ""))
