@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from glmvit.cli.ncu import HIGH, METRICS, limiter, parse_raw_csv, summarise_kernels, top_stalls
+from glmvit.cli.ncu import HIGH, METRICS, limiter, parse_raw_csv, run_ncu, summarise_kernels, top_stalls
 from glmvit.profiling import categorise
 from glmvit.records import NcuProfile, load
 
@@ -106,3 +106,24 @@ def test_recorded_profile_adds_up():
         for split in ("by_category_us", "by_limiter_us"):
             assert math.isclose(sum(entry[split].values()), entry["gpu_us"], rel_tol=1e-9)
         assert all(g["limiter"] == limiter(g) for g in groups)
+
+
+def fake_ncu(tmp_path: Path, body: str) -> str:
+    """An executable standing in for ncu: ``body`` is its shell script (``$log`` is its --log-file argument)."""
+    path = tmp_path / "ncu"
+    path.write_text('#!/bin/sh\nlog=""\nwhile [ $# -gt 0 ]; do [ "$1" = --log-file ] && log="$2"; shift; done\n'
+                    + body)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_run_ncu_returns_what_ncu_wrote_to_its_log_file(tmp_path):
+    fixture = Path(__file__).parent / "data" / "ncu_raw_8x448.csv"
+    ncu = fake_ncu(tmp_path, f'cp "{fixture}" "$log"\n')
+    assert parse_raw_csv(run_ncu(ncu, "8x448")) == parse_raw_csv(RAW)
+
+
+def test_run_ncu_failing_names_the_layout_and_ncus_last_line(tmp_path):
+    ncu = fake_ncu(tmp_path, 'echo "==ERROR== ERR_NVGPUCTRPERM - no permission to the GPU counters" >&2\nexit 1\n')
+    with pytest.raises(RuntimeError, match="layout 1x224 exited with 1: ==ERROR== ERR_NVGPUCTRPERM"):
+        run_ncu(ncu, "1x224")
