@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from glmvit.cli.ncu import HIGH, METRICS, limiter, parse_raw_csv, run_ncu, summarise_kernels, top_stalls
 from glmvit.profiling import categorise
@@ -23,7 +24,9 @@ def fixture_rows() -> list[dict[str, str]]:
     """The fixture read by the csv module alone: the oracle the parser is checked against."""
     lines = [line for line in RAW.splitlines() if not line.startswith("==")]
     rows = list(csv.DictReader(lines))
-    return rows[1:]  # the first row holds the units
+    units = rows[0]  # the first row holds the units: the parser reads durations as ns and skips this row
+    assert units[METRICS["duration_us"]] == "ns" and units["Kernel Name"] == ""
+    return rows[1:]
 
 
 def test_parser_reads_every_kernel_row_and_its_counters_as_the_csv_has_them():
@@ -83,11 +86,10 @@ def test_missing_columns_name_the_sections_to_collect():
         parse_raw_csv('"ID","Kernel Name"\n"",""\n"0","k"\n')
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_command_refuses_a_machine_without_cuda_in_one_line():
     done = subprocess.run([sys.executable, "-m", "glmvit", "ncu"], capture_output=True, text=True)
-    if "no CUDA device" not in done.stderr:
-        pytest.skip("this machine has CUDA")
-    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert done.returncode == 2 and "no CUDA device" in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
 def test_command_names_an_unknown_layout():
@@ -119,8 +121,15 @@ def fake_ncu(tmp_path: Path, body: str) -> str:
 
 def test_run_ncu_returns_what_ncu_wrote_to_its_log_file(tmp_path):
     fixture = Path(__file__).parent / "data" / "ncu_raw_8x448.csv"
+    args = tmp_path / "args"
     ncu = fake_ncu(tmp_path, f'cp "{fixture}" "$log"\n')
+    (tmp_path / "ncu").write_text((tmp_path / "ncu").read_text().replace('log=""', f'echo "$@" > "{args}"\nlog=""'))
     assert parse_raw_csv(run_ncu(ncu, "8x448")) == parse_raw_csv(RAW)
+    called = args.read_text().split()
+    for flag, value in (("--profile-from-start", "off"), ("--clock-control", "none"), ("--page", "raw"),
+                        ("--target-processes", "application-only"), ("--target", "8x448")):
+        assert called[called.index(flag) + 1] == value, flag
+    assert called[called.index("--target") - 1] == "ncu"  # the child: python -m glmvit ncu --target 8x448
 
 
 def test_run_ncu_failing_names_the_layout_and_ncus_last_line(tmp_path):

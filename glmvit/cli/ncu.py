@@ -3,13 +3,15 @@
 ``glmvit kernels`` says how long each kernel takes against its roofline; this says why. The command runs itself
 under ``ncu`` (Nsight Compute, in the CUDA toolkit) once per layout: the child builds the encoder at random weights
 (bf16, triton attention, compiled in regions: the default graph-compiled path), captures the layout's budget,
-replays it three times, and profiles the fourth replay of the graph alone (between ``cudaProfilerStart`` and
-``cudaProfilerStop``, so nothing of the compile, the capture or the staging is counted). Each kernel node of the
+stages the layout's inputs with one ``runner.replay``, replays the graph three times more, and profiles the next
+replay of the graph alone (between ``cudaProfilerStart`` and ``cudaProfilerStop``, so nothing of the compile, the
+capture or the staging is counted). Each kernel node of the
 graph is then one row of counters, and :func:`limiter` names what the counters point to:
 
 - ``dram``: DRAM throughput ≥ 60 % of peak; ``tensor``: the tensor pipe busy ≥ 60 % of the time; ``issue``: the
-  SMs issuing an instruction in ≥ 60 % of cycles. 60 % is Nsight Compute's own line (its Speed Of Light rule:
-  below 60 % of peak compute and memory throughput "typically indicate latency issues");
+  SMs issuing an instruction in ≥ 60 % of cycles, checked in that order. 60 % is the line Nsight Compute's Speed Of
+  Light rule draws for compute and memory throughput (below it "typically latency issues"), applied here to the
+  three units these kernels can saturate;
 - ``parallelism``: none of these, and fewer thread blocks than SMs, so most of the GPU has nothing to run;
 - ``latency``: none of these with enough blocks; the warps wait, and the stall reasons say on what.
 
