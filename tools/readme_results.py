@@ -18,6 +18,7 @@ from glmvit.records import (  # noqa: E402 - the repository's own package, by pa
     InterpRecord,
     KernelsProfile,
     LatencySweep,
+    NcuProfile,
     Record,
     ServeRecord,
     StartupRecord,
@@ -132,6 +133,22 @@ def kernels_lines() -> list[str]:
     return lines
 
 
+def ncu_line() -> str:
+    """What limits each kernel of a replay (``ncu_h200.json``): its time by limiter, and the attention's counters."""
+    record = load(BENCH / "ncu_h200.json", NcuProfile)
+    parts = []
+    for layout, entry in record.layouts.items():
+        shares = sorted(((us / entry["gpu_us"], name) for name, us in entry["by_limiter_us"].items()), reverse=True)
+        attn = next(g for g in entry["groups"] if g["name"] == "_rope_varlen_attention_kernel")
+        parts.append(f"{layout}: " + ", ".join(f"{name} {share:.0%}" for share, name in shares if share >= 0.01)
+                     + f" (the attention: {attn['limiter']}, {attn['grid']:.0f} blocks on {attn['sms']} SMs, tensor "
+                     f"pipe {attn['tensor_pct']:.0f} %)")
+    return ("**What limits each kernel** (`python -m glmvit ncu`, Nsight Compute's counters for every kernel of one "
+            f"graph-compiled replay, `ncu_h200.json` @ {record.provenance.short_commit}{mark(record)}; kernel time by "
+            "limiter — dram, tensor or issue at ≥ 60 % of peak, else parallelism with fewer blocks than SMs, else "
+            "latency): " + "; ".join(parts) + ". Notebook 10 section 9 reads it.")
+
+
 def interp_line() -> str:
     run = load(BENCH / "interp_h200.json", InterpRecord)
     us = [r["median_us"]["triton"] for r in run.results]
@@ -208,8 +225,8 @@ def block() -> str:
     mixed = ("**Mixed workloads** (vLLM random-mm style, requests in arrival order; cost model = predicted mean / "
              "measured − 1):")
     return "\n".join([BEGIN, head, "", "**Fixed workloads** (median per request; P99 in brackets):", "",
-                      *fixed_table(), "", host_line(), "", *kernels_lines(), "", mixed, "", *mixed_table(), "",
-                      sweep_line(), "", *seed_lines(), "", *serve_lines(), "", interp_line(), END])
+                      *fixed_table(), "", host_line(), "", *kernels_lines(), "", ncu_line(), "", mixed, "",
+                      *mixed_table(), "", sweep_line(), "", *seed_lines(), "", *serve_lines(), "", interp_line(), END])
 
 
 def render(readme: str) -> str:
