@@ -5,14 +5,15 @@ under ``ncu`` (Nsight Compute, in the CUDA toolkit) once per layout: the child b
 (bf16, triton attention, compiled in regions: the default graph-compiled path), captures the layout's budget,
 stages the layout's inputs with one ``runner.replay``, replays the graph three times more, and profiles the next
 replay of the graph alone (between ``cudaProfilerStart`` and ``cudaProfilerStop``, so nothing of the compile, the
-capture or the staging is counted). Each kernel node of the
-graph is then one row of counters, and :func:`limiter` names what the counters point to:
+capture or the staging is counted). Each kernel node of the graph is then one row of counters, and
+:func:`limiter` names what the counters point to:
 
 - ``dram``: DRAM throughput ≥ 60 % of peak; ``tensor``: the tensor pipe busy ≥ 60 % of the time; ``issue``: the
   SMs issuing an instruction in ≥ 60 % of cycles, checked in that order. 60 % is the line Nsight Compute's Speed Of
   Light rule draws for compute and memory throughput (below it "typically latency issues"), applied here to the
   three units these kernels can saturate;
-- ``parallelism``: none of these, and fewer thread blocks than SMs, so most of the GPU has nothing to run;
+- ``parallelism``: none of these, and fewer thread blocks than SMs, so some SMs have nothing to run and each of
+  the others holds one block;
 - ``latency``: none of these with enough blocks; the warps wait, and the stall reasons say on what.
 
 Under ncu every kernel runs alone, once per counter pass, with the caches flushed before each pass, at the GPU's own
