@@ -106,13 +106,30 @@ def test_record_plans_jobs_in_dependency_order_and_skips_current_ones(capsys, mo
     assert main(["record", "--dry-run", "--groups", "sweeps"]) == 0
     assert all(line.startswith(("[run]", "[skip]", "record run")) for line in capsys.readouterr().out.splitlines())
     current = next(j for j in JOBS if j.name == "interp")
-    monkeypatch.setattr("glmvit.cli.record.job_status", lambda job: (job is current, 10.0))
+    monkeypatch.setattr("glmvit.cli.record.job_status", lambda job, run_id=None: (job is current, 10.0))
     assert main(["record", "--dry-run", "--only", "interp,latency", "--time-limit", "5"]) == 0
     out = capsys.readouterr().out
     assert "[skip] interp: current" in out and "[later] latency: expected 10 s, 5 s left" in out
     with pytest.raises(SystemExit):
         main(["record", "--only", "nope"])
     assert job_status(current)[1] > 0
+
+
+def test_a_forced_record_resumes_skipping_only_what_its_own_run_id_made(monkeypatch):
+    """``--force`` re-records current results too; a later call of the same run must not redo what it made."""
+    from types import SimpleNamespace
+
+    from glmvit.cli import record
+
+    job = next(j for j in JOBS if j.name == "interp")
+    made = SimpleNamespace(record_run="run-a", elapsed_s=12.0)
+    monkeypatch.setattr(record, "load_any", lambda path: made)
+    monkeypatch.setattr(record, "staleness", lambda rec: [])
+    assert job_status(job) == (True, 12.0)  # current: an unforced run skips it
+    assert job_status(job, "run-a") == (True, 12.0)  # made by this forced run: skipped on resume
+    assert job_status(job, "run-b") == (False, 12.0)  # current but older: a forced run re-records it
+    monkeypatch.setattr(record, "staleness", lambda rec: ["glmvit.model"])
+    assert job_status(job, "run-a") == (False, 12.0)  # this run's, but the code changed since: stale
 
 
 def test_record_archive_holds_every_finished_job_before_the_next_starts(tmp_path, monkeypatch, capsys):
@@ -137,7 +154,7 @@ def test_record_archive_holds_every_finished_job_before_the_next_starts(tmp_path
         return subprocess.CompletedProcess(argv, 0)
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(record, "job_status", lambda job: (False, 1.0))
+    monkeypatch.setattr(record, "job_status", lambda job, run_id=None: (False, 1.0))
     monkeypatch.setattr(record, "stamp_elapsed", lambda job, seconds, started: [fakes[job.name]])
     monkeypatch.setattr(record.subprocess, "run", run)
     assert main(["record", "--only", "latency,latency_compiled", "--archive", str(archive)]) == 0

@@ -4,12 +4,15 @@ Every result in ``data/bench/`` and ``data/notebooks/`` is made by one job below
 type, run in a fresh process (so each record's provenance names its own command, and one failure cannot spoil the
 rest). Jobs run in dependency order — the latency sweeps first, since the benchmarks route and predict with them —
 and a job whose records are all current (:func:`glmvit.records.staleness`) is skipped, so the command resumes where
-an earlier call stopped. ``--time-limit`` starts no job that its last recorded duration (``elapsed_s``) says would
-not finish in time: a 10-minute machine lease does one group per call and the next call continues. Not re-measured
-here: ``tune_h200.json``, a launch-configuration sweep that is an input to the kernels' tables
+an earlier call stopped. ``--force`` re-runs current jobs too, all but those whose records this run id
+(``$GLMVIT_RECORD_RUN``) already made, so a forced re-record of everything also resumes across calls.
+``--time-limit`` starts no job that its last recorded duration (``elapsed_s``) says would not finish in time: a
+10-minute machine lease does one group per call and the next call continues. Not re-measured here:
+``tune_h200.json``, a launch-configuration sweep that is an input to the kernels' tables
 (``tools/tune_kernels.py``), not a result of this code.
 
     GLMVIT_GIT_COMMIT=$(git rev-parse HEAD) python -m glmvit record --time-limit 570 --archive records.tgz
+    GLMVIT_RECORD_RUN=all1 python -m glmvit record --force --time-limit 570   # everything; repeat to resume
 """
 from __future__ import annotations
 
@@ -106,8 +109,9 @@ JOBS: tuple[Job, ...] = (  # in priority order: the sweeps the benchmarks route 
 )
 
 
-def job_status(job: Job) -> tuple[bool, float]:
-    """(whether every record of the job exists and is current, its expected duration in seconds)."""
+def job_status(job: Job, run_id: str | None = None) -> tuple[bool, float]:
+    """(whether every record of the job exists and is current — and, given ``run_id``, was made by that run —, its
+    expected duration in seconds)."""
     paths = job.output_paths()
     if not paths:
         return False, job.estimate_s
@@ -117,7 +121,7 @@ def job_status(job: Job) -> tuple[bool, float]:
             record = load_any(path)
         except (ValueError, OSError):
             return False, job.estimate_s
-        current = current and not staleness(record)
+        current = current and not staleness(record) and run_id in (None, record.record_run)
         if record.elapsed_s:
             elapsed.append(record.elapsed_s)
     return current, max(elapsed, default=job.estimate_s)
@@ -147,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m glmvit record", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--groups", default=",".join(GROUPS), help=f"comma list of {', '.join(GROUPS)} (default all)")
     parser.add_argument("--only", default=None, help="comma list of job names (default every job of the groups)")
-    parser.add_argument("--force", action="store_true", help="re-run jobs whose records are current")
+    parser.add_argument("--force", action="store_true",
+                        help=f"re-run jobs whose records are current, except those this run (${RUN_ENV}) made")
     parser.add_argument("--time-limit", type=float_in(1, 86_400), default=None,
                         help="seconds: start no job expected to end after this (default: no limit)")
     parser.add_argument("--archive", metavar="PATH", help="also pack every record written into this .tgz")
@@ -169,9 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, RUN_ENV: run_id, "PYTHONUNBUFFERED": "1"}
     start, written, failed, skipped = time.monotonic(), [], [], []
     for job in jobs:
-        current, expected = job_status(job)
-        if current and not args.force:
-            print(f"[skip] {job.name}: current")
+        current, expected = job_status(job, run_id if args.force else None)
+        if current:
+            print(f"[skip] {job.name}: current" + (f", made by this run ({run_id})" if args.force else ""))
             continue
         left = None if args.time_limit is None else args.time_limit - (time.monotonic() - start)
         if left is not None and expected > left:
