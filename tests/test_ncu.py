@@ -4,6 +4,7 @@ one replay of eight 448² images on the H200 (the first launch of each kernel, t
 from __future__ import annotations
 
 import csv
+import io
 import math
 import subprocess
 import sys
@@ -56,6 +57,15 @@ def test_too_few_blocks_is_parallelism_and_throughput_wins_over_it():
     assert limiter(quiet) == "parallelism"
     assert limiter({**quiet, "grid": 132.0}) == "latency"
     assert limiter({**quiet, "dram_pct": HIGH}) == "dram"  # a few blocks can still saturate DRAM
+    assert limiter({**quiet, "dram_pct": 65.0, "tensor_pct": 90.0}) == "tensor"  # two over the line: the busiest
+
+
+def test_a_counter_ncu_could_not_read_makes_the_limiter_unknown_not_latency():
+    known = {"dram_pct": 10.0, "tensor_pct": 10.0, "issue_pct": 10.0, "grid": 200.0, "sms": 132}
+    assert limiter(known) == "latency"
+    for metric in ("dram_pct", "tensor_pct", "issue_pct", "grid"):
+        assert limiter({**known, metric: float("nan")}) == "unknown", metric  # as parsed from "n/a"
+        assert limiter({**known, metric: None}) == "unknown", metric  # as read back from the JSON record
 
 
 def test_grouping_keeps_every_microsecond_and_weights_counters_by_time():
@@ -79,6 +89,38 @@ def test_top_stalls_most_first():
 def test_an_empty_profile_is_a_one_line_error():
     with pytest.raises(ValueError, match="no kernel rows"):
         parse_raw_csv("==PROF== Disconnected from process 1\n")
+    header_and_units = "\n".join(RAW.splitlines()[:2])  # ncu's two header lines and no kernel
+    with pytest.raises(ValueError, match="no kernel rows"):
+        parse_raw_csv(header_and_units)
+
+
+def replace_duration_column(row: int, value: str) -> str:
+    """The fixture with row ``row`` of the duration column (0: the units row) set to ``value``."""
+    lines = [line for line in RAW.splitlines() if not line.startswith("==")]
+    table = list(csv.reader(lines))
+    table[row + 1][table[0].index(METRICS["duration_us"])] = value
+    out = io.StringIO()
+    csv.writer(out, quoting=csv.QUOTE_ALL).writerows(table)
+    return out.getvalue()
+
+
+def test_durations_are_read_in_the_unit_the_units_row_names():
+    in_ns = parse_raw_csv(RAW)
+    in_us = parse_raw_csv(replace_duration_column(0, "us"))
+    assert [k["duration_us"] for k in in_us] == pytest.approx([k["duration_us"] * 1e3 for k in in_ns])
+    with pytest.raises(ValueError, match="'cycle'"):
+        parse_raw_csv(replace_duration_column(0, "cycle"))
+    with pytest.raises(ValueError, match="no duration"):
+        parse_raw_csv(replace_duration_column(1, "n/a"))
+
+
+def test_one_kernel_at_two_launch_shapes_is_two_groups():
+    """cuBLAS runs one kernel for several projections: their grids differ, so must their rows (and limiters)."""
+    kernel = parse_raw_csv(RAW)[0]
+    small = dict(kernel, grid=48.0, tensor_pct=5.0, dram_pct=5.0, issue_pct=5.0)
+    groups = summarise_kernels([kernel, small, dict(kernel)])["groups"]
+    assert sorted((g["grid"], g["launches"]) for g in groups) == sorted([(kernel["grid"], 2), (48.0, 1)])
+    assert next(g for g in groups if g["grid"] == 48.0)["limiter"] == "parallelism"
 
 
 def test_missing_columns_name_the_sections_to_collect():
@@ -134,5 +176,5 @@ def test_run_ncu_returns_what_ncu_wrote_to_its_log_file(tmp_path):
 
 def test_run_ncu_failing_names_the_layout_and_ncus_last_line(tmp_path):
     ncu = fake_ncu(tmp_path, 'echo "==ERROR== ERR_NVGPUCTRPERM - no permission to the GPU counters" >&2\nexit 1\n')
-    with pytest.raises(RuntimeError, match="layout 1x224 exited with 1: ==ERROR== ERR_NVGPUCTRPERM"):
+    with pytest.raises(OSError, match="layout 1x224 exited with 1: ==ERROR== ERR_NVGPUCTRPERM"):
         run_ncu(ncu, "1x224")

@@ -9,12 +9,15 @@ capture or the staging is counted). Each kernel node of the graph is then one ro
 :func:`limiter` names what the counters point to:
 
 - ``dram``: DRAM throughput ≥ 60 % of peak; ``tensor``: the tensor pipe busy ≥ 60 % of the time; ``issue``: the
-  SMs issuing an instruction in ≥ 60 % of cycles, checked in that order. 60 % is the line Nsight Compute's Speed Of
-  Light rule draws for compute and memory throughput (below it "typically latency issues"), applied here to the
-  three units these kernels can saturate;
+  SMs issuing an instruction in ≥ 60 % of cycles; the busiest of them where two are over the line. 60 % is the line
+  Nsight Compute's Speed Of Light rule draws for compute and memory throughput (below it "typically latency
+  issues"), applied here to the three units these kernels can saturate;
 - ``parallelism``: none of these, and fewer thread blocks than SMs, so some SMs have nothing to run and each of
   the others holds one block;
-- ``latency``: none of these with enough blocks; the warps wait, and the stall reasons say on what.
+- ``latency``: none of these with enough blocks; the warps wait, and the stall reasons say on what;
+- ``unknown``: ncu could not read a counter these rules need (``n/a``).
+
+Launches of one kernel at one launch shape (name, grid, block) are summarised as one group.
 
 Under ncu every kernel runs alone, once per counter pass, with the caches flushed before each pass, at the GPU's own
 clocks (``--clock-control none``): its durations are not the replay's (``glmvit kernels`` records those), but the
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import math
 import os
 import shutil
 import subprocess
@@ -48,7 +52,7 @@ SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "WarpStateStats", "Compu
             "MemoryWorkloadAnalysis")
 HIGH = 60.0  # % of peak: Nsight Compute's Speed Of Light line between "throughput-bound" and "latency issues"
 METRICS = {  # our name: Nsight Compute's raw metric (``--page raw``)
-    "duration_us": "gpu__time_duration.sum",  # ns in the CSV, converted
+    "duration_us": "gpu__time_duration.sum",  # in the unit of the CSV's units row, converted
     "sm_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     "memory_pct": "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
     "dram_pct": "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
@@ -61,6 +65,7 @@ METRICS = {  # our name: Nsight Compute's raw metric (``--page raw``)
     "registers": "launch__registers_per_thread",
     "waves": "launch__waves_per_multiprocessor",
 }
+TO_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}  # ncu's time units
 SMS = "device__attribute_multiprocessor_count"
 STALL = ("smsp__average_warps_issue_stalled_", "_per_issue_active.ratio")  # warps stalled per issued instruction
 NOT_STALLS = ("selected", "not_selected")  # issuing, or eligible while another warp issued: not waiting
@@ -75,31 +80,45 @@ def parse_raw_csv(text: str) -> list[dict[str, Any]]:
     every stall reason (warps stalled per issued instruction) and the kernel's name, in launch order."""
     lines = [line for line in text.splitlines() if line.strip() and not line.startswith("==")]
     table = list(csv.reader(io.StringIO("\n".join(lines))))
-    if len(table) < 2:
+    if len(table) < 3:  # a header, a row of units, then one row per kernel
         raise ValueError("ncu wrote no kernel rows: was a kernel launched between cudaProfilerStart and Stop?")
-    header, rows = table[0], table[2:]  # the second row holds the units
+    header, units, rows = table[0], table[1], table[2:]
     col = {name: i for i, name in enumerate(header)}
     missing = [m for m in (*METRICS.values(), SMS, "Kernel Name") if m not in col]
     if missing:
         raise ValueError(f"ncu's CSV lacks {missing}: collect the sections {', '.join(SECTIONS)}")
+    unit = units[col[METRICS["duration_us"]]]
+    if unit not in TO_US:
+        raise ValueError(f"ncu's CSV gives {METRICS['duration_us']} in {unit!r}, not one of {sorted(TO_US)}")
     stalls = {name[len(STALL[0]):-len(STALL[1])]: i for name, i in col.items()
               if name.startswith(STALL[0]) and name.endswith(STALL[1])}
     kernels = []
     for row in rows:
         kernel: dict[str, Any] = {"name": row[col["Kernel Name"]], "sms": int(_number(row[col[SMS]]))}
         kernel.update({ours: _number(row[col[theirs]]) for ours, theirs in METRICS.items()})
-        kernel["duration_us"] /= 1e3
+        if math.isnan(kernel["duration_us"]):
+            raise ValueError(f"ncu gave kernel {kernel['name']!r} no duration: its counters cannot be weighted")
+        kernel["duration_us"] *= TO_US[unit]
         kernel["stalls"] = {reason: _number(row[i]) for reason, i in stalls.items() if reason not in NOT_STALLS}
         kernels.append(kernel)
     return kernels
 
 
 def limiter(kernel: dict[str, Any]) -> str:
-    """What a kernel's counters point to (module docstring): dram, tensor, issue, parallelism or latency."""
-    for name, metric in (("dram", "dram_pct"), ("tensor", "tensor_pct"), ("issue", "issue_pct")):
-        if kernel[metric] >= HIGH:
-            return name
+    """What a kernel's counters point to (module docstring): dram, tensor, issue (the busiest of those at or over
+    :data:`HIGH`), parallelism or latency; ``unknown`` where ncu could not read a counter the rule needs."""
+    units = {"dram": kernel["dram_pct"], "tensor": kernel["tensor_pct"], "issue": kernel["issue_pct"]}
+    if any(not _known(v) for v in (*units.values(), kernel["grid"], kernel["sms"])):
+        return "unknown"
+    busiest = max(units, key=lambda name: units[name])
+    if units[busiest] >= HIGH:
+        return busiest
     return "parallelism" if kernel["grid"] < kernel["sms"] else "latency"
+
+
+def _known(value: Any) -> bool:
+    """A counter ncu measured: not n/a (NaN when parsed, null once written to JSON)."""
+    return value is not None and not math.isnan(value)
 
 
 def top_stalls(stalls: dict[str, float], count: int = 2) -> list[str]:
@@ -108,13 +127,14 @@ def top_stalls(stalls: dict[str, float], count: int = 2) -> list[str]:
 
 
 def summarise_kernels(kernels: list[dict[str, Any]]) -> dict[str, Any]:
-    """Kernels with one name grouped (µs summed, counters weighted by time, the limiter taken on the group's
-    counters), and GPU µs by category (as ``glmvit kernels`` names them) and by limiter."""
-    by_name: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    """Launches of one kernel at one launch shape grouped (same name, grid and block: µs summed, counters weighted
+    by time, the limiter taken on the group's counters), and GPU µs by category (as ``glmvit kernels`` names them)
+    and by limiter. One cuBLAS kernel serving the qkv and the down projection is two groups: two grids."""
+    by_launch: dict[tuple[str, float, float], list[dict[str, Any]]] = defaultdict(list)
     for kernel in kernels:
-        by_name[kernel["name"]].append(kernel)
+        by_launch[kernel["name"], kernel["grid"], kernel["block"]].append(kernel)
     groups = []
-    for name, same in by_name.items():
+    for (name, _, _), same in by_launch.items():
         total = sum(k["duration_us"] for k in same)
         group: dict[str, Any] = {"name": name, "category": categorise(name), "launches": len(same), "us": total}
         for metric in METRICS:
@@ -174,7 +194,7 @@ def run_ncu(ncu: str, layout: str) -> str:
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise RuntimeError(f"ncu on layout {layout} exited with {done.returncode}: {tail[0]}")
+            raise OSError(f"ncu on layout {layout} exited with {done.returncode}: {tail[0]}")
         with open(log) as f:
             return f.read()
 
