@@ -119,8 +119,20 @@ def test_one_kernel_at_two_launch_shapes_is_two_groups():
     kernel = parse_raw_csv(RAW)[0]
     small = dict(kernel, grid=48.0, tensor_pct=5.0, dram_pct=5.0, issue_pct=5.0)
     groups = summarise_kernels([kernel, small, dict(kernel)])["groups"]
-    assert sorted((round(g["grid"]), g["launches"]) for g in groups) == sorted([(round(kernel["grid"]), 2), (48, 1)])
-    assert next(g for g in groups if round(g["grid"]) == 48)["limiter"] == "parallelism"
+    assert sorted((g["grid"], g["launches"]) for g in groups) == sorted([(kernel["grid"], 2), (48.0, 1)])
+    assert next(g for g in groups if g["grid"] == 48)["limiter"] == "parallelism"
+
+
+def test_a_groups_launch_shape_is_the_launches_own_not_a_time_weighted_mean():
+    """48 blocks weighted by these durations average to 48.00000000000001: the record must say 48."""
+    kernel = dict(parse_raw_csv(RAW)[0], grid=48.0, registers=222.0)
+    durations = [7.678, 6.943, 4.075]
+    assert sum(48.0 * d for d in durations) / sum(durations) != 48.0  # the mean would not be exact
+    (group,) = summarise_kernels([dict(kernel, duration_us=d) for d in durations])["groups"]
+    assert (group["grid"], group["registers"], group["launches"]) == (48.0, 222.0, 3)
+    unread = dict(kernel, registers=float("nan"))  # two n/a counts: one group, its count unknown
+    (group,) = summarise_kernels([dict(unread), dict(unread)])["groups"]
+    assert group["launches"] == 2 and group["registers"] is None
 
 
 def test_missing_columns_name_the_sections_to_collect():
