@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from glmvit.cli.ncu import HIGH, METRICS, limiter, parse_raw_csv, run_ncu, summarise_kernels, top_stalls
+from glmvit.cli.ncu import HIGH, METRICS, limiter, parse_raw_csv, print_report, run_ncu, summarise_kernels, top_stalls
 from glmvit.profiling import categorise
 from glmvit.records import NcuProfile, load
 
@@ -123,16 +123,19 @@ def test_one_kernel_at_two_launch_shapes_is_two_groups():
     assert next(g for g in groups if g["grid"] == 48)["limiter"] == "parallelism"
 
 
-def test_a_groups_launch_shape_is_the_launches_own_not_a_time_weighted_mean():
+def test_a_groups_launch_shape_is_the_launches_own_not_a_time_weighted_mean(capsys):
     """48 blocks weighted by these durations average to 48.00000000000001: the record must say 48."""
     kernel = dict(parse_raw_csv(RAW)[0], grid=48.0, registers=222.0)
     durations = [7.678, 6.943, 4.075]
     assert sum(48.0 * d for d in durations) / sum(durations) != 48.0  # the mean would not be exact
     (group,) = summarise_kernels([dict(kernel, duration_us=d) for d in durations])["groups"]
     assert (group["grid"], group["registers"], group["launches"]) == (48.0, 222.0, 3)
-    unread = dict(kernel, registers=float("nan"))  # two n/a counts: one group, its count unknown
-    (group,) = summarise_kernels([dict(unread), dict(unread)])["groups"]
-    assert group["launches"] == 2 and group["registers"] is None
+    unread = dict(kernel, grid=float("nan"))  # two n/a counts: one group, its grid unknown, and reported
+    summary = summarise_kernels([dict(unread), dict(unread)])
+    (group,) = summary["groups"]
+    assert group["launches"] == 2 and math.isnan(group["grid"]) and group["limiter"] == "unknown"
+    print_report({"layouts": {"1x224": summary}})
+    assert "grid nan" in capsys.readouterr().out
 
 
 def test_missing_columns_name_the_sections_to_collect():

@@ -17,7 +17,7 @@ capture or the staging is counted). Each kernel node of the graph is then one ro
 - ``latency``: none of these with enough blocks; the warps wait, and the stall reasons say on what;
 - ``unknown``: ncu could not read a counter these rules need (``n/a``).
 
-Launches of one kernel at one launch shape (name, grid, block, registers) are summarised as one group.
+Launches of one kernel at one launch shape (name, grid, block, registers, waves) are summarised as one group.
 
 Under ncu every kernel runs alone, once per counter pass, with the caches flushed before each pass, at the GPU's own
 clocks (``--clock-control none``): its durations are not the replay's (``glmvit kernels`` records those), but the
@@ -128,18 +128,19 @@ def top_stalls(stalls: dict[str, float], count: int = 2) -> list[str]:
 
 
 def summarise_kernels(kernels: list[dict[str, Any]]) -> dict[str, Any]:
-    """Launches of one kernel at one launch shape grouped (same name, grid, block and registers: µs summed, counters
-    weighted by time, the limiter taken on the group's counters), and GPU µs by category (as ``glmvit kernels``
-    names them) and by limiter. One cuBLAS kernel serving the qkv and the down projection is two groups: two grids."""
+    """Launches of one kernel at one launch shape grouped (same name, grid, block, registers and waves: µs summed,
+    counters weighted by time, the limiter taken on the group's counters), and GPU µs by category (as ``glmvit
+    kernels`` names them) and by limiter. One cuBLAS kernel serving the qkv and the down projection is two groups:
+    two grids."""
     by_launch: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for kernel in kernels:
         shape = tuple(kernel[m] if _known(kernel[m]) else None for m in LAUNCH_SHAPE)  # NaN != NaN splits groups
         by_launch[(kernel["name"],) + shape].append(kernel)
     groups = []
-    for (name, *launch), same in by_launch.items():
+    for (name, *_), same in by_launch.items():
         total = sum(k["duration_us"] for k in same)
         group: dict[str, Any] = {"name": name, "category": categorise(name), "launches": len(same), "us": total,
-                                 **dict(zip(LAUNCH_SHAPE, launch, strict=True))}  # the key's values, not a mean
+                                 **{m: same[0][m] for m in LAUNCH_SHAPE}}  # the launches' own values, not a mean
         for metric in METRICS:
             if metric not in ("duration_us", *LAUNCH_SHAPE):
                 group[metric] = sum(k[metric] * k["duration_us"] for k in same) / total
