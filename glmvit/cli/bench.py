@@ -37,7 +37,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -55,7 +55,7 @@ from ..oracle import flatten_video_grids, hf_twin
 from ..packing import LADDER_SPLIT, BudgetConfig, plan_batches
 from ..provenance import collect
 from ..records import BenchRecord, make
-from ..timing import summarise, sync
+from ..timing import launch_us, quiet_host, relative_halfwidth, summarise, sync
 from ..workloads import PRESETS, random_mm_workload
 from .common import (
     DTYPES,
@@ -75,6 +75,9 @@ from .common import (
     resolve_model_args,
     write_record,
 )
+
+if TYPE_CHECKING:
+    from ..lab.session import Session
 
 MODES = ("transformers", "transformers-compiled", "eager", "graph", "graph-compiled", "compile")
 COMPILED_MODES = ("transformers-compiled", "graph-compiled", "compile")  # benchmarked on CUDA only
@@ -115,15 +118,19 @@ def compare(got: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
 
 
 def make_mode(mode: str, model: GlmVisionEncoder, budget_config: BudgetConfig, record: dict[str, Any],
-              progress: bool, table: LatencyTable | None = None) -> tuple[Encode, EncoderGraphRunner | None]:
+              progress: bool, table: LatencyTable | None = None,
+              session: Session | None = None) -> tuple[Encode, EncoderGraphRunner | None]:
     """A callable (pixels, grids, flat_grids) -> output [tokens, out_hidden] for one mode, and its runner if any
-    (routing each batch by ``table`` when one is given)."""
+    (routing each batch by ``table`` when one is given). A ``session`` lends the transformers twin it built."""
     device = model.device
     if mode == "transformers":
-        hf = hf_twin(model)
+        hf = session.twin(model) if session else hf_twin(model)
         return (lambda pixels, grids, flat: hf(pixels, flat).pooler_output), None
     if mode == "transformers-compiled":
-        compiled = torch.compile(hf_twin(model), mode="reduce-overhead")
+        # static shapes: one specialisation per input shape, never the dynamic-shape compile that a second shape
+        # in the same process would otherwise trigger
+        compiled = torch.compile(session.twin(model) if session else hf_twin(model), mode="reduce-overhead",
+                                 dynamic=False)
         # a CUDA graph's output is overwritten by its next replay: each answer is copied out, as the runner's are
         return (lambda pixels, grids, flat: compiled(pixels, flat).pooler_output.clone()), None
     if mode == "eager":
@@ -167,10 +174,15 @@ def _workload(args: argparse.Namespace) -> tuple[dict, int, float, int | None]:
     return dict(args.bucket_config), args.items_per_request, args.range_ratio, None
 
 
-def _floor(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, model: torch.nn.Module) -> dict:
-    print("measuring the floor: matmul rate and copy bandwidth ...", file=sys.stderr)
-    tflops = measure_matmul_tflops(device, dtype, n=args.matmul_size)
-    gbps = measure_copy_bandwidth(device)
+def _floor(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, model: torch.nn.Module,
+           session: Session | None = None) -> dict:
+    if session is not None:
+        measured = session.floor(device, dtype, args.matmul_size)
+        tflops, gbps = measured["matmul_tflops"], measured["copy_gbps"]
+    else:
+        print("measuring the floor: matmul rate and copy bandwidth ...", file=sys.stderr)
+        tflops = measure_matmul_tflops(device, dtype, n=args.matmul_size)
+        gbps = measure_copy_bandwidth(device)
     return {"matmul_tflops": tflops, "matmul_n": args.matmul_size or (8192 if device.type == "cuda" else 512),
             "matmul_dtype": str(dtype).replace("torch.", ""), "copy_gbps": gbps, "weight_bytes": weight_bytes(model),
             "parameters": sum(p.numel() for p in model.parameters())}
@@ -185,19 +197,27 @@ def _warm(fn: Encode, inputs: list[tuple], n: int, warmup: int, device: torch.de
     return time.perf_counter() - start
 
 
-def _timed(fn: Encode, inputs: list[tuple], n: int, device: torch.device, label: str,
-           quiet: bool) -> tuple[list[float], torch.Tensor]:
-    """ms per request over the first n requests, in arrival order, and request 0's output."""
-    ms, first = [], None
-    for j in tqdm(range(n), desc=f"{label:>14}", unit="req", file=sys.stderr, disable=quiet):
-        t0 = time.perf_counter()
-        out = fn(*inputs[j])
-        sync(device)
-        ms.append((time.perf_counter() - t0) * 1e3)
-        if j == 0:
-            first = out.float().clone()
+def _timed(fn: Encode, inputs: list[tuple], n: int, device: torch.device, label: str, quiet: bool,
+           precision: float = 0.0, max_passes: int = 1) -> tuple[list[float], torch.Tensor, int]:
+    """ms per request over the first n requests in arrival order — then again, pass after pass, while the
+    median's 95 % interval is wider than ±``precision`` and fewer than ``max_passes`` passes ran —, request 0's
+    output and the passes run. Timed on a quiet host (:func:`glmvit.timing.quiet_host`)."""
+    ms: list[float] = []
+    first = None
+    passes = 0
+    with quiet_host():
+        while passes == 0 or (passes < max_passes and relative_halfwidth(ms) > precision):
+            passes += 1
+            desc = f"{label:>14}" + (f" pass {passes}" if passes > 1 else "")
+            for j in tqdm(range(n), desc=desc, unit="req", file=sys.stderr, disable=quiet):
+                t0 = time.perf_counter()
+                out = fn(*inputs[j])
+                sync(device)
+                ms.append((time.perf_counter() - t0) * 1e3)
+                if first is None:
+                    first = out.float().clone()
     assert first is not None
-    return ms, first
+    return ms, first, passes
 
 
 def _per_request_vs(ms: list[float], ref: list[float]) -> dict[str, float]:
@@ -207,7 +227,9 @@ def _per_request_vs(ms: list[float], ref: list[float]) -> dict[str, float]:
             "worst_ratio": float(ratios.max()), "median_ratio": float(np.median(ratios))}
 
 
-def run_benchmark(args: argparse.Namespace, command: str) -> BenchRecord:
+def run_benchmark(args: argparse.Namespace, command: str, session: Session | None = None) -> BenchRecord:
+    """Every mode of the workload the flags describe, timed; a ``session`` (a record run) lends its model,
+    transformers twin and floor instead of building them."""
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     torch.manual_seed(args.seed)
     modes = parse_modes(args.modes)
@@ -216,10 +238,13 @@ def run_benchmark(args: argparse.Namespace, command: str) -> BenchRecord:
     requests = [r for r in requests if r]  # vLLM's range can draw 0 items: nothing to encode
     if not requests:
         raise ValueError("the workload drew no items (raise --items-per-request or lower --range-ratio)")
-    model = model_from_args(args)
-    if args.attn_backend:
-        model.attn_backend = args.attn_backend
-        model.attention_backend()  # raises a clear error if the backend cannot run here
+    if session is not None:
+        model = session.model(args)
+    else:
+        model = model_from_args(args)
+        if args.attn_backend:
+            model.attn_backend = args.attn_backend
+            model.attention_backend()  # raises a clear error if the backend cannot run here
     config = model.config
     grids = [np.array([item.grid for item in r], dtype=np.int64) for r in requests]
     specs = [[item.spec for item in r] for r in requests]
@@ -231,7 +256,7 @@ def run_benchmark(args: argparse.Namespace, command: str) -> BenchRecord:
     inputs = [(p, g, flatten_video_grids(g).to(device)) for p, g in zip(pixels, grids, strict=True)]
     flops = [flops_breakdown(config, g) for g in grids]
     tokens = [sum(s.tokens for s in r) for r in specs]
-    floor = _floor(args, device, dtype, model)
+    floor = _floor(args, device, dtype, model, session)
     floors = [floor_ms(f["total"], floor["weight_bytes"], floor["matmul_tflops"], floor["copy_gbps"]) for f in flops]
     plans = [plan_batches(r, budget_config) for r in specs]
     tables = resolve_tables(args.tables, model)
@@ -247,6 +272,10 @@ def run_benchmark(args: argparse.Namespace, command: str) -> BenchRecord:
             "warmup": args.warmup, "transformers_requests": args.transformers_requests,
             "modes": [mode_label(m, device) for m in modes], "order": "arrival order, one request at a time",
             "timing": "wall time per request of the encoder call incl. host preparation, between synchronizes",
+            "precision": args.precision, "max_passes": args.max_passes,
+            "passes": "every request once in arrival order, then again while the median's 95 % interval is "
+                      "wider than ±precision, up to max_passes; ratios use the first pass (every request once)",
+            "host": "cycle collector off and the timing thread pinned to one CPU while timing (glmvit.timing)",
             "route": not args.no_route, "tables": {m: t.describe() for m, t in tables.items()},
         },
         "workload": {"requests": len(requests), "items": sum(len(g) for g in grids), "tokens": sum(tokens),
@@ -272,23 +301,27 @@ def run_benchmark(args: argparse.Namespace, command: str) -> BenchRecord:
             with torch.inference_mode():
                 route_table = None if args.no_route else tables.get(mode)
                 mode_config = _mode_config(mode, specs, args, tables) if mode in TABLE_MODES else budget_config
-                fn, runner = make_mode(mode, model, mode_config, record, not args.quiet, route_table)
+                fn, runner = make_mode(mode, model, mode_config, record, not args.quiet, route_table, session)
                 if runner is not None:
                     record["budgets"] = list(mode_config.token_budgets)
                 record["warmup_s"] = _warm(fn, inputs, n, args.warmup, device)
                 if runner is not None:  # count only the timed requests
                     runner.stats.reset()
-                ms, outputs[label] = _timed(fn, inputs, n, device, label, args.quiet)
+                record["launch_us"] = launch_us(device)  # the host's speed just before this mode's timing
+                ms, outputs[label], record["passes"] = _timed(fn, inputs, n, device, label, args.quiet,
+                                                              args.precision, args.max_passes)
         except Exception as err:  # noqa: BLE001 - one failing mode (e.g. compile) must not lose the others
             result["skipped"][label] = f"failed: {type(err).__name__}: {err}"
             print(f"{label}: failed ({type(err).__name__}: {str(err)[:300]})", file=sys.stderr)
             continue
         total_s = sum(ms) / 1e3
-        record.update(summarise(ms), ms=ms, items_per_s=sum(len(g) for g in grids[:n]) / total_s,
-                      tokens_per_s=sum(tokens[:n]) / total_s,
-                      achieved_tflops=sum(f["total"] for f in flops[:n]) / total_s / 1e12,
+        passes = record["passes"]
+        record.update(summarise(ms), ms=ms, timed_requests=len(ms),
+                      items_per_s=passes * sum(len(g) for g in grids[:n]) / total_s,
+                      tokens_per_s=passes * sum(tokens[:n]) / total_s,
+                      achieved_tflops=passes * sum(f["total"] for f in flops[:n]) / total_s / 1e12,
                       floor_ms_mean=statistics.mean(floors[:n]),
-                      vs_floor_median=float(np.median([m / fl for m, fl in zip(ms, floors, strict=False)])),
+                      vs_floor_median=float(np.median([m / floors[j % n] for j, m in enumerate(ms)])),
                       vs_floor_mean=statistics.mean(ms) / statistics.mean(floors[:n]))
         if runner is not None:
             record["runner"] = runner.settle_stats().as_dict()
@@ -316,8 +349,10 @@ def _add_comparisons(result: dict, outputs: dict[str, torch.Tensor]) -> None:
     result["ratios"] = {a: {b: med[a] / med[b] for b in labels} for a in labels}
     result["ratios_requests"] = common
     if "eager" in modes:
+        first = modes["eager"]["ms"][:modes["eager"]["requests"]]
         for label in labels:
-            modes[label]["vs_eager_per_request"] = _per_request_vs(modes[label]["ms"], modes["eager"]["ms"])
+            mine = modes[label]["ms"][:modes[label]["requests"]]  # the first pass: every request once
+            modes[label]["vs_eager_per_request"] = _per_request_vs(mine, first)
     if not outputs:
         return
     ref = "eager" if "eager" in outputs else next(iter(outputs))
@@ -406,12 +441,14 @@ def print_report(record: BenchRecord) -> None:
     print(f"budgets {s['budgets']} (max_items {s['max_items']}, max_segments {s['max_segments']}) · floor: matmul "
           f"{fl['matmul_tflops']:.3g} TFLOP/s, copy {fl['copy_gbps']:.3g} GB/s, weights "
           f"{fl['weight_bytes'] / 2**20:.1f} MiB → {fl['mean_ms']:.3g} ms/request")
-    head = f"{'mode':<15}{'reqs':>5}{'mean':>9}{'median':>9}{'P99':>9}{'tok/s':>11}{'TFLOP/s':>9}{'×floor':>8}" \
-           f"{'slower':>8}{'worst':>7}"
+    head = f"{'mode':<22}{'reqs':>6}{'mean':>9}{'median':>9}{'±95%':>7}{'P99':>9}{'tok/s':>11}{'TFLOP/s':>9}" \
+           f"{'×floor':>8}{'slower':>8}{'worst':>7}"
     print("\n" + head + "\n" + "-" * len(head))
     for label, r in result["modes"].items():
         vs = r.get("vs_eager_per_request", {})
-        print(f"{label:<15}{r['requests']:>5}{r['mean_ms']:>9.3f}{r['median_ms']:>9.3f}{r['p99_ms']:>9.3f}"
+        lo, hi = r.get("median_ci95_ms") or (r["median_ms"], r["median_ms"])
+        print(f"{label:<22}{r.get('timed_requests', r['requests']):>6}{r['mean_ms']:>9.3f}{r['median_ms']:>9.3f}"
+              f"{(hi - lo) / 2 / r['median_ms']:>7.1%}{r['p99_ms']:>9.3f}"
               f"{r['tokens_per_s']:>11.0f}{r['achieved_tflops']:>9.3g}{r['vs_floor_median']:>8.1f}"
               f"{vs.get('share_slower', float('nan')):>8.1%}{vs.get('worst_ratio', float('nan')):>7.2f}")
     print("(ms per request; ×floor = median of time / floor; slower = share of requests slower than eager; "
@@ -469,6 +506,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "device's: triton on CUDA)")
     m.add_argument("--threads", type=int_in(1, os.cpu_count() or 1), default=None, help="torch.set_num_threads(N) "
                    "first (CPU runs; on a busy machine 1 is the least noisy)")
+    m.add_argument("--precision", type=float_in(0, 1), default=0.02,
+                   help="time the workload again while the median's 95 %% interval is wider than ±this share "
+                        "(default 0.02), up to --max-passes")
+    m.add_argument("--max-passes", type=int_in(1, 100), default=3,
+                   help="passes over the workload at most, per mode (default 3; the first times every request)")
     m.add_argument("--warmup", type=int_in(0, MAX_WARMUP), default=5,
                    help="untimed requests per mode first (default 5)")
     m.add_argument("--matmul-size", type=int_in(1, max(MAX_MATMUL.values())), default=None,

@@ -10,10 +10,11 @@ the cost model on it, and the layouts stay in it for notebooks::
 """
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -26,7 +27,7 @@ from ..model import GlmVisionEncoder
 from ..packing import BudgetConfig
 from ..provenance import collect
 from ..records import LatencySweep, make
-from ..timing import time_calls
+from ..timing import quiet_host, time_calls
 from .common import (
     DTYPES,
     MAX_BUDGET_TOKENS,
@@ -40,6 +41,11 @@ from .common import (
     resolve_model_args,
     write_record,
 )
+
+if TYPE_CHECKING:
+    from ..lab.session import Session
+
+EagerTimes = dict[tuple[int, str], list[float]]  # (budget, layout name) → ms of its eager runs
 
 CPU_QUICK_BUDGET = 256  # above this, a CPU sweep takes minutes: say so before starting
 MAX_RUNS = 10_000  # per layout, per budget, twice (graph and eager): more is hours, not precision
@@ -79,8 +85,10 @@ def layouts(budget: int, max_items: int, max_segments: int, merge: int = 2) -> d
 
 
 def measure(runner: EncoderGraphRunner, model: GlmVisionEncoder, runs: int, warmup: int, seed: int,
-            quiet: bool) -> list[dict[str, Any]]:
-    """Median and P99 ms of every layout of every captured budget, replayed in that budget and run eagerly."""
+            quiet: bool, eager_times: EagerTimes | None = None) -> list[dict[str, Any]]:
+    """Median and P99 ms of every layout of every captured budget, replayed in that budget and run eagerly.
+    ``eager_times``: eager runs already timed in this process for the same model, layouts and seed (a record run
+    times eager once for both sweeps); what it lacks is timed and added to it."""
     cfg, device = model.config, model.device
     gen = torch.Generator(device=device).manual_seed(seed)
     rows = []
@@ -91,8 +99,14 @@ def measure(runner: EncoderGraphRunner, model: GlmVisionEncoder, runs: int, warm
             grids = np.array(grid, dtype=np.int64)
             pixels = torch.randn(int(grids.prod(axis=1).sum()), cfg.patch_dim, device=device, dtype=model.dtype,
                                  generator=gen)
-            graph = time_calls(partial(runner.replay, budget, pixels, grids), device, runs, warmup)
-            eager = time_calls(partial(model, pixels, grids), device, runs, warmup)
+            with quiet_host():
+                graph = time_calls(partial(runner.replay, budget, pixels, grids), device, runs, warmup)
+                if eager_times is None or (budget, name) not in eager_times:
+                    eager = time_calls(partial(model, pixels, grids), device, runs, warmup)
+                    if eager_times is not None:
+                        eager_times[budget, name] = eager
+                else:
+                    eager = eager_times[budget, name]
             entry["layouts"].append({
                 "name": name, "grids": grids.tolist(), "items": len(grids),
                 "real_tokens": int(grids.prod(axis=1).sum()) // cfg.merge_area,
@@ -109,8 +123,8 @@ def measure(runner: EncoderGraphRunner, model: GlmVisionEncoder, runs: int, warm
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+def parse(argv: list[str]) -> tuple[argparse.Namespace, BudgetConfig]:
+    """The flags, checked (one line and exit 2 for a bad one), and the budget config they describe."""
     parser = Parser(prog="python -m glmvit latency", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--budgets", type=budgets_arg, default="64,128,256,512,1024,2048,4096",
                         help="token budgets (at least two)")
@@ -143,26 +157,45 @@ def main(argv: list[str] | None = None) -> int:
                                                        for b in budgets)
         print(f"warning: {forwards:,} forwards on a CPU, up to {max(budgets):,} tokens each: this takes long (many "
               f"minutes with the defaults); for a quick table pass --budgets 16,64,128 --runs 3", file=sys.stderr)
-    model = model_from_args(args)
+    return args, config
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, config = parse(argv)
+    table = run_sweep(args, config, " ".join([sys.executable, "-m", "glmvit", "latency", *argv]))
+    print_table(table.model_dump(mode="json")["budgets"])
+    if args.json:
+        write_record(args.json, table)
+    return 0
+
+
+def run_sweep(args: argparse.Namespace, config: BudgetConfig, command: str, session: Session | None = None,
+              eager_times: EagerTimes | None = None) -> LatencySweep:
+    """The sweep the resolved flags describe, as a record; a ``session`` (a record run) lends its model, and
+    ``eager_times`` shares eager runs between the graph and the compiled sweep (:func:`measure`)."""
+    model = session.model(args) if session is not None else model_from_args(args)
     mode = "cuda" if model.device.type == "cuda" else "emulate"
     runner = EncoderGraphRunner(model, config, mode=mode, progress=not args.quiet,
                                 torch_compile=args.compile).capture()
     with torch.inference_mode():
-        rows = measure(runner, model, args.runs, args.warmup, args.seed, args.quiet)
-    table = make(
-        LatencySweep, provenance=collect(model.device, " ".join([sys.executable, "-m", "glmvit", "latency", *argv])),
+        rows = measure(runner, model, args.runs, args.warmup, args.seed, args.quiet, eager_times)
+    return make(
+        LatencySweep, provenance=collect(model.device, command),
         dtype=str(model.dtype).replace("torch.", ""), config="glm41v" if args.config == "full" else args.config,
         attn_backend=model.attention_backend(), compiled=args.compile, max_items=config.max_items,
         max_segments=config.max_segments, budgets=rows,
-        measurement={"runner_mode": mode, "runs": args.runs, "warmup": args.warmup, "statistic": "median"},
+        measurement={"runner_mode": mode, "runs": args.runs, "warmup": args.warmup, "statistic": "median",
+                     "eager": "timed once per process for both sweeps" if eager_times is not None else "timed here",
+                     "host": "cycle collector off, timing thread pinned to one CPU (glmvit.timing.quiet_host)"},
         capture={str(k): v.as_dict() for k, v in runner.captures.items()},
         failed={str(k): v for k, v in runner.failed.items()},
     )
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
     print(f"\n{'tokens':>7} {'eager ms':>9} {'full ms':>9} {'worst ms':>9} {'worst/full':>10}  worst layout")
     for r in rows:
         worst = max(r["layouts"], key=lambda x: x["graph_ms"])["name"]
         print(f"{r['tokens']:>7} {r['eager_ms']:>9.3f} {r['full_graph_ms']:>9.3f} {r['graph_ms']:>9.3f} "
               f"{r['worst_layout_vs_full']:>10.3f}  {worst}")
-    if args.json:
-        write_record(args.json, table)
-    return 0

@@ -140,9 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def build_service(args: argparse.Namespace, command: str) -> EncoderService:
-    """Model, encoder (captured), scheduler and application, as the resolved flags say."""
-    model = model_from_args(args)
+def build_service(args: argparse.Namespace, command: str, model: GlmVisionEncoder | None = None) -> EncoderService:
+    """Model (``model`` if given: the flags' tower, built by the caller), encoder (captured), scheduler and
+    application, as the resolved flags say."""
+    model = model if model is not None else model_from_args(args)
     if args.attn_backend:
         model.attn_backend = args.attn_backend
         model.attention_backend()  # a clear error if it cannot run here

@@ -1,0 +1,422 @@
+"""One record run: every recorded GPU result re-measured in two long-lived processes, one per phase.
+
+``python -m glmvit record`` (:mod:`glmvit.cli.record`) starts one process per phase and each runs its jobs in
+order, in-process, sharing what a job would otherwise rebuild (:class:`glmvit.lab.session.Session`: the tower, its
+transformers twin, the floor's measured rates). A job is the same command a reader would type — its flags are
+in :data:`JOBS`, and its record's provenance names that command — run through the command's own library function.
+
+- ``measure``: every timing. A cold start first (a compiled ladder captured on empty compile caches), then the
+  latency sweeps (eager timed once for both), the benchmarks, the interpolation kernel, the notebooks' timing
+  results (:data:`glmvit.lab.NOTEBOOK_RESULTS` with ``profiles=False``) and the served encoder under load (a
+  server in this process, one per mode; the load generator in its own process, as a client is).
+- ``profile``: everything that attaches a profiler, in a process of its own so that no timing is ever taken after
+  CUPTI has attached: a warm start (the same ladder on the caches ``measure`` filled), ``kernels`` (which times its
+  replays before it profiles them) and the notebooks' profiling results.
+- ``ncu``: Nsight Compute's counters — a diagnostic, run only when named (``--only ncu``), in its own process.
+
+The launch-configuration sweep (``tools/tune_kernels.py``) is an input to the kernels' tables, not a result, and
+is never run here. Every job runs inside a fingerprint scope, so its record names the code that ran for it.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from ..records import DATA, REPO
+
+PHASES = ("measure", "profile", "ncu")
+LADDER = "64,128,256,512,768,1024,1536,2048,3072,4096"
+SEED_CONFIG = ("--budgets", "128,256,512,1024,1536,2048", "--max-items", "4", "--max-segments", "32")  # PR 40576
+PEER_MODES = "transformers,transformers-compiled,eager,graph,graph-compiled"
+BENCH_MODES = "transformers,eager,graph,graph-compiled"
+STARTUP_BUDGETS = (64, 128, 256, 512, 768, 1024)  # the default serving ladder's lower six, as a start compiles them
+SPAWNED_AT = "GLMVIT_SPAWNED_AT"  # time.time() when the orchestrator started this phase's process
+COLD_START = "startup_cold.json"  # measure's cold start, handed to profile through the run's work directory
+
+
+@dataclass(frozen=True)
+class Job:
+    """One result: ``command`` and ``argv`` are what a reader would type (``python -m glmvit COMMAND ARGV``);
+    ``outputs`` are its records under data/; ``estimate_s`` plans a run before any record says how long it took."""
+
+    name: str
+    phase: str
+    command: str
+    argv: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    estimate_s: float = 30.0
+    modes: tuple[str, ...] = field(default=())  # serve jobs: one server per mode
+
+    def output_paths(self) -> list[Path]:
+        return [DATA / out for out in self.outputs]
+
+
+def _bench(name: str, workload: str, requests: int, *extra: str, modes: str = BENCH_MODES,
+           estimate: float = 15.0) -> Job:
+    out = f"bench/{name}_h200.json"
+    return Job(name, "measure", "bench", ("--workload", workload, "--num-requests", str(requests), "--modes", modes,
+                                          "--warmup", "5", "--quiet", *extra, "--json", f"data/{out}"),
+               (out,), estimate)
+
+
+def _latency(name: str, *extra: str) -> Job:
+    out = f"bench/{name}_h200.json"
+    return Job(name, "measure", "latency", ("--budgets", LADDER, "--runs", "8", "--warmup", "2", "--quiet", *extra,
+                                            "--json", f"data/{out}"), (out,), 30)
+
+
+def _serve(name: str, workload: str, prompts: int, rates: str, modes: tuple[str, ...]) -> Job:
+    out = f"bench/{name}_h200.json"
+    return Job(name, "measure", "bench-serve", ("--workload", workload, "--num-prompts", str(prompts),
+                                                "--request-rate", rates), (out,), 20.0 * len(modes), modes)
+
+
+def _notebook_jobs() -> list[Job]:
+    from . import NOTEBOOK_RESULTS
+
+    return [Job(name, "profile" if result.profiles else "measure", "notebook", (name,),
+                (f"notebooks/{name}.json",), 15) for name, result in NOTEBOOK_RESULTS.items()]
+
+
+STATIC_JOBS: tuple[Job, ...] = (  # in the order each phase runs them
+    Job("startup_cold", "measure", "startup", (), (), 30),
+    _latency("latency"),
+    _latency("latency_compiled", "--compile"),
+    _bench("img1x224", "img1x224", 100, modes=PEER_MODES, estimate=30),
+    _bench("img8x448", "img8x448", 60, modes=PEER_MODES, estimate=40),
+    _bench("mixed_img", "mixed-img", 300),
+    _bench("mixed_av", "mixed-av", 300),
+    _bench("img4x224", "img4x224", 100),
+    _bench("video8x224", "video8x224", 100),
+    _bench("video2x8x224", "video2x8x224", 100),
+    _bench("seed_img1x224", "img1x224", 100, *SEED_CONFIG, modes="eager,graph,graph-compiled"),
+    _bench("seed_video8x224", "video8x224", 100, *SEED_CONFIG, modes="eager,graph,graph-compiled"),
+    Job("interp", "measure", "bench-interp", ("--json", "data/bench/interp_h200.json"), ("bench/interp_h200.json",),
+        15),
+    # the seed's serve run (vLLM PR 40576: 8-frame 224² clips, one per request, 100 requests, rate inf), per mode
+    _serve("serve_video8x224", "video8x224", 100, "inf", ("eager", "graph", "graph-compiled")),
+    # latency against throughput on mixed traffic, graph-compiled: Poisson arrivals at rising rates, then all at once
+    _serve("serve_mixed_av", "mixed-av", 150, "10,50,inf", ("graph-compiled",)),
+    Job("startup_warm", "profile", "startup", (), ("bench/capture_h200.json",), 20),
+    Job("kernels", "profile", "kernels", ("--quiet", "--json", "data/bench/kernels_h200.json"),
+        ("bench/kernels_h200.json",), 100),
+    Job("ncu", "ncu", "ncu", ("--quiet", "--json", "data/bench/ncu_h200.json"), ("bench/ncu_h200.json",), 300),
+)
+
+
+def jobs() -> list[Job]:
+    """Every job, phase by phase, in the order it runs: the notebooks' results after the static ones of their
+    phase, except the warm start, which opens ``profile``."""
+    notebook = _notebook_jobs()
+    ordered: list[Job] = []
+    for phase in PHASES:
+        mine = [j for j in STATIC_JOBS if j.phase == phase]
+        ordered += mine + [j for j in notebook if j.phase == phase]
+    return ordered
+
+
+def command_line(job: Job) -> str:
+    if job.command == "notebook":
+        return f"python -m glmvit record --only {job.name}  (glmvit.lab.NOTEBOOK_RESULTS[{job.name!r}])"
+    if job.command == "startup":
+        return f"python -m glmvit record --only {job.name}  (glmvit.lab.recorder.startup)"
+    modes = f" --modes {','.join(job.modes)}" if job.modes else ""
+    return f"python -m glmvit {job.command} {' '.join(job.argv)}{modes}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Running one job in this process
+# ---------------------------------------------------------------------------------------------------------------
+def _scope() -> contextlib.AbstractContextManager[Any]:
+    """A fingerprint scope (what ran for this job is what its record names), where this glmvit has them."""
+    try:
+        from .. import fingerprint
+    except ImportError:
+        return contextlib.nullcontext()
+    return fingerprint.scope()
+
+
+def _write(path: Path, record: Any) -> None:
+    from ..cli.common import write_record
+
+    write_record(path, record)
+
+
+def run_bench(job: Job, session: Any, workdir: Path) -> None:
+    from ..cli import bench
+
+    parser = bench.build_parser()
+    args = parser.parse_args(list(job.argv))
+    bench.check_args(parser, args)
+    record = bench.run_benchmark(args, command_line(job), session)
+    bench.print_report(record)
+    _write(job.output_paths()[0], record)
+
+
+def run_latency(job: Job, session: Any, workdir: Path) -> None:
+    from ..cli import latency
+
+    args, config = latency.parse(list(job.argv))
+    eager = session.shared.setdefault("latency_eager", {})  # both sweeps: the same eager runs
+    table = latency.run_sweep(args, config, command_line(job), session, eager)
+    latency.print_table(table.model_dump(mode="json")["budgets"])
+    _write(job.output_paths()[0], table)
+
+
+def run_main(job: Job, session: Any, workdir: Path) -> None:
+    """A command whose ``main(argv)`` does it all (builds its own small inputs): bench-interp, kernels."""
+    from ..cli import bench_interp, kernels
+
+    main = {"bench-interp": bench_interp.main, "kernels": kernels.main}[job.command]
+    if main(list(job.argv)) != 0:
+        raise RuntimeError(f"{job.command} exited non-zero")
+
+
+def run_notebook(job: Job, session: Any, workdir: Path) -> None:
+    from ..provenance import collect
+    from ..records import NotebookResult, make
+    from . import NOTEBOOK_RESULTS
+
+    result = NOTEBOOK_RESULTS[job.name].compute()
+    clash = sorted(set(result) & set(NotebookResult.model_fields))
+    if clash:
+        raise ValueError(f"result {job.name}: keys {clash} are record fields; rename them")
+    _write(job.output_paths()[0], make(NotebookResult, provenance=collect("cuda", command_line(job)), name=job.name,
+                                       **result))
+
+
+def startup(budgets: tuple[int, ...] = STARTUP_BUDGETS) -> dict[str, Any]:
+    """One server start in this process: the full tower built with random weights, then a compiled runner for
+    ``budgets`` (8 items, 16 segments, compiled in regions) captured; seconds of each, and since the process began
+    (``$GLMVIT_SPAWNED_AT``, set by whoever started it)."""
+    import torch
+
+    from ..config import VisionConfig
+    from ..graphs import EncoderGraphRunner
+    from ..packing import BudgetConfig
+    from ..random_weights import random_encoder
+
+    start = time.perf_counter()
+    model = random_encoder(VisionConfig.glm41v(), "cuda", torch.bfloat16, seed=0)
+    torch.cuda.synchronize()
+    built = time.perf_counter() - start
+    runner = EncoderGraphRunner(model, BudgetConfig(budgets, 8, 16), torch_compile=True)
+    start = time.perf_counter()
+    runner.capture()
+    out = {"capture_s": time.perf_counter() - start, "model_s": built, "attn_backend": model.attention_backend(),
+           "budgets": {str(k): v.as_dict() for k, v in runner.captures.items()}}
+    spawned = os.environ.get(SPAWNED_AT)
+    if spawned:
+        out["process_s"] = time.time() - float(spawned)
+    return out
+
+
+def run_startup(job: Job, session: Any, workdir: Path) -> None:
+    """The cold start (measure's first job: empty caches) is kept in the work directory; the warm start (profile's
+    first, on the caches measure filled) writes the record with both."""
+    from ..provenance import collect
+    from ..records import StartupRecord, make
+
+    result = startup()
+    cold = workdir / COLD_START
+    if job.name == "startup_cold":
+        cold.write_text(json.dumps({"result": result, "units": _scope_units()}))
+        return
+    if not cold.exists():
+        raise RuntimeError(f"no cold start in {workdir}: run startup_cold (phase measure) in the same run first")
+    earlier = json.loads(cold.read_text())
+    _extend_scope(earlier.get("units") or {})
+    runs = {"blocks-auto-cold": earlier["result"], "blocks-auto-warm": result}
+    _write(job.output_paths()[0], make(
+        StartupRecord, provenance=collect("cuda", command_line(job)), budgets=list(STARTUP_BUDGETS), runs=runs,
+        starts="cold: the first process of a record run, on empty compile caches; warm: the next process, on the "
+               "caches the first one filled"))
+
+
+_SCOPES: list[Any] = []
+
+
+def _scope_units() -> dict[str, str]:
+    scope = _SCOPES[-1] if _SCOPES else None
+    units = getattr(scope, "units", None)
+    return dict(units()) if callable(units) else {}
+
+
+def _extend_scope(units: dict[str, str]) -> None:
+    scope = _SCOPES[-1] if _SCOPES else None
+    if scope is not None and hasattr(scope, "add"):
+        scope.add(units)
+
+
+def run_serve(job: Job, session: Any, workdir: Path) -> None:
+    """Per mode: ``glmvit serve`` in this process (a thread, on the session's model, configured exactly as
+    ``bench-serve --spawn`` configures its child), loaded by ``bench-serve --url`` in a process of its own; the
+    modes' records merged into one."""
+    from ..cli import bench_serve, serve
+    from ..cli.common import resolve_model_args
+    from ..cli.serve_app import ServerThread
+
+    parser = bench_serve.build_parser()
+    spawn_argv = [*job.argv, "--spawn", "--modes", ",".join(job.modes)]
+    cargs = parser.parse_args(spawn_argv)
+    bench_serve.check_args(parser, cargs, spawn_argv)
+    workload = bench_serve.build_workload(cargs)
+    parts = []
+    for mode in job.modes:
+        server_argv = bench_serve.serve_argv(cargs, mode, workload)[4:]  # after: python -m glmvit serve
+        sparser = serve.build_parser()
+        sargs = sparser.parse_args(server_argv)
+        resolve_model_args(sparser, sargs)
+        service = serve.build_service(sargs, f"python -m glmvit serve {' '.join(server_argv)}", session.model(sargs))
+        out = workdir / f"{job.name}_{mode}.json"
+        with ServerThread(service) as server:
+            assert server.url is not None
+            client = [sys.executable, "-m", "glmvit", "bench-serve", "--url", server.url, *job.argv, "--json",
+                      str(out)]
+            print(f"[serve] {mode}: {' '.join(client[1:])}", flush=True)
+            subprocess.run(client, cwd=REPO, check=True)
+        parts.append(json.loads(out.read_text()))
+        session.end_job()
+    _write(job.output_paths()[0], merge_serve(parts, job))
+
+
+def merge_serve(parts: list[dict[str, Any]], job: Job) -> Any:
+    """One serve record from one client record per mode: their servers, floors and runs together; the code that
+    ran is the clients' and this process's (the servers')."""
+    from ..records import Fingerprint, ServeRecord, fingerprint_now, make
+
+    first = parts[0]
+    body = {k: v for k, v in first.items() if k not in ("kind", "provenance", "fingerprint", "elapsed_s",
+                                                         "record_run")}
+    body["servers"], body["floor"], body["runs"] = {}, {}, []
+    merged: dict[str, dict[str, str]] = {}
+    for part in parts:
+        body["servers"].update(part["servers"])
+        body["floor"].update(part["floor"])
+        body["runs"] += part["runs"]
+        for key, value in (part.get("fingerprint") or {}).items():
+            if isinstance(value, dict):
+                merged.setdefault(key, {}).update(value)
+    for key, value in fingerprint_now().model_dump().items():
+        if isinstance(value, dict):
+            merged.setdefault(key, {}).update(value)
+    body["settings"] = {**body["settings"], "target": "record", "modes": list(job.modes),
+                        "servers": "glmvit serve in the record run's process, one per mode, configured as --spawn "
+                                   "configures its child; this load generator in a process of its own"}
+    provenance = {**first["provenance"], "command": command_line(job)}
+    return make(ServeRecord, provenance=provenance, fingerprint=Fingerprint.model_validate(merged), **body)
+
+
+RUNNERS: dict[str, Callable[[Job, Any, Path], None]] = {
+    "bench": run_bench, "latency": run_latency, "bench-interp": run_main, "kernels": run_main,
+    "notebook": run_notebook, "startup": run_startup, "bench-serve": run_serve,
+}
+
+
+@contextlib.contextmanager
+def _job_scope() -> Iterator[None]:
+    with _scope() as scope:
+        _SCOPES.append(scope)
+        try:
+            yield
+        finally:
+            _SCOPES.pop()
+
+
+def stamp_elapsed(job: Job, seconds: float, since: float) -> list[Path]:
+    """Write the job's duration into every record it wrote (those modified since ``since``); returns them."""
+    from ..cli.common import write_atomic
+    from ..records import Record, load_any, to_json
+
+    written = []
+    for path in job.output_paths():
+        if not path.exists() or path.stat().st_mtime < since:
+            continue
+        record: Record = load_any(path)
+        record.elapsed_s = round(seconds, 1)
+        write_atomic(path, to_json(record).encode())
+        written.append(path)
+    return written
+
+
+def run_phase(phase: str, names: list[str], workdir: Path, deadline: float | None) -> int:
+    """Run the named jobs of ``phase`` here, in plan order. One line per job on stdout —
+    ``[done] NAME SECONDS PATH...`` or ``[FAIL] NAME SECONDS`` or ``[later] NAME`` — for the orchestrator; a job
+    that fails is reported with its traceback on stderr and the phase goes on. Returns the failures."""
+    import torch
+
+    from .session import Session
+
+    if phase != "ncu" and not torch.cuda.is_available():
+        raise SystemExit("recording needs a CUDA GPU (the records are GPU results)")
+    session = Session()
+    failures = 0
+    for job in [j for j in jobs() if j.phase == phase and j.name in names]:
+        expected = expected_seconds(job)
+        if deadline is not None and time.time() + expected > deadline:
+            print(f"[later] {job.name} expected {expected:.0f} s", flush=True)
+            continue
+        t0, wall0 = time.monotonic(), time.time()
+        print(f"[run] {job.name}: {command_line(job)}", flush=True)
+        try:
+            if job.command == "ncu":
+                subprocess.run([sys.executable, "-m", "glmvit", "ncu", *job.argv], cwd=REPO, check=True)
+            else:
+                with _job_scope():
+                    RUNNERS[job.command](job, session, workdir)
+        except Exception:  # noqa: BLE001 - one failing job must not lose the others
+            traceback.print_exc()
+            failures += 1
+            print(f"[FAIL] {job.name} {time.monotonic() - t0:.1f}", flush=True)
+            session.end_job()
+            continue
+        seconds = time.monotonic() - t0
+        written = stamp_elapsed(job, seconds, wall0 - 1)
+        print(f"[done] {job.name} {seconds:.1f} " + " ".join(str(p.relative_to(REPO)) for p in written), flush=True)
+        session.end_job()
+    return failures
+
+
+def expected_seconds(job: Job) -> float:
+    """How long the job took last time (its records' ``elapsed_s``), else its estimate."""
+    from ..records import load_any
+
+    elapsed = []
+    for path in job.output_paths():
+        try:
+            record = load_any(path)
+        except (ValueError, OSError):
+            continue
+        if record.elapsed_s:
+            elapsed.append(record.elapsed_s)
+    return max(elapsed, default=job.estimate_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m glmvit.lab.recorder --phase P --jobs a,b --workdir DIR [--deadline UNIX_TIME]``: one phase's
+    process, started by ``python -m glmvit record``."""
+    p = argparse.ArgumentParser(prog="python -m glmvit.lab.recorder")
+    p.add_argument("--phase", choices=PHASES, required=True)
+    p.add_argument("--jobs", required=True)
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--deadline", type=float, default=None)
+    args = p.parse_args(argv)
+    return 1 if run_phase(args.phase, args.jobs.split(","), Path(args.workdir), args.deadline) else 0
+
+
+def fresh_workdir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="glmvit-record-"))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

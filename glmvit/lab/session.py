@@ -1,0 +1,69 @@
+"""What the jobs of one recording process share: the model, its transformers twin and the measured floor.
+
+A record run measures every result in a few long-lived processes (:mod:`glmvit.lab.recorder`). Building the tower,
+copying it into transformers' model and measuring the matmul rate and copy bandwidth once per process, not once per
+result, is most of what that saves. Captured graphs and compiled code are *not* shared between jobs: each job
+captures its own runners, as its command does alone, and :meth:`Session.end_job` clears torch.compile's state
+between jobs (so one job's compiled specialisations never count against the next job's recompile limit).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+from typing import Any
+
+import torch
+
+from ..model import GlmVisionEncoder
+
+ModelKey = tuple[str, str, str, str | None, int]
+
+
+class Session:
+    """Shared objects, built on first use. ``model(args)`` hands out one model per (config, dtype, device,
+    weights, seed), with ``attn_backend`` set to the flags' (None: the device's default) on every call, so one job's
+    backend never leaks into the next."""
+
+    def __init__(self) -> None:
+        self._models: dict[ModelKey, GlmVisionEncoder] = {}
+        self._twins: dict[int, Any] = {}
+        self._floors: dict[tuple[str, str, int | None], dict[str, Any]] = {}
+        self.shared: dict[str, Any] = {}  # what jobs hand each other by name (the latency sweeps' eager runs)
+
+    def model(self, args: argparse.Namespace) -> GlmVisionEncoder:
+        from ..cli.common import model_from_args
+
+        key = (args.config, args.dtype, str(args.device), args.weights, args.seed)
+        if key not in self._models:
+            self._models[key] = model_from_args(args)
+        model = self._models[key]
+        model.attn_backend = getattr(args, "attn_backend", None)
+        model.attention_backend()  # a clear error if the backend cannot run here
+        return model.eval()
+
+    def twin(self, model: GlmVisionEncoder) -> Any:
+        """transformers' ``Glm4vVisionModel`` with ``model``'s weights (:func:`glmvit.oracle.hf_twin`), built once."""
+        from ..oracle import hf_twin
+
+        if id(model) not in self._twins:
+            self._twins[id(model)] = hf_twin(model)
+        return self._twins[id(model)]
+
+    def floor(self, device: torch.device, dtype: torch.dtype, n: int | None) -> dict[str, Any]:
+        """The measured matmul rate (TFLOP/s) and copy bandwidth (GB/s), once per (device, dtype, n)."""
+        from ..floor import measure_copy_bandwidth, measure_matmul_tflops
+
+        key = (str(device), str(dtype), n)
+        if key not in self._floors:
+            self._floors[key] = {"matmul_tflops": measure_matmul_tflops(device, dtype, n=n),
+                                 "copy_gbps": measure_copy_bandwidth(device)}
+        return dict(self._floors[key])
+
+    @staticmethod
+    def end_job() -> None:
+        """Between jobs: free what the last job left (graphs, pools) and forget torch.compile's specialisations."""
+        gc.collect()
+        torch._dynamo.reset()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()

@@ -1,0 +1,181 @@
+"""``python -m glmvit record``: the plan of phases and jobs, the orchestrator, and the in-process jobs (on CPU)."""
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from glmvit.__main__ import main
+from glmvit.cli import record
+from glmvit.lab import recorder
+from glmvit.lab.recorder import Job, jobs
+from glmvit.lab.session import Session
+from glmvit.timing import median_ci95, quiet_host, relative_halfwidth
+
+
+def test_the_plan_times_before_it_profiles_and_starts_cold_then_warm():
+    plan = jobs()
+    names = [j.name for j in plan]
+    phases = [j.phase for j in plan]
+    assert phases == sorted(phases, key=recorder.PHASES.index)  # measure, then profile, then ncu
+    assert names[0] == "startup_cold" and names[phases.index("profile")] == "startup_warm"
+    assert names.index("latency") < names.index("latency_compiled") < names.index("img1x224")  # tables route benches
+    assert {j.name for j in plan if j.phase == "ncu"} == {"ncu"}
+    assert len(names) == len(set(names))
+    from glmvit.lab import NOTEBOOK_RESULTS
+
+    for name, result in NOTEBOOK_RESULTS.items():  # every notebook result is a job, profiling ones apart
+        job = next(j for j in plan if j.name == name)
+        assert job.phase == ("profile" if result.profiles else "measure")
+    assert all(j.phase == "measure" for j in plan if j.command in ("bench", "latency", "bench-serve"))
+
+
+def test_the_warm_start_brings_the_cold_one_and_a_forced_run_skips_what_it_made(monkeypatch):
+    plan = jobs()
+    warm = next(j for j in plan if j.name == "startup_warm")
+    monkeypatch.setattr(record, "job_current", lambda job, run_id=None: False)
+    assert [j.name for j in record.choose([warm], True, "r")] == ["startup_cold", "startup_warm"]
+    interp = next(j for j in plan if j.name == "interp")
+    made = type("R", (), {"record_run": "run-a"})()
+    monkeypatch.undo()
+    monkeypatch.setattr(record, "load_any", lambda path: made)
+    monkeypatch.setattr(record, "staleness", lambda rec: [])
+    assert record.job_current(interp) and record.job_current(interp, "run-a")
+    assert not record.job_current(interp, "run-b")  # current, but not made by this forced run: re-recorded
+    monkeypatch.setattr(record, "staleness", lambda rec: ["glmvit/graphs.py:EncoderGraphRunner.run"])
+    assert not record.job_current(interp, "run-a")  # this run's, but its code changed since
+
+
+def test_dry_run_lists_every_job_and_refuses_unknown_ones(capsys):
+    assert main(["record", "--dry-run", "--force"]) == 0
+    out = capsys.readouterr().out
+    assert "[measure] img1x224" in out and "[profile] kernels" in out and "[ncu]" not in out
+    assert "python -m glmvit bench --workload img1x224" in out
+    with pytest.raises(SystemExit):
+        main(["record", "--only", "nope"])
+    with pytest.raises(SystemExit):
+        main(["record", "--phases", "nope"])
+
+
+class FakePhase:
+    """A phase process that prints what the recorder prints, and touches nothing."""
+
+    script: dict[str, list[str]] = {}
+    calls: list[list[str]] = []
+
+    def __init__(self, cmd, **kwargs):
+        phase = cmd[cmd.index("--phase") + 1]
+        FakePhase.calls.append(cmd)
+        self.stdout = io.StringIO("".join(line + "\n" for line in FakePhase.script[phase]))
+        self.code = 1 if any(line.startswith("[FAIL]") for line in FakePhase.script[phase]) else 0
+
+    def wait(self):
+        return self.code
+
+
+def test_the_orchestrator_runs_each_phase_once_and_packs_what_they_wrote(tmp_path, monkeypatch, capsys):
+    archive = tmp_path / "records.tgz"
+    FakePhase.calls = []
+    FakePhase.script = {
+        "measure": ["[run] latency: ...", "[done] latency 12.5 data/bench/latency_h200.json",
+                    "[done] startup_cold 20.0 "],
+        "profile": ["[done] startup_warm 9.0 data/bench/capture_h200.json", "[FAIL] kernels 3.0"],
+    }
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(record.subprocess, "Popen", FakePhase)
+    monkeypatch.setattr(record, "job_current", lambda job, run_id=None: False)
+    code = main(["record", "--only", "latency,startup_warm,kernels", "--archive", str(archive)])
+    assert code == 1  # kernels failed
+    assert [c[c.index("--phase") + 1] for c in FakePhase.calls] == ["measure", "profile"]  # one process a phase
+    measure_jobs = FakePhase.calls[0][FakePhase.calls[0].index("--jobs") + 1].split(",")
+    assert measure_jobs == ["startup_cold", "latency"]
+    with tarfile.open(archive) as tar:
+        assert tar.getnames() == ["data/bench/latency_h200.json", "data/bench/capture_h200.json"]
+    out = capsys.readouterr().out
+    assert "1 failed ['kernels']" in out and "seconds per job: latency 12, startup_cold 20" in out
+
+
+def _job(name, command, argv, out):
+    return Job(name, "measure", command, (*argv, "--json", str(out)), (str(out),))
+
+
+def test_a_bench_job_runs_in_process_on_the_sessions_model_and_times_every_request(tmp_path):
+    session = Session()
+    out = tmp_path / "bench.json"
+    job = _job("b", "bench", ("--workload", "img1x224", "--num-requests", "4", "--modes", "eager,graph", "--warmup",
+                              "1", "--quiet", "--max-passes", "2", "--precision", "0"), out)
+    recorder.run_bench(job, session, tmp_path)
+    data = json.loads(out.read_text())
+    for mode in data["modes"].values():
+        assert mode["requests"] == 4 and mode["passes"] == 2 and mode["timed_requests"] == 8
+        lo, hi = mode["median_ci95_ms"]
+        assert lo <= mode["median_ms"] <= hi
+    assert data["provenance"]["command"].startswith("python -m glmvit bench --workload img1x224")
+    assert len(session._models) == 1  # noqa: SLF001 - the model is the session's, built once
+
+
+def test_the_two_latency_sweeps_share_their_eager_runs(tmp_path):
+    session = Session()
+    argv = ("--budgets", "16,32", "--runs", "2", "--warmup", "0", "--quiet")
+    for name in ("a", "b"):
+        recorder.run_latency(_job(name, "latency", argv, tmp_path / f"{name}.json"), session, tmp_path)
+    a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab")
+    eager = [[(lay["eager_ms"], lay["eager_p99_ms"]) for lay in row["layouts"]] for row in a["budgets"]]
+    assert eager == [[(lay["eager_ms"], lay["eager_p99_ms"]) for lay in row["layouts"]] for row in b["budgets"]]
+    assert len(session.shared["latency_eager"]) == sum(len(row["layouts"]) for row in a["budgets"])
+
+
+def test_serve_records_of_each_mode_merge_into_one():
+    from glmvit.provenance import collect
+    from glmvit.records import ServeRecord, make
+
+    def part(mode, unit):
+        rec = make(ServeRecord, provenance=collect("cpu", "python -m glmvit bench-serve --url x"),
+                   settings={"target": "url", "workload": "video8x224"}, runs=[{"mode": mode, "rate": "inf"}],
+                   servers={mode: {"mode": mode}}, floor={mode: None})
+        return json.loads(rec.model_dump_json())
+
+    job = Job("serve_x", "measure", "bench-serve", ("--workload", "video8x224"), (), modes=("eager", "graph"))
+    merged = recorder.merge_serve([part("eager", "a"), part("graph", "b")], job)
+    assert [r["mode"] for r in merged.runs] == ["eager", "graph"] and set(merged.settings["servers"]) == set()
+    assert merged.settings["modes"] == ["eager", "graph"] and merged.settings["target"] == "record"
+    assert merged.provenance.command.startswith("python -m glmvit bench-serve --workload video8x224")
+
+
+def test_the_medians_interval_is_distribution_free_and_narrows_with_more_samples():
+    rng = np.random.default_rng(0)
+    small, large = rng.lognormal(size=50), rng.lognormal(size=5000)
+    for sample in (small, large):
+        lo, hi = median_ci95(sample)
+        assert lo <= np.median(sample) <= hi
+    assert relative_halfwidth(large) < relative_halfwidth(small) / 5  # ~1/√n: 10× the samples, ~3× narrower each way
+    assert relative_halfwidth([3.0] * 10) == 0
+    # the ranks: for n = 100, the 40th and 61st order statistics (n/2 ∓ 1.96·√n/2 = 50 ∓ 9.8)
+    assert median_ci95(list(range(100))) == (40.0, 60.0)
+
+
+def test_a_quiet_host_restores_the_collector_and_the_cpus():
+    import gc
+    import os
+
+    before = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    with quiet_host():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    if before is not None:
+        assert os.sched_getaffinity(0) == before
+
+
+def test_stamp_elapsed_writes_only_what_the_job_wrote(tmp_path):
+    from glmvit.provenance import collect
+    from glmvit.records import InterpRecord, load_any, make, to_json
+
+    path = tmp_path / "r.json"
+    path.write_text(to_json(make(InterpRecord, provenance=collect("cpu", "x"), results=[])))
+    job = Job("j", "measure", "bench-interp", (), (str(path),))
+    assert recorder.stamp_elapsed(job, 3.21, path.stat().st_mtime + 10) == []  # older than the job: untouched
+    assert recorder.stamp_elapsed(job, 3.21, 0) == [Path(path)]
+    assert load_any(path).elapsed_s == 3.2
