@@ -1,0 +1,80 @@
+"""The notebooks' GPU measurements as library functions, apart from the runtime path.
+
+Each notebook result recorded in ``data/notebooks/NAME.json`` is computed by one function here, registered in
+:data:`NOTEBOOK_RESULTS` as a :class:`LabResult`. A notebook calls ``run_or_replay(NAME, fn)`` with it (computed on
+a CUDA GPU, replayed from the record elsewhere), and a recorder can call every ``compute`` in one process.
+``profiles=True`` marks a function that attaches ``torch.profiler`` (CUPTI): it may slow every later launch in its
+process, so no timing is taken in a function that profiles, and a recorder runs the timing results first.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..env import run_or_replay
+
+__all__ = ["LabResult", "NOTEBOOK_RESULTS", "NOT_YET_RECORDED", "run_or_pending", "show"]
+
+
+@dataclass(frozen=True)
+class LabResult:
+    """One notebook result: its record name, the function computing its JSON-able dict, whether it profiles."""
+
+    name: str
+    compute: Callable[[], dict[str, Any]]
+    profiles: bool
+
+
+# Results split off an older record so that no timing follows a profiler: no H200 record exists for them until
+# the next GPU run; until then their notebook cells say so instead of failing (run_or_pending).
+NOT_YET_RECORDED = frozenset({"02_interp_kernels", "03_launch_times", "06_timeline_times", "08_fusion_kernels",
+                              "08_eager_kernels"})
+
+
+def show(fn: Callable[..., Any] | type) -> None:
+    """Print the source of ``fn`` (a function or class of this package), for a notebook to show what it measures."""
+    print(inspect.getsource(fn))
+
+
+def run_or_pending(name: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+    """``run_or_replay(name, compute)``; None, with a line saying so, where ``name`` is one of
+    :data:`NOT_YET_RECORDED` and this machine has no GPU and no record of it."""
+    if name not in NOT_YET_RECORDED:
+        raise KeyError(f"{name}: not a result awaiting its first recording; call run_or_replay")
+    try:
+        return run_or_replay(name, compute)
+    except FileNotFoundError:
+        print(f"{name}: not recorded yet (a new result, recorded by the next run on a CUDA GPU)")
+        return None
+
+
+def _registry() -> dict[str, LabResult]:
+    from . import benchmark, capture_replay, cuda_graphs, interpolation, static_forward, tour
+
+    entries = [
+        LabResult("00_kernel_count", tour.kernel_count, profiles=True),
+        LabResult("02_interp_in_graph", interpolation.interp_in_graph, profiles=False),
+        LabResult("02_interp_kernels", interpolation.interp_kernels, profiles=True),
+        LabResult("03_capture_basics", cuda_graphs.graph_basics, profiles=False),
+        LabResult("03_pools", cuda_graphs.pool_strategies, profiles=False),
+        LabResult("03_launch_times", cuda_graphs.launch_times, profiles=False),
+        LabResult("03_launch_timeline", cuda_graphs.launch_timeline, profiles=True),
+        LabResult("03_host_syncs", cuda_graphs.host_syncs_on_gpu, profiles=False),
+        LabResult("04_sync_checks", static_forward.sync_checks, profiles=False),
+        LabResult("04_capture_on_a_replay_b", static_forward.capture_on_a_replay_b, profiles=False),
+        LabResult("04_attention_backends", static_forward.attention_backends, profiles=False),
+        LabResult("06_hand_vs_runner", capture_replay.hand_vs_runner, profiles=False),
+        LabResult("06_staging_double", capture_replay.staging_double, profiles=False),
+        LabResult("06_pools", capture_replay.one_pool_or_three, profiles=False),
+        LabResult("06_timeline_times", capture_replay.tower_times, profiles=False),
+        LabResult("06_timeline_launch", capture_replay.tower_timeline, profiles=True),
+        LabResult("08_fusion", benchmark.fusion, profiles=False),
+        LabResult("08_fusion_kernels", benchmark.fusion_kernels, profiles=True),
+        LabResult("08_eager_busy", benchmark.eager_busy, profiles=False),
+        LabResult("08_eager_kernels", benchmark.eager_kernels, profiles=True),
+    ]
+    return {entry.name: entry for entry in entries}
+
+
+NOTEBOOK_RESULTS: dict[str, LabResult] = _registry()

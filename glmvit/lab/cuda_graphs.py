@@ -1,0 +1,350 @@
+"""Notebook 03's GPU measurements: the CUDA-graph rules on a small MLP, pools, launch gaps, host syncs."""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..testing import forbid_host_syncs
+from ..timing import time_calls
+
+
+class TinyMLP(nn.Module):
+    """A few Linear layers; a Python flag (not a tensor) chooses the activation."""
+
+    def __init__(self, width=32, depth=3, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.use_relu = True
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+            x = torch.relu(x) if self.use_relu else x
+        return x
+
+
+def random_state(module: nn.Module, seed: int) -> dict[str, torch.Tensor]:
+    """New weights for module, on its device, scaled like nn.Linear's (values of order 1/sqrt(width))."""
+    gen = torch.Generator().manual_seed(seed)
+    return {k: (torch.randn(v.shape, generator=gen) / v.shape[-1] ** 0.5).to(v.device)
+            for k, v in module.state_dict().items()}
+
+
+def host_sync_probes(x: torch.Tensor, counts: torch.Tensor) -> dict[str, Callable[[], Any]]:
+    """Calls that need a GPU value on the host; x is a float vector of 6, counts 6 repeat counts."""
+    return {
+        "x.sum().item()": lambda: x.sum().item(),
+        "bool(x.sum() > 0)": lambda: bool(x.sum() > 0),
+        "x.tolist()": lambda: x.tolist(),
+        "x[x > 0]": lambda: x[x > 0],
+        "torch.nonzero(x > 0)": lambda: torch.nonzero(x > 0),
+        "x.repeat_interleave(counts)": lambda: x.repeat_interleave(counts),
+        "x.masked_select(x > 0)": lambda: x.masked_select(x > 0),
+        "torch.unique(x > 0)": lambda: torch.unique(x > 0),
+    }
+
+
+def _warm_up(net: nn.Module, *inputs: torch.Tensor) -> None:
+    """Run net on every input on a side stream (lazy initialisation must happen before capture)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(side):
+        for x in inputs:
+            net(x)
+    torch.cuda.current_stream().wait_stream(side)
+
+
+def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+def _capture_memory(net: nn.Module, static_x: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, dict]:
+    """Capture net(static_x) and a control capture of elementwise ops alone; what each kept allocated."""
+    for _ in range(3):
+        _warm_up(net, static_x)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        static_y = net(static_x)  # allocated during capture: from the graph's private pool
+    torch.cuda.synchronize()
+    out = {"pool_reserved_bytes": torch.cuda.memory_reserved() - reserved,
+           "allocated_after_capture_bytes": torch.cuda.memory_allocated() - allocated,
+           "output_bytes": static_y.numel() * static_y.element_size()}
+    allocated = torch.cuda.memory_allocated()  # the control: a capture without matmuls
+    elementwise = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(elementwise):
+        elementwise_y = torch.relu(static_x) * 2
+    torch.cuda.synchronize()
+    out["elementwise_allocated_after_capture_bytes"] = torch.cuda.memory_allocated() - allocated
+    out["elementwise_output_bytes"] = elementwise_y.numel() * elementwise_y.element_size()
+    workspace_size = getattr(torch.backends.cuda, "cublas_workspace_size", None)  # not in every torch
+    out["cublas_workspace_bytes"] = workspace_size() if workspace_size is not None else None
+    return graph, static_y, out
+
+
+def _eager(net: nn.Module, x: torch.Tensor, params: dict | None = None) -> torch.Tensor:
+    with torch.no_grad():
+        return net(x) if params is None else torch.func.functional_call(net, params, (x,))
+
+
+def _rules(net: TinyMLP, graph: torch.cuda.CUDAGraph, static_x: torch.Tensor, static_y: torch.Tensor) -> dict:
+    """Notebook 03's sections 2-5 on a real graph: replay vs eager, a rebound input, a flipped branch, the output."""
+    dev, out = static_x.device, dict[str, Any]()
+    addresses, diffs = {(static_x.data_ptr(), static_y.data_ptr())}, []
+    for _ in range(3):  # copy in, replay, read out
+        x = torch.randn(64, 512, device=dev)
+        static_x.copy_(x)
+        graph.replay()
+        diffs.append(_diff(static_y, _eager(net, x)))
+        addresses.add((static_x.data_ptr(), static_y.data_ptr()))
+    out["replay_vs_eager_max_abs"] = max(diffs)
+    out["replay_bitwise_equal"] = max(diffs) == 0
+    out["addresses_stable"] = len(addresses) == 1
+    rebound = torch.randn(64, 512, device=dev)  # 4.1: a new tensor where the captured input was meant
+    graph.replay()
+    out["rebound_input"] = {"new_address": rebound.data_ptr() != static_x.data_ptr(),
+                            "vs_new_input": _diff(static_y, _eager(net, rebound)),
+                            "vs_captured_buffer": _diff(static_y, _eager(net, static_x))}
+    net.use_relu = False  # 4.3: the branch
+    static_x.copy_(torch.randn(64, 512, device=dev) - 1)
+    graph.replay()
+    out["branch_flipped"] = {"vs_eager_now": _diff(static_y, _eager(net, static_x))}
+    net.use_relu = True
+    out["branch_flipped"]["vs_eager_with_relu"] = _diff(static_y, _eager(net, static_x))
+    alias, owned = static_y, static_y.clone()  # 5: reference vs clone
+    snapshot = owned.clone()
+    static_x.copy_(torch.randn(64, 512, device=dev))
+    graph.replay()
+    out["output"] = {"reference_changed": not torch.equal(alias, snapshot), "clone_kept": torch.equal(owned, snapshot)}
+    return out
+
+
+def _weights(net: nn.Module, graph: torch.cuda.CUDAGraph, static_x: torch.Tensor, static_y: torch.Tensor) -> dict:
+    """Notebook 03's 4.2 on a real graph, last (the graph keeps the old weights for good): copied, then assigned."""
+    x = torch.randn(64, 512, device=static_x.device)
+    static_x.copy_(x)
+    addresses = [p.data_ptr() for p in net.parameters()]
+    net.load_state_dict(random_state(net, 1))
+    graph.replay()
+    out = {"weights_copied": {"same_addresses": [p.data_ptr() for p in net.parameters()] == addresses,
+                              "vs_eager": _diff(static_y, _eager(net, x))}}
+    old = dict(net.named_parameters())  # keep the captured weights alive
+    net.load_state_dict(random_state(net, 2), assign=True)
+    graph.replay()
+    moved = all(p.data_ptr() != a for p, a in zip(net.parameters(), addresses, strict=True))
+    out["weights_assigned"] = {"new_addresses": moved,
+                               "vs_eager": _diff(static_y, _eager(net, x)),
+                               "vs_old_weights": _diff(static_y, _eager(net, x, old))}
+    return out
+
+
+def graph_basics() -> dict[str, Any]:
+    """TinyMLP(512, depth 4) on 64 rows captured by torch.cuda.CUDAGraph: the memory the capture reserved and kept
+    (next to an elementwise control), then notebook 03's rules checked on the real graph."""
+    dev = torch.device("cuda")
+    net = TinyMLP(width=512, depth=4).to(dev).eval()
+    static_x = torch.zeros(64, 512, device=dev)
+    graph, static_y, out = _capture_memory(net, static_x)
+    out.update(_rules(net, graph, static_x, static_y))
+    out.update(_weights(net, graph, static_x, static_y))
+    torch.cuda.synchronize()
+    return out
+
+
+def _capture_sizes(net: nn.Module, inputs: dict[int, torch.Tensor], expected: dict[int, torch.Tensor],
+                   order: list[int], shared: bool) -> dict[str, Any]:
+    """Capture one graph per input size in ``order`` (one shared pool or one each); the memory reserved after each
+    capture, and the worst replay-vs-eager difference over a scrambled replay order."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    pool = torch.cuda.graph_pool_handle() if shared else None
+    graphs, steps = {}, []
+    for n in order:
+        g = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(g, pool=pool):
+            y = net(inputs[n])
+        torch.cuda.synchronize()
+        graphs[n] = (g, y)
+        steps.append(torch.cuda.memory_reserved() - before)
+    worst = 0.0
+    for n in [256, 4096, 512, 2048, 1024, 4096, 256]:  # any order, one at a time
+        g, y = graphs[n]
+        g.replay()
+        worst = max(worst, (y - expected[n]).abs().max().item())
+    del graphs, g, y
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return {"order": order, "reserved_after_each": steps, "replay_vs_eager_max_abs": worst}
+
+
+def pool_strategies() -> dict[str, Any]:
+    """Five graphs of TinyMLP(2048, depth 4) for 256 to 4096 rows, captured with a pool each, one shared pool
+    largest first, and one shared pool smallest first."""
+    dev = torch.device("cuda")
+    width, sizes = 2048, [4096, 2048, 1024, 512, 256]
+    net = TinyMLP(width=width, depth=4).to(dev).eval()
+    inputs = {n: torch.randn(n, width, device=dev) for n in sizes}
+    _warm_up(net, *inputs.values())  # warm-up for every shape
+    with torch.no_grad():
+        expected = {n: net(x) for n, x in inputs.items()}
+    result: dict[str, Any] = {"sizes": sizes, "width": width, "activation_bytes": [n * width * 4 for n in sizes],
+                              "strategies": {}}
+    for name, order, shared in [("own pool per graph", sizes, False), ("shared, largest first", sizes, True),
+                                ("shared, smallest first", sizes[::-1], True)]:
+        result["strategies"][name] = _capture_sizes(net, inputs, expected, order, shared)
+    return result
+
+
+def _timeline_model() -> tuple[TinyMLP, torch.Tensor, torch.cuda.CUDAGraph]:
+    """Notebook 03 section 8's model: TinyMLP(256, depth 8) on 64 rows, warmed up, and its captured graph."""
+    dev = torch.device("cuda")
+    net = TinyMLP(width=256, depth=8).to(dev).eval()
+    static_x = torch.randn(64, 256, device=dev)
+    for _ in range(3):
+        _warm_up(net, static_x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        net(static_x)
+    return net, static_x, graph
+
+
+def _span_us(fn: Callable[[], Any], calls: int = 50) -> float:
+    """GPU time from an event before one call to an event after it (median): the GPU idle, so the start is now."""
+    spans = []
+    for _ in range(calls):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        spans.append(1e3 * start.elapsed_time(end))
+    return float(np.median(spans))
+
+
+def _layer_ends_us(net: TinyMLP, static_x: torch.Tensor, calls: int = 50) -> list[float]:
+    """The eager forward written out, with an event after each layer: µs from the start event (median)."""
+    ends = []
+    for _ in range(calls):
+        start = torch.cuda.Event(enable_timing=True)
+        marks = [torch.cuda.Event(enable_timing=True) for _ in net.layers]
+        torch.cuda.synchronize()
+        start.record()
+        with torch.no_grad():
+            x = static_x
+            for layer, mark in zip(net.layers, marks, strict=True):
+                x = torch.relu(layer(x))
+                mark.record()
+        torch.cuda.synchronize()
+        ends.append([1e3 * start.elapsed_time(mark) for mark in marks])
+    return np.median(np.array(ends), axis=0).tolist()
+
+
+def launch_times() -> dict[str, Any]:
+    """One forward of TinyMLP(256, depth 8) on 64 rows, eager and replayed, timed with no profiler: the wall time of
+    200 synchronised calls, CUDA events around one call, and after each layer of an eager one."""
+    net, static_x, graph = _timeline_model()
+
+    def eager():
+        with torch.no_grad():
+            net(static_x)
+
+    result: dict[str, Any] = {"width": 256, "depth": 8, "rows": 64}
+    for label, fn in (("eager", eager), ("replay", graph.replay)):
+        wall = time_calls(fn, static_x.device, runs=200, warmup=10)
+        result[label] = {"wall_us_median": 1e3 * float(np.median(wall)), "span_us": _span_us(fn)}
+    result["eager"]["layer_end_us"] = _layer_ends_us(net, static_x)
+    return result
+
+
+def _profiled_lanes(fn: Callable[[], Any]) -> dict[str, list]:
+    """Host CUDA API calls and GPU kernels of one call under torch.profiler, as [name, start_us, dur_us] rows from
+    its first CUDA call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(f"{tmp}/trace.json")
+        trace = json.loads(Path(f"{tmp}/trace.json").read_text())
+    spans = [e for e in (trace["traceEvents"] if isinstance(trace, dict) else trace)
+             if e.get("ph") == "X" and "dur" in e and "ts" in e]
+    host = [e for e in spans if e.get("cat") in ("cuda_runtime", "cuda_driver") and "Synchronize" not in e["name"]]
+    gpu = [e for e in spans if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    t0 = min(e["ts"] for e in host)
+    return {lane: sorted([e["name"][:60], round(e["ts"] - t0, 3), round(e["dur"], 3)] for e in events)
+            for lane, events in (("host", host), ("gpu", gpu))}
+
+
+def launch_timeline() -> dict[str, Any]:
+    """The same forward as :func:`launch_times`, eager and replayed, under torch.profiler (CPU and CUDA activity):
+    what runs where. No timing here: the profiler slows what it watches, and launches after it."""
+    net, static_x, graph = _timeline_model()
+
+    def eager():
+        with torch.no_grad():
+            net(static_x)
+
+    result: dict[str, Any] = {"width": 256, "depth": 8, "rows": 64}
+    for label, fn in (("eager", eager), ("replay", graph.replay)):
+        result[label] = _profiled_lanes(fn)
+    return result
+
+
+def _raises_under(guard: Callable[[], Any], fn: Callable[[], Any]) -> bool:
+    try:
+        with guard():
+            fn()
+    except AssertionError:
+        return True
+    return False
+
+
+def _failed_capture() -> dict[str, Any]:
+    """A real capture with ``.item()`` inside, on a stream of its own: what CUDA says."""
+    x = torch.randn(6, device="cuda")
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    try:
+        with torch.cuda.stream(torch.cuda.current_stream()):  # restores the stream even if capture_end raises
+            with torch.cuda.graph(graph, stream=stream):
+                x.sum().item()
+        return {"failed": False}
+    except Exception as err:  # noqa: BLE001 - whatever CUDA says is the result
+        first = err.__context__ if err.__context__ is not None else err
+        return {"failed": True, "error": f"{type(err).__name__}: {str(err).splitlines()[0]}",
+                "first_error": f"{type(first).__name__}: {str(first).splitlines()[0]}"}
+
+
+def host_syncs_on_gpu() -> dict[str, Any]:
+    """Which of :func:`host_sync_probes` ``set_sync_debug_mode("error")`` and ``forbid_host_syncs`` catch on CUDA
+    tensors; then a capture with ``.item()`` inside, which fails (last: its leftovers are never used again)."""
+    dev = torch.device("cuda")
+    probes = host_sync_probes(torch.randn(6, device=dev), torch.tensor([1, 2, 0, 1, 1, 1], device=dev))
+    result: dict[str, Any] = {"sync_debug_mode": {}, "forbid_host_syncs": {}}
+    for name, fn in probes.items():
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            fn()
+            raised = False
+        except RuntimeError:
+            raised = True
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        result["sync_debug_mode"][name] = raised
+        result["forbid_host_syncs"][name] = _raises_under(forbid_host_syncs, fn)
+    result["capture"] = _failed_capture()
+    return result
