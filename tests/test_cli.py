@@ -233,7 +233,7 @@ BAD_INVOCATIONS = [
      "measured graph, not --mode graph-compiled"),
     (["bench", "--tables", "compiled=x"], "expected auto, off or MODE=PATH with MODE one of graph-compiled, graph"),
     (["bench", "--tables", "graph=data/bench/latency_compiled_h200.json"], "measured graph-compiled, not graph"),
-    (["record", "--groups", "nope"], "unknown group(s) nope"),
+    (["record", "--phases", "nope"], "unknown phase(s) nope"),
     (["record", "--only", "nope", "--dry-run"], "unknown job(s) nope"),
     (["record", "--time-limit", "inf"], "argument --time-limit: inf is not in [1, 86400]"),
     (["records", "--bogus"], "unrecognized arguments: --bogus"),

@@ -140,7 +140,7 @@ def test_serve_records_of_each_mode_merge_into_one():
 
     job = Job("serve_x", "measure", "bench-serve", ("--workload", "video8x224"), (), modes=("eager", "graph"))
     merged = recorder.merge_serve([part("eager", "a"), part("graph", "b")], job)
-    assert [r["mode"] for r in merged.runs] == ["eager", "graph"] and set(merged.settings["servers"]) == set()
+    assert [r["mode"] for r in merged.runs] == ["eager", "graph"] and set(merged.servers) == {"eager", "graph"}
     assert merged.settings["modes"] == ["eager", "graph"] and merged.settings["target"] == "record"
     assert merged.provenance.command.startswith("python -m glmvit bench-serve --workload video8x224")
 

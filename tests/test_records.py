@@ -5,7 +5,6 @@ import pytest
 
 import glmvit.records as records
 from glmvit.__main__ import main
-from glmvit.cli.record import JOBS, job_status
 from glmvit.records import BenchRecord, Fingerprint, LatencySweep, NotebookResult, make, source_hash, staleness
 
 GOLDEN = "2abd8b91e34b4cfd"  # source_hash of the snippet in test_the_hash_is_the_same_on_every_python
@@ -97,69 +96,3 @@ def test_records_lists_what_is_stale_and_never_fails_unless_strict(capsys):
     stale = [line for line in out.splitlines() if " stale" in line and line.startswith("data/")]
     assert out.strip().splitlines()[-1].startswith(f"{len(stale)} of ")
     assert main(["records", "--strict"]) == (1 if stale else 0)
-
-
-def test_record_plans_jobs_in_dependency_order_and_skips_current_ones(capsys, monkeypatch):
-    names = [j.name for j in JOBS]
-    assert names.index("latency") < names.index("mixed_img") and names.index("latency_compiled") < \
-        names.index("mixed_av")  # the benchmarks route and predict with the sweeps
-    assert main(["record", "--dry-run", "--groups", "sweeps"]) == 0
-    assert all(line.startswith(("[run]", "[skip]", "record run")) for line in capsys.readouterr().out.splitlines())
-    current = next(j for j in JOBS if j.name == "interp")
-    monkeypatch.setattr("glmvit.cli.record.job_status", lambda job, run_id=None: (job is current, 10.0))
-    assert main(["record", "--dry-run", "--only", "interp,latency", "--time-limit", "5"]) == 0
-    out = capsys.readouterr().out
-    assert "[skip] interp: current" in out and "[later] latency: expected 10 s, 5 s left" in out
-    with pytest.raises(SystemExit):
-        main(["record", "--only", "nope"])
-    assert job_status(current)[1] > 0
-
-
-def test_a_forced_record_resumes_skipping_only_what_its_own_run_id_made(monkeypatch):
-    """``--force`` re-records current results too; a later call of the same run must not redo what it made."""
-    from types import SimpleNamespace
-
-    from glmvit.cli import record
-
-    job = next(j for j in JOBS if j.name == "interp")
-    made = SimpleNamespace(record_run="run-a", elapsed_s=12.0)
-    monkeypatch.setattr(record, "load_any", lambda path: made)
-    monkeypatch.setattr(record, "staleness", lambda rec: [])
-    assert job_status(job) == (True, 12.0)  # current: an unforced run skips it
-    assert job_status(job, "run-a") == (True, 12.0)  # made by this forced run: skipped on resume
-    assert job_status(job, "run-b") == (False, 12.0)  # current but older: a forced run re-records it
-    monkeypatch.setattr(record, "staleness", lambda rec: ["glmvit.model"])
-    assert job_status(job, "run-a") == (False, 12.0)  # this run's, but the code changed since: stale
-
-
-def test_record_archive_holds_every_finished_job_before_the_next_starts(tmp_path, monkeypatch, capsys):
-    """A device lease can end mid-run: the archive is rewritten after every job, so it never waits for the last."""
-    import subprocess
-    import tarfile
-
-    import torch
-
-    from glmvit.cli import record
-    from glmvit.records import REPO
-
-    jobs = [j for j in JOBS if j.name in ("latency", "latency_compiled")]
-    fakes = {j.name: REPO / "data" / j.outputs[0] for j in jobs}  # existing files, never written here
-    archive = tmp_path / "records.tgz"
-    seen = []
-
-    def run(argv, **_):
-        if "--compile" in argv:  # the second job: the first one's record is already packed
-            with tarfile.open(archive) as tar:
-                seen.append(tar.getnames())
-        return subprocess.CompletedProcess(argv, 0)
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(record, "job_status", lambda job, run_id=None: (False, 1.0))
-    monkeypatch.setattr(record, "stamp_elapsed", lambda job, seconds, started: [fakes[job.name]])
-    monkeypatch.setattr(record.subprocess, "run", run)
-    assert main(["record", "--only", "latency,latency_compiled", "--archive", str(archive)]) == 0
-    assert seen == [["data/bench/latency_h200.json"]]
-    with tarfile.open(archive) as tar:
-        assert tar.getnames() == ["data/bench/latency_h200.json", "data/bench/latency_compiled_h200.json"]
-    assert [p.name for p in tmp_path.iterdir()] == ["records.tgz"] and "wrote" in capsys.readouterr().out
-

@@ -31,11 +31,16 @@ class Session:
         self.shared: dict[str, Any] = {}  # what jobs hand each other by name (the latency sweeps' eager runs)
 
     def model(self, args: argparse.Namespace) -> GlmVisionEncoder:
-        from ..cli.common import model_from_args
+        from ..cli.common import DTYPES, model_from_args
 
         key = (args.config, args.dtype, str(args.device), args.weights, args.seed)
         if key not in self._models:
-            self._models[key] = model_from_args(args)
+            if args.config == "full" and not args.weights and torch.device(args.device).type == "cuda":
+                from .shared import full_model  # the lab's measurements share it: one tower in memory
+
+                self._models[key] = full_model(DTYPES[args.dtype], args.seed)
+            else:
+                self._models[key] = model_from_args(args)
         model = self._models[key]
         model.attn_backend = getattr(args, "attn_backend", None)
         model.attention_backend()  # a clear error if the backend cannot run here
