@@ -23,6 +23,7 @@ from glmvit.records import (  # noqa: E402 - the repository's own package, by pa
     ServeRecord,
     StartupRecord,
     load,
+    load_any,
     staleness,
 )
 
@@ -32,6 +33,7 @@ FIXED = {"img1x224": "1×224²", "img4x224": "4×224²", "video8x224": "224² cl
          "video2x8x224": "two 8-frame 224² clips", "img8x448": "8×448²"}
 MIXED = {"mixed_img": "mixed-img", "mixed_av": "mixed-av"}
 MODES = ("transformers", "eager", "graph", "graph-compiled")
+PEERS = ("transformers", "transformers-compiled", "eager", "graph", "graph-compiled")  # every mode a record may hold
 
 
 def bench(name: str) -> BenchRecord:
@@ -51,18 +53,28 @@ def ms(x: float) -> str:
     return f"{x:.3g} ms" if x < 100 else f"{x:.0f} ms"
 
 
+def median_cell(mode: dict) -> str:
+    """A mode's median, its 95 % interval as ±%, and how many requests it timed."""
+    timed = mode.get("timed_requests", mode["requests"])
+    if not mode.get("median_ci95_ms"):
+        return f"{ms(mode['median_ms'])} ({timed})"
+    lo, hi = mode["median_ci95_ms"]
+    return f"{ms(mode['median_ms'])} ±{(hi - lo) / 2 / mode['median_ms']:.1%} ({timed})"
+
+
 def fixed_table() -> list[str]:
-    rows = ["| workload (JSON) | transformers | eager | graph | graph-compiled (P99) | floor | compiled ×floor |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| workload (JSON) | " + " | ".join(PEERS) + " | graph-compiled P99 | floor | compiled time ÷ floor | "
+            "transformers-compiled ÷ graph-compiled |", "|---|" + "---|" * (len(PEERS) + 4)]
     for name, label in FIXED.items():
         run = bench(name)
-        m = run.modes
+        m = {k: v.model_dump() for k, v in run.modes.items()}
         gc = m["graph-compiled"]
+        peer = f"{m['transformers-compiled']['median_ms'] / gc['median_ms']:.2f}×" if "transformers-compiled" in m \
+            else "–"
         rows.append(f"| {label} (`{name}_h200.json` @ {run.provenance.short_commit}, "
                     f"{run.workload['requests']} requests{mark(run)}) | "
-                    + " | ".join(ms(m[k].median_ms) for k in ("transformers", "eager", "graph"))
-                    + f" | **{ms(gc.median_ms)}** ({ms(gc.p99_ms)}) | {ms(run.floor['mean_ms'])} | "
-                    f"{gc.vs_floor_median:.1f}× |")
+                    + " | ".join(median_cell(m[k]) if k in m else "–" for k in PEERS)
+                    + f" | {ms(gc['p99_ms'])} | {ms(run.floor['mean_ms'])} | {gc['vs_floor_median']:.1f}× | {peer} |")
     return rows
 
 
@@ -217,14 +229,26 @@ def serve_lines() -> list[str]:
     return lines
 
 
+def runs_line() -> str:
+    """Which record runs the results below come from: one for the results, and the diagnostics' own."""
+    results = sorted({r.record_run or "(none)" for r in (load_any(p) for p in sorted(BENCH.glob("*_h200.json")))
+                      if r.kind not in ("ncu", "tune")})
+    ncu = load(BENCH / "ncu_h200.json", NcuProfile)
+    return (f"Every result below comes from record run{'s' if len(results) > 1 else ''} {', '.join(results)} "
+            "(`python -m glmvit record`: one call, a process for the timings and one for the profiles); the Nsight "
+            f"Compute counters are a diagnostic recorded on request, in run {ncu.record_run or '(none)'}.")
+
+
 def block() -> str:
     prov = bench("mixed_img").provenance
     head = (f"Recorded on an {prov.gpu} (driver {prov.driver}, torch {prov.torch}, triton {prov.triton}, "
             f"transformers {prov.transformers}); each JSON names its commit and command. A row marked ⚠ stale was "
-            "measured on code that has changed since (`python -m glmvit records` lists them).")
+            "measured on code that has changed since (`python -m glmvit records` lists them). " + runs_line())
     mixed = ("**Mixed workloads** (vLLM random-mm style, requests in arrival order; cost model = predicted mean / "
              "measured − 1):")
-    return "\n".join([BEGIN, head, "", "**Fixed workloads** (median per request; P99 in brackets):", "",
+    return "\n".join([BEGIN, head, "", "**Fixed workloads** (median per request ± half its 95 % interval, and the "
+                      "requests timed; every peer of the same run; transformers-compiled is `torch.compile(mode="
+                      "\"reduce-overhead\")` on transformers' model, compiled once for the workload's one shape):", "",
                       *fixed_table(), "", host_line(), "", *kernels_lines(), "", ncu_line(), "", mixed, "",
                       *mixed_table(), "", sweep_line(), "", *seed_lines(), "", *serve_lines(), "", interp_line(), END])
 
