@@ -142,3 +142,20 @@ def test_graph_memory_estimate_matches_every_recorded_pool_within_15_percent(pat
         static = sum(m.static_bytes for m in graph_memory(config, VisionConfig.glm41v()))
         # runs recorded before the metadata sections were 16-byte aligned hold up to 3 int32 less per budget
         assert 0 <= static - sum(c["buffer_bytes"] for c in capture.values()) <= 12 * len(capture)
+
+
+def test_one_eager_forward_times_the_same_in_every_record_of_a_run():
+    """One 224² image run eagerly is timed by three records of a record run — the image benchmark, the seed
+    configuration's benchmark and the latency sweep's 64-token full layout (the same [1, 16, 16] grid). Timed in
+    one process on a quiet host (glmvit.timing.quiet_host), they agree within 10 %: an eager forward of one small
+    image is bound by the host's launches, so this is the check that the host was steady across the run."""
+    paths = [BENCH / "img1x224_h200.json", BENCH / "seed_img1x224_h200.json", BENCH / "latency_h200.json"]
+    image, seed = (load(p, BenchRecord) for p in paths[:2])
+    sweep = load(paths[2], LatencySweep)
+    for record, path in zip((image, seed, sweep), paths, strict=True):
+        current(record, path)
+    if len({image.record_run, seed.record_run, sweep.record_run}) > 1:
+        pytest.skip("the three records come from different record runs")
+    full = next(lay for lay in next(b for b in sweep.budgets if b.tokens == 64).layouts if lay.name == "full")
+    eager = [image.modes["eager"].median_ms, seed.modes["eager"].median_ms, full.eager_ms]
+    assert max(eager) / min(eager) < 1.10, eager
