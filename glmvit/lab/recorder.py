@@ -286,6 +286,7 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
             print(f"[serve] {mode}: {' '.join(client[1:])}", flush=True)
             subprocess.run(client, cwd=REPO, check=True)
         parts.append(json.loads(out.read_text()))
+        del service, server  # this mode's runner and scheduler, before the next mode captures its own
         session.end_job()
     _write(job.output_paths()[0], merge_serve(parts, job))
 
