@@ -35,7 +35,6 @@ def notebook_names() -> set[str]:
     return names
 
 
-@pytest.mark.xfail(strict=True, reason="the notebooks still define their own compute functions")
 def test_notebooks_call_exactly_the_registered_results():
     assert notebook_names() == set(NOTEBOOK_RESULTS)
 
