@@ -20,7 +20,7 @@ from glmvit.geometry import item_spec
 from glmvit.kernels.attention_table import config_for
 from glmvit.metadata import build_metadata
 from glmvit.packing import BudgetConfig, plan_batches
-from glmvit.records import Fingerprint, NotebookResult, fingerprint_now, load, make, staleness, to_json
+from glmvit.records import Fingerprint, NotebookResult, fingerprint_now, load, make, staleness, to_json, tree_hash
 
 PACKAGE = fingerprint.PACKAGE
 MONITORING = sys.version_info >= (3, 12)
@@ -38,7 +38,8 @@ def tracked():
 
 def measure() -> None:
     """The measured path: packing a request, its metadata, and a kernel module's launch table and buffers."""
-    plan_batches([item_spec(1, 16, 16), item_spec(1, 32, 32), item_spec(2, 16, 16)], BudgetConfig((64, 256, 512), 8, 16))
+    items = [item_spec(1, 16, 16), item_spec(1, 32, 32), item_spec(2, 16, 16)]
+    plan_batches(items, BudgetConfig((64, 256, 512), 8, 16))
     build_metadata(np.array([[1, 16, 16], [2, 8, 8]]), 2)
     config_for(300)
     from glmvit.kernels.triton_gemm import tile_counters
@@ -150,7 +151,8 @@ def test_cloning_in_the_packing_path_stales_it(record, copy):
 
 
 def test_changing_a_module_constant_or_launch_table_stales_it(record, copy):
-    edit(copy / "kernels" / "attention_table.py", "(1024, AttnConfig(64, 64, 4, 1))", "(2048, AttnConfig(64, 64, 4, 1))")
+    edit(copy / "kernels" / "attention_table.py", "(1024, AttnConfig(64, 64, 4, 1))",
+         "(2048, AttnConfig(64, 64, 4, 1))")
     changed = staleness(record, package=copy)
     assert len(changed) == 1 and changed[0].startswith("glmvit/kernels/attention_table.py:<module stmt ")
     edit(copy / "metadata.py", "MAX_ROWS = 2**30", "MAX_ROWS = 2**29")
@@ -167,7 +169,8 @@ def test_editing_a_kernel_of_a_module_that_ran_stales_it(record, copy):
 
 
 def test_an_unexecuted_function_does_not_count(record, copy):
-    edit(copy / "packing.py", "    items = list(items)\n    return {name:", "    items = tuple(items)\n    return {name:")
+    edit(copy / "packing.py", "    items = list(items)\n    return {name:",
+         "    items = tuple(items)\n    return {name:")
     assert staleness(record, package=copy) == []
 
 
@@ -214,7 +217,8 @@ def test_a_function_disabled_after_its_first_call_is_seen_again_by_a_new_scope()
 
 def test_a_child_process_writes_the_units_it_ran(tmp_path):
     prefix = tmp_path / "units"
-    code = ("import glmvit\nfrom glmvit.geometry import item_spec\nfrom glmvit.packing import BudgetConfig, plan_batches\n"
+    code = ("import glmvit\nfrom glmvit.geometry import item_spec\n"
+            "from glmvit.packing import BudgetConfig, plan_batches\n"
             "plan_batches([item_spec(1, 16, 16)], BudgetConfig((64, 256), 8, 16))")
     env = dict(os.environ, GLMVIT_UNITS_FILE=str(prefix))
     subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=PACKAGE.parent, timeout=300)
@@ -230,10 +234,9 @@ def test_a_child_process_writes_the_units_it_ran(tmp_path):
 
 
 def test_an_old_record_with_module_hashes_still_reads_and_checks(tmp_path, copy):
-    current = fingerprint.tree(copy)  # noqa: F841 - parsed once, as staleness would
     path = tmp_path / "old.json"
-    record = make(NotebookResult, provenance={}, name="n", fingerprint=Fingerprint(modules={
-        "glmvit.packing": __import__("glmvit.records").records.tree_hash("glmvit.packing", copy)}))
+    record = make(NotebookResult, provenance={}, name="n",
+                  fingerprint=Fingerprint(modules={"glmvit.packing": tree_hash("glmvit.packing", copy)}))
     path.write_text(to_json(record))
     assert "units" not in json.loads(path.read_text())["fingerprint"]  # written as before
     old = load(path, NotebookResult)
@@ -247,3 +250,19 @@ def test_a_units_record_round_trips_without_module_hashes(record, tmp_path):
     path.write_text(to_json(record))
     assert "modules" not in json.loads(path.read_text())["fingerprint"]
     assert load(path, NotebookResult) == record
+
+
+UNIT_GOLDEN = "3237fc41f30df045"  # the unit hash of `scale` below: the same on 3.10-3.13 (checked when written)
+
+
+def test_a_unit_hash_is_the_same_on_every_python(tmp_path):
+    """A record made on the GPU machine's Python must read as current on CI's: ast differs between Pythons (3.12
+    adds type_params, splits f-strings), the unit text must not. Also: the def name and annotations do not count."""
+    (tmp_path / "glmvit").mkdir()
+    (tmp_path / "glmvit" / "m.py").write_text(
+        'def scale(x: int, k=2) -> str:\n    """Doc."""\n    y = [v * k for v in range(x)]\n    return f"{y}{x!r:>4}"\n')
+    units = fingerprint.tree(tmp_path / "glmvit").units("glmvit.m")
+    assert units == {"glmvit/m.py:scale": UNIT_GOLDEN}
+    (tmp_path / "glmvit" / "m.py").write_text(
+        'def times(x, k=2):\n    w = [u * k for u in range(x)]\n    return f"{w}{x!r:>4}"\n')
+    assert set(fingerprint.tree(tmp_path / "glmvit").units("glmvit.m").values()) == {UNIT_GOLDEN}
