@@ -260,7 +260,8 @@ def test_a_unit_hash_is_the_same_on_every_python(tmp_path):
     adds type_params, splits f-strings), the unit text must not. Also: the def name and annotations do not count."""
     (tmp_path / "glmvit").mkdir()
     (tmp_path / "glmvit" / "m.py").write_text(
-        'def scale(x: int, k=2) -> str:\n    """Doc."""\n    y = [v * k for v in range(x)]\n    return f"{y}{x!r:>4}"\n')
+        'def scale(x: int, k=2) -> str:\n    """Doc."""\n'
+        '    y = [v * k for v in range(x)]\n    return f"{y}{x!r:>4}"\n')
     units = fingerprint.tree(tmp_path / "glmvit").units("glmvit.m")
     assert units == {"glmvit/m.py:scale": UNIT_GOLDEN}
     (tmp_path / "glmvit" / "m.py").write_text(
