@@ -267,3 +267,12 @@ def test_a_unit_hash_is_the_same_on_every_python(tmp_path):
     (tmp_path / "glmvit" / "m.py").write_text(
         'def times(x, k=2):\n    w = [u * k for u in range(x)]\n    return f"{w}{x!r:>4}"\n')
     assert set(fingerprint.tree(tmp_path / "glmvit").units("glmvit.m").values()) == {UNIT_GOLDEN}
+
+
+def test_describe_names_a_few_changed_units_and_counts_the_rest():
+    from glmvit.records import describe
+
+    gone = {f"glmvit/graphs.py:f{k}": "not a hash of this tree" for k in range(5)}
+    record = make(NotebookResult, provenance={}, name="n", fingerprint=Fingerprint(units=gone))
+    assert describe(record).endswith(
+        "STALE: glmvit/graphs.py:f0, glmvit/graphs.py:f1, glmvit/graphs.py:f2 and 2 more changed since")
