@@ -8,7 +8,11 @@ The public API::
 Each name is imported on first use (:func:`__getattr__`), so ``import glmvit`` costs nothing until then: torch's
 import takes seconds, and ``python -m glmvit`` must be inside its Ctrl-C handler (:mod:`glmvit.cli`) before it
 begins. transformers' image processor, behind ``process_images`` / ``process_video``, loads later still.
+
+With ``GLMVIT_UNITS_FILE=PREFIX`` set, the process tracks which glmvit code it runs and writes it at exit to
+``PREFIX.PID.json`` (:func:`glmvit.fingerprint.start_from_env`): how a parent's record counts a child's code.
 """
+import os
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +30,11 @@ __version__ = "0.1.0"
 _MODULES = {"VisionConfig": "config", "GlmVisionEncoder": "model", "EncoderGraphRunner": "graphs",
             "BudgetConfig": "packing", "load_vision_weights": "weights", "process_images": "processing",
             "process_video": "processing"}
+
+if os.environ.get("GLMVIT_UNITS_FILE"):
+    from .fingerprint import start_from_env
+
+    start_from_env()
 
 
 def __dir__() -> list[str]:

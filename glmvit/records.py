@@ -2,11 +2,14 @@
 
 Every JSON under ``data/bench/`` and ``data/notebooks/`` is a record. Its ``kind`` names the type that reads it
 (:data:`KINDS`); ``provenance`` says where and when it was made (:func:`glmvit.provenance.collect`); ``fingerprint``
-says which code it measured: one hash per glmvit module that the producing process had imported, taken over the
-module's syntax tree with docstrings removed. An edited comment or docstring therefore leaves a record current;
-any change to code the producer ran makes it *stale* (:func:`staleness`), and every reader can say so. Left out of
-the fingerprint are the modules that cannot change a measured number: the recording machinery itself (this module,
-:mod:`glmvit.provenance`) and the command dispatchers (``glmvit``, ``glmvit.__main__``, ``glmvit.cli``).
+says which code it measured. A process that tracks what runs (:mod:`glmvit.fingerprint`: ``python -m glmvit`` on
+Python 3.12+) records ``units``: a content hash of every function, class body and module statement that ran, so a
+record goes *stale* (:func:`staleness`) only when one of those no longer exists anywhere in the tree: a renamed
+local, a moved or renamed function, an edited comment, docstring or annotation leave it current. A process that
+does not track records ``modules``: one hash per glmvit module it had imported, over the module's syntax tree with
+docstrings removed, so any code change in such a module stales it. Every reader can say which. Left out of both are
+the modules that cannot change a measured number (:data:`UNFINGERPRINTED`): the recording machinery itself and the
+command dispatchers.
 
 A notebook's GPU cell adds the source of its compute function as ``<cell NAME>``: the notebook's own code is part
 of what its result depends on (:func:`glmvit.env.run_or_replay` checks it when it replays).
@@ -25,16 +28,26 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator, with_config
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+    model_validator,
+    with_config,
+)
 from typing_extensions import Required, TypedDict
 
+from . import fingerprint as tracker
 from .files import read_bounded
+from .fingerprint import UNFINGERPRINTED, dump, without_docstrings
 
 PACKAGE = Path(__file__).resolve().parent
 REPO = PACKAGE.parent
 DATA = REPO / "data"
 RECORD_DIRS = (DATA / "bench", DATA / "notebooks")
-UNFINGERPRINTED = frozenset({"glmvit", "glmvit.__main__", "glmvit.cli", "glmvit.records", "glmvit.provenance"})
 RUN_ENV = "GLMVIT_RECORD_RUN"
 MAX_RECORD_BYTES = 64 * 2**20  # the largest record readers accept (the biggest today is under 1 MB)
 
@@ -66,16 +79,33 @@ class Provenance(_Open):
 
 
 class Fingerprint(BaseModel):
-    """The code a record measured: module name → hash of its syntax tree without docstrings."""
+    """The code a record measured: ``units`` (label → hash of each unit that ran, :mod:`glmvit.fingerprint`), or
+    ``modules`` (module name → hash of its syntax tree without docstrings) from a process that did not track; either
+    may hold ``<cell NAME>`` entries (a notebook cell's source). Written without the one it does not use."""
 
     model_config = ConfigDict(extra="forbid")
-    modules: dict[str, str]
+    modules: dict[str, str] = Field(default_factory=dict)
+    units: dict[str, str] | None = None
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unused(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("units") is None:
+            data.pop("units", None)
+        elif not data.get("modules"):
+            data.pop("modules", None)
+        return data
 
     @property
     def digest(self) -> str:
-        """One hash over every module's: equal digests, equal code."""
-        text = "\n".join(f"{name}={h}" for name, h in sorted(self.modules.items()))
+        """One hash over every entry: equal digests, equal code."""
+        text = "\n".join(f"{name}={h}" for name, h in sorted({**self.modules, **(self.units or {})}.items()))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def merged(self, other: Fingerprint) -> Fingerprint:
+        """Both fingerprints' entries: the code of a record measured in several processes (a server and its load)."""
+        units = None if self.units is None and other.units is None else {**(self.units or {}), **(other.units or {})}
+        return Fingerprint(modules={**self.modules, **other.modules}, units=units)
 
 
 class Record(_Open):
@@ -313,41 +343,10 @@ RESULT_KINDS = frozenset(KINDS) - {"tune"}  # what `python -m glmvit record` re-
 # ---------------------------------------------------------------------------------------------------------------
 # Fingerprints
 # ---------------------------------------------------------------------------------------------------------------
-def _without_docstrings(tree: ast.AST) -> ast.AST:
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
-                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)):
-            node.body = body[1:] or [ast.Pass()]
-    return tree
-
-
-def _dump(node: Any) -> str:
-    """A syntax tree as text, the same on every Python from 3.10: fields that are empty (None or []) are left out
-    (newer Pythons add such fields, 3.12's ``type_params``), and an f-string's literal parts are joined, empty ones
-    dropped (3.12 parses some f-strings with an extra empty part), so ``ast.dump``'s differences do not count."""
-    if isinstance(node, ast.JoinedStr):
-        parts: list[Any] = []
-        for value in node.values:
-            if isinstance(value, ast.Constant) and parts and isinstance(parts[-1], ast.Constant):
-                parts[-1] = ast.Constant(str(parts[-1].value) + str(value.value))  # literal parts are str
-            elif not (isinstance(value, ast.Constant) and value.value == ""):
-                parts.append(value)
-        return f"JoinedStr(values={_dump(parts)})"
-    if isinstance(node, ast.AST):
-        fields = [f"{name}={_dump(field)}" for name in node._fields
-                  if (field := getattr(node, name, None)) is not None and field != []]
-        return f"{type(node).__name__}({', '.join(fields)})"
-    if isinstance(node, list):
-        return "[" + ", ".join(_dump(item) for item in node) + "]"
-    return repr(node)
-
-
 def source_hash(source: str) -> str:
     """Hash of Python source by its syntax tree without docstrings: comments, docs and layout do not count, nor the
-    Python version that parses it (:func:`_dump`)."""
-    return hashlib.sha256(_dump(_without_docstrings(ast.parse(source))).encode()).hexdigest()[:16]
+    Python version that parses it (:func:`glmvit.fingerprint.dump`)."""
+    return hashlib.sha256(dump(without_docstrings(ast.parse(source))).encode()).hexdigest()[:16]
 
 
 def module_path(name: str, package: Path = PACKAGE) -> Path | None:
@@ -375,7 +374,12 @@ def tree_hash(name: str, package: Path = PACKAGE) -> str | None:
 
 
 def fingerprint_now(extra: dict[str, str] | None = None) -> Fingerprint:
-    """The fingerprint of this process: every glmvit module it imported from this tree (see module docstring)."""
+    """The code this process measured, with ``extra`` entries added: the units that ran in the innermost open
+    :func:`glmvit.fingerprint.scope`, or since :func:`glmvit.fingerprint.start` if none is open; in a process that
+    does not track, every glmvit module it imported from this tree (see module docstring)."""
+    units = tracker.current_units()
+    if units is not None:
+        return Fingerprint(units={**units, **(extra or {})})
     modules = {}
     for name in sorted(n for n in sys.modules if n == "glmvit" or n.startswith("glmvit.")):
         if name in UNFINGERPRINTED:
@@ -386,19 +390,35 @@ def fingerprint_now(extra: dict[str, str] | None = None) -> Fingerprint:
     return Fingerprint(modules={**modules, **(extra or {})})
 
 
-def staleness(record: Record, cells: dict[str, str] | None = None) -> list[str]:
-    """What changed since ``record`` was made: module names (and ``<cell …>`` entries whose current source hash is
-    given in ``cells``); ``["no fingerprint"]`` for a record made before fingerprints. Empty: current."""
+def staleness(record: Record, cells: dict[str, str] | None = None, package: Path | None = None) -> list[str]:
+    """What changed since ``record`` was made, sorted: the units whose hash is nowhere in the tree at ``package``
+    (default: this one) now, the modules whose hash differs, and the ``<cell …>`` entries whose current source hash
+    (given in ``cells``) differs; ``["no fingerprint"]`` for a record made before fingerprints. Empty: current."""
     if record.fingerprint is None:
         return ["no fingerprint"]
+    fp = record.fingerprint
     changed = []
-    for name, h in sorted(record.fingerprint.modules.items()):
+    for name, h in fp.modules.items():
         if name.startswith("<"):
-            if cells is not None and name in cells and cells[name] != h:
-                changed.append(name)
-        elif tree_hash(name) != h:
+            continue
+        if (tree_hash(name) if package is None else tree_hash(name, package)) != h:
             changed.append(name)
-    return changed
+    if fp.units:
+        present = tracker.tree_unit_hashes(PACKAGE if package is None else package)
+        changed += [label for label, h in fp.units.items() if not label.startswith("<") and h not in present]
+    for name, h in {**fp.modules, **(fp.units or {})}.items():
+        if name.startswith("<") and cells is not None and name in cells and cells[name] != h:
+            changed.append(name)
+    return sorted(changed)
+
+
+MAX_NAMED = 3  # changes a one-line status names before it counts the rest
+
+
+def changed_summary(changed: list[str] | tuple[str, ...]) -> str:
+    """What :func:`staleness` found, in a few words: ``a, b, c and 5 more``."""
+    named = ", ".join(changed[:MAX_NAMED])
+    return named + (f" and {len(changed) - MAX_NAMED} more" if len(changed) > MAX_NAMED else "")
 
 
 def describe(record: Record, path: str | Path | None = None, cells: dict[str, str] | None = None) -> str:
@@ -407,7 +427,7 @@ def describe(record: Record, path: str | Path | None = None, cells: dict[str, st
     where = f"{p.gpu or p.device or 'unknown device'}, commit {p.short_commit}, {p.date_utc or 'undated'}"
     changed = staleness(record, cells)
     status = "current" if not changed else "STALE: " + (
-        "made before fingerprints" if changed == ["no fingerprint"] else ", ".join(changed) + " changed since")
+        "made before fingerprints" if changed == ["no fingerprint"] else changed_summary(changed) + " changed since")
     name = f"{Path(path).name}: " if path else ""
     return f"{name}{record.kind} record ({where}); {status}"
 

@@ -444,7 +444,7 @@ def test_health_and_metrics(tiny_model, monkeypatch):
         text, metrics, health, missing = run(read())
     assert health[0] == 200 and json.loads(health[1])["mode"] == "graph-emulated"
     assert json.loads(health[1])["scheduler"]["limits"]["token_budgets"] == [32]
-    assert json.loads(health[1])["fingerprint"] == {"glmvit.kernels.x": "hash"}  # what bench-serve records
+    assert json.loads(health[1])["fingerprint"] == {"modules": {"glmvit.kernels.x": "hash"}}  # bench-serve merges it
     assert 'glmvit_http_responses_total{status="200"} 1' in text[1]
     assert 'glmvit_http_responses_total{status="400"} 1' in text[1]
     assert "glmvit_scheduler_completed_total 1" in text[1]

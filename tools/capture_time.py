@@ -20,6 +20,9 @@ DYNAMIC = {"auto": None, "on": True, "off": False}
 
 
 def child(budgets: list[int], dynamic: str, scope: str, attn_backend: str | None) -> None:
+    from glmvit import fingerprint
+
+    fingerprint.start()  # before any glmvit code runs: the units it prints are what this start ran (Python 3.12+)
     import torch
 
     from glmvit.config import VisionConfig
@@ -41,7 +44,7 @@ def child(budgets: list[int], dynamic: str, scope: str, attn_backend: str | None
     print(json.dumps({"capture_s": time.perf_counter() - start, "model_s": built,
                       "attn_backend": model.attention_backend(),
                       "budgets": {str(k): v.as_dict() for k, v in runner.captures.items()},
-                      "modules": fingerprint_now().modules}))
+                      "fingerprint": fingerprint_now().model_dump(mode="json")}))
 
 
 def main() -> None:
@@ -61,7 +64,7 @@ def main() -> None:
     from glmvit.provenance import collect
     from glmvit.records import Fingerprint, StartupRecord, make, to_json
 
-    runs, modules = {}, {}
+    runs, fingerprint = {}, Fingerprint()
     for scope, dynamic in itertools.product(args.scopes.split(","), args.dynamic.split(",")):
         with tempfile.TemporaryDirectory() as cache:
             env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"),
@@ -75,12 +78,13 @@ def main() -> None:
                 out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
                 record = json.loads(out.strip().splitlines()[-1])
                 record["process_s"] = time.perf_counter() - t0
-                modules.update(record.pop("modules"))  # the code the children ran is what the record measured
+                # the code the children ran is what the record measured
+                fingerprint = fingerprint.merged(Fingerprint.model_validate(record.pop("fingerprint")))
                 runs[f"{scope}-{dynamic}-{start}"] = record
                 print(f"compile_scope={scope} compile_dynamic={dynamic} {start}: capture {record['capture_s']:.1f} s "
                       f"(process {record['process_s']:.1f} s)", flush=True)
     record = make(StartupRecord, provenance=collect("cuda", " ".join([sys.executable, *sys.argv])),
-                  fingerprint=Fingerprint(modules=modules), budgets=budgets, runs=runs)
+                  fingerprint=fingerprint, budgets=budgets, runs=runs)
     with open(args.json, "w") as f:
         f.write(to_json(record))
 

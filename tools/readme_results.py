@@ -22,6 +22,7 @@ from glmvit.records import (  # noqa: E402 - the repository's own package, by pa
     Record,
     ServeRecord,
     StartupRecord,
+    changed_summary,
     load,
     load_any,
     staleness,
@@ -46,7 +47,7 @@ def mark(record: Record) -> str:
     if not changed:
         return ""
     return " ⚠ stale: " + ("recorded before fingerprints" if changed == ["no fingerprint"] else
-                           ", ".join(changed) + " changed since")
+                           changed_summary(changed) + " changed since")
 
 
 def ms(x: float) -> str:

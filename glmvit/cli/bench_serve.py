@@ -616,12 +616,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         asyncio.run(bench_in_process(workload, args, record))
     provenance = bench_provenance(record, args, command)
-    modules = dict(fingerprint_now().modules)  # this process's code, and each server's (it measured theirs)
+    fingerprint = fingerprint_now()  # this process's code, and each server's (it measured theirs)
     for server in record["servers"].values():
-        modules.update(server.pop("fingerprint", None) or {})
+        fingerprint = fingerprint.merged(Fingerprint.model_validate(server.pop("fingerprint", None) or {}))
     print_summary(record["runs"])
     if args.json:
-        write_record(args.json, make(ServeRecord, provenance=provenance, fingerprint=Fingerprint(modules=modules),
+        write_record(args.json, make(ServeRecord, provenance=provenance, fingerprint=fingerprint,
                                      **record))
     return 0
 

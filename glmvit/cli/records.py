@@ -1,6 +1,6 @@
 """``python -m glmvit records``: every recorded result, what it measured, and whether it still describes this code.
 
-A record is *stale* when a module it measured has changed since (:func:`glmvit.records.staleness`); re-record with
+A record is *stale* when code it measured has changed since (:func:`glmvit.records.staleness`); re-record with
 ``python -m glmvit record`` on a CUDA machine. Exit status 0 (a listing), or 1 with ``--strict`` when any record is
 stale. ``.ci/run`` prints this list as a warning: a CPU machine cannot re-record, so staleness never fails CI.
 """
@@ -9,12 +9,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..records import RECORD_DIRS, REPO, RESULT_KINDS, load_any, staleness
+from ..records import RECORD_DIRS, REPO, RESULT_KINDS, changed_summary, load_any, staleness
 from .common import Parser
 
 
 def rows(dirs: tuple[Path, ...] = RECORD_DIRS) -> list[tuple[str, str, str, list[str]]]:
-    """(file, kind, commit, changed modules) of every record; a file that is no record says so as its change."""
+    """(file, kind, commit, what changed) of every record; a file that is no record says so as its change."""
     out = []
     for directory in dirs:
         for path in sorted(directory.glob("*.json")):
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     width = max((len(r[0]) for r in listing), default=10)
     for name, kind, commit, changed in (stale if args.stale else listing):
         status = "current" if not changed else "stale: " + (
-            "made before fingerprints" if changed == ["no fingerprint"] else ", ".join(changed))
+            "made before fingerprints" if changed == ["no fingerprint"] else changed_summary(changed))
         if kind not in RESULT_KINDS and kind != "?":
             status = f"an input, not re-measured by python -m glmvit record ({status})"
         print(f"{name:<{width}}  {kind:<9} {commit:<8} {status}")

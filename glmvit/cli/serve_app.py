@@ -312,7 +312,7 @@ class EncoderService:
             "scheduler": scheduler, **self.extra_health, "provenance": self.provenance,
             # the code this server runs, what a benchmark of it measures: taken now, so that it names the modules
             # loaded on first use (the Triton kernels, imported by the capture) as well as those of the start-up
-            "fingerprint": fingerprint_now().modules,
+            "fingerprint": fingerprint_now().model_dump(mode="json"),
         })
 
     def metrics_json(self) -> dict[str, Any]:
