@@ -137,13 +137,6 @@ def command_line(job: Job) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # Running one job in this process
 # ---------------------------------------------------------------------------------------------------------------
-def _scope() -> contextlib.AbstractContextManager[Any]:
-    """A fingerprint scope (what ran for this job is what its record names), where this glmvit has them."""
-    try:
-        from .. import fingerprint
-    except ImportError:
-        return contextlib.nullcontext()
-    return fingerprint.scope()
 
 
 def _write(path: Path, record: Any) -> None:
@@ -325,8 +318,13 @@ RUNNERS: dict[str, Callable[[Job, Any, Path], None]] = {
 
 
 @contextlib.contextmanager
-def _job_scope() -> Iterator[None]:
-    with _scope() as scope:
+def _job_scope(session: Any) -> Iterator[None]:
+    """A fingerprint scope for one job: what runs in it, and what built the session's shared objects, is the code
+    its records name."""
+    from .. import fingerprint
+
+    with fingerprint.scope() as scope:
+        scope.add(session.setup_units)
         _SCOPES.append(scope)
         try:
             yield
@@ -361,6 +359,9 @@ def run_phase(phase: str, names: list[str], workdir: Path, deadline: float | Non
     if phase != "ncu" and not torch.cuda.is_available():
         raise SystemExit("recording needs a CUDA GPU (the records are GPU results)")
     session = Session()
+    if phase != "ncu":  # the tower most jobs share, built once, its code a dependency of every job
+        session.model(argparse.Namespace(config="full", dtype="bf16", device="cuda", weights=None, seed=0,
+                                         attn_backend=None))
     failures = 0
     for job in [j for j in jobs() if j.phase == phase and j.name in names]:
         expected = expected_seconds(job)
@@ -373,7 +374,7 @@ def run_phase(phase: str, names: list[str], workdir: Path, deadline: float | Non
             if job.command == "ncu":
                 subprocess.run([sys.executable, "-m", "glmvit", "ncu", *job.argv], cwd=REPO, check=True)
             else:
-                with _job_scope():
+                with _job_scope(session):
                     RUNNERS[job.command](job, session, workdir)
         except Exception:  # noqa: BLE001 - one failing job must not lose the others
             traceback.print_exc()
@@ -412,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", required=True)
     p.add_argument("--deadline", type=float, default=None)
     args = p.parse_args(argv)
+    from .. import fingerprint
+
+    fingerprint.start()  # every job's record names the code units that ran for it
     return 1 if run_phase(args.phase, args.jobs.split(","), Path(args.workdir), args.deadline) else 0
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import torch
 
 from ..model import GlmVisionEncoder
 
+T = TypeVar("T")
 ModelKey = tuple[str, str, str, str | None, int]
 
 
@@ -29,18 +30,31 @@ class Session:
         self._twins: dict[int, Any] = {}
         self._floors: dict[tuple[str, str, int | None], dict[str, Any]] = {}
         self.shared: dict[str, Any] = {}  # what jobs hand each other by name (the latency sweeps' eager runs)
+        self.setup_units: dict[str, str] = {}  # the code that built what is shared: every job using it depends on it
+
+    def _built(self, build: Callable[[], T]) -> T:
+        """``build()``, with the code it ran added to :attr:`setup_units` (and to the job's scope, which is open)."""
+        from .. import fingerprint
+
+        with fingerprint.scope() as scope:
+            built = build()
+        self.setup_units.update(scope.units())
+        return built
 
     def model(self, args: argparse.Namespace) -> GlmVisionEncoder:
         from ..cli.common import DTYPES, model_from_args
 
-        key = (args.config, args.dtype, str(args.device), args.weights, args.seed)
+        device = torch.device(args.device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        key = (args.config, args.dtype, str(device), args.weights, args.seed)
         if key not in self._models:
-            if args.config == "full" and not args.weights and torch.device(args.device).type == "cuda":
+            if args.config == "full" and not args.weights and device.type == "cuda":
                 from .shared import full_model  # the lab's measurements share it: one tower in memory
 
-                self._models[key] = full_model(DTYPES[args.dtype], args.seed)
+                self._models[key] = self._built(lambda: full_model(DTYPES[args.dtype], args.seed))
             else:
-                self._models[key] = model_from_args(args)
+                self._models[key] = self._built(lambda: model_from_args(args))
         model = self._models[key]
         model.attn_backend = getattr(args, "attn_backend", None)
         model.attention_backend()  # a clear error if the backend cannot run here
@@ -51,7 +65,7 @@ class Session:
         from ..oracle import hf_twin
 
         if id(model) not in self._twins:
-            self._twins[id(model)] = hf_twin(model)
+            self._twins[id(model)] = self._built(lambda: hf_twin(model))
         return self._twins[id(model)]
 
     def floor(self, device: torch.device, dtype: torch.dtype, n: int | None) -> dict[str, Any]:
@@ -60,8 +74,8 @@ class Session:
 
         key = (str(device), str(dtype), n)
         if key not in self._floors:
-            self._floors[key] = {"matmul_tflops": measure_matmul_tflops(device, dtype, n=n),
-                                 "copy_gbps": measure_copy_bandwidth(device)}
+            self._floors[key] = self._built(lambda: {"matmul_tflops": measure_matmul_tflops(device, dtype, n=n),
+                                                     "copy_gbps": measure_copy_bandwidth(device)})
         return dict(self._floors[key])
 
     @staticmethod
