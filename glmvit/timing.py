@@ -48,7 +48,7 @@ def time_calls(fn: Callable[[], Any], device: torch.device | str, runs: int, war
     return times
 
 
-def summarise(ms: Sequence[float]) -> dict[str, float]:
+def summarise(ms: Sequence[float]) -> dict[str, Any]:
     """mean, median, std, P99, min and max of a list of milliseconds, and the median's 95 % interval
     (:func:`median_ci95`, a [low, high] pair): keys end in ``_ms``."""
     a = np.asarray(ms, dtype=np.float64)
@@ -63,7 +63,7 @@ def summarise(ms: Sequence[float]) -> dict[str, float]:
 Z95 = 1.959963984540054  # the normal quantile of a two-sided 95 % interval
 
 
-def median_ci95(ms: Sequence[float]) -> tuple[float, float]:
+def median_ci95(ms: Sequence[float] | np.ndarray) -> tuple[float, float]:
     """A distribution-free 95 % interval of the median of ``ms``: the order statistics at ranks
     n/2 ∓ 1.96·√n/2 (the normal approximation of the binomial), clamped to the sample. Any distribution, no
     resampling; with fewer than 6 values it is the sample's range."""
@@ -76,7 +76,7 @@ def median_ci95(ms: Sequence[float]) -> tuple[float, float]:
     return float(a[max(lo, 0)]), float(a[min(hi, n - 1)])
 
 
-def relative_halfwidth(ms: Sequence[float]) -> float:
+def relative_halfwidth(ms: Sequence[float] | np.ndarray) -> float:
     """Half the width of :func:`median_ci95` over the median: 0.02 means the median is known to ±2 %."""
     lo, hi = median_ci95(ms)
     return (hi - lo) / 2 / float(np.median(np.asarray(ms, dtype=np.float64)))

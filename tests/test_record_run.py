@@ -9,10 +9,9 @@ import pytest
 import torch
 
 from glmvit.__main__ import main
-from glmvit.cli import record
-from glmvit.lab import recorder
-from glmvit.lab.recorder import Job, jobs
-from glmvit.lab.session import Session
+from glmvit.cli import record, recorder
+from glmvit.cli.recorder import Job, jobs
+from glmvit.cli.session import Session
 from glmvit.timing import median_ci95, quiet_host, relative_halfwidth
 
 

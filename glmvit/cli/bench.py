@@ -77,7 +77,7 @@ from .common import (
 )
 
 if TYPE_CHECKING:
-    from ..lab.session import Session
+    from .session import Session
 
 MODES = ("transformers", "transformers-compiled", "eager", "graph", "graph-compiled", "compile")
 COMPILED_MODES = ("transformers-compiled", "graph-compiled", "compile")  # benchmarked on CUDA only

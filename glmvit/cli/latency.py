@@ -43,7 +43,7 @@ from .common import (
 )
 
 if TYPE_CHECKING:
-    from ..lab.session import Session
+    from .session import Session
 
 EagerTimes = dict[tuple[int, str], list[float]]  # (budget, layout name) → ms of its eager runs
 

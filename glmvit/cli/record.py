@@ -1,6 +1,6 @@
 """``python -m glmvit record``: re-measure every recorded GPU result on this CUDA machine, at this code, in one call.
 
-One process per phase (:mod:`glmvit.lab.recorder`): ``measure`` takes every timing, then ``profile`` everything
+One process per phase (:mod:`glmvit.cli.recorder`): ``measure`` takes every timing, then ``profile`` everything
 that attaches a profiler, so no timing is ever taken after CUPTI attached. Both share one compile-cache directory
 (``measure`` starts on empty caches: its first job is the cold start that ``capture_h200.json`` records; ``profile``
 starts on the caches ``measure`` filled: the warm start). A job whose records are all current
@@ -24,9 +24,9 @@ import time
 import uuid
 from pathlib import Path
 
-from ..lab.recorder import PHASES, SPAWNED_AT, Job, command_line, expected_seconds, fresh_workdir, jobs
 from ..records import REPO, RUN_ENV, load_any, staleness
 from .common import Parser, atomic_output, float_in
+from .recorder import PHASES, SPAWNED_AT, Job, command_line, expected_seconds, fresh_workdir, jobs
 
 
 def job_current(job: Job, run_id: str | None = None) -> bool:
@@ -63,11 +63,14 @@ def choose(selected: list[Job], force: bool, run_id: str) -> list[Job]:
 def run_phase(phase: str, phase_jobs: list[Job], env: dict[str, str], workdir: Path,
               deadline: float | None) -> tuple[list[str], list[str], list[Path], dict[str, float]]:
     """Start the phase's process and follow its lines: (done, failed, records written, seconds per job)."""
-    cmd = [sys.executable, "-m", "glmvit.lab.recorder", "--phase", phase, "--workdir", str(workdir),
+    cmd = [sys.executable, "-m", "glmvit.cli.recorder", "--phase", phase, "--workdir", str(workdir),
            "--jobs", ",".join(j.name for j in phase_jobs)]
     if deadline is not None:
         cmd += ["--deadline", repr(deadline)]
-    done, failed, written, seconds = [], [], [], {}
+    done: list[str] = []
+    failed: list[str] = []
+    written: list[Path] = []
+    seconds: dict[str, float] = {}
     process = subprocess.Popen(cmd, cwd=REPO, env={**env, SPAWNED_AT: repr(time.time())}, stdout=subprocess.PIPE,
                                text=True, bufsize=1)
     assert process.stdout is not None
@@ -125,7 +128,10 @@ def main(argv: list[str] | None = None) -> int:
            "TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor"), "TRITON_CACHE_DIR": str(workdir / "triton")}
     start = time.monotonic()
     deadline = None if args.time_limit is None else time.time() + args.time_limit
-    done, failed, written, seconds = [], [], [], {}
+    done: list[str] = []
+    failed: list[str] = []
+    written: list[Path] = []
+    seconds: dict[str, float] = {}
     try:
         for phase in PHASES:
             phase_jobs = [j for j in chosen if j.phase == phase]

@@ -1,6 +1,6 @@
 """What the jobs of one recording process share: the model, its transformers twin and the measured floor.
 
-A record run measures every result in a few long-lived processes (:mod:`glmvit.lab.recorder`). Building the tower,
+A record run measures every result in a few long-lived processes (:mod:`glmvit.cli.recorder`). Building the tower,
 copying it into transformers' model and measuring the matmul rate and copy bandwidth once per process, not once per
 result, is most of what that saves. Captured graphs and compiled code are *not* shared between jobs: each job
 captures its own runners, as its command does alone, and :meth:`Session.end_job` clears torch.compile's state
@@ -42,7 +42,7 @@ class Session:
         return built
 
     def model(self, args: argparse.Namespace) -> GlmVisionEncoder:
-        from ..cli.common import DTYPES, model_from_args
+        from .common import DTYPES, model_from_args
 
         device = torch.device(args.device)
         if device.type == "cuda" and device.index is None:
@@ -50,7 +50,7 @@ class Session:
         key = (args.config, args.dtype, str(device), args.weights, args.seed)
         if key not in self._models:
             if args.config == "full" and not args.weights and device.type == "cuda":
-                from .shared import full_model  # the lab's measurements share it: one tower in memory
+                from ..lab.shared import full_model  # the lab's measurements share it: one tower in memory
 
                 self._models[key] = self._built(lambda: full_model(DTYPES[args.dtype], args.seed))
             else:

@@ -1,7 +1,7 @@
 """One record run: every recorded GPU result re-measured in two long-lived processes, one per phase.
 
 ``python -m glmvit record`` (:mod:`glmvit.cli.record`) starts one process per phase and each runs its jobs in
-order, in-process, sharing what a job would otherwise rebuild (:class:`glmvit.lab.session.Session`: the tower, its
+order, in-process, sharing what a job would otherwise rebuild (:class:`glmvit.cli.session.Session`: the tower, its
 transformers twin, the floor's measured rates). A job is the same command a reader would type — its flags are
 in :data:`JOBS`, and its record's provenance names that command — run through the command's own library function.
 
@@ -82,7 +82,7 @@ def _serve(name: str, workload: str, prompts: int, rates: str, modes: tuple[str,
 
 
 def _notebook_jobs() -> list[Job]:
-    from . import NOTEBOOK_RESULTS
+    from ..lab import NOTEBOOK_RESULTS
 
     return [Job(name, "profile" if result.profiles else "measure", "notebook", (name,),
                 (f"notebooks/{name}.json",), 15) for name, result in NOTEBOOK_RESULTS.items()]
@@ -129,7 +129,7 @@ def command_line(job: Job) -> str:
     if job.command == "notebook":
         return f"python -m glmvit record --only {job.name}  (glmvit.lab.NOTEBOOK_RESULTS[{job.name!r}])"
     if job.command == "startup":
-        return f"python -m glmvit record --only {job.name}  (glmvit.lab.recorder.startup)"
+        return f"python -m glmvit record --only {job.name}  (glmvit.cli.recorder.startup)"
     modes = f" --modes {','.join(job.modes)}" if job.modes else ""
     return f"python -m glmvit {job.command} {' '.join(job.argv)}{modes}"
 
@@ -140,13 +140,13 @@ def command_line(job: Job) -> str:
 
 
 def _write(path: Path, record: Any) -> None:
-    from ..cli.common import write_record
+    from .common import write_record
 
     write_record(path, record)
 
 
 def run_bench(job: Job, session: Any, workdir: Path) -> None:
-    from ..cli import bench
+    from . import bench
 
     parser = bench.build_parser()
     args = parser.parse_args(list(job.argv))
@@ -157,7 +157,7 @@ def run_bench(job: Job, session: Any, workdir: Path) -> None:
 
 
 def run_latency(job: Job, session: Any, workdir: Path) -> None:
-    from ..cli import latency
+    from . import latency
 
     args, config = latency.parse(list(job.argv))
     eager = session.shared.setdefault("latency_eager", {})  # both sweeps: the same eager runs
@@ -168,7 +168,7 @@ def run_latency(job: Job, session: Any, workdir: Path) -> None:
 
 def run_main(job: Job, session: Any, workdir: Path) -> None:
     """A command whose ``main(argv)`` does it all (builds its own small inputs): bench-interp, kernels."""
-    from ..cli import bench_interp, kernels
+    from . import bench_interp, kernels
 
     main = {"bench-interp": bench_interp.main, "kernels": kernels.main}[job.command]
     if main(list(job.argv)) != 0:
@@ -176,9 +176,9 @@ def run_main(job: Job, session: Any, workdir: Path) -> None:
 
 
 def run_notebook(job: Job, session: Any, workdir: Path) -> None:
+    from ..lab import NOTEBOOK_RESULTS
     from ..provenance import collect
     from ..records import NotebookResult, make
-    from . import NOTEBOOK_RESULTS
 
     result = NOTEBOOK_RESULTS[job.name].compute()
     clash = sorted(set(result) & set(NotebookResult.model_fields))
@@ -255,9 +255,9 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
     """Per mode: ``glmvit serve`` in this process (a thread, on the session's model, configured exactly as
     ``bench-serve --spawn`` configures its child), loaded by ``bench-serve --url`` in a process of its own; the
     modes' records merged into one."""
-    from ..cli import bench_serve, serve
-    from ..cli.common import resolve_model_args
-    from ..cli.serve_app import ServerThread
+    from . import bench_serve, serve
+    from .common import resolve_model_args
+    from .serve_app import ServerThread
 
     parser = bench_serve.build_parser()
     spawn_argv = [*job.argv, "--spawn", "--modes", ",".join(job.modes)]
@@ -334,8 +334,8 @@ def _job_scope(session: Any) -> Iterator[None]:
 
 def stamp_elapsed(job: Job, seconds: float, since: float) -> list[Path]:
     """Write the job's duration into every record it wrote (those modified since ``since``); returns them."""
-    from ..cli.common import write_atomic
     from ..records import Record, load_any, to_json
+    from .common import write_atomic
 
     written = []
     for path in job.output_paths():
@@ -405,9 +405,9 @@ def expected_seconds(job: Job) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m glmvit.lab.recorder --phase P --jobs a,b --workdir DIR [--deadline UNIX_TIME]``: one phase's
+    """``python -m glmvit.cli.recorder --phase P --jobs a,b --workdir DIR [--deadline UNIX_TIME]``: one phase's
     process, started by ``python -m glmvit record``."""
-    p = argparse.ArgumentParser(prog="python -m glmvit.lab.recorder")
+    p = argparse.ArgumentParser(prog="python -m glmvit.cli.recorder")
     p.add_argument("--phase", choices=PHASES, required=True)
     p.add_argument("--jobs", required=True)
     p.add_argument("--workdir", required=True)
