@@ -198,11 +198,13 @@ def _warm(fn: Encode, inputs: list[tuple], n: int, warmup: int, device: torch.de
 
 
 def _timed(fn: Encode, inputs: list[tuple], n: int, device: torch.device, label: str, quiet: bool,
-           precision: float = 0.0, max_passes: int = 1) -> tuple[list[float], torch.Tensor, int]:
+           precision: float = 0.0, max_passes: int = 1) -> tuple[list[float], list[float], torch.Tensor, int]:
     """ms per request over the first n requests in arrival order — then again, pass after pass, while the
-    median's 95 % interval is wider than ±``precision`` and fewer than ``max_passes`` passes ran —, request 0's
-    output and the passes run. Timed on a quiet host (:func:`glmvit.timing.quiet_host`)."""
+    median's 95 % interval is wider than ±``precision`` and fewer than ``max_passes`` passes ran —, the CPU ms this
+    thread spent in each (wall − CPU: waiting for the GPU, or not scheduled), request 0's output and the passes
+    run. Timed on a quiet host (:func:`glmvit.timing.quiet_host`)."""
     ms: list[float] = []
+    cpu: list[float] = []
     first = None
     passes = 0
     with quiet_host():
@@ -210,14 +212,15 @@ def _timed(fn: Encode, inputs: list[tuple], n: int, device: torch.device, label:
             passes += 1
             desc = f"{label:>14}" + (f" pass {passes}" if passes > 1 else "")
             for j in tqdm(range(n), desc=desc, unit="req", file=sys.stderr, disable=quiet):
-                t0 = time.perf_counter()
+                c0, t0 = time.thread_time(), time.perf_counter()
                 out = fn(*inputs[j])
                 sync(device)
                 ms.append((time.perf_counter() - t0) * 1e3)
+                cpu.append((time.thread_time() - c0) * 1e3)
                 if first is None:
                     first = out.float().clone()
     assert first is not None
-    return ms, first, passes
+    return ms, cpu, first, passes
 
 
 def _per_request_vs(ms: list[float], ref: list[float]) -> dict[str, float]:
@@ -308,15 +311,16 @@ def run_benchmark(args: argparse.Namespace, command: str, session: Session | Non
                 if runner is not None:  # count only the timed requests
                     runner.stats.reset()
                 record["launch_us"] = launch_us(device)  # the host's speed just before this mode's timing
-                ms, outputs[label], record["passes"] = _timed(fn, inputs, n, device, label, args.quiet,
-                                                              args.precision, args.max_passes)
+                ms, cpu, outputs[label], record["passes"] = _timed(fn, inputs, n, device, label, args.quiet,
+                                                                   args.precision, args.max_passes)
+                record["cpu_ms"] = cpu
         except Exception as err:  # noqa: BLE001 - one failing mode (e.g. compile) must not lose the others
             result["skipped"][label] = f"failed: {type(err).__name__}: {err}"
             print(f"{label}: failed ({type(err).__name__}: {str(err)[:300]})", file=sys.stderr)
             continue
         total_s = sum(ms) / 1e3
         passes = record["passes"]
-        record.update(summarise(ms), ms=ms, timed_requests=len(ms),
+        record.update(summarise(ms), ms=ms, timed_requests=len(ms), cpu_median_ms=float(np.median(record["cpu_ms"])),
                       items_per_s=passes * sum(len(g) for g in grids[:n]) / total_s,
                       tokens_per_s=passes * sum(tokens[:n]) / total_s,
                       achieved_tflops=passes * sum(f["total"] for f in flops[:n]) / total_s / 1e12,

@@ -44,6 +44,7 @@ LAYOUTS = {
     "8x448": [[1, 32, 32]] * 8,
 }
 PARTS = ("profile", "attention", "gemm")
+PROFILED_CALLS = 5  # replays per profile: a replay's kernels are the same every time, so a few give its mean
 
 
 def _blas_libraries() -> list[str]:
@@ -145,8 +146,8 @@ def profile_replays(model, layouts: dict[str, list], backends: list[str], quiet:
     with torch.inference_mode():
         for key, per_layout in replays.items():
             for name, (replay, graph_replay) in per_layout.items():
-                prof = profile_kernels(replay)
-                busy = profile_kernels(graph_replay, top=0)["gpu_us_per_call"]
+                prof = profile_kernels(replay, calls=PROFILED_CALLS)
+                busy = profile_kernels(graph_replay, calls=PROFILED_CALLS, top=0)["gpu_us_per_call"]
                 device_us = out[key][name]["replay_device"]["median_ms"] * 1e3
                 out[key][name] = {**prof, **out[key][name], "graph_gpu_us_per_call": busy,
                                   "gaps_us_per_call": device_us - busy}

@@ -19,6 +19,12 @@ CASES = {"1 x 224²": [[1, 16, 16]], "4 x 224²": [[1, 16, 16]] * 4, "16 x 224²
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _interpreted() -> bool:
+    """Whether this process runs Triton interpreted (a notebook's set-up): then the measurement needs a process of
+    its own; a record run measures here."""
+    return "TRITON_INTERPRET" in os.environ
+
+
 def _in_fresh_process(mode: str, calls_per_graph: int, replays: int) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
@@ -33,12 +39,16 @@ def _in_fresh_process(mode: str, calls_per_graph: int, replays: int) -> dict[str
 def interp_in_graph(calls_per_graph: int = 100, replays: int = 20) -> dict[str, Any]:
     """Per case and path: one call issued alone (median of event-bracketed calls) and one call inside a graph of
     ``calls_per_graph`` calls (replays timed with CUDA events), and the two paths' max difference. No profiler."""
+    if not _interpreted():
+        return _time_cases(calls_per_graph, replays, CASES)
     return _in_fresh_process("time", calls_per_graph, replays)
 
 
 def interp_kernels(calls_per_graph: int = 100) -> dict[str, Any]:
     """Per case and path: the kernels' own time and count per call in one replay of the graph of
     :func:`interp_in_graph`, under torch.profiler (in a process of its own)."""
+    if not _interpreted():
+        return _profile_cases(calls_per_graph, CASES)
     return _in_fresh_process("kernels", calls_per_graph, 0)
 
 
