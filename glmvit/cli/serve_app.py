@@ -14,11 +14,13 @@ It answers ``200`` with ``application/x-safetensors`` in ``encode --out``'s layo
 last item encoded), ``X-Prepare-Ms`` (reading and decoding before admission) and ``X-Batches``. Every error is
 JSON ``{"error": one line, "status": code}``: 400 bad input (naming the item or the file) or a request aiohttp's
 HTTP parser refuses, 408 a body that did not arrive within ``read_timeout_s`` (a slow client never keeps its
-place), 413 too large, 415 another content type, 429 the queue is full (with ``Retry-After``), 503 shutting down or
-past ``max_connections`` open connections, 500 an internal error (its traceback goes to the server's log, never to
-the client). A connection whose request headers take longer than ``header_timeout_s`` is closed. ``GET /health``:
-JSON about the model, the limits, the floor and the provenance. ``GET /metrics``: Prometheus text, or JSON with
-``?format=json``.
+place), 413 too large (a body is never read past ``max_body_bytes``, a multipart preamble counted, and what a
+refused body held is freed at once), 415 another content type or a compressed body (any ``Content-Encoding`` but
+identity, refused before it is read), 429 the queue is full (with ``Retry-After``), 503 shutting down or past
+``max_connections`` open connections, 500 an internal error (its traceback goes to the server's log, never to
+the client). A refused body's connection is closed rather than drained. A connection whose request headers take
+longer than ``header_timeout_s`` is closed. ``GET /health``: JSON about the model, the limits, the floor and the
+provenance. ``GET /metrics``: Prometheus text, or JSON with ``?format=json``.
 
 :func:`run_server` serves until asked to stop, then drains: it stops listening, answers new requests on open
 connections with 503, lets every request in flight finish (up to ``shutdown_timeout``), then closes the scheduler.
@@ -55,6 +57,7 @@ from ..metadata import as_grid_array
 from ..processing import VisionInputs
 from ..records import fingerprint_now
 from ..scheduler import BatchScheduler, QueueFull, RequestTooLarge, SchedulerClosed, host_copy
+from ..workloads import shown
 from .embedding_file import file_metadata, inputs_record, item_record
 from .encode import check_file, load
 
@@ -231,7 +234,10 @@ class EncoderService:
             result = await asyncio.wrap_future(future)
             body = await loop.run_in_executor(self.pool, self._pack, result.outputs, prepared.records, dtype)
         except BadRequest as err:
-            return error_response(err.status, str(err))
+            response = error_response(err.status, str(err))
+            if not request.content.is_eof():  # the rest of a refused body is never read (nor inflated): close
+                response.force_close()
+            return response
         except RequestTooLarge as err:
             return error_response(413, str(err))
         except ValueError as err:  # the model's checks: grids, rows, NaN/Inf, each naming the item
@@ -248,6 +254,9 @@ class EncoderService:
         return web.Response(body=body, content_type=SAFETENSORS, headers=headers)
 
     async def _read(self, request: web.Request) -> Prepared:
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):  # inflating would take memory and time the body limit does not see
+            raise BadRequest(f"Content-Encoding {shown(encoding, 40)}: send the body uncompressed (identity)", 415)
         if request.content_length is not None and request.content_length > self.limits.max_body_bytes:
             raise BadRequest(f"the body has {request.content_length:,} bytes: at most "
                              f"{self.limits.max_body_bytes:,}", 413)
@@ -275,25 +284,44 @@ class EncoderService:
         """The body: a multipart request's files, or a pixel request's bytes."""
         if request.content_type == "multipart/form-data":
             return await self._read_multipart(request)
-        return await request.read()
+        data = bytearray()
+        while chunk := await request.content.read(CHUNK):
+            if len(data) + len(chunk) > self.limits.max_body_bytes:
+                data.clear()  # freed now, whatever still refers to this frame (a traceback, a task)
+                raise BadRequest(f"the body has more than {self.limits.max_body_bytes:,} bytes", 413)
+            data += chunk
+        return bytes(data)
 
     async def _read_multipart(self, request: web.Request) -> list[Upload]:
         reader = await request.multipart()
         uploads: list[Upload] = []
         total = 0
-        while (part := await reader.next()) is not None:
-            k = len(uploads)
-            if not isinstance(part, BodyPartReader) or part.filename is None:
-                raise BadRequest(f"part {k} is not a file: send each image or video as a file part (with a filename)")
-            if k >= self.limits.max_items:
-                raise BadRequest(f"more than {self.limits.max_items} files in one request", 413)
-            data = bytearray()
-            while chunk := await part.read_chunk(CHUNK):
-                total += len(chunk)
-                if total > self.limits.max_body_bytes:
-                    raise BadRequest(f"the files add up to more than {self.limits.max_body_bytes:,} bytes", 413)
-                data += chunk
-            uploads.append(Upload(upload_name(part.filename, k), bytes(data)))
+        limit = self.limits.max_body_bytes
+        too_large = f"the body has more than {limit:,} bytes"
+        try:
+            while (part := await reader.next()) is not None:
+                k = len(uploads)
+                if request.content.total_bytes > limit:  # a preamble or part headers count as the files do
+                    raise BadRequest(too_large, 413)
+                if not isinstance(part, BodyPartReader) or part.filename is None:
+                    raise BadRequest(f"part {k} is not a file: send each image or video as a file part (with a "
+                                     "filename)")
+                if k >= self.limits.max_items:
+                    raise BadRequest(f"more than {self.limits.max_items} files in one request", 413)
+                data = bytearray()
+                while chunk := await part.read_chunk(CHUNK):
+                    total += len(chunk)
+                    if total > limit or request.content.total_bytes > limit:
+                        data.clear()
+                        raise BadRequest(too_large, 413)
+                    data += chunk
+                uploads.append(Upload(upload_name(part.filename, k), bytes(data)))
+                del data
+            if request.content.total_bytes > limit:
+                raise BadRequest(too_large, 413)
+        except BaseException:
+            uploads.clear()  # what a refused body held is freed now, not when the cycle collector runs
+            raise
         return uploads
 
     def _pack(self, outputs: list[torch.Tensor], records: list[dict[str, Any]], dtype: str) -> bytes:
