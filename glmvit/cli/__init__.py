@@ -6,6 +6,7 @@ dtype policy, model building, JSON output with provenance, and one-line errors.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
@@ -27,6 +28,7 @@ COMMANDS = {
     "record": ("glmvit.cli.record", "re-measure every recorded GPU result at this code, in one run (CUDA)"),
     "records": ("glmvit.cli.records", "list the recorded results and which are stale (code changed since)"),
 }
+OUTPUT_FLAGS = ("--out", "--json", "--export")  # the commands' output files: "-" or /dev/stdout is standard output
 USER_ERRORS = (ValueError, OSError)  # bad input or files: one line, no traceback (GLMVIT_DEBUG=1 shows it)
 
 
@@ -63,7 +65,8 @@ def _dispatch(argv: list[str]) -> int:
     try:  # the imports too: torch's takes seconds, and Ctrl-C often lands there. numpy first: torch's C extension
         # imports it itself and carries on past a KeyboardInterrupt, leaving numpy half-loaded and the Ctrl-C lost
         importlib.import_module("numpy")
-        return importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:]) or 0
+        with _status_stream(argv[1:]):
+            return importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:]) or 0
     except KeyboardInterrupt:
         if os.environ.get("GLMVIT_DEBUG"):
             raise
@@ -77,6 +80,18 @@ def _dispatch(argv: list[str]) -> int:
             raise
         print(f"glmvit {argv[0]}: error: {err}", file=sys.stderr)
         return 1
+
+
+def _status_stream(args: list[str]) -> contextlib.AbstractContextManager:
+    """Status text (``print``) goes to stderr while an output file of ``args`` is standard output, so that the
+    output holds nothing else."""
+    from ..files import is_stdout
+
+    values = [b for a, b in zip(args, args[1:], strict=False) if a in OUTPUT_FLAGS]
+    values += [a.split("=", 1)[1] for a in args if a.split("=", 1)[0] in OUTPUT_FLAGS and "=" in a]
+    if any(is_stdout(value) for value in values if value):
+        return contextlib.redirect_stdout(sys.stderr)
+    return contextlib.nullcontext()
 
 
 def _interrupted(command: str) -> int:

@@ -66,6 +66,7 @@ from .common import (
     float_in,
     int_in,
     model_from_args,
+    output_path,
     resolve_model_args,
     write_record,
 )
@@ -554,7 +555,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(p)
     add_serving_args(p)
     o = p.add_argument_group("output")
-    o.add_argument("--json", metavar="PATH", help="write every number and setting, with provenance, to this JSON")
+    o.add_argument("--json", metavar="PATH", type=output_path,
+                   help="write every number and setting, with provenance, to this JSON")
     return p
 
 
