@@ -43,11 +43,15 @@ def _on_sigint(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+    if not argv or argv[0] in ("-h", "--help"):
         parser = argparse.ArgumentParser(prog="python -m glmvit")
         parser.add_argument("command", choices=list(COMMANDS),
                             help="; ".join(f"{k}: {v[1]}" for k, v in COMMANDS.items()))
         parser.parse_args(argv[:1])
+        return 2
+    if argv[0] not in COMMANDS:
+        print(f"python -m glmvit: error: unknown command {one_line(argv[0])}; the commands: {', '.join(COMMANDS)} "
+              "(see --help)", file=sys.stderr)
         return 2
     CTRL_C.clear()
     own = threading.current_thread() is threading.main_thread() and \
@@ -78,8 +82,14 @@ def _dispatch(argv: list[str]) -> int:
             return _interrupted(argv[0])
         if not isinstance(err, USER_ERRORS):
             raise
-        print(f"glmvit {argv[0]}: error: {err}", file=sys.stderr)
+        print(f"glmvit {argv[0]}: error: {one_line(str(err))}", file=sys.stderr)
         return 1
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line: a line break or other control character (a file name may hold one) written as its
+    escape (``\\n``), so that an error stays one line whatever it names."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
 def _status_stream(args: list[str]) -> contextlib.AbstractContextManager:

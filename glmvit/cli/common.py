@@ -26,6 +26,7 @@ from ..random_weights import random_encoder
 from ..records import Record, to_json
 from ..weights import checkpoint_config, missing_checkpoint
 from ..workloads import parse_bucket_config, shown
+from . import one_line
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SEED_MAX = 2**32 - 1  # 32-bit seeds: what every generator accepts (numpy's legacy RandomState stops here)
@@ -42,7 +43,7 @@ class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line (``prog: error: message``, exit status 2), without the usage."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see --help)\n")
 
 
 def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
@@ -127,6 +128,10 @@ def resolve_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace
         parser.error(f"--device {args.device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
     if args.weights and not Path(args.weights).exists():
         parser.error(f"--weights {missing_checkpoint(args.weights)}")
+    if args.weights and not (Path(args.weights).is_dir() or Path(args.weights).is_file()):
+        kind = file_kind(os.stat(args.weights).st_mode)
+        parser.error(f"--weights {args.weights}: {kind}, not a checkpoint (a directory with config.json and "
+                     "*.safetensors, or a .safetensors file)")
     if args.weights and args.config != "auto":
         parser.error("--config applies to random weights; with --weights the checkpoint's config.json decides")
     if args.weights:
