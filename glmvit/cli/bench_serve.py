@@ -473,9 +473,9 @@ def queue_tokens(args: argparse.Namespace, workload: Workload) -> int:
 
 async def fetch_health(url: str) -> dict:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        async with session.get(url.rstrip("/") + "/health") as response:
+        async with session.get(url.rstrip("/") + "/v1/info") as response:
             if response.status != 200:
-                raise ValueError(f"{url}/health answered {response.status}: is it a glmvit serve?")
+                raise ValueError(f"{url}/v1/info answered {response.status}: is it a glmvit serve?")
             return await response.json()
 
 
