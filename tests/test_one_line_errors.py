@@ -22,6 +22,8 @@ def exit_and_err(argv, capsys):
     (["frobnicate"], 2, "unknown command frobnicate; the commands: demo, encode"),
     (["encode", "data/images/coffee.jpg", "--weights", "/dev/zero"], 2,
      "--weights /dev/zero: a character device, not a checkpoint"),
+    (["encode", "data/images/coffee.jpg", "--weights", "README.md"], 2,
+     "--weights README.md: a regular file, not a checkpoint"),
     (["bench-serve", "--url", "http://[::1"], 2, "--url 'http://[::1': not a URL (Invalid IPv6 URL)"),
     (["bench-serve", "--url", "http://127.0.0.1:99999"], 2, "not a URL (Port out of range 0-65535)"),
     (["bench-serve", "--spawn", "--startup-timeout", "1", "--device", "cpu", "--num-prompts", "1"], 1,

@@ -128,7 +128,7 @@ def resolve_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace
         parser.error(f"--device {args.device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
     if args.weights and not Path(args.weights).exists():
         parser.error(f"--weights {missing_checkpoint(args.weights)}")
-    if args.weights and not (Path(args.weights).is_dir() or Path(args.weights).is_file()):
+    if args.weights and not (Path(args.weights).is_dir() or Path(args.weights).suffix == ".safetensors"):
         kind = file_kind(os.stat(args.weights).st_mode)
         parser.error(f"--weights {args.weights}: {kind}, not a checkpoint (a directory with config.json and "
                      "*.safetensors, or a .safetensors file)")
