@@ -1,4 +1,4 @@
-# Two commands do all set-up on a fresh machine:  `make demo`  and  `make test`.
+# Two commands do all set-up on a fresh machine:  `make demo`  and  `make test`  (`make env`: the environment alone).
 # Both create the virtual environment (.venv) from pyproject.toml + constraints.txt when it is missing.
 #
 # Knobs (all optional; README "Set-up" says when to use them):
@@ -18,7 +18,7 @@ HOST        ?= 127.0.0.1
 PORT        ?=
 BIN         := $(VENV)/bin
 STAMP       := $(VENV)/.glmvit-installed
-PIP_INSTALL := $(strip $(BIN)/python -m pip install --quiet $(PIP_FLAGS) $(if $(CONSTRAINTS),-c $(CONSTRAINTS)))
+PIP_INSTALL := $(strip $(BIN)/python -m pip install --progress-bar on $(PIP_FLAGS) $(if $(CONSTRAINTS),-c $(CONSTRAINTS)))
 PYTEST_NB   := --nbval-lax --nbval-current-env --nbval-cell-timeout=600 -p no:cacheprovider
 # The oldest transformers pyproject.toml allows, read from it, and the venv `make test-oldest` puts it in.
 TRANSFORMERS_OLDEST := $(shell sed -n 's/^ *"transformers *>= *\([0-9.]*\).*/\1/p' pyproject.toml)
@@ -62,7 +62,7 @@ test-gpu: $(STAMP)
 test-oldest:
 	test -x $(OLDEST_VENV)/bin/python || $(strip $(PYTHON) -m venv $(VENV_FLAGS) $(OLDEST_VENV))
 	$(if $(CONSTRAINTS),grep -E '^torch==' $(CONSTRAINTS),true) > $(OLDEST_VENV)/torch-constraint.txt
-	$(strip $(OLDEST_VENV)/bin/python -m pip install --quiet $(PIP_FLAGS)) -c $(OLDEST_VENV)/torch-constraint.txt \
+	$(strip $(OLDEST_VENV)/bin/python -m pip install --progress-bar on $(PIP_FLAGS)) -c $(OLDEST_VENV)/torch-constraint.txt \
 	    -e . "transformers==$(TRANSFORMERS_OLDEST)" "pytest>=8.0"
 	$(OLDEST_VENV)/bin/python -c "import glmvit.processing, transformers; print('transformers', transformers.__version__)"
 	$(OLDEST_VENV)/bin/python -m pytest -p no:cacheprovider tests/test_processing.py

@@ -14,7 +14,9 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["read_bounded", "file_kind"]
+__all__ = ["read_bounded", "file_kind", "is_stdout", "STDOUT"]
+
+STDOUT = "-"  # an output path that means this process's standard output
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
@@ -78,3 +80,14 @@ def _os_error(path: Path, what: str, err: OSError) -> OSError:
 
 def _size(n: int) -> str:
     return f"{n:,} bytes" if n < 2**20 else f"{n / 2**20:,.1f} MiB"
+
+
+def is_stdout(path: str | Path) -> bool:
+    """Whether an output ``path`` is this process's standard output: ``-``, or a name of the file descriptor 1
+    holds (``/dev/stdout``, ``/proc/self/fd/1``, or the file the shell redirected it to)."""
+    if str(path) == STDOUT:
+        return True
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(1))
+    except (OSError, ValueError):
+        return False

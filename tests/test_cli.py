@@ -156,9 +156,12 @@ def test_plan_compares_packers(capsys):
     assert "vllm" in out and "ffd" in out
 
 
-def test_unknown_command_exits_with_usage():
-    with pytest.raises(SystemExit):
-        main(["fly"])
+def test_unknown_command_exits_with_one_line(capsys):
+    assert main(["fly"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown command fly; the commands: demo" in err
+    with pytest.raises(SystemExit):  # the usage, on request
+        main(["--help"])
 
 
 @pytest.fixture(scope="module")

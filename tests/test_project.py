@@ -130,3 +130,20 @@ def test_tests_import_no_private_names_and_only_cli_tests_the_tools(path):
             assert not any(n.startswith("_") for n in names), (path.name, module, names)
         if module.startswith("glmvit.cli") or (module == "glmvit" and "cli" in names):
             assert path.name in CLI_TESTS, (path.name, module, names)
+
+
+def test_every_make_target_the_notebooks_point_to_is_in_the_readme_and_the_makefile():
+    readme, makefile = (ROOT / "README.md").read_text(), (ROOT / "Makefile").read_text()
+    pointed = {m for path in sorted((ROOT / "notebooks").glob("*.ipynb"))
+               for m in re.findall(r"see README: make ([a-z-]+)", path.read_text())}
+    assert pointed, "the notebooks name no make target (the hint this test checks moved)"
+    for target in pointed:
+        assert f"`make {target}`" in readme and re.search(rf"^{target}:", makefile, re.M), target
+
+
+def test_set_up_shows_pips_progress_and_puts_the_cpu_torch_step_first():
+    installs = re.findall(r"pip install.*", (ROOT / "Makefile").read_text())
+    assert installs and not any("--quiet" in line for line in installs), installs
+    readme = (ROOT / "README.md").read_text()
+    set_up = readme[readme.index("## Set-up"):]
+    assert set_up.index("download.pytorch.org/whl/cpu") < set_up.index("make demo")

@@ -425,11 +425,35 @@ def test_sigterm_lets_the_request_in_flight_finish(tmp_path):
     assert "stopped" in out and "1 request(s) in the server will finish" in child.stderr.read()
 
 
+def strict_prometheus(text):
+    """{family: {sample line's name and labels: value}} of Prometheus text, asserting what promtool checks: one
+    HELP and one TYPE per family, both before its samples, samples of a family together, conventional names
+    (counters end in _total; base units, so no _ms or _s suffix)."""
+    import re
+
+    families, seen, current = {}, set(), None
+    for line in text.splitlines():
+        if line.startswith("# "):
+            kind, name, rest = line[2:].split(" ", 2)
+            assert kind in ("HELP", "TYPE") and (kind, name) not in seen, f"second {kind} line for {name}"
+            seen.add((kind, name))
+            if kind == "TYPE":
+                assert ("HELP", name) in seen and name not in families, line
+                assert rest in ("counter", "gauge") and (rest != "counter" or name.endswith("_total")), line
+                assert not re.search(r"_(ms|s)(_|$)", name), f"{name}: not in base units"
+                families[name], current = {}, name
+            continue
+        match = re.fullmatch(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? (\S+)', line)
+        assert match and match.group(1) == current, f"a sample outside its family: {line!r}"
+        families[current][match.group(1) + (match.group(2) or "")] = float(match.group(4))
+    return families
+
+
 def test_health_and_metrics(tiny_model, monkeypatch):
     from glmvit.cli import serve_app
     from glmvit.records import Fingerprint
 
-    service = service_for(tiny_model)  # the fingerprint is taken per /health, after the service is made
+    service = service_for(tiny_model)  # the fingerprint is taken per /v1/info, after the service is made
     monkeypatch.setattr(serve_app, "fingerprint_now", lambda: Fingerprint(modules={"glmvit.kernels.x": "hash"}))
     with ServerThread(service) as server:
         async def read():
@@ -437,17 +461,23 @@ def test_health_and_metrics(tiny_model, monkeypatch):
                 await post(session, server.url, pixel_body(*random_request(1)))
                 await post(session, server.url, b"junk")
                 out = []
-                for path in ("/metrics", "/metrics?format=json", "/health", "/nowhere"):
+                for path in ("/metrics", "/metrics?format=json", "/health", "/v1/info", "/nowhere"):
                     async with session.get(server.url + path) as response:
                         out.append((response.status, await response.text()))
                 return out
-        text, metrics, health, missing = run(read())
+        text, metrics, health, info, missing = run(read())
     assert health[0] == 200 and json.loads(health[1])["mode"] == "graph-emulated"
     assert json.loads(health[1])["scheduler"]["limits"]["token_budgets"] == [32]
-    assert json.loads(health[1])["fingerprint"] == {"modules": {"glmvit.kernels.x": "hash"}}  # bench-serve merges it
-    assert 'glmvit_http_responses_total{status="200"} 1' in text[1]
-    assert 'glmvit_http_responses_total{status="400"} 1' in text[1]
-    assert "glmvit_scheduler_completed_total 1" in text[1]
+    assert len(health[1]) < 1024 and "fingerprint" not in json.loads(health[1])  # light: a probe reads it often
+    assert json.loads(info[1])["fingerprint"] == {"modules": {"glmvit.kernels.x": "hash"}}  # bench-serve merges it
+    assert json.loads(info[1])["vision_config"]["out_hidden_size"] == TINY.out_hidden_size
+    families = strict_prometheus(text[1])
+    assert families["glmvit_http_responses_total"] == {'glmvit_http_responses_total{status="200"}': 1,
+                                                       'glmvit_http_responses_total{status="400"}': 1}
+    assert families["glmvit_scheduler_completed_total"] == {"glmvit_scheduler_completed_total": 1}
+    assert set(families["glmvit_scheduler_rejected_total"]) == {'glmvit_scheduler_rejected_total{reason="full"}',
+                                                                'glmvit_scheduler_rejected_total{reason="closed"}'}
+    assert "glmvit_scheduler_busy_seconds_total" in families
     assert json.loads(metrics[1])["scheduler"]["completed"] == 1
     assert json.loads(metrics[1])["http"]["responses"] == {"200": 2, "400": 1}  # the first /metrics counted too
     assert missing[0] == 404 and json.loads(missing[1])["error"] == "Not Found"

@@ -6,6 +6,7 @@ dtype policy, model building, JSON output with provenance, and one-line errors.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
@@ -27,6 +28,7 @@ COMMANDS = {
     "record": ("glmvit.cli.record", "re-measure every recorded GPU result at this code, in one run (CUDA)"),
     "records": ("glmvit.cli.records", "list the recorded results and which are stale (code changed since)"),
 }
+OUTPUT_FLAGS = ("--out", "--json", "--export")  # the commands' output files: "-" or /dev/stdout is standard output
 USER_ERRORS = (ValueError, OSError)  # bad input or files: one line, no traceback (GLMVIT_DEBUG=1 shows it)
 
 
@@ -41,11 +43,15 @@ def _on_sigint(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+    if not argv or argv[0] in ("-h", "--help"):
         parser = argparse.ArgumentParser(prog="python -m glmvit")
         parser.add_argument("command", choices=list(COMMANDS),
                             help="; ".join(f"{k}: {v[1]}" for k, v in COMMANDS.items()))
         parser.parse_args(argv[:1])
+        return 2
+    if argv[0] not in COMMANDS:
+        print(f"python -m glmvit: error: unknown command {one_line(argv[0])}; the commands: {', '.join(COMMANDS)} "
+              "(see --help)", file=sys.stderr)
         return 2
     CTRL_C.clear()
     own = threading.current_thread() is threading.main_thread() and \
@@ -63,7 +69,8 @@ def _dispatch(argv: list[str]) -> int:
     try:  # the imports too: torch's takes seconds, and Ctrl-C often lands there. numpy first: torch's C extension
         # imports it itself and carries on past a KeyboardInterrupt, leaving numpy half-loaded and the Ctrl-C lost
         importlib.import_module("numpy")
-        return importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:]) or 0
+        with _status_stream(argv[1:]):
+            return importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:]) or 0
     except KeyboardInterrupt:
         if os.environ.get("GLMVIT_DEBUG"):
             raise
@@ -75,8 +82,26 @@ def _dispatch(argv: list[str]) -> int:
             return _interrupted(argv[0])
         if not isinstance(err, USER_ERRORS):
             raise
-        print(f"glmvit {argv[0]}: error: {err}", file=sys.stderr)
+        print(f"glmvit {argv[0]}: error: {one_line(str(err))}", file=sys.stderr)
         return 1
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line: a line break or other control character (a file name may hold one) written as its
+    escape (``\\n``), so that an error stays one line whatever it names."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+
+
+def _status_stream(args: list[str]) -> contextlib.AbstractContextManager:
+    """Status text (``print``) goes to stderr while an output file of ``args`` is standard output, so that the
+    output holds nothing else."""
+    from ..files import is_stdout
+
+    values = [b for a, b in zip(args, args[1:], strict=False) if a in OUTPUT_FLAGS]
+    values += [a.split("=", 1)[1] for a in args if a.split("=", 1)[0] in OUTPUT_FLAGS and "=" in a]
+    if any(is_stdout(value) for value in values if value):
+        return contextlib.redirect_stdout(sys.stderr)
+    return contextlib.nullcontext()
 
 
 def _interrupted(command: str) -> int:

@@ -24,7 +24,7 @@ from ..metadata import build_metadata
 from ..provenance import collect
 from ..records import InterpRecord, make
 from ..timing import time_calls
-from .common import Parser, check_writable, int_in, write_record
+from .common import Parser, check_writable, int_in, output_path, write_record
 
 # 224² → a 16×16 patch grid; 1024² → smart_resize rounds to 1036² = 74×74 patches (an even count per side).
 CASES = {
@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int_in(100, 100_000), default=200,
                         help="timed calls per measurement (100…100,000; default 200)")
     parser.add_argument("--warmup", type=int_in(0, 100_000), default=25, help="untimed calls first (default 25)")
-    parser.add_argument("--json", metavar="PATH", help="write results and provenance to this JSON file")
+    parser.add_argument("--json", metavar="PATH", type=output_path,
+                        help="write results and provenance to this JSON file")
     args = parser.parse_args(argv)
     if args.json:
         try:

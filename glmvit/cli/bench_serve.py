@@ -45,6 +45,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
+from urllib.parse import urlsplit
 
 import aiohttp
 import numpy as np
@@ -66,6 +67,8 @@ from .common import (
     float_in,
     int_in,
     model_from_args,
+    output_path,
+    plural,
     resolve_model_args,
     write_record,
 )
@@ -421,8 +424,12 @@ class SpawnedServer:
         reader.join(self.startup_timeout)
         if not line or "listening on " not in line[0]:
             self.__exit__()
-            raise RuntimeError(f"the server did not start listening within {self.startup_timeout:g} s "
-                               f"({' '.join(self.argv)}): {line[0].strip() if line else 'no output'}")
+            said = line[0].strip() if line and line[0].strip() else "no output"
+            if process.returncode not in (None, -signal.SIGTERM):  # it ended by itself: its stderr said why
+                raise OSError(f"the spawned server exited with status {process.returncode} before it listened "
+                              f"({said})")
+            raise TimeoutError(f"the spawned server did not start listening within {self.startup_timeout:g} s "
+                               f"(--startup-timeout; {said})")
         self.url = line[0].split("listening on ")[1].split()[0]
         return self
 
@@ -466,9 +473,9 @@ def queue_tokens(args: argparse.Namespace, workload: Workload) -> int:
 
 async def fetch_health(url: str) -> dict:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        async with session.get(url.rstrip("/") + "/health") as response:
+        async with session.get(url.rstrip("/") + "/v1/info") as response:
             if response.status != 200:
-                raise ValueError(f"{url}/health answered {response.status}: is it a glmvit serve?")
+                raise ValueError(f"{url}/v1/info answered {response.status}: is it a glmvit serve?")
             return await response.json()
 
 
@@ -554,16 +561,28 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(p)
     add_serving_args(p)
     o = p.add_argument_group("output")
-    o.add_argument("--json", metavar="PATH", help="write every number and setting, with provenance, to this JSON")
+    o.add_argument("--json", metavar="PATH", type=output_path,
+                   help="write every number and setting, with provenance, to this JSON")
     return p
+
+
+def check_url(parser: argparse.ArgumentParser, url: str) -> None:
+    """A usage error unless ``url`` is http(s)://HOST[:PORT] (the error says what is wrong with it)."""
+    try:
+        where = urlsplit(url)
+        where.port  # noqa: B018 - parsed here: a port out of range or not a number raises ValueError
+    except ValueError as err:
+        parser.error(f"--url {shown(url)}: not a URL ({err}); expected http://HOST:PORT")
+    if where.scheme not in ("http", "https") or not where.hostname:
+        parser.error(f"--url {shown(url)}: expected http://HOST:PORT")
 
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]) -> None:
     args.max_queue_set = any(a == "--max-queue" or a.startswith("--max-queue=") for a in argv)
     if args.url and args.modes:
         parser.error("--modes applies to --spawn and --in-process (a running server has its own mode)")
-    if args.url and not args.url.startswith(("http://", "https://")):
-        parser.error(f"--url {args.url!r}: expected http://HOST:PORT")
+    if args.url:
+        check_url(parser, args.url)
     try:
         args.modes = [m for m in (args.modes or "graph").replace(",", " ").split()]
         bad = [m for m in args.modes if m not in MODES]
@@ -623,6 +642,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_record(args.json, make(ServeRecord, provenance=provenance, fingerprint=fingerprint,
                                      **record))
+    failed = [run for run in record["runs"] if run["successful"] == 0]
+    if failed:
+        print(f"glmvit bench-serve: error: every request failed in {plural(len(failed), 'run')} of "
+              f"{len(record['runs'])} (first error: {next(iter(failed[0]['errors']), 'none recorded')})",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -3,10 +3,13 @@ on sizes, and output written atomically (JSON with provenance)."""
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import math
 import os
 import stat
+import sys
+import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, NoReturn
@@ -16,13 +19,14 @@ import torch
 from ..config import VisionConfig
 from ..costmodel import LatencyTable, latency_table_from_json
 from ..deployment import H200_BYTES
-from ..files import file_kind, read_bounded
+from ..files import STDOUT, file_kind, is_stdout, read_bounded
 from ..model import GlmVisionEncoder
 from ..packing import parse_budgets
 from ..random_weights import random_encoder
 from ..records import Record, to_json
 from ..weights import checkpoint_config, missing_checkpoint
 from ..workloads import parse_bucket_config, shown
+from . import one_line
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SEED_MAX = 2**32 - 1  # 32-bit seeds: what every generator accepts (numpy's legacy RandomState stops here)
@@ -39,7 +43,7 @@ class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line (``prog: error: message``, exit status 2), without the usage."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see --help)\n")
 
 
 def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
@@ -124,6 +128,10 @@ def resolve_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace
         parser.error(f"--device {args.device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
     if args.weights and not Path(args.weights).exists():
         parser.error(f"--weights {missing_checkpoint(args.weights)}")
+    if args.weights and not (Path(args.weights).is_dir() or Path(args.weights).suffix == ".safetensors"):
+        kind = file_kind(os.stat(args.weights).st_mode)
+        parser.error(f"--weights {args.weights}: {kind}, not a checkpoint (a directory with config.json and "
+                     "*.safetensors, or a .safetensors file)")
     if args.weights and args.config != "auto":
         parser.error("--config applies to random weights; with --weights the checkpoint's config.json decides")
     if args.weights:
@@ -164,25 +172,69 @@ def describe(args: argparse.Namespace) -> str:
     return f"{tower}, {args.dtype}, on {args.device}, {weights}"
 
 
-def check_writable(path: str | Path) -> Path:
+def output_path(text: str) -> str:
+    """An argparse ``type`` for an output file: any path but the empty one (``-``: standard output)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path: name a file (or - for standard output)")
+    return text
+
+
+def check_writable(path: str | Path, created: list[Path] | None = None) -> Path:
     """Fail now, before any work, if ``path`` cannot be written the way :func:`atomic_output` will write it (its
-    folder is created if missing): for a regular or new file, a file is created and removed beside its target."""
+    missing folders are created, and appended to ``created`` when given): for a regular or new file, a file is
+    created and removed beside its target."""
     path = Path(path)
     target, existing, direct = _output_target(path)
     if direct:
-        if not os.access(target, os.W_OK):
+        if not is_stdout(path) and not os.access(target, os.W_OK):
             raise PermissionError(f"{path}: cannot write here (permission denied)")
         return path
+    made: list[Path] = []
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        _make_folders(target.parent, made)
         fd, probe = _create_beside(target, ".probe", None)
         os.close(fd)
         os.unlink(probe)
     except OSError as err:
+        remove_folders(made)
         raise OSError(f"{path}: cannot write here ({err.strerror or err})") from None
+    if created is not None:
+        created += made
     if existing is not None and not os.access(target, os.W_OK):
         raise PermissionError(f"{path}: cannot write here (the file is read-only)")
     return path
+
+
+def _make_folders(folder: Path, made: list[Path]) -> None:
+    """``mkdir -p folder``, appending each folder it creates (outermost first) to ``made``."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for each in reversed(missing):
+        try:
+            each.mkdir()
+        except FileExistsError:
+            continue
+        made.append(each)
+
+
+def remove_folders(folders: list[Path]) -> None:
+    """Remove the folders (innermost last in the list) that are still empty, innermost first."""
+    for folder in reversed(folders):
+        with suppress(OSError):
+            folder.rmdir()
+
+
+@contextmanager
+def removed_on_failure(folders: list[Path]) -> Iterator[None]:
+    """If the block fails, remove ``folders`` (those :func:`check_writable` created for the outputs) again where
+    they are still empty, so that a failed command leaves no trace."""
+    try:
+        yield
+    except BaseException:
+        remove_folders(folders)
+        raise
 
 
 def refuse_outputs_over_inputs(parser: argparse.ArgumentParser, outputs: dict[str, str | Path | None],
@@ -211,12 +263,13 @@ def _same_file(a: str | Path, b: str | Path) -> bool:
 
 @contextmanager
 def atomic_output(path: str | Path) -> Iterator[BinaryIO]:
-    """A binary file to write ``path``'s new contents into. A regular (or new) file: a temporary file beside its
+    """A binary file to write ``path``'s new contents into. Standard output (:func:`is_stdout`: ``-``,
+    ``/dev/stdout``, the file fd 1 holds), a character or block device or a FIFO (``/dev/null``, a named pipe):
+    written in place (a stream cannot be replaced, nor un-written on failure); a FIFO must have a reader within
+    FIFO_WAIT_S. Any other file, wherever it is (``/dev/shm`` and ``/proc`` included): a temporary file beside its
     target (the resolved path: a symlink is written through), renamed onto it when the block ends and removed if it
     fails, so there is never a half-written file; it keeps the mode of the file it replaces, or gets the umask's.
-    A character device or a FIFO (``/dev/null``, ``/dev/stdout``, a named pipe), or any path under /dev or /proc:
-    ``path`` itself, opened and written in place (a stream cannot be replaced, nor un-written on failure). A
-    directory, a block device or a socket is refused. OS errors name ``path``.
+    A directory or a socket is refused. OS errors name ``path``.
 
     A file object, not a path: a library that writes by name may replace what it is given (safetensors'
     ``save_file`` writes a temporary file and renames it, which turned ``/dev/null`` into a regular file). Write
@@ -226,7 +279,7 @@ def atomic_output(path: str | Path) -> Iterator[BinaryIO]:
     target, existing, direct = _output_target(path)
     if direct:
         try:
-            with open(path, "wb") as f:
+            with _open_in_place(path, existing) as f:
                 yield f
         except OSError as err:
             raise OSError(f"{path}: writing failed ({err.strerror or err})") from None
@@ -249,6 +302,33 @@ def atomic_output(path: str | Path) -> Iterator[BinaryIO]:
         raise
 
 
+FIFO_WAIT_S = 30.0  # how long an output FIFO may go without a reader before writing it fails
+
+
+def _open_in_place(path: Path, existing: os.stat_result | None) -> BinaryIO:
+    """``path`` opened for writing in place: standard output's descriptor (a duplicate, so that closing it keeps
+    fd 1 open), a FIFO once a reader has opened it (ENXIO until then: retried up to FIFO_WAIT_S), or the device."""
+    if is_stdout(path):
+        with suppress(AttributeError, ValueError):
+            sys.__stdout__.flush()  # type: ignore[union-attr]
+        return os.fdopen(os.dup(1), "wb")
+    if existing is not None and stat.S_ISFIFO(existing.st_mode):
+        deadline = time.monotonic() + FIFO_WAIT_S
+        while True:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError as err:
+                if err.errno != errno.ENXIO or time.monotonic() > deadline:
+                    if err.errno == errno.ENXIO:
+                        raise OSError(errno.ENXIO, f"no process read the FIFO within {FIFO_WAIT_S:g} s") from None
+                    raise
+                time.sleep(0.05)
+                continue
+            os.set_blocking(fd, True)
+            return os.fdopen(fd, "wb")
+    return open(path, "wb")
+
+
 def write_atomic(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through :func:`atomic_output`: no half-written regular file on failure."""
     with atomic_output(path) as f:
@@ -257,6 +337,8 @@ def write_atomic(path: str | Path, data: bytes) -> None:
 
 def _output_target(path: Path) -> tuple[Path, os.stat_result | None, bool]:
     """(the file to write, its stat if it exists, whether to write it in place) for an output ``path``."""
+    if str(path) == STDOUT:
+        return path, None, True
     try:
         existing = os.stat(path)  # follows links, /dev/stdout's too
     except FileNotFoundError:  # a new file, or a dangling symlink: created at its target
@@ -264,13 +346,15 @@ def _output_target(path: Path) -> tuple[Path, os.stat_result | None, bool]:
     except OSError as err:
         raise OSError(f"{path}: cannot write here ({err.strerror or err})") from None
     mode = existing.st_mode
-    if stat.S_ISREG(mode):  # in place under /dev and /proc: /dev/stdout may resolve to the file the shell opened
-        return Path(os.path.realpath(path)), existing, str(path.absolute()).startswith(("/dev/", "/proc/"))
+    if is_stdout(path):  # a stream, whatever it is: the shell's redirection, a pipe, a terminal
+        return path, existing, True
+    if stat.S_ISREG(mode):  # wherever it is (/dev/shm, /proc): a failed write must leave the old file
+        return Path(os.path.realpath(path)), existing, False
     if stat.S_ISDIR(mode):
         raise IsADirectoryError(f"{path}: is a directory, not an output file")
-    if not (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
-        raise OSError(f"{path}: {file_kind(mode)}; outputs go to regular files, character devices (/dev/null) or "
-                      "FIFOs")
+    if not (stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISFIFO(mode)):
+        raise OSError(f"{path}: {file_kind(mode)}; outputs go to regular files, devices (/dev/null), FIFOs or "
+                      "standard output (-)")
     return path, existing, True
 
 
@@ -315,7 +399,8 @@ def read_latency_table(path: str | Path) -> LatencyTable:
 def write_json(path: str | Path, data: Any) -> None:
     """JSON (indent 1) written atomically; prints where it went."""
     write_atomic(check_writable(path), (json.dumps(data, indent=1) + "\n").encode())
-    print(f"wrote {path}")
+    if not is_stdout(path):
+        print(f"wrote {path}")
 
 
 
@@ -341,4 +426,5 @@ def graph_memory_target(device: torch.device | str) -> int:
 def write_record(path: str | Path, record: Record) -> None:
     """A typed record (:mod:`glmvit.records`) written atomically; prints where it went."""
     write_atomic(check_writable(path), to_json(record).encode())
-    print(f"wrote {path}")
+    if not is_stdout(path):
+        print(f"wrote {path}")

@@ -60,6 +60,7 @@ from .common import (
     graph_memory_target,
     int_in,
     model_from_args,
+    output_path,
     resolve_model_args,
     vision_config,
     write_json,
@@ -99,7 +100,7 @@ def build_parser() -> Parser:
                    help="after timing, the last rank raises inside one request: every rank must fail it "
                         "cleanly within the timeout and encode the next one (recorded in the JSON)")
     add_model_args(p)  # --device: each rank takes cuda:LOCAL_RANK (or the CPU, over gloo)
-    p.add_argument("--json", metavar="PATH", help="rank 0 writes results and provenance here")
+    p.add_argument("--json", metavar="PATH", type=output_path, help="rank 0 writes results and provenance here")
     return p
 
 

@@ -49,8 +49,11 @@ from .common import (
     check_writable,
     describe,
     model_from_args,
+    output_path,
     plural,
     refuse_outputs_over_inputs,
+    remove_folders,
+    removed_on_failure,
     resolve_model_args,
     write_json,
 )
@@ -147,8 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("files", nargs="+", type=Path, help=f"images and animations ({', '.join(SUFFIXES)})")
     add_model_args(parser)
     o = parser.add_argument_group("output")
-    o.add_argument("--out", type=Path, help="save the embeddings and their metadata as this .safetensors file")
-    o.add_argument("--json", type=Path, help="write a summary (items, model, provenance) as JSON")
+    o.add_argument("--out", type=output_path, help="save the embeddings and their metadata as this .safetensors file "
+                   "(-: standard output, status text then goes to stderr)")
+    o.add_argument("--json", type=output_path, help="write a summary (items, model, provenance) as JSON (-: standard "
+                   "output)")
     o.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
 
@@ -161,11 +166,18 @@ def main(argv: list[str] | None = None) -> int:
     outputs = [p for p in (args.out, args.json) if p]
     refuse_outputs_over_inputs(parser, {"--out": args.out, "--json": args.json},
                                {f"the input {path}": path for path in args.files})
+    created: list[Path] = []  # the outputs' folders the check makes
     try:
         for path in outputs:
-            check_writable(path)
+            check_writable(path, created)
     except OSError as err:
+        remove_folders(created)
         parser.error(str(err))
+    with removed_on_failure(created):
+        return _encode(args, argv)
+
+
+def _encode(args: argparse.Namespace, argv: list[str]) -> int:
     bar = {"file": sys.stderr, "disable": args.quiet or len(args.files) == 1, "unit": "file"}
     with tqdm(args.files, desc="checking", **bar) as files:  # closes the bar before an error is printed
         kinds = [check_file(path) for path in files]

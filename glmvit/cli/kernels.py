@@ -35,7 +35,7 @@ from ..records import KernelsProfile, make
 from ..rotary import rotary_cos_sin
 from ..timing import summarise, time_calls
 from ..workloads import random_batch
-from .common import Parser, check_writable, vision_config, write_record
+from .common import Parser, check_writable, output_path, vision_config, write_record
 
 LAYOUTS = {
     "1x224": [[1, 16, 16]],
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", default=None, help="graph-safe attention backends to compare "
                         "(default: every one this GPU has except sdpa_masked)")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)}")
-    parser.add_argument("--json", metavar="PATH", help="write every number, with provenance, here")
+    parser.add_argument("--json", metavar="PATH", type=output_path, help="write every number, with provenance, here")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     layouts = {n.strip(): LAYOUTS.get(n.strip()) for n in args.layouts.split(",")}

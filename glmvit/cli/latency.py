@@ -38,6 +38,7 @@ from .common import (
     graph_memory_target,
     int_in,
     model_from_args,
+    output_path,
     resolve_model_args,
     write_record,
 )
@@ -136,7 +137,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, BudgetConfig]:
     parser.add_argument("--warmup", type=int_in(0, MAX_RUNS), default=3,
                         help="untimed runs per layout first (default 3)")
     parser.add_argument("--compile", action="store_true", help="torch.compile forward_static before capture")
-    parser.add_argument("--json", metavar="PATH", help="write the table with provenance here")
+    parser.add_argument("--json", metavar="PATH", type=output_path, help="write the table with provenance here")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     add_model_args(parser)
     args = parser.parse_args(argv)

@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 from ..profiling import categorise
 from ..provenance import collect
 from ..records import NcuProfile, make
-from .common import Parser, check_writable, vision_config, write_record
+from .common import Parser, check_writable, output_path, vision_config, write_record
 
 LAYOUTS = {"1x224": [[1, 16, 16]], "8x448": [[1, 32, 32]] * 8}
 SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "WarpStateStats", "ComputeWorkloadAnalysis",
@@ -219,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = Parser(prog="python -m glmvit ncu", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--layouts", default=",".join(LAYOUTS), help=f"comma list of {', '.join(LAYOUTS)}")
-    parser.add_argument("--json", metavar="PATH", help="write every kernel's counters, with provenance, here")
+    parser.add_argument("--json", metavar="PATH", type=output_path,
+                        help="write every kernel's counters, with provenance, here")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--target", metavar="LAYOUT", help=argparse.SUPPRESS)  # the child ncu runs
     args = parser.parse_args(argv)

@@ -49,6 +49,7 @@ from .common import (
     check_writable,
     float_in,
     int_in,
+    output_path,
     read_latency_table,
     refuse_outputs_over_inputs,
     write_atomic,
@@ -104,8 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "(python -m glmvit latency [--compile] --json PATH); 'none': predict no times")
     c.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="for the graph memory estimate")
     o = p.add_argument_group("output")
-    o.add_argument("--export", metavar="PATH", help="write the first budget set as vLLM's --compilation-config JSON")
-    o.add_argument("--json", metavar="PATH", help="write the whole report, with provenance, as JSON")
+    o.add_argument("--export", metavar="PATH", type=output_path,
+                   help="write the first budget set as vLLM's --compilation-config JSON")
+    o.add_argument("--json", metavar="PATH", type=output_path,
+                   help="write the whole report, with provenance, as JSON")
     return p
 
 

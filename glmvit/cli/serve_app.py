@@ -14,10 +14,14 @@ It answers ``200`` with ``application/x-safetensors`` in ``encode --out``'s layo
 last item encoded), ``X-Prepare-Ms`` (reading and decoding before admission) and ``X-Batches``. Every error is
 JSON ``{"error": one line, "status": code}``: 400 bad input (naming the item or the file) or a request aiohttp's
 HTTP parser refuses, 408 a body that did not arrive within ``read_timeout_s`` (a slow client never keeps its
-place), 413 too large, 415 another content type, 429 the queue is full (with ``Retry-After``), 503 shutting down or
-past ``max_connections`` open connections, 500 an internal error (its traceback goes to the server's log, never to
-the client). A connection whose request headers take longer than ``header_timeout_s`` is closed. ``GET /health``:
-JSON about the model, the limits, the floor and the provenance. ``GET /metrics``: Prometheus text, or JSON with
+place), 413 too large (a body is never read past ``max_body_bytes``, a multipart preamble counted, and what a
+refused body held is freed at once), 415 another content type or a compressed body (any ``Content-Encoding`` but
+identity, refused before it is read), 429 the queue is full (with ``Retry-After``), 503 shutting down or past
+``max_connections`` open connections, 500 an internal error (its traceback goes to the server's log, never to
+the client). A refused body's connection is closed rather than drained. A connection whose request headers take
+longer than ``header_timeout_s`` is closed. ``GET /health``: a little JSON (status, mode, limits);
+``GET /v1/info``: that and the model, the floor, the capture, the provenance and the code's fingerprint.
+``GET /metrics``: Prometheus text (each family's HELP and TYPE once; seconds, ``_total`` counters), or JSON with
 ``?format=json``.
 
 :func:`run_server` serves until asked to stop, then drains: it stops listening, answers new requests on open
@@ -55,6 +59,7 @@ from ..metadata import as_grid_array
 from ..processing import VisionInputs
 from ..records import fingerprint_now
 from ..scheduler import BatchScheduler, QueueFull, RequestTooLarge, SchedulerClosed, host_copy
+from ..workloads import shown
 from .embedding_file import file_metadata, inputs_record, item_record
 from .encode import check_file, load
 
@@ -166,10 +171,14 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
     return web.json_response({"error": message, "status": status}, status=status, headers=headers)
 
 
-def _prometheus(name: str, value: float | None, help_text: str, kind: str = "gauge", labels: str = "") -> list[str]:
-    if value is None:
+def prometheus_family(name: str, kind: str, help_text: str, samples: list[tuple[str, float | None]]) -> list[str]:
+    """One metric family in Prometheus' text format: its HELP and TYPE once, then a line per (labels, value)
+    sample (labels as ``{key="value"}`` or empty; a None value is left out, a family without values too)."""
+    present = [(labels, value) for labels, value in samples if value is not None]
+    if not present:
         return []
-    return [f"# HELP glmvit_{name} {help_text}", f"# TYPE glmvit_{name} {kind}", f"glmvit_{name}{labels} {value:g}"]
+    return [f"# HELP glmvit_{name} {help_text}", f"# TYPE glmvit_{name} {kind}",
+            *(f"glmvit_{name}{labels} {value:g}" for labels, value in present)]
 
 
 class EncoderService:
@@ -191,6 +200,7 @@ class EncoderService:
         self.app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[self._errors])
         self.app.router.add_post("/v1/encode", self.encode)
         self.app.router.add_get("/health", self.health)
+        self.app.router.add_get("/v1/info", self.describe)
         self.app.router.add_get("/metrics", self.metrics)
 
     # ---- the handlers --------------------------------------------------------------------------------------
@@ -231,7 +241,10 @@ class EncoderService:
             result = await asyncio.wrap_future(future)
             body = await loop.run_in_executor(self.pool, self._pack, result.outputs, prepared.records, dtype)
         except BadRequest as err:
-            return error_response(err.status, str(err))
+            response = error_response(err.status, str(err))
+            if not request.content.is_eof():  # the rest of a refused body is never read (nor inflated): close
+                response.force_close()
+            return response
         except RequestTooLarge as err:
             return error_response(413, str(err))
         except ValueError as err:  # the model's checks: grids, rows, NaN/Inf, each naming the item
@@ -248,6 +261,9 @@ class EncoderService:
         return web.Response(body=body, content_type=SAFETENSORS, headers=headers)
 
     async def _read(self, request: web.Request) -> Prepared:
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):  # inflating would take memory and time the body limit does not see
+            raise BadRequest(f"Content-Encoding {shown(encoding, 40)}: send the body uncompressed (identity)", 415)
         if request.content_length is not None and request.content_length > self.limits.max_body_bytes:
             raise BadRequest(f"the body has {request.content_length:,} bytes: at most "
                              f"{self.limits.max_body_bytes:,}", 413)
@@ -275,25 +291,44 @@ class EncoderService:
         """The body: a multipart request's files, or a pixel request's bytes."""
         if request.content_type == "multipart/form-data":
             return await self._read_multipart(request)
-        return await request.read()
+        data = bytearray()
+        while chunk := await request.content.read(CHUNK):
+            if len(data) + len(chunk) > self.limits.max_body_bytes:
+                data.clear()  # freed now, whatever still refers to this frame (a traceback, a task)
+                raise BadRequest(f"the body has more than {self.limits.max_body_bytes:,} bytes", 413)
+            data += chunk
+        return bytes(data)
 
     async def _read_multipart(self, request: web.Request) -> list[Upload]:
         reader = await request.multipart()
         uploads: list[Upload] = []
         total = 0
-        while (part := await reader.next()) is not None:
-            k = len(uploads)
-            if not isinstance(part, BodyPartReader) or part.filename is None:
-                raise BadRequest(f"part {k} is not a file: send each image or video as a file part (with a filename)")
-            if k >= self.limits.max_items:
-                raise BadRequest(f"more than {self.limits.max_items} files in one request", 413)
-            data = bytearray()
-            while chunk := await part.read_chunk(CHUNK):
-                total += len(chunk)
-                if total > self.limits.max_body_bytes:
-                    raise BadRequest(f"the files add up to more than {self.limits.max_body_bytes:,} bytes", 413)
-                data += chunk
-            uploads.append(Upload(upload_name(part.filename, k), bytes(data)))
+        limit = self.limits.max_body_bytes
+        too_large = f"the body has more than {limit:,} bytes"
+        try:
+            while (part := await reader.next()) is not None:
+                k = len(uploads)
+                if request.content.total_bytes > limit:  # a preamble or part headers count as the files do
+                    raise BadRequest(too_large, 413)
+                if not isinstance(part, BodyPartReader) or part.filename is None:
+                    raise BadRequest(f"part {k} is not a file: send each image or video as a file part (with a "
+                                     "filename)")
+                if k >= self.limits.max_items:
+                    raise BadRequest(f"more than {self.limits.max_items} files in one request", 413)
+                data = bytearray()
+                while chunk := await part.read_chunk(CHUNK):
+                    total += len(chunk)
+                    if total > limit or request.content.total_bytes > limit:
+                        data.clear()
+                        raise BadRequest(too_large, 413)
+                    data += chunk
+                uploads.append(Upload(upload_name(part.filename, k), bytes(data)))
+                del data
+            if request.content.total_bytes > limit:
+                raise BadRequest(too_large, 413)
+        except BaseException:
+            uploads.clear()  # what a refused body held is freed now, not when the cycle collector runs
+            raise
         return uploads
 
     def _pack(self, outputs: list[torch.Tensor], records: list[dict[str, Any]], dtype: str) -> bytes:
@@ -301,15 +336,22 @@ class EncoderService:
         tensors = {f"item_{i}": t for i, t in enumerate(host_copy(outputs, out_dtype))}
         return save_safetensors(tensors, metadata=file_metadata(records, self.info, self.provenance))
 
-    async def health(self, request: web.Request) -> web.Response:
-        limits = self.limits
+    def health_json(self) -> dict[str, Any]:
+        """Light: whether it serves, how, and its limits (``/v1/info`` says what the model and its code are)."""
         scheduler = {k: v for k, v in self.scheduler.stats().items()
                      if k in ("limits", "max_requests", "max_tokens", "max_wait_s")}
+        return {"status": "draining" if self.draining else "ok", "mode": self.scheduler.mode, "url": self.url,
+                "description": self.info.get("description"), "in_server": self.in_server,
+                "limits": asdict(self.limits), "scheduler": scheduler}
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response(self.health_json())
+
+    async def describe(self, request: web.Request) -> web.Response:
+        """All /health says, with the model, the floor, the capture, the provenance and the code's fingerprint."""
         return web.json_response({
-            "status": "draining" if self.draining else "ok", "mode": self.scheduler.mode, "url": self.url,
-            "vision_config": vars(self.model.config), **self.info,
-            "limits": asdict(limits),
-            "scheduler": scheduler, **self.extra_health, "provenance": self.provenance,
+            **self.health_json(), "vision_config": vars(self.model.config), **self.info, **self.extra_health,
+            "provenance": self.provenance,
             # the code this server runs, what a benchmark of it measures: taken now, so that it names the modules
             # loaded on first use (the Triton kernels, imported by the capture) as well as those of the start-up
             "fingerprint": fingerprint_now().model_dump(mode="json"),
@@ -325,25 +367,31 @@ class EncoderService:
         data = self.metrics_json()
         if request.query.get("format") == "json":
             return web.json_response(data)
-        s = data["scheduler"]
-        lines = ["# HELP glmvit_http_responses_total responses by status",
-                 "# TYPE glmvit_http_responses_total counter"]
-        lines += [f'glmvit_http_responses_total{{status="{k}"}} {v}' for k, v in data["http"]["responses"].items()]
-        lines += _prometheus("http_requests_in_server", self.in_server, "requests read, decoded, queued or running")
-        lines += _prometheus("http_connections", data["http"]["connections"], "open connections")
-        for key, help_text in (("submitted", "requests admitted"), ("completed", "requests answered"),
-                               ("failed", "requests failed"), ("batches", "batches run"), ("items", "items encoded"),
-                               ("tokens", "output tokens encoded"), ("mixed_batches", "batches of several requests"),
-                               ("busy_s", "seconds inside the encoder")):
-            lines += _prometheus(f"scheduler_{key}_total", s[key], help_text, "counter")
-        for reason in ("full", "closed"):
-            lines += _prometheus("scheduler_rejected_total", s[f"rejected_{reason}"], "requests refused", "counter",
-                                 f'{{reason="{reason}"}}')
-        lines += _prometheus("scheduler_outstanding_requests", s["outstanding_requests"], "admitted, not answered")
-        lines += _prometheus("scheduler_padding_fraction", s["padding_fraction"], "padded share of budget tokens")
-        for key in ("median", "p99"):
-            lines += _prometheus(f"scheduler_queue_delay_ms_{key}", s["queue_ms"][key], "recent queue delays")
-            lines += _prometheus(f"scheduler_batch_items_{key}", s["batch_items"][key], "recent batch sizes")
+        s, http = data["scheduler"], data["http"]
+        lines = prometheus_family("http_responses_total", "counter", "responses by status",
+                                  [(f'{{status="{k}"}}', v) for k, v in http["responses"].items()])
+        lines += prometheus_family("http_requests_in_server", "gauge", "requests read, decoded, queued or running",
+                                   [("", self.in_server)])
+        lines += prometheus_family("http_connections", "gauge", "open connections", [("", http["connections"])])
+        for key, name, help_text in (("submitted", "submitted", "requests admitted"),
+                                     ("completed", "completed", "requests answered"),
+                                     ("failed", "failed", "requests failed"), ("batches", "batches", "batches run"),
+                                     ("items", "items", "items encoded"), ("tokens", "tokens", "output tokens encoded"),
+                                     ("mixed_batches", "mixed_batches", "batches of several requests"),
+                                     ("busy_s", "busy_seconds", "seconds inside the encoder")):
+            lines += prometheus_family(f"scheduler_{name}_total", "counter", help_text, [("", s[key])])
+        lines += prometheus_family("scheduler_rejected_total", "counter", "requests refused, by reason",
+                                   [(f'{{reason="{r}"}}', s[f"rejected_{r}"]) for r in ("full", "closed")])
+        lines += prometheus_family("scheduler_outstanding_requests", "gauge", "admitted, not answered",
+                                   [("", s["outstanding_requests"])])
+        lines += prometheus_family("scheduler_padding_ratio", "gauge", "padded share of budget tokens",
+                                   [("", s["padding_fraction"])])
+        delays = s["queue_ms"]
+        lines += prometheus_family("scheduler_recent_queue_delay_seconds", "gauge", "recent queue delays",
+                                   [(f'{{stat="{k}"}}', None if delays[k] is None else delays[k] / 1e3)
+                                    for k in ("median", "p99")])
+        lines += prometheus_family("scheduler_recent_batch_items", "gauge", "recent batch sizes",
+                                   [(f'{{stat="{k}"}}', s["batch_items"][k]) for k in ("median", "p99")])
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     # ---- lifetime ------------------------------------------------------------------------------------------
