@@ -206,7 +206,7 @@ def test_an_existing_environment_is_installed_into_not_recreated(tmp_path):
         cwd=ROOT, env=make_env(), capture_output=True, text=True,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    expected = ["-m", "pip", "install", "--quiet", "-e", ".[test,notebooks,video,serve]"]
+    expected = ["-m", "pip", "install", "--progress-bar", "on", "-e", ".[test,notebooks,video,serve]"]
     assert (tmp_path / "calls").read_text().split() == expected
     assert (tmp_path / ".glmvit-installed").exists()
 

@@ -70,6 +70,7 @@ from .common import (
     graph_memory_target,
     int_in,
     model_from_args,
+    output_path,
     read_latency_table,
     refuse_outputs_over_inputs,
     resolve_model_args,
@@ -522,7 +523,8 @@ def build_parser() -> argparse.ArgumentParser:
                         + ", ".join(f"{v:,} {k}" for k, v in MAX_MATMUL.items()) + ")")
     add_model_args(p)
     o = p.add_argument_group("output")
-    o.add_argument("--json", metavar="PATH", help="write every number, with provenance, to this JSON file")
+    o.add_argument("--json", metavar="PATH", type=output_path,
+                   help="write every number, with provenance, to this JSON file (-: standard output)")
     o.add_argument("--tables", type=parse_tables, default="auto", metavar="auto|off|MODE=PATH,...",
                    help="latency tables (python -m glmvit latency) that route each graph mode's batches and predict "
                         "every mode's mean: auto (default) = those recorded in data/bench for this model, dtype, "

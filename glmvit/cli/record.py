@@ -23,6 +23,7 @@ import tarfile
 import time
 import uuid
 from pathlib import Path
+from typing import Callable
 
 from ..records import REPO, RUN_ENV, load_any, staleness
 from .common import Parser, atomic_output, float_in
@@ -60,9 +61,11 @@ def choose(selected: list[Job], force: bool, run_id: str) -> list[Job]:
     return [j for j in jobs() if j in chosen]  # plan order
 
 
-def run_phase(phase: str, phase_jobs: list[Job], env: dict[str, str], workdir: Path,
-              deadline: float | None) -> tuple[list[str], list[str], list[Path], dict[str, float]]:
-    """Start the phase's process and follow its lines: (done, failed, records written, seconds per job)."""
+def run_phase(phase: str, phase_jobs: list[Job], env: dict[str, str], workdir: Path, deadline: float | None,
+              on_written: Callable[[list[Path]], None] = lambda paths: None,
+              ) -> tuple[list[str], list[str], list[Path], dict[str, float]]:
+    """Start the phase's process and follow its lines: (done, failed, records written, seconds per job);
+    ``on_written`` gets every record written so far after each job that wrote one."""
     cmd = [sys.executable, "-m", "glmvit.cli.recorder", "--phase", phase, "--workdir", str(workdir),
            "--jobs", ",".join(j.name for j in phase_jobs)]
     if deadline is not None:
@@ -82,6 +85,8 @@ def run_phase(phase: str, phase_jobs: list[Job], env: dict[str, str], workdir: P
             seconds[name] = float(secs)
             (done if word == "[done]" else failed).append(name)
             written += [REPO / p for p in paths]
+            if paths:
+                on_written(written)
     code = process.wait()
     finished = set(done) | set(failed)
     if code != 0:  # a crash ends the process: whatever it had not finished failed with it
@@ -138,12 +143,16 @@ def main(argv: list[str] | None = None) -> int:
             if not phase_jobs:
                 continue
             t0 = time.monotonic()
-            d, f, w, s = run_phase(phase, phase_jobs, env, workdir, deadline)
+            earlier = list(written)
+
+            def packed(new: list[Path], earlier: list[Path] = earlier) -> None:
+                if args.archive:
+                    pack(args.archive, earlier + new)
+
+            d, f, w, s = run_phase(phase, phase_jobs, env, workdir, deadline, packed)
             done, failed, written = done + d, failed + f, written + w
             seconds.update(s)
             print(f"[phase] {phase}: {time.monotonic() - t0:.0f} s, {len(d)} done, {len(f)} failed", flush=True)
-            if args.archive and written:  # after every phase: a lease that ends mid-run still hands back records
-                pack(args.archive, written)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     later = [j.name for j in chosen if j.name not in done and j.name not in failed]
