@@ -141,7 +141,8 @@ def kernels_lines() -> list[str]:
     cold = next(v["capture_s"] for k, v in runs.items() if k.endswith("cold"))
     warm = next(v["capture_s"] for k, v in runs.items() if k.endswith("warm"))
     lines += ["", f"Compile + capture of the default ladder of {len(data.budgets)} budgets in a fresh process, "
-              f"compiled in regions as by default (`tools/capture_time.py`): {cold:.1f} s cold, {warm:.1f} s warm "
+              f"compiled in regions as by default: {cold:.1f} s cold (a record run's first process, on empty compile "
+              f"caches), {warm:.1f} s warm (its next process, on the caches the first filled) "
               f"(`capture_h200.json`{mark(data)})."]
     return lines
 
@@ -236,7 +237,7 @@ def runs_line() -> str:
                       if r.kind not in ("ncu", "tune")})
     ncu = load(BENCH / "ncu_h200.json", NcuProfile)
     return (f"Every result below comes from record run{'s' if len(results) > 1 else ''} {', '.join(results)} "
-            "(`python -m glmvit record`: one call, a process for the timings and one for the profiles); the Nsight "
+            "(`python -m glmvit record`: a process for the timings, then one for the profiles); the Nsight "
             f"Compute counters are a diagnostic recorded on request, in run {ncu.record_run or '(none)'}.")
 
 
