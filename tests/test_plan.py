@@ -222,3 +222,12 @@ def test_plan_export_is_checked_before_planning(tmp_path, capsys):
         main(["plan", "--num-requests", "5", "--export", str(folder)])
     assert exc.value.code == 2 and "is a directory" in capsys.readouterr().err
     assert not list(tmp_path.glob(".*"))  # no probe or temporary file left behind
+
+
+@pytest.mark.parametrize("system", ["vllm", "glmvit"])
+def test_plan_prints_the_vllm_config_line_only_for_the_vllm_system(system, capsys):
+    """``--compilation-config`` deploys vLLM's runtime; modelling glmvit's runner, the plan does not suggest it."""
+    assert main(["plan", "--workload", "video8x224", "--num-requests", "5", "--latency-table", "none",
+                 "--system", system]) == 0
+    out = capsys.readouterr().out
+    assert ("--compilation-config" in out) == (system == "vllm"), out

@@ -6,8 +6,9 @@ batches, eager items, padding, graph memory (an estimate for the GLM-4.1V tower)
 capture time and the predicted median / mean / P99 milliseconds per request. The table is the one recorded for
 ``--mode`` (graph-compiled by default) in data/bench, or yours (``--latency-table``); which one, and whether it still
 describes this code, is printed. ``--system vllm`` (default) models vLLM 0.33 exactly (its packer, no routing),
-``--system glmvit`` glmvit's runner (first-fit decreasing, routed); ``--per step`` packs every request of a vLLM
-engine step together. ``--compare`` puts a second budget set beside the first; ``--export`` writes the first as
+``--system glmvit`` glmvit's runner (first-fit decreasing, routed; vLLM's ``--compilation-config`` line, which
+deploys vLLM only, is then not printed); ``--per step`` packs every request of a vLLM engine step together.
+``--compare`` puts a second budget set beside the first; ``--export`` writes the first as
 vLLM's ``--compilation-config`` JSON. Warnings go to stderr: a table of another tower, dtype or device, a stale
 one, budgets it never measured, an exported set predicted slower than eager::
 
@@ -283,10 +284,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     print_rows(report_rows(reports, specs, packer))
     exported = export_config(configs[0], specs)
-    print(f"\nvLLM: --compilation-config '{json.dumps(exported)}'")
-    if exported["encoder_cudagraph_max_frames_per_batch"] > configs[0].max_segments:
-        print(f"(frames per batch raised from max_segments={configs[0].max_segments}: vLLM packs on tokens and "
-              "items only, and its batches of this workload reach that many temporal patches)")
+    if args.system == "vllm":  # the flag deploys vLLM's runtime only: glmvit's runner takes no such config
+        print(f"\nvLLM: --compilation-config '{json.dumps(exported)}'")
+        if exported["encoder_cudagraph_max_frames_per_batch"] > configs[0].max_segments:
+            print(f"(frames per batch raised from max_segments={configs[0].max_segments}: vLLM packs on tokens and "
+                  "items only, and its batches of this workload reach that many temporal patches)")
     if args.export:
         write_atomic(args.export, (json.dumps(exported, indent=1) + "\n").encode())
         print(f"wrote {args.export}")
