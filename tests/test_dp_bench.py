@@ -207,3 +207,55 @@ def test_a_broken_checkpoint_is_one_line_under_torchrun(checkpoint, tmp_path, wo
     assert dp_bench.script(["--device", "cpu", "--num-requests", "1", "--weights", str(broken)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("dp_bench: error: ") and err.count("\n") == 1 and "model.safetensors" in err, err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Ranks that disagree or die: one line and a non-zero exit on every rank left
+# ---------------------------------------------------------------------------------------------------------------
+QUICK_ARGS = ["--device", "cpu", "--warmup", "0", "--no-baseline", "--mode", "eager", "--timeout", "20"]
+# A rank that dies where the test says: `python -c DIES_IN step argv...` exits at once on entering that step.
+DIES_IN = """
+import os, sys
+from glmvit.cli import dp_bench
+setattr(dp_bench, sys.argv[1], lambda *args, **kwargs: os._exit(9))
+sys.exit(dp_bench.script(sys.argv[2:]))
+"""
+
+
+def _two_ranks(commands, timeout_s=60):
+    """Start one process per command as ranks 0 and 1 of a gloo group (torchrun's variables, no torchrun: each
+    rank's own stderr and exit status); returns [(status, stderr)] per rank."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
+    procs = [subprocess.Popen([sys.executable, *cmd], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              cwd=REPO, env={**env, "RANK": str(q), "LOCAL_RANK": str(q)}, start_new_session=True)
+             for q, cmd in enumerate(commands)]
+    try:
+        errs = [p.communicate(timeout=timeout_s)[1] for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            os.killpg(p.pid, signal.SIGKILL)
+        raise AssertionError(f"the ranks were still running after {timeout_s} s") from None
+    return [(p.returncode, err) for p, err in zip(procs, errs, strict=True)]
+
+
+@pytest.mark.timeout(90)
+def test_ranks_given_different_workloads_stop_at_once_with_one_line():
+    ranks = _two_ranks([["-m", "glmvit.cli.dp_bench", *QUICK_ARGS, "--num-requests", str(n)] for n in (2, 3)])
+    for status, err in ranks:
+        assert status == 1 and err.count("\n") == 1, err
+        assert err == ("dp_bench: error: the ranks were given different --num-requests: 2 on rank 0, 3 on rank 1 "
+                       "(every rank must be given the same arguments)\n"), err
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("step", ["time_data_parallel", "verify_first_request"])
+def test_a_rank_whose_peer_dies_mid_run_ends_with_one_line(step):
+    """Rank 1 exits on entering ``step``; rank 0 then fails in a collective of the tool's own (the timing barrier)
+    or of the data-parallel encoder's (the request's exchange), and says so in one line."""
+    argv = [*QUICK_ARGS, "--num-requests", "2"]
+    (status, err), (peer_status, _) = _two_ranks([["-m", "glmvit.cli.dp_bench", *argv], ["-c", DIES_IN, step, *argv]])
+    assert peer_status == 9
+    assert status == 1 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("dp_bench: error: rank 0: ") and "did not complete" in err, err

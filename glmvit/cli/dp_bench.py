@@ -10,6 +10,9 @@ graph runner; rank 0 checks request 0 against per-item eager and writes the JSON
 
 ``--timeout`` (seconds, default 300) is the process group's collective timeout: a rank that waits longer than that
 for another one fails instead of hanging (gloo raises on the waiting ranks; NCCL's watchdog ends the process).
+Every rank must be given the same arguments (``--json`` and the checkpoint's path excepted): the ranks compare them
+before any other collective, and a difference stops every rank with one line naming it. A collective that fails (a
+rank gone, stuck past ``--timeout``, or out of step) ends the rank with one line and exit status 1, not a traceback.
 ``--fault-drill`` makes the last rank raise inside its encode on one request: every rank must fail that request
 with an error (the last rank its own, the others ``RankFailed``) well within the timeout, and the next request must
 give the verified outputs again; the JSON records each rank's error and how long it took.
@@ -29,6 +32,8 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,12 +46,12 @@ from ..graphs import EncoderGraphRunner
 from ..metadata import as_grid_array, item_row_starts
 from ..model import GlmVisionEncoder
 from ..packing import BudgetConfig
-from ..parallel import DataParallelEncoder, DPStats, RankFailed, free_port
+from ..parallel import CollectiveError, DataParallelEncoder, DPStats, RankFailed, free_port
 from ..provenance import collect, weights_identity
 from ..timing import summarise
 from ..weights import checkpoint_config
 from ..workloads import random_batch, random_mm_workload
-from . import USER_ERRORS
+from . import USER_ERRORS, one_line
 from .common import (
     DTYPES,
     MAX_BUDGET_TOKENS,
@@ -74,6 +79,9 @@ MAX_WARMUP = 10_000
 MAX_ITEMS = 1_000_000  # items over the whole workload (warm-up included), bounded before any is drawn
 PIXEL_SHARE = 0.5  # of the device's memory the resident pixels may take (a CPU's is shared by its local ranks)
 CONFIG_NAMES = {"full": "glm41v", "tiny": "tiny", "checkpoint": "checkpoint"}  # the JSON's "config"
+# Arguments the ranks may differ in: rank 0 alone writes --json; a checkpoint's path may differ between hosts (its
+# weights are compared, rank against rank, by glmvit.parallel). Every other argument must be the same on every rank.
+PER_RANK_ARGS = frozenset({"json", "weights"})
 
 
 def build_parser() -> Parser:
@@ -177,11 +185,42 @@ def init_distributed(device_type: str, timeout_s: float) -> tuple[int, int, torc
             raise RuntimeError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} CUDA devices are visible")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device, timeout=timeout)
+        with collective("start of the process group"):
+            dist.init_process_group("nccl", device_id=device, timeout=timeout)
     else:
         device = torch.device("cpu")
-        dist.init_process_group("gloo", timeout=timeout)
+        with collective("start of the process group"):
+            dist.init_process_group("gloo", timeout=timeout)
     return dist.get_rank(), dist.get_world_size(), device
+
+
+@contextmanager
+def collective(what: str) -> Iterator[None]:
+    """Around one collective of this tool: the RuntimeError gloo raises when a rank is gone, stuck past the timeout
+    or out of step becomes :class:`~glmvit.parallel.CollectiveError` naming ``what`` (one line), as
+    :class:`~glmvit.parallel.DataParallelEncoder`'s own exchanges do."""
+    try:
+        yield
+    except RuntimeError as err:
+        rank = f"rank {os.environ.get('RANK', 0)}: "
+        raise CollectiveError(f"{rank}the {what} did not complete (a rank is gone, stuck past --timeout, or out of "
+                              f"step): {one_line(str(err))}") from err
+
+
+def check_ranks_agree(args: argparse.Namespace, world: int) -> None:
+    """Every rank was given the same arguments (all but ``PER_RANK_ARGS``): one all-gather before any other
+    collective, so that ranks given different workloads stop at once, each with the same ValueError naming the first
+    argument that differs, instead of timing out in mismatched collectives later."""
+    mine = {key: repr(value) for key, value in sorted(vars(args).items()) if key not in PER_RANK_ARGS}
+    everyone: list = [None] * world
+    with collective("check that the ranks were given the same arguments"):
+        dist.all_gather_object(everyone, mine)
+    for key in mine:
+        values = [theirs.get(key) for theirs in everyone]
+        if len(set(values)) > 1:
+            each = ", ".join(f"{value} on rank {q}" for q, value in enumerate(values))
+            raise ValueError(f"the ranks were given different --{key.replace('_', '-')}: {each} (every rank must be "
+                             "given the same arguments)")
 
 
 def provenance(device: torch.device, argv: list[str]) -> dict:
@@ -194,7 +233,8 @@ def provenance(device: torch.device, argv: list[str]) -> dict:
         mine = {"device": "cpu", "threads": torch.get_num_threads()}
     mine["host"] = socket.gethostname()
     everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
+    with collective("all-gather of the ranks' devices"):
+        dist.all_gather_object(everyone, mine)
     world = os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())
     command = f"torchrun --nproc-per-node {world} -m glmvit.cli.dp_bench " + " ".join(argv)
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else None
@@ -277,7 +317,8 @@ def _bitwise_vs_local(b: Bench, outs: list[torch.Tensor]) -> bool:
     again = b.dp.encode_share(pixels, grid, mine)
     exact = all(torch.equal(outs[i], o) for i, o in zip(mine, again, strict=True))
     flag = torch.tensor([int(exact)], device=b.dp.comm_device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    with collective("verification's agreement"):
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
 
 
@@ -294,7 +335,8 @@ def _max_diff_vs_eager(b: Bench, outs: list[torch.Tensor]) -> float:
                 scale = max(1.0, ref.abs().max().item())
                 max_diff = max(max_diff, (outs[i].float() - ref).abs().max().item() / scale)
     diff = torch.tensor([max_diff], dtype=torch.float64, device=b.dp.comm_device)
-    dist.broadcast(diff, src=0)
+    with collective("verification's broadcast"):
+        dist.broadcast(diff, src=0)
     return float(diff.item())
 
 
@@ -324,7 +366,8 @@ def _time_requests(fn, requests, device) -> list[float]:
     """ms per request: all ranks start together (barrier), the clock stops when this rank has the full result."""
     out = []
     for pixels, grid in requests:
-        dist.barrier()
+        with collective("barrier before a timed request"):
+            dist.barrier()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
@@ -359,9 +402,11 @@ def time_data_parallel(b: Bench) -> dict:
     b.dp.stats, calls[:] = DPStats(), []
     local_ms = _time_requests(dp_call, b.requests[b.args.warmup :], b.device)
     worst = torch.tensor(local_ms, dtype=torch.float64, device=b.dp.comm_device)
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # the ranks finish the gather together: the request is the max
+    with collective("all-reduce of the request times"):
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # the ranks finish the gather together: the request is the max
     per_rank: list = [None] * b.world
-    dist.all_gather_object(per_rank, _rank_summary(b.dp.stats, calls))
+    with collective("all-gather of the ranks' summaries"):
+        dist.all_gather_object(per_rank, _rank_summary(b.dp.stats, calls))
     return {"dp_ms": worst.tolist(), "per_rank": per_rank, "mean_imbalance": b.dp.stats.mean_imbalance}
 
 
@@ -390,7 +435,8 @@ def time_single_process(b: Bench) -> list[float] | None:
     if b.args.no_baseline:
         return None
     single = _time_alone(b) if b.rank == 0 else None
-    dist.barrier()
+    with collective("barrier after the single-process baseline"):
+        dist.barrier()
     return single
 
 
@@ -421,7 +467,8 @@ def fault_drill(b: Bench, first_outs: list[torch.Tensor]) -> dict:
     again through the normal encoder with the verified outputs, bit for bit."""
     victim = b.world - 1
     pixels, grid = b.requests[0]
-    dist.barrier()
+    with collective("barrier before the fault drill"):
+        dist.barrier()
     t0 = time.perf_counter()
     try:
         _FaultyEncoder(b.runner if b.runner is not None else b.model, victim).run(pixels, grid)
@@ -434,7 +481,8 @@ def fault_drill(b: Bench, first_outs: list[torch.Tensor]) -> dict:
     record["next_request_ok"] = len(outs) == len(first_outs) and all(
         torch.equal(a, c) for a, c in zip(outs, first_outs, strict=True))
     ranks: list = [None] * b.world
-    dist.all_gather_object(ranks, record)
+    with collective("all-gather of the fault drill's records"):
+        dist.all_gather_object(ranks, record)
     ok = all(_drill_verdict(r, victim, b.args.timeout) for r in ranks)
     if b.rank == 0:
         slowest = max(r["seconds_to_error"] for r in ranks)
@@ -494,8 +542,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     workload = check_args(parser, args)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+    try:
+        return run(args, workload, argv)
+    except CollectiveError as err:  # a rank gone, stuck or out of step: this rank's one line (an OSError)
+        raise ConnectionError(str(err)) from err
+
+
+def run(args: argparse.Namespace, workload: Workload, argv: list[str]) -> int:
+    """Every step on this rank, between starting the process group and destroying it; exit status 0 when the
+    verification (and the fault drill) passed."""
     rank, world, device = init_distributed(torch.device(args.device).type, args.timeout)
     try:
+        check_ranks_agree(args, world)
         b = setup(args, workload, rank, world, device)
         verification, first_outs = verify_first_request(b)
         results: dict[str, Any] = {"verification": verification, "dp": time_data_parallel(b),
@@ -516,7 +574,7 @@ def script(argv: list[str] | None = None) -> int:
     except USER_ERRORS as err:
         if os.environ.get("GLMVIT_DEBUG"):
             raise
-        print(f"dp_bench: error: {err}", file=sys.stderr)
+        print(f"dp_bench: error: {one_line(str(err))}", file=sys.stderr)
         return 1
 
 
