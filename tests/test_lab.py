@@ -12,17 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-import glmvit.lab
 import glmvit.lab.shared as shared
 from glmvit.env import RECORDED, run_or_replay
-from glmvit.lab import NOT_YET_RECORDED, NOTEBOOK_RESULTS
+from glmvit.lab import NOTEBOOK_RESULTS
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ["00_tour", "02_interpolation_kernel", "03_cuda_graphs", "04_static_forward", "06_capture_replay",
              "08_benchmark"]
-# Split off older records so that no timing follows a profiler: recorded by the next GPU run.
-NEW = {"02_interp_kernels", "03_launch_times", "06_timeline_times", "08_fusion_kernels", "08_eager_kernels"}
-CALL = re.compile(r"""\b(?:run_or_replay|run_or_pending)\(\s*["']([0-9]{2}_[A-Za-z0-9_]+)["']""")
+CALL = re.compile(r"""\brun_or_replay\(\s*["']([0-9]{2}_[A-Za-z0-9_]+)["']""")
 
 
 def notebook_names() -> set[str]:
@@ -39,30 +36,19 @@ def test_notebooks_call_exactly_the_registered_results():
     assert notebook_names() == set(NOTEBOOK_RESULTS)
 
 
-def test_every_result_is_recorded_or_listed_as_new():
-    assert NOT_YET_RECORDED == NEW
+def test_every_result_is_recorded():
     for name, entry in NOTEBOOK_RESULTS.items():
         assert entry.name == name
-        assert (RECORDED / f"{name}.json").exists() != (name in NEW), name
+        assert (RECORDED / f"{name}.json").exists(), name
 
 
-@pytest.mark.parametrize("name", sorted(set(NOTEBOOK_RESULTS) - NEW))
+@pytest.mark.parametrize("name", sorted(NOTEBOOK_RESULTS))
 def test_recorded_result_replays_on_cpu(name, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     extras = set(json.loads((RECORDED / f"{name}.json").read_text())) - {
         "kind", "provenance", "fingerprint", "elapsed_s", "record_run", "name"}
     got = run_or_replay(name, NOTEBOOK_RESULTS[name].compute)
     assert got["replayed"] and set(got) - {"provenance", "replayed"} == extras
-
-
-def test_pending_result_says_not_recorded(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr("glmvit.env.RECORDED", tmp_path)
-    name = sorted(NEW)[0]
-    assert glmvit.lab.run_or_pending(name, NOTEBOOK_RESULTS[name].compute) is None
-    assert "not recorded yet" in capsys.readouterr().out
-    with pytest.raises(KeyError, match="03_pools"):
-        glmvit.lab.run_or_pending("03_pools", NOTEBOOK_RESULTS["03_pools"].compute)
 
 
 def same_module_closure(fn) -> str:

@@ -12,9 +12,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..env import run_or_replay
-
-__all__ = ["LabResult", "NOTEBOOK_RESULTS", "NOT_YET_RECORDED", "run_or_pending", "show"]
+__all__ = ["LabResult", "NOTEBOOK_RESULTS", "show"]
 
 
 @dataclass(frozen=True)
@@ -26,27 +24,9 @@ class LabResult:
     profiles: bool
 
 
-# Results split off an older record so that no timing follows a profiler: no H200 record exists for them until
-# the next GPU run; until then their notebook cells say so instead of failing (run_or_pending).
-NOT_YET_RECORDED = frozenset({"02_interp_kernels", "03_launch_times", "06_timeline_times", "08_fusion_kernels",
-                              "08_eager_kernels"})
-
-
 def show(fn: Callable[..., Any] | type) -> None:
     """Print the source of ``fn`` (a function or class of this package), for a notebook to show what it measures."""
     print(inspect.getsource(fn))
-
-
-def run_or_pending(name: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
-    """``run_or_replay(name, compute)``; None, with a line saying so, where ``name`` is one of
-    :data:`NOT_YET_RECORDED` and this machine has no GPU and no record of it."""
-    if name not in NOT_YET_RECORDED:
-        raise KeyError(f"{name}: not a result awaiting its first recording; call run_or_replay")
-    try:
-        return run_or_replay(name, compute)
-    except FileNotFoundError:
-        print(f"{name}: not recorded yet (a new result, recorded by the next run on a CUDA GPU)")
-        return None
 
 
 def _registry() -> dict[str, LabResult]:
