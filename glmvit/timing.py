@@ -66,7 +66,7 @@ Z95 = 1.959963984540054  # the normal quantile of a two-sided 95 % interval
 def median_ci95(ms: Sequence[float] | np.ndarray) -> tuple[float, float]:
     """A distribution-free 95 % interval of the median of ``ms``: the order statistics at ranks
     n/2 ∓ 1.96·√n/2 (the normal approximation of the binomial), clamped to the sample. Any distribution, no
-    resampling; with fewer than 6 values it is the sample's range."""
+    resampling; up to ten values it reaches the sample's largest (up to seven, its whole range)."""
     a = np.sort(np.asarray(ms, dtype=np.float64))
     n = a.size
     if n == 0:

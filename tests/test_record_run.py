@@ -152,7 +152,7 @@ def test_the_medians_interval_is_distribution_free_and_narrows_with_more_samples
         assert lo <= np.median(sample) <= hi
     assert relative_halfwidth(large) < relative_halfwidth(small) / 5  # ~1/√n: 10× the samples, ~3× narrower each way
     assert relative_halfwidth([3.0] * 10) == 0
-    # the ranks: for n = 100, the 40th and 61st order statistics (n/2 ∓ 1.96·√n/2 = 50 ∓ 9.8)
+    # for n = 100: the values at 0-based positions floor(50 − 9.8) = 40 and ceil(50 + 9.8) = 60 (n/2 ∓ 1.96·√n/2)
     assert median_ci95(list(range(100))) == (40.0, 60.0)
 
 
