@@ -48,6 +48,28 @@ def time_calls(fn: Callable[[], Any], device: torch.device | str, runs: int, war
     return times
 
 
+def time_until_steady(fn: Callable[[], Any], device: torch.device | str, max_runs: int, warmup: int = 0,
+                      min_runs: int = 3, spread: float = 0.02) -> list[float]:
+    """:func:`time_calls` (wall ms per call between synchronisations), stopping early: once ``min_runs`` runs are
+    in and every run so far lies within ``spread`` of their median, (max − min) ≤ spread · median; at most
+    ``max_runs`` runs. A GPU-bound call (a replay, a large eager forward) stops at ``min_runs``; a noisy one runs on."""
+    if not 1 <= min_runs <= max_runs:
+        raise ValueError(f"need 1 <= min_runs <= max_runs, got {min_runs} and {max_runs}")
+    device = torch.device(device)
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times: list[float] = []
+    while len(times) < max_runs:
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+        if len(times) >= min_runs and max(times) - min(times) <= spread * float(np.median(times)):
+            break
+    return times
+
+
 def summarise(ms: Sequence[float]) -> dict[str, Any]:
     """mean, median, std, P99, min and max of a list of milliseconds, and the median's 95 % interval
     (:func:`median_ci95`, a [low, high] pair): keys end in ``_ms``."""
@@ -82,11 +104,44 @@ def relative_halfwidth(ms: Sequence[float] | np.ndarray) -> float:
     return (hi - lo) / 2 / float(np.median(np.asarray(ms, dtype=np.float64)))
 
 
+def _spin_ms(iterations: int = 20_000) -> float:
+    """A fixed pure-Python loop, in ms: how fast this CPU runs this thread now."""
+    start = time.perf_counter()
+    total = 0
+    for i in range(iterations):
+        total += i
+    return (time.perf_counter() - start) * 1e3
+
+
+def quietest_cpu(cpus: Sequence[int], rounds: int = 3) -> int:
+    """The CPU of ``cpus`` on which a short pure-Python loop runs fastest now: median of ``rounds`` loops per CPU,
+    taken round-robin (so a burst of load on one CPU does not land on one CPU's loops only), ties to the later CPU.
+
+    Why: on a shared or virtual host some CPUs run a thread slower than others, and each by turns — CPU 0 takes
+    most interrupts and housekeeping — and a host-bound eager forward slows with its CPU (measured on the H200
+    machine: ~15 ms on one CPU, ~25 ms on CPU 0, in one process). Pinned here, a timed loop runs on a CPU that
+    was quiet when it began. The thread's own CPUs are restored before it returns."""
+    cpus = sorted(cpus)
+    if len(cpus) == 1:
+        return cpus[0]
+    loops: dict[int, list[float]] = {cpu: [] for cpu in cpus}
+    allowed = os.sched_getaffinity(0)
+    try:
+        for _ in range(rounds):
+            for cpu in cpus:
+                os.sched_setaffinity(0, {cpu})
+                loops[cpu].append(_spin_ms())
+    finally:
+        os.sched_setaffinity(0, allowed)
+    return min(reversed(cpus), key=lambda cpu: float(np.median(loops[cpu])))
+
+
 @contextmanager
 def quiet_host() -> Iterator[None]:
     """Timed loops run here: Python's cycle collector off (collected once first, so no pause lands inside a
-    request), and this thread pinned to one CPU it may already run on (no migration mid-request; a no-op where the
-    kernel does not honour affinity). Both are restored on exit."""
+    request), and this thread pinned to the CPU that is quietest as the loop begins (:func:`quietest_cpu`: no
+    migration mid-request, and not a CPU busy with other work; a no-op where the kernel does not honour affinity).
+    Both are restored on exit."""
     gc.collect()
     enabled = gc.isenabled()
     gc.disable()
@@ -94,8 +149,10 @@ def quiet_host() -> Iterator[None]:
     if hasattr(os, "sched_getaffinity"):
         try:
             pinned = os.sched_getaffinity(0)
-            os.sched_setaffinity(0, {min(pinned)})
+            os.sched_setaffinity(0, {quietest_cpu(sorted(pinned))})
         except OSError:
+            if pinned is not None:
+                os.sched_setaffinity(0, pinned)
             pinned = None
     try:
         yield

@@ -178,3 +178,61 @@ def test_stamp_elapsed_writes_only_what_the_job_wrote(tmp_path):
     assert recorder.stamp_elapsed(job, 3.21, path.stat().st_mtime + 10) == []  # older than the job: untouched
     assert recorder.stamp_elapsed(job, 3.21, 0) == [Path(path)]
     assert load_any(path).elapsed_s == 3.2
+
+
+def test_the_quietest_cpu_is_one_the_thread_may_use_and_the_probe_leaves_its_cpus_alone():
+    import os
+
+    from glmvit.timing import quietest_cpu
+
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no CPU affinity here")
+    allowed = os.sched_getaffinity(0)
+    assert quietest_cpu(sorted(allowed)) in allowed
+    assert os.sched_getaffinity(0) == allowed
+    assert quietest_cpu([min(allowed)]) == min(allowed)  # one CPU: nothing to measure
+
+
+def test_the_quietest_cpu_is_the_one_whose_loops_run_fastest(monkeypatch):
+    import os
+
+    from glmvit import timing
+
+    if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs")
+    a, b = sorted(os.sched_getaffinity(0))[:2]
+    slow = {a: 4.0, b: 3.0}  # CPU a is busy with other work: its loops take longer
+    monkeypatch.setattr(timing, "_spin_ms", lambda: slow[min(os.sched_getaffinity(0))])
+    assert timing.quietest_cpu([a, b]) == b
+    slow[a], slow[b] = 3.0, 4.0
+    assert timing.quietest_cpu([a, b]) == a
+
+
+class _Clock:
+    """A fake perf_counter that advances only when the timed call runs: call k takes durations[k] seconds."""
+
+    def __init__(self, durations):
+        self.now, self.durations, self.calls = 0.0, list(durations), 0
+
+    def __call__(self):
+        return self.now
+
+    def run(self):
+        self.now += self.durations[self.calls]
+        self.calls += 1
+
+
+def test_timing_until_steady_stops_once_the_runs_agree_and_runs_on_while_they_do_not(monkeypatch):
+    from glmvit import timing
+
+    steady = _Clock([0.010, 0.0101, 0.0100, 0.5, 0.5])  # three runs within 2 %: the fourth never runs
+    monkeypatch.setattr(timing.time, "perf_counter", steady)
+    assert len(timing.time_until_steady(steady.run, "cpu", max_runs=5)) == 3 and steady.calls == 3
+    noisy = _Clock([0.010, 0.020, 0.010, 0.020, 0.010, 0.5])  # never within 2 %: stops at max_runs
+    monkeypatch.setattr(timing.time, "perf_counter", noisy)
+    assert timing.time_until_steady(noisy.run, "cpu", max_runs=5) == pytest.approx([10, 20, 10, 20, 10])
+    late = _Clock([0.010, 0.030, 0.0101, 0.0100, 0.010])  # an outlier first: it keeps the spread wide to the cap
+    monkeypatch.setattr(timing.time, "perf_counter", late)
+    assert len(timing.time_until_steady(late.run, "cpu", max_runs=5, warmup=0)) == 5
+    with pytest.raises(ValueError, match="min_runs"):
+        timing.time_until_steady(steady.run, "cpu", max_runs=2, min_runs=3)
