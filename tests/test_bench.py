@@ -213,7 +213,11 @@ def test_latency_table_loads(tmp_path, monkeypatch):
             return [2.0 + fn.args[0] / 16 + attention] * runs
         return [1.0 + float(grids.prod(axis=1).sum()) / 4 / 32 + attention] * runs  # eager: its real tokens
 
+    def modelled_until_steady(fn, device, max_runs, warmup=0, min_runs=3, spread=0.02):
+        return modelled_times(fn, device, min_runs)  # identical runs agree at once
+
     monkeypatch.setattr(latency, "time_calls", modelled_times)
+    monkeypatch.setattr(latency, "time_until_steady", modelled_until_steady)
     path = tmp_path / "latency.json"
     assert latency.main(["--device", "cpu", "--config", "tiny", "--quiet", "--warmup", "0", "--runs", "2",
                          "--budgets", "16,64,128", "--json", str(path)]) == 0

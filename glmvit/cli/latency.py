@@ -27,7 +27,7 @@ from ..model import GlmVisionEncoder
 from ..packing import BudgetConfig
 from ..provenance import collect
 from ..records import LatencySweep, make
-from ..timing import quiet_host, time_calls
+from ..timing import quiet_host, time_calls, time_until_steady
 from .common import (
     DTYPES,
     MAX_BUDGET_TOKENS,
@@ -47,6 +47,13 @@ if TYPE_CHECKING:
     from .session import Session
 
 EagerTimes = dict[tuple[int, str], list[float]]  # (budget, layout name) → ms of its eager runs
+# Up to this budget an eager forward is bound by the host's launches (~15 ms whatever the tokens), and a few runs
+# can all land in a burst of host load: those budgets' eager layouts get at least EAGER_HOST_RUNS runs.
+HOST_BOUND_TOKENS = 512
+EAGER_HOST_RUNS = 20
+# A GPU-bound call (every replay; an eager forward above HOST_BOUND_TOKENS) varies by well under 1 % from run to
+# run: its timing stops once STEADY_RUNS runs agree within 2 % (glmvit.timing.time_until_steady), at most --runs.
+STEADY_RUNS = 3
 
 CPU_QUICK_BUDGET = 256  # above this, a CPU sweep takes minutes: say so before starting
 MAX_RUNS = 10_000  # per layout, per budget, twice (graph and eager): more is hours, not precision
@@ -95,19 +102,27 @@ def measure(runner: EncoderGraphRunner, model: GlmVisionEncoder, runs: int, warm
     rows = []
     for budget in tqdm(sorted(runner.graphs), desc="latency table", unit="budget", file=sys.stderr, disable=quiet):
         entry: dict[str, Any] = {"tokens": budget, "layouts": []}
-        for name, grid in layouts(budget, runner.config.max_items, runner.graphs[budget].shape.segments,
-                                  cfg.spatial_merge_size).items():
-            grids = np.array(grid, dtype=np.int64)
-            pixels = torch.randn(int(grids.prod(axis=1).sum()), cfg.patch_dim, device=device, dtype=model.dtype,
-                                 generator=gen)
-            with quiet_host():
-                graph = time_calls(partial(runner.replay, budget, pixels, grids), device, runs, warmup)
+        timed = {}
+        with quiet_host():  # one quiet CPU per budget: its layouts are timed back to back
+            for name, grid in layouts(budget, runner.config.max_items, runner.graphs[budget].shape.segments,
+                                      cfg.spatial_merge_size).items():
+                grids = np.array(grid, dtype=np.int64)
+                pixels = torch.randn(int(grids.prod(axis=1).sum()), cfg.patch_dim, device=device,
+                                     dtype=model.dtype, generator=gen)
+                graph = time_until_steady(partial(runner.replay, budget, pixels, grids), device, runs, warmup,
+                                          min(runs, STEADY_RUNS))
                 if eager_times is None or (budget, name) not in eager_times:
-                    eager = time_calls(partial(model, pixels, grids), device, runs, warmup)
+                    eager_fn = partial(model, pixels, grids)
+                    if budget <= HOST_BOUND_TOKENS:
+                        eager = time_calls(eager_fn, device, max(runs, EAGER_HOST_RUNS), warmup)
+                    else:
+                        eager = time_until_steady(eager_fn, device, runs, warmup, min(runs, STEADY_RUNS))
                     if eager_times is not None:
                         eager_times[budget, name] = eager
                 else:
                     eager = eager_times[budget, name]
+                timed[name] = (grids, graph, eager)
+        for name, (grids, graph, eager) in timed.items():
             entry["layouts"].append({
                 "name": name, "grids": grids.tolist(), "items": len(grids),
                 "real_tokens": int(grids.prod(axis=1).sum()) // cfg.merge_area,
@@ -187,8 +202,12 @@ def run_sweep(args: argparse.Namespace, config: BudgetConfig, command: str, sess
         attn_backend=model.attention_backend(), compiled=args.compile, max_items=config.max_items,
         max_segments=config.max_segments, budgets=rows,
         measurement={"runner_mode": mode, "runs": args.runs, "warmup": args.warmup, "statistic": "median",
+                     "stopping": f"replays, and eager forwards above {HOST_BOUND_TOKENS} tokens: {STEADY_RUNS} to "
+                                 f"runs, until {STEADY_RUNS} agree within 2 %; eager up to {HOST_BOUND_TOKENS} tokens: "
+                                 f"max(runs, {EAGER_HOST_RUNS}) (host-bound)",
                      "eager": "timed once per process for both sweeps" if eager_times is not None else "timed here",
-                     "host": "cycle collector off, timing thread pinned to one CPU (glmvit.timing.quiet_host)"},
+                     "host": "cycle collector off, timing thread pinned to the quietest CPU per budget "
+                             "(glmvit.timing.quiet_host)"},
         capture={str(k): v.as_dict() for k, v in runner.captures.items()},
         failed={str(k): v for k, v in runner.failed.items()},
     )
