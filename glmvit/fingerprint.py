@@ -598,7 +598,8 @@ def _note(code: CodeType) -> None:
 
 
 def _on_start(code: CodeType, offset: int) -> Any:
-    if code.co_filename.startswith(_PREFIX):
+    prefix = _PREFIX  # None while the interpreter tears this module down
+    if prefix is not None and code.co_filename.startswith(prefix):
         _note(code)
     return sys.monitoring.DISABLE  # type: ignore[attr-defined]
 

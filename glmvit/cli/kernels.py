@@ -15,9 +15,10 @@ CUDA only::
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from functools import partial
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +37,9 @@ from ..rotary import rotary_cos_sin
 from ..timing import summarise, time_calls
 from ..workloads import random_batch
 from .common import Parser, check_writable, output_path, vision_config, write_record
+
+if TYPE_CHECKING:
+    from .session import Session
 
 LAYOUTS = {
     "1x224": [[1, 16, 16]],
@@ -176,7 +180,9 @@ def print_report(result: dict[str, Any]) -> None:
         print(f"gemm {name:>10}: {total:.0f} µs per forward vs roofline {roof:.0f} µs ({roof / total:.0%})")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, session: "Session | None" = None) -> int:
+    """The command; a ``session`` (a record run) lends its full bf16 tower (seed 0, what this command builds) and
+    its measured floor instead of building and measuring them again."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = Parser(prog="python -m glmvit kernels", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--layouts", default=",".join(LAYOUTS), help=f"comma list of {', '.join(LAYOUTS)}")
@@ -200,8 +206,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         check_writable(args.json)
     config = vision_config("full")
-    model = random_encoder(config, "cuda", torch.bfloat16)
-    tflops, gbps = measure_matmul_tflops("cuda"), measure_copy_bandwidth("cuda")
+    if session is None:
+        model = random_encoder(config, "cuda", torch.bfloat16)
+        tflops, gbps = measure_matmul_tflops("cuda"), measure_copy_bandwidth("cuda")
+    else:
+        model = session.model(argparse.Namespace(config="full", dtype="bf16", device="cuda", weights=None, seed=0,
+                                                 attn_backend=None))
+        floor = session.floor(torch.device("cuda"), torch.bfloat16, None)
+        tflops, gbps = floor["matmul_tflops"], floor["copy_gbps"]
     result: dict[str, Any] = {
         "floor": {"matmul_tflops": tflops, "copy_gbps": gbps},
         "layouts": {n: g for n, g in layouts.items()},

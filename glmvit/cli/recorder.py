@@ -109,8 +109,9 @@ STATIC_JOBS: tuple[Job, ...] = (  # in the order each phase runs them
     _bench("video2x8x224", "video2x8x224", 50),
     _bench("seed_img1x224", "img1x224", 50, *SEED_CONFIG, modes="eager,graph,graph-compiled"),
     _bench("seed_video8x224", "video8x224", 50, *SEED_CONFIG, modes="eager,graph,graph-compiled"),
-    Job("interp", "measure", "bench-interp", ("--json", "data/bench/interp_h200.json"), ("bench/interp_h200.json",),
-        15),
+    # 100 calls per path: the slowest reference (one grid_sample per item, host-bound) takes ~50 ms a call
+    Job("interp", "measure", "bench-interp", ("--runs", "100", "--warmup", "10", "--json",
+                                              "data/bench/interp_h200.json"), ("bench/interp_h200.json",), 15),
     # the seed's serve run (vLLM PR 40576: 8-frame 224² clips, one per request, 100 requests, rate inf), per mode
     _serve("serve_video8x224", "video8x224", 100, "inf", ("eager", "graph", "graph-compiled")),
     # latency against throughput on mixed traffic, graph-compiled: Poisson arrivals at rising rates, then all at once
@@ -179,11 +180,15 @@ def run_latency(job: Job, session: Any, workdir: Path) -> None:
 
 
 def run_main(job: Job, session: Any, workdir: Path) -> None:
-    """A command whose ``main(argv)`` does it all (builds its own small inputs): bench-interp, kernels."""
+    """A command whose ``main(argv)`` does it all: bench-interp (its own small inputs), kernels (on the session's
+    tower and floor)."""
     from . import bench_interp, kernels
 
-    main = {"bench-interp": bench_interp.main, "kernels": kernels.main}[job.command]
-    if main(list(job.argv)) != 0:
+    if job.command == "kernels":
+        code = kernels.main(list(job.argv), session)
+    else:
+        code = bench_interp.main(list(job.argv))
+    if code != 0:
         raise RuntimeError(f"{job.command} exited non-zero")
 
 
@@ -370,10 +375,11 @@ def run_phase(phase: str, names: list[str], workdir: Path, deadline: float | Non
 
     if phase != "ncu" and not torch.cuda.is_available():
         raise SystemExit("recording needs a CUDA GPU (the records are GPU results)")
-    session = Session()
-    if phase != "ncu":  # the tower most jobs share, built once, its code a dependency of every job
-        session.model(argparse.Namespace(config="full", dtype="bf16", device="cuda", weights=None, seed=0,
-                                         attn_backend=None))
+    session = Session()  # its tower is built by the first job that asks for it, inside that job's scope
+    session.end_job()  # what the imports made: frozen out of later collections
+    spawned = os.environ.get(SPAWNED_AT)
+    if spawned:
+        print(f"[ready] {phase}: {time.time() - float(spawned):.1f} s after this process was started", flush=True)
     failures = 0
     for job in [j for j in jobs() if j.phase == phase and j.name in names]:
         expected = expected_seconds(job)
@@ -397,7 +403,10 @@ def run_phase(phase: str, names: list[str], workdir: Path, deadline: float | Non
         seconds = time.monotonic() - t0
         written = stamp_elapsed(job, seconds, wall0 - 1)
         print(f"[done] {job.name} {seconds:.1f} " + " ".join(str(p.relative_to(REPO)) for p in written), flush=True)
+        t1 = time.monotonic()
         session.end_job()
+        print(f"[between] {job.name}: {t1 - t0 - seconds:.1f} s stamping, {time.monotonic() - t1:.1f} s clearing",
+              flush=True)
     return failures
 
 

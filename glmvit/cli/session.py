@@ -80,9 +80,14 @@ class Session:
 
     @staticmethod
     def end_job() -> None:
-        """Between jobs: free what the last job left (graphs, pools) and forget torch.compile's specialisations."""
-        gc.collect()
+        """Between jobs: free what the last job left (graphs, pools) and forget torch.compile's specialisations;
+        then freeze what is left (the session's objects, imported modules, compile caches) out of the cycle
+        collector's reach, so the collections of later jobs (:func:`glmvit.timing.quiet_host` collects before
+        every timed loop) scan only what those jobs made. Nothing a job made outlives it unfrozen: it is collected
+        first."""
         torch._dynamo.reset()
+        gc.collect()
+        gc.freeze()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
             torch.cuda.empty_cache()

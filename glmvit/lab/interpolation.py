@@ -36,7 +36,7 @@ def _in_fresh_process(mode: str, calls_per_graph: int, replays: int) -> dict[str
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def interp_in_graph(calls_per_graph: int = 100, replays: int = 20) -> dict[str, Any]:
+def interp_in_graph(calls_per_graph: int = 100, replays: int = 5) -> dict[str, Any]:
     """Per case and path: one call issued alone (median of event-bracketed calls) and one call inside a graph of
     ``calls_per_graph`` calls (replays timed with CUDA events), and the two paths' max difference. No profiler."""
     if not _interpreted():
