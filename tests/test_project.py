@@ -8,7 +8,7 @@ import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))  # 00_tour … 05b_cost_model …
 
 
 def makefile_var(name: str) -> str:
@@ -148,3 +148,41 @@ def test_set_up_shows_pips_progress_and_puts_the_cpu_torch_step_first():
     readme = (ROOT / "README.md").read_text()
     set_up = readme[readme.index("## Set-up"):]
     assert set_up.index("download.pytorch.org/whl/cpu") < set_up.index("make demo")
+
+
+MAX_CODE_LINES, MAX_MARKDOWN_LINES = 40, 25
+
+
+def _script_strings(source: str) -> list[int]:
+    """Line numbers of string literals in ``source`` that are themselves Python programs with imports."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.count("\n") >= 4:
+            try:
+                inner = ast.parse(node.value)
+            except SyntaxError:
+                continue
+            if any(isinstance(n, (ast.Import, ast.ImportFrom)) for n in ast.walk(inner)):
+                found.append(node.lineno)
+    return found
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
+def test_notebook_cells_are_short_and_hold_no_scripts_in_strings(path):
+    """A reader reads a cell at a glance: code cells of at most 40 lines, markdown cells of at most 25; a long
+    measurement lives in the package (glmvit/lab) and is shown with glmvit.lab.show, never as a script in a string."""
+    for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+        source = "".join(cell["source"])
+        lines = len(source.splitlines())
+        if cell["cell_type"] == "code":
+            assert lines <= MAX_CODE_LINES, f"{path.name} cell {i}: {lines} code lines"
+            assert not _script_strings(source), f"{path.name} cell {i}: a script inside a string"
+        elif cell["cell_type"] == "markdown":
+            assert lines <= MAX_MARKDOWN_LINES, f"{path.name} cell {i}: {lines} markdown lines"
+
+
+def test_the_script_check_can_fail():
+    assert _script_strings('S = """\nimport os\n\nprint(os.getcwd())\nx = 1\n"""\n') == [1]
+    assert not _script_strings('S = """\nnot python at all,\njust prose\nover lines\nand lines\n"""\n')

@@ -5,6 +5,12 @@ Each notebook result recorded in ``data/notebooks/NAME.json`` is computed by one
 a CUDA GPU, replayed from the record elsewhere), and a recorder can call every ``compute`` in one process.
 ``profiles=True`` marks a function that attaches ``torch.profiler`` (CUPTI): it may slow every later launch in its
 process, so no timing is taken in a function that profiles, and a recorder runs the timing results first.
+
+The CPU code a notebook shows rather than inlines lives here too, one module per concept: the tape (``tape``), the
+staging race and the two-thread interleaving (``staging``, ``threads``), the frame-sampling oracle
+(``frame_oracle``), the seed's published numbers (``seed``), a benchmark record's rebuilt batches
+(``bench_reading``), the data-parallel runs (``data_parallel``, ``dp_checks``, ``dp_hang``) and the serving pieces
+(``serving``).
 """
 from __future__ import annotations
 
