@@ -1,7 +1,8 @@
 """The offline cost model: graph memory, a measured latency table, and the predicted time of a plan.
 
-Pure functions (numpy only, no torch) over :mod:`glmvit.packing` plans. Nothing here runs at serving time; choosing
-budgets with it (recommend, evaluate, export to vLLM) is :mod:`glmvit.deployment`.
+Functions over :mod:`glmvit.packing` plans, in numpy (torch comes in only through :mod:`glmvit.metadata`'s shapes).
+Two users: planning offline (recommend, evaluate, export to vLLM: :mod:`glmvit.deployment`), and the runner at
+serving time, whose routing asks a :class:`LatencyTable` which of a batch's routes is fastest, once per batch.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""One way to time things: wall-clock per call between device synchronisations, and one summary format (with the
-median's 95 % interval), taken on a quiet host (:func:`quiet_host`)."""
+"""How glmvit times things: wall-clock per call between device synchronisations (:func:`time_calls`, or
+:func:`time_until_steady` for calls that vary little), summarised by :func:`summarise` (with the median's 95 %
+interval, :func:`median_ci95`), on a quiet host (:func:`quiet_host`)."""
 from __future__ import annotations
 
 import gc
