@@ -228,6 +228,7 @@ def test_bad_input_is_a_4xx_that_names_the_item_or_file(tiny_model):
                     form.add_field("file", data, filename=name)
                     answers[name] = await post(session, server.url, form, headers={})
                 answers["json"] = await post(session, server.url, b"{}", headers={"Content-Type": "application/json"})
+                answers["text"] = await post(session, server.url, b"{}", headers={"Content-Type": "text/plain"})
                 answers["huge"] = await post(session, server.url, b"\0" * (2**20 + 1))
                 answers["dtype query"] = await post(session, server.url, bad_pixel_body("ok"), params={"dtype": "x"})
                 form = aiohttp.FormData()
@@ -240,7 +241,8 @@ def test_bad_input_is_a_4xx_that_names_the_item_or_file(tiny_model):
     expected = {"notes.txt": (400, "file 1 (notes.txt): unsupported file type '.txt'"),
                 "broken.png": (400, "file 1 (broken.png): "), "../../etc/x.jpg": (400, "file 1 (x.jpg): empty file"),
                 "cut.gif": (400, "file 1 (cut.gif): cannot decode it"),
-                "json": (415, "content type 'application/json'"), "huge": (413, "at most 1,048,576"),
+                "json": (400, "exactly one of content (a list of parts) and messages"),
+                "text": (415, "content type 'text/plain'"), "huge": (413, "at most 1,048,576"),
                 "dtype query": (400, "dtype must be float32 or model"), "no file": (400, "part 0 is not a file")}
     for kind, (status, words) in expected.items():
         got_status, message = error_of(answers[kind])
