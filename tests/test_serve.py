@@ -505,19 +505,24 @@ def test_bench_serve_runs_the_seeds_workload_and_a_sweep_against_a_server(tiny_m
     record = json.loads(out.read_text())
     assert [r["request_rate"] for r in record["runs"]] == ["inf", 40.0]
     for run_ in record["runs"]:
-        assert (run_["successful"], run_["failed"]) == (6, 0)
+        assert (run_["successful"], run_["refused"], run_["failed"]) == (6, 0, 0)
+        split = run_["time_split_ms"]  # the server's Server-Timing, and the rest of the time to embedding
+        assert list(split) == ["read", "decode", "preprocess", "queue", "host_to_device", "encode", "serialise",
+                               "write"] and split["decode"] > 0 and split["preprocess"] > 0
         assert run_["tokens_per_s"] == pytest.approx(256 * run_["items_per_s"])
         assert len(run_["per_request"]["queue_ms"]) == 6 and all(q >= 0 for q in run_["per_request"]["queue_ms"])
         assert run_["tte_ms"]["median"] >= run_["queue_ms"]["median"]
         assert run_["server"]["items"] == 6 and run_["server"]["batches"] >= 2  # 4 items at most per batch
     settings = record["settings"]
     assert settings["workload"] == "video8x224" and settings["request_rates"] == ["inf", 40.0]
+    assert settings["body"] == "media" and settings["media"]["video"] in ("mp4", "gif")
+    assert service.metrics_json()["http"]["phase_s"]["decode"] > 0  # the clips were decoded by the server
     assert record["workload"]["grids"] == [[[4, 16, 16]]] * 6
     assert "bench-serve" in record["provenance"]["command"] and record["provenance"]["server_command"] == "test"
     assert record["floor"]["graph-emulated"] is None  # this test server measured no floor
 
 
-def test_bench_serve_counts_refusals_as_failures_with_their_reason(tiny_model, tmp_path, capsys):
+def test_bench_serve_counts_refusals_apart_from_failures_with_their_reason(tiny_model, tmp_path, capsys):
     service = service_for(tiny_model, max_requests=2)
     entered, release = gated(service)
     releaser = threading.Thread(target=lambda: (wait_until(lambda: service.responses[429] == 4, "four 429s"),
@@ -525,11 +530,14 @@ def test_bench_serve_counts_refusals_as_failures_with_their_reason(tiny_model, t
     releaser.start()
     with ServerThread(service) as server:
         assert cli_main(["bench-serve", "--url", server.url, "--bucket-config", "{(224, 224, 1): 1.0}",
-                         "--num-prompts", "6", "--warmup-requests", "0", "--device", "cpu",
+                         "--num-prompts", "6", "--warmup-requests", "0", "--device", "cpu", "--body", "pixels",
                          "--json", str(tmp_path / "x.json")]) == 0
     releaser.join(TIMEOUT)
-    (run_,) = json.loads((tmp_path / "x.json").read_text())["runs"]
-    assert (run_["successful"], run_["failed"]) == (2, 4)
+    record = json.loads((tmp_path / "x.json").read_text())
+    (run_,) = record["runs"]
+    assert (run_["successful"], run_["refused"], run_["failed"]) == (2, 4, 0)
+    assert record["settings"]["body"] == "pixels" and record["settings"]["pixel_dtype"] == "float32"
+    assert "Refused requests (429, 503):" in capsys.readouterr().out
     ((error, count),) = run_["errors"].items()
     assert count == 4 and error.startswith("HTTP 429: the queue is full")
 

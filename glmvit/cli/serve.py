@@ -189,6 +189,7 @@ def build_service(args: argparse.Namespace, command: str, model: GlmVisionEncode
                              args.threads, extra, (lambda: runner.stats.as_dict()) if runner else None, media=media,
                              decode=default_decode_pool(args.decode_workers, args.decode_queue, args.decode_timeout),
                              own_decode=True)
+    service.decode.start()  # its processes start now (their imports take seconds), not with the first upload
     return service
 
 
@@ -200,7 +201,6 @@ def main(argv: list[str] | None = None) -> int:
     check_serving_args(parser, args, [args.mode])
     logging.basicConfig(level=logging.WARNING, format="glmvit serve: %(message)s")
     service = build_service(args, " ".join([sys.executable, "-m", "glmvit", "serve", *argv]))
-    service.decode.start()  # its processes start now (their imports take seconds), not with the first upload
     mode = service.scheduler.mode
 
     def ready(url: str) -> None:
