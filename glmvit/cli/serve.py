@@ -8,6 +8,9 @@ status codes: :mod:`glmvit.cli.serve_app`. Examples::
 
     python -m glmvit serve --port 8000
     curl -s -F file=@data/images/coffee.jpg -F file=@data/clip.gif http://127.0.0.1:8000/v1/encode -o emb.safetensors
+    printf '{"content": [{"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,%s"}}]}' \\
+        "$(base64 -w0 data/images/coffee.jpg)" | curl -s -H 'Content-Type: application/json' --data-binary @- \\
+        http://127.0.0.1:8000/v1/encode -o emb.safetensors
     curl -s http://127.0.0.1:8000/health; curl -s http://127.0.0.1:8000/metrics
 """
 from __future__ import annotations

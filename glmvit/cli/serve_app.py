@@ -1,32 +1,43 @@
 """The HTTP face of a :class:`~glmvit.scheduler.BatchScheduler` (aiohttp): what ``glmvit serve`` runs.
 
-``POST /v1/encode`` takes one of two bodies:
+``POST /v1/encode`` takes one of three bodies:
 
+- ``application/json``: content parts as vLLM's chat API carries them, ``{"content": [...]}`` or a chat
+  ``{"messages": [...]}``, each ``image_url`` / ``video_url`` part (a ``data:`` URL; ``file://`` only under an
+  allowed directory) one item, in order (:mod:`glmvit.cli.serve_media`);
 - ``multipart/form-data``: one part per image or video file, its filename's suffix saying which (the types
-  ``glmvit encode`` takes); each is checked and decoded as ``encode`` does, within the same pixel budgets;
+  ``glmvit encode`` takes);
 - ``application/x-safetensors`` (or ``application/octet-stream``): a safetensors file of ``pixel_values``
   [rows, C·T·P²] (float32, bfloat16 or float16) and ``grid_thw`` [items, 3] (integers), the rows as
   :mod:`glmvit.processing` makes them.
 
-It answers ``200`` with ``application/x-safetensors`` in ``encode --out``'s layout (tensors ``item_<i>``, float32;
-``?dtype=model`` returns the model's dtype instead, half the bytes in bfloat16), with headers ``X-Request-Id``,
-``X-Queue-Delay-Ms`` (admission to the first batch holding one of its items), ``X-Encode-Ms`` (admission to its
-last item encoded), ``X-Prepare-Ms`` (reading and decoding before admission) and ``X-Batches``. Every error is
-JSON ``{"error": one line, "status": code}``: 400 bad input (naming the item or the file) or a request aiohttp's
-HTTP parser refuses, 408 a body that did not arrive within ``read_timeout_s`` (a slow client never keeps its
-place), 413 too large (a body is never read past ``max_body_bytes``, a multipart preamble counted, and what a
-refused body held is freed at once), 415 another content type or a compressed body (any ``Content-Encoding`` but
-identity, refused before it is read), 429 the queue is full (with ``Retry-After``), 503 shutting down or past
-``max_connections`` open connections, 500 an internal error (its traceback goes to the server's log, never to
-the client). A refused body's connection is closed rather than drained. A connection whose request headers take
-longer than ``header_timeout_s`` is closed. ``GET /health``: a little JSON (status, mode, limits);
-``GET /v1/info``: that and the model, the floor, the capture, the provenance and the code's fingerprint.
-``GET /metrics``: Prometheus text (each family's HELP and TYPE once; seconds, ``_total`` counters), or JSON with
-``?format=json``.
+Media (JSON and multipart) is checked, decoded and preprocessed as ``encode`` does, in decode worker processes
+(:mod:`glmvit.cli.decode_pool`), within per-request pixel and time bounds; pixel rows are checked on a thread.
+Neither runs on the event loop or the scheduler's worker. It answers ``200`` with ``application/x-safetensors`` in
+``encode --out``'s layout (tensors ``item_<i>``, float32; ``?dtype=model`` returns the model's dtype instead, half
+the bytes in bfloat16), with headers ``X-Request-Id``, ``X-Queue-Delay-Ms`` (admission to the first batch holding
+one of its items), ``X-Encode-Ms`` (admission to its last item encoded), ``X-Prepare-Ms`` (reading and decoding
+before admission), ``X-Batches`` and ``Server-Timing`` (its time by phase, :data:`PHASES` but ``write``, which
+follows the headers; ``/metrics`` sums every phase). Every error is JSON ``{"error": one line, "status": code}``:
+400 bad input (naming the item, the file or the JSON part) or a request aiohttp's HTTP parser refuses, 403 a
+``file://`` URL outside the allowed directory, 408 a body that did not arrive within ``read_timeout_s`` (a slow
+client never keeps its place), 413 too large (a body is never read past ``max_body_bytes``, a multipart preamble
+counted, and what a refused body held is freed at once; a picture past the pixel bounds; media that took longer
+than the decode timeout), 415 another content type or a compressed body (any ``Content-Encoding`` but identity,
+refused before it is read), 429 past a bound of what the server holds: requests, body bytes
+(``max_held_bytes``), requests waiting for a decoder, or the scheduler's requests, tokens and bytes (with
+``Retry-After``), 503 shutting down or past ``max_connections`` open connections, 500 an internal error (its
+traceback goes to the server's log, never to the client). A refused body's connection is closed rather than
+drained. A connection whose request headers take longer than ``header_timeout_s`` is closed. ``GET /health``: a
+little JSON (status, mode, limits); ``GET /v1/info``: that and the model, the floor, the capture, the decoders,
+the media bounds, the provenance and the code's fingerprint. ``GET /metrics``: Prometheus text (each family's
+HELP and TYPE once; seconds, ``_total`` counters), or JSON with ``?format=json``.
 
-:func:`run_server` serves until asked to stop, then drains: it stops listening, answers new requests on open
-connections with 503, lets every request in flight finish (up to ``shutdown_timeout``), then closes the scheduler.
-:class:`ServerThread` runs it in a thread of its own (tests, in-process use).
+:func:`run_server` serves until asked to stop, then drains: it stops listening; while requests are in flight it
+keeps open connections open and answers a new request on any of them (an idle keep-alive one included) with 503
+and closes it; once every request in flight has finished (up to ``shutdown_timeout``) it closes the idle
+connections, then the scheduler and the decoders. :class:`ServerThread` runs it in a thread of its own (tests,
+in-process use).
 """
 from __future__ import annotations
 
