@@ -16,6 +16,7 @@ from safetensors.torch import load
 from test_serve import (
     ONE_BUDGET,
     TINY,
+    error_of,
     gated,
     pixel_body,
     post,
@@ -173,12 +174,14 @@ def test_bad_json_bodies_are_400s_naming_the_part(tiny_model, pool, tmp_path):
             async with aiohttp.ClientSession() as session:
                 return [await post(session, server.url, json.dumps({"content": [image_part(url)]}).encode(), JSON)
                         for url in (f"file://{allowed}/ok.jpg", f"file://{allowed}/../secret.jpg",
-                                    f"file://{allowed}/link.jpg", f"file://{allowed}/none.jpg")]
-        inside, outside, link, missing = run(send_files())
+                                    f"file://{allowed}/link.jpg", f"file://{allowed}/none.jpg",
+                                    f"file://{allowed}/ok%00.jpg")]
+        inside, outside, link, missing, nul = run(send_files())
     assert inside[0] == 200 and len(load(inside[2])) == 1
     for answer in (outside, link):
         assert answer[0] == 403 and "not under the allowed media directory" in json.loads(answer[2])["error"]
     assert missing[0] == 400 and "no such file" in json.loads(missing[2])["error"]
+    assert error_of(nul) == (400, "content[0].image_url.url: the path holds a NUL byte")
 
 
 def test_pixels_are_bounded_per_picture_from_the_header_and_per_request(tiny_model, pool):
@@ -205,6 +208,15 @@ def test_pixels_are_bounded_per_picture_from_the_header_and_per_request(tiny_mod
     assert status == 413 and error.startswith("content[2].image_url: ") and "max_request_pixels=6,372" in error
     assert two[0] == 200
     assert upload[0] == 413 and json.loads(upload[2])["error"].startswith("file 0 (big.png): ")
+    with ServerThread(media_service(tiny_model, pool, limits=HttpLimits(max_items=4))) as server:
+        body = json.dumps({"content": [image_part(data_url(big, "png"))] * 5}).encode()  # none is decoded
+        status, error = error_of(run(post_json(server.url, body)))
+    assert (status, error) == (413, "5 items in one request: at most 4")
+
+
+async def post_json(url, body):
+    async with aiohttp.ClientSession() as session:
+        return await post(session, url, body, JSON)
 
 
 def test_a_slow_decode_times_out_alone_and_delays_no_other_request(tiny_model):

@@ -200,7 +200,8 @@ def prometheus_family(name: str, kind: str, help_text: str, samples: list[tuple[
     if not present:
         return []
     return [f"# HELP glmvit_{name} {help_text}", f"# TYPE glmvit_{name} {kind}",
-            *(f"glmvit_{name}{labels} {value:g}" for labels, value in present)]
+            *(f"glmvit_{name}{labels} {value if isinstance(value, int) else format(value, 'g')}"
+              for labels, value in present)]
 
 
 class EncoderService:
@@ -344,7 +345,7 @@ class EncoderService:
             payload = ("files", [(u.name, u.data) for u in body]) if isinstance(body, list) else ("json", body)
             del body
             try:
-                future = self.decode.submit(prepare_media, *payload, self.media, merge_area)
+                future = self.decode.submit(prepare_media, *payload, self.media, merge_area, self.limits.max_items)
             except DecodeBusy as err:
                 raise BadRequest(str(err), 429) from None
             del payload

@@ -183,8 +183,11 @@ def file_url(where: str, url: str, allowed: str | None) -> Path:
     parts = urlsplit(url)
     if parts.netloc not in ("", "localhost"):
         raise MediaError(f"{where}: a file:// URL names a file on this machine (file:///path)")
+    name = unquote(parts.path)
+    if "\0" in name:
+        raise MediaError(f"{where}: the path holds a NUL byte")
     root = Path(allowed).resolve()
-    path = Path(unquote(parts.path)).resolve()
+    path = Path(name).resolve()
     if not path.is_relative_to(root):
         raise MediaError(f"{where}: the file is not under the allowed media directory", 403)
     return path
@@ -247,9 +250,11 @@ class PreparedMedia:
     timing: dict[str, float] = field(default_factory=dict)
 
 
-def prepare_media(kind: str, payload: Any, limits: MediaLimits, merge_area: int) -> PreparedMedia:
+def prepare_media(kind: str, payload: Any, limits: MediaLimits, merge_area: int,
+                  max_items: int | None = None) -> PreparedMedia:
     """Every item of a request decoded and preprocessed (``kind`` "json": a JSON body's bytes; "files": a
-    multipart request's [(name, bytes)]); a refused item raises MediaError (the module docstring)."""
+    multipart request's [(name, bytes)]); a refused item raises MediaError (the module docstring), and so does a
+    request of more than ``max_items`` items (413, before any is decoded)."""
     start = time.perf_counter()
     budget = _Budget(limits.max_request_pixels)
     loaded, records = [], []
@@ -261,6 +266,8 @@ def prepare_media(kind: str, payload: Any, limits: MediaLimits, merge_area: int)
             if not payload:
                 raise MediaError("the request holds no files (send each image or video as a multipart file part)")
             items = [(f"file {k} ({name})", name, None, data) for k, (name, data) in enumerate(payload)]
+        if max_items is not None and len(items) > max_items:
+            raise MediaError(f"{len(items)} items in one request: at most {max_items}", 413)
         parse_s = time.perf_counter() - start
         for k, (label, name, want, source) in enumerate(items):
             data: bytes | None
