@@ -5,6 +5,7 @@ import asyncio
 import base64
 import io
 import json
+import os
 import time
 
 import aiohttp
@@ -344,3 +345,24 @@ def test_after_the_drain_begins_an_idle_keep_alive_connection_gets_a_503(tiny_mo
     late, in_flight, stopped = run(scenario())
     assert late[0] == 503 and "shutting down" in json.loads(late[2])["error"] and late[1]["Connection"] == "close"
     assert in_flight[0] == 200 and stopped
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pixel_rows_cross_in_shared_memory_or_as_bytes_bitwise(dtype):
+    from glmvit.cli.pixel_rows import PixelRows, remove_shared_dir, shared_dir
+
+    rows = torch.randn(37, 1176, generator=torch.Generator().manual_seed(0)).to(dtype)
+    folder = shared_dir()
+    try:
+        shared, plain = PixelRows.of(rows, folder), PixelRows.of(rows, None)
+        assert plain.path is None and plain.data is not None
+        if folder is not None:  # /dev/shm with room: a file, gone once taken
+            assert shared.path is not None and shared.data is None
+        for handed in (shared, plain):
+            got = handed.tensor()
+            assert got.dtype == dtype and torch.equal(got, rows)
+        assert folder is None or os.listdir(folder) == []
+        PixelRows.of(rows, folder).discard()
+        assert folder is None or os.listdir(folder) == []
+    finally:
+        remove_shared_dir(folder)

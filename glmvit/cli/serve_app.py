@@ -12,7 +12,8 @@
   :mod:`glmvit.processing` makes them.
 
 Media (JSON and multipart) is checked, decoded and preprocessed as ``encode`` does, in decode worker processes
-(:mod:`glmvit.cli.decode_pool`), within per-request pixel and time bounds; pixel rows are checked on a thread.
+(:mod:`glmvit.cli.decode_pool`), within per-request pixel and time bounds; their rows come back in the model's
+dtype through shared memory (:mod:`glmvit.cli.pixel_rows`). Pixel rows sent as safetensors are checked on a thread.
 Neither runs on the event loop or the scheduler's worker. It answers ``200`` with ``application/x-safetensors`` in
 ``encode --out``'s layout (tensors ``item_<i>``, float32; ``?dtype=model`` returns the model's dtype instead, half
 the bytes in bfloat16), with headers ``X-Request-Id``, ``X-Queue-Delay-Ms`` (admission to the first batch holding
@@ -72,6 +73,7 @@ from ..scheduler import DEFAULT_MAX_REQUESTS, BatchScheduler, QueueFull, Request
 from ..workloads import shown
 from .decode_pool import DecodeBusy, DecodePool, DecodeTimeout, WorkerDied
 from .embedding_file import file_metadata, item_record
+from .pixel_rows import remove_shared_dir, shared_dir
 from .serve_media import MediaError, MediaLimits, PreparedMedia, prepare_media
 
 log = logging.getLogger(__name__)
@@ -183,6 +185,11 @@ def prepare_pixels(body: bytes, check: Callable[[torch.Tensor, Any], np.ndarray]
     return Prepared(pixels, torch.from_numpy(grids), records)
 
 
+def _discard_rows(future: Any) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().pixel_values.discard()
+
+
 def default_decode_pool(workers: int | None = None, waiting: int = 64, timeout_s: float = 30.0) -> DecodePool:
     """``workers`` decode processes (default min(8, CPUs − 1), at least 1), ``waiting`` requests queued for them,
     ``timeout_s`` a request's decoding."""
@@ -219,6 +226,7 @@ class EncoderService:
         self.runner_stats = runner_stats
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="glmvit-serve")
         self.decode = decode or default_decode_pool()
+        self._pixels: list[str | None] = []  # the directory decode workers hand rows over in, once made
         self._owns_decode = decode is None if own_decode is None else own_decode
         self.media = media or MediaLimits()
         self.draining = False
@@ -345,12 +353,16 @@ class EncoderService:
             payload = ("files", [(u.name, u.data) for u in body]) if isinstance(body, list) else ("json", body)
             del body
             try:
-                future = self.decode.submit(prepare_media, *payload, self.media, merge_area, self.limits.max_items)
+                future = self.decode.submit(prepare_media, *payload, self.media, merge_area, self.limits.max_items,
+                                            str(self.model.dtype).removeprefix("torch."), self._pixel_dir())
             except DecodeBusy as err:
                 raise BadRequest(str(err), 429) from None
             del payload
             try:
                 media: PreparedMedia = await asyncio.wrap_future(future)
+            except asyncio.CancelledError:  # the client left: rows decoded for it are removed when they come
+                future.add_done_callback(_discard_rows)
+                raise
             except MediaError as err:
                 raise BadRequest(str(err), err.status) from None
             except DecodeTimeout as err:
@@ -358,7 +370,7 @@ class EncoderService:
             except WorkerDied as err:
                 raise BadRequest(f"internal error: {err}", 500) from None
             timing.update(media.timing)
-            return Prepared(torch.from_numpy(media.pixel_values), torch.from_numpy(media.grid_thw), media.records)
+            return Prepared(media.pixel_values.tensor(), torch.from_numpy(media.grid_thw), media.records)
         check = lambda pixels, grids: self.model.check_inputs(pixels, grids, check_finite=False)  # noqa: E731
         prepared = await loop.run_in_executor(self.pool, prepare_pixels, body, check, merge_area)
         timing["decode"] = time.perf_counter() - read  # the safetensors body parsed and checked
@@ -409,6 +421,12 @@ class EncoderService:
             uploads.clear()  # what a refused body held is freed now, not when the cycle collector runs
             raise
         return uploads
+
+    def _pixel_dir(self) -> str | None:
+        """Where decode workers write rows for this service (:mod:`glmvit.cli.pixel_rows`), made on first use."""
+        if not self._pixels:
+            self._pixels.append(shared_dir())
+        return self._pixels[0]
 
     def _pack(self, outputs: list[torch.Tensor], records: list[dict[str, Any]], dtype: str) -> bytes:
         out_dtype = torch.float32 if dtype == "float32" else self.model.dtype
@@ -506,6 +524,8 @@ class EncoderService:
         self.pool.shutdown(wait=True)
         if self._owns_decode:
             self.decode.close(timeout)
+        for folder in self._pixels:
+            remove_shared_dir(folder)
 
 
 class _JsonErrors(web.RequestHandler):

@@ -32,6 +32,7 @@ from typing import Annotated, Any, Literal, Union
 from urllib.parse import unquote, urlsplit
 
 import numpy as np
+import torch
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -40,6 +41,7 @@ from ..geometry import MAX_FRAME_PIXELS
 from ..processing import VisionInputs
 from .embedding_file import inputs_record
 from .encode import check_file, load
+from .pixel_rows import PixelRows
 
 DATA_TYPES = {"image/jpeg": ".jpg", "image/jpg": ".jpg", "image/png": ".png", "image/webp": ".webp",
               "image/gif": ".gif", "video/mp4": ".mp4", "video/webm": ".webm", "video/quicktime": ".mov"}
@@ -242,19 +244,21 @@ def _named(err: BaseException, path: Path, label: str) -> str:
 # ---- the worker's task --------------------------------------------------------------------------------------------
 @dataclass
 class PreparedMedia:
-    """A request's items as the scheduler takes them, with their records and the worker's time (seconds)."""
+    """A request's items as the scheduler takes them (the rows as :class:`~glmvit.cli.pixel_rows.PixelRows`),
+    with their records and the worker's time (seconds)."""
 
-    pixel_values: np.ndarray
+    pixel_values: PixelRows
     grid_thw: np.ndarray
     records: list[dict[str, Any]]
     timing: dict[str, float] = field(default_factory=dict)
 
 
-def prepare_media(kind: str, payload: Any, limits: MediaLimits, merge_area: int,
-                  max_items: int | None = None) -> PreparedMedia:
+def prepare_media(kind: str, payload: Any, limits: MediaLimits, merge_area: int, max_items: int | None = None,
+                  dtype: str = "float32", folder: str | None = None) -> PreparedMedia:
     """Every item of a request decoded and preprocessed (``kind`` "json": a JSON body's bytes; "files": a
     multipart request's [(name, bytes)]); a refused item raises MediaError (the module docstring), and so does a
-    request of more than ``max_items`` items (413, before any is decoded)."""
+    request of more than ``max_items`` items (413, before any is decoded). The rows come in ``dtype`` (the model's:
+    rounded as the scheduler's staging would round them), in a file under ``folder`` if given."""
     start = time.perf_counter()
     budget = _Budget(limits.max_request_pixels)
     loaded, records = [], []
@@ -290,7 +294,8 @@ def prepare_media(kind: str, payload: Any, limits: MediaLimits, merge_area: int,
             records.append(inputs_record(name, digest, inputs, tokens))
             loaded.append(inputs)
     batch = VisionInputs.concat(loaded)
-    return PreparedMedia(batch.pixel_values.numpy(), batch.grid_thw.numpy(), records,
+    pixels = PixelRows.of(batch.pixel_values.to(getattr(torch, dtype)), folder)
+    return PreparedMedia(pixels, batch.grid_thw.numpy(), records,
                          {"decode": parse_s + budget.decode_s, "preprocess": budget.preprocess_s})
 
 
