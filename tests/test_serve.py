@@ -551,11 +551,13 @@ def test_bench_serve_in_process_and_spawned(tmp_path, capsys):
     assert [r["mode"] for r in record["runs"]] == ["eager", "graph-emulated"]
     assert all(r["successful"] == 4 and r["items_per_s"] > 0 for r in record["runs"])
     assert record["floor"]["eager"]["items_per_s"] > 0  # measured here, in-process
-    assert cli_main(["bench-serve", "--spawn", "--modes", "graph", *common, "--json", str(tmp_path / "b.json")]) == 0
+    assert cli_main(["bench-serve", "--spawn", "--modes", "graph", *common, "--decode-workers", "1",
+                     "--json", str(tmp_path / "b.json")]) == 0
     record = json.loads((tmp_path / "b.json").read_text())
     (run_,) = record["runs"]
     assert run_["successful"] == 4 and record["servers"]["graph-emulated"]["url"].startswith("http://127.0.0.1:")
     assert "--budgets 64,256" in record["provenance"]["server_command"]
+    assert "--decode-workers 1" in record["provenance"]["server_command"] and record["settings"]["body"] == "media"
     assert "fingerprint" not in record["servers"]["graph-emulated"]  # merged into the record's own
     assert {"glmvit.model", "glmvit.scheduler"} <= set(record["fingerprint"]["modules"])
 
@@ -563,6 +565,7 @@ def test_bench_serve_in_process_and_spawned(tmp_path, capsys):
 @pytest.mark.parametrize("argv, words", [
     (["--url", "http://127.0.0.1:1", "--modes", "eager"], "--modes applies to --spawn and --in-process"),
     (["--url", "127.0.0.1:8000"], "expected http://HOST:PORT"),
+    (["--url", "http://127.0.0.1:1", "--decode-workers", "2"], "--decode-workers applies to --spawn"),
     (["--spawn", "--request-rate", "0"], "must be at least 0.01 per second"),
     (["--spawn", "--request-rate", "1e-300"], "must be at least 0.01 per second"),
     (["--spawn", "--request-rate", "fast"], "is not a number or inf"),

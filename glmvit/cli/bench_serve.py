@@ -553,13 +553,14 @@ def serve_argv(args: argparse.Namespace, mode: str, workload: Workload) -> list[
     argv = [sys.executable, "-m", "glmvit", "serve", "--host", "127.0.0.1", "--port", "0", "--mode", mode,
             "--device", args.device, "--config", args.config, "--dtype", args.dtype, "--seed", str(args.seed),
             "--max-wait-ms", str(args.max_wait_ms), "--max-queue", str(queue_requests(args, workload)),
-            "--max-queue-tokens", str(queue_tokens(args, workload)), "--max-body-mb", f"{body_mb:.1f}",
+            "--max-queue-tokens", str(queue_tokens(args, workload)), "--max-queue-mb", str(args.max_queue_mb),
+            "--max-body-mb", f"{body_mb:.1f}",
             "--max-items-per-request", str(max(64, max(len(g) for g in workload.grids))), "--quiet"]
     if args.weights:
         argv += ["--weights", args.weights]
     for flag, value in (("--budgets", ",".join(map(str, args.budgets)) if args.budgets else None),
                         ("--max-items", args.max_items), ("--max-segments", args.max_segments),
-                        ("--attn-backend", args.attn_backend)):
+                        ("--attn-backend", args.attn_backend), ("--decode-workers", args.decode_workers)):
         if value is not None:
             argv += [flag, str(value)]
     return argv
@@ -634,6 +635,8 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--in-process", action="store_true", help="drive the scheduler in this process (no HTTP)")
     t.add_argument("--modes", default=None, help=f"with --spawn / --in-process: comma list of {', '.join(MODES)} "
                    "(default graph)")
+    t.add_argument("--decode-workers", type=int_in(1, 256), default=None,
+                   help="--spawn: the server's processes that decode media (default: the server's, min(8, CPUs − 1))")
     t.add_argument("--startup-timeout", type=float_in(1, 7200), default=1800.0,
                    help="seconds a spawned server may take to capture and listen (default 1800)")
     w = p.add_argument_group("workload (vLLM random-mm)")
@@ -687,6 +690,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: 
     args.max_queue_set = any(a == "--max-queue" or a.startswith("--max-queue=") for a in argv)
     if args.url and args.modes:
         parser.error("--modes applies to --spawn and --in-process (a running server has its own mode)")
+    if args.decode_workers is not None and not args.spawn:
+        parser.error("--decode-workers applies to --spawn (a running server has its own; --in-process decodes nothing)")
     if args.url:
         check_url(parser, args.url)
     try:
@@ -725,7 +730,8 @@ def main(argv: list[str] | None = None) -> int:
                      "batching": {"budgets": list(args.budgets) if args.budgets else None, "max_items": args.max_items,
                                   "max_segments": args.max_segments, "max_wait_ms": args.max_wait_ms,
                                   "max_queue": queue_requests(args, workload),
-                                  "max_queue_tokens": queue_tokens(args, workload), "attn_backend": args.attn_backend},
+                                  "max_queue_tokens": queue_tokens(args, workload), "max_queue_mb": args.max_queue_mb,
+                                  "attn_backend": args.attn_backend, "decode_workers": args.decode_workers},
                      "arrivals": "gamma(burstiness, 1/(rate·burstiness)) gaps after each request, all at 0 for inf",
                      "timing": "time to embedding: request sent → whole answer read; queue: the server's "
                                "X-Queue-Delay-Ms; time split: the server's Server-Timing, write the rest"},
