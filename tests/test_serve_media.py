@@ -366,3 +366,80 @@ def test_pixel_rows_cross_in_shared_memory_or_as_bytes_bitwise(dtype):
         assert folder is None or os.listdir(folder) == []
     finally:
         remove_shared_dir(folder)
+
+
+SIGTERM_CHILD = """
+import threading, time, sys
+import glmvit.cli.serve as serve, glmvit.cli.serve_app as app
+services = []
+begin = app.EncoderService.begin_drain
+def begin_drain(self):
+    services.append(self)
+    begin(self)
+app.EncoderService.begin_drain = begin_drain
+make = serve.make_scheduler
+def make_scheduler(*a, **k):  # the second batch is held until the drain has answered a 503
+    scheduler, runner = make(*a, **k)
+    encode, calls = scheduler._encode, []
+    def held(pixels, grids):
+        calls.append(1)
+        if len(calls) == 2:
+            print("encoding", flush=True)
+            deadline = time.monotonic() + 60
+            while not (services and services[0].responses[503]) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return encode(pixels, grids)
+    scheduler._encode = held
+    return scheduler, runner
+serve.make_scheduler = make_scheduler
+sys.exit(serve.main(sys.argv[1:]))
+"""
+
+
+def listening(url):
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    try:
+        socket.create_connection((where.hostname, where.port), timeout=5).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_after_sigterm_an_idle_keep_alive_connection_gets_a_503_while_a_request_finishes():
+    """The real process: SIGTERM while one request is being encoded; a request on another client's idle
+    keep-alive connection is answered 503 (and its connection closed), the one in flight 200, and it exits 0."""
+    import signal
+    import subprocess
+    import sys
+
+    from test_serve import ROOT
+
+    child = subprocess.Popen([sys.executable, "-c", SIGTERM_CHILD, "--device", "cpu", "--port", "0", "--budgets",
+                              "32", "--no-measure-floor", "--quiet", "--decode-workers", "1"], cwd=ROOT,
+                             env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    body = pixel_body(*random_request(3))
+    try:
+        line = child.stdout.readline()
+        assert "listening on http://127.0.0.1:" in line, line + child.stderr.read()
+        url = line.split("listening on ")[1].split()[0]
+
+        async def scenario():
+            async with aiohttp.ClientSession() as idle, aiohttp.ClientSession() as busy:
+                assert (await post(idle, url, body))[0] == 200  # the first batch; its connection stays open
+                in_flight = asyncio.create_task(post(busy, url, body))
+                assert await asyncio.to_thread(child.stdout.readline) == "encoding\n"
+                child.send_signal(signal.SIGTERM)
+                await asyncio.to_thread(wait_until, lambda: not listening(url), "the drain to close the listener")
+                return await post(idle, url, body), await in_flight
+        late, in_flight = run(scenario())
+        assert child.wait(60) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(60)
+    assert late[0] == 503 and late[1]["Connection"] == "close", late
+    assert in_flight[0] == 200
