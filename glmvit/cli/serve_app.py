@@ -19,7 +19,8 @@ Neither runs on the event loop or the scheduler's worker. It answers ``200`` wit
 the bytes in bfloat16), with headers ``X-Request-Id``, ``X-Queue-Delay-Ms`` (admission to the first batch holding
 one of its items), ``X-Encode-Ms`` (admission to its last item encoded), ``X-Prepare-Ms`` (reading and decoding
 before admission), ``X-Batches`` and ``Server-Timing`` (its time by phase, :data:`PHASES` but ``write``, which
-follows the headers; ``/metrics`` sums every phase). Every error is JSON ``{"error": one line, "status": code}``:
+follows the headers; ``/metrics`` sums every phase; ``decode`` counts the wait for a free decoder, ``preprocess``
+the processor's work and admission's checks). Every error is JSON ``{"error": one line, "status": code}``:
 400 bad input (naming the item, the file or the JSON part) or a request aiohttp's HTTP parser refuses, 403 a
 ``file://`` URL outside the allowed directory, 408 a body that did not arrive within ``read_timeout_s`` (a slow
 client never keeps its place), 413 too large (a body is never read past ``max_body_bytes``, a multipart preamble
@@ -369,8 +370,12 @@ class EncoderService:
                 raise BadRequest(f"the request's media: {err} (--decode-timeout)", 413) from None
             except WorkerDied as err:
                 raise BadRequest(f"internal error: {err}", 500) from None
-            timing.update(media.timing)
-            return Prepared(media.pixel_values.tensor(), torch.from_numpy(media.grid_thw), media.records)
+            prepared = Prepared(media.pixel_values.tensor(), torch.from_numpy(media.grid_thw), media.records)
+            # decode: everything from the body read to the rows here but the processor (the wait for a free
+            # decoder, the parse, the files' checks and first frames, the hand-over)
+            timing["preprocess"] = media.timing["preprocess"]
+            timing["decode"] = time.perf_counter() - read - media.timing["preprocess"]
+            return prepared
         check = lambda pixels, grids: self.model.check_inputs(pixels, grids, check_finite=False)  # noqa: E731
         prepared = await loop.run_in_executor(self.pool, prepare_pixels, body, check, merge_area)
         timing["decode"] = time.perf_counter() - read  # the safetensors body parsed and checked
