@@ -57,7 +57,8 @@ from .packing import BudgetConfig
 
 Encode = Callable[[torch.Tensor, np.ndarray], list[torch.Tensor]]
 DELAY_SAMPLES = 10_000  # queue delays and batch sizes kept for the percentiles: the most recent ones
-DEFAULT_MAX_REQUESTS = 256
+DEFAULT_MAX_REQUESTS = 4096  # a count that tokens and bytes bound first: a burst is held, not refused
+DEFAULT_MAX_BYTES = 4 << 30  # staged pixel bytes admitted and not answered (on the model's device)
 
 
 class QueueFull(RuntimeError):
@@ -85,6 +86,7 @@ class RequestResult:
     queue_s: float  # from admission to the start of the first batch holding one of its items
     total_s: float  # from admission to the last of its items encoded
     batches: tuple[int, ...]  # the ids of the batches its items ran in
+    stage_s: float = 0.0  # its pixels' copy to the model's device and dtype, before admission to the queue
 
 
 def fits(limits: BudgetConfig, items: int, tokens: int, segments: int) -> bool:
@@ -169,6 +171,8 @@ class _Request:
     tokens: list[int]
     segments: list[int]
     row_start: np.ndarray
+    nbytes: int
+    stage_s: float
     admitted: float
     future: Future
     outputs: list[torch.Tensor | None] = field(default_factory=list)
@@ -225,14 +229,15 @@ class BatchScheduler:
     ``encoder``: a captured :class:`~glmvit.graphs.EncoderGraphRunner` (its ``config`` gives the batch limits), or
     a :class:`~glmvit.model.GlmVisionEncoder` run eagerly under ``limits`` (the same limits as a runner's, for a
     fair baseline). The scheduler's worker must be the only caller of the encoder while it runs.
-    ``max_requests`` and ``max_tokens`` bound what is admitted and not yet answered (queued or running); a request
-    of more tokens than ``max_tokens`` can never be admitted (ValueError). ``start=False`` admits requests without
+    ``max_requests``, ``max_tokens`` and ``max_bytes`` (its pixels in the model's dtype) bound what is admitted and
+    not yet answered (queued or running); a request of more tokens than ``max_tokens`` or more bytes than
+    ``max_bytes`` can never be admitted (:class:`RequestTooLarge`). ``start=False`` admits requests without
     running them until :meth:`start` (to fill the queue first, e.g. in a test or a notebook).
     """
 
     def __init__(self, encoder: EncoderGraphRunner | GlmVisionEncoder, limits: BudgetConfig | None = None, *,
                  max_wait_s: float = 0.0, max_requests: int = DEFAULT_MAX_REQUESTS, max_tokens: int | None = None,
-                 start: bool = True):
+                 max_bytes: int = DEFAULT_MAX_BYTES, start: bool = True):
         if isinstance(encoder, EncoderGraphRunner):
             runner = encoder
             self.model, self.limits = runner.model, limits or runner.config
@@ -255,10 +260,14 @@ class BatchScheduler:
         self.max_tokens = max_tokens if max_tokens is not None else 64 * self.limits.largest
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+            raise ValueError(f"max_bytes must be a positive integer, got {max_bytes!r}")
+        self.max_bytes = max_bytes
         self._cond = threading.Condition()
         self._pending: collections.deque[tuple[_Request, int]] = collections.deque()
         self._outstanding = 0  # admitted, not yet answered
         self._outstanding_tokens = 0
+        self._outstanding_bytes = 0
         self._staging = 0  # admitted, pixels still being staged (not yet queued)
         self._closing = False
         self._next_request = 0
@@ -295,35 +304,43 @@ class BatchScheduler:
         starts = item_row_starts(grids)
         tokens = [ItemSpec.from_grid(g, self.model.config.spatial_merge_size).tokens for g in grids]
         total = sum(tokens)
+        nbytes = pixel_values.numel() * self.model.dtype.itemsize
         if total > self.max_tokens:
             raise RequestTooLarge(f"the request has {total:,} tokens, more than the queue holds "
                                   f"({self.max_tokens:,}): split it")
+        if nbytes > self.max_bytes:
+            raise RequestTooLarge(f"the request has {nbytes:,} bytes of pixels, more than the queue holds "
+                                  f"({self.max_bytes:,}): split it")
         with self._cond:
             if self._closing:
                 self._stats.rejected_closed += 1
                 raise SchedulerClosed("the encoder is shutting down and takes no new requests")
-            if self._outstanding >= self.max_requests or self._outstanding_tokens + total > self.max_tokens:
+            if (self._outstanding >= self.max_requests or self._outstanding_tokens + total > self.max_tokens
+                    or self._outstanding_bytes + nbytes > self.max_bytes):
                 self._stats.rejected_full += 1
                 raise QueueFull(f"the queue is full ({self._outstanding} requests, {self._outstanding_tokens:,} "
-                                f"tokens waiting; at most {self.max_requests} requests, {self.max_tokens:,} tokens)"
-                                "; retry later")
+                                f"tokens, {self._outstanding_bytes:,} bytes waiting; at most {self.max_requests} "
+                                f"requests, {self.max_tokens:,} tokens, {self.max_bytes:,} bytes); retry later")
             self._outstanding += 1
             self._outstanding_tokens += total
+            self._outstanding_bytes += nbytes
             self._staging += 1
             request_id = self._next_request
             self._next_request += 1
             self._stats.submitted += 1
         future: Future = Future()
+        staging = time.perf_counter()
         try:
             pixels = stage(pixel_values, self.model.device, self.model.dtype)
         except BaseException:
             with self._cond:
-                self._release(total)
+                self._release(total, nbytes)
                 self._staging -= 1
                 self._cond.notify_all()
             raise
+        staged = time.perf_counter()
         request = _Request(request_id, pixels, grids, tokens, grids[:, 0].astype(int).tolist(),
-                           starts, time.perf_counter(), future,
+                           starts, nbytes, staged - staging, staged, future,
                            outputs=[None] * len(tokens), remaining=len(tokens))
         with self._cond:
             self._staging -= 1
@@ -333,13 +350,13 @@ class BatchScheduler:
             elif tokens:
                 self._pending.extend((request, i) for i in range(len(tokens)))
             else:
-                self._release(0)
+                self._release(0, nbytes)
                 self._stats.completed += 1
             self._cond.notify_all()
         if orphaned:
             future.set_exception(SchedulerClosed("the scheduler was closed before it started"))
         elif not tokens:
-            future.set_result(RequestResult(request_id, [], 0.0, 0.0, ()))
+            future.set_result(RequestResult(request_id, [], 0.0, 0.0, (), staged - staging))
         return future
 
     def encode(self, pixel_values: torch.Tensor, grid_thw, timeout: float | None = None) -> RequestResult:
@@ -382,8 +399,9 @@ class BatchScheduler:
             snapshot = {k: v for k, v in vars(s).items() if not isinstance(v, collections.deque)}
             snapshot.update(
                 mode=self.mode, accepting=not self._closing, outstanding_requests=self._outstanding,
-                outstanding_tokens=self._outstanding_tokens, queued_items=len(self._pending),
-                max_requests=self.max_requests, max_tokens=self.max_tokens, max_wait_s=self.max_wait_s,
+                outstanding_tokens=self._outstanding_tokens, outstanding_bytes=self._outstanding_bytes,
+                queued_items=len(self._pending), max_requests=self.max_requests, max_tokens=self.max_tokens,
+                max_bytes=self.max_bytes, max_wait_s=self.max_wait_s,
                 limits={"token_budgets": list(self.limits.token_budgets), "max_items": self.limits.max_items,
                         "max_segments": self.limits.max_segments},
                 queue_ms=_summary(s.queue_ms), batch_items=_summary(s.batch_items),
@@ -393,14 +411,15 @@ class BatchScheduler:
         return snapshot
 
     # ---- the worker ----------------------------------------------------------------------------------------
-    def _release(self, tokens: int) -> None:
+    def _release(self, tokens: int, nbytes: int) -> None:
         self._outstanding -= 1
         self._outstanding_tokens -= tokens
+        self._outstanding_bytes -= nbytes
 
     def _fail(self, request: _Request) -> None:
         """Count ``request`` as answered with an error (under the lock); the caller sets the future's exception."""
         request.finished = True
-        self._release(sum(request.tokens))
+        self._release(sum(request.tokens), request.nbytes)
         self._stats.failed += 1
 
     def _fill(self, batch: _Batch) -> None:
@@ -518,7 +537,7 @@ class BatchScheduler:
             else:
                 queue_s = (request.started or start) - request.admitted
                 answers.append((request, RequestResult(request.id, outs, queue_s, done - request.admitted,
-                                                       tuple(request.batches))))
+                                                       tuple(request.batches), request.stage_s)))
             request.finished = True
         with self._cond:
             s = self._stats
@@ -538,7 +557,7 @@ class BatchScheduler:
                 if request.batches[0] == batch.id:
                     s.queue_ms.append((start - request.admitted) * 1e3)
             for request, answer in answers:
-                self._release(sum(request.tokens))
+                self._release(sum(request.tokens), request.nbytes)
                 if isinstance(answer, RequestResult):
                     s.completed += 1
                 else:

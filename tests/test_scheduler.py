@@ -149,7 +149,7 @@ def test_padding_counts_the_budget_each_batch_packs_into(tiny_model):
     assert stats["padding_fraction"] == pytest.approx(5 / 16)
 
 
-def test_the_queue_is_bounded_in_requests_and_tokens(tiny_model):
+def test_the_queue_is_bounded_in_requests_tokens_and_bytes(tiny_model):
     small = random_batch([[1, 2, 2]], TINY)  # 1 token
     scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), max_requests=3, start=False)
     futures = [scheduler.submit(*small) for _ in range(3)]
@@ -167,8 +167,23 @@ def test_the_queue_is_bounded_in_requests_and_tokens(tiny_model):
         scheduler.submit(*random_batch([[1, 14, 14]], TINY))  # 49 tokens: never
     scheduler.submit(*random_batch([[1, 12, 12]], TINY))  # 36 tokens
     scheduler.submit(*random_batch([[1, 4, 4]], TINY))  # 4 more: 40, full to the token
-    with pytest.raises(QueueFull, match="40 tokens waiting"):
+    with pytest.raises(QueueFull, match="40 tokens, .* bytes waiting"):
         scheduler.submit(*small)
+    scheduler.close(TIMEOUT)
+
+    row_bytes = small[0].numel() * tiny_model.dtype.itemsize  # staged in the model's dtype
+    scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), max_bytes=2 * row_bytes, start=False)
+    with pytest.raises(RequestTooLarge, match="bytes of pixels, more than the queue holds"):
+        scheduler.submit(*random_batch([[1, 2, 2]] * 3, TINY))
+    futures = [scheduler.submit(*small) for _ in range(2)]
+    assert scheduler.stats()["outstanding_bytes"] == 2 * row_bytes
+    with pytest.raises(QueueFull, match=f"at most 4096 requests, .* tokens, {2 * row_bytes:,} bytes"):
+        scheduler.submit(*small)
+    scheduler.start()
+    for f in futures:
+        f.result(TIMEOUT)
+    assert scheduler.stats()["outstanding_bytes"] == 0
+    scheduler.submit(*small).result(TIMEOUT)
     scheduler.close(TIMEOUT)
 
 

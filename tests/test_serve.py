@@ -228,6 +228,7 @@ def test_bad_input_is_a_4xx_that_names_the_item_or_file(tiny_model):
                     form.add_field("file", data, filename=name)
                     answers[name] = await post(session, server.url, form, headers={})
                 answers["json"] = await post(session, server.url, b"{}", headers={"Content-Type": "application/json"})
+                answers["text"] = await post(session, server.url, b"{}", headers={"Content-Type": "text/plain"})
                 answers["huge"] = await post(session, server.url, b"\0" * (2**20 + 1))
                 answers["dtype query"] = await post(session, server.url, bad_pixel_body("ok"), params={"dtype": "x"})
                 form = aiohttp.FormData()
@@ -240,7 +241,8 @@ def test_bad_input_is_a_4xx_that_names_the_item_or_file(tiny_model):
     expected = {"notes.txt": (400, "file 1 (notes.txt): unsupported file type '.txt'"),
                 "broken.png": (400, "file 1 (broken.png): "), "../../etc/x.jpg": (400, "file 1 (x.jpg): empty file"),
                 "cut.gif": (400, "file 1 (cut.gif): cannot decode it"),
-                "json": (415, "content type 'application/json'"), "huge": (413, "at most 1,048,576"),
+                "json": (400, "exactly one of content (a list of parts) and messages"),
+                "text": (415, "content type 'text/plain'"), "huge": (413, "at most 1,048,576"),
                 "dtype query": (400, "dtype must be float32 or model"), "no file": (400, "part 0 is not a file")}
     for kind, (status, words) in expected.items():
         got_status, message = error_of(answers[kind])
@@ -503,19 +505,24 @@ def test_bench_serve_runs_the_seeds_workload_and_a_sweep_against_a_server(tiny_m
     record = json.loads(out.read_text())
     assert [r["request_rate"] for r in record["runs"]] == ["inf", 40.0]
     for run_ in record["runs"]:
-        assert (run_["successful"], run_["failed"]) == (6, 0)
+        assert (run_["successful"], run_["refused"], run_["failed"]) == (6, 0, 0)
+        split = run_["time_split_ms"]  # the server's Server-Timing, and the rest of the time to embedding
+        assert list(split) == ["read", "decode", "preprocess", "queue", "host_to_device", "encode", "serialise",
+                               "write"] and split["decode"] > 0 and split["preprocess"] > 0
         assert run_["tokens_per_s"] == pytest.approx(256 * run_["items_per_s"])
         assert len(run_["per_request"]["queue_ms"]) == 6 and all(q >= 0 for q in run_["per_request"]["queue_ms"])
         assert run_["tte_ms"]["median"] >= run_["queue_ms"]["median"]
         assert run_["server"]["items"] == 6 and run_["server"]["batches"] >= 2  # 4 items at most per batch
     settings = record["settings"]
     assert settings["workload"] == "video8x224" and settings["request_rates"] == ["inf", 40.0]
+    assert settings["body"] == "media" and settings["media"]["video"] in ("mp4", "gif")
+    assert service.metrics_json()["http"]["phase_s"]["decode"] > 0  # the clips were decoded by the server
     assert record["workload"]["grids"] == [[[4, 16, 16]]] * 6
     assert "bench-serve" in record["provenance"]["command"] and record["provenance"]["server_command"] == "test"
     assert record["floor"]["graph-emulated"] is None  # this test server measured no floor
 
 
-def test_bench_serve_counts_refusals_as_failures_with_their_reason(tiny_model, tmp_path, capsys):
+def test_bench_serve_counts_refusals_apart_from_failures_with_their_reason(tiny_model, tmp_path, capsys):
     service = service_for(tiny_model, max_requests=2)
     entered, release = gated(service)
     releaser = threading.Thread(target=lambda: (wait_until(lambda: service.responses[429] == 4, "four 429s"),
@@ -523,11 +530,14 @@ def test_bench_serve_counts_refusals_as_failures_with_their_reason(tiny_model, t
     releaser.start()
     with ServerThread(service) as server:
         assert cli_main(["bench-serve", "--url", server.url, "--bucket-config", "{(224, 224, 1): 1.0}",
-                         "--num-prompts", "6", "--warmup-requests", "0", "--device", "cpu",
+                         "--num-prompts", "6", "--warmup-requests", "0", "--device", "cpu", "--body", "pixels",
                          "--json", str(tmp_path / "x.json")]) == 0
     releaser.join(TIMEOUT)
-    (run_,) = json.loads((tmp_path / "x.json").read_text())["runs"]
-    assert (run_["successful"], run_["failed"]) == (2, 4)
+    record = json.loads((tmp_path / "x.json").read_text())
+    (run_,) = record["runs"]
+    assert (run_["successful"], run_["refused"], run_["failed"]) == (2, 4, 0)
+    assert record["settings"]["body"] == "pixels" and record["settings"]["pixel_dtype"] == "float32"
+    assert "Refused requests (429, 503):" in capsys.readouterr().out
     ((error, count),) = run_["errors"].items()
     assert count == 4 and error.startswith("HTTP 429: the queue is full")
 
@@ -541,11 +551,13 @@ def test_bench_serve_in_process_and_spawned(tmp_path, capsys):
     assert [r["mode"] for r in record["runs"]] == ["eager", "graph-emulated"]
     assert all(r["successful"] == 4 and r["items_per_s"] > 0 for r in record["runs"])
     assert record["floor"]["eager"]["items_per_s"] > 0  # measured here, in-process
-    assert cli_main(["bench-serve", "--spawn", "--modes", "graph", *common, "--json", str(tmp_path / "b.json")]) == 0
+    assert cli_main(["bench-serve", "--spawn", "--modes", "graph", *common, "--decode-workers", "1",
+                     "--json", str(tmp_path / "b.json")]) == 0
     record = json.loads((tmp_path / "b.json").read_text())
     (run_,) = record["runs"]
     assert run_["successful"] == 4 and record["servers"]["graph-emulated"]["url"].startswith("http://127.0.0.1:")
     assert "--budgets 64,256" in record["provenance"]["server_command"]
+    assert "--decode-workers 1" in record["provenance"]["server_command"] and record["settings"]["body"] == "media"
     assert "fingerprint" not in record["servers"]["graph-emulated"]  # merged into the record's own
     assert {"glmvit.model", "glmvit.scheduler"} <= set(record["fingerprint"]["modules"])
 
@@ -553,6 +565,7 @@ def test_bench_serve_in_process_and_spawned(tmp_path, capsys):
 @pytest.mark.parametrize("argv, words", [
     (["--url", "http://127.0.0.1:1", "--modes", "eager"], "--modes applies to --spawn and --in-process"),
     (["--url", "127.0.0.1:8000"], "expected http://HOST:PORT"),
+    (["--url", "http://127.0.0.1:1", "--decode-workers", "2"], "--decode-workers applies to --spawn"),
     (["--spawn", "--request-rate", "0"], "must be at least 0.01 per second"),
     (["--spawn", "--request-rate", "1e-300"], "must be at least 0.01 per second"),
     (["--spawn", "--request-rate", "fast"], "is not a number or inf"),

@@ -2,12 +2,19 @@
 
 Requests come from vLLM's random-mm dataset (:mod:`glmvit.workloads`: a ``--workload`` preset, or
 ``--bucket-config`` with ``--items-per-request`` / ``--range-ratio`` / ``--limit-per-request``), ``--num-prompts``
-of them drawn with ``--seed``; each is sent as pixel rows (random normal, seeded; one safetensors body per distinct
-layout, built before timing). Arrivals as in vLLM: ``--request-rate inf`` sends everything at once, a finite rate
-draws gaps from a gamma distribution of shape ``--burstiness`` (1: Poisson) and mean 1/rate; several rates in one
-list make a sweep. ``--max-concurrency`` caps the requests in flight. Per request: the time to embedding (from
-sending it to its whole answer read) and the server's queueing delay (its ``X-Queue-Delay-Ms``: admission to the
-first batch holding one of its items). Every answer is checked (one tensor per item, of its tokens and width).
+of them drawn with ``--seed``. Bodies are built before timing, one per distinct layout. ``--body media`` (the
+default) sends what vLLM's clients send: a JSON body of ``image_url`` / ``video_url`` content parts with ``data:``
+URLs of random pictures and clips of the bucket's size (seeded noise, as random-mm draws; JPEG pictures, MP4 clips,
+or animated GIFs without PyAV), each kind checked once to decode to the grid the workload expects; ``--body pixels``
+sends pixel rows (random normal, seeded; a safetensors body). Arrivals as in vLLM: ``--request-rate inf`` sends
+everything at once, a finite rate draws gaps from a gamma distribution of shape ``--burstiness`` (1: Poisson) and
+mean 1/rate; several rates in one list make a sweep. ``--max-concurrency`` caps the requests in flight. Per request:
+the time to embedding (from sending it to its whole answer read) and the server's queueing delay (its
+``X-Queue-Delay-Ms``: admission to the first batch holding one of its items). Every answer is checked (one tensor
+per item, of its tokens and width). Refusals (429, 503) are counted apart from failures. Each answered request's
+time is split as the server's ``Server-Timing`` header says (read, decode, preprocess, queue, host_to_device,
+encode, serialise), and ``write`` is the rest of its time to embedding (the answer written and read, the request
+sent before the server read it).
 
 Where the load goes:
 
@@ -57,7 +64,7 @@ from ..floor import flops_breakdown
 from ..provenance import collect
 from ..records import Fingerprint, ServeRecord, fingerprint_now, make
 from ..scheduler import BatchScheduler, QueueFull, SchedulerClosed
-from ..workloads import PRESETS, random_batch, random_mm_workload, shown
+from ..workloads import PRESETS, MMItem, random_batch, random_mm_workload, shown
 from .common import (
     Parser,
     add_model_args,
@@ -72,6 +79,7 @@ from .common import (
     resolve_model_args,
     write_record,
 )
+from .media_files import data_url, encode_clip, encode_image, mp4_available
 from .serve import MODES, add_serving_args, check_serving_args, make_scheduler, measure_floor
 
 MAX_PROMPTS = 100_000
@@ -82,15 +90,37 @@ HOST_SHARE = 0.5  # the request bodies are built before timing: at most half of 
 Send = Callable[[int], Awaitable["Outcome"]]
 
 
+SERVER_PHASES = ("read", "decode", "preprocess", "queue", "host_to_device", "encode", "serialise")
+BODIES = ("media", "pixels")
+
+
 @dataclass(frozen=True)
 class Outcome:
-    """One request: whether it came back right, when it was sent and answered (perf_counter s), its queue delay."""
+    """One request: whether it came back right or was refused (429, 503), when it was sent and answered
+    (perf_counter s), its queue delay, and the server's split of its time (ms, ``Server-Timing``)."""
 
     ok: bool
     sent: float
     done: float
     queue_ms: float | None = None
     error: str | None = None
+    refused: bool = False
+    timing_ms: dict[str, float] | None = None
+
+
+def server_timing(header: str | None) -> dict[str, float] | None:
+    """``Server-Timing: read;dur=1.2, decode;dur=3.4`` → {"read": 1.2, "decode": 3.4} (ms); None if absent."""
+    if not header:
+        return None
+    out = {}
+    for entry in header.split(","):
+        name, _, rest = entry.strip().partition(";")
+        if rest.startswith("dur="):
+            try:
+                out[name] = float(rest[4:])
+            except ValueError:
+                continue
+    return out or None
 
 
 def parse_rates(text: str) -> list[float]:
@@ -139,6 +169,7 @@ class Workload:
     layouts: list[int]  # per request: its index into ``pixels`` (requests of the same grids share pixels)
     pixels: list[torch.Tensor]  # per distinct layout
     settings: dict[str, Any]
+    items: list[list[MMItem]] | None = None  # per request: the sizes drawn (what media bodies are made of)
 
     @property
     def tokens(self) -> list[int]:
@@ -163,10 +194,13 @@ def build_workload(args: argparse.Namespace) -> Workload:
     grids = [np.array([item.grid for item in r], dtype=np.int64) for r in requests]
     index: dict[bytes, int] = {}
     layouts = [index.setdefault(g.tobytes(), len(index)) for g in grids]
-    workload = Workload(grids, [[item.spec.tokens for item in r] for r in requests], layouts, [], {
+    workload = Workload(grids, [[item.spec.tokens for item in r] for r in requests], layouts, [], items=requests,
+                        settings={
         "workload": args.workload, "bucket_config": {str(k): v for k, v in buckets.items()}, "items_per_request": n,
         "range_ratio": ratio, "limit_per_request": limit, "num_prompts": args.num_prompts, "requests": len(requests),
         "seed": args.seed})
+    if args.body == "media" and not args.in_process:
+        return workload  # media bodies are made from the sizes: media_bodies
     config, dtype = VisionConfig(), PIXEL_DTYPES[args.pixel_dtype]  # GLM-4V's patch geometry: rows of 1176
     distinct = workload.distinct_grids()
     nbytes = sum(int(g.prod(axis=1).sum()) for g in distinct) * config.patch_dim * dtype.itemsize
@@ -190,14 +224,58 @@ def answer_error(body: bytes, tokens: list[int], width: int) -> str | None:
     return None if shapes == want else f"the answer holds {shapes}, not {want}"
 
 
-class HttpTarget:
-    """Requests to a running server: one pre-built safetensors body per distinct layout."""
+def media_bodies(workload: Workload, seed: int) -> tuple[list[bytes], dict[str, Any]]:
+    """One JSON body of content parts per distinct layout (random noise pictures as JPEG, clips as MP4, or GIF
+    without PyAV, seeded by layout and item), and what was made. Each (size, frames) is first checked to decode,
+    through the server's own preprocessing, to the grid the workload drew for it."""
+    from .serve_media import MediaLimits, prepare_media
 
-    def __init__(self, url: str, workload: Workload, health: dict, response_dtype: str, timeout: float):
+    assert workload.items is not None
+    clip_format = "mp4" if mp4_available() else "gif"
+    first: dict[int, list[MMItem]] = {}
+    for items, layout in zip(workload.items, workload.layouts, strict=True):
+        first.setdefault(layout, items)
+    checked: set[tuple[int, int, int]] = set()
+    bodies = []
+    for layout in range(len(first)):
+        parts = []
+        for k, item in enumerate(first[layout]):
+            rng = np.random.default_rng([seed, layout, k])
+            if item.num_frames == 1:
+                data = encode_image(rng.integers(0, 256, (item.height, item.width, 3), dtype=np.uint8))
+                part = {"type": "image_url", "image_url": {"url": data_url(data, "jpeg")}}
+            else:
+                frames = rng.integers(0, 256, (item.num_frames, item.height, item.width, 3), dtype=np.uint8)
+                data = encode_clip(frames, clip_format)
+                part = {"type": "video_url", "video_url": {"url": data_url(data, clip_format)}}
+            key = (item.height, item.width, item.num_frames)
+            if key not in checked:
+                body = json.dumps({"content": [part]}).encode()
+                limits = MediaLimits(max_request_pixels=2**40)
+                got = prepare_media("json", body, limits, VisionConfig().merge_area).grid_thw.tolist()
+                if got != [list(item.grid)]:
+                    raise ValueError(f"a {item.height}×{item.width} {'picture' if item.num_frames == 1 else 'clip of '}"
+                                     f"{'' if item.num_frames == 1 else f'{item.num_frames} frames'} decodes to grid "
+                                     f"{got[0]}, not {list(item.grid)}: send --body pixels")
+                checked.add(key)
+            parts.append(part)
+        bodies.append(json.dumps({"content": parts}).encode())
+    made = {"image": "jpeg", "video": clip_format, "bytes_per_request_mean": float(np.mean(
+        [len(bodies[j]) for j in workload.layouts]))}
+    return bodies, made
+
+
+class HttpTarget:
+    """Requests to a running server: one pre-built body per distinct layout (JSON media or safetensors pixels)."""
+
+    def __init__(self, url: str, workload: Workload, health: dict, response_dtype: str, timeout: float,
+                 bodies: list[bytes] | None = None):
         self.url, self.workload, self.health = url.rstrip("/"), workload, health
         self.width = int(health["vision_config"]["out_hidden_size"])
-        self.bodies = [save_safetensors({"pixel_values": p, "grid_thw": torch.from_numpy(g)})
-                       for p, g in zip(workload.pixels, workload.distinct_grids(), strict=True)]
+        self.content_type = "application/json" if bodies is not None else "application/x-safetensors"
+        self.bodies = bodies if bodies is not None else [
+            save_safetensors({"pixel_values": p, "grid_thw": torch.from_numpy(g)})
+            for p, g in zip(workload.pixels, workload.distinct_grids(), strict=True)]
         self.params = {"dtype": response_dtype}
         self.timeout = aiohttp.ClientTimeout(total=timeout)
         self.session: aiohttp.ClientSession | None = None
@@ -216,7 +294,7 @@ class HttpTarget:
         sent = time.perf_counter()
         try:
             async with self.session.post(f"{self.url}/v1/encode", data=body, params=self.params,
-                                         headers={"Content-Type": "application/x-safetensors"}) as response:
+                                         headers={"Content-Type": self.content_type}) as response:
                 data = await response.read()
                 done = time.perf_counter()
                 if response.status != 200:
@@ -224,10 +302,12 @@ class HttpTarget:
                         why = json.loads(data)["error"]
                     except (ValueError, KeyError, TypeError):
                         why = data[:200].decode("utf-8", "replace")
-                    return Outcome(False, sent, done, error=f"HTTP {response.status}: {why}")
+                    return Outcome(False, sent, done, error=f"HTTP {response.status}: {why}",
+                                   refused=response.status in (429, 503))
                 wrong = answer_error(data, self.workload.item_tokens[j], self.width)
                 queue_ms = float(response.headers.get("X-Queue-Delay-Ms", "nan"))
-                return Outcome(wrong is None, sent, done, queue_ms, wrong)
+                return Outcome(wrong is None, sent, done, queue_ms, wrong,
+                               timing_ms=server_timing(response.headers.get("Server-Timing")))
         except (aiohttp.ClientError, asyncio.TimeoutError) as err:
             return Outcome(False, sent, time.perf_counter(), error=f"{type(err).__name__}: {err}")
 
@@ -258,13 +338,17 @@ class InProcessTarget:
         try:
             future = await loop.run_in_executor(self.pool, self.scheduler.submit, pixels, grids)
             result = await asyncio.wrap_future(future)
-        except (QueueFull, SchedulerClosed, ValueError, RuntimeError) as err:
+        except (QueueFull, SchedulerClosed) as err:
+            return Outcome(False, sent, time.perf_counter(), error=f"{type(err).__name__}: {err}", refused=True)
+        except (ValueError, RuntimeError) as err:
             return Outcome(False, sent, time.perf_counter(), error=f"{type(err).__name__}: {err}")
         done = time.perf_counter()
         shapes = [list(o.shape) for o in result.outputs]
         want = [[t, self.width] for t in self.workload.item_tokens[j]]
+        timing = {"host_to_device": result.stage_s * 1e3, "queue": result.queue_s * 1e3,
+                  "encode": (result.total_s - result.queue_s) * 1e3}
         return Outcome(shapes == want, sent, done, result.queue_s * 1e3,
-                       None if shapes == want else f"outputs {shapes}, not {want}")
+                       None if shapes == want else f"outputs {shapes}, not {want}", timing_ms=timing)
 
     async def server_stats(self) -> dict:
         return self.scheduler.stats()
@@ -325,10 +409,12 @@ def run_record(mode: str, rate: float, args: argparse.Namespace, workload: Workl
     queue = [q for j in ok if (q := outcomes[j].queue_ms) is not None]
     errors = collections.Counter(o.error for o in outcomes if o.error)
     items_per_s = items / duration if duration > 0 else 0.0
+    refused = sum(o.refused for o in outcomes)
     return {
         "mode": mode, "request_rate": "inf" if math.isinf(rate) else rate, "burstiness": args.burstiness,
         "max_concurrency": args.max_concurrency, "requests": len(outcomes), "successful": len(ok),
-        "failed": len(outcomes) - len(ok), "errors": dict(errors.most_common(10)), "duration_s": duration,
+        "refused": refused, "failed": len(outcomes) - len(ok) - refused, "errors": dict(errors.most_common(10)),
+        "time_split_ms": time_split([outcomes[j] for j in ok]), "duration_s": duration,
         "requests_per_s": len(ok) / duration if duration > 0 else 0.0, "items_per_s": items_per_s,
         "tokens_per_s": tokens / duration if duration > 0 else 0.0,
         "vs_floor": items_per_s / floor_items_per_s if floor_items_per_s else None,
@@ -337,6 +423,18 @@ def run_record(mode: str, rate: float, args: argparse.Namespace, workload: Workl
                         "tte_ms": [(o.done - o.sent) * 1e3 for o in outcomes],
                         "queue_ms": [o.queue_ms for o in outcomes]},
     }
+
+
+def time_split(outcomes: list[Outcome]) -> dict[str, float] | None:
+    """The mean of each phase of the server's split over ``outcomes`` (ms), and ``write``: the mean rest of their
+    time to embedding (None without a split: a server that sends none)."""
+    timed = [o for o in outcomes if o.timing_ms]
+    if not timed:
+        return None
+    out = {p: float(np.mean([o.timing_ms.get(p, 0.0) for o in timed if o.timing_ms])) for p in SERVER_PHASES}
+    rest = [(o.done - o.sent) * 1e3 - sum(o.timing_ms.values()) for o in timed if o.timing_ms]
+    out["write"] = float(np.mean(rest))
+    return out
 
 
 # ---- the report ------------------------------------------------------------------------------------------------
@@ -349,6 +447,7 @@ def print_run(r: dict[str, Any]) -> None:
     lines = [
         f"{' Serving Benchmark Result: ' + r['mode'] + ' ':=^52}",
         f"{'Successful requests:':<40}{r['successful']:>12}",
+        f"{'Refused requests (429, 503):':<40}{r['refused']:>12}",
         f"{'Failed requests:':<40}{r['failed']:>12}",
         f"{'Maximum request concurrency:':<40}{str(r['max_concurrency']):>12}",
         f"{'Request rate configured (RPS):':<40}{rate if isinstance(rate, str) else f'{rate:.2f}':>12}",
@@ -364,6 +463,10 @@ def print_run(r: dict[str, Any]) -> None:
         short = "TTE" if key == "tte_ms" else "queue delay"
         for stat, label in (("mean", "Mean"), ("median", "Median"), ("p99", "P99")):
             lines.append(f"{f'{label} {short} (ms):':<40}{_ms(r[key][stat]):>12}")
+    if r.get("time_split_ms"):
+        lines.append(f"{' Time split (mean ms) ':-^52}")
+        for phase, value in r["time_split_ms"].items():
+            lines.append(f"{phase + ':':<40}{value:>12.2f}")
     s = r["server"]
     lines.append(f"{' Batches ':-^52}")
     batches = f"{s['batches']} ({s['mixed_batches']})"
@@ -378,19 +481,19 @@ def print_run(r: dict[str, Any]) -> None:
 
 
 def print_summary(runs: list[dict[str, Any]]) -> None:
-    head = f"{'mode':<16}{'rate':>7}{'ok':>6}{'fail':>5}{'req/s':>8}{'items/s':>9}{'×floor':>8}{'TTE med':>9}" \
-           f"{'P99':>9}{'queue med':>10}{'P99':>9}{'items/b':>8}{'pad':>6}"
+    head = f"{'mode':<16}{'rate':>7}{'ok':>6}{'ref':>5}{'fail':>5}{'req/s':>8}{'items/s':>9}{'×floor':>8}" \
+           f"{'TTE med':>9}{'P99':>9}{'queue med':>10}{'P99':>9}{'items/b':>8}{'pad':>6}"
     print("\n" + head + "\n" + "-" * len(head))
     for r in runs:
         rate = r["request_rate"] if isinstance(r["request_rate"], str) else f"{r['request_rate']:g}"
         floor = "-" if r["vs_floor"] is None else f"{r['vs_floor']:.0%}"
         pad = r["server"]["padding_fraction"]
-        print(f"{r['mode']:<16}{rate:>7}{r['successful']:>6}{r['failed']:>5}{r['requests_per_s']:>8.2f}"
+        print(f"{r['mode']:<16}{rate:>7}{r['successful']:>6}{r['refused']:>5}{r['failed']:>5}{r['requests_per_s']:>8.2f}"
               f"{r['items_per_s']:>9.1f}{floor:>8}{_ms(r['tte_ms']['median']):>9}{_ms(r['tte_ms']['p99']):>9}"
               f"{_ms(r['queue_ms']['median']):>10}{_ms(r['queue_ms']['p99']):>9}"
               f"{_ms(r['server']['items_per_batch']):>8}{'-' if pad is None else f'{pad:.0%}':>6}")
-    print("(TTE: time to embedding, ms; queue: the server's queueing delay, ms; items/b: items per batch; "
-          "pad: padded share of budget tokens)")
+    print("(ref: refused, 429 or 503; TTE: time to embedding, ms; queue: the server's queueing delay, ms; items/b: "
+          "items per batch; pad: padded share of budget tokens)")
 
 
 # ---- servers ---------------------------------------------------------------------------------------------------
@@ -446,17 +549,18 @@ class SpawnedServer:
 
 def serve_argv(args: argparse.Namespace, mode: str, workload: Workload) -> list[str]:
     """The child server's command line: this command's model and batching flags, a queue for every request."""
-    body_mb = max(64.0, 2 * max(p.numel() * p.element_size() for p in workload.pixels) / 2**20)
+    body_mb = max([64.0, *(2 * p.numel() * p.element_size() / 2**20 for p in workload.pixels)])
     argv = [sys.executable, "-m", "glmvit", "serve", "--host", "127.0.0.1", "--port", "0", "--mode", mode,
             "--device", args.device, "--config", args.config, "--dtype", args.dtype, "--seed", str(args.seed),
             "--max-wait-ms", str(args.max_wait_ms), "--max-queue", str(queue_requests(args, workload)),
-            "--max-queue-tokens", str(queue_tokens(args, workload)), "--max-body-mb", f"{body_mb:.1f}",
+            "--max-queue-tokens", str(queue_tokens(args, workload)), "--max-queue-mb", str(args.max_queue_mb),
+            "--max-body-mb", f"{body_mb:.1f}",
             "--max-items-per-request", str(max(64, max(len(g) for g in workload.grids))), "--quiet"]
     if args.weights:
         argv += ["--weights", args.weights]
     for flag, value in (("--budgets", ",".join(map(str, args.budgets)) if args.budgets else None),
                         ("--max-items", args.max_items), ("--max-segments", args.max_segments),
-                        ("--attn-backend", args.attn_backend)):
+                        ("--attn-backend", args.attn_backend), ("--decode-workers", args.decode_workers)):
         if value is not None:
             argv += [flag, str(value)]
     return argv
@@ -484,7 +588,7 @@ async def bench_http(url: str, workload: Workload, args: argparse.Namespace, rec
     mode = health["mode"]
     floor = floor_rate(health, workload)
     record["servers"][mode], record["floor"][mode] = health, floor
-    async with HttpTarget(url, workload, health, args.response_dtype, args.timeout) as target:
+    async with HttpTarget(url, workload, health, args.response_dtype, args.timeout, args.media_bodies) as target:
         record["runs"] += await run_rates(target, workload, args, mode, floor["items_per_s"] if floor else None)
 
 
@@ -531,6 +635,8 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--in-process", action="store_true", help="drive the scheduler in this process (no HTTP)")
     t.add_argument("--modes", default=None, help=f"with --spawn / --in-process: comma list of {', '.join(MODES)} "
                    "(default graph)")
+    t.add_argument("--decode-workers", type=int_in(1, 256), default=None,
+                   help="--spawn: the server's processes that decode media (default: the server's, min(8, CPUs − 1))")
     t.add_argument("--startup-timeout", type=float_in(1, 7200), default=1800.0,
                    help="seconds a spawned server may take to capture and listen (default 1800)")
     w = p.add_argument_group("workload (vLLM random-mm)")
@@ -543,8 +649,11 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--range-ratio", "--random-mm-num-mm-items-range-ratio", type=float_in(0, 1), default=0.0)
     w.add_argument("--limit-per-request", "--random-mm-limit-mm-per-prompt", type=int_in(1, 4096), default=None)
     w.add_argument("--num-prompts", "--num-requests", type=int_in(1, MAX_PROMPTS), default=100)
+    w.add_argument("--body", choices=BODIES, default="media",
+                   help="what a request carries: media (default: JSON content parts of data: URLs, JPEG pictures and "
+                        "MP4 clips, decoded by the server) or pixels (safetensors pixel rows); --in-process: pixels")
     w.add_argument("--pixel-dtype", choices=list(PIXEL_DTYPES), default="float32",
-                   help="dtype of the pixel rows sent (default float32, what glmvit.processing makes)")
+                   help="--body pixels: dtype of the pixel rows sent (default float32, what glmvit.processing makes)")
     a = p.add_argument_group("load")
     a.add_argument("--request-rate", type=parse_rates, default=[math.inf],
                    help="requests per second, or inf (all at once); a comma list is a sweep (default inf)")
@@ -581,6 +690,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: 
     args.max_queue_set = any(a == "--max-queue" or a.startswith("--max-queue=") for a in argv)
     if args.url and args.modes:
         parser.error("--modes applies to --spawn and --in-process (a running server has its own mode)")
+    if args.decode_workers is not None and not args.spawn:
+        parser.error("--decode-workers applies to --spawn (a running server has its own; --in-process decodes nothing)")
     if args.url:
         check_url(parser, args.url)
     try:
@@ -604,24 +715,28 @@ def main(argv: list[str] | None = None) -> int:
     check_args(parser, args, argv)
     command = " ".join([sys.executable, "-m", "glmvit", "bench-serve", *argv])
     workload = build_workload(args)
+    body = "pixels" if args.in_process else args.body
+    args.media_bodies, made = media_bodies(workload, args.seed) if body == "media" else (None, None)
     target = "url" if args.url else "spawn" if args.spawn else "in-process"
     record: dict[str, Any] = {
         "settings": {"target": target, "url": args.url, "modes": None if args.url else args.modes,
                      **workload.settings, "request_rates": ["inf" if math.isinf(r) else r for r in args.request_rate],
                      "burstiness": args.burstiness, "max_concurrency": args.max_concurrency,
-                     "warmup_requests": args.warmup_requests, "pixel_dtype": args.pixel_dtype,
+                     "warmup_requests": args.warmup_requests, "body": body, "media": made,
+                     "pixel_dtype": args.pixel_dtype if body == "pixels" else None,
                      "response_dtype": args.response_dtype, "timeout_s": args.timeout,
                      "model": {"device": args.device, "config": args.config, "dtype": args.dtype,
                                "weights": args.weights, "seed": args.seed},
                      "batching": {"budgets": list(args.budgets) if args.budgets else None, "max_items": args.max_items,
                                   "max_segments": args.max_segments, "max_wait_ms": args.max_wait_ms,
                                   "max_queue": queue_requests(args, workload),
-                                  "max_queue_tokens": queue_tokens(args, workload), "attn_backend": args.attn_backend},
+                                  "max_queue_tokens": queue_tokens(args, workload), "max_queue_mb": args.max_queue_mb,
+                                  "attn_backend": args.attn_backend, "decode_workers": args.decode_workers},
                      "arrivals": "gamma(burstiness, 1/(rate·burstiness)) gaps after each request, all at 0 for inf",
                      "timing": "time to embedding: request sent → whole answer read; queue: the server's "
-                               "X-Queue-Delay-Ms"},
+                               "X-Queue-Delay-Ms; time split: the server's Server-Timing, write the rest"},
         "workload": {"requests": len(workload.grids), "items": sum(len(g) for g in workload.grids),
-                     "tokens": sum(workload.tokens), "distinct_layouts": len(workload.pixels),
+                     "tokens": sum(workload.tokens), "distinct_layouts": len(set(workload.layouts)),
                      "grids": [g.tolist() for g in workload.grids]},
         "servers": {}, "floor": {}, "runs": [],
     }

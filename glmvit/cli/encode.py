@@ -64,18 +64,19 @@ VIDEO_SUFFIXES = (".mp4", ".webm", ".mov", ".mkv", ".m4v", ".avi")  # through Py
 SUFFIXES = tuple(sorted(set(IMAGE_SUFFIXES + ANIMATION_SUFFIXES + VIDEO_SUFFIXES)))
 
 
-def check_file(path: Path) -> str:
-    """The kind of ``path`` ("image" or "video") once it is known to load: otherwise one line naming it.
+def check_file(path: Path, max_frame_pixels: int = MAX_FRAME_PIXELS) -> str:
+    """The kind of ``path`` ("image" or "video") once it is known to load: otherwise one line naming it. A picture
+    or frame of more than ``max_frame_pixels`` is refused from the header, before a pixel is decoded.
 
     PIL's decompression-bomb warning is silenced here: it fires above 89 M pixels, and MAX_FRAME_PIXELS (64 M)
     refuses every such picture with one line of its own.
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        return _check_file(path)
+        return _check_file(path, max_frame_pixels)
 
 
-def _check_file(path: Path) -> str:
+def _check_file(path: Path, max_frame_pixels: int) -> str:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
     if not path.is_file():
@@ -88,27 +89,27 @@ def _check_file(path: Path) -> str:
     if path.stat().st_size == 0:
         raise ValueError(f"{path}: empty file")
     if suffix in VIDEO_SUFFIXES:
-        video.probe(path)  # container metadata only; decoding (bounded) comes with processing
+        video.probe(path, max_frame_pixels)  # container metadata only; decoding (bounded) comes with processing
         return "video"
-    frames, (width, height), fmt = _first_frame(path)
-    check_frame_pixels(width, height, str(path))
+    frames, (width, height), fmt = _first_frame(path, max_frame_pixels)
+    check_frame_pixels(width, height, str(path), max_frame_pixels)
     try:
         smart_resize(height, width)
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
     if fmt in video.ANIMATIONS:  # its block structure whole, so that a cut animation is refused, never shortened
-        video.probe(path)
+        video.probe(path, max_frame_pixels)
     return "video" if suffix in ANIMATION_SUFFIXES and frames > 1 else "image"
 
 
-def _first_frame(path: Path) -> tuple[int, tuple[int, int], str | None]:
+def _first_frame(path: Path, max_frame_pixels: int) -> tuple[int, tuple[int, int], str | None]:
     """Decode the first frame (a truncated or corrupt image fails here), once its stated size is known to be within
-    MAX_FRAME_PIXELS; the frame count, the size and PIL's format. An animation's other frames are decoded, within a
+    ``max_frame_pixels``; the frame count, the size and PIL's format. An animation's other frames are decoded, within a
     pixel budget, only when sampled (glmvit.video)."""
     try:
         with Image.open(path) as im:
             size = im.size
-            if size[0] * size[1] <= MAX_FRAME_PIXELS:
+            if size[0] * size[1] <= max_frame_pixels:
                 im.load()
             return getattr(im, "n_frames", 1), size, im.format
     except PermissionError:
@@ -121,10 +122,14 @@ def _first_frame(path: Path) -> tuple[int, tuple[int, int], str | None]:
         raise ValueError(f"{path}: cannot decode it ({type(err).__name__}: {err})") from None
 
 
-def load(path: Path, kind: str) -> VisionInputs:
-    """One checked file through the processor; an error still names the file."""
+def load(path: Path, kind: str, max_frame_pixels: int = MAX_FRAME_PIXELS,
+         max_decoded_pixels: int = video.MAX_DECODED_PIXELS) -> VisionInputs:
+    """One checked file through the processor, within the pixel bounds (a video's frames decoded, sampled or not,
+    count against ``max_decoded_pixels``); an error still names the file."""
     try:
-        return process_video(path) if kind == "video" else process_images([path])
+        if kind == "video":
+            return process_video(path, max_frame_pixels=max_frame_pixels, max_decoded_pixels=max_decoded_pixels)
+        return process_images([path], max_frame_pixels=max_frame_pixels)
     except (ValueError, OSError) as err:
         raise ValueError(f"{path}: {err}") from None
 

@@ -8,6 +8,9 @@ status codes: :mod:`glmvit.cli.serve_app`. Examples::
 
     python -m glmvit serve --port 8000
     curl -s -F file=@data/images/coffee.jpg -F file=@data/clip.gif http://127.0.0.1:8000/v1/encode -o emb.safetensors
+    printf '{"content": [{"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,%s"}}]}' \\
+        "$(base64 -w0 data/images/coffee.jpg)" | curl -s -H 'Content-Type: application/json' --data-binary @- \\
+        http://127.0.0.1:8000/v1/encode -o emb.safetensors
     curl -s http://127.0.0.1:8000/health; curl -s http://127.0.0.1:8000/metrics
 """
 from __future__ import annotations
@@ -27,7 +30,7 @@ from ..graphs import EncoderGraphRunner, recorded_table_for
 from ..model import GlmVisionEncoder
 from ..packing import BudgetConfig, default_ladder
 from ..provenance import collect
-from ..scheduler import DEFAULT_MAX_REQUESTS, BatchScheduler
+from ..scheduler import DEFAULT_MAX_BYTES, DEFAULT_MAX_REQUESTS, BatchScheduler
 from .common import (
     DTYPES,
     MAX_BUDGET_TOKENS,
@@ -41,7 +44,8 @@ from .common import (
     resolve_model_args,
 )
 from .encode import model_metadata
-from .serve_app import EncoderService, HttpLimits, run_server
+from .serve_app import EncoderService, HttpLimits, default_decode_pool, run_server
+from .serve_media import DEFAULT_FRAME_PIXELS, DEFAULT_REQUEST_PIXELS, MediaLimits
 
 MODES = ("eager", "graph", "graph-compiled")
 LARGEST_BUDGET = 4096  # the default ladder's top: sixteen 8-frame 224² clips, or four 896² images, in one batch
@@ -63,6 +67,9 @@ def add_serving_args(parser: argparse.ArgumentParser) -> None:
                    help=f"requests admitted and not yet answered (default {DEFAULT_MAX_REQUESTS}); then 429")
     g.add_argument("--max-queue-tokens", type=int_in(1, 2**31), default=None,
                    help="their output tokens (default 64 × the largest budget); then 429")
+    g.add_argument("--max-queue-mb", type=float_in(1, 2**20), default=DEFAULT_MAX_BYTES / 2**20,
+                   help=f"their pixels, in MiB in the model's dtype on its device (default {DEFAULT_MAX_BYTES >> 20}); "
+                        "then 429")
     g.add_argument("--attn-backend", default=None, help="attention backend (default: the device's)")
 
 
@@ -98,7 +105,7 @@ def make_scheduler(model: GlmVisionEncoder, mode: str, args: argparse.Namespace,
                                     latency_table=recorded_table_for(model, compiled)).capture()
         encoder = runner
     scheduler = BatchScheduler(encoder, config, max_wait_s=args.max_wait_ms / 1e3, max_requests=args.max_queue,
-                               max_tokens=args.max_queue_tokens)
+                               max_tokens=args.max_queue_tokens, max_bytes=int(args.max_queue_mb * 2**20))
     return scheduler, runner
 
 
@@ -123,8 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--max-items-per-request", type=int_in(1, 4096), default=64, help="default 64; more: 413")
     h.add_argument("--max-requests", type=int_in(1, 100_000), default=None,
                    help="requests in the server at once, decoding included (default: --max-queue); then 429")
+    h.add_argument("--max-held-mb", type=float_in(1, 2**20), default=4096.0,
+                   help="request bodies read and not yet answered, in MiB (default 4096); then 429")
     h.add_argument("--threads", type=int_in(1, 256), default=min(8, os.cpu_count() or 1),
-                   help="threads that decode uploads and write answers (default min(8, CPUs))")
+                   help="threads that check pixel rows, admit requests and write answers (default min(8, CPUs))")
     h.add_argument("--read-timeout", type=float_in(0.1, 3600), default=30.0,
                    help="seconds a request's body may take to arrive (default 30; later: 408, its place freed)")
     h.add_argument("--header-timeout", type=float_in(0.1, 3600), default=30.0,
@@ -134,10 +143,32 @@ def build_parser() -> argparse.ArgumentParser:
                    help="open connections at once (default 1024, fewer if ulimit -n is lower); more: 503")
     h.add_argument("--shutdown-timeout", type=float_in(0, 3600), default=60.0,
                    help="seconds a drain waits for requests in flight (default 60)")
+    m = parser.add_argument_group("media (multipart files, JSON content parts)")
+    m.add_argument("--decode-workers", type=int_in(1, 256), default=max(1, min(8, (os.cpu_count() or 2) - 1)),
+                   help="processes that decode and preprocess media (default min(8, CPUs − 1))")
+    m.add_argument("--decode-queue", type=int_in(0, 100_000), default=64,
+                   help="requests waiting for a decode process (default 64); more: 429")
+    m.add_argument("--decode-timeout", type=float_in(0.01, 3600), default=30.0,
+                   help="seconds a request's media may take to decode (default 30; later: 413, the process replaced)")
+    m.add_argument("--max-frame-pixels", type=int_in(1, 8192 * 8192), default=DEFAULT_FRAME_PIXELS,
+                   help=f"pixels of one picture or frame, read from its header (default {DEFAULT_FRAME_PIXELS:,}); "
+                        "more: 413 before it is decoded")
+    m.add_argument("--max-request-pixels", type=int_in(1, 2**40), default=DEFAULT_REQUEST_PIXELS,
+                   help=f"pixels one request may decode (default {DEFAULT_REQUEST_PIXELS:,}); more: 413")
+    m.add_argument("--allowed-media-dir", type=media_dir, default=None,
+                   help="take file:// URLs of files under this directory (default: none, file:// is refused)")
     h.add_argument("--measure-floor", action=argparse.BooleanOptionalAction, default=True,
                    help="measure the matmul rate and copy bandwidth at start (for bench-serve's floor; default on)")
     h.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
+
+
+def media_dir(text: str) -> str:
+    """An existing directory, resolved (symlinks followed): where file:// URLs may point."""
+    path = os.path.realpath(text)
+    if not os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a directory")
+    return path
 
 
 def build_service(args: argparse.Namespace, command: str, model: GlmVisionEncoder | None = None) -> EncoderService:
@@ -155,9 +186,14 @@ def build_service(args: argparse.Namespace, command: str, model: GlmVisionEncode
              "routing": (runner.latency_table.describe() if runner.latency_table else "off: no recorded table for "
                          "this model, mode and GPU (every batch a budget holds replays)") if runner else None}
     limits = HttpLimits(int(args.max_body_mb * 2**20), args.max_items_per_request, args.max_requests or args.max_queue,
-                        args.read_timeout, args.header_timeout, args.max_connections)
-    return EncoderService(scheduler, model_metadata(args, model), collect(model.device, command), limits,
-                          args.threads, extra, (lambda: runner.stats.as_dict()) if runner else None)
+                        args.read_timeout, args.header_timeout, args.max_connections, int(args.max_held_mb * 2**20))
+    media = MediaLimits(args.max_frame_pixels, args.max_request_pixels, args.allowed_media_dir)
+    service = EncoderService(scheduler, model_metadata(args, model), collect(model.device, command), limits,
+                             args.threads, extra, (lambda: runner.stats.as_dict()) if runner else None, media=media,
+                             decode=default_decode_pool(args.decode_workers, args.decode_queue, args.decode_timeout),
+                             own_decode=True)
+    service.decode.start()  # its processes start now (their imports take seconds), not with the first upload
+    return service
 
 
 def main(argv: list[str] | None = None) -> int:

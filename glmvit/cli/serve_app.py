@@ -1,32 +1,45 @@
 """The HTTP face of a :class:`~glmvit.scheduler.BatchScheduler` (aiohttp): what ``glmvit serve`` runs.
 
-``POST /v1/encode`` takes one of two bodies:
+``POST /v1/encode`` takes one of three bodies:
 
+- ``application/json``: content parts as vLLM's chat API carries them, ``{"content": [...]}`` or a chat
+  ``{"messages": [...]}``, each ``image_url`` / ``video_url`` part (a ``data:`` URL; ``file://`` only under an
+  allowed directory) one item, in order (:mod:`glmvit.cli.serve_media`);
 - ``multipart/form-data``: one part per image or video file, its filename's suffix saying which (the types
-  ``glmvit encode`` takes); each is checked and decoded as ``encode`` does, within the same pixel budgets;
+  ``glmvit encode`` takes);
 - ``application/x-safetensors`` (or ``application/octet-stream``): a safetensors file of ``pixel_values``
   [rows, C·T·P²] (float32, bfloat16 or float16) and ``grid_thw`` [items, 3] (integers), the rows as
   :mod:`glmvit.processing` makes them.
 
-It answers ``200`` with ``application/x-safetensors`` in ``encode --out``'s layout (tensors ``item_<i>``, float32;
-``?dtype=model`` returns the model's dtype instead, half the bytes in bfloat16), with headers ``X-Request-Id``,
-``X-Queue-Delay-Ms`` (admission to the first batch holding one of its items), ``X-Encode-Ms`` (admission to its
-last item encoded), ``X-Prepare-Ms`` (reading and decoding before admission) and ``X-Batches``. Every error is
-JSON ``{"error": one line, "status": code}``: 400 bad input (naming the item or the file) or a request aiohttp's
-HTTP parser refuses, 408 a body that did not arrive within ``read_timeout_s`` (a slow client never keeps its
-place), 413 too large (a body is never read past ``max_body_bytes``, a multipart preamble counted, and what a
-refused body held is freed at once), 415 another content type or a compressed body (any ``Content-Encoding`` but
-identity, refused before it is read), 429 the queue is full (with ``Retry-After``), 503 shutting down or past
-``max_connections`` open connections, 500 an internal error (its traceback goes to the server's log, never to
-the client). A refused body's connection is closed rather than drained. A connection whose request headers take
-longer than ``header_timeout_s`` is closed. ``GET /health``: a little JSON (status, mode, limits);
-``GET /v1/info``: that and the model, the floor, the capture, the provenance and the code's fingerprint.
-``GET /metrics``: Prometheus text (each family's HELP and TYPE once; seconds, ``_total`` counters), or JSON with
-``?format=json``.
+Media (JSON and multipart) is checked, decoded and preprocessed as ``encode`` does, in decode worker processes
+(:mod:`glmvit.cli.decode_pool`), within per-request pixel and time bounds; their rows come back in the model's
+dtype through shared memory (:mod:`glmvit.cli.pixel_rows`). Pixel rows sent as safetensors are checked on a thread.
+Neither runs on the event loop or the scheduler's worker. It answers ``200`` with ``application/x-safetensors`` in
+``encode --out``'s layout (tensors ``item_<i>``, float32; ``?dtype=model`` returns the model's dtype instead, half
+the bytes in bfloat16), with headers ``X-Request-Id``, ``X-Queue-Delay-Ms`` (admission to the first batch holding
+one of its items), ``X-Encode-Ms`` (admission to its last item encoded), ``X-Prepare-Ms`` (reading and decoding
+before admission), ``X-Batches`` and ``Server-Timing`` (its time by phase, :data:`PHASES` but ``write``, which
+follows the headers; ``/metrics`` sums every phase; ``decode`` counts the wait for a free decoder, ``preprocess``
+the processor's work and admission's checks). Every error is JSON ``{"error": one line, "status": code}``:
+400 bad input (naming the item, the file or the JSON part) or a request aiohttp's HTTP parser refuses, 403 a
+``file://`` URL outside the allowed directory, 408 a body that did not arrive within ``read_timeout_s`` (a slow
+client never keeps its place), 413 too large (a body is never read past ``max_body_bytes``, a multipart preamble
+counted, and what a refused body held is freed at once; a picture past the pixel bounds; media that took longer
+than the decode timeout), 415 another content type or a compressed body (any ``Content-Encoding`` but identity,
+refused before it is read), 429 past a bound of what the server holds: requests, body bytes
+(``max_held_bytes``), requests waiting for a decoder, or the scheduler's requests, tokens and bytes (with
+``Retry-After``), 503 shutting down or past ``max_connections`` open connections, 500 an internal error (its
+traceback goes to the server's log, never to the client). A refused body's connection is closed rather than
+drained. A connection whose request headers take longer than ``header_timeout_s`` is closed. ``GET /health``: a
+little JSON (status, mode, limits); ``GET /v1/info``: that and the model, the floor, the capture, the decoders,
+the media bounds, the provenance and the code's fingerprint. ``GET /metrics``: Prometheus text (each family's
+HELP and TYPE once; seconds, ``_total`` counters), or JSON with ``?format=json``.
 
-:func:`run_server` serves until asked to stop, then drains: it stops listening, answers new requests on open
-connections with 503, lets every request in flight finish (up to ``shutdown_timeout``), then closes the scheduler.
-:class:`ServerThread` runs it in a thread of its own (tests, in-process use).
+:func:`run_server` serves until asked to stop, then drains: it stops listening; while requests are in flight it
+keeps open connections open and answers a new request on any of them (an idle keep-alive one included) with 503
+and closes it; once every request in flight has finished (up to ``shutdown_timeout``) it closes the idle
+connections, then the scheduler and the decoders. :class:`ServerThread` runs it in a thread of its own (tests,
+in-process use).
 """
 from __future__ import annotations
 
@@ -35,15 +48,15 @@ import collections
 import hashlib
 import json
 import logging
+import os
 import resource
 import signal
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from http import HTTPStatus
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any, Callable
 from urllib.parse import unquote
 
@@ -56,17 +69,19 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from ..metadata import as_grid_array
-from ..processing import VisionInputs
 from ..records import fingerprint_now
-from ..scheduler import BatchScheduler, QueueFull, RequestTooLarge, SchedulerClosed, host_copy
+from ..scheduler import DEFAULT_MAX_REQUESTS, BatchScheduler, QueueFull, RequestTooLarge, SchedulerClosed, host_copy
 from ..workloads import shown
-from .embedding_file import file_metadata, inputs_record, item_record
-from .encode import check_file, load
+from .decode_pool import DecodeBusy, DecodePool, DecodeTimeout, WorkerDied
+from .embedding_file import file_metadata, item_record
+from .pixel_rows import remove_shared_dir, shared_dir
+from .serve_media import MediaError, MediaLimits, PreparedMedia, prepare_media
 
 log = logging.getLogger(__name__)
 
 SAFETENSORS = "application/x-safetensors"
 PIXEL_TYPES = (SAFETENSORS, "application/octet-stream")
+BODY_TYPES = ("multipart/form-data", "application/json", *PIXEL_TYPES)
 PIXEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 CHUNK = 1 << 16
 MAX_NAME = 200  # characters of an uploaded file's name kept for messages and the item's "source"
@@ -91,10 +106,15 @@ class HttpLimits:
 
     max_body_bytes: int = 64 * 2**20
     max_items: int = 64
-    max_requests: int = 256
+    max_requests: int = DEFAULT_MAX_REQUESTS
     read_timeout_s: float = 30.0
     header_timeout_s: float = 30.0
     max_connections: int = 1024
+    max_held_bytes: int = 4 << 30  # request bodies read and not yet answered; past that 429
+
+
+MEDIA_MODULES = ("glmvit.cli.serve_media",)  # what a decode worker imports before its first task
+PHASES = ("read", "decode", "preprocess", "queue", "host_to_device", "encode", "serialise", "write")
 
 
 @dataclass(frozen=True)
@@ -110,33 +130,32 @@ class Prepared:
     records: list[dict[str, Any]]
 
 
+class _Held:
+    """The bytes of one request's body counted in its service's ``held_bytes`` until :meth:`release`; past
+    ``max_held_bytes`` for all requests together the body is refused (429) as it is read."""
+
+    def __init__(self, service: "EncoderService"):
+        self.service, self.nbytes = service, 0
+
+    def add(self, n: int) -> None:
+        service = self.service
+        if service.held_bytes + n > service.limits.max_held_bytes:
+            raise BadRequest(f"the server holds {service.held_bytes:,} bytes of requests already (at most "
+                             f"{service.limits.max_held_bytes:,}); retry later", 429)
+        service.held_bytes += n
+        self.nbytes += n
+
+    def release(self) -> None:
+        self.service.held_bytes -= self.nbytes
+        self.nbytes = 0
+
+
 def upload_name(raw: str | None, index: int) -> str:
     """An uploaded file's name (percent-encoding undone, as aiohttp's client sends it) without folders or control
     characters, at most MAX_NAME characters. It names the item; it never becomes a path."""
     name = PurePosixPath(unquote(raw or "").replace("\\", "/")).name
     name = "".join(c for c in name if c.isprintable())[:MAX_NAME]
     return name or f"file{index}"
-
-
-def prepare_files(uploads: list[Upload], merge_area: int) -> Prepared:
-    """Every uploaded file checked and decoded as ``glmvit encode`` does; an error names the file (never the
-    temporary path it was written to)."""
-    if not uploads:
-        raise BadRequest("the request holds no files (send each image or video as a multipart file part)")
-    loaded, records = [], []
-    with tempfile.TemporaryDirectory(prefix="glmvit-serve-") as folder:
-        for k, upload in enumerate(uploads):
-            path = Path(folder).resolve() / f"{k}{PurePosixPath(upload.name).suffix.lower()}"
-            path.write_bytes(upload.data)
-            try:
-                inputs = load(path, check_file(path))
-            except (ValueError, OSError) as err:
-                raise BadRequest(str(err).replace(str(path), f"file {k} ({upload.name})")) from None
-            tokens = int(inputs.grid_thw[0].prod()) // merge_area
-            records.append(inputs_record(upload.name, hashlib.sha256(upload.data).hexdigest(), inputs, tokens))
-            loaded.append(inputs)
-    batch = VisionInputs.concat(loaded)
-    return Prepared(batch.pixel_values, batch.grid_thw, records)
 
 
 def prepare_pixels(body: bytes, check: Callable[[torch.Tensor, Any], np.ndarray], merge_area: int) -> Prepared:
@@ -167,6 +186,17 @@ def prepare_pixels(body: bytes, check: Callable[[torch.Tensor, Any], np.ndarray]
     return Prepared(pixels, torch.from_numpy(grids), records)
 
 
+def _discard_rows(future: Any) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().pixel_values.discard()
+
+
+def default_decode_pool(workers: int | None = None, waiting: int = 64, timeout_s: float = 30.0) -> DecodePool:
+    """``workers`` decode processes (default min(8, CPUs − 1), at least 1), ``waiting`` requests queued for them,
+    ``timeout_s`` a request's decoding."""
+    return DecodePool(workers or max(1, min(8, (os.cpu_count() or 2) - 1)), waiting, timeout_s, MEDIA_MODULES)
+
+
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response({"error": message, "status": status}, status=status, headers=headers)
 
@@ -178,22 +208,33 @@ def prometheus_family(name: str, kind: str, help_text: str, samples: list[tuple[
     if not present:
         return []
     return [f"# HELP glmvit_{name} {help_text}", f"# TYPE glmvit_{name} {kind}",
-            *(f"glmvit_{name}{labels} {value:g}" for labels, value in present)]
+            *(f"glmvit_{name}{labels} {value if isinstance(value, int) else format(value, 'g')}"
+              for labels, value in present)]
 
 
 class EncoderService:
-    """The application: its handlers, the limits, the counters, and the thread pool that decodes and answers."""
+    """The application: its handlers, the limits, the counters, the processes that decode media (``decode``,
+    default :func:`default_decode_pool`; :meth:`close` closes it if ``own_decode``, by default when it was made
+    here) and the thread pool that checks pixel rows, admits and answers."""
 
     def __init__(self, scheduler: BatchScheduler, info: dict[str, Any], provenance: dict[str, Any],
                  limits: HttpLimits = HttpLimits(), threads: int = 4, extra_health: dict[str, Any] | None = None,
-                 runner_stats: Callable[[], dict] | None = None):
+                 runner_stats: Callable[[], dict] | None = None, decode: DecodePool | None = None,
+                 media: MediaLimits | None = None, own_decode: bool | None = None):
         self.scheduler, self.info, self.provenance, self.limits = scheduler, info, provenance, limits
         self.model = scheduler.model
         self.extra_health = extra_health or {}
         self.runner_stats = runner_stats
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="glmvit-serve")
+        self.decode = decode or default_decode_pool()
+        self._pixels: list[str | None] = []  # the directory decode workers hand rows over in, once made
+        self._owns_decode = decode is None if own_decode is None else own_decode
+        self.media = media or MediaLimits()
         self.draining = False
         self.in_server = 0
+        self.held_bytes = 0  # request bodies read and not yet answered
+        self.phase_s: collections.Counter[str] = collections.Counter()  # Σ over answered requests, by phase
+        self.timed = 0  # requests answered 200 (those phase_s sums)
         self.responses: collections.Counter[int] = collections.Counter()
         self.url: str | None = None
         self.server: web.Server | None = None  # aiohttp's, once run_server listens: its open connections
@@ -215,31 +256,41 @@ class EncoderService:
             log.exception("internal error on %s %s", request.method, request.path)
             response = error_response(500, f"internal error: {type(err).__name__}: {str(err).splitlines()[0]}"
                                       if str(err) else f"internal error: {type(err).__name__}")
+        if self.draining and not response.prepared:  # the client's next request goes to another server
+            response.force_close()
         self.responses[response.status] += 1
         return response
 
-    async def encode(self, request: web.Request) -> web.Response:
+    async def encode(self, request: web.Request) -> web.StreamResponse:
         start = time.perf_counter()
         if self.draining:
             return error_response(503, "the server is shutting down and takes no new requests")
         if self.in_server >= self.limits.max_requests:
             return error_response(429, f"the server holds {self.in_server} requests already (at most "
                                   f"{self.limits.max_requests}); retry later", {"Retry-After": "1"})
+        if self.held_bytes + (request.content_length or 0) > self.limits.max_held_bytes:
+            return error_response(429, f"the server holds {self.held_bytes:,} bytes of requests already (at most "
+                                  f"{self.limits.max_held_bytes:,}); retry later", {"Retry-After": "1"})
         dtype = request.query.get("dtype", "float32")
         if dtype not in ("float32", "model"):
             return error_response(400, f"dtype must be float32 or model, not {dtype!r}")
         self.in_server += 1
+        held = _Held(self)
+        timing: dict[str, float] = {}
         loop = asyncio.get_running_loop()
         try:
-            prepared = await self._read(request)
+            prepared = await self._read(request, held, timing, start)
             if len(prepared.records) > self.limits.max_items:
                 raise BadRequest(f"{len(prepared.records)} items in one request: at most {self.limits.max_items}",
                                  413)
             prepared_at = time.perf_counter()
             future = await loop.run_in_executor(self.pool, self.scheduler.submit, prepared.pixel_values,
                                                 prepared.grid_thw)
+            admitted = time.perf_counter()
             result = await asyncio.wrap_future(future)
+            packing = time.perf_counter()
             body = await loop.run_in_executor(self.pool, self._pack, result.outputs, prepared.records, dtype)
+            timing["serialise"] = time.perf_counter() - packing
         except BadRequest as err:
             response = error_response(err.status, str(err))
             if not request.content.is_eof():  # the rest of a refused body is never read (nor inflated): close
@@ -255,24 +306,39 @@ class EncoderService:
             return error_response(503, str(err))
         finally:
             self.in_server -= 1
+            held.release()
+        # admission's own checks (grids, NaN/Inf) count as preprocessing; its copy to the device apart
+        timing["preprocess"] = timing.get("preprocess", 0.0) + max(0.0, admitted - prepared_at - result.stage_s)
+        timing.update(host_to_device=result.stage_s, queue=result.queue_s, encode=result.total_s - result.queue_s)
         headers = {"X-Request-Id": str(result.request_id), "X-Queue-Delay-Ms": f"{result.queue_s * 1e3:.3f}",
                    "X-Encode-Ms": f"{result.total_s * 1e3:.3f}", "X-Prepare-Ms": f"{(prepared_at - start) * 1e3:.3f}",
-                   "X-Batches": ",".join(map(str, result.batches))}
-        return web.Response(body=body, content_type=SAFETENSORS, headers=headers)
+                   "X-Batches": ",".join(map(str, result.batches)),
+                   "Server-Timing": ", ".join(f"{k};dur={timing[k] * 1e3:.3f}" for k in PHASES if k in timing)}
+        response = web.Response(body=body, content_type=SAFETENSORS, headers=headers)
+        if self.draining:
+            response.force_close()
+        writing = time.perf_counter()
+        await response.prepare(request)
+        await response.write_eof()
+        timing["write"] = time.perf_counter() - writing
+        self.phase_s.update(timing)
+        self.timed += 1
+        return response
 
-    async def _read(self, request: web.Request) -> Prepared:
+    async def _read(self, request: web.Request, held: "_Held", timing: dict[str, float], start: float) -> Prepared:
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):  # inflating would take memory and time the body limit does not see
             raise BadRequest(f"Content-Encoding {shown(encoding, 40)}: send the body uncompressed (identity)", 415)
         if request.content_length is not None and request.content_length > self.limits.max_body_bytes:
             raise BadRequest(f"the body has {request.content_length:,} bytes: at most "
                              f"{self.limits.max_body_bytes:,}", 413)
-        if request.content_type != "multipart/form-data" and request.content_type not in PIXEL_TYPES:
-            raise BadRequest(f"content type {request.content_type!r}: send multipart/form-data (files) or "
-                             f"{SAFETENSORS} (pixel_values and grid_thw)", 415)
+        if request.content_type not in BODY_TYPES:
+            raise BadRequest(f"content type {request.content_type!r}: send multipart/form-data (files), "
+                             f"application/json (content parts with data: URLs) or {SAFETENSORS} (pixel_values "
+                             "and grid_thw)", 415)
         timeout = self.limits.read_timeout_s
         try:
-            body = await asyncio.wait_for(self._receive(request), timeout)
+            body = await asyncio.wait_for(self._receive(request, held), timeout)
         except asyncio.TimeoutError:
             raise BadRequest(f"the body did not arrive within {timeout:g} s", 408) from None
         except HttpProcessingError as err:  # a malformed multipart part (its headers)
@@ -280,26 +346,55 @@ class EncoderService:
             raise BadRequest(f"the multipart body is malformed ({why})") from None
         except ConnectionError as err:  # the client left mid-body: a bad request, no internal error
             raise BadRequest(f"the connection closed before the body arrived ({err})") from None
+        read = time.perf_counter()
+        timing["read"] = read - start
         loop = asyncio.get_running_loop()
         merge_area = self.model.config.merge_area
-        if isinstance(body, list):
-            return await loop.run_in_executor(self.pool, prepare_files, body, merge_area)
+        if isinstance(body, list) or request.content_type == "application/json":
+            payload = ("files", [(u.name, u.data) for u in body]) if isinstance(body, list) else ("json", body)
+            del body
+            try:
+                future = self.decode.submit(prepare_media, *payload, self.media, merge_area, self.limits.max_items,
+                                            str(self.model.dtype).removeprefix("torch."), self._pixel_dir())
+            except DecodeBusy as err:
+                raise BadRequest(str(err), 429) from None
+            del payload
+            try:
+                media: PreparedMedia = await asyncio.wrap_future(future)
+            except asyncio.CancelledError:  # the client left: rows decoded for it are removed when they come
+                future.add_done_callback(_discard_rows)
+                raise
+            except MediaError as err:
+                raise BadRequest(str(err), err.status) from None
+            except DecodeTimeout as err:
+                raise BadRequest(f"the request's media: {err} (--decode-timeout)", 413) from None
+            except WorkerDied as err:
+                raise BadRequest(f"internal error: {err}", 500) from None
+            prepared = Prepared(media.pixel_values.tensor(), torch.from_numpy(media.grid_thw), media.records)
+            # decode: everything from the body read to the rows here but the processor (the wait for a free
+            # decoder, the parse, the files' checks and first frames, the hand-over)
+            timing["preprocess"] = media.timing["preprocess"]
+            timing["decode"] = time.perf_counter() - read - media.timing["preprocess"]
+            return prepared
         check = lambda pixels, grids: self.model.check_inputs(pixels, grids, check_finite=False)  # noqa: E731
-        return await loop.run_in_executor(self.pool, prepare_pixels, body, check, merge_area)
+        prepared = await loop.run_in_executor(self.pool, prepare_pixels, body, check, merge_area)
+        timing["decode"] = time.perf_counter() - read  # the safetensors body parsed and checked
+        return prepared
 
-    async def _receive(self, request: web.Request) -> list[Upload] | bytes:
-        """The body: a multipart request's files, or a pixel request's bytes."""
+    async def _receive(self, request: web.Request, held: "_Held") -> list[Upload] | bytes:
+        """The body: a multipart request's files, or a pixel or JSON request's bytes."""
         if request.content_type == "multipart/form-data":
-            return await self._read_multipart(request)
+            return await self._read_multipart(request, held)
         data = bytearray()
         while chunk := await request.content.read(CHUNK):
             if len(data) + len(chunk) > self.limits.max_body_bytes:
                 data.clear()  # freed now, whatever still refers to this frame (a traceback, a task)
                 raise BadRequest(f"the body has more than {self.limits.max_body_bytes:,} bytes", 413)
+            held.add(len(chunk))
             data += chunk
         return bytes(data)
 
-    async def _read_multipart(self, request: web.Request) -> list[Upload]:
+    async def _read_multipart(self, request: web.Request, held: "_Held") -> list[Upload]:
         reader = await request.multipart()
         uploads: list[Upload] = []
         total = 0
@@ -321,6 +416,7 @@ class EncoderService:
                     if total > limit or request.content.total_bytes > limit:
                         data.clear()
                         raise BadRequest(too_large, 413)
+                    held.add(len(chunk))
                     data += chunk
                 uploads.append(Upload(upload_name(part.filename, k), bytes(data)))
                 del data
@@ -331,6 +427,12 @@ class EncoderService:
             raise
         return uploads
 
+    def _pixel_dir(self) -> str | None:
+        """Where decode workers write rows for this service (:mod:`glmvit.cli.pixel_rows`), made on first use."""
+        if not self._pixels:
+            self._pixels.append(shared_dir())
+        return self._pixels[0]
+
     def _pack(self, outputs: list[torch.Tensor], records: list[dict[str, Any]], dtype: str) -> bytes:
         out_dtype = torch.float32 if dtype == "float32" else self.model.dtype
         tensors = {f"item_{i}": t for i, t in enumerate(host_copy(outputs, out_dtype))}
@@ -339,7 +441,7 @@ class EncoderService:
     def health_json(self) -> dict[str, Any]:
         """Light: whether it serves, how, and its limits (``/v1/info`` says what the model and its code are)."""
         scheduler = {k: v for k, v in self.scheduler.stats().items()
-                     if k in ("limits", "max_requests", "max_tokens", "max_wait_s")}
+                     if k in ("limits", "max_requests", "max_tokens", "max_bytes", "max_wait_s")}
         return {"status": "draining" if self.draining else "ok", "mode": self.scheduler.mode, "url": self.url,
                 "description": self.info.get("description"), "in_server": self.in_server,
                 "limits": asdict(self.limits), "scheduler": scheduler}
@@ -351,7 +453,7 @@ class EncoderService:
         """All /health says, with the model, the floor, the capture, the provenance and the code's fingerprint."""
         return web.json_response({
             **self.health_json(), "vision_config": vars(self.model.config), **self.info, **self.extra_health,
-            "provenance": self.provenance,
+            "decode": self.decode.stats(), "media": asdict(self.media), "provenance": self.provenance,
             # the code this server runs, what a benchmark of it measures: taken now, so that it names the modules
             # loaded on first use (the Triton kernels, imported by the capture) as well as those of the start-up
             "fingerprint": fingerprint_now().model_dump(mode="json"),
@@ -360,8 +462,11 @@ class EncoderService:
     def metrics_json(self) -> dict[str, Any]:
         connections = len(self.server.connections) if self.server else 0
         return {"http": {"in_server": self.in_server, "connections": connections, "draining": self.draining,
-                         "responses": {str(k): v for k, v in sorted(self.responses.items())}},
-                "scheduler": self.scheduler.stats(), "runner": self.runner_stats() if self.runner_stats else None}
+                         "held_bytes": self.held_bytes, "max_held_bytes": self.limits.max_held_bytes,
+                         "responses": {str(k): v for k, v in sorted(self.responses.items())},
+                         "timed_requests": self.timed, "phase_s": {k: self.phase_s[k] for k in PHASES}},
+                "decode": self.decode.stats(), "scheduler": self.scheduler.stats(),
+                "runner": self.runner_stats() if self.runner_stats else None}
 
     async def metrics(self, request: web.Request) -> web.Response:
         data = self.metrics_json()
@@ -373,6 +478,20 @@ class EncoderService:
         lines += prometheus_family("http_requests_in_server", "gauge", "requests read, decoded, queued or running",
                                    [("", self.in_server)])
         lines += prometheus_family("http_connections", "gauge", "open connections", [("", http["connections"])])
+        lines += prometheus_family("http_held_bytes", "gauge", "request bodies read and not yet answered",
+                                   [("", self.held_bytes)])
+        lines += prometheus_family("http_held_bytes_limit", "gauge", "past this, 429",
+                                   [("", self.limits.max_held_bytes)])
+        lines += prometheus_family("http_request_phase_seconds_total", "counter",
+                                   "time of the requests answered 200, by phase",
+                                   [(f'{{phase="{k}"}}', self.phase_s[k]) for k in PHASES])
+        lines += prometheus_family("http_timed_requests_total", "counter", "requests answered 200 (phases summed)",
+                                   [("", self.timed)])
+        d = data["decode"]
+        lines += prometheus_family("decode_busy_requests", "gauge", "requests decoding or waiting for a decoder",
+                                   [("", d["busy"])])
+        lines += prometheus_family("decode_timeouts_total", "counter", "decodes past the timeout (worker replaced)",
+                                   [("", d["timeouts"])])
         for key, name, help_text in (("submitted", "submitted", "requests admitted"),
                                      ("completed", "completed", "requests answered"),
                                      ("failed", "failed", "requests failed"), ("batches", "batches", "batches run"),
@@ -384,6 +503,11 @@ class EncoderService:
                                    [(f'{{reason="{r}"}}', s[f"rejected_{r}"]) for r in ("full", "closed")])
         lines += prometheus_family("scheduler_outstanding_requests", "gauge", "admitted, not answered",
                                    [("", s["outstanding_requests"])])
+        for key, help_text in (("tokens", "output tokens"), ("bytes", "pixel bytes on the model's device")):
+            lines += prometheus_family(f"scheduler_outstanding_{key}", "gauge", f"{help_text} admitted, not answered",
+                                       [("", s[f"outstanding_{key}"])])
+            lines += prometheus_family(f"scheduler_max_{key}", "gauge", f"{help_text} admitted at most; then 429",
+                                       [("", s[f"max_{key}"])])
         lines += prometheus_family("scheduler_padding_ratio", "gauge", "padded share of budget tokens",
                                    [("", s["padding_fraction"])])
         delays = s["queue_ms"]
@@ -403,6 +527,10 @@ class EncoderService:
     def close(self, timeout: float | None = None) -> None:
         self.scheduler.close(timeout)
         self.pool.shutdown(wait=True)
+        if self._owns_decode:
+            self.decode.close(timeout)
+        for folder in self._pixels:
+            remove_shared_dir(folder)
 
 
 class _JsonErrors(web.RequestHandler):
@@ -502,6 +630,11 @@ async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int
         service.begin_drain()
         if listener is not None:
             listener.close()  # stop listening
+        # open connections stay open while requests are in flight: a request on one (an idle keep-alive one
+        # included) gets a 503 and its connection closed; then the idle ones are closed
+        deadline = time.monotonic() + shutdown_timeout
+        while service.in_server and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         await runner.cleanup()  # close idle connections, wait for the handlers in flight
         await loop.run_in_executor(None, service.close, shutdown_timeout)
 

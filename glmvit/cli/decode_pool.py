@@ -1,0 +1,231 @@
+"""Worker processes that decode and preprocess uploads for ``glmvit serve``, off its event loop and its engine.
+
+:class:`DecodePool` runs picklable module-level functions in ``workers`` processes (started with ``spawn``: the
+server holds threads and, on CUDA, a device context, which a fork would copy half-made). Each worker is owned by
+one lane thread of this process, which sends it one task at a time over a pipe and waits at most ``timeout_s``
+for the answer: past that the worker is killed and replaced, and the task fails with :class:`DecodeTimeout`, so a
+decode that runs long holds one worker for ``timeout_s`` at most and never the others. Tasks wait in one queue,
+bounded: past ``workers + max_waiting`` tasks submitted and not finished, :meth:`DecodePool.submit` raises
+:class:`DecodeBusy` at once. A worker that dies (killed from outside, out of memory) fails its task with
+:class:`WorkerDied` and is replaced. Workers ignore SIGINT: a Ctrl-C meant for the server is its to handle.
+
+Why not ``concurrent.futures.ProcessPoolExecutor``: it cannot end one worker whose task runs past its time without
+breaking the whole pool (every other request decoding in it would fail).
+"""
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import queue
+import signal
+import threading
+import time
+from concurrent.futures import Future
+from multiprocessing.connection import Connection
+from typing import Any, Callable
+
+STARTUP_TIMEOUT_S = 300.0  # a worker's imports (torch, PIL, the processor) on a loaded machine
+
+
+class DecodeBusy(RuntimeError):
+    """Every worker is busy and the queue of waiting tasks is full (HTTP 429)."""
+
+
+class DecodeTimeout(RuntimeError):
+    """A task ran past the pool's ``timeout_s``; its worker was killed and replaced (HTTP 413)."""
+
+
+class WorkerDied(RuntimeError):
+    """The worker running a task ended without answering (it is replaced)."""
+
+
+def _worker_main(conn: Connection, preload: tuple[str, ...]) -> None:
+    """A worker: imports ``preload``, says it is ready, then answers ("ok", result) or ("error", exception) for
+    each (function, args) it receives; None ends it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for module in preload:
+        importlib.import_module(module)
+    conn.send(("ready", None))
+    while True:
+        try:
+            task = conn.recv()
+        except EOFError:
+            return
+        if task is None:
+            return
+        fn, args = task
+        try:
+            answer: tuple[str, Any] = ("ok", fn(*args))
+        except Exception as err:  # noqa: BLE001 - handed back to the task's submitter, who decides
+            answer = ("error", err)
+        try:
+            conn.send(answer)
+        except Exception as err:  # noqa: BLE001 - an answer or error that cannot be pickled
+            conn.send(("error", RuntimeError(f"the worker's answer could not be sent back ({type(err).__name__})")))
+
+
+class _Worker:
+    def __init__(self, context: Any, preload: tuple[str, ...]):
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_worker_main, args=(child, preload), name="glmvit-decode",
+                                       daemon=True)
+        self.process.start()
+        child.close()
+        if not self.conn.poll(STARTUP_TIMEOUT_S) or self.conn.recv()[0] != "ready":
+            self.kill()
+            raise WorkerDied(f"a decode worker did not start within {STARTUP_TIMEOUT_S:g} s")
+
+    def call(self, fn: Callable, args: tuple, timeout_s: float) -> Any:
+        self.conn.send((fn, args))
+        if not self.conn.poll(timeout_s):
+            raise DecodeTimeout(f"decoding took more than {timeout_s:g} s")
+        status, value = self.conn.recv()
+        if status == "error":
+            raise value
+        return value
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.join()
+        self.conn.close()
+
+    def stop(self) -> None:
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        self.process.join(5)
+        if self.process.is_alive():
+            self.kill()
+        else:
+            self.conn.close()
+
+
+class DecodePool:
+    """``workers`` decode processes, a queue of at most ``max_waiting`` tasks beyond them, ``timeout_s`` a task;
+    each worker imports the modules ``preload`` names before it takes a task (so that a task's time is its own).
+
+    Workers start with :meth:`start` (or the first task), each in its lane's thread; ``ready`` counts those that
+    have started. :meth:`close` stops them once the tasks already submitted are done. ``busy`` counts tasks
+    submitted and not finished.
+    """
+
+    def __init__(self, workers: int, max_waiting: int, timeout_s: float, preload: tuple[str, ...] = ()):
+        if workers < 1 or max_waiting < 0 or not timeout_s > 0:
+            raise ValueError(f"a decode pool needs workers ≥ 1, max_waiting ≥ 0 and timeout_s > 0, got {workers}, "
+                             f"{max_waiting}, {timeout_s}")
+        self.workers, self.max_waiting, self.timeout_s, self.preload = workers, max_waiting, timeout_s, preload
+        self._context = multiprocessing.get_context("spawn")
+        self._tasks: queue.SimpleQueue[tuple[Callable, tuple, Future] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._lanes: list[threading.Thread] = []
+        self._closed = False
+        self.busy = 0
+        self.ready = 0
+        self.timeouts = 0
+        self.replaced = 0
+
+    def start(self) -> "DecodePool":
+        """Start the lanes and their workers (idempotent); each lane starts its worker in its own thread."""
+        with self._lock:
+            if not self._lanes and not self._closed:
+                self._lanes = [threading.Thread(target=self._lane, name=f"glmvit-decode-{k}", daemon=True)
+                               for k in range(self.workers)]
+                for lane in self._lanes:
+                    lane.start()
+        return self
+
+    def submit(self, fn: Callable, *args: Any) -> Future:
+        """``fn(*args)`` in a worker; the future holds its result or its exception (DecodeTimeout, WorkerDied, or
+        what ``fn`` raised). Raises DecodeBusy at once when the queue is full, RuntimeError once closed."""
+        self.start()
+        future: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the decode pool is closed")
+            if self.busy >= self.workers + self.max_waiting:
+                raise DecodeBusy(f"the decoders hold {self.busy} requests already (at most {self.workers} decoding "
+                                 f"and {self.max_waiting} waiting); retry later")
+            self.busy += 1
+        future.add_done_callback(self._done)
+        self._tasks.put((fn, args, future))
+        return future
+
+    def _done(self, _: Future) -> None:
+        with self._lock:
+            self.busy -= 1
+
+    def _start_worker(self) -> _Worker:
+        worker = _Worker(self._context, self.preload)
+        with self._lock:
+            self.ready += 1
+        return worker
+
+    def _lane(self) -> None:
+        worker: _Worker | None = None
+        try:
+            try:
+                worker = self._start_worker()
+            except (OSError, WorkerDied):
+                worker = None  # tried again with the first task, which then fails with the reason
+            while (task := self._tasks.get()) is not None:
+                fn, args, future = task
+                if not future.set_running_or_notify_cancel():
+                    continue
+                try:
+                    if worker is None or not worker.process.is_alive():
+                        if worker is not None:
+                            worker.kill()
+                            with self._lock:
+                                self.ready -= 1
+                        worker = self._start_worker()
+                    result = worker.call(fn, args, self.timeout_s)
+                except DecodeTimeout as err:
+                    assert worker is not None
+                    worker.kill()
+                    worker = None
+                    with self._lock:
+                        self.ready -= 1
+                        self.timeouts += 1
+                        self.replaced += 1
+                    future.set_exception(err)
+                    worker = self._replacement()
+                except (EOFError, OSError, WorkerDied) as err:  # the worker ended mid-task: replace it
+                    if worker is not None:
+                        worker.kill()
+                        with self._lock:
+                            self.ready -= 1
+                    worker = None
+                    with self._lock:
+                        self.replaced += 1
+                    future.set_exception(err if isinstance(err, WorkerDied) else
+                                         WorkerDied(f"the decode worker ended without answering ({err or 'EOF'})"))
+                except BaseException as err:  # noqa: BLE001 - what the task raised, handed to its submitter
+                    future.set_exception(err)
+                else:
+                    future.set_result(result)
+        finally:
+            if worker is not None:
+                worker.stop()
+
+    def _replacement(self) -> _Worker | None:
+        """A new worker at once (not with the next task, whose time would then include the start)."""
+        try:
+            return self._start_worker()
+        except (OSError, WorkerDied):
+            return None
+
+    def close(self, timeout: float | None = None) -> None:
+        """Finish the tasks submitted, stop every worker (each lane's within ``timeout``)."""
+        with self._lock:
+            self._closed = True
+            lanes = list(self._lanes)
+        for _ in lanes:
+            self._tasks.put(None)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for lane in lanes:
+            lane.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    def stats(self) -> dict[str, Any]:
+        return {"workers": self.workers, "max_waiting": self.max_waiting, "timeout_s": self.timeout_s,
+                "ready": self.ready, "busy": self.busy, "timeouts": self.timeouts, "replaced": self.replaced}

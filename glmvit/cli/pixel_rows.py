@@ -1,0 +1,89 @@
+"""Pixel rows handed from a decode worker to the server without a copy through a pipe.
+
+A worker writes a request's rows, in the model's dtype, to a file of its own in a directory on ``/dev/shm`` (the
+pool's, made by :func:`shared_dir`; memory, not disk) and sends only its name; the server maps the file
+(copy-on-write: nothing is copied unless written) and unlinks it at once, so the rows live exactly as long as the
+tensor that views them. Where ``/dev/shm`` is missing or has less than :data:`MIN_FREE` bytes free, or a write
+fails (it filled up), the rows travel through the pipe as bytes instead. :func:`remove_shared_dir` removes what
+a killed worker may have left.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+
+import torch
+
+SHM = "/dev/shm"
+MIN_FREE = 1 << 30  # /dev/shm must have this much free to be used (a container's default of 64 MiB is not)
+
+
+def shared_dir() -> str | None:
+    """A new directory on /dev/shm for one server's hand-offs, or None where /dev/shm cannot hold them."""
+    try:
+        stat = os.statvfs(SHM)
+        if stat.f_bavail * stat.f_frsize < MIN_FREE:
+            return None
+        return tempfile.mkdtemp(prefix="glmvit-pixels-", dir=SHM)
+    except OSError:
+        return None
+
+
+def remove_shared_dir(folder: str | None) -> None:
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class PixelRows:
+    """A tensor's shape and dtype, and its bytes: a file under a shared directory (``path``) or ``data``."""
+
+    shape: tuple[int, ...]
+    dtype: str  # torch's name: float32, bfloat16, float16
+    path: str | None = None
+    data: bytes | None = None
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor, folder: str | None) -> "PixelRows":
+        """``tensor``'s rows in a new file under ``folder`` (None, or a failed write: as bytes)."""
+        tensor = tensor.contiguous()
+        raw = tensor.view(torch.uint8).numpy() if tensor.numel() else None
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        if folder is not None and raw is not None:
+            path = os.path.join(folder, uuid.uuid4().hex)
+            try:
+                with open(path, "wb") as f:
+                    raw.tofile(f)
+                return cls(tuple(tensor.shape), dtype, path=path)
+            except OSError:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+        return cls(tuple(tensor.shape), dtype, data=raw.tobytes() if raw is not None else b"")
+
+    def discard(self) -> None:
+        """Remove the shared file of rows nobody will take (their request was cancelled)."""
+        if self.path is not None:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+    def tensor(self) -> torch.Tensor:
+        """The rows as a tensor (a shared file is mapped, then unlinked: it is gone once the tensor is)."""
+        dtype = getattr(torch, self.dtype)
+        if self.path is None:
+            buffer = bytearray(self.data or b"")
+            return torch.frombuffer(buffer, dtype=dtype).reshape(self.shape) if buffer else \
+                torch.empty(self.shape, dtype=dtype)
+        try:
+            with open(self.path, "rb") as f:
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        finally:
+            os.unlink(self.path)
+        return torch.frombuffer(mapped, dtype=dtype).reshape(self.shape)

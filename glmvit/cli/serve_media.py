@@ -1,0 +1,303 @@
+"""Media requests for ``glmvit serve``: what a client sends (multipart files, or JSON content parts as vLLM's chat API
+carries them), checked, decoded and preprocessed as ``glmvit encode`` does, within per-request bounds.
+
+A JSON body is :class:`EncodeRequest`: ``{"content": [part, ...]}`` or a chat ``{"messages": [{"role": ...,
+"content": [part, ...] or "text"}, ...]}``. A part is ``{"type": "image_url", "image_url": {"url": URL}}``,
+``{"type": "video_url", "video_url": {"url": URL}}`` or ``{"type": "text", "text": ...}`` (ignored); each media part
+is one item, in order. A URL is ``data:<type>;base64,<data>`` (image/jpeg, image/png, image/webp, image/gif,
+video/mp4, video/webm, video/quicktime) or, only when the server names an allowed directory, ``file://`` a file
+under it (symlinks resolved first); http(s) URLs are refused (the server fetches nothing). An image_url must hold
+an image and a video_url a video (an animated GIF or WebP is a video). Errors name the part, e.g.
+``content[2].image_url.url: not a data URL``.
+
+Bounds (:class:`MediaLimits`), each a 413 naming the item: a picture or frame of more than ``max_frame_pixels``,
+refused from its header before it is decoded; the pixels a request decodes (each image's, each video's frames up
+to its last sampled one) past ``max_request_pixels``, refused before the item that would pass it is decoded.
+The time a request's decoding may take is the decode pool's (:mod:`glmvit.cli.decode_pool`).
+
+:func:`prepare_media` runs in a decode worker: it returns the items' pixel rows, grids and records, and where its
+time went (``decode``: the body parsed, each file's header and first frame checked and decoded; ``preprocess``: the
+processor: the rest of the decoding, resizing, normalising, patchifying), or raises :class:`MediaError`.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Literal, Union
+from urllib.parse import unquote, urlsplit
+
+import numpy as np
+import torch
+from PIL import Image
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .. import video
+from ..geometry import MAX_FRAME_PIXELS
+from ..processing import VisionInputs
+from .embedding_file import inputs_record
+from .encode import check_file, load
+from .pixel_rows import PixelRows
+
+DATA_TYPES = {"image/jpeg": ".jpg", "image/jpg": ".jpg", "image/png": ".png", "image/webp": ".webp",
+              "image/gif": ".gif", "video/mp4": ".mp4", "video/webm": ".webm", "video/quicktime": ".mov"}
+DEFAULT_FRAME_PIXELS = 4096 * 4096  # a 16-megapixel photo; the processor resizes every picture far below this
+DEFAULT_REQUEST_PIXELS = 1 << 28  # e.g. eight seconds of 1080p at 30 fps decoded, or sixteen 4096² pictures
+
+
+class MediaError(ValueError):
+    """A media item the server refuses: ``status`` (400 bad, 413 too large) and one line naming the item."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+    def __reduce__(self) -> tuple[type, tuple[str, int]]:  # its status survives the decode worker's pipe
+        return MediaError, (str(self), self.status)
+
+
+@dataclass(frozen=True)
+class MediaLimits:
+    max_frame_pixels: int = DEFAULT_FRAME_PIXELS
+    max_request_pixels: int = DEFAULT_REQUEST_PIXELS
+    allowed_media_dir: str | None = None  # file:// URLs only under this directory; None: none
+
+
+# ---- the JSON body ------------------------------------------------------------------------------------------------
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class MediaUrl(_Strict):
+    url: str
+
+
+class ImagePart(_Strict):
+    type: Literal["image_url"]
+    image_url: MediaUrl
+
+
+class VideoPart(_Strict):
+    type: Literal["video_url"]
+    video_url: MediaUrl
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str = ""
+
+
+Part = Annotated[Union[ImagePart, VideoPart, TextPart], Field(discriminator="type")]
+
+
+class Message(_Strict):
+    role: str
+    content: Union[str, list[Part]]
+
+
+class EncodeRequest(_Strict):
+    """One request: ``content`` parts, or chat ``messages`` whose parts are taken in order (exactly one of them)."""
+
+    content: list[Part] | None = None
+    messages: list[Message] | None = None
+
+    def media(self) -> list[tuple[str, str, str]]:
+        """(where, kind, url) of every media part in order; where names it as an error should."""
+        if (self.content is None) == (self.messages is None):
+            raise MediaError("the body must hold exactly one of content (a list of parts) and messages (a chat)")
+        parts: list[tuple[str, Any]] = []
+        if self.content is not None:
+            parts = [(f"content[{k}]", p) for k, p in enumerate(self.content)]
+        else:
+            for m, message in enumerate(self.messages or []):
+                if not isinstance(message.content, str):
+                    parts += [(f"messages[{m}].content[{k}]", p) for k, p in enumerate(message.content)]
+        return [(f"{where}.image_url", "image", p.image_url.url) if isinstance(p, ImagePart) else
+                (f"{where}.video_url", "video", p.video_url.url) for where, p in parts if not isinstance(p, TextPart)]
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    """pydantic's location of an error as a path (``content[2].image_url.url``), without the union's tag."""
+    out = ""
+    previous: int | str | None = None
+    for key in loc:
+        if isinstance(key, int):
+            out += f"[{key}]"
+        elif isinstance(previous, int) and key in ("image_url", "video_url", "text", "str", "list[...]"):
+            pass  # the discriminator's tag (or the union's branch), which pydantic puts after the index
+        else:
+            out += f".{key}" if out else key
+        previous = key
+    return out or "the body"
+
+
+def parse_request(body: bytes) -> list[tuple[str, str, str]]:
+    """The media parts of a JSON body (:meth:`EncodeRequest.media`); a bad body is a MediaError naming the part."""
+    try:
+        request = EncodeRequest.model_validate_json(body)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        if first["type"] == "json_invalid":
+            raise MediaError(f"the body is not JSON ({first['msg']})") from None
+        raise MediaError(f"{_where(first['loc'])}: {first['msg'].lower()}") from None
+    items = request.media()
+    if not items:
+        raise MediaError("the request holds no image_url or video_url parts")
+    return items
+
+
+# ---- one item -----------------------------------------------------------------------------------------------------
+@dataclass
+class _Budget:
+    left: int
+    decode_s: float = 0.0
+    preprocess_s: float = 0.0
+
+
+def data_url(where: str, url: str) -> tuple[str, bytes]:
+    """(suffix, bytes) of a base64 ``data:`` URL of a type :data:`DATA_TYPES` names."""
+    head, comma, payload = url.partition(",")
+    if not head.lower().startswith("data:") or not comma:
+        raise MediaError(f"{where}: not a data URL")
+    kind, *params = head[5:].split(";")
+    if "base64" not in (p.strip().lower() for p in params):
+        raise MediaError(f"{where}: a data URL must be base64 (data:<type>;base64,...)")
+    suffix = DATA_TYPES.get(kind.strip().lower())
+    if suffix is None:
+        raise MediaError(f"{where}: media type {kind.strip()[:40]!r} is not one of {', '.join(DATA_TYPES)}")
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise MediaError(f"{where}: the data URL's payload is not valid base64") from None
+    if not data:
+        raise MediaError(f"{where}: the data URL holds no data")
+    return suffix, data
+
+
+def file_url(where: str, url: str, allowed: str | None) -> Path:
+    """The file a ``file://`` URL names, if it resolves under ``allowed``."""
+    if allowed is None:
+        raise MediaError(f"{where}: file:// URLs are off (the server takes them only under --allowed-media-dir)")
+    parts = urlsplit(url)
+    if parts.netloc not in ("", "localhost"):
+        raise MediaError(f"{where}: a file:// URL names a file on this machine (file:///path)")
+    name = unquote(parts.path)
+    if "\0" in name:
+        raise MediaError(f"{where}: the path holds a NUL byte")
+    root = Path(allowed).resolve()
+    path = Path(name).resolve()
+    if not path.is_relative_to(root):
+        raise MediaError(f"{where}: the file is not under the allowed media directory", 403)
+    return path
+
+
+def _header_pixels(path: Path, kind: str, max_frame_pixels: int) -> int:
+    """What decoding ``path`` will cost at most, from its header alone: an image's pixels, or a video's every
+    frame's (frames × width × height; its sampled frames end sooner)."""
+    if kind == "video":
+        info = video.probe(path, max_frame_pixels)
+        return info.frames * info.width * info.height
+    with Image.open(path) as im:
+        return im.size[0] * im.size[1]
+
+
+def _load_item(label: str, path: Path, want: str | None, limits: MediaLimits, budget: _Budget) -> VisionInputs:
+    start = time.perf_counter()
+    try:
+        kind = check_file(path, limits.max_frame_pixels)
+        if want is not None and kind != want:
+            raise MediaError(f"{label}: the {want}_url holds {'an image' if kind == 'image' else 'a video'}: "
+                             f"send it as {kind}_url")
+        cost = _header_pixels(path, kind, limits.max_frame_pixels)
+        if kind == "image" and cost > budget.left:
+            raise MediaError(f"{label}: decoding it would pass the request's max_request_pixels="
+                             f"{limits.max_request_pixels:,} ({cost:,} pixels, {budget.left:,} left)", 413)
+        mid = time.perf_counter()
+        inputs = load(path, kind, limits.max_frame_pixels, budget.left if kind == "video" else video.MAX_DECODED_PIXELS)
+        if kind == "video":  # its frames up to the last sampled one were decoded
+            info = video.probe(path, limits.max_frame_pixels)
+            indices = inputs.frame_indices[0] if inputs.frame_indices else None
+            cost = (max(indices) + 1) * info.width * info.height if indices else cost
+    except video.DecodeLimitError as err:
+        raise MediaError(_named(err, path, label), 413) from None
+    except MediaError:
+        raise
+    except (ValueError, OSError) as err:
+        message = _named(err, path, label)
+        raise MediaError(message, 413 if "more than max_frame_pixels" in message else 400) from None
+    budget.decode_s += mid - start
+    budget.preprocess_s += time.perf_counter() - mid
+    budget.left -= cost
+    return inputs
+
+
+def _named(err: BaseException, path: Path, label: str) -> str:
+    """An error's message on one line, the file's (temporary) path replaced by the item's label."""
+    text = " ".join(str(err).split()).replace(f"video {path}", label).replace(str(path), label)
+    return text if text.startswith(label) else f"{label}: {text}"
+
+
+# ---- the worker's task --------------------------------------------------------------------------------------------
+@dataclass
+class PreparedMedia:
+    """A request's items as the scheduler takes them (the rows as :class:`~glmvit.cli.pixel_rows.PixelRows`),
+    with their records and the worker's time (seconds)."""
+
+    pixel_values: PixelRows
+    grid_thw: np.ndarray
+    records: list[dict[str, Any]]
+    timing: dict[str, float] = field(default_factory=dict)
+
+
+def prepare_media(kind: str, payload: Any, limits: MediaLimits, merge_area: int, max_items: int | None = None,
+                  dtype: str = "float32", folder: str | None = None) -> PreparedMedia:
+    """Every item of a request decoded and preprocessed (``kind`` "json": a JSON body's bytes; "files": a
+    multipart request's [(name, bytes)]); a refused item raises MediaError (the module docstring), and so does a
+    request of more than ``max_items`` items (413, before any is decoded). The rows come in ``dtype`` (the model's:
+    rounded as the scheduler's staging would round them), in a file under ``folder`` if given."""
+    start = time.perf_counter()
+    budget = _Budget(limits.max_request_pixels)
+    loaded, records = [], []
+    with tempfile.TemporaryDirectory(prefix="glmvit-serve-") as folder:
+        if kind == "json":  # (label, name for the record, the kind the part asks for, its URL)
+            items: list[tuple[str, str, str | None, Any]] = [(where, where, want, url)
+                                                             for where, want, url in parse_request(payload)]
+        else:
+            if not payload:
+                raise MediaError("the request holds no files (send each image or video as a multipart file part)")
+            items = [(f"file {k} ({name})", name, None, data) for k, (name, data) in enumerate(payload)]
+        if max_items is not None and len(items) > max_items:
+            raise MediaError(f"{len(items)} items in one request: at most {max_items}", 413)
+        parse_s = time.perf_counter() - start
+        for k, (label, name, want, source) in enumerate(items):
+            data: bytes | None
+            if kind == "json" and source.lower().startswith("file:"):
+                path, data = file_url(f"{label}.url", source, limits.allowed_media_dir), None
+                name = str(path)
+            else:
+                if kind == "json":
+                    if source.split(":", 1)[0].lower() in ("http", "https"):
+                        raise MediaError(f"{label}.url: http(s) URLs are not fetched (the server has no network "
+                                         "access): send the media as a data: URL")
+                    suffix, data = data_url(f"{label}.url", source)
+                else:
+                    suffix, data = PurePosixPath(name).suffix.lower(), source
+                path = Path(folder).resolve() / f"{k}{suffix}"
+                path.write_bytes(data)
+            inputs = _load_item(label, path, want, limits, budget)
+            tokens = int(inputs.grid_thw[0].prod()) // merge_area
+            digest = hashlib.sha256(data if data is not None else path.read_bytes()).hexdigest()
+            records.append(inputs_record(name, digest, inputs, tokens))
+            loaded.append(inputs)
+    batch = VisionInputs.concat(loaded)
+    pixels = PixelRows.of(batch.pixel_values.to(getattr(torch, dtype)), folder)
+    return PreparedMedia(pixels, batch.grid_thw.numpy(), records,
+                         {"decode": parse_s + budget.decode_s, "preprocess": budget.preprocess_s})
+
+
+__all__ = ["MAX_FRAME_PIXELS", "EncodeRequest", "MediaError", "MediaLimits", "PreparedMedia", "parse_request",
+           "prepare_media"]

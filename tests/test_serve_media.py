@@ -1,0 +1,445 @@
+"""glmvit serve with media as vLLM's clients send it: JSON content parts of data: URLs (JPEG, PNG, WebP, GIF, MP4),
+decoded in worker processes within per-request bounds; load held within byte and token bounds; where a request's
+time went; a drain that answers an idle keep-alive connection. The real aiohttp server on 127.0.0.1, over HTTP."""
+import asyncio
+import base64
+import io
+import json
+import os
+import time
+
+import aiohttp
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load
+from test_serve import (
+    ONE_BUDGET,
+    TINY,
+    error_of,
+    gated,
+    pixel_body,
+    post,
+    random_request,
+    run,
+    service_for,
+    strict_prometheus,
+    wait_until,
+)
+
+from glmvit.cli.decode_pool import DecodePool
+from glmvit.cli.media_files import data_url, encode_clip, encode_image, mp4_available
+from glmvit.cli.serve_app import MEDIA_MODULES, EncoderService, HttpLimits, ServerThread
+from glmvit.cli.serve_media import MediaLimits
+from glmvit.graphs import EncoderGraphRunner
+from glmvit.scheduler import BatchScheduler
+from glmvit.workloads import random_batch
+
+pytestmark = pytest.mark.timeout(300)
+JSON = {"Content-Type": "application/json"}
+
+
+@pytest.fixture(scope="module")
+def pool():
+    """Two decode processes shared by this module's servers (each start imports torch: seconds)."""
+    decode = DecodePool(2, 8, 60.0, MEDIA_MODULES).start()
+    yield decode
+    decode.close(30)
+
+
+def media_service(model, pool, media=None, limits=None, **scheduler_args):
+    runner = EncoderGraphRunner(model, ONE_BUDGET, mode="emulate").capture()
+    return EncoderService(BatchScheduler(runner, **scheduler_args), {"description": "tiny test tower"},
+                          {"command": "test"}, limits or HttpLimits(), threads=2, decode=pool,
+                          media=media or MediaLimits())
+
+
+def noise(shape, seed):
+    return np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
+
+
+def webp(frame):
+    out = io.BytesIO()
+    Image.fromarray(frame).save(out, format="WEBP", lossless=True)
+    return out.getvalue()
+
+
+def png_of_zeros(side):
+    out = io.BytesIO()
+    Image.new("RGB", (side, side)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def image_part(url):
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def video_part(url):
+    return {"type": "video_url", "video_url": {"url": url}}
+
+
+def media_files():
+    """(filename, bytes, data URL) of a JPEG, a PNG, a WebP, a still GIF, an MP4 clip and an animated GIF."""
+    jpeg, png, still = encode_image(noise((56, 84, 3), 1)), encode_image(noise((28, 56, 3), 2), "png"), webp(noise(
+        (56, 56, 3), 3))
+    gif = io.BytesIO()
+    Image.fromarray(noise((42, 28, 3), 4)).save(gif, format="GIF")
+    clip_gif = encode_clip(noise((4, 28, 28, 3), 5), "gif")
+    files = [("a.jpg", jpeg, data_url(jpeg, "jpeg")), ("b.png", png, data_url(png, "png")),
+             ("c.webp", still, "data:image/webp;base64," + base64.b64encode(still).decode()),
+             ("d.gif", gif.getvalue(), data_url(gif.getvalue(), "gif"))]
+    if mp4_available():
+        clip = encode_clip(noise((8, 56, 56, 3), 6))
+        files.append(("e.mp4", clip, data_url(clip, "mp4")))
+    files.append(("f.gif", clip_gif, data_url(clip_gif, "gif")))
+    return files
+
+
+def test_json_content_parts_are_encoded_as_the_same_files_uploaded(tiny_model, pool):
+    """Each media part one item, in order, text parts ignored; bitwise what the same files give as multipart
+    uploads (which give encode --out's answer: tests/test_serve.py); a chat's messages give the same."""
+    files = media_files()
+    parts = []
+    for k, (name, _, url) in enumerate(files):
+        parts.append(video_part(url) if name in ("e.mp4", "f.gif") else image_part(url))
+        if k % 2:
+            parts.append({"type": "text", "text": "what is this?"})
+    chat = {"messages": [{"role": "system", "content": "be brief"},
+                         {"role": "user", "content": parts[:3]}, {"role": "user", "content": parts[3:]}]}
+    with ServerThread(media_service(tiny_model, pool)) as server:
+        async def send():
+            async with aiohttp.ClientSession() as session:
+                form = aiohttp.FormData()
+                for name, data, _ in files:
+                    form.add_field("file", data, filename=name)
+                uploaded = await post(session, server.url, form, headers={})
+                content = await post(session, server.url, json.dumps({"content": parts}).encode(), JSON)
+                messages = await post(session, server.url, json.dumps(chat).encode(), JSON)
+                return uploaded, content, messages
+        uploaded, content, messages = run(send())
+    assert uploaded[0] == content[0] == messages[0] == 200, (uploaded[2][:300], content[2][:300], messages[2][:300])
+    want, got, chat_got = load(uploaded[2]), load(content[2]), load(messages[2])
+    assert sorted(want) == sorted(got) == sorted(chat_got) == [f"item_{i}" for i in range(len(files))]
+    for key in want:
+        assert torch.equal(got[key], want[key]) and torch.equal(chat_got[key], want[key]), key
+    header = json.loads(content[2][8 : 8 + int.from_bytes(content[2][:8], "little")])["__metadata__"]
+    kinds = [json.loads(header[f"item_{i}"])["kind"] for i in range(len(files))]
+    assert kinds == ["video" if name in ("e.mp4", "f.gif") else "image" for name, _, _ in files]
+    assert "Server-Timing" in content[1]
+
+
+def test_bad_json_bodies_are_400s_naming_the_part(tiny_model, pool, tmp_path):
+    jpeg = encode_image(noise((28, 28, 3), 1))
+    allowed = tmp_path / "media"
+    allowed.mkdir()
+    (allowed / "ok.jpg").write_bytes(jpeg)
+    (tmp_path / "secret.jpg").write_bytes(jpeg)
+    (allowed / "link.jpg").symlink_to(tmp_path / "secret.jpg")
+    text = {"type": "text", "text": "hi"}
+    cases = {
+        "not a data URL": ({"content": [text, text, image_part("abc")]}, 400,
+                           "content[2].image_url.url: not a data URL"),
+        "http": ({"content": [image_part("https://example.com/a.jpg")]}, 400,
+                 "content[0].image_url.url: http(s) URLs are not fetched"),
+        "file off": ({"content": [image_part(f"file://{allowed}/ok.jpg")]}, 400, "file:// URLs are off"),
+        "bad base64": ({"content": [image_part("data:image/jpeg;base64,@@@")]}, 400, "not valid base64"),
+        "type": ({"content": [image_part("data:text/html;base64,aGk=")]}, 400, "media type 'text/html'"),
+        "not base64": ({"content": [image_part("data:image/jpeg,abc")]}, 400, "must be base64"),
+        "missing url": ({"content": [{"type": "image_url", "image_url": {}}]}, 400, "content[0].image_url.url: field "
+                        "required"),
+        "unknown part": ({"content": [{"type": "audio_url"}]}, 400, "content[0]: input tag 'audio_url'"),
+        "chat part": ({"messages": [{"role": "user", "content": [text, image_part("x")]}]}, 400,
+                      "messages[0].content[1].image_url.url: not a data URL"),
+        "no media": ({"content": [text]}, 400, "no image_url or video_url parts"),
+        "both": ({"content": [], "messages": []}, 400, "exactly one of content"),
+        "kind": ({"content": [video_part(data_url(jpeg, "jpeg"))]}, 400, "content[0].video_url: the video_url holds an "
+                 "image: send it as image_url"),
+        "garbage": ({"content": [image_part(data_url(b"\xff\xd8 not a jpeg", "jpeg"))]}, 400,
+                    "content[0].image_url: "),
+    }
+    with ServerThread(media_service(tiny_model, pool)) as server:
+        async def send():
+            async with aiohttp.ClientSession() as session:
+                out = {k: await post(session, server.url, json.dumps(body).encode(), JSON)
+                       for k, (body, _, _) in cases.items()}
+                out["not json"] = await post(session, server.url, b"{nope", JSON)
+                return out
+        answers = run(send())
+    cases["not json"] = (None, 400, "the body is not JSON")
+    for k, (_, status, words) in cases.items():
+        got, body = answers[k][0], json.loads(answers[k][2])["error"]
+        assert got == status and words in body and "\n" not in body and "glmvit-serve-" not in body, (k, got, body)
+    with ServerThread(media_service(tiny_model, pool, MediaLimits(allowed_media_dir=str(allowed)))) as server:
+        async def send_files():
+            async with aiohttp.ClientSession() as session:
+                return [await post(session, server.url, json.dumps({"content": [image_part(url)]}).encode(), JSON)
+                        for url in (f"file://{allowed}/ok.jpg", f"file://{allowed}/../secret.jpg",
+                                    f"file://{allowed}/link.jpg", f"file://{allowed}/none.jpg",
+                                    f"file://{allowed}/ok%00.jpg")]
+        inside, outside, link, missing, nul = run(send_files())
+    assert inside[0] == 200 and len(load(inside[2])) == 1
+    for answer in (outside, link):
+        assert answer[0] == 403 and "not under the allowed media directory" in json.loads(answer[2])["error"]
+    assert missing[0] == 400 and "no such file" in json.loads(missing[2])["error"]
+    assert error_of(nul) == (400, "content[0].image_url.url: the path holds a NUL byte")
+
+
+def test_pixels_are_bounded_per_picture_from_the_header_and_per_request(tiny_model, pool):
+    big = png_of_zeros(512)  # 262,144 pixels in 1 KB
+    small = encode_image(noise((56, 56, 3), 1))
+    limits = MediaLimits(max_frame_pixels=256 * 256, max_request_pixels=2 * 56 * 56 + 100)
+    with ServerThread(media_service(tiny_model, pool, limits)) as server:
+        async def send():
+            async with aiohttp.ClientSession() as session:
+                one = await post(session, server.url, json.dumps({"content": [
+                    image_part(data_url(small, "jpeg")), image_part(data_url(big, "png"))]}).encode(), JSON)
+                three = await post(session, server.url, json.dumps({"content": [
+                    image_part(data_url(small, "jpeg"))] * 3}).encode(), JSON)
+                two = await post(session, server.url, json.dumps({"content": [
+                    image_part(data_url(small, "jpeg"))] * 2}).encode(), JSON)
+                form = aiohttp.FormData()
+                form.add_field("file", big, filename="big.png")
+                upload = await post(session, server.url, form, headers={})
+                return one, three, two, upload
+        one, three, two, upload = run(send())
+    status, error = one[0], json.loads(one[2])["error"]
+    assert status == 413 and error.startswith("content[1].image_url: ") and "more than max_frame_pixels=65,536" in error
+    status, error = three[0], json.loads(three[2])["error"]
+    assert status == 413 and error.startswith("content[2].image_url: ") and "max_request_pixels=6,372" in error
+    assert two[0] == 200
+    assert upload[0] == 413 and json.loads(upload[2])["error"].startswith("file 0 (big.png): ")
+    with ServerThread(media_service(tiny_model, pool, limits=HttpLimits(max_items=4))) as server:
+        body = json.dumps({"content": [image_part(data_url(big, "png"))] * 5}).encode()  # none is decoded
+        status, error = error_of(run(post_json(server.url, body)))
+    assert (status, error) == (413, "5 items in one request: at most 4")
+
+
+async def post_json(url, body):
+    async with aiohttp.ClientSession() as session:
+        return await post(session, url, body, JSON)
+
+
+def test_a_slow_decode_times_out_alone_and_delays_no_other_request(tiny_model):
+    """Two 4096² pictures (seconds to decode) time out and their worker is replaced; a small request sent while
+    they decode is answered first, by the other worker; the next request is served as usual."""
+    decode = DecodePool(2, 8, 1.5, MEDIA_MODULES).start()
+    wait_until(lambda: decode.ready == 2, "two decode workers started")
+    service = media_service(tiny_model, decode, MediaLimits(max_frame_pixels=4096 * 4096, max_request_pixels=2**26))
+    big = json.dumps({"content": [image_part(data_url(png_of_zeros(4096), "png"))] * 2}).encode()
+    small = json.dumps({"content": [image_part(data_url(encode_image(noise((56, 56, 3), 1)), "jpeg"))]}).encode()
+    try:
+        with ServerThread(service) as server:
+            async def send():
+                async with aiohttp.ClientSession() as session:
+                    await asyncio.gather(post(session, server.url, small, JSON), post(session, server.url, small, JSON))
+                    done = {}
+
+                    async def timed(name, body):
+                        answer = await post(session, server.url, body, JSON)
+                        done[name] = time.perf_counter()
+                        return answer
+                    slow = asyncio.create_task(timed("big", big))
+                    await asyncio.to_thread(wait_until, lambda: decode.busy == 1, "the big request decoding")
+                    quick = await timed("small", small)
+                    return await slow, quick, done, await post(session, server.url, small, JSON)
+            slow, quick, done, after = run(send())
+            metrics = service.metrics_json()["decode"]
+    finally:
+        decode.close(30)
+    assert quick[0] == 200 and done["small"] < done["big"], quick[2]
+    assert slow[0] == 413 and "decoding took more than 1.5 s" in json.loads(slow[2])["error"], slow[2]
+    assert after[0] == 200
+    assert metrics["timeouts"] == 1 and metrics["replaced"] == 1
+    wait_until(lambda: decode.ready == 2, "the worker replaced")
+
+
+def test_a_burst_past_the_old_request_count_is_held_and_refused_only_past_the_bytes_bound(tiny_model, pool):
+    """300 requests at once (more than the 256 the server once held) are all answered; a byte bound refuses with
+    a 429 that says so; both bounds are reported in /v1/info and /metrics."""
+    request = random_batch([[1, 2, 2]], TINY)
+    body = pixel_body(*request)
+    service = media_service(tiny_model, pool, start=False)
+    with ServerThread(service) as server:
+        async def burst():
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+                tasks = [asyncio.create_task(post(session, server.url, body)) for _ in range(300)]
+                await asyncio.to_thread(wait_until, lambda: service.scheduler.stats()["outstanding_requests"] == 300,
+                                        "300 queued requests")
+                service.scheduler.start()
+                answers = await asyncio.gather(*tasks)
+                async with session.get(server.url + "/v1/info") as response:
+                    info = await response.json()
+                async with session.get(server.url + "/metrics") as response:
+                    text = await response.text()
+                return answers, info, text
+        answers, info, text = run(burst())
+    assert [a[0] for a in answers] == [200] * 300
+    assert info["scheduler"]["max_tokens"] > 0 and info["scheduler"]["max_bytes"] > 0
+    assert info["limits"]["max_held_bytes"] > 0
+    families = strict_prometheus(text)
+    for name in ("glmvit_scheduler_max_tokens", "glmvit_scheduler_max_bytes", "glmvit_scheduler_outstanding_bytes",
+                 "glmvit_http_held_bytes", "glmvit_http_held_bytes_limit"):
+        assert name in families, name
+    row_bytes = request[0].numel() * tiny_model.dtype.itemsize
+    service = media_service(tiny_model, pool, start=False, max_bytes=2 * row_bytes)
+    with ServerThread(service) as server:
+        async def past():
+            async with aiohttp.ClientSession() as session:
+                queued = [asyncio.create_task(post(session, server.url, body)) for _ in range(2)]
+                await asyncio.to_thread(wait_until, lambda: service.scheduler.stats()["outstanding_requests"] == 2,
+                                        "two queued requests")
+                refused = await post(session, server.url, body)
+                service.scheduler.start()
+                return refused, await asyncio.gather(*queued)
+        refused, queued = run(past())
+    assert refused[0] == 429 and f"{2 * row_bytes:,} bytes); retry later" in json.loads(refused[2])["error"], refused[2]
+    assert [a[0] for a in queued] == [200, 200]
+
+
+def test_metrics_split_a_requests_time_into_its_phases(tiny_model, pool):
+    jpeg = encode_image(noise((56, 56, 3), 1))
+    service = media_service(tiny_model, pool)
+    with ServerThread(service) as server:
+        async def send():
+            async with aiohttp.ClientSession() as session:
+                media = await post(session, server.url, json.dumps({"content": [image_part(data_url(jpeg, "jpeg"))]})
+                                   .encode(), JSON)
+                pixels = await post(session, server.url, pixel_body(*random_request(1)))
+                async with session.get(server.url + "/metrics") as response:
+                    return media, pixels, await response.text()
+        media, pixels, text = run(send())
+    phases = ("read", "decode", "preprocess", "queue", "host_to_device", "encode", "serialise", "write")
+    for answer in (media, pixels):
+        assert answer[0] == 200
+        timing = dict(p.split(";dur=") for p in answer[1]["Server-Timing"].split(", "))
+        assert list(timing) == [p for p in phases if p != "write"] and all(float(v) >= 0 for v in timing.values())
+    families = strict_prometheus(text)
+    spent = families["glmvit_http_request_phase_seconds_total"]
+    assert set(spent) == {f'glmvit_http_request_phase_seconds_total{{phase="{p}"}}' for p in phases}
+    assert all(v >= 0 for v in spent.values()) and spent['glmvit_http_request_phase_seconds_total{phase="decode"}'] > 0
+    assert families["glmvit_http_timed_requests_total"] == {"glmvit_http_timed_requests_total": 2}
+
+
+def test_after_the_drain_begins_an_idle_keep_alive_connection_gets_a_503(tiny_model):
+    """While a request is in flight the drain keeps open connections open and answers a request on one 503 (and
+    closes it), as SIGTERM's drain promises; the request in flight finishes."""
+    service = service_for(tiny_model)
+    entered, release = gated(service)
+    release.set()
+    server = ServerThread(service).start()
+    body = pixel_body(*random_request(2))
+
+    async def scenario():
+        async with aiohttp.ClientSession() as idle, aiohttp.ClientSession() as busy:
+            assert (await post(idle, server.url, body))[0] == 200  # its connection now idle, kept alive
+            release.clear()
+            entered.clear()
+            in_flight = asyncio.create_task(post(busy, server.url, body))
+            await asyncio.to_thread(entered.wait, 60)
+            stopper = asyncio.create_task(asyncio.to_thread(server.shutdown, 60))
+            await asyncio.to_thread(wait_until, lambda: service.draining, "the drain to begin")
+            late = await post(idle, server.url, body)
+            release.set()
+            return late, await in_flight, await stopper
+    late, in_flight, stopped = run(scenario())
+    assert late[0] == 503 and "shutting down" in json.loads(late[2])["error"] and late[1]["Connection"] == "close"
+    assert in_flight[0] == 200 and stopped
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pixel_rows_cross_in_shared_memory_or_as_bytes_bitwise(dtype):
+    from glmvit.cli.pixel_rows import PixelRows, remove_shared_dir, shared_dir
+
+    rows = torch.randn(37, 1176, generator=torch.Generator().manual_seed(0)).to(dtype)
+    folder = shared_dir()
+    try:
+        shared, plain = PixelRows.of(rows, folder), PixelRows.of(rows, None)
+        assert plain.path is None and plain.data is not None
+        if folder is not None:  # /dev/shm with room: a file, gone once taken
+            assert shared.path is not None and shared.data is None
+        for handed in (shared, plain):
+            got = handed.tensor()
+            assert got.dtype == dtype and torch.equal(got, rows)
+        assert folder is None or os.listdir(folder) == []
+        PixelRows.of(rows, folder).discard()
+        assert folder is None or os.listdir(folder) == []
+    finally:
+        remove_shared_dir(folder)
+
+
+SIGTERM_CHILD = """
+import threading, time, sys
+import glmvit.cli.serve as serve, glmvit.cli.serve_app as app
+services = []
+begin = app.EncoderService.begin_drain
+def begin_drain(self):
+    services.append(self)
+    begin(self)
+app.EncoderService.begin_drain = begin_drain
+make = serve.make_scheduler
+def make_scheduler(*a, **k):  # the second batch is held until the drain has answered a 503
+    scheduler, runner = make(*a, **k)
+    encode, calls = scheduler._encode, []
+    def held(pixels, grids):
+        calls.append(1)
+        if len(calls) == 2:
+            print("encoding", flush=True)
+            deadline = time.monotonic() + 60
+            while not (services and services[0].responses[503]) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return encode(pixels, grids)
+    scheduler._encode = held
+    return scheduler, runner
+serve.make_scheduler = make_scheduler
+sys.exit(serve.main(sys.argv[1:]))
+"""
+
+
+def listening(url):
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    try:
+        socket.create_connection((where.hostname, where.port), timeout=5).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_after_sigterm_an_idle_keep_alive_connection_gets_a_503_while_a_request_finishes():
+    """The real process: SIGTERM while one request is being encoded; a request on another client's idle
+    keep-alive connection is answered 503 (and its connection closed), the one in flight 200, and it exits 0."""
+    import signal
+    import subprocess
+    import sys
+
+    from test_serve import ROOT
+
+    child = subprocess.Popen([sys.executable, "-c", SIGTERM_CHILD, "--device", "cpu", "--port", "0", "--budgets",
+                              "32", "--no-measure-floor", "--quiet", "--decode-workers", "1"], cwd=ROOT,
+                             env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    body = pixel_body(*random_request(3))
+    try:
+        line = child.stdout.readline()
+        assert "listening on http://127.0.0.1:" in line, line + child.stderr.read()
+        url = line.split("listening on ")[1].split()[0]
+
+        async def scenario():
+            async with aiohttp.ClientSession() as idle, aiohttp.ClientSession() as busy:
+                assert (await post(idle, url, body))[0] == 200  # the first batch; its connection stays open
+                in_flight = asyncio.create_task(post(busy, url, body))
+                assert await asyncio.to_thread(child.stdout.readline) == "encoding\n"
+                child.send_signal(signal.SIGTERM)
+                await asyncio.to_thread(wait_until, lambda: not listening(url), "the drain to close the listener")
+                return await post(idle, url, body), await in_flight
+        late, in_flight = run(scenario())
+        assert child.wait(60) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(60)
+    assert late[0] == 503 and late[1]["Connection"] == "close", late
+    assert in_flight[0] == 200
