@@ -575,16 +575,25 @@ def queue_tokens(args: argparse.Namespace, workload: Workload) -> int:
     return args.max_queue_tokens or max(sum(workload.tokens), 64 * 4096)
 
 
-async def fetch_health(url: str) -> dict:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        async with session.get(url.rstrip("/") + "/v1/info") as response:
-            if response.status != 200:
-                raise ValueError(f"{url}/v1/info answered {response.status}: is it a glmvit serve?")
-            return await response.json()
+async def fetch_health(url: str, wait_s: float = 0.0) -> dict:
+    """The server's ``/v1/info``; while nothing listens at ``url`` yet, tried again twice a second for up to
+    ``wait_s`` seconds (a server still capturing its graphs), then the connection error is raised."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+                async with session.get(url.rstrip("/") + "/v1/info") as response:
+                    if response.status != 200:
+                        raise ValueError(f"{url}/v1/info answered {response.status}: is it a glmvit serve?")
+                    return await response.json()
+        except aiohttp.ClientConnectorError:
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(0.5)
 
 
 async def bench_http(url: str, workload: Workload, args: argparse.Namespace, record: dict[str, Any]) -> None:
-    health = await fetch_health(url)
+    health = await fetch_health(url, getattr(args, "wait_s", 0.0))
     mode = health["mode"]
     floor = floor_rate(health, workload)
     record["servers"][mode], record["floor"][mode] = health, floor
@@ -637,6 +646,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default graph)")
     t.add_argument("--decode-workers", type=int_in(1, 256), default=None,
                    help="--spawn: the server's processes that decode media (default: the server's, min(8, CPUs − 1))")
+    t.add_argument("--wait-s", type=float_in(0, 7200), default=0.0,
+                   help="--url: seconds to keep trying a server that does not listen yet (default 0: fail at once)")
     t.add_argument("--startup-timeout", type=float_in(1, 7200), default=1800.0,
                    help="seconds a spawned server may take to capture and listen (default 1800)")
     w = p.add_argument_group("workload (vLLM random-mm)")

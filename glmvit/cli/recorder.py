@@ -268,10 +268,19 @@ def _extend_scope(units: dict[str, str]) -> None:
         scope.add(units)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def run_serve(job: Job, session: Any, workdir: Path) -> None:
     """Per mode: ``glmvit serve`` in this process (a thread, on the session's model, configured exactly as
     ``bench-serve --spawn`` configures its child), loaded by ``bench-serve --url`` in a process of its own; the
-    modes' records merged into one."""
+    modes' records merged into one. The client starts first, so its start (imports, encoding the workload's media)
+    overlaps the server's (capture, compilation); it waits for the server to listen before it sends anything."""
     from . import bench_serve, serve
     from .common import resolve_model_args
     from .serve_app import ServerThread
@@ -287,16 +296,25 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
         sparser = serve.build_parser()
         sargs = sparser.parse_args(server_argv)
         resolve_model_args(sparser, sargs)
-        service = serve.build_service(sargs, f"python -m glmvit serve {' '.join(server_argv)}", session.model(sargs))
         out = workdir / f"{job.name}_{mode}.json"
-        with ServerThread(service) as server:
-            assert server.url is not None
-            client = [sys.executable, "-m", "glmvit", "bench-serve", "--url", server.url, *job.argv, "--json",
-                      str(out)]
-            print(f"[serve] {mode}: {' '.join(client[1:])}", flush=True)
-            subprocess.run(client, cwd=REPO, check=True)
+        url = f"http://127.0.0.1:{_free_port()}"
+        argv = [sys.executable, "-m", "glmvit", "bench-serve", "--url", url, "--wait-s", "900", *job.argv, "--json",
+                str(out)]
+        print(f"[serve] {mode}: {' '.join(argv[1:])}", flush=True)
+        client = subprocess.Popen(argv, cwd=REPO)
+        try:
+            service = serve.build_service(sargs, f"python -m glmvit serve {' '.join(server_argv)}",
+                                          session.model(sargs))
+            with ServerThread(service, port=int(url.rsplit(":", 1)[1])):
+                code = client.wait()
+        finally:
+            if client.poll() is None:
+                client.kill()
+                client.wait()
+        if code != 0:
+            raise subprocess.CalledProcessError(code, argv)
         parts.append(json.loads(out.read_text()))
-        del service, server  # this mode's runner and scheduler, before the next mode captures its own
+        del service  # this mode's runner and scheduler, before the next mode captures its own
         session.end_job()
     _write(job.output_paths()[0], merge_serve(parts, job))
 

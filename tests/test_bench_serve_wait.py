@@ -1,0 +1,46 @@
+"""bench-serve --url --wait-s: a client started before its server waits for it to listen (what a record run does to
+overlap the client's start with the server's capture), and without --wait-s fails at once."""
+import asyncio
+import socket
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from glmvit.cli.bench_serve import fetch_health
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _late_server(port: int, delay: float) -> web.AppRunner:
+    await asyncio.sleep(delay)
+    app = web.Application()
+    app.router.add_get("/v1/info", lambda request: web.json_response({"mode": "graph"}))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner
+
+
+def test_the_client_waits_for_a_server_that_starts_late():
+    async def go() -> dict:
+        port = _free_port()
+        server = asyncio.create_task(_late_server(port, 1.2))
+        try:
+            return await fetch_health(f"http://127.0.0.1:{port}", wait_s=20)
+        finally:
+            await (await server).cleanup()
+
+    assert asyncio.run(go()) == {"mode": "graph"}
+
+
+def test_without_waiting_a_server_that_does_not_listen_fails_at_once():
+    async def go() -> None:
+        await fetch_health(f"http://127.0.0.1:{_free_port()}", wait_s=0)
+
+    with pytest.raises(aiohttp.ClientConnectorError):
+        asyncio.run(go())
