@@ -120,7 +120,8 @@ def test_notebooks_use_the_library_not_the_tools_nor_private_names(path):
 CLI_TESTS = {"test_cli.py", "test_bench.py", "test_plan.py", "test_explorer.py", "test_serve.py", "test_dp_bench.py",
              "test_records.py", "test_kernels.py", "test_profiling.py", "test_explorer_browser.py",
              "test_fuzz_inputs.py", "test_ncu.py", "test_record_run.py",
-             "test_one_line_errors.py", "test_outputs.py", "test_serve_bodies.py", "test_serve_media.py"}
+             "test_one_line_errors.py", "test_outputs.py", "test_serve_bodies.py", "test_serve_media.py",
+             "test_bench_serve_wait.py"}
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "tests").rglob("test_*.py")), ids=lambda p: p.name)
