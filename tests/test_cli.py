@@ -658,3 +658,55 @@ def test_an_output_that_is_a_hard_link_to_an_input_is_refused(tmp_path):
     os.link(image, tmp_path / "b.png")
     code = exit_code(["encode", "--config", "tiny", "--device", "cpu", str(image), "--out", str(tmp_path / "b.png")])
     assert code == 2
+
+
+def test_ctrl_c_inside_one_long_torch_op_stops_the_command_promptly(tmp_path):
+    """A SIGINT that lands inside one long C call (a torch op of minutes, where Python cannot run its handler until
+    the call returns) still ends ``python -m glmvit latency`` within the grace: one line, status 130. The command's
+    sweep is replaced by one large single-threaded matmul, announced on stderr just before it starts."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from glmvit.cli import CTRL_C_GRACE_S
+
+    (tmp_path / "slow_latency.py").write_text(
+        "import runpy, sys, torch\n"
+        "import glmvit.cli.latency as latency\n"
+        "torch.set_num_threads(1)\n"
+        "def measure(*args, **kwargs):\n"
+        "    a = torch.ones(10240, 10240)\n"
+        "    print('long op', file=sys.stderr, flush=True)\n"
+        "    torch.mm(a, a)\n"
+        "    raise SystemExit('the op ended')\n"
+        "latency.measure = measure\n"
+        "sys.argv = ['glmvit', 'latency', '--device', 'cpu', '--budgets', '16,64', '--runs', '1', '--quiet']\n"
+        "runpy.run_module('glmvit', run_name='__main__', alter_sys=True)\n")
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "slow_latency.py")], stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert proc.stderr is not None and proc.stderr.readline() == "long op\n"
+        time.sleep(0.5)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=CTRL_C_GRACE_S + 8)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert (proc.returncode, proc.stderr.read()) == (130, "glmvit latency: interrupted\n") and took < CTRL_C_GRACE_S + 8
+
+
+def test_latency_refuses_budgets_past_the_devices_free_memory(monkeypatch, capsys):
+    """The estimate is the tower, dtype and attention the sweep will run, against what the device has free now."""
+    import glmvit.cli.latency as latency
+
+    argv = ["--device", "cpu", "--budgets", "64,131072", "--runs", "1", "--warmup", "0", "--quiet"]
+    monkeypatch.setattr(latency, "free_memory_bytes", lambda device: 2 << 30)
+    with pytest.raises(SystemExit) as exit_:
+        latency.parse(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1
+    assert "131,072 tokens need" in err and "more than the 2.0 GiB free on cpu now" in err
+    monkeypatch.setattr(latency, "free_memory_bytes", lambda device: 64 << 30)
+    latency.parse(argv)  # the tiny tower's ≈ 5.5 GiB fit

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 COMMANDS = {
     "demo": ("glmvit.cli.demo", "encode the sample images and clip with the embedded default model"),
@@ -41,6 +42,42 @@ def _on_sigint(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+PROMPT_EXIT_COMMANDS = ("demo", "encode", "plan", "bench", "latency", "kernels", "ncu", "bench-interp")  # no
+# server, no recorder, no torchrun ranks: those shut down their own way
+CTRL_C_GRACE_S = 2.0  # how long the main thread has to stop after Ctrl-C before the process is ended for it
+
+
+def _exit_promptly_on_ctrl_c(command: str) -> None:
+    """Make Ctrl-C stop ``command`` within CTRL_C_GRACE_S even while the main thread is inside one long C call (a
+    torch op of minutes), where Python cannot run its SIGINT handler until the call returns: the signal's C handler
+    also writes to a pipe (``signal.set_wakeup_fd``), and a thread waiting on it ends the process (one line,
+    status 130) if the main thread has not stopped within the grace. Outputs are written atomically, so an output
+    is either whole or absent. Only for the process's own command, from the main thread."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    try:
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    except (ValueError, OSError):  # not the main thread, or not allowed here: Python's handler alone then
+        os.close(read_fd)
+        os.close(write_fd)
+        return
+
+    def watch() -> None:
+        while True:
+            try:
+                data = os.read(read_fd, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            if signal.SIGINT in data:
+                time.sleep(CTRL_C_GRACE_S)  # the main thread's own handling (one line, os._exit) comes first
+                print(f"glmvit {command}: interrupted", file=sys.stderr, flush=True)
+                os._exit(130)
+
+    threading.Thread(target=watch, name="glmvit-ctrl-c", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
@@ -58,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.getsignal(signal.SIGINT) is signal.default_int_handler
     if own:
         signal.signal(signal.SIGINT, _on_sigint)
+        if argv[0] in PROMPT_EXIT_COMMANDS and _own_process():
+            _exit_promptly_on_ctrl_c(argv[0])
     try:
         return _dispatch(argv)
     finally:
@@ -110,9 +149,14 @@ def _interrupted(command: str) -> int:
     passed through code it ran with exec (a dataclass being made during torch's import), and a second Ctrl-C
     during the seconds torch takes to shut down would print a traceback."""
     print(f"glmvit {command}: interrupted", file=sys.stderr)
-    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    if getattr(main_spec, "name", None) == "glmvit.__main__":
+    if _own_process():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(130)
     return 130
+
+
+def _own_process() -> bool:
+    """Whether the command is the process's own (``python -m glmvit``), not a call from other code."""
+    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(main_spec, "name", None) == "glmvit.__main__"

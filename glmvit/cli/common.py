@@ -417,6 +417,20 @@ def device_memory_bytes(device: torch.device | str) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def free_memory_bytes(device: torch.device | str) -> int:
+    """Memory ``device`` has free for new work now: the GPU's free memory (``torch.cuda.mem_get_info``), or the
+    host's available memory for the CPU (``MemAvailable`` of /proc/meminfo; elsewhere its free pages)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    with suppress(OSError, ValueError, IndexError):
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
 def graph_memory_target(device: torch.device | str) -> int:
     """The memory a budget set must fit: this GPU's on CUDA; elsewhere one H200's, the GPU the tools plan for."""
     device = torch.device(device)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..attention import default_backend
 from ..deployment import check_budget_fits
 from ..floor import encoder_flops
 from ..graphs import EncoderGraphRunner
@@ -28,6 +29,7 @@ from ..packing import BudgetConfig
 from ..provenance import collect
 from ..records import LatencySweep, make
 from ..timing import quiet_host, time_calls
+from ..weights import checkpoint_config
 from .common import (
     DTYPES,
     MAX_BUDGET_TOKENS,
@@ -35,11 +37,13 @@ from .common import (
     add_model_args,
     budgets_arg,
     check_writable,
+    free_memory_bytes,
     graph_memory_target,
     int_in,
     model_from_args,
     output_path,
     resolve_model_args,
+    vision_config,
     write_record,
 )
 
@@ -148,7 +152,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, BudgetConfig]:
             raise ValueError("--budgets needs at least two budgets, e.g. 64,128,256,512")
         config = BudgetConfig(tuple(sorted(budgets)), min(args.max_items, min(budgets)),
                               min(args.max_segments, max(budgets)))  # slots past a budget's tokens are never used
-        check_budget_fits(config, str(DTYPES[args.dtype]).removeprefix("torch."), graph_memory_target(args.device))
+        dtype = str(DTYPES[args.dtype]).removeprefix("torch.")
+        check_budget_fits(config, dtype, graph_memory_target(args.device))
+        check_fits_now(args, config, dtype)
         if args.json:
             check_writable(args.json)
     except (ValueError, OSError) as err:
@@ -159,6 +165,17 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, BudgetConfig]:
         print(f"warning: {forwards:,} forwards on a CPU, up to {max(budgets):,} tokens each: this takes long (many "
               f"minutes with the defaults); for a quick table pass --budgets 16,64,128 --runs 3", file=sys.stderr)
     return args, config
+
+
+def check_fits_now(args: argparse.Namespace, config: BudgetConfig, dtype: str) -> None:
+    """A ValueError unless the sweep's memory estimate (:func:`~glmvit.deployment.check_budget_fits` for the tower,
+    dtype, attention and compilation it will run) fits what the device has free now: a sweep past it would swap
+    or die minutes in, not fail at once."""
+    tower = checkpoint_config(args.weights)[0] if args.weights else vision_config(args.config)
+    device = torch.device(args.device)
+    attention = default_backend(device, DTYPES[args.dtype], tower.hidden_size // tower.num_heads)
+    check_budget_fits(config, dtype, free_memory_bytes(device), tower, compiled=args.compile, attention=attention,
+                      memory_name=f"free on {device} now; use smaller --budgets")
 
 
 def main(argv: list[str] | None = None) -> int:
