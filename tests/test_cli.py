@@ -710,3 +710,19 @@ def test_latency_refuses_budgets_past_the_devices_free_memory(monkeypatch, capsy
     assert "131,072 tokens need" in err and "more than the 2.0 GiB free on cpu now" in err
     monkeypatch.setattr(latency, "free_memory_bytes", lambda device: 64 << 30)
     latency.parse(argv)  # the tiny tower's ≈ 5.5 GiB fit
+
+
+def test_a_jpeg_with_corrupt_exif_encodes_without_pils_warnings(tmp_path):
+    """A JPEG whose EXIF block is cut short still decodes, orientation applied where it can be read, and PIL's
+    warnings about the block stay out of the command's output."""
+    import subprocess
+    import sys
+
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotated 90°: a 32×24 picture is 24 wide, 32 high once turned
+    exif[0x010E] = "x" * 200  # a description whose data the cut loses
+    Image.new("RGB", (224, 112), (200, 10, 10)).save(tmp_path / "cut.jpg", exif=exif.tobytes()[:40])
+    done = subprocess.run([sys.executable, "-m", "glmvit", "encode", "--device", "cpu", "--config", "tiny",
+                           str(tmp_path / "cut.jpg")], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert "cut.jpg: image grid [1, 16, 8]" in done.stdout  # 112 wide, 224 high: turned

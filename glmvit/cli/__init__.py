@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 
 COMMANDS = {
     "demo": ("glmvit.cli.demo", "encode the sample images and clip with the embedded default model"),
@@ -108,7 +109,10 @@ def _dispatch(argv: list[str]) -> int:
     try:  # the imports too: torch's takes seconds, and Ctrl-C often lands there. numpy first: torch's C extension
         # imports it itself and carries on past a KeyboardInterrupt, leaving numpy half-loaded and the Ctrl-C lost
         importlib.import_module("numpy")
-        with _status_stream(argv[1:]):
+        with _status_stream(argv[1:]), warnings.catch_warnings():
+            # PIL's warnings while it parses a corrupt EXIF block: the picture still decodes (its orientation
+            # tag, if unreadable, is left unapplied), so they are noise in a command's output and a server's log
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.TiffImagePlugin")
             return importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:]) or 0
     except KeyboardInterrupt:
         if os.environ.get("GLMVIT_DEBUG"):
