@@ -322,15 +322,11 @@ H200_BYTES = 141 * 10**9  # one H200's HBM3e (NVIDIA's specification): the defau
 
 
 def check_budget_fits(config: BudgetConfig, dtype: str = "bfloat16", memory_bytes: int = H200_BYTES,
-                      vision_config: VisionConfig | None = None, weight_bytes: int | None = None,
-                      compiled: bool = False, attention: str = "triton", memory_name: str | None = None
-                      ) -> BudgetConfig:
-    """``config`` if its graphs (:func:`~glmvit.costmodel.graph_memory` for ``compiled`` and ``attention``, one
-    shared pool) and the tower's weights fit ``memory_bytes`` (the GPU's memory; one H200 by default) for
-    ``vision_config`` (GLM-4.1V) in ``dtype``; otherwise a ValueError saying what they need, and whose memory
-    (``memory_name``, e.g. "free on cpu now"; default: one H200's or this GPU's) they exceed. Segment slots past the
-    largest budget are refused: every segment has at least one token, so a batch never has more segments than
-    tokens."""
+                      vision_config: VisionConfig | None = None, weight_bytes: int | None = None) -> BudgetConfig:
+    """``config`` if its graphs (:func:`~glmvit.costmodel.graph_memory`, one shared pool) and the tower's weights
+    fit ``memory_bytes`` (the GPU's memory; one H200 by default) for ``vision_config`` (GLM-4.1V) in ``dtype``;
+    otherwise a ValueError saying what they need. Segment slots past the largest budget are refused: every segment
+    has at least one token, so a batch never has more segments than tokens."""
     if config.max_segments > config.largest:
         raise ValueError(f"max_segments={config.max_segments:,} exceeds the largest budget {config.largest:,}: "
                          "every segment has at least one token, so a batch never has more segments than tokens")
@@ -341,13 +337,12 @@ def check_budget_fits(config: BudgetConfig, dtype: str = "bfloat16", memory_byte
         from .floor import tower_bytes
 
         weight_bytes = tower_bytes(tower, getattr(torch, dtype))
-    need = total_graph_memory(graph_memory(config, tower, dtype, compiled, attention)) + weight_bytes
+    need = total_graph_memory(graph_memory(config, tower, dtype)) + weight_bytes
     if need > memory_bytes:
-        if memory_name is None:
-            memory_name = "of one H200" if memory_bytes == H200_BYTES else "of this GPU"
         raise ValueError(f"{len(config.token_budgets)} budgets up to {config.largest:,} tokens need ≈ "
-                         f"{need / 2**30:,.1f} GiB for their graphs and the weights (costmodel.graph_memory, "
-                         f"{dtype}): more than the {memory_bytes / 2**30:,.1f} GiB {memory_name}")
+                         f"{need / 2**30:,.0f} GiB for their graphs and the weights (costmodel.graph_memory, "
+                         f"{dtype}): more than the {memory_bytes / 2**30:,.0f} GiB of "
+                         + ("one H200" if memory_bytes == H200_BYTES else "this GPU"))
     return config
 
 

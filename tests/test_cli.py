@@ -698,18 +698,22 @@ def test_ctrl_c_inside_one_long_torch_op_stops_the_command_promptly(tmp_path):
 
 
 def test_latency_refuses_budgets_past_the_devices_free_memory(monkeypatch, capsys):
-    """The estimate is the tower, dtype and attention the sweep will run, against what the device has free now."""
+    """The estimate is the tower, dtype and attention the sweep will run, against what the device has free now;
+    refused before the model is built."""
     import glmvit.cli.latency as latency
 
     argv = ["--device", "cpu", "--budgets", "64,131072", "--runs", "1", "--warmup", "0", "--quiet"]
-    monkeypatch.setattr(latency, "free_memory_bytes", lambda device: 2 << 30)
+    monkeypatch.setattr(glmvit.cli.common, "free_memory_bytes", lambda device: 2 << 30)
+    monkeypatch.setattr(latency, "run_sweep", lambda *args: pytest.fail("the sweep started"))
     with pytest.raises(SystemExit) as exit_:
-        latency.parse(argv)
+        latency.main(argv)
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and err.count("\n") == 1
-    assert "131,072 tokens need" in err and "more than the 2.0 GiB free on cpu now" in err
-    monkeypatch.setattr(latency, "free_memory_bytes", lambda device: 64 << 30)
-    latency.parse(argv)  # the tiny tower's ≈ 5.5 GiB fit
+    error = err.splitlines()[-1]  # after parse's warning that a large CPU sweep takes long
+    assert exit_.value.code == 2 and error.startswith("python -m glmvit latency: error: budgets up to 131,072 ")
+    assert "more than the 2.0 GiB free on cpu now" in error and "Traceback" not in err
+    args, config = latency.parse(argv)
+    monkeypatch.setattr(glmvit.cli.common, "free_memory_bytes", lambda device: 64 << 30)
+    latency.check_fits_now(args, config)  # the tiny tower's few GiB fit
 
 
 def test_a_jpeg_with_corrupt_exif_encodes_without_pils_warnings(tmp_path):

@@ -20,7 +20,6 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..attention import default_backend
 from ..deployment import check_budget_fits
 from ..floor import encoder_flops
 from ..graphs import EncoderGraphRunner
@@ -29,7 +28,6 @@ from ..packing import BudgetConfig
 from ..provenance import collect
 from ..records import LatencySweep, make
 from ..timing import quiet_host, time_calls
-from ..weights import checkpoint_config
 from .common import (
     DTYPES,
     MAX_BUDGET_TOKENS,
@@ -37,13 +35,11 @@ from .common import (
     add_model_args,
     budgets_arg,
     check_writable,
-    free_memory_bytes,
     graph_memory_target,
     int_in,
     model_from_args,
     output_path,
     resolve_model_args,
-    vision_config,
     write_record,
 )
 
@@ -152,9 +148,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, BudgetConfig]:
             raise ValueError("--budgets needs at least two budgets, e.g. 64,128,256,512")
         config = BudgetConfig(tuple(sorted(budgets)), min(args.max_items, min(budgets)),
                               min(args.max_segments, max(budgets)))  # slots past a budget's tokens are never used
-        dtype = str(DTYPES[args.dtype]).removeprefix("torch.")
-        check_budget_fits(config, dtype, graph_memory_target(args.device))
-        check_fits_now(args, config, dtype)
+        check_budget_fits(config, str(DTYPES[args.dtype]).removeprefix("torch."), graph_memory_target(args.device))
         if args.json:
             check_writable(args.json)
     except (ValueError, OSError) as err:
@@ -167,20 +161,35 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, BudgetConfig]:
     return args, config
 
 
-def check_fits_now(args: argparse.Namespace, config: BudgetConfig, dtype: str) -> None:
-    """A ValueError unless the sweep's memory estimate (:func:`~glmvit.deployment.check_budget_fits` for the tower,
-    dtype, attention and compilation it will run) fits what the device has free now: a sweep past it would swap
-    or die minutes in, not fail at once."""
+def check_fits_now(args: argparse.Namespace, config: BudgetConfig) -> None:
+    """A ValueError unless the sweep's memory estimate (:func:`~glmvit.costmodel.graph_memory`, one shared pool, and
+    the weights, for the tower, dtype, attention and compilation it will run) fits what the device has free now: a
+    sweep past it would swap or die minutes in, not fail at once."""
+    from ..attention import default_backend
+    from ..costmodel import graph_memory, total_graph_memory
+    from ..floor import tower_bytes
+    from ..weights import checkpoint_config
+    from .common import free_memory_bytes, vision_config
+
     tower = checkpoint_config(args.weights)[0] if args.weights else vision_config(args.config)
-    device = torch.device(args.device)
-    attention = default_backend(device, DTYPES[args.dtype], tower.hidden_size // tower.num_heads)
-    check_budget_fits(config, dtype, free_memory_bytes(device), tower, compiled=args.compile, attention=attention,
-                      memory_name=f"free on {device} now; use smaller --budgets")
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    attention = default_backend(device, dtype, tower.hidden_size // tower.num_heads)
+    need = total_graph_memory(graph_memory(config, tower, str(dtype).removeprefix("torch."), args.compile,
+                                           attention)) + tower_bytes(tower, dtype)
+    free = free_memory_bytes(device)
+    if need > free:
+        raise ValueError(f"budgets up to {config.largest:,} tokens need ≈ {need / 2**30:,.1f} GiB for their graphs, "
+                         f"one forward's activations and the weights (costmodel.graph_memory): more than the "
+                         f"{free / 2**30:,.1f} GiB free on {device} now; use smaller --budgets")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args, config = parse(argv)
+    try:
+        check_fits_now(args, config)  # here, not in parse: a record run sizes its own sweeps
+    except ValueError as err:
+        Parser(prog="python -m glmvit latency").error(str(err))
     table = run_sweep(args, config, " ".join([sys.executable, "-m", "glmvit", "latency", *argv]))
     print_table(table.model_dump(mode="json")["budgets"])
     if args.json:
