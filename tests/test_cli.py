@@ -730,3 +730,32 @@ def test_a_jpeg_with_corrupt_exif_encodes_without_pils_warnings(tmp_path):
                            str(tmp_path / "cut.jpg")], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert "cut.jpg: image grid [1, 16, 8]" in done.stdout  # 112 wide, 224 high: turned
+
+
+def test_progress_bars_reach_a_non_terminal_stderr_as_lines_not_redraws(tmp_path):
+    """stderr a pipe (a log): each bar arrives once, in its final state, with no carriage returns."""
+    import subprocess
+    import sys
+
+    for name in ("a.png", "b.png"):
+        Image.new("RGB", (64, 64)).save(tmp_path / name)
+    done = subprocess.run([sys.executable, "-m", "glmvit", "encode", "--device", "cpu", "--config", "tiny",
+                           str(tmp_path / "a.png"), str(tmp_path / "b.png")], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+    assert done.returncode == 0 and "\r" not in done.stderr
+    assert [line.split(":")[0] for line in done.stderr.splitlines()] == ["checking", "encoding"]
+    assert all("100%" in line for line in done.stderr.splitlines())
+
+
+def test_a_line_stream_keeps_each_lines_last_redraw():
+    import io
+
+    from glmvit.cli import LineStream
+
+    out = io.StringIO()
+    lines = LineStream(out)
+    lines.write("\rbar 0%")
+    lines.write("\rbar 50%\rbar 100%")
+    lines.write("\nerror: x\n\rpart")
+    lines.finish()
+    assert out.getvalue() == "bar 100%\nerror: x\npart\n"

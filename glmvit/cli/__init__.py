@@ -8,12 +8,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import io
 import os
 import signal
 import sys
 import threading
 import time
 import warnings
+from typing import Iterator, TextIO
 
 COMMANDS = {
     "demo": ("glmvit.cli.demo", "encode the sample images and clip with the embedded default model"),
@@ -109,7 +111,7 @@ def _dispatch(argv: list[str]) -> int:
     try:  # the imports too: torch's takes seconds, and Ctrl-C often lands there. numpy first: torch's C extension
         # imports it itself and carries on past a KeyboardInterrupt, leaving numpy half-loaded and the Ctrl-C lost
         importlib.import_module("numpy")
-        with _status_stream(argv[1:]), warnings.catch_warnings():
+        with _lines_only(), _status_stream(argv[1:]), warnings.catch_warnings():
             # PIL's warnings while it parses a corrupt EXIF block: the picture still decodes (its orientation
             # tag, if unreadable, is left unapplied), so they are noise in a command's output and a server's log
             warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.TiffImagePlugin")
@@ -133,6 +135,64 @@ def one_line(text: str) -> str:
     """``text`` on one line: a line break or other control character (a file name may hold one) written as its
     escape (``\\n``), so that an error stays one line whatever it names."""
     return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+
+
+class LineStream(io.TextIOBase):
+    """A text stream over ``stream`` that writes whole lines only: a carriage return (a progress bar redrawing
+    itself) discards what came since the last line break, so a bar reaches a log or a pipe once, as its final
+    state, instead of as one redraw per update."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream, self.pending = stream, ""
+
+    def write(self, text: str) -> int:
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            self.stream.write(line.rsplit("\r", 1)[-1] + "\n")
+        self.pending = self.pending.rsplit("\r", 1)[-1]
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def finish(self) -> None:
+        """Write what is left of an unfinished line (without a carriage return before it) and flush."""
+        if self.pending:
+            self.stream.write(self.pending + "\n")
+            self.pending = ""
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.stream, "encoding", "utf-8")
+
+
+@contextlib.contextmanager
+def _lines_only() -> Iterator[None]:
+    """Standard error as a :class:`LineStream` while it is not a terminal (a log, a pipe): progress bars then add
+    lines, not carriage-return redraws."""
+    stream = sys.stderr
+    try:
+        terminal = stream.isatty()
+    except (AttributeError, ValueError):
+        terminal = False
+    if terminal or isinstance(stream, LineStream) or "ipykernel" in sys.modules:
+        yield
+        return
+    lines = LineStream(stream)
+    sys.stderr = lines
+    try:
+        yield
+    finally:
+        if sys.stderr is lines:
+            sys.stderr = stream
+        lines.finish()
 
 
 def _status_stream(args: list[str]) -> contextlib.AbstractContextManager:
