@@ -759,3 +759,28 @@ def test_a_line_stream_keeps_each_lines_last_redraw():
     lines.write("\nerror: x\n\rpart")
     lines.finish()
     assert out.getvalue() == "bar 100%\nerror: x\npart\n"
+
+
+def test_demo_help_answers_without_importing_torch():
+    """The demo parses its flags (the shared model flags included, from glmvit.cli.flags) before torch's import."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "glmvit", "demo", "--help"], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert done.returncode == 0 and "--device" in done.stdout and "--weights" in done.stdout
+    assert "glmvit.cli.flags" in imported and not {m for m in imported if m.split(".")[0] == "torch"}
+
+
+def test_the_flags_module_names_every_dtype_the_commands_map():
+    from glmvit.cli.common import DTYPES
+    from glmvit.cli.flags import DTYPE_NAMES
+
+    assert tuple(sorted(DTYPES)) == DTYPE_NAMES
+
+
+def test_the_demo_says_emulation_is_a_correctness_check_and_what_to_run_next(capsys):
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "not a speed claim" in out and "make demo on a CUDA machine" in out and "python -m glmvit bench" in out
