@@ -240,8 +240,8 @@ def report_rows(reports: list[BudgetReport], specs: list[list[ItemSpec]], packer
 
 
 def _capture_text(report: BudgetReport) -> str:
-    if report.capture_s is not None:
-        return f"≈ {report.capture_s:.2f} s (from the table's capture times)"
+    if report.capture_s is not None and report.capture is not None:
+        return f"≈ {report.capture_s:.2f} s ({report.capture.describe(len(report.config.token_budgets))})"
     return "unknown (the table has no capture times)" if report.graphs else "unknown (no latency table)"
 
 
