@@ -511,6 +511,26 @@ def test_on_every_address_and_whatever_the_config_files_say_the_token_is_set(tmp
         ("0.0.0.0", "s" * 24, False, [], 0)
 
 
+def test_a_pages_kernel_is_shut_down_once_no_page_uses_it(tmp_path, monkeypatch):
+    """Voilà never shuts a page's kernel down: the explorer culls kernels idle with no page connected (the kernel
+    manager Voilà makes at start reads this config), unless Voilà was told otherwise."""
+    from glmvit.cli.explorer_serve import KERNEL_CULL_INTERVAL_S, KERNEL_IDLE_S
+
+    needs_voila()
+    monkeypatch.chdir(tmp_path)
+    handler = signal.getsignal(signal.SIGTERM)
+    notebook = str(ROOT / "notebooks" / "explorer.ipynb")
+    try:
+        app = build_server([notebook, "--port=9"], "s" * 24)
+        chosen = build_server([notebook, "--port=9", "--MappingKernelManager.cull_idle_timeout=7"], "s" * 24)
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    culling = app.config.MappingKernelManager
+    assert (culling.cull_idle_timeout, culling.cull_interval) == (KERNEL_IDLE_S, KERNEL_CULL_INTERVAL_S)
+    assert not culling.get("cull_connected", False)  # a page left open keeps its kernel
+    assert str(chosen.config.MappingKernelManager.cull_idle_timeout) == "7"  # read as the trait decides
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -575,6 +595,9 @@ def test_the_served_page_refuses_requests_without_the_token(tmp_path):
         assert f"only in {tmp_path}" in log.read_text()  # the workspace: GLMVIT_EXPLORER_DIR
         assert status(f"{base}/api/kernels/00000000-0000-0000-0000-000000000000")[0] == 403
         assert status(f"{base}/voila/api/shutdown/00000000-0000-0000-0000-000000000000", "POST")[0] == 403
+        with urllib.request.urlopen(f"{base}/login?next=%2F", timeout=30) as response:
+            page = response.read().decode()
+        assert "make explorer" in page and "?token=" in page and "jupyter server list" not in page
         assert status(url)[0] == 200
     finally:
         stop_server(proc)
