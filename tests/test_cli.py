@@ -784,3 +784,14 @@ def test_the_demo_says_emulation_is_a_correctness_check_and_what_to_run_next(cap
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
     assert "not a speed claim" in out and "make demo on a CUDA machine" in out and "python -m glmvit bench" in out
+
+
+def test_a_command_with_standard_error_closed_still_exits_with_its_status():
+    """stderr closed (``2>&-``: Python's sys.stderr is None) is left as it is, not wrapped: a usage error still
+    exits 2 and a run 0, with nothing to say them on."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(["bash", "-c", f"'{sys.executable}' -m glmvit latency --budgets 0,1 2>&-"], cwd=ROOT,
+                          capture_output=True, timeout=120)
+    assert done.returncode == 2

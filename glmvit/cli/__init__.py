@@ -180,8 +180,8 @@ def _lines_only() -> Iterator[None]:
     stream = sys.stderr
     try:
         terminal = stream.isatty()
-    except (AttributeError, ValueError):
-        terminal = False
+    except (AttributeError, ValueError):  # None (standard error closed), or a closed stream: left as it is
+        terminal = True
     if terminal or isinstance(stream, LineStream) or "ipykernel" in sys.modules:
         yield
         return
