@@ -26,7 +26,16 @@ from .packing import (
     Plan,
     positive_int,
 )
-from .records import MAX_RECORD_BYTES, MAX_TABLE_TOKENS, LatencySweep, PlainLatencyTable, find_one, parse, staleness
+from .records import (
+    MAX_RECORD_BYTES,
+    MAX_TABLE_TOKENS,
+    LatencySweep,
+    PlainLatencyTable,
+    StartupRecord,
+    find_one,
+    parse,
+    staleness,
+)
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 MIN_BASE_MS = 1e-3  # one microsecond: the least a replay or a forward can cost (a kernel launch)
@@ -232,6 +241,63 @@ class LatencyTable:
             return None
         budgets = sorted(self.capture_s)
         return _linear(budget, budgets, [self.capture_s[b] for b in budgets])
+
+
+@dataclass(frozen=True)
+class CaptureCost:
+    """Seconds to capture a budget set: a one-time cost, paid by a process's first captures (compilation and its
+    recompilation for dynamic shapes, lazy initialisation), plus a cost per budget. Capturing largest first, the
+    largest budgets paid the one-time cost in a recorded run; it belongs to the set, not to them."""
+
+    one_time_s: float
+    per_budget_s: float
+    source: str  # the run it was fitted on
+
+    def seconds(self, budgets: int) -> float:
+        """Estimated seconds to capture ``budgets`` budgets."""
+        return self.one_time_s + budgets * self.per_budget_s
+
+    def describe(self, budgets: int) -> str:
+        return (f"{self.one_time_s:.2f} s once + {budgets} × {self.per_budget_s:.2f} s per budget, fitted on "
+                f"{self.source}")
+
+
+def fit_capture_cost(seconds: Mapping[int, float], source: str) -> CaptureCost | None:
+    """The cost of one run's captures (budget → seconds): per budget, the median capture (the few captures that paid
+    the one-time cost do not move it); one-time, the run's total less that many per-budget costs. None with fewer
+    than two captures."""
+    if len(seconds) < 2:
+        return None
+    per = float(np.median(list(seconds.values())))
+    return CaptureCost(max(0.0, float(sum(seconds.values())) - len(seconds) * per), per, source)
+
+
+STARTUP_SETTING = "blocks-auto"  # the compile setting the runner uses by default (tools/capture_time.py's names)
+
+
+def recorded_capture_cost(start: str = "cold") -> CaptureCost | None:
+    """:func:`fit_capture_cost` on the recorded start-up (``data/bench``'s startup record, the default compile
+    setting): ``start`` "cold" (empty compile caches, a server's first start) or "warm". None without one."""
+    try:
+        path, record = find_one(StartupRecord)
+    except ValueError:
+        return None
+    run = record.runs.get(f"{STARTUP_SETTING}-{start}")
+    if not isinstance(run, Mapping) or not isinstance(run.get("budgets"), Mapping):
+        return None
+    seconds = {int(b): float(entry["seconds"]) for b, entry in run["budgets"].items()}
+    return fit_capture_cost(seconds, f"{path.name} ({start} start, compiled)")
+
+
+def capture_cost(table: LatencyTable) -> CaptureCost | None:
+    """The capture cost for ``table``'s runner: a compiled table's from the recorded cold start-up (its own sweep
+    captured in a process that had compiled before), any other from the table's own capture times."""
+    if table.mode == "graph-compiled":
+        cost = recorded_capture_cost("cold")
+        if cost is not None:
+            return cost
+    return fit_capture_cost(table.capture_s, f"{Path(table.source).name if table.source else 'the table'}'s "
+                                             "captures")
 
 
 def _labels(data: Mapping[str, Any]) -> dict[str, Any]:

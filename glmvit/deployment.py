@@ -11,7 +11,15 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from .config import VisionConfig
-from .costmodel import LatencyTable, TimeEstimate, graph_memory, predict_time, total_graph_memory
+from .costmodel import (
+    CaptureCost,
+    LatencyTable,
+    TimeEstimate,
+    capture_cost,
+    graph_memory,
+    predict_time,
+    total_graph_memory,
+)
 from .geometry import ItemSpec
 from .packing import (
     AUTO_RANGE,
@@ -209,7 +217,8 @@ class BudgetReport:
     ``graphs``: predicted ms per request from the table's medians; ``graphs_at_p99``: the same with every batch at
     its budget's P99 latency (a pessimistic request time: slow replays rarely all coincide); ``eager``: the same
     items run eagerly. Each is None without a table (``graphs_at_p99`` also without P99 columns);
-    ``capture_s`` is None when the table has no capture times.
+    ``capture_s`` is None when the table has no capture times; ``capture`` is the one-time and per-budget cost it
+    was estimated from.
     """
 
     config: BudgetConfig
@@ -217,6 +226,7 @@ class BudgetReport:
     graph_bytes: int  # total_graph_memory: every graph's static buffers plus the one shared pool
     pool_bytes: int
     capture_s: float | None = None
+    capture: CaptureCost | None = None
     graphs: TimeSummary | None = None
     graphs_at_p99: TimeSummary | None = None
     eager: TimeSummary | None = None
@@ -225,9 +235,10 @@ class BudgetReport:
 
 
 def capture_time(config: BudgetConfig, table: LatencyTable) -> float | None:
-    """Estimated seconds to capture every budget of ``config`` (:meth:`LatencyTable.capture_time`); None: unknown."""
-    seconds = [table.capture_time(b) for b in config.token_budgets]
-    return None if any(s is None for s in seconds) else sum(s for s in seconds if s is not None)
+    """Estimated seconds to capture every budget of ``config``: a one-time cost plus one per budget
+    (:func:`~glmvit.costmodel.capture_cost` for ``table``); None: unknown."""
+    cost = capture_cost(table)
+    return None if cost is None else cost.seconds(len(config.token_budgets))
 
 
 @dataclass(frozen=True)
@@ -313,8 +324,8 @@ def evaluate_budgets(requests: Sequence[Sequence[ItemSpec]], config: BudgetConfi
 
     slow = table.p99()
     return dataclasses.replace(
-        report, capture_s=capture_time(config, table), graphs=TimeSummary.of(per_request(table, "total_ms")),
-        eager=TimeSummary.of(per_request(table, "eager_ms")),
+        report, capture_s=capture_time(config, table), capture=capture_cost(table),
+        graphs=TimeSummary.of(per_request(table, "total_ms")), eager=TimeSummary.of(per_request(table, "eager_ms")),
         graphs_at_p99=None if slow is None else TimeSummary.of(per_request(slow, "total_ms")))
 
 

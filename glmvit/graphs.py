@@ -75,6 +75,10 @@ class CapturedBudget:
     staged_grids: bytes | None = None  # the grids whose metadata ``meta.packed`` holds now
     pointers: tuple[int, ...] = ()
 
+    def __repr__(self) -> str:
+        """The budget and its static shape, not its buffers."""
+        return f"CapturedBudget(budget={self.budget}, {self.shape}, graph={'captured' if self.graph else 'none'})"
+
     def data_pointers(self) -> tuple[int, ...]:
         return (self.pixels.data_ptr(), self.meta.packed.data_ptr(), self.output.data_ptr())
 
@@ -118,6 +122,13 @@ class BatchStep:
     @property
     def num_rows(self) -> int:
         return sum(b - a for a, b in self.rows)
+
+    def __repr__(self) -> str:
+        """The batch's items, tokens, budget and route: what a reader of a plan wants, not its tensors."""
+        where = "no budget" if self.budget is None else f"budget={self.budget.budget}"
+        route = "replay" if self.replay else "eager"
+        predicted = "" if self.predicted_ms is None else f", predicted_ms={self.predicted_ms:.3f}"
+        return f"BatchStep(items={self.items}, tokens={self.tokens}, {where}, route={route}{predicted})"
 
 
 @dataclass

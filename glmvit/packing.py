@@ -96,6 +96,18 @@ def parse_budgets(text: str) -> tuple[int, ...] | None:
     return tuple(budgets)
 
 
+def default_max_items(token_budgets: Sequence[int], auto_range: tuple[int, int] = AUTO_RANGE) -> int:
+    """vLLM's items per batch when none is given (:meth:`BudgetConfig.resolve`): min(hi // lo of the model range
+    ``auto_range``, the smallest budget). The one rule ``plan``, its ``--help`` and the explorer all use."""
+    lo, hi = auto_range
+    return min(hi // lo, min(positive_int("token budget", b) for b in token_budgets))
+
+
+def max_items_rule(auto_range: tuple[int, int] = AUTO_RANGE) -> str:
+    """:func:`default_max_items` in words, for help texts: ``"min(8192 // 64, smallest budget)"``."""
+    return f"min({auto_range[1]} // {auto_range[0]}, smallest budget)"
+
+
 @dataclass(frozen=True)
 class BudgetConfig:
     """Captured token budgets (strictly increasing) and the per-batch limits every graph is sized for.
@@ -144,7 +156,7 @@ class BudgetConfig:
             budgets = given or auto_budgets(max(lo, max_items), hi)
         else:
             budgets = given or auto_budgets(lo, hi)
-            max_items = min(hi // lo, budgets[0])
+            max_items = default_max_items(budgets, auto_range)
         if max_segments is None:
             max_segments = min(max_items * VLLM_MAX_FRAMES_PER_VIDEO, budgets[-1]) if video else max_items
         return cls(budgets, max_items, max_segments)

@@ -16,6 +16,7 @@ import torch
 
 from .config import VisionConfig
 from .geometry import ItemSpec, grid_for, item_spec
+from .messages import shown
 from .metadata import as_grid_array, rows_of
 from .packing import positive_int
 
@@ -86,17 +87,6 @@ def _probability(key: tuple[int, ...], prob: Any) -> float:
         if math.isfinite(value) and value >= 0:
             return value
     raise ValueError(f"bucket {shown(key)} probability must be a finite number ≥ 0, got {shown(prob)}")
-
-
-def shown(value: Any, limit: int = 60) -> str:
-    """``repr(value)`` for an error message, cut in the middle past ``limit`` characters (one line, readable)."""
-    try:
-        text = str(value) if isinstance(value, BaseException) else repr(value)
-    except (ValueError, RecursionError):  # an int past Python's 4300-digit limit, a structure nested too deeply
-        text = f"<a {type(value).__name__} too large to show>"
-    text = text.replace("\n", " ")
-    length = len(value) if isinstance(value, str) else len(text)
-    return text if len(text) <= limit else f"{text[: limit // 2]}…{text[-limit // 4:]} ({length:,} characters)"
 
 
 def random_mm_workload(bucket_config: str | Mapping[Any, Any], num_requests: int, items_per_request: int = 1,

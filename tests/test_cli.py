@@ -658,3 +658,140 @@ def test_an_output_that_is_a_hard_link_to_an_input_is_refused(tmp_path):
     os.link(image, tmp_path / "b.png")
     code = exit_code(["encode", "--config", "tiny", "--device", "cpu", str(image), "--out", str(tmp_path / "b.png")])
     assert code == 2
+
+
+def test_ctrl_c_inside_one_long_torch_op_stops_the_command_promptly(tmp_path):
+    """A SIGINT that lands inside one long C call (a torch op of minutes, where Python cannot run its handler until
+    the call returns) still ends ``python -m glmvit latency`` within the grace: one line, status 130. The command's
+    sweep is replaced by one large single-threaded matmul, announced on stderr just before it starts."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from glmvit.cli import CTRL_C_GRACE_S
+
+    (tmp_path / "slow_latency.py").write_text(
+        "import runpy, sys, torch\n"
+        "import glmvit.cli.latency as latency\n"
+        "torch.set_num_threads(1)\n"
+        "def measure(*args, **kwargs):\n"
+        "    a = torch.ones(10240, 10240)\n"
+        "    print('long op', file=sys.stderr, flush=True)\n"
+        "    torch.mm(a, a)\n"
+        "    raise SystemExit('the op ended')\n"
+        "latency.measure = measure\n"
+        "sys.argv = ['glmvit', 'latency', '--device', 'cpu', '--budgets', '16,64', '--runs', '1', '--quiet']\n"
+        "runpy.run_module('glmvit', run_name='__main__', alter_sys=True)\n")
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "slow_latency.py")], stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert proc.stderr is not None and proc.stderr.readline() == "long op\n"
+        time.sleep(0.5)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=CTRL_C_GRACE_S + 8)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert (proc.returncode, proc.stderr.read()) == (130, "glmvit latency: interrupted\n") and took < CTRL_C_GRACE_S + 8
+
+
+def test_latency_refuses_budgets_past_the_devices_free_memory(monkeypatch, capsys):
+    """The estimate is the tower, dtype and attention the sweep will run, against what the device has free now;
+    refused before the model is built."""
+    import glmvit.cli.latency as latency
+
+    argv = ["--device", "cpu", "--budgets", "64,131072", "--runs", "1", "--warmup", "0", "--quiet"]
+    monkeypatch.setattr(glmvit.cli.common, "free_memory_bytes", lambda device: 2 << 30)
+    monkeypatch.setattr(latency, "run_sweep", lambda *args: pytest.fail("the sweep started"))
+    with pytest.raises(SystemExit) as exit_:
+        latency.main(argv)
+    err = capsys.readouterr().err
+    error = err.splitlines()[-1]  # after parse's warning that a large CPU sweep takes long
+    assert exit_.value.code == 2 and error.startswith("python -m glmvit latency: error: budgets up to 131,072 ")
+    assert "more than the 2.0 GiB free on cpu now" in error and "Traceback" not in err
+    args, config = latency.parse(argv)
+    monkeypatch.setattr(glmvit.cli.common, "free_memory_bytes", lambda device: 64 << 30)
+    latency.check_fits_now(args, config)  # the tiny tower's few GiB fit
+
+
+def test_a_jpeg_with_corrupt_exif_encodes_without_pils_warnings(tmp_path):
+    """A JPEG whose EXIF block is cut short still decodes, orientation applied where it can be read, and PIL's
+    warnings about the block stay out of the command's output."""
+    import subprocess
+    import sys
+
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotated 90°: a 32×24 picture is 24 wide, 32 high once turned
+    exif[0x010E] = "x" * 200  # a description whose data the cut loses
+    Image.new("RGB", (224, 112), (200, 10, 10)).save(tmp_path / "cut.jpg", exif=exif.tobytes()[:40])
+    done = subprocess.run([sys.executable, "-m", "glmvit", "encode", "--device", "cpu", "--config", "tiny",
+                           str(tmp_path / "cut.jpg")], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert "cut.jpg: image grid [1, 16, 8]" in done.stdout  # 112 wide, 224 high: turned
+
+
+def test_progress_bars_reach_a_non_terminal_stderr_as_lines_not_redraws(tmp_path):
+    """stderr a pipe (a log): each bar arrives once, in its final state, with no carriage returns."""
+    import subprocess
+    import sys
+
+    for name in ("a.png", "b.png"):
+        Image.new("RGB", (64, 64)).save(tmp_path / name)
+    done = subprocess.run([sys.executable, "-m", "glmvit", "encode", "--device", "cpu", "--config", "tiny",
+                           str(tmp_path / "a.png"), str(tmp_path / "b.png")], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+    assert done.returncode == 0 and "\r" not in done.stderr
+    assert [line.split(":")[0] for line in done.stderr.splitlines()] == ["checking", "encoding"]
+    assert all("100%" in line for line in done.stderr.splitlines())
+
+
+def test_a_line_stream_keeps_each_lines_last_redraw():
+    import io
+
+    from glmvit.cli import LineStream
+
+    out = io.StringIO()
+    lines = LineStream(out)
+    lines.write("\rbar 0%")
+    lines.write("\rbar 50%\rbar 100%")
+    lines.write("\nerror: x\n\rpart")
+    lines.finish()
+    assert out.getvalue() == "bar 100%\nerror: x\npart\n"
+
+
+def test_demo_help_answers_without_importing_torch():
+    """The demo parses its flags (the shared model flags included, from glmvit.cli.flags) before torch's import."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "glmvit", "demo", "--help"], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert done.returncode == 0 and "--device" in done.stdout and "--weights" in done.stdout
+    assert "glmvit.cli.flags" in imported and not {m for m in imported if m.split(".")[0] == "torch"}
+
+
+def test_the_flags_module_names_every_dtype_the_commands_map():
+    from glmvit.cli.common import DTYPES
+    from glmvit.cli.flags import DTYPE_NAMES
+
+    assert tuple(sorted(DTYPES)) == DTYPE_NAMES
+
+
+def test_the_demo_says_emulation_is_a_correctness_check_and_what_to_run_next(capsys):
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "not a speed claim" in out and "make demo on a CUDA machine" in out and "python -m glmvit bench" in out
+
+
+def test_a_command_with_standard_error_closed_still_exits_with_its_status():
+    """stderr closed (``2>&-``: Python's sys.stderr is None) is left as it is, not wrapped: a usage error still
+    exits 2 and a run 0, with nothing to say them on."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(["bash", "-c", f"'{sys.executable}' -m glmvit latency --budgets 0,1 2>&-"], cwd=ROOT,
+                          capture_output=True, timeout=120)
+    assert done.returncode == 2

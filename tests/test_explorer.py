@@ -228,6 +228,7 @@ def test_frame_limit_sends_videos_to_eager(app):
     ("auto", 16, "9" * 400, "is not a positive integer"),
 ])
 def test_bad_input_shows_a_message_not_a_traceback(app, budgets, max_items, max_segments, message):
+    app.max_items_auto.value = False  # the slider's value as it is, even where it already shows it
     app.max_items.value, app.max_segments.value, app.budgets.value = max_items, max_segments, budgets
     assert "glmvit-error" in app.message.value and message in app.message.value
     assert app.summary.value == "" and bytes(app.picture.value) == b"" and app.export_text.value == ""
@@ -265,11 +266,12 @@ def test_a_second_budget_set_is_shown_beside_the_first(workspace):
     app.compare.value = "256, 1024, 4096"
     assert "budget set A" in app.summary.value and "budget set B" in app.summary.value
     requests = specs(preset_requests(app))
-    for config in (AUTO, BudgetConfig((256, 1024, 4096), 64, 4096)):
+    for config in (AUTO, BudgetConfig((256, 1024, 4096), 128, 4096)):  # max items auto: each set's own, as plan's
         report = evaluate_budgets(requests, config, app.table, packer="vllm")
         assert f"<b>{report.stats.padding_fraction:.1%} of replayed tokens ({report.stats.padded_tokens} tokens)</b>" \
             in app.summary.value
         assert f"<b>{times(report.graphs)}</b>" in app.summary.value
+    app.max_items_auto.value = False  # the slider's 64 for both sets
     app.compare.value = "32, 64"
     assert "compare with: max_items=64 exceeds the smallest budget 32" in html.unescape(app.message.value)
     app.compare.value = ""
@@ -509,6 +511,26 @@ def test_on_every_address_and_whatever_the_config_files_say_the_token_is_set(tmp
         ("0.0.0.0", "s" * 24, False, [], 0)
 
 
+def test_a_pages_kernel_is_shut_down_once_no_page_uses_it(tmp_path, monkeypatch):
+    """Voilà never shuts a page's kernel down: the explorer culls kernels idle with no page connected (the kernel
+    manager Voilà makes at start reads this config), unless Voilà was told otherwise."""
+    from glmvit.cli.explorer_serve import KERNEL_CULL_INTERVAL_S, KERNEL_IDLE_S
+
+    needs_voila()
+    monkeypatch.chdir(tmp_path)
+    handler = signal.getsignal(signal.SIGTERM)
+    notebook = str(ROOT / "notebooks" / "explorer.ipynb")
+    try:
+        app = build_server([notebook, "--port=9"], "s" * 24)
+        chosen = build_server([notebook, "--port=9", "--MappingKernelManager.cull_idle_timeout=7"], "s" * 24)
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    culling = app.config.MappingKernelManager
+    assert (culling.cull_idle_timeout, culling.cull_interval) == (KERNEL_IDLE_S, KERNEL_CULL_INTERVAL_S)
+    assert not culling.get("cull_connected", False)  # a page left open keeps its kernel
+    assert str(chosen.config.MappingKernelManager.cull_idle_timeout) == "7"  # read as the trait decides
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -573,6 +595,9 @@ def test_the_served_page_refuses_requests_without_the_token(tmp_path):
         assert f"only in {tmp_path}" in log.read_text()  # the workspace: GLMVIT_EXPLORER_DIR
         assert status(f"{base}/api/kernels/00000000-0000-0000-0000-000000000000")[0] == 403
         assert status(f"{base}/voila/api/shutdown/00000000-0000-0000-0000-000000000000", "POST")[0] == 403
+        with urllib.request.urlopen(f"{base}/login?next=%2F", timeout=30) as response:
+            page = response.read().decode()
+        assert "make explorer" in page and "?token=" in page and "jupyter server list" not in page
         assert status(url)[0] == 200
     finally:
         stop_server(proc)
@@ -586,3 +611,25 @@ def _printed_url(text: str, port: int) -> str:
 def _listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.parametrize("budgets", [(256, 1024), (64, 128, 4096), (16, 32), (1024, 8192)])
+def test_plan_its_help_and_the_explorer_give_the_same_default_max_items(app, tmp_path, budgets, capsys):
+    """One rule (glmvit.packing.default_max_items) decides max items when none is given: plan resolves it, its
+    --help states it, and the explorer's "auto" uses it and shows it on the slider."""
+    from glmvit.cli.plan import main as plan_main
+    from glmvit.packing import default_max_items
+
+    text = ",".join(map(str, budgets))
+    assert plan_main(["--workload", "mixed-av", "--num-requests", "5", "--budgets", text,
+                      "--export", str(tmp_path / "x.json")]) == 0
+    planned = json.loads((tmp_path / "x.json").read_text())["encoder_cudagraph_max_vision_items_per_batch"]
+    with pytest.raises(SystemExit):
+        plan_main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    rule = re.search(r"--max-items MAX_ITEMS items per batch .*?min\((\d+) // (\d+), smallest budget\)", help_text)
+    hi, lo = map(int, rule.groups())
+    app.budgets.value = text
+    explored = app._configs()[0].max_items
+    assert planned == explored == min(hi // lo, budgets[0]) == default_max_items(budgets) == app.max_items.value
+    assert app.max_items_auto.value

@@ -313,3 +313,16 @@ def test_capture_again_replans_and_replays_correctly(tiny_model, tiny_config):
     assert runner.plan(grid) is not old  # plans name the budgets they replay: made anew
     after = runner.run(pixels, grid)
     assert all(torch.equal(x, y) for x, y in zip(before, after, strict=True))
+
+
+def test_a_plan_shows_budget_and_route_not_tensors():
+    from glmvit import BudgetConfig, EncoderGraphRunner
+    from glmvit.config import VisionConfig
+    from glmvit.random_weights import random_encoder
+
+    model = random_encoder(VisionConfig.tiny(), "cpu", torch.float32, 0)
+    runner = EncoderGraphRunner(model, BudgetConfig((64, 256), 4, 8), mode="emulate").capture()
+    text = repr(runner.plan([[1, 16, 16], [1, 8, 8]]))
+    assert text == "[BatchStep(items=(0, 1), tokens=80, budget=256, route=replay)]"
+    captured = repr(runner.graphs[256])
+    assert captured.startswith("CapturedBudget(budget=256, ") and "tensor" not in captured

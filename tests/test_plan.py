@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from glmvit.__main__ import main
-from glmvit.costmodel import LatencyTable, load_latency_table, predict_time
+from glmvit.costmodel import LatencyTable, load_latency_table, predict_time, recorded_table
 from glmvit.deployment import evaluate_budgets, vllm_compilation_config, vllm_frames_needed
 from glmvit.geometry import ItemSpec
 from glmvit.packing import BudgetConfig, plan_workload
@@ -87,7 +87,8 @@ def test_evaluate_budgets_matches_the_plans_by_hand(table_path):
     assert report.graphs_at_p99.p99_ms == pytest.approx(np.percentile(slow, 99))
     assert report.graphs_at_p99.p99_ms > report.graphs.p99_ms
     assert report.stats.fallbacks == 1
-    assert report.capture_s == pytest.approx(0.5 + table.capture_time(256) + table.capture_time(1024) + 2.5)
+    per = (0.5 + 2.5) / 2  # the median of the table's two captures; the one-time rest is 0.5 + 2.5 − 2 × per = 0
+    assert report.capture_s == pytest.approx(4 * per) and report.capture.one_time_s == pytest.approx(0)
     no_table = evaluate_budgets(requests, config)
     assert no_table.graphs is None and no_table.capture_s is None and no_table.stats == report.stats
 
@@ -173,7 +174,7 @@ def test_plan_from_a_trace_compares_exports_and_reports(tmp_path, table_path, ca
     out = capsys.readouterr().out
     assert "trace " in out and "2 requests, 4 items" in out
     assert "64, 1024, 4096" in out and "64, 128, 256, 512, 1024, 2048, 4096, 8192" in out  # side by side
-    assert "P99" in out and "capture time" in out and "(from the table's capture times)" in out
+    assert "P99" in out and "capture time" in out and "s per budget, fitted on " in out
     exported = json.loads(export.read_text())
     assert exported == {"cudagraph_mm_encoder": True, "encoder_cudagraph_token_budgets": [64, 1024, 4096],
                         "encoder_cudagraph_max_vision_items_per_batch": 4,
@@ -231,3 +232,32 @@ def test_plan_prints_the_vllm_config_line_only_for_the_vllm_system(system, capsy
                  "--system", system]) == 0
     out = capsys.readouterr().out
     assert ("--compilation-config" in out) == (system == "vllm"), out
+
+
+def test_capture_cost_is_one_time_plus_per_budget():
+    """The captures that paid the one-time cost (the first, largest ones) do not set the per-budget cost."""
+    from glmvit.costmodel import fit_capture_cost
+
+    cost = fit_capture_cost({1024: 10.0, 768: 6.0, 512: 0.1, 256: 0.1, 64: 0.1}, "a run")
+    assert cost is not None and cost.per_budget_s == pytest.approx(0.1) and cost.one_time_s == pytest.approx(15.8)
+    assert cost.seconds(2) == pytest.approx(16.0) and fit_capture_cost({64: 1.0}, "one") is None
+
+
+def test_a_budget_set_without_the_largest_budgets_still_pays_the_start_up(capsys):
+    """With the recorded compiled table, the recorded cold start's own budgets are estimated at what it measured,
+    and a set without its largest budgets (which paid the compilation when captured first) at most of it, not at
+    the small captures' sum."""
+    from glmvit.records import StartupRecord, find_one
+
+    _, startup = find_one(StartupRecord)
+    cold = startup.runs["blocks-auto-cold"]
+    requests = [[ItemSpec(64, 1)] * 3]
+    table = recorded_table("graph-compiled")
+    whole = evaluate_budgets(requests, BudgetConfig(tuple(startup.budgets), 3, 3), table)
+    small = evaluate_budgets(requests, BudgetConfig(tuple(startup.budgets[:3]), 3, 3), table)
+    measured = sum(b["seconds"] for b in cold["budgets"].values())
+    assert whole.capture_s == pytest.approx(measured)
+    smallest_captures = sum(cold["budgets"][str(b)]["seconds"] for b in startup.budgets[:3])
+    assert small.capture_s > 0.6 * measured > 10 * smallest_captures
+    assert main(["plan", "--budgets", ",".join(map(str, startup.budgets[:3]))]) == 0
+    assert f"≈ {small.capture_s:.2f} s ({small.capture.one_time_s:.2f} s once + 3 × " in capsys.readouterr().out

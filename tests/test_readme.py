@@ -7,10 +7,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def readme_example() -> str:
+def readme_example(block: int = 0) -> str:
     text = (ROOT / "README.md").read_text()
     section = text[text.index("## Use it"):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    section = section[:section.index("\n## ", 1)]
+    return re.findall(r"```python\n(.*?)```", section, re.S)[block]
 
 
 def test_the_readme_example_runs_as_written(tmp_path, tiny_config, monkeypatch, capsys):
@@ -31,3 +32,14 @@ def test_the_public_api_fits_on_one_line(name):
     import glmvit
 
     assert getattr(glmvit, name) is not None and name in glmvit.__all__
+
+
+def test_the_readme_example_runs_without_a_checkpoint(monkeypatch, capsys):
+    """The "Use it" example with its model statement swapped for the random-weight tower the README gives."""
+    code = readme_example()
+    statement = re.search(r"^model = GlmVisionEncoder\.from_pretrained\(.*?\)\n(?=\S)", code, re.S | re.M)
+    assert statement is not None
+    monkeypatch.chdir(ROOT)
+    swapped = code.replace(statement.group(0), readme_example(1))
+    exec(compile(swapped, "README.md", "exec"), {})
+    assert "torch.Size([" in capsys.readouterr().out

@@ -9,14 +9,7 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
-
-from ..geometry import ItemSpec
-from ..graphs import EncoderGraphRunner
-from ..packing import BudgetConfig
-from ..processing import SAMPLE_DATA, sample_inputs
-from ..timing import sync
-from .common import Parser, add_model_args, describe, model_from_args, plural, resolve_model_args
+from .flags import Parser, add_model_args
 
 WARMUP_CALLS, TIMED_CALLS = 2, 3
 
@@ -24,12 +17,22 @@ WARMUP_CALLS, TIMED_CALLS = 2, 3
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m glmvit demo", description=__doc__)
     add_model_args(parser)
-    parser.add_argument("--data", type=Path, default=SAMPLE_DATA, help="a folder with images/ and clip.gif")
-    args = parser.parse_args(argv)
+    parser.add_argument("--data", type=Path, default=None,
+                        help="a folder with images/ and clip.gif (default: the repository's data/)")
+    args = parser.parse_args(argv)  # before torch's import: --help and a bad flag answer at once
+    import torch
+
+    from ..geometry import ItemSpec
+    from ..graphs import EncoderGraphRunner
+    from ..packing import BudgetConfig
+    from ..processing import SAMPLE_DATA, sample_inputs
+    from ..timing import sync
+    from .common import describe, model_from_args, plural, resolve_model_args
+
     resolve_model_args(parser, args)
     device = torch.device(args.device)
     try:
-        inputs = sample_inputs(args.data)  # before the model: a wrong --data fails at once
+        inputs = sample_inputs(args.data or SAMPLE_DATA)  # before the model: a wrong --data fails at once
     except (ValueError, OSError) as err:
         parser.error(str(err))
     print(f"glmvit demo: {describe(args)}")
@@ -71,4 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwhole batch through EncoderGraphRunner, {what}: {ms:.2f} ms, budgets {list(config.token_budgets)}, "
           f"{plural(s.replays, 'replay')}, {plural(s.fallback_items, 'eager item')}, padding {s.padding_fraction:.1%}; "
           f"max |runner − eager| = {diff:.3g}")
+    if backend == "emulate":
+        print("  emulation runs the runner's packing and static-shape path eagerly on the CPU: a check that it gives "
+              "the eager answer, not a speed claim (its time includes the padding and bookkeeping graphs would hide). "
+              "Next: make demo on a CUDA machine, then python -m glmvit bench, to see what the graphs save")
     return 0

@@ -27,7 +27,7 @@ from ..config import VisionConfig
 from ..costmodel import TABLE_MODES, LatencyTable, load_latency_table, recorded_table
 from ..deployment import check_budget_fits, recommend_budgets
 from ..geometry import ItemSpec
-from ..packing import VLLM_MAX_NUM_BATCHED_TOKENS, BudgetConfig, parse_budgets
+from ..packing import VLLM_MAX_NUM_BATCHED_TOKENS, BudgetConfig, max_items_rule, parse_budgets
 from ..traces import SUFFIXES, parse_trace
 from ..workloads import PRESETS, MMItem, random_mm_workload
 from .common import check_budgets
@@ -116,6 +116,8 @@ class BudgetExplorer:
         self.budgets = widgets.Text(value="auto", description="budgets", continuous_update=False,
                                     placeholder="64, 256, 1024 or auto", style=style)
         self.max_items = widgets.IntSlider(64, 1, 128, description="max items", continuous_update=False)
+        self.max_items_auto = widgets.Checkbox(True, description=f"auto: {max_items_rule()}", indent=False,
+                                               layout=widgets.Layout(width="22em"))
         self.max_segments = widgets.Text(value="auto", description="max segments", continuous_update=False,
                                          placeholder="auto or a number", style=style,
                                          layout=widgets.Layout(width="16em"))
@@ -151,7 +153,7 @@ class BudgetExplorer:
             widgets.HBox([self.num_requests, self.items_per_request, self.seed]),
             widgets.HBox([self.trace_path, self.upload]),
             widgets.HBox([self.system, self.per, self.step_tokens]),
-            widgets.HBox([self.budgets, self.max_items, self.max_segments]),
+            widgets.HBox([self.budgets, self.max_items, self.max_items_auto, self.max_segments]),
             self.compare,
             widgets.HBox([self.table_choice, self.table_path, self.table_upload]),
             self.table_info,
@@ -161,8 +163,10 @@ class BudgetExplorer:
         ])
         self._init_tables(latency_table)
         self.preset.observe(self._on_preset, names="value")
+        self.max_items.observe(self._on_max_items, names="value")  # first: auto is off before the redraw
         for w in (self.system, self.per, self.step_tokens, self.budgets, self.compare, self.max_items,
-                  self.max_segments, self.num_requests, self.items_per_request, self.seed, self.table_choice):
+                  self.max_items_auto, self.max_segments, self.num_requests, self.items_per_request, self.seed,
+                  self.table_choice):
             w.observe(self._on_change, names="value")
         self.table_path.observe(self._on_table_path, names="value")
         self.table_upload.observe(self._on_table_upload, names="value")
@@ -296,16 +300,30 @@ class BudgetExplorer:
         return configs
 
     def _config(self, text: str, what: str = "") -> BudgetConfig:
-        """The budgets typed, the limits set; max segments "auto": vLLM's 600 frames an item, at most the largest
-        budget (a batch never has more segments than tokens, and glmvit refuses graphs with more)."""
+        """The budgets typed, the limits set; max items "auto": vLLM's (:func:`~glmvit.packing.default_max_items`,
+        as ``plan`` resolves it), shown on the slider; max segments "auto": vLLM's 600 frames an item, at most the
+        largest budget (a batch never has more segments than tokens, and glmvit refuses graphs with more)."""
         try:
             budgets, segments = check_budgets(parse_budgets(text)), self._max_segments()
-            config = BudgetConfig.resolve(budgets, self.max_items.value, segments, video=True)
+            items = None if self.max_items_auto.value else self.max_items.value
+            config = BudgetConfig.resolve(budgets, items, segments, video=True)
             if segments is None:
                 config = dataclasses.replace(config, max_segments=min(config.max_segments, config.largest))
-            return check_budget_fits(config)
+            config = check_budget_fits(config)
         except ValueError as err:
             raise ValueError(f"{what}{err}") from None
+        if items is None and not what:  # the first set's limit on the slider, without a redraw
+            quiet, self._quiet = self._quiet, True
+            try:
+                self.max_items.value = config.max_items
+            finally:
+                self._quiet = quiet
+        return config
+
+    def _on_max_items(self, change: Any = None) -> None:
+        """Moving the slider sets max items by hand (auto off)."""
+        if not self._quiet:
+            self.max_items_auto.value = False
 
     def _max_segments(self) -> int | None:
         text = self.max_segments.value.strip()

@@ -293,8 +293,8 @@ def summary_rows(analyses: Sequence[Analysis], step_tokens: int) -> list[tuple[s
 
 
 def _capture_text(a: Analysis) -> str:
-    if a.report.capture_s is not None:
-        return f"≈ {a.report.capture_s:.2f} s (from the table's capture times)"
+    if a.report.capture_s is not None and a.report.capture is not None:
+        return f"≈ {a.report.capture_s:.2f} s ({a.report.capture.describe(len(a.report.config.token_budgets))})"
     return "unknown (the table has no capture times)" if a.table else "unknown (no latency table)"
 
 

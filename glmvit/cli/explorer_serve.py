@@ -27,6 +27,24 @@ MIN_TOKEN_CHARS = 16
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "explorer.ipynb"
 
 AUTH_WORDS = ("token", "password", "identity_provider", "authorizer", "file_allowlist")
+# A page's kernel outlives the page (Voilà never shuts it down): a kernel with no page connected for KERNEL_IDLE_S is
+# shut down, checked every KERNEL_CULL_INTERVAL_S (jupyter_server's culling; a --MappingKernelManager.cull_* option
+# given to Voilà wins). A page left open keeps its kernel: connected kernels are never culled.
+KERNEL_IDLE_S = 120
+KERNEL_CULL_INTERVAL_S = 30
+LOGIN_PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>glmvit budget explorer: token needed</title></head>
+<body style="font-family: sans-serif; max-width: 40em; margin: 3em auto">
+<h1>The budget explorer asks for its token</h1>
+<p>Open the address that <code>make explorer</code> (<code>python -m glmvit.cli.explorer_serve</code>) printed when
+it started: it ends in <code>?token=…</code>. If you chose the token yourself (<code>JUPYTER_TOKEN=… make
+explorer</code>), enter it here.</p>
+{message}
+<form action="{action}" method="post">{xsrf}
+<input type="password" name="password" autocomplete="off" autofocus size="40">
+<button type="submit">Open the explorer</button>
+</form></body></html>
+"""
 
 
 def explorer_token(environ: Any = os.environ) -> tuple[str, bool]:
@@ -49,16 +67,44 @@ def build_server(argv: list[str], token: str) -> Any:
     if bad:
         raise ValueError(f"{bad[0]}: the explorer sets its own authentication; choose the token with {TOKEN_ENV}=… "
                          "(a command line is visible to every user of the machine)")
-    from jupyter_server.auth.identity import PasswordIdentityProvider
     from voila.app import Voila
 
     app = Voila()
     app.initialize(argv)
     app.token, app.auto_token = token, False
-    app.identity_provider_class = PasswordIdentityProvider
+    app.identity_provider_class = _explorer_identity_provider()
     app.voila_configuration.file_allowlist = []
     app.port_retries = 0
+    culling = app.config.MappingKernelManager  # read when start() makes the kernel manager
+    culling.setdefault("cull_idle_timeout", KERNEL_IDLE_S)
+    culling.setdefault("cull_interval", KERNEL_CULL_INTERVAL_S)
     return app
+
+
+def _explorer_identity_provider() -> type:
+    """jupyter_server's token identity provider, whose login page (no token, or a wrong one) says where the token
+    is, instead of Jupyter's generic page (which points at ``jupyter server list``, a command that does not list
+    this server)."""
+    import html
+    from urllib.parse import quote
+
+    from jupyter_server.auth.identity import PasswordIdentityProvider
+    from voila.voila_identity_provider import VoilaLoginHandler
+
+    class ExplorerLoginHandler(VoilaLoginHandler):
+        def _render(self, message: Any = None) -> None:
+            text = "" if not message else " ".join(str(m) for m in dict(message).values())
+            shown = f"<p style='color: #a00'>{html.escape(text)}</p>" if text else ""
+            action = f"{self.base_url}login?next={quote(self.get_argument('next', default=self.base_url), safe='')}"
+            self.write(LOGIN_PAGE.format(message=shown, action=html.escape(action, quote=True),
+                                         xsrf=self.xsrf_form_html()))
+
+    class ExplorerIdentityProvider(PasswordIdentityProvider):
+        def __init__(self, **kwargs: Any) -> None:
+            kwargs["login_handler_class"] = ExplorerLoginHandler
+            super().__init__(**kwargs)
+
+    return ExplorerIdentityProvider
 
 
 def server_urls(host: str, port: int, token: str, chosen: bool) -> list[str]:

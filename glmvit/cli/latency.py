@@ -176,9 +176,35 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, BudgetConfig]:
     return args, config
 
 
+def check_fits_now(args: argparse.Namespace, config: BudgetConfig) -> None:
+    """A ValueError unless the sweep's memory estimate (:func:`~glmvit.costmodel.graph_memory`, one shared pool, and
+    the weights, for the tower, dtype, attention and compilation it will run) fits what the device has free now: a
+    sweep past it would swap or die minutes in, not fail at once."""
+    from ..attention import default_backend
+    from ..costmodel import graph_memory, total_graph_memory
+    from ..floor import tower_bytes
+    from ..weights import checkpoint_config
+    from .common import free_memory_bytes, vision_config
+
+    tower = checkpoint_config(args.weights)[0] if args.weights else vision_config(args.config)
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    attention = default_backend(device, dtype, tower.hidden_size // tower.num_heads)
+    need = total_graph_memory(graph_memory(config, tower, str(dtype).removeprefix("torch."), args.compile,
+                                           attention)) + tower_bytes(tower, dtype)
+    free = free_memory_bytes(device)
+    if need > free:
+        raise ValueError(f"budgets up to {config.largest:,} tokens need ≈ {need / 2**30:,.1f} GiB for their graphs, "
+                         f"one forward's activations and the weights (costmodel.graph_memory): more than the "
+                         f"{free / 2**30:,.1f} GiB free on {device} now; use smaller --budgets")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args, config = parse(argv)
+    try:
+        check_fits_now(args, config)  # here, not in parse: a record run sizes its own sweeps
+    except ValueError as err:
+        Parser(prog="python -m glmvit latency").error(str(err))
     table = run_sweep(args, config, " ".join([sys.executable, "-m", "glmvit", "latency", *argv]))
     print_table(table.model_dump(mode="json")["budgets"])
     if args.json:

@@ -36,7 +36,7 @@ from ..deployment import (
     vllm_frames_needed,
 )
 from ..geometry import ItemSpec
-from ..packing import PACKERS, VLLM_MAX_NUM_BATCHED_TOKENS, BudgetConfig, combined_stats, plan_workload
+from ..packing import PACKERS, VLLM_MAX_NUM_BATCHED_TOKENS, BudgetConfig, combined_stats, max_items_rule, plan_workload
 from ..provenance import collect
 from ..traces import load_trace
 from ..workloads import PRESETS, MMItem, random_mm_workload
@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(vLLM's on an H200: 64, 128, … 8192)")
     b.add_argument("--compare", type=budgets_arg, metavar="BUDGETS", default=False,
                    help="a second budget set to show beside the first (same limits), e.g. 64,256,1024 or auto")
-    b.add_argument("--max-items", type=int_in(1), help="items per batch (default: vLLM's, min(64, smallest budget))")
+    b.add_argument("--max-items", type=int_in(1), help=f"items per batch (default: vLLM's, {max_items_rule()})")
     b.add_argument("--max-segments", type=int_in(1),
                    help="attention segments (temporal patches) per batch (default: vLLM's, max items × 600 but at "
                         "most the largest budget for a workload with video, else max items)")
@@ -240,8 +240,8 @@ def report_rows(reports: list[BudgetReport], specs: list[list[ItemSpec]], packer
 
 
 def _capture_text(report: BudgetReport) -> str:
-    if report.capture_s is not None:
-        return f"≈ {report.capture_s:.2f} s (from the table's capture times)"
+    if report.capture_s is not None and report.capture is not None:
+        return f"≈ {report.capture_s:.2f} s ({report.capture.describe(len(report.config.token_budgets))})"
     return "unknown (the table has no capture times)" if report.graphs else "unknown (no latency table)"
 
 

@@ -1,0 +1,101 @@
+"""The flags every command shares, defined without importing torch so that ``--help`` answers at once: one-line
+argument errors, the bounds on sizes and counts, the budgets and the model flags (:mod:`glmvit.cli.common` re-exports
+every name, and maps the --dtype names to torch dtypes)."""
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Callable, NoReturn
+
+from ..messages import shown
+from ..packing import parse_budgets
+from . import one_line
+
+DTYPE_NAMES = ("bf16", "fp16", "fp32")  # --dtype's choices: glmvit.cli.common.DTYPES maps each to its torch dtype
+SEED_MAX = 2**32 - 1  # 32-bit seeds: what every generator accepts (numpy's legacy RandomState stops here)
+# The largest token budget worth capturing. A request's visual tokens must fit the language model's context: 128K
+# tokens for GLM-4.6V-Flash (64K for GLM-4.1V-9B-Thinking); vLLM likewise caps its automatic encoder budgets at
+# min(max_num_batched_tokens, max_model_len). (glmvit.scheduler packs items of several requests into one batch, but
+# never past the largest budget.) A graph that large already takes tens of GiB (costmodel.graph_memory).
+MAX_BUDGET_TOKENS = 131_072
+MAX_BUDGETS = 64  # vLLM warns past 64 captured encoder graphs: each one costs capture time and static buffers
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (``prog: error: message``, exit status 2), without the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see --help)\n")
+
+
+def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type``: an integer in [lo, hi] (hi None: no upper bound); anything else is a one-line error."""
+    def parse(text: str) -> int:
+        digits = text.strip().removeprefix("-").removeprefix("+")
+        if len(digits) > 40 and digits.isascii() and digits.isdigit():  # past every bound; int() stops at 4,300
+            raise argparse.ArgumentTypeError(f"{text[:12]}… ({len(digits):,} digits) is far out of range")
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{shown(text)} is not an integer") from None
+        if value < lo or (hi is not None and value > hi):
+            bound = f"in [{lo:,}, {hi:,}]" if hi is not None else f"≥ {lo:,}"
+            raise argparse.ArgumentTypeError(f"{value:,} is not {bound}")
+        return value
+
+    return parse
+
+
+def float_in(lo: float, hi: float) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number in [lo, hi]."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{shown(text)} is not a number") from None
+        if not (math.isfinite(value) and lo <= value <= hi):
+            raise argparse.ArgumentTypeError(f"{text if len(text) <= 24 else shown(text)} is not in [{lo:g}, {hi:g}]")
+        return value
+
+    return parse
+
+
+def check_budgets(budgets: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """``budgets`` (None: auto) if there are at most MAX_BUDGETS, each in [1, MAX_BUDGET_TOKENS]; else ValueError."""
+    if budgets and len(budgets) > MAX_BUDGETS:
+        raise ValueError(f"{len(budgets)} budgets: at most {MAX_BUDGETS} (each is a captured graph)")
+    for budget in budgets or ():
+        if not 1 <= budget <= MAX_BUDGET_TOKENS:
+            raise ValueError(f"budget {budget:,} is not in [1, {MAX_BUDGET_TOKENS:,}] tokens (a request must fit "
+                             "the 128K-token context of GLM-4.6V-Flash, and a graph that large already takes tens "
+                             "of GiB)")
+    return budgets
+
+
+def budgets_arg(text: str) -> tuple[int, ...] | None:
+    """An argparse ``type``: budgets as text (``"64, 256"``; ``"auto"`` → None), checked by :func:`check_budgets`."""
+    try:
+        return check_budgets(parse_budgets(text))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """--device, --config, --dtype, --weights, --seed: the same flags and defaults for every command."""
+    g = parser.add_argument_group("model")
+    g.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    g.add_argument("--config", choices=["auto", "tiny", "full"], default="auto",
+                   help="random weights only: auto = the full GLM-4.1V tower on CUDA, the tiny test tower on CPU "
+                        "(with --weights the checkpoint's config.json decides)")
+    g.add_argument("--dtype", choices=DTYPE_NAMES, default=None, help="default bf16 on CUDA, fp32 on CPU")
+    g.add_argument("--weights", default=None,
+                   help="a checkpoint directory or .safetensors file (default: random weights, seeded)")
+    g.add_argument("--seed", type=int_in(0, SEED_MAX), default=0,
+                   help="seed of the random weights and inputs (default 0)")
+
+
+def output_path(text: str) -> str:
+    """An argparse ``type`` for an output file: any path but the empty one (``-``: standard output)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path: name a file (or - for standard output)")
+    return text
