@@ -481,7 +481,7 @@ def print_run(r: dict[str, Any]) -> None:
 
 
 def print_summary(runs: list[dict[str, Any]]) -> None:
-    head = f"{'mode':<16}{'rate':>7}{'ok':>6}{'ref':>5}{'fail':>5}{'req/s':>8}{'items/s':>9}{'×floor':>8}" \
+    head = f"{'mode':<16}{'rate':>7}{'ok':>6}{'ref':>5}{'fail':>5}{'req/s':>8}{'items/s':>9}{'%floor':>8}" \
            f"{'TTE med':>9}{'P99':>9}{'queue med':>10}{'P99':>9}{'items/b':>8}{'pad':>6}"
     print("\n" + head + "\n" + "-" * len(head))
     for r in runs:
@@ -492,7 +492,8 @@ def print_summary(runs: list[dict[str, Any]]) -> None:
               f"{r['items_per_s']:>9.1f}{floor:>8}{_ms(r['tte_ms']['median']):>9}{_ms(r['tte_ms']['p99']):>9}"
               f"{_ms(r['queue_ms']['median']):>10}{_ms(r['queue_ms']['p99']):>9}"
               f"{_ms(r['server']['items_per_batch']):>8}{'-' if pad is None else f'{pad:.0%}':>6}")
-    print("(ref: refused, 429 or 503; TTE: time to embedding, ms; queue: the server's queueing delay, ms; items/b: "
+    print("(%floor: items/s as a share of the floor-limited rate, not bench's ×floor; ref: refused, 429 or 503; "
+          "TTE: time to embedding, ms; queue: the server's queueing delay, ms; items/b: "
           "items per batch; pad: padded share of budget tokens)")
 
 
