@@ -16,10 +16,14 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+async def _info(request: web.Request) -> web.Response:
+    return web.json_response({"mode": "graph"})
+
+
 async def _late_server(port: int, delay: float) -> web.AppRunner:
     await asyncio.sleep(delay)
     app = web.Application()
-    app.router.add_get("/v1/info", lambda request: web.json_response({"mode": "graph"}))
+    app.router.add_get("/v1/info", _info)
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
