@@ -118,10 +118,10 @@ def quietest_cpu(cpus: Sequence[int], rounds: int = 3) -> int:
     """The CPU of ``cpus`` on which a short pure-Python loop runs fastest now: median of ``rounds`` loops per CPU,
     taken round-robin (so a burst of load on one CPU does not land on one CPU's loops only), ties to the later CPU.
 
-    Why: on a shared or virtual host some CPUs run a thread slower than others, and each by turns — CPU 0 takes
-    most interrupts and housekeeping — and a host-bound eager forward slows with its CPU (measured on the H200
-    machine: ~15 ms on one CPU, ~25 ms on CPU 0, in one process). Pinned here, a timed loop runs on a CPU that
-    was quiet when it began. The thread's own CPUs are restored before it returns."""
+    Why: on a shared or virtual host some CPUs run a thread slower than others, in bursts, and a host-bound eager
+    forward slows with its CPU (measured on the H200 machine in one process: ~15 ms on most CPUs, ~25 ms on CPU 0
+    most of the time). Pinned here, a timed loop runs on a CPU that was quiet when it began. It costs ``rounds``
+    loops of ~0.3 ms per CPU. The thread's own CPUs are restored before it returns."""
     cpus = sorted(cpus)
     if len(cpus) == 1:
         return cpus[0]

@@ -77,6 +77,21 @@ def wait_until(condition, what):
         time.sleep(0.005)
 
 
+def one_past_two_queued(service, body, headers=SAFETENSORS):
+    """With ``service``'s scheduler not started: two requests of ``body`` admitted and waiting, a third sent (the one
+    a bound refuses), then the scheduler started; the third's (status, headers, body) and the two queued answers."""
+    with ServerThread(service) as server:
+        async def overfill():
+            async with aiohttp.ClientSession() as session:
+                queued = [asyncio.create_task(post(session, server.url, body, headers)) for _ in range(2)]
+                await asyncio.to_thread(wait_until, lambda: service.scheduler.stats()["outstanding_requests"] == 2,
+                                        "two queued requests")
+                refused = await post(session, server.url, body, headers)
+                service.scheduler.start()
+                return refused, await asyncio.gather(*queued)
+        return run(overfill())
+
+
 def test_files_come_back_as_encode_out_writes_them(tmp_path, capsys):
     files = [ROOT / "data/images/coffee.jpg", ROOT / "data/clip.gif"]
     dest = tmp_path / "emb.safetensors"
@@ -144,16 +159,7 @@ def test_concurrent_clients_get_exactly_their_own_items(tiny_model):
 def test_overload_is_429_with_a_reason(tiny_model):
     service = service_for(tiny_model, start=False, max_requests=2)
     small = pixel_body(*random_batch([[1, 2, 2]], TINY))
-    with ServerThread(service) as server:
-        async def overload():
-            async with aiohttp.ClientSession() as session:
-                queued = [asyncio.create_task(post(session, server.url, small)) for _ in range(2)]
-                await asyncio.to_thread(wait_until, lambda: service.scheduler.stats()["outstanding_requests"] == 2,
-                                        "two queued requests")
-                refused = await post(session, server.url, small)
-                service.scheduler.start()
-                return refused, await asyncio.gather(*queued)
-        (status, headers, body), done = run(overload())
+    (status, headers, body), done = one_past_two_queued(service, small)
     assert status == 429 and headers["Retry-After"] == "1" and "queue is full" in json.loads(body)["error"]
     assert [s for s, _, _ in done] == [200, 200]
 

@@ -19,6 +19,7 @@ from test_serve import (
     TINY,
     error_of,
     gated,
+    one_past_two_queued,
     pixel_body,
     post,
     random_request,
@@ -283,16 +284,7 @@ def test_a_burst_past_the_old_request_count_is_held_and_refused_only_past_the_by
         assert name in families, name
     row_bytes = request[0].numel() * tiny_model.dtype.itemsize
     service = media_service(tiny_model, pool, start=False, max_bytes=2 * row_bytes)
-    with ServerThread(service) as server:
-        async def past():
-            async with aiohttp.ClientSession() as session:
-                queued = [asyncio.create_task(post(session, server.url, body)) for _ in range(2)]
-                await asyncio.to_thread(wait_until, lambda: service.scheduler.stats()["outstanding_requests"] == 2,
-                                        "two queued requests")
-                refused = await post(session, server.url, body)
-                service.scheduler.start()
-                return refused, await asyncio.gather(*queued)
-        refused, queued = run(past())
+    refused, queued = one_past_two_queued(service, body)
     assert refused[0] == 429 and f"{2 * row_bytes:,} bytes); retry later" in json.loads(refused[2])["error"], refused[2]
     assert [a[0] for a in queued] == [200, 200]
 
