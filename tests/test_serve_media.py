@@ -443,3 +443,17 @@ def test_after_sigterm_an_idle_keep_alive_connection_gets_a_503_while_a_request_
             child.wait(60)
     assert late[0] == 503 and late[1]["Connection"] == "close", late
     assert in_flight[0] == 200
+
+
+def test_decoded_rows_are_handed_over_in_the_shared_folder_given(tmp_path):
+    """prepare_media writes the rows under the folder the server names (its temporary directory for the files
+    must not take that name's place: the rows then went through the pipe as bytes)."""
+    from glmvit.cli.serve_media import prepare_media
+
+    picture = np.random.default_rng(0).integers(0, 256, (56, 56, 3), dtype=np.uint8)
+    url = data_url(encode_image(picture, "png"), "png")
+    body = json.dumps({"content": [{"type": "image_url", "image_url": {"url": url}}]})
+    media = prepare_media("json", body.encode(), MediaLimits(), 4, dtype="float32", folder=str(tmp_path))
+    assert media.pixel_values.path is not None and os.path.dirname(media.pixel_values.path) == str(tmp_path)
+    rows = media.pixel_values.tensor()
+    assert rows.shape[0] == int(np.prod(media.grid_thw, axis=1).sum()) and os.listdir(tmp_path) == []

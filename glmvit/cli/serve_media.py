@@ -262,7 +262,7 @@ def prepare_media(kind: str, payload: Any, limits: MediaLimits, merge_area: int,
     start = time.perf_counter()
     budget = _Budget(limits.max_request_pixels)
     loaded, records = [], []
-    with tempfile.TemporaryDirectory(prefix="glmvit-serve-") as folder:
+    with tempfile.TemporaryDirectory(prefix="glmvit-serve-") as scratch:
         if kind == "json":  # (label, name for the record, the kind the part asks for, its URL)
             items: list[tuple[str, str, str | None, Any]] = [(where, where, want, url)
                                                              for where, want, url in parse_request(payload)]
@@ -286,7 +286,7 @@ def prepare_media(kind: str, payload: Any, limits: MediaLimits, merge_area: int,
                     suffix, data = data_url(f"{label}.url", source)
                 else:
                     suffix, data = PurePosixPath(name).suffix.lower(), source
-                path = Path(folder).resolve() / f"{k}{suffix}"
+                path = Path(scratch).resolve() / f"{k}{suffix}"
                 path.write_bytes(data)
             inputs = _load_item(label, path, want, limits, budget)
             tokens = int(inputs.grid_thw[0].prod()) // merge_area
