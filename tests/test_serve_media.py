@@ -457,3 +457,21 @@ def test_decoded_rows_are_handed_over_in_the_shared_folder_given(tmp_path):
     assert media.pixel_values.path is not None and os.path.dirname(media.pixel_values.path) == str(tmp_path)
     rows = media.pixel_values.tensor()
     assert rows.shape[0] == int(np.prod(media.grid_thw, axis=1).sum()) and os.listdir(tmp_path) == []
+
+
+def test_a_killed_decode_workers_temporary_files_are_removed():
+    """A worker killed past its time (or from outside) cannot remove what its task wrote to a temporary
+    directory (a request's media): the pool removes it."""
+    import tempfile
+
+    from glmvit.cli.decode_pool import DecodeTimeout
+
+    decode = DecodePool(1, 0, 2.0).start()
+    try:
+        left = decode.submit(tempfile.mkdtemp).result(120)  # a task's temporary directory, as prepare_media makes
+        assert os.path.isdir(left)
+        with pytest.raises(DecodeTimeout):
+            decode.submit(time.sleep, 30).result(120)
+        assert not os.path.exists(left)
+    finally:
+        decode.close(30)
