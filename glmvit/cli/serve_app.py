@@ -268,6 +268,11 @@ class EncoderService:
         if self.in_server >= self.limits.max_requests:
             return error_response(429, f"the server holds {self.in_server} requests already (at most "
                                   f"{self.limits.max_requests}); retry later", {"Retry-After": "1"})
+        if request.content_length is not None and request.content_length > self.limits.max_body_bytes:
+            response = error_response(413, f"the body has {request.content_length:,} bytes: at most "
+                                      f"{self.limits.max_body_bytes:,}")  # never 429: no retry would fit it
+            response.force_close()  # its body is never read
+            return response
         if self.held_bytes + (request.content_length or 0) > self.limits.max_held_bytes:
             return error_response(429, f"the server holds {self.held_bytes:,} bytes of requests already (at most "
                                   f"{self.limits.max_held_bytes:,}); retry later", {"Retry-After": "1"})
@@ -329,9 +334,6 @@ class EncoderService:
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):  # inflating would take memory and time the body limit does not see
             raise BadRequest(f"Content-Encoding {shown(encoding, 40)}: send the body uncompressed (identity)", 415)
-        if request.content_length is not None and request.content_length > self.limits.max_body_bytes:
-            raise BadRequest(f"the body has {request.content_length:,} bytes: at most "
-                             f"{self.limits.max_body_bytes:,}", 413)
         if request.content_type not in BODY_TYPES:
             raise BadRequest(f"content type {request.content_type!r}: send multipart/form-data (files), "
                              f"application/json (content parts with data: URLs) or {SAFETENSORS} (pixel_values "
