@@ -63,7 +63,7 @@ from urllib.parse import unquote
 import numpy as np
 import torch
 from aiohttp import BodyPartReader, web
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
@@ -537,7 +537,8 @@ class EncoderService:
 
 class _JsonErrors(web.RequestHandler):
     """aiohttp's connection handler, except that a request its HTTP parser refuses (a malformed request line, a
-    Content-Length of 10³⁰) is answered, counted and logged as every other error: one line of JSON, one log line."""
+    Content-Length of 10³⁰) is answered, counted and logged as every other error: one line of JSON, one log line;
+    a Content-Encoding it has no codec for is a 415, as the handler answers every compressed body."""
 
     def __init__(self, manager: web.Server, responses: collections.Counter[int], **kwargs: Any):
         super().__init__(manager, **kwargs)
@@ -549,8 +550,12 @@ class _JsonErrors(web.RequestHandler):
             raise ConnectionError("an answer was being sent when the request failed")
         why = " ".join((message or HTTPStatus(status).phrase).split())[:200]
         log.warning("refused a malformed HTTP request from %s: %s", request.remote, why)
+        if isinstance(exc, ContentEncodingError):  # a coding aiohttp cannot undo (br, zstd): as every other one
+            status, text = 415, "Content-Encoding: send the body uncompressed (identity)"
+        else:
+            text = f"malformed HTTP request: {why}"
         self.responses[status] += 1
-        response = error_response(status, f"malformed HTTP request: {why}")
+        response = error_response(status, text)
         response.force_close()
         return response
 
