@@ -475,3 +475,20 @@ def test_a_killed_decode_workers_temporary_files_are_removed():
         assert not os.path.exists(left)
     finally:
         decode.close(30)
+
+
+def test_a_picture_past_pils_own_pixel_bound_is_a_413():
+    """A header past PIL's decompression-bomb bound is refused by PIL before the frame bound is checked: too
+    large (413), as the frame bound's refusal is, not bad input (400)."""
+    import struct
+    import zlib
+
+    from glmvit.cli.serve_media import MediaError, prepare_media
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 20000, 20000, 8, 0, 0, 0, 0))
+           + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+    with pytest.raises(MediaError, match="too many pixels") as refused:
+        prepare_media("files", [("big.png", png)], MediaLimits(), 4)
+    assert refused.value.status == 413

@@ -228,7 +228,8 @@ def _load_item(label: str, path: Path, want: str | None, limits: MediaLimits, bu
         raise
     except (ValueError, OSError) as err:
         message = _named(err, path, label)
-        raise MediaError(message, 413 if "more than max_frame_pixels" in message else 400) from None
+        too_large = "more than max_frame_pixels" in message or "too many pixels" in message  # PIL's own bound
+        raise MediaError(message, 413 if too_large else 400) from None
     budget.decode_s += mid - start
     budget.preprocess_s += time.perf_counter() - mid
     budget.left -= cost
