@@ -492,3 +492,16 @@ def test_a_picture_past_pils_own_pixel_bound_is_a_413():
     with pytest.raises(MediaError, match="too many pixels") as refused:
         prepare_media("files", [("big.png", png)], MediaLimits(), 4)
     assert refused.value.status == 413
+
+
+@pytest.mark.skipif(not mp4_available(), reason="PyAV cannot write MP4 here")
+def test_a_video_past_the_requests_pixel_budget_is_a_413_naming_the_part_once():
+    """encode's load turned the video decoder's bound (DecodeLimitError) into a plain ValueError naming the file
+    twice: the server answered 400 'content[0].video_url: content[0].video_url: decoding frames ...'."""
+    from glmvit.cli.serve_media import MediaError, prepare_media
+
+    url = data_url(encode_clip(noise((8, 56, 56, 3), 6)), "mp4")
+    body = json.dumps({"content": [video_part(url)]}).encode()
+    with pytest.raises(MediaError, match=r"^content\[0\]\.video_url: decoding frames") as refused:
+        prepare_media("json", body, MediaLimits(max_request_pixels=2000), 4)
+    assert refused.value.status == 413 and str(refused.value).count("content[0]") == 1
