@@ -586,6 +586,9 @@ def test_bench_serve_in_process_and_spawned(tmp_path, capsys):
     (["--in-process", "--modes", "graph,turbo"], "unknown mode(s) ['turbo']"),
     (["--spawn", "--modes", "graph-compiled", "--device", "cpu"], "graph-compiled needs CUDA"),
     ([], "one of the arguments --url --spawn --in-process is required"),
+    (["--spawn", "--workload", "img8x448", "--items-per-request", "100"], "--items-per-request with --workload"),
+    (["--spawn", "--workload", "img1x224", "--bucket-config", "{(448, 448, 1): 1.0}", "--range-ratio", "0.5"],
+     "--bucket-config, --range-ratio with --workload"),
 ])
 def test_bench_serve_refuses_bad_arguments_in_one_line(argv, words, capsys):
     with pytest.raises(SystemExit) as exit_:
