@@ -505,3 +505,14 @@ def test_a_video_past_the_requests_pixel_budget_is_a_413_naming_the_part_once():
     with pytest.raises(MediaError, match=r"^content\[0\]\.video_url: decoding frames") as refused:
         prepare_media("json", body, MediaLimits(max_request_pixels=2000), 4)
     assert refused.value.status == 413 and str(refused.value).count("content[0]") == 1
+
+
+def test_a_corrupt_exif_block_warns_nothing_in_the_decode_worker(recwarn):
+    """The CLI silences PIL's corrupt-EXIF warnings; a decode worker (a process of its own) did not, so each such
+    upload printed two lines of a Python warning to the server's log."""
+    from glmvit.cli.serve_media import prepare_media
+
+    out = io.BytesIO()
+    Image.fromarray(noise((32, 32, 3), 7)).save(out, format="JPEG", exif=b"Exif\0\0MM\0*\0\0\0\x08\xff\xff")
+    media = prepare_media("files", [("exif.jpg", out.getvalue())], MediaLimits(), 4)
+    assert media.records and not [w for w in recwarn.list if "EXIF" in str(w.message)]

@@ -26,6 +26,7 @@ import binascii
 import hashlib
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal, Union
@@ -263,7 +264,9 @@ def prepare_media(kind: str, payload: Any, limits: MediaLimits, merge_area: int,
     start = time.perf_counter()
     budget = _Budget(limits.max_request_pixels)
     loaded, records = [], []
-    with tempfile.TemporaryDirectory(prefix="glmvit-serve-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="glmvit-serve-") as scratch, warnings.catch_warnings():
+        # as the CLI does: a client's corrupt EXIF is no reason for lines of PIL's warnings in the server's log
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.TiffImagePlugin")
         if kind == "json":  # (label, name for the record, the kind the part asks for, its URL)
             items: list[tuple[str, str, str | None, Any]] = [(where, where, want, url)
                                                              for where, want, url in parse_request(payload)]
