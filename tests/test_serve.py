@@ -180,6 +180,18 @@ def test_the_server_refuses_requests_past_its_own_bound_before_reading_them(tiny
     assert first[0] == 200
 
 
+
+def test_a_body_declared_past_the_body_bound_is_a_413_even_past_the_held_bound(tiny_model):
+    """A Content-Length past max_body_bytes can never be served: 413, not 429's "retry later", whatever the
+    server holds."""
+    service = service_for(tiny_model, limits=HttpLimits(max_body_bytes=1000, max_held_bytes=5000))
+    with ServerThread(service) as server:
+        for declared in (2000, 10**12):
+            head = (f"POST /v1/encode HTTP/1.1\r\nHost: x\r\nContent-Type: {SAFETENSORS['Content-Type']}\r\n"
+                    f"Content-Length: {declared}\r\n\r\n").encode()
+            status, error = raw_exchange(server.url, head, [b"x" * 100])
+            assert status == 413 and f"{declared:,} bytes: at most 1,000" in error
+
 BAD_PIXELS = [
     ("nan", 400, r"item(s) [1]"),
     ("grid", 400, "item 1: grid h×w = 3×2"),
@@ -580,6 +592,9 @@ def test_bench_serve_in_process_and_spawned(tmp_path, capsys):
     (["--in-process", "--modes", "graph,turbo"], "unknown mode(s) ['turbo']"),
     (["--spawn", "--modes", "graph-compiled", "--device", "cpu"], "graph-compiled needs CUDA"),
     ([], "one of the arguments --url --spawn --in-process is required"),
+    (["--spawn", "--workload", "img8x448", "--items-per-request", "100"], "--items-per-request with --workload"),
+    (["--spawn", "--workload", "img1x224", "--bucket-config", "{(448, 448, 1): 1.0}", "--range-ratio", "0.5"],
+     "--bucket-config, --range-ratio with --workload"),
 ])
 def test_bench_serve_refuses_bad_arguments_in_one_line(argv, words, capsys):
     with pytest.raises(SystemExit) as exit_:

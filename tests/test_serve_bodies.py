@@ -28,6 +28,17 @@ def test_a_compressed_body_is_415_before_it_is_read(tiny_model):
     assert plain[0] == 400 and "Content-Length" not in plain[1]  # identity is read as any body (this one is bad)
 
 
+@pytest.mark.parametrize("coding", [b"br", b"zstd", b"deflate", b"compress"])
+def test_every_content_encoding_is_415_whether_or_not_aiohttp_has_its_codec(coding, tiny_model):
+    """br and zstd without their packages were refused by aiohttp's parser as a 400 suggesting to install them."""
+    body = pixel_body(*random_request(2))
+    head = (b"POST /v1/encode HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-safetensors\r\n"
+            b"Content-Encoding: %s\r\nContent-Length: %d\r\n\r\n" % (coding, len(body)))
+    with ServerThread(service_for(tiny_model, limits=HttpLimits(max_body_bytes=LIMIT))) as server:
+        status, error = raw_exchange(server.url, head, [body])
+    assert status == 415 and "send the body uncompressed (identity)" in error and "install" not in error
+
+
 async def _chunked(total, chunk=1 << 16):
     for _ in range(total // chunk):
         yield b"\0" * chunk

@@ -435,3 +435,76 @@ def test_after_sigterm_an_idle_keep_alive_connection_gets_a_503_while_a_request_
             child.wait(60)
     assert late[0] == 503 and late[1]["Connection"] == "close", late
     assert in_flight[0] == 200
+
+
+def test_decoded_rows_are_handed_over_in_the_shared_folder_given(tmp_path):
+    """prepare_media writes the rows under the folder the server names (its temporary directory for the files
+    must not take that name's place: the rows then went through the pipe as bytes)."""
+    from glmvit.cli.serve_media import prepare_media
+
+    picture = np.random.default_rng(0).integers(0, 256, (56, 56, 3), dtype=np.uint8)
+    url = data_url(encode_image(picture, "png"), "png")
+    body = json.dumps({"content": [{"type": "image_url", "image_url": {"url": url}}]})
+    media = prepare_media("json", body.encode(), MediaLimits(), 4, dtype="float32", folder=str(tmp_path))
+    assert media.pixel_values.path is not None and os.path.dirname(media.pixel_values.path) == str(tmp_path)
+    rows = media.pixel_values.tensor()
+    assert rows.shape[0] == int(np.prod(media.grid_thw, axis=1).sum()) and os.listdir(tmp_path) == []
+
+
+def test_a_killed_decode_workers_temporary_files_are_removed():
+    """A worker killed past its time (or from outside) cannot remove what its task wrote to a temporary
+    directory (a request's media): the pool removes it."""
+    import tempfile
+
+    from glmvit.cli.decode_pool import DecodeTimeout
+
+    decode = DecodePool(1, 0, 2.0).start()
+    try:
+        left = decode.submit(tempfile.mkdtemp).result(120)  # a task's temporary directory, as prepare_media makes
+        assert os.path.isdir(left)
+        with pytest.raises(DecodeTimeout):
+            decode.submit(time.sleep, 30).result(120)
+        assert not os.path.exists(left)
+    finally:
+        decode.close(30)
+
+
+def test_a_picture_past_pils_own_pixel_bound_is_a_413():
+    """A header past PIL's decompression-bomb bound is refused by PIL before the frame bound is checked: too
+    large (413), as the frame bound's refusal is, not bad input (400)."""
+    import struct
+    import zlib
+
+    from glmvit.cli.serve_media import MediaError, prepare_media
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 20000, 20000, 8, 0, 0, 0, 0))
+           + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+    with pytest.raises(MediaError, match="too many pixels") as refused:
+        prepare_media("files", [("big.png", png)], MediaLimits(), 4)
+    assert refused.value.status == 413
+
+
+@pytest.mark.skipif(not mp4_available(), reason="PyAV cannot write MP4 here")
+def test_a_video_past_the_requests_pixel_budget_is_a_413_naming_the_part_once():
+    """encode's load turned the video decoder's bound (DecodeLimitError) into a plain ValueError naming the file
+    twice: the server answered 400 'content[0].video_url: content[0].video_url: decoding frames ...'."""
+    from glmvit.cli.serve_media import MediaError, prepare_media
+
+    url = data_url(encode_clip(noise((8, 56, 56, 3), 6)), "mp4")
+    body = json.dumps({"content": [video_part(url)]}).encode()
+    with pytest.raises(MediaError, match=r"^content\[0\]\.video_url: decoding frames") as refused:
+        prepare_media("json", body, MediaLimits(max_request_pixels=2000), 4)
+    assert refused.value.status == 413 and str(refused.value).count("content[0]") == 1
+
+
+def test_a_corrupt_exif_block_warns_nothing_in_the_decode_worker(recwarn):
+    """The CLI silences PIL's corrupt-EXIF warnings; a decode worker (a process of its own) did not, so each such
+    upload printed two lines of a Python warning to the server's log."""
+    from glmvit.cli.serve_media import prepare_media
+
+    out = io.BytesIO()
+    Image.fromarray(noise((32, 32, 3), 7)).save(out, format="JPEG", exif=b"Exif\0\0MM\0*\0\0\0\x08\xff\xff")
+    media = prepare_media("files", [("exif.jpg", out.getvalue())], MediaLimits(), 4)
+    assert media.records and not [w for w in recwarn.list if "EXIF" in str(w.message)]

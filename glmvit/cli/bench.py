@@ -84,6 +84,8 @@ MODES = ("transformers", "transformers-compiled", "eager", "graph", "graph-compi
 COMPILED_MODES = ("transformers-compiled", "graph-compiled", "compile")  # benchmarked on CUDA only
 MAX_REQUESTS = 100_000
 MAX_ITEMS = 1_000_000  # every item's pixels are generated up front: 10⁶ 224² images alone are 600 GB in bf16
+DEFAULT_BUCKETS = "{(224, 224, 1): 1.0}"
+PRESET_DECIDES = ("bucket_config", "items_per_request", "range_ratio")  # --workload's own
 MAX_WARMUP = 10_000
 MAX_MATMUL = {"cuda": 32_768, "cpu": 4_096}  # cuda: 3 n² bf16 operands = 6 GiB; cpu: 13 matmuls of 2n³ ≈ 30 s
 PIXEL_SHARE = 0.5  # the pixels stay resident for every mode: leave the other half for weights, activations, graphs
@@ -172,7 +174,8 @@ def _workload(args: argparse.Namespace) -> tuple[dict, int, float, int | None]:
     if args.workload:
         p = PRESETS[args.workload]
         return dict(p.bucket_config), p.items_per_request, p.range_ratio, p.limit_per_request
-    return dict(args.bucket_config), args.items_per_request, args.range_ratio, None
+    buckets = args.bucket_config if args.bucket_config is not None else bucket_config_arg(DEFAULT_BUCKETS)
+    return dict(buckets), args.items_per_request or 1, args.range_ratio or 0.0, None
 
 
 def _floor(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, model: torch.nn.Module,
@@ -489,10 +492,12 @@ def build_parser() -> argparse.ArgumentParser:
     w = p.add_argument_group("workload (vLLM random-mm)")
     w.add_argument("--workload", choices=list(PRESETS),
                    help="a named preset: " + "; ".join(f"{k}: {v.description}" for k, v in PRESETS.items()))
-    w.add_argument("--bucket-config", type=bucket_config_arg, default="{(224, 224, 1): 1.0}",
-                   help="{(height, width, frames): probability, ...} (ignored with --workload)")
-    w.add_argument("--items-per-request", type=int_in(1, MAX_ITEMS), default=1)
-    w.add_argument("--range-ratio", type=float_in(0, 1), default=0.0, help="items per request uniform in n·[1−r, 1+r]")
+    w.add_argument("--bucket-config", type=bucket_config_arg, default=None,
+                   help=f"{{(height, width, frames): probability, ...}} (default {DEFAULT_BUCKETS}); this and the next "
+                   "two are the preset's with --workload, and refused there")
+    w.add_argument("--items-per-request", type=int_in(1, MAX_ITEMS), default=None, help="default 1")
+    w.add_argument("--range-ratio", type=float_in(0, 1), default=None,
+                   help="items per request uniform in n·[1−r, 1+r] (default 0)")
     w.add_argument("--num-requests", type=int_in(1, MAX_REQUESTS), default=100)
     m = p.add_argument_group("what runs")
     m.add_argument("--modes", default="transformers,eager,graph", help="comma list of " + ", ".join(MODES) +
@@ -539,6 +544,10 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     """Every value checked before any work: one line and exit 2 for a bad one. The workload is drawn here once
     to refuse what cannot run (no items, budgets that do not fit it, pixels that do not fit the device)."""
     resolve_model_args(parser, args)
+    if args.workload:  # the preset sets them: given too, they were silently not what ran
+        preset_set = [f"--{name.replace('_', '-')}" for name in PRESET_DECIDES if getattr(args, name) is not None]
+        if preset_set:
+            parser.error(f"{', '.join(preset_set)} with --workload: the preset sets them (use --bucket-config instead)")
     given = [] if args.tables in ("auto", "off") else \
         [(mode.strip(), path.strip()) for mode, _, path in (part.partition("=") for part in args.tables.split(","))]
     refuse_outputs_over_inputs(parser, {"--json": args.json}, {f"the --tables {m} input": p for m, p in given})

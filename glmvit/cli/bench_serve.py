@@ -92,6 +92,8 @@ Send = Callable[[int], Awaitable["Outcome"]]
 
 SERVER_PHASES = ("read", "decode", "preprocess", "queue", "host_to_device", "encode", "serialise")
 BODIES = ("media", "pixels")
+DEFAULT_BUCKETS = "{(224, 224, 8): 1.0}"
+PRESET_DECIDES = ("bucket_config", "items_per_request", "range_ratio", "limit_per_request")  # --workload's own
 
 
 @dataclass(frozen=True)
@@ -186,8 +188,8 @@ def build_workload(args: argparse.Namespace) -> Workload:
         p = PRESETS[args.workload]
         buckets, n, ratio, limit = dict(p.bucket_config), p.items_per_request, p.range_ratio, p.limit_per_request
     else:
-        buckets, n, ratio, limit = (dict(args.bucket_config), args.items_per_request, args.range_ratio,
-                                    args.limit_per_request)
+        buckets = dict(args.bucket_config if args.bucket_config is not None else bucket_config_arg(DEFAULT_BUCKETS))
+        n, ratio, limit = args.items_per_request or 1, args.range_ratio or 0.0, args.limit_per_request
     requests = [r for r in random_mm_workload(buckets, args.num_prompts, n, ratio, args.seed, limit) if r]
     if not requests:
         raise ValueError("the workload drew no items (raise --items-per-request or lower --range-ratio)")
@@ -654,11 +656,13 @@ def build_parser() -> argparse.ArgumentParser:
     w = p.add_argument_group("workload (vLLM random-mm)")
     w.add_argument("--workload", choices=list(PRESETS),
                    help="a named preset: " + "; ".join(f"{k}: {v.description}" for k, v in PRESETS.items()))
-    w.add_argument("--bucket-config", "--random-mm-bucket-config", type=bucket_config_arg,
-                   default="{(224, 224, 8): 1.0}", help="{(height, width, frames): probability, ...} (default: one "
-                   "8-frame 224² clip; ignored with --workload)")
-    w.add_argument("--items-per-request", "--random-mm-base-items-per-request", type=int_in(1, 4096), default=1)
-    w.add_argument("--range-ratio", "--random-mm-num-mm-items-range-ratio", type=float_in(0, 1), default=0.0)
+    w.add_argument("--bucket-config", "--random-mm-bucket-config", type=bucket_config_arg, default=None,
+                   help=f"{{(height, width, frames): probability, ...}} (default: {DEFAULT_BUCKETS}, one 8-frame 224² "
+                   "clip); this and the next three are the preset's with --workload, and refused there")
+    w.add_argument("--items-per-request", "--random-mm-base-items-per-request", type=int_in(1, 4096), default=None,
+                   help="default 1")
+    w.add_argument("--range-ratio", "--random-mm-num-mm-items-range-ratio", type=float_in(0, 1), default=None,
+                   help="default 0")
     w.add_argument("--limit-per-request", "--random-mm-limit-mm-per-prompt", type=int_in(1, 4096), default=None)
     w.add_argument("--num-prompts", "--num-requests", type=int_in(1, MAX_PROMPTS), default=100)
     w.add_argument("--body", choices=BODIES, default="media",
@@ -704,6 +708,10 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: 
         parser.error("--modes applies to --spawn and --in-process (a running server has its own mode)")
     if args.decode_workers is not None and not args.spawn:
         parser.error("--decode-workers applies to --spawn (a running server has its own; --in-process decodes nothing)")
+    if args.workload:  # the preset sets them: given too, they were silently not what ran
+        given = [f"--{name.replace('_', '-')}" for name in PRESET_DECIDES if getattr(args, name) is not None]
+        if given:
+            parser.error(f"{', '.join(given)} with --workload: the preset sets them (use --bucket-config instead)")
     if args.url:
         check_url(parser, args.url)
     try:

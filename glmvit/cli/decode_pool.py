@@ -8,6 +8,8 @@ decode that runs long holds one worker for ``timeout_s`` at most and never the o
 bounded: past ``workers + max_waiting`` tasks submitted and not finished, :meth:`DecodePool.submit` raises
 :class:`DecodeBusy` at once. A worker that dies (killed from outside, out of memory) fails its task with
 :class:`WorkerDied` and is replaced. Workers ignore SIGINT: a Ctrl-C meant for the server is its to handle.
+Each worker's temporary files go to a directory of its own, removed when the worker ends, killed or stopped (a
+killed worker cannot remove what its task left: a request's media would stay on disk).
 
 Why not ``concurrent.futures.ProcessPoolExecutor``: it cannot end one worker whose task runs past its time without
 breaking the whole pool (every other request decoding in it would fail).
@@ -16,8 +18,11 @@ from __future__ import annotations
 
 import importlib
 import multiprocessing
+import os
 import queue
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from concurrent.futures import Future
@@ -39,10 +44,11 @@ class WorkerDied(RuntimeError):
     """The worker running a task ended without answering (it is replaced)."""
 
 
-def _worker_main(conn: Connection, preload: tuple[str, ...]) -> None:
+def _worker_main(conn: Connection, preload: tuple[str, ...], scratch: str) -> None:
     """A worker: imports ``preload``, says it is ready, then answers ("ok", result) or ("error", exception) for
-    each (function, args) it receives; None ends it."""
+    each (function, args) it receives; None ends it. Its temporary files go under ``scratch``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    tempfile.tempdir = os.environ["TMPDIR"] = scratch
     for module in preload:
         importlib.import_module(module)
     conn.send(("ready", None))
@@ -67,9 +73,14 @@ def _worker_main(conn: Connection, preload: tuple[str, ...]) -> None:
 class _Worker:
     def __init__(self, context: Any, preload: tuple[str, ...]):
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=_worker_main, args=(child, preload), name="glmvit-decode",
-                                       daemon=True)
-        self.process.start()
+        self.scratch = tempfile.mkdtemp(prefix="glmvit-decode-")
+        self.process = context.Process(target=_worker_main, args=(child, preload, self.scratch),
+                                       name="glmvit-decode", daemon=True)
+        try:
+            self.process.start()
+        except BaseException:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            raise
         child.close()
         if not self.conn.poll(STARTUP_TIMEOUT_S) or self.conn.recv()[0] != "ready":
             self.kill()
@@ -88,6 +99,7 @@ class _Worker:
         self.process.kill()
         self.process.join()
         self.conn.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
     def stop(self) -> None:
         try:
@@ -99,6 +111,7 @@ class _Worker:
             self.kill()
         else:
             self.conn.close()
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 class DecodePool:

@@ -130,8 +130,9 @@ def load(path: Path, kind: str, max_frame_pixels: int = MAX_FRAME_PIXELS,
         if kind == "video":
             return process_video(path, max_frame_pixels=max_frame_pixels, max_decoded_pixels=max_decoded_pixels)
         return process_images([path], max_frame_pixels=max_frame_pixels)
-    except (ValueError, OSError) as err:
-        raise ValueError(f"{path}: {err}") from None
+    except (ValueError, OSError) as err:  # a decode bound's refusal stays one (the server answers it 413)
+        text = str(err) if str(path) in str(err) else f"{path}: {err}"
+        raise (video.DecodeLimitError if isinstance(err, video.DecodeLimitError) else ValueError)(text) from None
 
 
 def item_metadata(path: Path, inputs: VisionInputs, embedding: torch.Tensor) -> dict[str, Any]:

@@ -63,7 +63,7 @@ from urllib.parse import unquote
 import numpy as np
 import torch
 from aiohttp import BodyPartReader, web
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
@@ -268,6 +268,11 @@ class EncoderService:
         if self.in_server >= self.limits.max_requests:
             return error_response(429, f"the server holds {self.in_server} requests already (at most "
                                   f"{self.limits.max_requests}); retry later", {"Retry-After": "1"})
+        if request.content_length is not None and request.content_length > self.limits.max_body_bytes:
+            response = error_response(413, f"the body has {request.content_length:,} bytes: at most "
+                                      f"{self.limits.max_body_bytes:,}")  # never 429: no retry would fit it
+            response.force_close()  # its body is never read
+            return response
         if self.held_bytes + (request.content_length or 0) > self.limits.max_held_bytes:
             return error_response(429, f"the server holds {self.held_bytes:,} bytes of requests already (at most "
                                   f"{self.limits.max_held_bytes:,}); retry later", {"Retry-After": "1"})
@@ -329,9 +334,6 @@ class EncoderService:
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):  # inflating would take memory and time the body limit does not see
             raise BadRequest(f"Content-Encoding {shown(encoding, 40)}: send the body uncompressed (identity)", 415)
-        if request.content_length is not None and request.content_length > self.limits.max_body_bytes:
-            raise BadRequest(f"the body has {request.content_length:,} bytes: at most "
-                             f"{self.limits.max_body_bytes:,}", 413)
         if request.content_type not in BODY_TYPES:
             raise BadRequest(f"content type {request.content_type!r}: send multipart/form-data (files), "
                              f"application/json (content parts with data: URLs) or {SAFETENSORS} (pixel_values "
@@ -535,7 +537,8 @@ class EncoderService:
 
 class _JsonErrors(web.RequestHandler):
     """aiohttp's connection handler, except that a request its HTTP parser refuses (a malformed request line, a
-    Content-Length of 10³⁰) is answered, counted and logged as every other error: one line of JSON, one log line."""
+    Content-Length of 10³⁰) is answered, counted and logged as every other error: one line of JSON, one log line;
+    a Content-Encoding it has no codec for is a 415, as the handler answers every compressed body."""
 
     def __init__(self, manager: web.Server, responses: collections.Counter[int], **kwargs: Any):
         super().__init__(manager, **kwargs)
@@ -547,8 +550,12 @@ class _JsonErrors(web.RequestHandler):
             raise ConnectionError("an answer was being sent when the request failed")
         why = " ".join((message or HTTPStatus(status).phrase).split())[:200]
         log.warning("refused a malformed HTTP request from %s: %s", request.remote, why)
+        if isinstance(exc, ContentEncodingError):  # a coding aiohttp cannot undo (br, zstd): as every other one
+            status, text = 415, "Content-Encoding: send the body uncompressed (identity)"
+        else:
+            text = f"malformed HTTP request: {why}"
         self.responses[status] += 1
-        response = error_response(status, f"malformed HTTP request: {why}")
+        response = error_response(status, text)
         response.force_close()
         return response
 

@@ -26,6 +26,7 @@ import binascii
 import hashlib
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal, Union
@@ -228,7 +229,8 @@ def _load_item(label: str, path: Path, want: str | None, limits: MediaLimits, bu
         raise
     except (ValueError, OSError) as err:
         message = _named(err, path, label)
-        raise MediaError(message, 413 if "more than max_frame_pixels" in message else 400) from None
+        too_large = "more than max_frame_pixels" in message or "too many pixels" in message  # PIL's own bound
+        raise MediaError(message, 413 if too_large else 400) from None
     budget.decode_s += mid - start
     budget.preprocess_s += time.perf_counter() - mid
     budget.left -= cost
@@ -262,7 +264,9 @@ def prepare_media(kind: str, payload: Any, limits: MediaLimits, merge_area: int,
     start = time.perf_counter()
     budget = _Budget(limits.max_request_pixels)
     loaded, records = [], []
-    with tempfile.TemporaryDirectory(prefix="glmvit-serve-") as folder:
+    with tempfile.TemporaryDirectory(prefix="glmvit-serve-") as scratch, warnings.catch_warnings():
+        # as the CLI does: a client's corrupt EXIF is no reason for lines of PIL's warnings in the server's log
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.TiffImagePlugin")
         if kind == "json":  # (label, name for the record, the kind the part asks for, its URL)
             items: list[tuple[str, str, str | None, Any]] = [(where, where, want, url)
                                                              for where, want, url in parse_request(payload)]
@@ -286,7 +290,7 @@ def prepare_media(kind: str, payload: Any, limits: MediaLimits, merge_area: int,
                     suffix, data = data_url(f"{label}.url", source)
                 else:
                     suffix, data = PurePosixPath(name).suffix.lower(), source
-                path = Path(folder).resolve() / f"{k}{suffix}"
+                path = Path(scratch).resolve() / f"{k}{suffix}"
                 path.write_bytes(data)
             inputs = _load_item(label, path, want, limits, budget)
             tokens = int(inputs.grid_thw[0].prod()) // merge_area
