@@ -511,17 +511,20 @@ def test_graph_compiled_needs_cuda(capsys):
 
 # ---- bench-serve ---------------------------------------------------------------------------------------------------
 def test_bench_serve_runs_the_seeds_workload_and_a_sweep_against_a_server(tiny_model, tmp_path, capsys):
-    """8-frame 224² clips, one per request (the seed's serve workload, smaller), at rate inf and at a finite rate."""
+    """8-frame 224² clips, one per request (the seed's serve workload, smaller), at rate inf, at a finite rate and
+    at half the rate the inf run achieved (run after it, whatever the order given)."""
     service = service_for(tiny_model, config=BudgetConfig((256, 512, 1024), 4, 16))  # a clip: 256 tokens, 4 segments
     out = tmp_path / "serve.json"
     with ServerThread(service) as server:
         assert cli_main(["bench-serve", "--url", server.url, "--workload", "video8x224", "--num-prompts", "6",
-                         "--request-rate", "inf,40", "--warmup-requests", "2", "--device", "cpu",
+                         "--request-rate", "50%,inf,40", "--warmup-requests", "2", "--device", "cpu",
                          "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "Serving Benchmark Result: graph-emulated" in printed and "Time to Embedding" in printed
     record = json.loads(out.read_text())
-    assert [r["request_rate"] for r in record["runs"]] == ["inf", 40.0]
+    saturated = record["runs"][0]["requests_per_s"]
+    assert [r["request_rate"] for r in record["runs"]] == ["inf", 40.0, pytest.approx(saturated / 2)]
+    assert [r["saturation_share"] for r in record["runs"]] == [None, None, 0.5]
     for run_ in record["runs"]:
         assert (run_["successful"], run_["refused"], run_["failed"]) == (6, 0, 0)
         split = run_["time_split_ms"]  # the server's Server-Timing, and the rest of the time to embedding
@@ -532,7 +535,7 @@ def test_bench_serve_runs_the_seeds_workload_and_a_sweep_against_a_server(tiny_m
         assert run_["tte_ms"]["median"] >= run_["queue_ms"]["median"]
         assert run_["server"]["items"] == 6 and run_["server"]["batches"] >= 2  # 4 items at most per batch
     settings = record["settings"]
-    assert settings["workload"] == "video8x224" and settings["request_rates"] == ["inf", 40.0]
+    assert settings["workload"] == "video8x224" and settings["request_rates"] == ["50%", "inf", 40.0]
     assert settings["body"] == "media" and settings["media"]["video"] in ("mp4", "gif")
     assert service.metrics_json()["http"]["phase_s"]["decode"] > 0  # the clips were decoded by the server
     assert record["workload"]["grids"] == [[[4, 16, 16]]] * 6
@@ -586,9 +589,11 @@ def test_bench_serve_in_process_and_spawned(tmp_path, capsys):
     (["--url", "http://127.0.0.1:1", "--decode-workers", "2"], "--decode-workers applies to --spawn"),
     (["--spawn", "--request-rate", "0"], "must be at least 0.01 per second"),
     (["--spawn", "--request-rate", "1e-300"], "must be at least 0.01 per second"),
-    (["--spawn", "--request-rate", "fast"], "is not a number or inf"),
+    (["--spawn", "--request-rate", "fast"], "is not a number, inf or a percentage"),
     (["--spawn", "--request-rate", "1e400"], "too large for a float: write inf"),
     (["--spawn", "--request-rate", ",".join(["1"] * 17)], "17 request rates: at most 16"),
+    (["--spawn", "--request-rate", "50%"], "needs inf in the sweep"),
+    (["--spawn", "--request-rate", "inf,150%"], "lies in (0, 100]%"),
     (["--in-process", "--modes", "graph,turbo"], "unknown mode(s) ['turbo']"),
     (["--spawn", "--modes", "graph-compiled", "--device", "cpu"], "graph-compiled needs CUDA"),
     ([], "one of the arguments --url --spawn --in-process is required"),

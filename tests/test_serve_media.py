@@ -508,3 +508,25 @@ def test_a_corrupt_exif_block_warns_nothing_in_the_decode_worker(recwarn):
     Image.fromarray(noise((32, 32, 3), 7)).save(out, format="JPEG", exif=b"Exif\0\0MM\0*\0\0\0\x08\xff\xff")
     media = prepare_media("files", [("exif.jpg", out.getvalue())], MediaLimits(), 4)
     assert media.records and not [w for w in recwarn.list if "EXIF" in str(w.message)]
+
+
+def test_a_gif_clip_holds_its_frames_rounded_to_the_fixed_palette_exactly():
+    """bench-serve's GIF clips: each channel rounded to level ⌊6·v/256⌋ of the palette, then stored losslessly
+    (decoded by PIL, the oracle here, frame by frame)."""
+    from glmvit.cli.media_files import GIF_PALETTE
+
+    frames = noise((3, 30, 40, 3), 7)
+    clip = Image.open(io.BytesIO(encode_clip(frames, "gif")))
+    assert clip.n_frames == 3
+    levels = np.unique(GIF_PALETTE)
+    for k in range(3):
+        clip.seek(k)
+        want = levels[(frames[k].astype(np.int64) * 6) // 256]
+        np.testing.assert_array_equal(np.asarray(clip.convert("RGB")), want)
+
+
+def test_decode_workers_compute_on_one_thread_each(pool):
+    """The pool's parallelism is its processes: each worker's OpenMP and torch pools hold one thread, where by
+    default each would start one per CPU."""
+    assert pool.submit(torch.get_num_threads).result(120) == 1
+    assert pool.submit(os.getenv, "OMP_NUM_THREADS").result(120) == "1"

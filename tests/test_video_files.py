@@ -434,3 +434,19 @@ def test_the_tiny_gif_writer_is_what_pil_reads(tmp_path):
         assert np.asarray(im.convert("L")).tolist()[2][2] == 255
     with path.open("rb") as fp:
         assert video_files._gif_delays(fp) == [70, 70, 70]
+
+
+def test_probe_reads_a_file_once_and_a_rewritten_file_again(tmp_path, monkeypatch):
+    """Checks, sizing and processing probe one file several times: the answer is kept by the file's identity, so
+    the blocks are walked once; a file written again (new size or time) is walked again."""
+    path = tmp_path / "clip.gif"
+    frames = [Image.fromarray(f) for f in moving_frames(6)]
+    frames[0].save(path, save_all=True, append_images=frames[1:4], duration=100, loop=0)
+    walks = []
+    real = video_files._probe
+    monkeypatch.setattr(video_files, "_probe", lambda p, m: walks.append(p) or real(p, m))
+    assert probe(path).frames == probe(path).frames == 4 and len(walks) == 1
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=100, loop=0)
+    assert probe(path).frames == 6 and len(walks) == 2
+    with pytest.raises(DecodeLimitError):  # a kept answer is still checked against the caller's bound
+        probe(path, max_frame_pixels=10)

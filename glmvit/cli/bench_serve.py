@@ -125,25 +125,57 @@ def server_timing(header: str | None) -> dict[str, float] | None:
     return out or None
 
 
-def parse_rates(text: str) -> list[float]:
-    """``"inf"`` or ``"10, 50,inf"`` → request rates per second (math.inf for inf), each ≥ MIN_RATE."""
+@dataclass(frozen=True)
+class Rate:
+    """A request rate of a sweep: ``per_s`` requests a second (math.inf: all at once), or ``share`` of the
+    saturated rate — the requests/s the same mode's ``inf`` run of this sweep achieved (run before any share)."""
+
+    per_s: float = math.inf
+    share: float | None = None
+
+    def __str__(self) -> str:
+        if self.share is not None:
+            return f"{self.share * 100:g}%"
+        return "inf" if math.isinf(self.per_s) else f"{self.per_s:g}"
+
+
+def parse_rates(text: str) -> list[Rate]:
+    """``"inf"``, ``"10, 50,inf"`` or ``"inf,10%,50%,90%"`` → the sweep's rates: requests per second (each ≥
+    MIN_RATE, or inf for no pacing) or shares of the saturated rate (in (0, 100] %, with inf in the sweep)."""
     rates = []
     for word in text.replace(",", " ").split():
         what = f"request rate {shown(word, 40)}"
+        if word.endswith("%"):
+            try:
+                share = float(word[:-1]) / 100
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{what} is not a percentage of the saturated rate") from None
+            if not 0 < share <= 1:
+                raise argparse.ArgumentTypeError(f"{what}: a share of the saturated rate lies in (0, 100]%")
+            rates.append(Rate(share=share))
+            continue
         try:
             rate = float(word)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{what} is not a number or inf") from None
+            raise argparse.ArgumentTypeError(f"{what} is not a number, inf or a percentage") from None
         if not rate >= MIN_RATE:
             raise argparse.ArgumentTypeError(f"{what} must be at least {MIN_RATE:g} per second (or inf)")
         if math.isinf(rate) and word.lower().lstrip("+") not in ("inf", "infinity"):
             raise argparse.ArgumentTypeError(f"{what} is too large for a float: write inf for no pacing")
-        rates.append(rate)
+        rates.append(Rate(rate))
     if not rates:
         raise argparse.ArgumentTypeError("no request rate given")
     if len(rates) > MAX_RATES:
         raise argparse.ArgumentTypeError(f"{len(rates)} request rates: at most {MAX_RATES} in one sweep")
+    if any(r.share is not None for r in rates) and Rate() not in rates:
+        raise argparse.ArgumentTypeError("a rate given as a share of the saturated rate needs inf in the sweep "
+                                         "(the run that measures saturation)")
     return rates
+
+
+def sweep_order(rates: list[Rate]) -> list[Rate]:
+    """The order a sweep runs in: the rates per second as given (inf among them), then the shares of saturation."""
+    return [r for r in rates if r.share is None] + [r for r in rates if r.share is not None]
 
 
 def arrival_offsets(n: int, rate: float, burstiness: float, seed: int) -> np.ndarray:
@@ -390,14 +422,19 @@ async def run_rates(target: Any, workload: Workload, args: argparse.Namespace, m
     n = len(workload.grids)
     if args.warmup_requests:
         await drive(target.send, min(args.warmup_requests, n), math.inf, 1.0, None, args.seed)
-    runs = []
-    for rate in args.request_rate:
+    runs: list[dict[str, Any]] = []
+    saturated = None  # requests/s of this mode's inf run
+    for rate in sweep_order(args.request_rate):
+        per_s = rate.per_s if rate.share is None else max(MIN_RATE, rate.share * (saturated or 0.0))
         before = await target.server_stats()
-        outcomes, start, end = await drive(target.send, n, rate, args.burstiness, args.max_concurrency, args.seed)
+        outcomes, start, end = await drive(target.send, n, per_s, args.burstiness, args.max_concurrency, args.seed)
         after = await target.server_stats()
-        runs.append(run_record(mode, rate, args, workload, outcomes, end - start, server_delta(before, after,
-                                                                                                end - start),
+        runs.append(run_record(mode, per_s, args, workload, outcomes, end - start, server_delta(before, after,
+                                                                                                 end - start),
                                floor_items_per_s))
+        runs[-1]["saturation_share"] = rate.share
+        if rate == Rate():
+            saturated = runs[-1]["requests_per_s"]
         print_run(runs[-1])
     return runs
 
@@ -444,15 +481,21 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def rate_label(r: dict[str, Any]) -> str:
+    """A run's rate as configured: "inf", "12.5", or "12.5 (50%)" for a share of the saturated rate."""
+    rate = r["request_rate"] if isinstance(r["request_rate"], str) else f"{r['request_rate']:.3g}"
+    share = r.get("saturation_share")
+    return rate if share is None else f"{rate} ({share * 100:g}%)"
+
+
 def print_run(r: dict[str, Any]) -> None:
-    rate = r["request_rate"]
     lines = [
         f"{' Serving Benchmark Result: ' + r['mode'] + ' ':=^52}",
         f"{'Successful requests:':<40}{r['successful']:>12}",
         f"{'Refused requests (429, 503):':<40}{r['refused']:>12}",
         f"{'Failed requests:':<40}{r['failed']:>12}",
         f"{'Maximum request concurrency:':<40}{str(r['max_concurrency']):>12}",
-        f"{'Request rate configured (RPS):':<40}{rate if isinstance(rate, str) else f'{rate:.2f}':>12}",
+        f"{'Request rate configured (RPS):':<40}{rate_label(r):>12}",
         f"{'Benchmark duration (s):':<40}{r['duration_s']:>12.2f}",
         f"{'Request throughput (req/s):':<40}{r['requests_per_s']:>12.2f}",
         f"{'Item throughput (items/s):':<40}{r['items_per_s']:>12.2f}",
@@ -483,14 +526,14 @@ def print_run(r: dict[str, Any]) -> None:
 
 
 def print_summary(runs: list[dict[str, Any]]) -> None:
-    head = f"{'mode':<16}{'rate':>7}{'ok':>6}{'ref':>5}{'fail':>5}{'req/s':>8}{'items/s':>9}{'%floor':>8}" \
+    head = f"{'mode':<16}{'rate':>13}{'ok':>6}{'ref':>5}{'fail':>5}{'req/s':>8}{'items/s':>9}{'%floor':>8}" \
            f"{'TTE med':>9}{'P99':>9}{'queue med':>10}{'P99':>9}{'items/b':>8}{'pad':>6}"
     print("\n" + head + "\n" + "-" * len(head))
     for r in runs:
-        rate = r["request_rate"] if isinstance(r["request_rate"], str) else f"{r['request_rate']:g}"
+        rate = rate_label(r)
         floor = "-" if r["vs_floor"] is None else f"{r['vs_floor']:.0%}"
         pad = r["server"]["padding_fraction"]
-        print(f"{r['mode']:<16}{rate:>7}{r['successful']:>6}{r['refused']:>5}{r['failed']:>5}{r['requests_per_s']:>8.2f}"
+        print(f"{r['mode']:<16}{rate:>13}{r['successful']:>6}{r['refused']:>5}{r['failed']:>5}{r['requests_per_s']:>8.2f}"
               f"{r['items_per_s']:>9.1f}{floor:>8}{_ms(r['tte_ms']['median']):>9}{_ms(r['tte_ms']['p99']):>9}"
               f"{_ms(r['queue_ms']['median']):>10}{_ms(r['queue_ms']['p99']):>9}"
               f"{_ms(r['server']['items_per_batch']):>8}{'-' if pad is None else f'{pad:.0%}':>6}")
@@ -671,8 +714,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--pixel-dtype", choices=list(PIXEL_DTYPES), default="float32",
                    help="--body pixels: dtype of the pixel rows sent (default float32, what glmvit.processing makes)")
     a = p.add_argument_group("load")
-    a.add_argument("--request-rate", type=parse_rates, default=[math.inf],
-                   help="requests per second, or inf (all at once); a comma list is a sweep (default inf)")
+    a.add_argument("--request-rate", type=parse_rates, default=[Rate()],
+                   help="requests per second, inf (all at once), or a share of the saturated rate (50%%: half the "
+                        "requests/s the sweep's inf run achieved); a comma list is a sweep (default inf)")
     a.add_argument("--burstiness", type=float_in(1e-3, 1e3), default=1.0,
                    help="gamma shape of the gaps between arrivals (1: Poisson, as vLLM)")
     a.add_argument("--max-concurrency", type=int_in(1, MAX_PROMPTS), default=None, help="requests in flight at most")
@@ -740,7 +784,8 @@ def main(argv: list[str] | None = None) -> int:
     target = "url" if args.url else "spawn" if args.spawn else "in-process"
     record: dict[str, Any] = {
         "settings": {"target": target, "url": args.url, "modes": None if args.url else args.modes,
-                     **workload.settings, "request_rates": ["inf" if math.isinf(r) else r for r in args.request_rate],
+                     **workload.settings, "request_rates": [r.per_s if r.share is None and math.isfinite(r.per_s)
+                                                            else str(r) for r in args.request_rate],
                      "burstiness": args.burstiness, "max_concurrency": args.max_concurrency,
                      "warmup_requests": args.warmup_requests, "body": body, "media": made,
                      "pixel_dtype": args.pixel_dtype if body == "pixels" else None,

@@ -9,7 +9,9 @@ bounded: past ``workers + max_waiting`` tasks submitted and not finished, :meth:
 :class:`DecodeBusy` at once. A worker that dies (killed from outside, out of memory) fails its task with
 :class:`WorkerDied` and is replaced. Workers ignore SIGINT: a Ctrl-C meant for the server is its to handle.
 Each worker's temporary files go to a directory of its own, removed when the worker ends, killed or stopped (a
-killed worker cannot remove what its task left: a request's media would stay on disk).
+killed worker cannot remove what its task left: a request's media would stay on disk). Each worker computes on one
+thread (OpenMP, MKL, OpenBLAS and torch's intra-op pool set to 1): the pool's parallelism is its workers, and
+``workers`` processes each running a pool of one thread per CPU would oversubscribe the machine many times over.
 
 Why not ``concurrent.futures.ProcessPoolExecutor``: it cannot end one worker whose task runs past its time without
 breaking the whole pool (every other request decoding in it would fail).
@@ -22,6 +24,7 @@ import os
 import queue
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -29,6 +32,7 @@ from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any, Callable
 
+ONE_THREAD = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")  # a worker's numerical thread pools
 STARTUP_TIMEOUT_S = 300.0  # a worker's imports (torch, PIL, the processor) on a loaded machine
 
 
@@ -49,8 +53,12 @@ def _worker_main(conn: Connection, preload: tuple[str, ...], scratch: str) -> No
     each (function, args) it receives; None ends it. Its temporary files go under ``scratch``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     tempfile.tempdir = os.environ["TMPDIR"] = scratch
+    for variable in ONE_THREAD:  # before any numerical library is imported: they read these once
+        os.environ[variable] = "1"
     for module in preload:
         importlib.import_module(module)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
     conn.send(("ready", None))
     while True:
         try:

@@ -43,8 +43,9 @@ from .common import (
     model_from_args,
     resolve_model_args,
 )
+from .decode_pool import DecodePool
 from .encode import model_metadata
-from .serve_app import EncoderService, HttpLimits, default_decode_pool, run_server
+from .serve_app import DECODE_QUEUE, EncoderService, HttpLimits, default_decode_pool, default_decode_workers, run_server
 from .serve_media import DEFAULT_FRAME_PIXELS, DEFAULT_REQUEST_PIXELS, MediaLimits
 
 MODES = ("eager", "graph", "graph-compiled")
@@ -144,10 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--shutdown-timeout", type=float_in(0, 3600), default=60.0,
                    help="seconds a drain waits for requests in flight (default 60)")
     m = parser.add_argument_group("media (multipart files, JSON content parts)")
-    m.add_argument("--decode-workers", type=int_in(1, 256), default=max(1, min(8, (os.cpu_count() or 2) - 1)),
-                   help="processes that decode and preprocess media (default min(8, CPUs − 1))")
-    m.add_argument("--decode-queue", type=int_in(0, 100_000), default=64,
-                   help="requests waiting for a decode process (default 64); more: 429")
+    m.add_argument("--decode-workers", type=int_in(1, 256), default=default_decode_workers(),
+                   help="processes that decode and preprocess media, one thread each (default: this process's "
+                        f"CPUs − 4, at least 1, at most 32: {default_decode_workers()} here)")
+    m.add_argument("--decode-queue", type=int_in(0, 100_000), default=DECODE_QUEUE,
+                   help=f"requests waiting for a decode process (default {DECODE_QUEUE}; their bodies count against "
+                        "--max-held-mb too); more: 429")
     m.add_argument("--decode-timeout", type=float_in(0.01, 3600), default=30.0,
                    help="seconds a request's media may take to decode (default 30; later: 413, the process replaced)")
     m.add_argument("--max-frame-pixels", type=int_in(1, 8192 * 8192), default=DEFAULT_FRAME_PIXELS,
@@ -171,16 +174,20 @@ def media_dir(text: str) -> str:
     return path
 
 
-def build_service(args: argparse.Namespace, command: str, model: GlmVisionEncoder | None = None) -> EncoderService:
+def build_service(args: argparse.Namespace, command: str, model: GlmVisionEncoder | None = None,
+                  floor: dict[str, Any] | None = None, decode: DecodePool | None = None) -> EncoderService:
     """Model (``model`` if given: the flags' tower, built by the caller), encoder (captured), scheduler and
-    application, as the resolved flags say."""
+    application, as the resolved flags say. A caller that measured the floor on this device and dtype already
+    (``floor``: matmul_tflops and copy_gbps) or runs a decode pool (``decode``: started, and closed by the caller)
+    lends them; otherwise the floor is measured (with --measure-floor) and a pool is made, owned by the service."""
     model = model if model is not None else model_from_args(args)
     if args.attn_backend:
         model.attn_backend = args.attn_backend
         model.attention_backend()  # a clear error if it cannot run here
     scheduler, runner = make_scheduler(model, args.mode, args, progress=not args.quiet)
     extra = {"attn_backend": model.attention_backend(),
-             "floor": measure_floor(model) if args.measure_floor else None,
+             "floor": None if not args.measure_floor else measure_floor(model) if floor is None else {
+                 **floor, "matmul_dtype": str(model.dtype).removeprefix("torch."), "weight_bytes": weight_bytes(model)},
              "capture": {str(k): v.as_dict() for k, v in runner.captures.items()} if runner else None,
              "capture_failed": {str(k): v for k, v in runner.failed.items()} if runner else None,
              "routing": (runner.latency_table.describe() if runner.latency_table else "off: no recorded table for "
@@ -190,8 +197,9 @@ def build_service(args: argparse.Namespace, command: str, model: GlmVisionEncode
     media = MediaLimits(args.max_frame_pixels, args.max_request_pixels, args.allowed_media_dir)
     service = EncoderService(scheduler, model_metadata(args, model), collect(model.device, command), limits,
                              args.threads, extra, (lambda: runner.stats.as_dict()) if runner else None, media=media,
-                             decode=default_decode_pool(args.decode_workers, args.decode_queue, args.decode_timeout),
-                             own_decode=True)
+                             decode=decode or default_decode_pool(args.decode_workers, args.decode_queue,
+                                                                  args.decode_timeout),
+                             own_decode=decode is None)
     service.decode.start()  # its processes start now (their imports take seconds), not with the first upload
     return service
 

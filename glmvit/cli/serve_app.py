@@ -191,10 +191,21 @@ def _discard_rows(future: Any) -> None:
         future.result().pixel_values.discard()
 
 
-def default_decode_pool(workers: int | None = None, waiting: int = 64, timeout_s: float = 30.0) -> DecodePool:
-    """``workers`` decode processes (default min(8, CPUs − 1), at least 1), ``waiting`` requests queued for them,
-    ``timeout_s`` a request's decoding."""
-    return DecodePool(workers or max(1, min(8, (os.cpu_count() or 2) - 1)), waiting, timeout_s, MEDIA_MODULES)
+DECODE_QUEUE = 1024  # requests waiting for a decoder; their bodies are bounded in bytes (max_held_bytes) as well
+
+
+def default_decode_workers() -> int:
+    """Decode processes for this machine: one per CPU this process may use, less four (the event loop, the
+    scheduler's worker, the answers' serialisation and a client on the same host), at least one, at most 32."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+    return max(1, min(32, usable - 4))
+
+
+def default_decode_pool(workers: int | None = None, waiting: int = DECODE_QUEUE,
+                        timeout_s: float = 30.0) -> DecodePool:
+    """``workers`` decode processes (default :func:`default_decode_workers`), ``waiting`` requests queued for
+    them, ``timeout_s`` a request's decoding."""
+    return DecodePool(workers or default_decode_workers(), waiting, timeout_s, MEDIA_MODULES)
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
