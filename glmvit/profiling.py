@@ -33,6 +33,31 @@ def categorise(name: str) -> str:
     return OTHER
 
 
+def traced_spans(fn: Callable[[], Any], warmup: int = 0, label: str | None = None) -> list[dict[str, Any]]:
+    """The complete events (``ph`` "X", with ``ts`` and ``dur`` in µs) of one call of ``fn`` under
+    ``torch.profiler`` (CPU and CUDA activity), as its Chrome trace lists them: host ops, CUDA API calls, kernels,
+    copies. ``warmup`` untimed calls first; ``label`` wraps the call in a ``record_function`` of that name."""
+    import json
+    import tempfile
+    from contextlib import nullcontext
+    from pathlib import Path
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with record_function(label) if label else nullcontext():
+            fn()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(f"{tmp}/trace.json")
+        trace = json.loads(Path(f"{tmp}/trace.json").read_text())
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    return [e for e in events if e.get("ph") == "X" and "dur" in e and "ts" in e]
+
+
 def profile_kernels(fn: Callable[[], Any], calls: int = 20, top: int = 12) -> dict[str, Any]:
     """Run ``fn`` ``calls`` times under ``torch.profiler`` (CUDA activity) and sum its kernels per call.
 

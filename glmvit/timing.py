@@ -29,9 +29,7 @@ def time_calls(fn: Callable[[], Any], device: torch.device | str, runs: int, war
     launch gaps included, host work overlapped) — for kernels and for the floor's matmul and copy.
     """
     device = torch.device(device)
-    for _ in range(warmup):
-        fn()
-    sync(device)
+    _warm(fn, device, warmup)
     if on_device and device.type == "cuda":
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(runs)]
         for start, end in events:
@@ -40,13 +38,7 @@ def time_calls(fn: Callable[[], Any], device: torch.device | str, runs: int, war
             end.record()
         torch.cuda.synchronize(device)
         return [start.elapsed_time(end) for start, end in events]
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return times
+    return _wall_ms(fn, device, runs)
 
 
 def time_until_steady(fn: Callable[[], Any], device: torch.device | str, max_runs: int, warmup: int = 0,
@@ -57,16 +49,30 @@ def time_until_steady(fn: Callable[[], Any], device: torch.device | str, max_run
     if not 1 <= min_runs <= max_runs:
         raise ValueError(f"need 1 <= min_runs <= max_runs, got {min_runs} and {max_runs}")
     device = torch.device(device)
+    _warm(fn, device, warmup)
+
+    def steady(times: list[float]) -> bool:
+        return len(times) >= min_runs and max(times) - min(times) <= spread * float(np.median(times))
+
+    return _wall_ms(fn, device, max_runs, steady)
+
+
+def _warm(fn: Callable[[], Any], device: torch.device, warmup: int) -> None:
     for _ in range(warmup):
         fn()
     sync(device)
+
+
+def _wall_ms(fn: Callable[[], Any], device: torch.device, max_runs: int,
+             stop: Callable[[list[float]], bool] | None = None) -> list[float]:
+    """Wall ms of each call between synchronisations: ``max_runs`` calls, or fewer once ``stop(times)`` holds."""
     times: list[float] = []
     while len(times) < max_runs:
         t0 = time.perf_counter()
         fn()
         sync(device)
         times.append((time.perf_counter() - t0) * 1e3)
-        if len(times) >= min_runs and max(times) - min(times) <= spread * float(np.median(times)):
+        if stop is not None and stop(times):
             break
     return times
 

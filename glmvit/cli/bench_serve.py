@@ -639,7 +639,7 @@ async def fetch_health(url: str, wait_s: float = 0.0) -> dict:
 
 
 async def bench_http(url: str, workload: Workload, args: argparse.Namespace, record: dict[str, Any]) -> None:
-    health = await fetch_health(url, getattr(args, "wait_s", 0.0))
+    health = await fetch_health(url, args.wait_s)
     mode = health["mode"]
     floor = floor_rate(health, workload)
     record["servers"][mode], record["floor"][mode] = health, floor

@@ -2,10 +2,7 @@
 GPU. Each is two results: the timings (no profiler in them) and the kernels (under torch.profiler)."""
 from __future__ import annotations
 
-import json
-import tempfile
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -14,6 +11,7 @@ import torch
 from ..config import VisionConfig
 from ..graphs import EncoderGraphRunner
 from ..packing import BudgetConfig
+from ..profiling import traced_spans
 from ..timing import time_calls
 from ..workloads import random_batch
 from .shared import full_model
@@ -53,17 +51,7 @@ def fusion() -> dict[str, Any]:
 
 def _replay_kernels(replay: Callable[[], Any]) -> list[list[Any]]:
     """[name, µs] of every kernel of one replay, under torch.profiler."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        replay()
-        torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as tmp:
-        prof.export_chrome_trace(f"{tmp}/trace.json")
-        trace = json.loads(Path(f"{tmp}/trace.json").read_text())
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    return [[e["name"][:80], round(e["dur"], 2)] for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    return [[e["name"][:80], round(e["dur"], 2)] for e in traced_spans(replay) if e.get("cat") == "kernel"]
 
 
 def fusion_kernels() -> dict[str, Any]:

@@ -3,10 +3,7 @@ staging race, one pool or three, and the tower's timeline (timed, and profiled a
 from __future__ import annotations
 
 import copy
-import json
-import tempfile
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -16,6 +13,7 @@ from ..config import VisionConfig
 from ..graphs import EncoderGraphRunner
 from ..metadata import BatchShape, build_metadata
 from ..packing import BudgetConfig
+from ..profiling import traced_spans
 from ..timing import time_calls
 from ..workloads import random_batch
 from .shared import full_model
@@ -321,20 +319,7 @@ GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 def profile_once(fn: Callable[[], Any], label: str, name_chars: int = 40) -> dict[str, Any]:
     """One call of fn under torch.profiler: host CUDA API calls and GPU work as [start_us, dur_us, name] rows from
     the call's start, and the categories the host calls came under."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        with record_function(label):
-            fn()
-        torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as tmp:
-        prof.export_chrome_trace(f"{tmp}/trace.json")
-        trace = json.loads(Path(f"{tmp}/trace.json").read_text())
-    spans = [e for e in (trace["traceEvents"] if isinstance(trace, dict) else trace)
-             if e.get("ph") == "X" and "dur" in e and "ts" in e]
+    spans = traced_spans(fn, warmup=3, label=label)
     marks = [e["ts"] for e in spans if e.get("name") == label]
     t0 = min(marks) if marks else min(e["ts"] for e in spans)
     host = [e for e in spans if (e.get("cat") in HOST_CATEGORIES or e["name"].startswith("cudaGraphLaunch"))

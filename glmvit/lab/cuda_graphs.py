@@ -1,15 +1,13 @@
 """Notebook 03's GPU measurements: the CUDA-graph rules on a small MLP, pools, launch gaps, host syncs."""
 from __future__ import annotations
 
-import json
-import tempfile
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import torch
 from torch import nn
 
+from ..profiling import traced_spans
 from ..testing import forbid_host_syncs
 from ..timing import time_calls
 
@@ -270,19 +268,7 @@ def launch_times() -> dict[str, Any]:
 def _profiled_lanes(fn: Callable[[], Any]) -> dict[str, list]:
     """Host CUDA API calls and GPU kernels of one call under torch.profiler, as [name, start_us, dur_us] rows from
     its first CUDA call."""
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as tmp:
-        prof.export_chrome_trace(f"{tmp}/trace.json")
-        trace = json.loads(Path(f"{tmp}/trace.json").read_text())
-    spans = [e for e in (trace["traceEvents"] if isinstance(trace, dict) else trace)
-             if e.get("ph") == "X" and "dur" in e and "ts" in e]
+    spans = traced_spans(fn, warmup=5)
     host = [e for e in spans if e.get("cat") in ("cuda_runtime", "cuda_driver") and "Synchronize" not in e["name"]]
     gpu = [e for e in spans if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     t0 = min(e["ts"] for e in host)
