@@ -8,7 +8,8 @@ URLs of random pictures and clips of the bucket's size (seeded noise, as random-
 or animated GIFs without PyAV), each kind checked once to decode to the grid the workload expects; ``--body pixels``
 sends pixel rows (random normal, seeded; a safetensors body). Arrivals as in vLLM: ``--request-rate inf`` sends
 everything at once, a finite rate draws gaps from a gamma distribution of shape ``--burstiness`` (1: Poisson) and
-mean 1/rate; several rates in one list make a sweep. ``--max-concurrency`` caps the requests in flight. Per request:
+mean 1/rate; several rates in one list make a sweep, and a rate may be a share of saturation (``inf,20%,50%``:
+each share of the requests/s that the sweep's ``inf`` run achieved, run after it). ``--max-concurrency`` caps the requests in flight. Per request:
 the time to embedding (from sending it to its whole answer read) and the server's queueing delay (its
 ``X-Queue-Delay-Ms``: admission to the first batch holding one of its items). Every answer is checked (one tensor
 per item, of its tokens and width). Refusals (429, 503) are counted apart from failures. Each answered request's
@@ -28,10 +29,10 @@ The floor-limited rate is the server's measured matmul rate (``serve --measure-f
 analytic FLOPs per item (:mod:`glmvit.floor`): at saturation batches are large, the weights are read once per
 batch, and the matmuls bound the rate. Examples (the seed's serve workload; a sweep)::
 
-    python -m glmvit bench-serve --spawn --modes eager,graph,graph-compiled --workload video8x224 \\
+    python -m glmvit bench-serve --spawn --modes eager,graph-compiled --workload video8x224 \\
         --num-prompts 100 --request-rate inf --json data/bench/serve_video8x224_h200.json
-    python -m glmvit bench-serve --spawn --modes eager,graph-compiled --workload mixed-av --num-prompts 500 \\
-        --request-rate 25,50,100,200,inf --json data/bench/serve_mixed_av_h200.json
+    python -m glmvit bench-serve --spawn --modes graph-compiled --workload mixed-av --num-prompts 60 \\
+        --request-rate inf,20%,50%,90% --json data/bench/serve_mixed_av_h200.json
 
 Why one module of this length: the workload, the arrivals, the three targets and the report are one command.
 """
