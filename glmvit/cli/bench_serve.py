@@ -9,7 +9,8 @@ or animated GIFs without PyAV), each kind checked once to decode to the grid the
 sends pixel rows (random normal, seeded; a safetensors body). Arrivals as in vLLM: ``--request-rate inf`` sends
 everything at once, a finite rate draws gaps from a gamma distribution of shape ``--burstiness`` (1: Poisson) and
 mean 1/rate; several rates in one list make a sweep, and a rate may be a share of saturation (``inf,20%,50%``:
-each share of the requests/s that the sweep's ``inf`` run achieved, run after it). ``--max-concurrency`` caps the requests in flight. Per request:
+each share of the requests/s that the sweep's ``inf`` run achieved, run after it). ``--max-concurrency`` caps
+the requests in flight. Per request:
 the time to embedding (from sending it to its whole answer read) and the server's queueing delay (its
 ``X-Queue-Delay-Ms``: admission to the first batch holding one of its items). Every answer is checked (one tensor
 per item, of its tokens and width). Refusals (429, 503) are counted apart from failures. Each answered request's
