@@ -13,6 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from glmvit.cli.bench_serve import rate_label  # noqa: E402 - the repository's own package, by path
 from glmvit.records import (  # noqa: E402 - the repository's own package, by path
     BenchRecord,
     InterpRecord,
@@ -214,7 +215,7 @@ def serve_lines() -> list[str]:
     """The served encoder under load (``python -m glmvit bench-serve``): the seed's serve workload, and a rate sweep."""
     lines = ["**Served under load** (`python -m glmvit bench-serve --spawn`, one H200, over HTTP on loopback; "
              "time to embedding from request sent to answer read):", "",
-             "| workload | mode | rate | req/s | items/s | of floor rate | TTE median (P99) | queue median | "
+             "| workload | mode | rate sent, req/s (share of saturation) | req/s | items/s | of floor rate | TTE median (P99) | queue median | "
              "items per batch |", "|---|---|---|---|---|---|---|---|---|"]
     for name in ("serve_video8x224", "serve_mixed_av"):
         if not (BENCH / f"{name}_h200.json").exists():
@@ -225,7 +226,7 @@ def serve_lines() -> list[str]:
         for r in record.runs:
             floor = f"{r['vs_floor']:.0%}" if r.get("vs_floor") else ""
             lines.append(f"| {record.settings['workload']} (`{name}_h200.json` @ {record.provenance.short_commit}"
-                         f"{mark(record)}) | {r['mode']} | {r['request_rate']} | {r['requests_per_s']:.1f} | "
+                         f"{mark(record)}) | {r['mode']} | {rate_label(r)} | {r['requests_per_s']:.1f} | "
                          f"{r['items_per_s']:.1f} | {floor} | {ms(r['tte_ms']['median'])} ({ms(r['tte_ms']['p99'])}) | "
                          f"{ms(r['queue_ms']['median'])} | {r['server']['items_per_batch']:.1f} |")
     return lines
