@@ -633,3 +633,16 @@ def test_plan_its_help_and_the_explorer_give_the_same_default_max_items(app, tmp
     explored = app._configs()[0].max_items
     assert planned == explored == min(hi // lo, budgets[0]) == default_max_items(budgets) == app.max_items.value
     assert app.max_items_auto.value
+
+
+def test_the_committed_explorer_picture_draws_what_the_explorer_computes_now():
+    """notebooks/explorer_pr40576.png is committed beside the notebook, and the numbers it draws (the JSON beside it)
+    are what tools/explorer_picture.py gets from the explorer now: a change to packing, the cost model, the recorded
+    table or the page fails here until the picture is redrawn."""
+    from tools.explorer_picture import NUMBERS, PICTURE, draw, numbers
+
+    assert PICTURE.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", PICTURE
+    committed = json.loads(NUMBERS.read_text())
+    assert committed == numbers(), "the picture is stale: run python tools/explorer_picture.py"
+    assert [s["name"] for s in committed["sets"]] == ["PR 40576", "auto (vLLM)", "Recommend"]
+    assert len(draw(committed).axes) == 5  # four panels and the budgets below them
