@@ -132,9 +132,11 @@ class VisionInputs:
 
     @classmethod
     def concat(cls, inputs: list["VisionInputs"]) -> "VisionInputs":
-        """One batch holding every item of ``inputs``, in order."""
+        """One batch holding every item of ``inputs``, in order (one VisionInputs: itself, its rows not copied)."""
         if not inputs:
             raise ValueError("VisionInputs.concat needs at least one VisionInputs")
+        if len(inputs) == 1:
+            return inputs[0]
         return cls(
             pixel_values=torch.cat([x.pixel_values for x in inputs]),
             grid_thw=torch.cat([x.grid_thw for x in inputs]),
@@ -497,11 +499,24 @@ def _check_frame_count(clip: _Clip, frames: int, max_pixels: int) -> None:
                          f"frames (a lower fps)")
 
 
+def _normalised_levels() -> np.ndarray:
+    """(3, 256) float32: what ``Glm4vImageProcessorPil`` makes of each uint8 level v in each channel c —
+    v × 1/255 in float64, rounded to float32, then (x − mean_c) / std_c in float32."""
+    scaled = (np.arange(256, dtype=np.float64) * (1 / 255)).astype(np.float32)
+    return (scaled[None, :] - _MEAN[:, None]) / _STD[:, None]
+
+
+# A uint8 channel has 256 levels, and every step after the resize acts on one value at a time: looking each
+# resized value up in this table is bitwise the processor's float arithmetic, at a fraction of its cost (one
+# gather instead of four passes over float64 and float32 copies of the frame).
+_LEVELS = _normalised_levels()
+
+
 def _pil_frame(frame: Frame, height: int, width: int) -> np.ndarray:
-    """Exactly the steps of ``Glm4vImageProcessorPil``: PIL bicubic, × 1/255 in float64 → float32, normalise."""
+    """Exactly the steps of ``Glm4vImageProcessorPil``: PIL bicubic, × 1/255 in float64 → float32, normalise
+    (the last two as one lookup in :data:`_LEVELS`); (3, height, width) float32."""
     resized = np.asarray(Image.fromarray(frame).resize((width, height), Image.Resampling.BICUBIC))
-    scaled = (resized.astype(np.float64) * (1 / 255)).astype(np.float32)
-    return ((scaled - _MEAN) / _STD).transpose(2, 0, 1)
+    return np.stack([np.take(_LEVELS[c], resized[..., c]) for c in range(3)])
 
 
 def _torchvision_resizer() -> Resizer:
