@@ -1,7 +1,8 @@
 """Images and videos → pixel rows [rows, 1176] and grids [t, h, w] for the GLM-4V vision encoder.
 
-Images go through transformers' own ``Glm4vImageProcessorPil`` (explicitly: no torchvision fallback warning), fed
-RGB images converted here, so that the result is the same on every transformers ≥ 5.4:
+Images get the steps of transformers' ``Glm4vImageProcessorPil`` (its ``smart_resize`` size, PIL bicubic, then
+its rescale and normalisation as one exact table lookup; tests/test_processing.py compares the two bitwise), fed RGB
+images converted here, so that the result is the same on every transformers ≥ 5.4:
 
 - transparency is composited on white, as transformers' ``convert_to_rgb`` does for PIL images since it learned
   to (5.24 does; 5.4 and 5.17 drop the alpha channel, and its ``load_image`` drops it for paths on every version):
@@ -18,11 +19,15 @@ over the sampled frame count, bicubic resize, rescale and CLIP normalisation, an
 are temporal patches). Files are read by :mod:`glmvit.video`, which decodes only up to the last sampled frame and
 holds one decoded frame at a time.
 
+Both stop after the resize in :class:`VisionFrames` (uint8 frames: what ``glmvit serve``'s decode workers hand
+over); :func:`rows_from_frames`, on any device, makes the pixel rows of :class:`VisionInputs` from them.
+
 Why one module of this length: images and videos end in the same VisionInputs and share the resize, the
 conversion to RGB and the patchify; file decoding for videos lives in :mod:`glmvit.video`.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
@@ -37,7 +42,6 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
-from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil
 
 from . import video as video_files
 from .files import file_kind
@@ -59,6 +63,10 @@ from .video import MAX_DECODED_PIXELS, PIL_ERRORS
 
 __all__ = [
     "VisionInputs",
+    "VisionFrames",
+    "rows_from_frames",
+    "image_frames",
+    "video_frames",
     "process_images",
     "process_video",
     "sample_frame_indices_glm41v",
@@ -145,6 +153,29 @@ class VisionInputs:
             sources=[s for x in inputs for s in x.sources],
             frame_indices=[f for x in inputs for f in x.frame_indices],
         )
+
+
+@dataclass
+class VisionFrames:
+    """Items after the resize, before normalisation: ``frames[i]`` is item i's (F, H, W, 3) uint8 RGB frames (an
+    image: F = 1), the other fields as :class:`VisionInputs`'. ``levels`` is the normalisation's (3, 256) table
+    (None: the image processor's); :meth:`inputs` makes the pixel rows."""
+
+    frames: list[torch.Tensor]
+    grid_thw: torch.Tensor  # long [items, 3]
+    kinds: list[str]
+    timestamps: list[list[float] | None]
+    sources: list[str | None]
+    frame_indices: list[list[int] | None]
+    levels: torch.Tensor | None = None
+
+    def inputs(self, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> VisionInputs:
+        """The items' pixel rows (:func:`rows_from_frames`) in ``dtype`` on ``device`` (None: the frames')."""
+        rows = [rows_from_frames(f if device is None else f.to(device), kind, dtype, self.levels)
+                for f, kind in zip(self.frames, self.kinds, strict=True)]
+        return VisionInputs(pixel_values=rows[0] if len(rows) == 1 else torch.cat(rows), grid_thw=self.grid_thw,
+                            kinds=self.kinds, timestamps=self.timestamps, sources=self.sources,
+                            frame_indices=self.frame_indices)
 
 
 def _check_pixel_bounds(min_pixels: int, max_pixels: int) -> None:
@@ -241,44 +272,46 @@ def _load_image(item, index: int, max_frame_pixels: int) -> tuple[Image.Image, s
     raise TypeError(f"{name}: expected a path, a PIL image or an HWC uint8 array, got {type(item).__name__}")
 
 
-def _check_image_size(image: Image.Image, name: str, min_pixels: int, max_pixels: int) -> None:
-    """The processor's resize rule, run first so that a size it refuses is an error naming the image."""
+def _check_image_size(image: Image.Image, name: str, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """The processor's resize rule (an image counts as two frames), an error naming the image: (height, width)."""
     try:
-        smart_resize(image.height, image.width, min_pixels=min_pixels, max_pixels=max_pixels)
+        return smart_resize(image.height, image.width, min_pixels=min_pixels, max_pixels=max_pixels)
     except ValueError as err:
         raise ValueError(f"{name}: {err}") from err
 
 
-def process_images(images, min_pixels: int = IMAGE_MIN_PIXELS, max_pixels: int = IMAGE_MAX_PIXELS, *,
-                   max_frame_pixels: int = MAX_FRAME_PIXELS) -> VisionInputs:
-    """Images (paths, PIL images or HWC uint8 arrays; one or a list) through ``Glm4vImageProcessorPil``.
+def image_frames(images, min_pixels: int = IMAGE_MIN_PIXELS, max_pixels: int = IMAGE_MAX_PIXELS, *,
+                 max_frame_pixels: int = MAX_FRAME_PIXELS) -> VisionFrames:
+    """Images (paths, PIL images or HWC uint8 arrays; one or a list) resized as ``Glm4vImageProcessorPil`` resizes
+    them: its ``smart_resize`` size, PIL bicubic on the RGB picture; each a (1, H, W, 3) uint8 frame.
 
-    One image at a time is decoded and processed (the processor treats each image alone, so the batch is the same):
-    memory holds one decoded picture, whatever the number of images. A picture of more than ``max_frame_pixels``
-    (width × height, read from a file's header before decoding) is refused.
+    One image at a time is decoded and resized: memory holds one decoded picture, whatever the number of images. A
+    picture of more than ``max_frame_pixels`` (width × height, read from a file's header before decoding) is refused.
     """
     _check_pixel_bounds(min_pixels, max_pixels)
     if isinstance(images, (str, Path, Image.Image, np.ndarray)):
         images = [images]
     if not images:
         raise ValueError("process_images needs at least one image")
-    processor = Glm4vImageProcessorPil(size={"shortest_edge": min_pixels, "longest_edge": max_pixels})
-    pixels, grids, sources = [], [], []
+    frames, grids, sources = [], [], []
     for i, item in enumerate(images):
         image, source = _load_image(item, i, max_frame_pixels)
-        _check_image_size(image, f"image {i}" + (f" ({source})" if source else ""), min_pixels, max_pixels)
-        out = processor([image], return_tensors="pt")
+        height, width = _check_image_size(image, f"image {i}" + (f" ({source})" if source else ""), min_pixels,
+                                          max_pixels)
+        resized = np.array(image.resize((width, height), Image.Resampling.BICUBIC))  # writable: torch shares it
         del image
-        pixels.append(out["pixel_values"])
-        grids.append(out["image_grid_thw"].long())
+        frames.append(torch.from_numpy(resized[None]))
+        grids.append([1, height // PATCH, width // PATCH])
         sources.append(source)
-    return VisionInputs(
-        pixel_values=torch.cat(pixels),
-        grid_thw=torch.cat(grids),
-        kinds=["image"] * len(sources),
-        timestamps=[None] * len(sources),
-        sources=sources,
-    )
+    return VisionFrames(frames, torch.tensor(grids), ["image"] * len(sources), [None] * len(sources), sources,
+                        [None] * len(sources))
+
+
+def process_images(images, min_pixels: int = IMAGE_MIN_PIXELS, max_pixels: int = IMAGE_MAX_PIXELS, *,
+                   max_frame_pixels: int = MAX_FRAME_PIXELS) -> VisionInputs:
+    """Images (paths, PIL images or HWC uint8 arrays; one or a list) as ``Glm4vImageProcessorPil`` makes them,
+    float32 rows (:func:`image_frames`, then :func:`rows_from_frames`)."""
+    return image_frames(images, min_pixels, max_pixels, max_frame_pixels=max_frame_pixels).inputs()
 
 
 # --- patchify ----------------------------------------------------------------------------------------------------
@@ -311,6 +344,54 @@ def patchify_video(video: torch.Tensor) -> torch.Tensor:
     x = video.reshape(f // TEMPORAL, TEMPORAL, c, gh // MERGE, MERGE, PATCH, gw // MERGE, MERGE, PATCH)
     x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)  # (F/2, gh/2, gw/2, mh, mw, C, T, py, px)
     return x.reshape(f // TEMPORAL * gh * gw, c * TEMPORAL * PATCH * PATCH)
+
+
+def _normalised_levels() -> np.ndarray:
+    """(3, 256) float32: what ``Glm4vImageProcessorPil`` makes of each uint8 level v in each channel c —
+    v × 1/255 in float64, rounded to float32, then (x − mean_c) / std_c in float32."""
+    scaled = (np.arange(256, dtype=np.float64) * (1 / 255)).astype(np.float32)
+    return (scaled[None, :] - _MEAN[:, None]) / _STD[:, None]
+
+
+# A uint8 channel has 256 levels, and every step after the resize acts on one value at a time: looking each
+# resized value up in this table is bitwise the processor's float arithmetic, at a fraction of its cost (one
+# gather instead of four passes over float64 and float32 copies of the frame).
+_LEVELS = torch.from_numpy(_normalised_levels())
+
+
+@functools.lru_cache(maxsize=None)
+def _levels_on(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """:data:`_LEVELS` in ``dtype`` on ``device``, flat (3·256): moved there once."""
+    return _LEVELS.to(device=device, dtype=dtype).reshape(-1)
+
+
+_CHANNEL_VALUES = TEMPORAL * PATCH * PATCH  # the values of one channel in a row: a row is channel-major
+
+
+def rows_from_frames(frames: torch.Tensor, kind: str, dtype: torch.dtype = torch.float32,
+                     levels: torch.Tensor | None = None) -> torch.Tensor:
+    """One item's (F, H, W, 3) uint8 resized frames (an image: F = 1) → its (rows, 1176) pixel rows in ``dtype``,
+    on the frames' device: each value normalised by a lookup in ``levels`` ((3, 256): channel c's result for each
+    uint8 level; None: the image processor's), patchified as :func:`patchify_image` / :func:`patchify_video`.
+
+    Bitwise the same on every device: the uint8 values are only moved (patchify), then each becomes a copy of its
+    table entry, and the table is cast to ``dtype`` before the gather, which equals casting the float32 rows after
+    (a cast rounds each value alone). No arithmetic on the pixels runs on the device.
+    """
+    if frames.dtype != torch.uint8 or frames.ndim != 4 or frames.shape[3] != 3:
+        raise ValueError(f"frames must be (F, H, W, 3) uint8, got {str(frames.dtype).removeprefix('torch.')} "
+                         f"{tuple(frames.shape)}")
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if kind == "image" and frames.shape[0] != 1:
+        raise ValueError(f"an image is one frame, got {frames.shape[0]}")
+    chw = frames.permute(0, 3, 1, 2)  # a view: patchify copies once, one byte a value
+    rows = patchify_image(chw[0]) if kind == "image" else patchify_video(chw)
+    table = _levels_on(frames.device, dtype) if levels is None else levels.to(frames.device, dtype).reshape(-1)
+    offsets = torch.arange(0, 3 * 256, 256, dtype=torch.int32, device=frames.device)
+    index = rows.int() + offsets.repeat_interleave(_CHANNEL_VALUES)
+    # index_select on int32: on a CPU a fraction of advanced indexing's or torch.take's time
+    return table.index_select(0, index.reshape(-1)).reshape(rows.shape)
 
 
 # --- frame sampling ----------------------------------------------------------------------------------------------
@@ -424,7 +505,7 @@ def sample_frame_indices_glm46v(total_frames: int, video_fps: float, duration: f
 # --- videos ------------------------------------------------------------------------------------------------------
 
 Frame = np.ndarray  # (H, W, 3) uint8 RGB
-Resizer = Callable[[Frame, int, int], np.ndarray]  # (frame, height, width) → (3, height, width) float32
+Resizer = Callable[[Frame, int, int], np.ndarray]  # (frame, height, width) → (height, width, 3) uint8
 
 
 @dataclass
@@ -499,46 +580,34 @@ def _check_frame_count(clip: _Clip, frames: int, max_pixels: int) -> None:
                          f"frames (a lower fps)")
 
 
-def _normalised_levels() -> np.ndarray:
-    """(3, 256) float32: what ``Glm4vImageProcessorPil`` makes of each uint8 level v in each channel c —
-    v × 1/255 in float64, rounded to float32, then (x − mean_c) / std_c in float32."""
-    scaled = (np.arange(256, dtype=np.float64) * (1 / 255)).astype(np.float32)
-    return (scaled[None, :] - _MEAN[:, None]) / _STD[:, None]
-
-
-# A uint8 channel has 256 levels, and every step after the resize acts on one value at a time: looking each
-# resized value up in this table is bitwise the processor's float arithmetic, at a fraction of its cost (one
-# gather instead of four passes over float64 and float32 copies of the frame).
-_LEVELS = _normalised_levels()
-
-
 def _pil_frame(frame: Frame, height: int, width: int) -> np.ndarray:
-    """Exactly the steps of ``Glm4vImageProcessorPil``: PIL bicubic, × 1/255 in float64 → float32, normalise
-    (the last two as one lookup in :data:`_LEVELS`); (3, height, width) float32."""
-    resized = np.asarray(Image.fromarray(frame).resize((width, height), Image.Resampling.BICUBIC))
-    return np.stack([np.take(_LEVELS[c], resized[..., c]) for c in range(3)])
+    """The resize of ``Glm4vImageProcessorPil``: PIL bicubic; (height, width, 3) uint8 (its normalisation is
+    :data:`_LEVELS`)."""
+    return np.asarray(Image.fromarray(frame).resize((width, height), Image.Resampling.BICUBIC))
 
 
-def _torchvision_resizer() -> Resizer:
-    """The video processors' steps: torchvision's antialiased bicubic on uint8, then their fused normalisation
-    (float32 (x − 255·mean) / (255·std), the factors built as theirs)."""
+def _torchvision_resizer() -> tuple[Resizer, torch.Tensor]:
+    """The video processors' steps: torchvision's antialiased bicubic on uint8, and the (3, 256) table of their fused
+    normalisation (float32 (x − 255·mean) / (255·std), the factors built as theirs; elementwise, so their own call
+    on the 256 levels gives each value's result exactly)."""
     try:
         from torchvision.transforms.v2 import functional as tvF
     except ImportError as err:
         raise ValueError("resize='torchvision' needs torchvision (pip install torchvision); or resize='pil'") from err
     mean = torch.tensor(OPENAI_CLIP_MEAN) * (1.0 / (1 / 255))
     std = torch.tensor(OPENAI_CLIP_STD) * (1.0 / (1 / 255))
+    levels = tvF.normalize(torch.arange(256, dtype=torch.float32).repeat(3, 1, 1), mean, std).reshape(3, 256)
 
     def resize(frame: Frame, height: int, width: int) -> np.ndarray:
         chw = torch.from_numpy(np.array(frame.transpose(2, 0, 1), order="C"))  # a writable contiguous copy
         resized = tvF.resize(chw, [height, width], interpolation=tvF.InterpolationMode.BICUBIC, antialias=True)
-        return tvF.normalize(resized.to(torch.float32), mean, std).numpy()
+        return resized.permute(1, 2, 0).numpy()
 
-    return resize
+    return resize, levels
 
 
 def _resample(clip: _Clip, indices: list[int], resizer: Resizer, min_pixels: int, max_pixels: int) -> np.ndarray:
-    """(F, 3, h, w) float32 normalised frames for ``indices``, decoding and resizing one frame at a time."""
+    """(F, h, w, 3) uint8 resized frames for ``indices``, decoding and resizing one frame at a time."""
     slots = defaultdict(list)
     for k, index in enumerate(indices):
         slots[index].append(k)
@@ -546,7 +615,7 @@ def _resample(clip: _Clip, indices: list[int], resizer: Resizer, min_pixels: int
     first = next(frames)  # its size sets the resize for all: the video processors resize a stack of frames
     shape = first[1].shape
     height, width = _video_size(clip, shape, len(indices), min_pixels, max_pixels)
-    out = np.empty((len(indices), 3, height, width), np.float32)
+    out = np.empty((len(indices), height, width, 3), np.uint8)
     for index, frame in itertools.chain([first], frames):
         if frame.shape != shape:
             raise ValueError(f"{clip.name}: frame {index} is {frame.shape[1]}×{frame.shape[0]}, the first sampled "
@@ -571,6 +640,39 @@ def _check_video_args(rule: str, fps: float | None, resize: str, min_pixels: int
     if resize not in RESIZES:
         raise ValueError(f"resize must be one of {RESIZES}, got {resize!r}")
     _check_pixel_bounds(min_pixels, max_pixels)
+
+
+def video_frames(
+    video,
+    fps: float | None = None,
+    rule: str = "glm41v",
+    min_pixels: int = IMAGE_MIN_PIXELS,
+    max_pixels: int = VIDEO_MAX_PIXELS,
+    video_fps: float | None = None,
+    *,
+    duration: float | None = None,
+    resize: str = "pil",
+    max_decoded_pixels: int = MAX_DECODED_PIXELS,
+    max_frame_pixels: int = MAX_FRAME_PIXELS,
+) -> VisionFrames:
+    """:func:`process_video` stopped after the resize: the video item's (F, H, W, 3) uint8 frames, with its grid,
+    timestamps, frame indices and the normalisation's table."""
+    _check_video_args(rule, fps, resize, min_pixels, max_pixels)
+    resizer, levels = (_pil_frame, None) if resize == "pil" else _torchvision_resizer()
+    clip = _open_clip(video, video_fps, duration, max_decoded_pixels, max_frame_pixels)
+    indices = _sample(clip, rule, fps)
+    _check_frame_count(clip, len(indices), max_pixels)
+    frames = _resample(clip, indices, resizer, min_pixels, max_pixels)
+    _, height, width, _ = frames.shape
+    return VisionFrames(
+        frames=[torch.from_numpy(frames)],
+        grid_thw=torch.tensor([[len(indices) // TEMPORAL, height // PATCH, width // PATCH]]),
+        kinds=["video"],
+        timestamps=[[indices[k] / clip.fps for k in range(0, len(indices), TEMPORAL)]],
+        sources=[clip.source],
+        frame_indices=[indices],
+        levels=levels,
+    )
 
 
 def process_video(
@@ -608,21 +710,8 @@ def process_video(
     (frames × width × height), or a frame of more than ``max_frame_pixels``, is refused with
     :class:`glmvit.video.DecodeLimitError`, from the file's header before decoding where it tells.
     """
-    _check_video_args(rule, fps, resize, min_pixels, max_pixels)
-    resizer = _pil_frame if resize == "pil" else _torchvision_resizer()
-    clip = _open_clip(video, video_fps, duration, max_decoded_pixels, max_frame_pixels)
-    indices = _sample(clip, rule, fps)
-    _check_frame_count(clip, len(indices), max_pixels)
-    pixels = _resample(clip, indices, resizer, min_pixels, max_pixels)
-    _, _, height, width = pixels.shape
-    return VisionInputs(
-        pixel_values=patchify_video(torch.from_numpy(pixels)),
-        grid_thw=torch.tensor([[len(indices) // TEMPORAL, height // PATCH, width // PATCH]]),
-        kinds=["video"],
-        timestamps=[[indices[k] / clip.fps for k in range(0, len(indices), TEMPORAL)]],
-        sources=[clip.source],
-        frame_indices=[indices],
-    )
+    return video_frames(video, fps, rule, min_pixels, max_pixels, video_fps, duration=duration, resize=resize,
+                        max_decoded_pixels=max_decoded_pixels, max_frame_pixels=max_frame_pixels).inputs()
 
 
 SAMPLE_DATA = Path(__file__).resolve().parents[1] / "data"  # the repository's sample photographs and clip

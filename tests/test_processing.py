@@ -24,6 +24,7 @@ from glmvit.processing import (
     patchify_video,
     process_images,
     process_video,
+    rows_from_frames,
     sample_frame_indices_glm41v,
     sample_frame_indices_glm46v,
 )
@@ -188,6 +189,45 @@ def test_patchify_image_equals_the_processor():
     )
     assert expected["image_grid_thw"].tolist() == [[1, 4, 6]]
     assert torch.equal(patchify_image(image), expected["pixel_values"])
+
+
+def _normalised(frames):
+    """The processor's float arithmetic on (F, H, W, 3) uint8: × 1/255 in float64 → float32, then (x − mean) / std
+    in float32; (F, 3, H, W)."""
+    from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+
+    scaled = (frames.astype(np.float64) * (1 / 255)).astype(np.float32)
+    normed = (scaled - np.array(OPENAI_CLIP_MEAN, np.float32)) / np.array(OPENAI_CLIP_STD, np.float32)
+    return torch.from_numpy(np.ascontiguousarray(normed.transpose(0, 3, 1, 2)))
+
+
+# (frames, height, width): grids with odd merged sides (3 × 5, 5 × 1, 1 × 1), a single pair, longer clips
+@pytest.mark.parametrize("shape", [(1, 84, 140), (1, 140, 28), (1, 28, 28), (2, 28, 28), (4, 56, 84), (6, 140, 28)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rows_from_frames_equal_the_float_path(shape, dtype):
+    """The uint8 frames' rows (a lookup, then patchify) are bitwise the processor's float arithmetic patchified,
+    cast to dtype after: for a video, and for each frame as an image (oracle for images: the processor itself)."""
+    f, h, w = shape
+    frames = np.random.default_rng(list(shape)).integers(0, 256, (f, h, w, 3), dtype=np.uint8)
+    floats = _normalised(frames)
+    for k in range(f):
+        got = rows_from_frames(torch.from_numpy(frames[k : k + 1]), "image", dtype)
+        assert got.dtype == dtype and torch.equal(got, patchify_image(floats[k]).to(dtype))
+    if f == 1:
+        oracle = Glm4vImageProcessorPil()(frames[0], do_resize=False, return_tensors="pt")["pixel_values"]
+        assert torch.equal(rows_from_frames(torch.from_numpy(frames), "image"), oracle)
+    else:
+        got = rows_from_frames(torch.from_numpy(frames), "video", dtype)
+        assert got.dtype == dtype and torch.equal(got, patchify_video(floats).to(dtype))
+
+
+def test_rows_from_frames_rejects_what_is_not_uint8_frames():
+    with pytest.raises(ValueError, match=r"frames must be \(F, H, W, 3\) uint8, got float32"):
+        rows_from_frames(torch.zeros(1, 28, 28, 3), "image")
+    with pytest.raises(ValueError, match="an image is one frame, got 2"):
+        rows_from_frames(torch.zeros(2, 28, 28, 3, dtype=torch.uint8), "image")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        rows_from_frames(torch.zeros(2, 28, 28, 3, dtype=torch.uint8), "clip")
 
 
 def test_patchify_video_follows_the_index_formula():

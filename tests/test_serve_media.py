@@ -222,12 +222,12 @@ async def post_json(url, body):
 
 
 def test_a_slow_decode_times_out_alone_and_delays_no_other_request(tiny_model):
-    """Two 4096² pictures (seconds to decode) time out and their worker is replaced; a small request sent while
-    they decode is answered first, by the other worker; the next request is served as usual."""
-    decode = DecodePool(2, 8, 1.5, MEDIA_MODULES).start()
+    """Four 4096² pictures (seconds to decode and resize) time out and their worker is replaced; a small request
+    sent while they decode is answered first, by the other worker; the next request is served as usual."""
+    decode = DecodePool(2, 8, 1.0, MEDIA_MODULES).start()
     wait_until(lambda: decode.ready == 2, "two decode workers started")
     service = media_service(tiny_model, decode, MediaLimits(max_frame_pixels=4096 * 4096, max_request_pixels=2**26))
-    big = json.dumps({"content": [image_part(data_url(png_of_zeros(4096), "png"))] * 2}).encode()
+    big = json.dumps({"content": [image_part(data_url(png_of_zeros(4096), "png"))] * 4}).encode()
     small = json.dumps({"content": [image_part(data_url(encode_image(noise((56, 56, 3), 1)), "jpeg"))]}).encode()
     try:
         with ServerThread(service) as server:
@@ -249,7 +249,7 @@ def test_a_slow_decode_times_out_alone_and_delays_no_other_request(tiny_model):
     finally:
         decode.close(30)
     assert quick[0] == 200 and done["small"] < done["big"], quick[2]
-    assert slow[0] == 413 and "decoding took more than 1.5 s" in json.loads(slow[2])["error"], slow[2]
+    assert slow[0] == 413 and "decoding took more than 1 s" in json.loads(slow[2])["error"], slow[2]
     assert after[0] == 200
     assert metrics["timeouts"] == 1 and metrics["replaced"] == 1
     wait_until(lambda: decode.ready == 2, "the worker replaced")
@@ -437,18 +437,46 @@ def test_after_sigterm_an_idle_keep_alive_connection_gets_a_503_while_a_request_
     assert in_flight[0] == 200
 
 
-def test_decoded_rows_are_handed_over_in_the_shared_folder_given(tmp_path):
-    """prepare_media writes the rows under the folder the server names (its temporary directory for the files
-    must not take that name's place: the rows then went through the pipe as bytes)."""
+def test_decoded_frames_are_handed_over_in_the_shared_folder_given(tmp_path):
+    """prepare_media writes the frames under the folder the server names (its temporary directory for the files
+    must not take that name's place: the frames then went through the pipe as bytes)."""
     from glmvit.cli.serve_media import prepare_media
 
     picture = np.random.default_rng(0).integers(0, 256, (56, 56, 3), dtype=np.uint8)
     url = data_url(encode_image(picture, "png"), "png")
     body = json.dumps({"content": [{"type": "image_url", "image_url": {"url": url}}]})
-    media = prepare_media("json", body.encode(), MediaLimits(), 4, dtype="float32", folder=str(tmp_path))
-    assert media.pixel_values.path is not None and os.path.dirname(media.pixel_values.path) == str(tmp_path)
-    rows = media.pixel_values.tensor()
+    media = prepare_media("json", body.encode(), MediaLimits(), 4, folder=str(tmp_path))
+    assert media.frames.path is not None and os.path.dirname(media.frames.path) == str(tmp_path)
+    rows = media.rows("cpu", torch.float32)
     assert rows.shape[0] == int(np.prod(media.grid_thw, axis=1).sum()) and os.listdir(tmp_path) == []
+
+
+def test_a_request_hands_over_its_resized_frames_as_uint8(tmp_path):
+    """The worker stops after the resize: what crosses is each item's uint8 frames, one byte a value (a video's
+    float32 rows hold four bytes for each), and the server's rows from them are encode's rows bitwise."""
+    from glmvit.cli.encode import load
+    from glmvit.cli.serve_media import prepare_media
+
+    files = [f for f in media_files() if f[0] in ("a.jpg", "e.mp4", "f.gif")]
+    media = prepare_media("files", [(name, data) for name, data, _ in files], MediaLimits(), 4, folder=str(tmp_path))
+    assert media.frames.dtype == "uint8" and media.kinds == ["image"] + ["video"] * (len(files) - 1)
+    nbytes = os.path.getsize(media.frames.path)
+    assert nbytes == sum(int(np.prod(s)) for s in media.shapes) and all(s[3] == 3 for s in media.shapes)
+    grids = media.grid_thw.tolist()
+    for (t, h, w), (f, height, width, _), kind in zip(grids, media.shapes, media.kinds, strict=True):
+        assert (height, width) == (h * 14, w * 14) and f == (1 if kind == "image" else 2 * t)
+    video_values = sum(int(np.prod(s)) for s, k in zip(media.shapes, media.kinds, strict=True) if k == "video")
+    video_rows = sum(t * h * w for (t, h, w), k in zip(grids, media.kinds, strict=True) if k == "video")
+    assert video_rows * 1176 * 4 == 4 * video_values  # float32 rows: four times the bytes handed over
+    expected = []
+    for k, (name, data, _) in enumerate(files):
+        path = tmp_path / f"{k}{os.path.splitext(name)[1]}"
+        path.write_bytes(data)
+        expected.append(load(path, media.kinds[k]).pixel_values)
+    for dtype in (torch.float32, torch.bfloat16):
+        if dtype != torch.float32:
+            media = prepare_media("files", [(n, d) for n, d, _ in files], MediaLimits(), 4, folder=str(tmp_path))
+        assert torch.equal(media.rows("cpu", dtype), torch.cat(expected).to(dtype))
 
 
 def test_a_killed_decode_workers_temporary_files_are_removed():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..processing import VisionInputs
+from ..processing import VisionFrames, VisionInputs
 
 
 def item_record(source: str | None, sha256: str, kind: str, grid_thw: list[int], tokens: int,
@@ -17,8 +17,9 @@ def item_record(source: str | None, sha256: str, kind: str, grid_thw: list[int],
             "frame_indices": frame_indices, "timestamps": timestamps}
 
 
-def inputs_record(source: str | None, sha256: str, inputs: VisionInputs, tokens: int) -> dict[str, Any]:
-    """:func:`item_record` of a one-item :class:`~glmvit.processing.VisionInputs` (one processed file)."""
+def inputs_record(source: str | None, sha256: str, inputs: VisionInputs | VisionFrames, tokens: int) -> dict[str, Any]:
+    """:func:`item_record` of a one-item :class:`~glmvit.processing.VisionInputs` or
+    :class:`~glmvit.processing.VisionFrames` (one processed file)."""
     return item_record(source, sha256, inputs.kinds[0], inputs.grid_thw[0].tolist(), tokens,
                        inputs.frame_indices[0], inputs.timestamps[0])
 

@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 from .. import video
 from ..geometry import MAX_FRAME_PIXELS, check_frame_pixels, smart_resize
 from ..model import GlmVisionEncoder
-from ..processing import IMAGE_SUFFIXES, VisionInputs, process_images, process_video
+from ..processing import IMAGE_SUFFIXES, VisionFrames, VisionInputs, image_frames, video_frames
 from ..provenance import collect, weights_identity
 from .common import (
     Parser,
@@ -126,10 +126,16 @@ def load(path: Path, kind: str, max_frame_pixels: int = MAX_FRAME_PIXELS,
          max_decoded_pixels: int = video.MAX_DECODED_PIXELS) -> VisionInputs:
     """One checked file through the processor, within the pixel bounds (a video's frames decoded, sampled or not,
     count against ``max_decoded_pixels``); an error still names the file."""
+    return load_frames(path, kind, max_frame_pixels, max_decoded_pixels).inputs()
+
+
+def load_frames(path: Path, kind: str, max_frame_pixels: int = MAX_FRAME_PIXELS,
+                max_decoded_pixels: int = video.MAX_DECODED_PIXELS) -> VisionFrames:
+    """:func:`load` stopped after the resize: the item's uint8 frames (:class:`~glmvit.processing.VisionFrames`)."""
     try:
         if kind == "video":
-            return process_video(path, max_frame_pixels=max_frame_pixels, max_decoded_pixels=max_decoded_pixels)
-        return process_images([path], max_frame_pixels=max_frame_pixels)
+            return video_frames(path, max_frame_pixels=max_frame_pixels, max_decoded_pixels=max_decoded_pixels)
+        return image_frames([path], max_frame_pixels=max_frame_pixels)
     except (ValueError, OSError) as err:  # a decode bound's refusal stays one (the server answers it 413)
         text = str(err) if str(path) in str(err) else f"{path}: {err}"
         raise (video.DecodeLimitError if isinstance(err, video.DecodeLimitError) else ValueError)(text) from None

@@ -1,10 +1,10 @@
-"""Pixel rows handed from a decode worker to the server without a copy through a pipe.
+"""A tensor handed from a decode worker to the server without a copy through a pipe (a request's uint8 frames).
 
-A worker writes a request's rows, in the model's dtype, to a file of its own in a directory on ``/dev/shm`` (the
+A worker writes a request's tensor to a file of its own in a directory on ``/dev/shm`` (the
 pool's, made by :func:`shared_dir`; memory, not disk) and sends only its name; the server maps the file
-(copy-on-write: nothing is copied unless written) and unlinks it at once, so the rows live exactly as long as the
+(copy-on-write: nothing is copied unless written) and unlinks it at once, so the bytes live exactly as long as the
 tensor that views them. Where ``/dev/shm`` is missing or has less than :data:`MIN_FREE` bytes free, or a write
-fails (it filled up), the rows travel through the pipe as bytes instead. :func:`remove_shared_dir` removes what
+fails (it filled up), the bytes travel through the pipe instead. :func:`remove_shared_dir` removes what
 a killed worker may have left.
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ class PixelRows:
     """A tensor's shape and dtype, and its bytes: a file under a shared directory (``path``) or ``data``."""
 
     shape: tuple[int, ...]
-    dtype: str  # torch's name: float32, bfloat16, float16
+    dtype: str  # torch's name: uint8, float32, bfloat16, ...
     path: str | None = None
     data: bytes | None = None
 

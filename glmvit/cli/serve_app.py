@@ -12,8 +12,10 @@
   :mod:`glmvit.processing` makes them.
 
 Media (JSON and multipart) is checked, decoded and preprocessed as ``encode`` does, in decode worker processes
-(:mod:`glmvit.cli.decode_pool`), within per-request pixel and time bounds; their rows come back in the model's
-dtype through shared memory (:mod:`glmvit.cli.pixel_rows`). Pixel rows sent as safetensors are checked on a thread.
+(:mod:`glmvit.cli.decode_pool`), within per-request pixel and time bounds, up to the resize; their uint8 frames come
+back through shared memory (:mod:`glmvit.cli.pixel_rows`) and become pixel rows on the model's device, in its dtype,
+on a thread (:meth:`~glmvit.cli.serve_media.PreparedMedia.rows`). Pixel rows sent as safetensors are checked on a
+thread.
 Neither runs on the event loop or the scheduler's worker. It answers ``200`` with ``application/x-safetensors`` in
 ``encode --out``'s layout (tensors ``item_<i>``, float32; ``?dtype=model`` returns the model's dtype instead, half
 the bytes in bfloat16), with headers ``X-Request-Id``, ``X-Queue-Delay-Ms`` (admission to the first batch holding
@@ -188,7 +190,7 @@ def prepare_pixels(body: bytes, check: Callable[[torch.Tensor, Any], np.ndarray]
 
 def _discard_rows(future: Any) -> None:
     if not future.cancelled() and future.exception() is None:
-        future.result().pixel_values.discard()
+        future.result().frames.discard()
 
 
 DECODE_QUEUE = 1024  # requests waiting for a decoder; their bodies are bounded in bytes (max_held_bytes) as well
@@ -368,7 +370,7 @@ class EncoderService:
             del body
             try:
                 future = self.decode.submit(prepare_media, *payload, self.media, merge_area, self.limits.max_items,
-                                            str(self.model.dtype).removeprefix("torch."), self._pixel_dir())
+                                            self._pixel_dir())
             except DecodeBusy as err:
                 raise BadRequest(str(err), 429) from None
             del payload
@@ -383,11 +385,14 @@ class EncoderService:
                 raise BadRequest(f"the request's media: {err} (--decode-timeout)", 413) from None
             except WorkerDied as err:
                 raise BadRequest(f"internal error: {err}", 500) from None
-            prepared = Prepared(media.pixel_values.tensor(), torch.from_numpy(media.grid_thw), media.records)
-            # decode: everything from the body read to the rows here but the processor (the wait for a free
-            # decoder, the parse, the files' checks and first frames, the hand-over)
-            timing["preprocess"] = media.timing["preprocess"]
-            timing["decode"] = time.perf_counter() - read - media.timing["preprocess"]
+            handed = time.perf_counter()
+            rows = await loop.run_in_executor(self.pool, media.rows, self.model.device, self.model.dtype)
+            prepared = Prepared(rows, torch.from_numpy(media.grid_thw), media.records)
+            # preprocess: the worker's resizing, then the rows made on the model's device; decode: everything else
+            # from the body read to the frames here (the wait for a free decoder, the parse, the files' checks and
+            # first frames, the hand-over)
+            timing["preprocess"] = media.timing["preprocess"] + time.perf_counter() - handed
+            timing["decode"] = handed - read - media.timing["preprocess"]
             return prepared
         check = lambda pixels, grids: self.model.check_inputs(pixels, grids, check_finite=False)  # noqa: E731
         prepared = await loop.run_in_executor(self.pool, prepare_pixels, body, check, merge_area)
@@ -441,7 +446,7 @@ class EncoderService:
         return uploads
 
     def _pixel_dir(self) -> str | None:
-        """Where decode workers write rows for this service (:mod:`glmvit.cli.pixel_rows`), made on first use."""
+        """Where decode workers write frames for this service (:mod:`glmvit.cli.pixel_rows`), made on first use."""
         if not self._pixels:
             self._pixels.append(shared_dir())
         return self._pixels[0]

@@ -15,9 +15,10 @@ refused from its header before it is decoded; the pixels a request decodes (each
 to its last sampled one) past ``max_request_pixels``, refused before the item that would pass it is decoded.
 The time a request's decoding may take is the decode pool's (:mod:`glmvit.cli.decode_pool`).
 
-:func:`prepare_media` runs in a decode worker: it returns the items' pixel rows, grids and records, and where its
-time went (``decode``: the body parsed, each file's header and first frame checked and decoded; ``preprocess``: the
-processor: the rest of the decoding, resizing, normalising, patchifying), or raises :class:`MediaError`.
+:func:`prepare_media` runs in a decode worker: it returns the items' resized uint8 frames (a quarter of float32
+rows' bytes), grids and records, and where its time went (``decode``: the body parsed, each file's header and first
+frame checked and decoded; ``preprocess``: the rest of the decoding and the resizing), or raises
+:class:`MediaError`. The server makes the pixel rows on the model's device (:meth:`PreparedMedia.rows`).
 """
 from __future__ import annotations
 
@@ -39,9 +40,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .. import video
 from ..geometry import MAX_FRAME_PIXELS
-from ..processing import VisionInputs
+from ..processing import VisionFrames, rows_from_frames
 from .embedding_file import inputs_record
-from .encode import check_file, load
+from .encode import check_file, load_frames
 from .pixel_rows import PixelRows
 
 DATA_TYPES = {"image/jpeg": ".jpg", "image/jpg": ".jpg", "image/png": ".png", "image/webp": ".webp",
@@ -206,7 +207,7 @@ def _header_pixels(path: Path, kind: str, max_frame_pixels: int) -> int:
         return im.size[0] * im.size[1]
 
 
-def _load_item(label: str, path: Path, want: str | None, limits: MediaLimits, budget: _Budget) -> VisionInputs:
+def _load_item(label: str, path: Path, want: str | None, limits: MediaLimits, budget: _Budget) -> VisionFrames:
     start = time.perf_counter()
     try:
         kind = check_file(path, limits.max_frame_pixels)
@@ -218,7 +219,8 @@ def _load_item(label: str, path: Path, want: str | None, limits: MediaLimits, bu
             raise MediaError(f"{label}: decoding it would pass the request's max_request_pixels="
                              f"{limits.max_request_pixels:,} ({cost:,} pixels, {budget.left:,} left)", 413)
         mid = time.perf_counter()
-        inputs = load(path, kind, limits.max_frame_pixels, budget.left if kind == "video" else video.MAX_DECODED_PIXELS)
+        inputs = load_frames(path, kind, limits.max_frame_pixels,
+                             budget.left if kind == "video" else video.MAX_DECODED_PIXELS)
         if kind == "video":  # its frames up to the last sampled one were decoded
             info = video.probe(path, limits.max_frame_pixels)
             indices = inputs.frame_indices[0] if inputs.frame_indices else None
@@ -246,21 +248,33 @@ def _named(err: BaseException, path: Path, label: str) -> str:
 # ---- the worker's task --------------------------------------------------------------------------------------------
 @dataclass
 class PreparedMedia:
-    """A request's items as the scheduler takes them (the rows as :class:`~glmvit.cli.pixel_rows.PixelRows`),
-    with their records and the worker's time (seconds)."""
+    """A request's items resized: ``frames`` every item's (F, H, W, 3) uint8 frames (``shapes``; an image's F = 1),
+    one after another, flat, as :class:`~glmvit.cli.pixel_rows.PixelRows`; their grids, records and the worker's
+    time (seconds)."""
 
-    pixel_values: PixelRows
+    frames: PixelRows
+    shapes: list[tuple[int, int, int, int]]
+    kinds: list[str]
     grid_thw: np.ndarray
     records: list[dict[str, Any]]
     timing: dict[str, float] = field(default_factory=dict)
 
+    def rows(self, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+        """The items' pixel rows in ``dtype`` on ``device``, bitwise ``glmvit encode``'s rows cast to ``dtype``
+        (:func:`~glmvit.processing.rows_from_frames`): the frames cross to the device once, as uint8."""
+        flat = self.frames.tensor().to(device)
+        sizes = [int(np.prod(shape)) for shape in self.shapes]
+        rows = [rows_from_frames(f.reshape(shape), kind, dtype)
+                for f, shape, kind in zip(torch.split(flat, sizes), self.shapes, self.kinds, strict=True)]
+        return rows[0] if len(rows) == 1 else torch.cat(rows)
+
 
 def prepare_media(kind: str, payload: Any, limits: MediaLimits, merge_area: int, max_items: int | None = None,
-                  dtype: str = "float32", folder: str | None = None) -> PreparedMedia:
-    """Every item of a request decoded and preprocessed (``kind`` "json": a JSON body's bytes; "files": a
-    multipart request's [(name, bytes)]); a refused item raises MediaError (the module docstring), and so does a
-    request of more than ``max_items`` items (413, before any is decoded). The rows come in ``dtype`` (the model's:
-    rounded as the scheduler's staging would round them), in a file under ``folder`` if given."""
+                  folder: str | None = None) -> PreparedMedia:
+    """Every item of a request decoded and resized (``kind`` "json": a JSON body's bytes; "files": a multipart
+    request's [(name, bytes)]); a refused item raises MediaError (the module docstring), and so does a request of
+    more than ``max_items`` items (413, before any is decoded). The uint8 frames go to a file under ``folder`` if
+    given."""
     start = time.perf_counter()
     budget = _Budget(limits.max_request_pixels)
     loaded, records = [], []
@@ -297,9 +311,11 @@ def prepare_media(kind: str, payload: Any, limits: MediaLimits, merge_area: int,
             digest = hashlib.sha256(data if data is not None else path.read_bytes()).hexdigest()
             records.append(inputs_record(name, digest, inputs, tokens))
             loaded.append(inputs)
-    batch = VisionInputs.concat(loaded)
-    pixels = PixelRows.of(batch.pixel_values.to(getattr(torch, dtype)), folder)
-    return PreparedMedia(pixels, batch.grid_thw.numpy(), records,
+    frames = [f for item in loaded for f in item.frames]
+    flat = frames[0].reshape(-1) if len(frames) == 1 else torch.cat([f.reshape(-1) for f in frames])
+    shapes = [(f.shape[0], f.shape[1], f.shape[2], f.shape[3]) for f in frames]
+    return PreparedMedia(PixelRows.of(flat, folder), shapes, [k for item in loaded for k in item.kinds],
+                         torch.cat([item.grid_thw for item in loaded]).numpy(), records,
                          {"decode": parse_s + budget.decode_s, "preprocess": budget.preprocess_s})
 
 
