@@ -782,7 +782,11 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join([sys.executable, "-m", "glmvit", "bench-serve", *argv])
     workload = build_workload(args)
     body = "pixels" if args.in_process else args.body
+    made_at = time.perf_counter()
     args.media_bodies, made = media_bodies(workload, args.seed) if body == "media" else (None, None)
+    if made is not None:
+        print(f"bench-serve: {len(args.media_bodies or [])} media bodies made and checked in "
+              f"{time.perf_counter() - made_at:.1f} s", file=sys.stderr, flush=True)
     target = "url" if args.url else "spawn" if args.spawn else "in-process"
     record: dict[str, Any] = {
         "settings": {"target": target, "url": args.url, "modes": None if args.url else args.modes,

@@ -311,6 +311,7 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
             argv = [sys.executable, "-m", "glmvit", "bench-serve", "--url", url, "--wait-s", "900", *job.argv,
                     "--json", str(out)]
             print(f"[serve] {mode}: {' '.join(argv[1:])}", flush=True)
+            start = time.perf_counter()
             client = subprocess.Popen(argv, cwd=REPO)
             try:
                 if decode is None:
@@ -320,8 +321,14 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
                 floor = session.floor(model.device, DTYPES[sargs.dtype], None)
                 service = serve.build_service(sargs, f"python -m glmvit serve {' '.join(server_argv)}", model,
                                               floor, decode)
+                built = time.perf_counter() - start
                 with ServerThread(service, port=int(url.rsplit(":", 1)[1])):
+                    listening = time.perf_counter() - start
                     code = client.wait()
+                    answered = time.perf_counter() - start
+                print(f"[serve] {mode}: server built {built:.1f} s, listening {listening:.1f} s, client done "
+                      f"{answered:.1f} s, server drained {time.perf_counter() - start:.1f} s after the client's start "
+                      f"({decode.ready} decoders ready)", flush=True)
             finally:
                 if client.poll() is None:
                     client.kill()
