@@ -40,11 +40,12 @@ the worker. :meth:`~BatchScheduler.stats` reports queue delays, batch sizes and 
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -139,20 +140,28 @@ def _side_stream(device: torch.device) -> "torch.cuda.Stream":
     return streams[device]
 
 
-def stage(pixels: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """``pixels`` on ``device`` in ``dtype``, finished: safe to hand to another thread.
-
-    On CUDA the copy runs on this thread's own stream (not behind the replays queued on the default stream), and
-    the stream is synchronised before returning. The conversion rounds as the runner's copy into its bfloat16
-    buffer (or the eager forward's cast) would, so staged pixels give bitwise the results unstaged ones give.
-    """
-    if device.type != "cuda" or (pixels.device == device and pixels.dtype == dtype):
-        return pixels.to(device=device, dtype=dtype)
+@contextlib.contextmanager
+def finished_work(device: torch.device) -> Iterator[None]:
+    """Device work queued inside the block runs on this thread's own CUDA stream — not behind the replays queued
+    on the default stream — and is finished when the block ends, so its tensors are safe to hand to another
+    thread. Off CUDA the block simply runs."""
+    if device.type != "cuda":
+        yield
+        return
     stream = _side_stream(device)
     with torch.cuda.stream(stream):
-        out = pixels.to(device=device, dtype=dtype)
+        yield
     stream.synchronize()
-    return out
+
+
+def stage(pixels: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``pixels`` on ``device`` in ``dtype``, finished (:func:`finished_work`): safe to hand to another thread.
+    The conversion rounds as the runner's copy into its bfloat16 buffer (or the eager forward's cast) would, so
+    staged pixels give bitwise the results unstaged ones give."""
+    if pixels.device == device and pixels.dtype == dtype:
+        return pixels
+    with finished_work(device):
+        return pixels.to(device=device, dtype=dtype)
 
 
 def host_copy(tensors: list[torch.Tensor], dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
@@ -293,14 +302,15 @@ class BatchScheduler:
     def accepting(self) -> bool:
         return not self._closing
 
-    def submit(self, pixel_values: torch.Tensor, grid_thw) -> Future:
+    def submit(self, pixel_values: torch.Tensor, grid_thw, check_finite: bool = True) -> Future:
         """Admit one request; the future resolves to its :class:`RequestResult` (or its error).
 
         Raises at once: ValueError for bad input (naming the item), :class:`RequestTooLarge`, :class:`QueueFull`,
         :class:`SchedulerClosed`. Pixels already on the model's device in its dtype are used
-        as they are: leave them unchanged until the future resolves.
+        as they are: leave them unchanged until the future resolves. ``check_finite=False`` skips the NaN/Inf pass
+        for pixels finite by construction (it reads a result on the host: on a device, a wait for the stream).
         """
-        grids = self.model.check_inputs(pixel_values, grid_thw)
+        grids = self.model.check_inputs(pixel_values, grid_thw, check_finite)
         starts = item_row_starts(grids)
         tokens = [ItemSpec.from_grid(g, self.model.config.spatial_merge_size).tokens for g in grids]
         total = sum(tokens)

@@ -221,6 +221,20 @@ def test_rows_from_frames_equal_the_float_path(shape, dtype):
         assert got.dtype == dtype and torch.equal(got, patchify_video(floats).to(dtype))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_from_frames_on_cuda_equal_the_float_path(dtype):
+    """The server makes rows on the model's device: there too each value is only moved and looked up, so the rows
+    are bitwise the CPU float arithmetic's, cast after (no rounding happens on the device)."""
+    frames = np.random.default_rng(7).integers(0, 256, (4, 56, 84, 3), dtype=np.uint8)
+    floats = _normalised(frames)
+    got = rows_from_frames(torch.from_numpy(frames).cuda(), "video", dtype)
+    assert got.device.type == "cuda" and torch.equal(got.cpu(), patchify_video(floats).to(dtype))
+    image = rows_from_frames(torch.from_numpy(frames[:1]).cuda(), "image", dtype)
+    assert torch.equal(image.cpu(), patchify_image(floats[0]).to(dtype))
+
+
 def test_rows_from_frames_rejects_what_is_not_uint8_frames():
     with pytest.raises(ValueError, match=r"frames must be \(F, H, W, 3\) uint8, got float32"):
         rows_from_frames(torch.zeros(1, 28, 28, 3), "image")

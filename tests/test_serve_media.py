@@ -558,3 +558,31 @@ def test_decode_workers_compute_on_one_thread_each(pool):
     default each would start one per CPU."""
     assert pool.submit(torch.get_num_threads).result(120) == 1
     assert pool.submit(os.getenv, "OMP_NUM_THREADS").result(120) == "1"
+
+
+def test_media_rows_are_admitted_without_a_read_back_and_pixel_rows_with_their_nan_check(tiny_model, pool,
+                                                                                        monkeypatch):
+    """Rows made from media are looked up from the processor's finite levels: admission skips the NaN/Inf pass,
+    which reads a result back from the model's device (a wait behind every replay queued there). Pixel rows a
+    client sends are still checked, and a NaN in them is still a 400 naming the item."""
+    import glmvit.model
+
+    checked = []
+    real = glmvit.model.nonfinite_items
+    monkeypatch.setattr(glmvit.model, "nonfinite_items", lambda pixels, grids: checked.append(len(grids))
+                        or real(pixels, grids))
+    jpeg = encode_image(noise((56, 84, 3), 1))
+    pixels, grid = random_request(3)
+    bad = pixels.clone()
+    bad[0, 0] = float("nan")
+    with ServerThread(media_service(tiny_model, pool)) as server:
+        async def send():
+            async with aiohttp.ClientSession() as session:
+                media = await post(session, server.url, json.dumps({"content": [image_part(data_url(jpeg, "jpeg"))]})
+                                   .encode(), JSON)
+                fine = await post(session, server.url, pixel_body(pixels, grid))
+                nan = await post(session, server.url, pixel_body(bad, grid))
+                return media, fine, nan
+        media, fine, nan = run(send())
+    assert media[0] == fine[0] == 200 and nan[0] == 400, (media[2][:200], nan[2][:200])
+    assert "item(s) [0]" in error_of(nan)[1] and checked == [len(grid), len(grid)]

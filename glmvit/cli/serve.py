@@ -134,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--max-held-mb", type=float_in(1, 2**20), default=4096.0,
                    help="request bodies read and not yet answered, in MiB (default 4096); then 429")
     h.add_argument("--threads", type=int_in(1, 256), default=min(8, os.cpu_count() or 1),
-                   help="threads that check pixel rows, admit requests and write answers (default min(8, CPUs))")
+                   help="threads that check pixel rows and admit requests, and as many again that serialise "
+                   "answers (default min(8, CPUs))")
     h.add_argument("--read-timeout", type=float_in(0.1, 3600), default=30.0,
                    help="seconds a request's body may take to arrive (default 30; later: 408, its place freed)")
     h.add_argument("--header-timeout", type=float_in(0.1, 3600), default=30.0,

@@ -14,9 +14,10 @@
 Media (JSON and multipart) is checked, decoded and preprocessed as ``encode`` does, in decode worker processes
 (:mod:`glmvit.cli.decode_pool`), within per-request pixel and time bounds, up to the resize; their uint8 frames come
 back through shared memory (:mod:`glmvit.cli.pixel_rows`) and become pixel rows on the model's device, in its dtype,
-on a thread (:meth:`~glmvit.cli.serve_media.PreparedMedia.rows`). Pixel rows sent as safetensors are checked on a
-thread.
-Neither runs on the event loop or the scheduler's worker. It answers ``200`` with ``application/x-safetensors`` in
+on a thread, on that thread's own stream (:meth:`~glmvit.cli.serve_media.PreparedMedia.rows`; finite by
+construction, so admission reads nothing back from the device). Pixel rows sent as safetensors are checked on a
+thread. Neither runs on the event loop or the scheduler's worker; answers are serialised on threads of their own.
+It answers ``200`` with ``application/x-safetensors`` in
 ``encode --out``'s layout (tensors ``item_<i>``, float32; ``?dtype=model`` returns the model's dtype instead, half
 the bytes in bfloat16), with headers ``X-Request-Id``, ``X-Queue-Delay-Ms`` (admission to the first batch holding
 one of its items), ``X-Encode-Ms`` (admission to its last item encoded), ``X-Prepare-Ms`` (reading and decoding
@@ -72,7 +73,15 @@ from safetensors.torch import save as save_safetensors
 
 from ..metadata import as_grid_array
 from ..records import fingerprint_now
-from ..scheduler import DEFAULT_MAX_REQUESTS, BatchScheduler, QueueFull, RequestTooLarge, SchedulerClosed, host_copy
+from ..scheduler import (
+    DEFAULT_MAX_REQUESTS,
+    BatchScheduler,
+    QueueFull,
+    RequestTooLarge,
+    SchedulerClosed,
+    finished_work,
+    host_copy,
+)
 from ..workloads import shown
 from .decode_pool import DecodeBusy, DecodePool, DecodeTimeout, WorkerDied
 from .embedding_file import file_metadata, item_record
@@ -130,6 +139,7 @@ class Prepared:
     pixel_values: torch.Tensor
     grid_thw: torch.Tensor
     records: list[dict[str, Any]]
+    finite: bool = False  # True: finite by construction (rows looked up from the processor's finite levels)
 
 
 class _Held:
@@ -188,6 +198,13 @@ def prepare_pixels(body: bytes, check: Callable[[torch.Tensor, Any], np.ndarray]
     return Prepared(pixels, torch.from_numpy(grids), records)
 
 
+def _device_rows(media: PreparedMedia, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A request's rows made on the model's device on this thread's own stream, finished before they are handed
+    to the scheduler (never queued behind the replays)."""
+    with finished_work(device):
+        return media.rows(device, dtype)
+
+
 def _discard_rows(future: Any) -> None:
     if not future.cancelled() and future.exception() is None:
         future.result().frames.discard()
@@ -239,6 +256,8 @@ class EncoderService:
         self.extra_health = extra_health or {}
         self.runner_stats = runner_stats
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="glmvit-serve")
+        # answers are serialised on threads of their own: a burst of answers never delays the next admissions
+        self.answers = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="glmvit-answer")
         self.decode = decode or default_decode_pool()
         self._pixels: list[str | None] = []  # the directory decode workers hand rows over in, once made
         self._owns_decode = decode is None if own_decode is None else own_decode
@@ -303,11 +322,11 @@ class EncoderService:
                                  413)
             prepared_at = time.perf_counter()
             future = await loop.run_in_executor(self.pool, self.scheduler.submit, prepared.pixel_values,
-                                                prepared.grid_thw)
+                                                prepared.grid_thw, not prepared.finite)
             admitted = time.perf_counter()
             result = await asyncio.wrap_future(future)
             packing = time.perf_counter()
-            body = await loop.run_in_executor(self.pool, self._pack, result.outputs, prepared.records, dtype)
+            body = await loop.run_in_executor(self.answers, self._pack, result.outputs, prepared.records, dtype)
             timing["serialise"] = time.perf_counter() - packing
         except BadRequest as err:
             response = error_response(err.status, str(err))
@@ -386,8 +405,8 @@ class EncoderService:
             except WorkerDied as err:
                 raise BadRequest(f"internal error: {err}", 500) from None
             handed = time.perf_counter()
-            rows = await loop.run_in_executor(self.pool, media.rows, self.model.device, self.model.dtype)
-            prepared = Prepared(rows, torch.from_numpy(media.grid_thw), media.records)
+            rows = await loop.run_in_executor(self.pool, _device_rows, media, self.model.device, self.model.dtype)
+            prepared = Prepared(rows, torch.from_numpy(media.grid_thw), media.records, finite=True)
             # preprocess: the worker's resizing, then the rows made on the model's device; decode: everything else
             # from the body read to the frames here (the wait for a free decoder, the parse, the files' checks and
             # first frames, the hand-over)
@@ -545,6 +564,7 @@ class EncoderService:
     def close(self, timeout: float | None = None) -> None:
         self.scheduler.close(timeout)
         self.pool.shutdown(wait=True)
+        self.answers.shutdown(wait=True)
         if self._owns_decode:
             self.decode.close(timeout)
         for folder in self._pixels:
