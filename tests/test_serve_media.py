@@ -558,3 +558,35 @@ def test_decode_workers_compute_on_one_thread_each(pool):
     default each would start one per CPU."""
     assert pool.submit(torch.get_num_threads).result(120) == 1
     assert pool.submit(os.getenv, "OMP_NUM_THREADS").result(120) == "1"
+
+
+def test_a_file_url_video_is_probed_once_a_request_and_afresh_by_the_next(tmp_path, monkeypatch):
+    """One request probes a file:// video once (its check, its cost and its sampling share the answer); the next
+    request reads it again: a file rewritten in place at its old size, its modification time set back, gets frames
+    sampled by its new frame count (an answer kept by the file's path, size and times gave the old count's
+    frames: a 200 with wrong embeddings)."""
+    from test_video_files import gifs_of_one_size, rewrite_in_place
+
+    import glmvit.video
+    from glmvit.cli.serve_media import prepare_media
+    from glmvit.processing import process_video
+
+    four, six = gifs_of_one_size((8, 24))  # 0.8 s and 2.4 s long
+    path = tmp_path / "clip.gif"
+    path.write_bytes(four)
+    walks = []
+    real = glmvit.video._probe
+    monkeypatch.setattr(glmvit.video, "_probe", lambda p, m: walks.append(p) or real(p, m))
+    body = json.dumps({"content": [video_part(f"file://{path}")]}).encode()
+    limits = MediaLimits(allowed_media_dir=str(tmp_path))
+    sampled = []
+    for gif in (four, six):
+        if gif is six:
+            rewrite_in_place(path, six)
+        sampled.append(prepare_media("json", body, limits, 4).records[0]["frame_indices"])
+        assert len(walks) == len(sampled)
+    want = []
+    for name, gif in (("four.gif", four), ("six.gif", six)):  # the same bytes in files of their own
+        (tmp_path / name).write_bytes(gif)
+        want.append(process_video(tmp_path / name).frame_indices[0])
+    assert sampled == want and want[0] != want[1]
