@@ -69,7 +69,7 @@ SUFFIXES = tuple(sorted(set(IMAGE_SUFFIXES + ANIMATION_SUFFIXES + VIDEO_SUFFIXES
 class CheckedFile:
     """What :func:`check_file` found: the file's ``kind`` ("image" or "video") and, for a video, ``info``, what it
     says about itself (:func:`glmvit.video.probe`; None for an image). Passing ``info`` on to :func:`load` reads a
-    video's metadata once, so the frames sampled are those of the file that was checked."""
+    video's metadata once: its check, its cost and its sampling use one answer."""
 
     kind: str
     info: video.VideoInfo | None = None
