@@ -59,7 +59,7 @@ from .geometry import (
     smart_resize,
 )
 from .metadata import as_grid_array
-from .video import MAX_DECODED_PIXELS, PIL_ERRORS
+from .video import MAX_DECODED_PIXELS, PIL_ERRORS, VideoInfo
 
 __all__ = [
     "VisionInputs",
@@ -532,10 +532,14 @@ def _array_clip(frames: np.ndarray, video_fps: float | None, duration: float | N
 
 
 def _file_clip(path: Path, video_fps: float | None, duration: float | None, max_decoded_pixels: int,
-               max_frame_pixels: int) -> _Clip:
-    """A video file: its own metadata unless the caller gives video_fps / duration."""
+               max_frame_pixels: int, info: VideoInfo | None) -> _Clip:
+    """A video file: its own metadata (``info`` if the caller probed it, else probed here) unless the caller gives
+    video_fps / duration."""
     _check_regular(path, "video")
-    info = video_files.probe(path, max_frame_pixels)
+    if info is None:
+        info = video_files.probe(path, max_frame_pixels)
+    else:  # the caller's probe may have had another bound
+        check_frame_pixels(info.width, info.height, f"video {path}", max_frame_pixels, video_files.DecodeLimitError)
     fps = video_fps if video_fps is not None else info.fps
     if fps is None:
         raise ValueError(f"video {path}: the file states no frame rate (no frame durations); pass video_fps")
@@ -550,9 +554,11 @@ def _file_clip(path: Path, video_fps: float | None, duration: float | None, max_
 
 
 def _open_clip(video, video_fps: float | None, duration: float | None, max_decoded_pixels: int,
-               max_frame_pixels: int) -> _Clip:
+               max_frame_pixels: int, info: VideoInfo | None) -> _Clip:
     if isinstance(video, (str, Path)):
-        return _file_clip(Path(video), video_fps, duration, max_decoded_pixels, max_frame_pixels)
+        return _file_clip(Path(video), video_fps, duration, max_decoded_pixels, max_frame_pixels, info)
+    if info is not None:
+        raise ValueError("video: info describes a video file; frames given as an array take video_fps")
     if isinstance(video, np.ndarray):
         return _array_clip(video, video_fps, duration, max_frame_pixels)
     raise TypeError(f"video: expected a path or an (F, H, W, 3) uint8 array, got {type(video).__name__}")
@@ -654,12 +660,13 @@ def video_frames(
     resize: str = "pil",
     max_decoded_pixels: int = MAX_DECODED_PIXELS,
     max_frame_pixels: int = MAX_FRAME_PIXELS,
+    info: VideoInfo | None = None,
 ) -> VisionFrames:
     """:func:`process_video` stopped after the resize: the video item's (F, H, W, 3) uint8 frames, with its grid,
     timestamps, frame indices and the normalisation's table."""
     _check_video_args(rule, fps, resize, min_pixels, max_pixels)
     resizer, levels = (_pil_frame, None) if resize == "pil" else _torchvision_resizer()
-    clip = _open_clip(video, video_fps, duration, max_decoded_pixels, max_frame_pixels)
+    clip = _open_clip(video, video_fps, duration, max_decoded_pixels, max_frame_pixels, info)
     indices = _sample(clip, rule, fps)
     _check_frame_count(clip, len(indices), max_pixels)
     frames = _resample(clip, indices, resizer, min_pixels, max_pixels)
@@ -687,6 +694,7 @@ def process_video(
     resize: str = "pil",
     max_decoded_pixels: int = MAX_DECODED_PIXELS,
     max_frame_pixels: int = MAX_FRAME_PIXELS,
+    info: VideoInfo | None = None,
 ) -> VisionInputs:
     """One video → one video item: a file (GIF/WebP through PIL; mp4, webm, mov, ... through PyAV, an optional
     dependency) or (F, H, W, 3) uint8 frames with ``video_fps``.
@@ -709,9 +717,13 @@ def process_video(
     Only frames up to the last sampled one are decoded, one at a time; decoding more than ``max_decoded_pixels``
     (frames × width × height), or a frame of more than ``max_frame_pixels``, is refused with
     :class:`glmvit.video.DecodeLimitError`, from the file's header before decoding where it tells.
+
+    ``info``: the file's :func:`glmvit.video.probe`, when the caller has it (the file is then not probed again;
+    it must be this file's, read for this call); None: the file is probed here.
     """
     return video_frames(video, fps, rule, min_pixels, max_pixels, video_fps, duration=duration, resize=resize,
-                        max_decoded_pixels=max_decoded_pixels, max_frame_pixels=max_frame_pixels).inputs()
+                        max_decoded_pixels=max_decoded_pixels, max_frame_pixels=max_frame_pixels,
+                        info=info).inputs()
 
 
 SAMPLE_DATA = Path(__file__).resolve().parents[1] / "data"  # the repository's sample photographs and clip

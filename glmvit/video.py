@@ -25,8 +25,6 @@ each).
 from __future__ import annotations
 
 import struct
-import threading
-from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -70,32 +68,13 @@ class VideoInfo:
     reader: str  # "pil" or "pyav"
 
 
-_PROBED: OrderedDict[tuple, VideoInfo] = OrderedDict()  # the last few files probed, by identity (below)
-_PROBED_SIZE = 16
-_probed_lock = threading.Lock()
-
-
 def probe(path: Path, max_frame_pixels: int = MAX_FRAME_PIXELS) -> VideoInfo:
     """Frame count, rate, duration and frame size of a video file, without decoding a frame; a stated frame size
     above ``max_frame_pixels`` is a :class:`DecodeLimitError`.
 
-    The last few answers are kept, keyed by the file's path, device, inode, size and modification time (ns): a
-    file checked, sized and then processed is read once (a GIF's block walk is milliseconds), and a file written
-    again is probed again."""
-    try:
-        stat = path.stat()
-        key: tuple | None = (str(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
-    except OSError:
-        key = None  # the readers below name what is wrong with it
-    with _probed_lock:
-        info = _PROBED.get(key) if key is not None else None
-    if info is None:
-        info = _probe(path, max_frame_pixels)
-        if key is not None:
-            with _probed_lock:
-                _PROBED[key] = info
-                while len(_PROBED) > _PROBED_SIZE:
-                    _PROBED.popitem(last=False)
+    The file is read on every call: a caller that needs the answer again passes it along rather than probing
+    twice (a file can change between two calls)."""
+    info = _probe(path, max_frame_pixels)
     check_frame_pixels(info.width, info.height, f"video {path}", max_frame_pixels, DecodeLimitError)
     return info
 

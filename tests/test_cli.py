@@ -129,10 +129,10 @@ def test_encode_names_an_unreadable_file(tmp_path, capsys, no_model):
 def test_encode_failing_midway_writes_nothing(tmp_path, capsys, monkeypatch):
     load = glmvit.cli.encode.load
 
-    def fail_on_the_clip(path, kind):
+    def fail_on_the_clip(path, kind, **found):
         if kind == "video":
             raise OSError("disk vanished")
-        return load(path, kind)
+        return load(path, kind, **found)
 
     monkeypatch.setattr(glmvit.cli.encode, "load", fail_on_the_clip)
     out, summary = tmp_path / "emb.safetensors", tmp_path / "emb.json"
@@ -392,7 +392,8 @@ def test_encode_reads_one_file_at_a_time_and_says_its_weights_are_random(tmp_pat
     """Each file is read just before it is encoded, never all first (20 small PNGs used to hold 2.95 GB)."""
     events = []
     load, forward = glmvit.cli.encode.load, GlmVisionEncoder.forward
-    monkeypatch.setattr(glmvit.cli.encode, "load", lambda path, kind: events.append("read") or load(path, kind))
+    monkeypatch.setattr(glmvit.cli.encode, "load",
+                        lambda path, kind, **found: events.append("read") or load(path, kind, **found))
     monkeypatch.setattr(GlmVisionEncoder, "forward",
                         lambda self, *a, **k: events.append("encode") or forward(self, *a, **k))
     files = ["data/images/coffee.jpg", "data/clip.gif", "data/images/rocket.jpg"]
@@ -577,7 +578,7 @@ def test_a_gif_is_read_block_by_block_as_the_format_says(tmp_path):
     table = 3 << ((data[10] & 7) + 1) if data[10] & 0x80 else 0  # the global colour table after the header
     (tmp_path / "comment.gif").write_bytes(data[: 13 + table] + b"!\xfe\x00" + data[13 + table :])
     (tmp_path / "stray.gif").write_bytes(data[: 13 + table] + b"\x07" + data[13 + table :])
-    assert check_file(tmp_path / "comment.gif") == "video" and Image.open(tmp_path / "comment.gif").n_frames == 3
+    assert check_file(tmp_path / "comment.gif").kind == "video" and Image.open(tmp_path / "comment.gif").n_frames == 3
     with pytest.raises(ValueError, match="byte 0x07 at offset .* starts no GIF block"):
         check_file(tmp_path / "stray.gif")
 
@@ -638,7 +639,7 @@ def test_every_cut_of_an_animation_is_refused_in_one_line(tmp_path, suffix):
     frames = [Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)) for _ in range(30)]
     frames[0].save(tmp_path / f"long{suffix}", save_all=True, append_images=frames[1:], duration=40)
     data = (tmp_path / f"long{suffix}").read_bytes()
-    assert check_file(tmp_path / f"long{suffix}") == "video"
+    assert check_file(tmp_path / f"long{suffix}").kind == "video"
     cut = tmp_path / f"cut{suffix}"
     for k in range(1, len(data), max(1, len(data) // 400)):
         cut.write_bytes(data[:k])
@@ -799,3 +800,20 @@ def test_a_command_with_standard_error_closed_still_exits_with_its_status():
     done = subprocess.run(["bash", "-c", f"'{sys.executable}' -m glmvit latency --budgets 0,1 2>&-"], cwd=ROOT,
                           capture_output=True, timeout=120)
     assert done.returncode == 2
+
+
+def test_encode_probes_each_video_once_and_every_run_afresh(tmp_path, monkeypatch):
+    """A video's check and its sampling share one probe (its answer is carried from check_file to load); a second
+    run reads the file again."""
+    import shutil
+
+    import glmvit.video
+
+    walks = []
+    real = glmvit.video._probe
+    monkeypatch.setattr(glmvit.video, "_probe", lambda p, m: walks.append(p) or real(p, m))
+    clip = tmp_path / "clip.gif"
+    shutil.copy(ROOT / "data" / "clip.gif", clip)
+    for run in (1, 2):
+        assert main(["encode", str(clip), "--quiet"]) == 0
+        assert walks == [clip] * run

@@ -586,3 +586,35 @@ def test_media_rows_are_admitted_without_a_read_back_and_pixel_rows_with_their_n
         media, fine, nan = run(send())
     assert media[0] == fine[0] == 200 and nan[0] == 400, (media[2][:200], nan[2][:200])
     assert "item(s) [0]" in error_of(nan)[1] and checked == [len(grid), len(grid)]
+
+
+def test_a_file_url_video_is_probed_once_a_request_and_afresh_by_the_next(tmp_path, monkeypatch):
+    """One request probes a file:// video once (its check, its cost and its sampling share the answer); the next
+    request reads it again: a file rewritten in place at its old size, its modification time set back, gets frames
+    sampled by its new frame count (an answer kept by the file's path, size and times gave the old count's
+    frames: a 200 with wrong embeddings)."""
+    from test_video_files import gifs_of_one_size, rewrite_in_place
+
+    import glmvit.video
+    from glmvit.cli.serve_media import prepare_media
+    from glmvit.processing import process_video
+
+    four, six = gifs_of_one_size((8, 24))  # 0.8 s and 2.4 s long
+    path = tmp_path / "clip.gif"
+    path.write_bytes(four)
+    walks = []
+    real = glmvit.video._probe
+    monkeypatch.setattr(glmvit.video, "_probe", lambda p, m: walks.append(p) or real(p, m))
+    body = json.dumps({"content": [video_part(f"file://{path}")]}).encode()
+    limits = MediaLimits(allowed_media_dir=str(tmp_path))
+    sampled = []
+    for gif in (four, six):
+        if gif is six:
+            rewrite_in_place(path, six)
+        sampled.append(prepare_media("json", body, limits, 4).records[0]["frame_indices"])
+        assert len(walks) == len(sampled)
+    want = []
+    for name, gif in (("four.gif", four), ("six.gif", six)):  # the same bytes in files of their own
+        (tmp_path / name).write_bytes(gif)
+        want.append(process_video(tmp_path / name).frame_indices[0])
+    assert sampled == want and want[0] != want[1]

@@ -4,6 +4,8 @@ transformers' PyAV reader and video processors (the oracle; the processors need 
 Test media are written at run time: mp4/mov/webm/mkv with PyAV, GIFs by hand (a few bytes per frame, so a tiny file
 can describe huge frames, the way a decompression bomb does).
 """
+import io
+import os
 import struct
 import subprocess
 import sys
@@ -436,17 +438,70 @@ def test_the_tiny_gif_writer_is_what_pil_reads(tmp_path):
         assert video_files._gif_delays(fp) == [70, 70, 70]
 
 
-def test_probe_reads_a_file_once_and_a_rewritten_file_again(tmp_path, monkeypatch):
-    """Checks, sizing and processing probe one file several times: the answer is kept by the file's identity, so
-    the blocks are walked once; a file written again (new size or time) is walked again."""
+def gifs_of_one_size(counts: tuple[int, ...]) -> list[bytes]:
+    """Animated GIFs of ``counts`` frames each, padded to one size (bytes after the trailer are ignored by every
+    reader)."""
+    frames = [Image.fromarray(f) for f in moving_frames(max(counts))]
+    gifs = []
+    for count in counts:
+        out = io.BytesIO()
+        frames[0].save(out, format="GIF", save_all=True, append_images=frames[1:count], duration=100, loop=0)
+        gifs.append(out.getvalue())
+    size = max(len(gif) for gif in gifs)
+    return [gif.ljust(size, b"\0") for gif in gifs]
+
+
+def rewrite_in_place(path: Path, data: bytes) -> None:
+    """``data`` written over ``path`` (same inode, same size), its modification time set back as ``cp -p``,
+    ``touch -r`` and ``rsync --inplace -t`` do: only its change time tells."""
+    before = path.stat()
+    with path.open("r+b") as fp:
+        fp.write(data)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+
+
+def test_probe_reads_the_file_on_every_call(tmp_path, monkeypatch):
+    """probe keeps no answers (a caller that needs one again passes it along): every call walks the file, and
+    checks the caller's bound."""
     path = tmp_path / "clip.gif"
     frames = [Image.fromarray(f) for f in moving_frames(6)]
     frames[0].save(path, save_all=True, append_images=frames[1:4], duration=100, loop=0)
     walks = []
     real = video_files._probe
     monkeypatch.setattr(video_files, "_probe", lambda p, m: walks.append(p) or real(p, m))
-    assert probe(path).frames == probe(path).frames == 4 and len(walks) == 1
+    assert probe(path).frames == probe(path).frames == 4 and len(walks) == 2
     frames[0].save(path, save_all=True, append_images=frames[1:], duration=100, loop=0)
-    assert probe(path).frames == 6 and len(walks) == 2
-    with pytest.raises(DecodeLimitError):  # a kept answer is still checked against the caller's bound
+    assert probe(path).frames == 6 and len(walks) == 3
+    with pytest.raises(DecodeLimitError):
         probe(path, max_frame_pixels=10)
+
+
+def test_probe_reads_a_file_rewritten_in_place_with_its_size_and_time_restored(tmp_path):
+    """A file written again in place at the same size, its modification time set back, keeps path, inode, size
+    and mtime: probe still answers for what the file holds now."""
+    four, six = gifs_of_one_size((4, 6))
+    path = tmp_path / "clip.gif"
+    path.write_bytes(four)
+    assert probe(path).frames == 4
+    rewrite_in_place(path, six)
+    assert probe(path).frames == 6
+
+
+def test_process_video_samples_by_the_callers_probe_without_probing_again(tmp_path, monkeypatch):
+    """Given ``info`` (the caller's probe of the file), process_video reads no metadata itself and gives what it
+    gives when it probes; the frame bound is still the call's own."""
+    path = tmp_path / "clip.gif"
+    path.write_bytes(gifs_of_one_size((6,))[0])
+    info, want = probe(path), process_video(path)
+    walks = []
+    real = video_files._probe
+    monkeypatch.setattr(video_files, "_probe", lambda p, m: walks.append(p) or real(p, m))
+    got = process_video(path, info=info)
+    assert not walks and got.frame_indices == want.frame_indices
+    assert torch.equal(got.pixel_values, want.pixel_values) and torch.equal(got.grid_thw, want.grid_thw)
+    with pytest.raises(DecodeLimitError, match=f"video {path}"):
+        process_video(path, info=info, max_frame_pixels=10)
+    with pytest.raises(ValueError, match="info describes a video file"):
+        process_video(moving_frames(4), video_fps=10, info=info)

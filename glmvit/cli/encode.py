@@ -29,6 +29,7 @@ import argparse
 import hashlib
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,9 +65,19 @@ VIDEO_SUFFIXES = (".mp4", ".webm", ".mov", ".mkv", ".m4v", ".avi")  # through Py
 SUFFIXES = tuple(sorted(set(IMAGE_SUFFIXES + ANIMATION_SUFFIXES + VIDEO_SUFFIXES)))
 
 
-def check_file(path: Path, max_frame_pixels: int = MAX_FRAME_PIXELS) -> str:
-    """The kind of ``path`` ("image" or "video") once it is known to load: otherwise one line naming it. A picture
-    or frame of more than ``max_frame_pixels`` is refused from the header, before a pixel is decoded.
+@dataclass(frozen=True)
+class CheckedFile:
+    """What :func:`check_file` found: the file's ``kind`` ("image" or "video") and, for a video, ``info``, what it
+    says about itself (:func:`glmvit.video.probe`; None for an image). Passing ``info`` on to :func:`load` reads a
+    video's metadata once: its check, its cost and its sampling use one answer."""
+
+    kind: str
+    info: video.VideoInfo | None = None
+
+
+def check_file(path: Path, max_frame_pixels: int = MAX_FRAME_PIXELS) -> CheckedFile:
+    """The kind of ``path`` (and a video's metadata) once it is known to load: otherwise one line naming it. A
+    picture or frame of more than ``max_frame_pixels`` is refused from the header, before a pixel is decoded.
 
     PIL's decompression-bomb warning is silenced here: it fires above 89 M pixels, and MAX_FRAME_PIXELS (64 M)
     refuses every such picture with one line of its own.
@@ -76,7 +87,7 @@ def check_file(path: Path, max_frame_pixels: int = MAX_FRAME_PIXELS) -> str:
         return _check_file(path, max_frame_pixels)
 
 
-def _check_file(path: Path, max_frame_pixels: int) -> str:
+def _check_file(path: Path, max_frame_pixels: int) -> CheckedFile:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
     if not path.is_file():
@@ -88,18 +99,19 @@ def _check_file(path: Path, max_frame_pixels: int) -> str:
                          f"{', '.join(ANIMATION_SUFFIXES)})")
     if path.stat().st_size == 0:
         raise ValueError(f"{path}: empty file")
-    if suffix in VIDEO_SUFFIXES:
-        video.probe(path, max_frame_pixels)  # container metadata only; decoding (bounded) comes with processing
-        return "video"
+    if suffix in VIDEO_SUFFIXES:  # container metadata only; decoding (bounded) comes with processing
+        return CheckedFile("video", video.probe(path, max_frame_pixels))
     frames, (width, height), fmt = _first_frame(path, max_frame_pixels)
     check_frame_pixels(width, height, str(path), max_frame_pixels)
     try:
         smart_resize(height, width)
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
+    if suffix in ANIMATION_SUFFIXES and frames > 1:
+        return CheckedFile("video", video.probe(path, max_frame_pixels))
     if fmt in video.ANIMATIONS:  # its block structure whole, so that a cut animation is refused, never shortened
         video.probe(path, max_frame_pixels)
-    return "video" if suffix in ANIMATION_SUFFIXES and frames > 1 else "image"
+    return CheckedFile("image")
 
 
 def _first_frame(path: Path, max_frame_pixels: int) -> tuple[int, tuple[int, int], str | None]:
@@ -123,18 +135,21 @@ def _first_frame(path: Path, max_frame_pixels: int) -> tuple[int, tuple[int, int
 
 
 def load(path: Path, kind: str, max_frame_pixels: int = MAX_FRAME_PIXELS,
-         max_decoded_pixels: int = video.MAX_DECODED_PIXELS) -> VisionInputs:
+         max_decoded_pixels: int = video.MAX_DECODED_PIXELS, *, info: video.VideoInfo | None = None) -> VisionInputs:
     """One checked file through the processor, within the pixel bounds (a video's frames decoded, sampled or not,
-    count against ``max_decoded_pixels``); an error still names the file."""
-    return load_frames(path, kind, max_frame_pixels, max_decoded_pixels).inputs()
+    count against ``max_decoded_pixels``); an error still names the file. ``info``: the video's metadata from
+    :func:`check_file` (:attr:`CheckedFile.info`), else the video is probed again."""
+    return load_frames(path, kind, max_frame_pixels, max_decoded_pixels, info=info).inputs()
 
 
 def load_frames(path: Path, kind: str, max_frame_pixels: int = MAX_FRAME_PIXELS,
-                max_decoded_pixels: int = video.MAX_DECODED_PIXELS) -> VisionFrames:
+                max_decoded_pixels: int = video.MAX_DECODED_PIXELS, *,
+                info: video.VideoInfo | None = None) -> VisionFrames:
     """:func:`load` stopped after the resize: the item's uint8 frames (:class:`~glmvit.processing.VisionFrames`)."""
     try:
         if kind == "video":
-            return video_frames(path, max_frame_pixels=max_frame_pixels, max_decoded_pixels=max_decoded_pixels)
+            return video_frames(path, max_frame_pixels=max_frame_pixels, max_decoded_pixels=max_decoded_pixels,
+                                info=info)
         return image_frames([path], max_frame_pixels=max_frame_pixels)
     except (ValueError, OSError) as err:  # a decode bound's refusal stays one (the server answers it 413)
         text = str(err) if str(path) in str(err) else f"{path}: {err}"
@@ -192,16 +207,17 @@ def main(argv: list[str] | None = None) -> int:
 def _encode(args: argparse.Namespace, argv: list[str]) -> int:
     bar = {"file": sys.stderr, "disable": args.quiet or len(args.files) == 1, "unit": "file"}
     with tqdm(args.files, desc="checking", **bar) as files:  # closes the bar before an error is printed
-        kinds = [check_file(path) for path in files]
+        checked = [check_file(path) for path in files]
     print(f"glmvit encode: {describe(args)}")
     if not args.weights:
         print("  (random weights: the embeddings only exercise the pipeline; --weights DIR loads a checkpoint)")
     model = model_from_args(args)
     device = torch.device(args.device)
     items, tensors = [], {}
-    with torch.inference_mode(), tqdm(list(zip(args.files, kinds, strict=True)), desc="encoding", **bar) as todo:
-        for i, (path, kind) in enumerate(todo):
-            inputs = load(path, kind)  # one file's pixels at a time
+    with torch.inference_mode(), tqdm(list(zip(args.files, checked, strict=True)), desc="encoding", **bar) as todo:
+        for i, (path, found) in enumerate(todo):
+            kind = found.kind
+            inputs = load(path, kind, info=found.info)  # one file's pixels at a time
             out = model(inputs.pixel_values.to(device), inputs.grid_thw).float().cpu()
             tensors[f"item_{i}"] = out.contiguous()
             items.append(item_metadata(path, inputs, out))

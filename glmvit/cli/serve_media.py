@@ -197,11 +197,10 @@ def file_url(where: str, url: str, allowed: str | None) -> Path:
     return path
 
 
-def _header_pixels(path: Path, kind: str, max_frame_pixels: int) -> int:
+def _header_pixels(path: Path, info: video.VideoInfo | None) -> int:
     """What decoding ``path`` will cost at most, from its header alone: an image's pixels, or a video's every
-    frame's (frames × width × height; its sampled frames end sooner)."""
-    if kind == "video":
-        info = video.probe(path, max_frame_pixels)
+    frame's from its ``info`` (frames × width × height; its sampled frames end sooner)."""
+    if info is not None:
         return info.frames * info.width * info.height
     with Image.open(path) as im:
         return im.size[0] * im.size[1]
@@ -210,19 +209,19 @@ def _header_pixels(path: Path, kind: str, max_frame_pixels: int) -> int:
 def _load_item(label: str, path: Path, want: str | None, limits: MediaLimits, budget: _Budget) -> VisionFrames:
     start = time.perf_counter()
     try:
-        kind = check_file(path, limits.max_frame_pixels)
+        checked = check_file(path, limits.max_frame_pixels)  # a video's one probe, carried to its decoding
+        kind, info = checked.kind, checked.info
         if want is not None and kind != want:
             raise MediaError(f"{label}: the {want}_url holds {'an image' if kind == 'image' else 'a video'}: "
                              f"send it as {kind}_url")
-        cost = _header_pixels(path, kind, limits.max_frame_pixels)
+        cost = _header_pixels(path, info)
         if kind == "image" and cost > budget.left:
             raise MediaError(f"{label}: decoding it would pass the request's max_request_pixels="
                              f"{limits.max_request_pixels:,} ({cost:,} pixels, {budget.left:,} left)", 413)
         mid = time.perf_counter()
         inputs = load_frames(path, kind, limits.max_frame_pixels,
-                             budget.left if kind == "video" else video.MAX_DECODED_PIXELS)
-        if kind == "video":  # its frames up to the last sampled one were decoded
-            info = video.probe(path, limits.max_frame_pixels)
+                             budget.left if kind == "video" else video.MAX_DECODED_PIXELS, info=info)
+        if info is not None:  # a video: its frames up to the last sampled one were decoded
             indices = inputs.frame_indices[0] if inputs.frame_indices else None
             cost = (max(indices) + 1) * info.width * info.height if indices else cost
     except video.DecodeLimitError as err:
