@@ -301,6 +301,9 @@ def media_bodies(workload: Workload, seed: int) -> tuple[list[bytes], dict[str, 
     return bodies, made
 
 
+READ_BUFFER = 16 << 20  # bytes a response may buffer before reading pauses
+
+
 class HttpTarget:
     """Requests to a running server: one pre-built body per distinct layout (JSON media or safetensors pixels)."""
 
@@ -317,7 +320,10 @@ class HttpTarget:
         self.session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> "HttpTarget":
-        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=self.timeout)
+        # a whole answer (megabytes: one clip's float32 embeddings are 4 MiB) is read without pausing the socket
+        # every 64 KiB, aiohttp's default buffer: at rate inf the client's reading, not the server, set the pace
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=self.timeout,
+                                             read_bufsize=READ_BUFFER)
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
