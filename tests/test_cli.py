@@ -1,6 +1,7 @@
 """The command line: the demo (main job), encode and plan run on CPU and say what they did; every bad invocation
 of every command is one line on stderr and a non-zero exit, before any work."""
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -356,6 +357,47 @@ def test_every_bad_invocation_is_one_line_before_any_work(argv, message, tmp_pat
     assert message in err, err
     assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing written, nothing left
     assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo.json").st_mode)
+
+
+# Values for every field a preset sets: a new Preset field must be added here (and is then refused with --workload).
+PRESET_VALUES = {"bucket_config": "{(448, 448, 1): 1.0}", "items_per_request": "2", "range_ratio": "0.5",
+                 "limit_per_request": "2"}
+PRESET_COMMANDS = {"plan": [], "bench": [], "bench-serve": ["--url", "http://127.0.0.1:9"]}
+
+
+@pytest.mark.parametrize("command", PRESET_COMMANDS)
+def test_every_command_refuses_each_flag_a_preset_sets(command, capsys):
+    from glmvit.cli import COMMANDS
+    from glmvit.cli.common import PRESET_FLAGS
+
+    assert set(PRESET_FLAGS) == set(PRESET_VALUES)
+    parser = importlib.import_module(COMMANDS[command][0]).build_parser()
+    dests = {a.dest for a in parser._actions}
+    names = [n for n in PRESET_FLAGS if n in dests]
+    assert {"items_per_request", "range_ratio"} <= set(names)
+    for name in names:
+        flag = f"--{name.replace('_', '-')}"
+        try:
+            code = main([command, "--workload", "img1x224", flag, PRESET_VALUES[name], *PRESET_COMMANDS[command]])
+        except SystemExit as exc:
+            code = exc.code
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1, (flag, err)
+        assert flag in err and "--workload" in err, err
+
+
+def test_refuse_given_with_names_only_the_flags_given(capsys):
+    import argparse
+
+    from glmvit.cli.flags import Parser, refuse_given_with
+
+    parser = Parser(prog="p")
+    args = argparse.Namespace(trace="t.csv", seed=3, num_requests=None)
+    refuse_given_with(parser, argparse.Namespace(trace=None, seed=3), "trace", ("seed",), "why")  # no --trace: fine
+    with pytest.raises(SystemExit) as exc:
+        refuse_given_with(parser, args, "trace", ("seed", "num_requests", "not_a_flag"), "a trace has its own")
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == "p: error: --seed with --trace: a trace has its own (see --help)\n"
 
 
 # --- outputs are written through, never replacing what is not a regular file -----------------------------------------

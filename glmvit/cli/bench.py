@@ -73,6 +73,7 @@ from .common import (
     output_path,
     read_latency_table,
     refuse_outputs_over_inputs,
+    refuse_preset_flags,
     resolve_model_args,
     write_record,
 )
@@ -85,7 +86,6 @@ COMPILED_MODES = ("transformers-compiled", "graph-compiled", "compile")  # bench
 MAX_REQUESTS = 100_000
 MAX_ITEMS = 1_000_000  # every item's pixels are generated up front: 10⁶ 224² images alone are 600 GB in bf16
 DEFAULT_BUCKETS = "{(224, 224, 1): 1.0}"
-PRESET_DECIDES = ("bucket_config", "items_per_request", "range_ratio")  # --workload's own
 MAX_WARMUP = 10_000
 MAX_MATMUL = {"cuda": 32_768, "cpu": 4_096}  # cuda: 3 n² bf16 operands = 6 GiB; cpu: 13 matmuls of 2n³ ≈ 30 s
 PIXEL_SHARE = 0.5  # the pixels stay resident for every mode: leave the other half for weights, activations, graphs
@@ -544,10 +544,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     """Every value checked before any work: one line and exit 2 for a bad one. The workload is drawn here once
     to refuse what cannot run (no items, budgets that do not fit it, pixels that do not fit the device)."""
     resolve_model_args(parser, args)
-    if args.workload:  # the preset sets them: given too, they were silently not what ran
-        preset_set = [f"--{name.replace('_', '-')}" for name in PRESET_DECIDES if getattr(args, name) is not None]
-        if preset_set:
-            parser.error(f"{', '.join(preset_set)} with --workload: the preset sets them (use --bucket-config instead)")
+    refuse_preset_flags(parser, args)
     given = [] if args.tables in ("auto", "off") else \
         [(mode.strip(), path.strip()) for mode, _, path in (part.partition("=") for part in args.tables.split(","))]
     refuse_outputs_over_inputs(parser, {"--json": args.json}, {f"the --tables {m} input": p for m, p in given})
