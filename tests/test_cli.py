@@ -157,12 +157,18 @@ def test_plan_compares_packers(capsys):
     assert "vllm" in out and "ffd" in out
 
 
-def test_unknown_command_exits_with_one_line(capsys):
+def test_unknown_command_exits_with_one_line(capsys, monkeypatch):
     assert main(["fly"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown command fly; the commands: demo" in err
-    with pytest.raises(SystemExit):  # the usage, on request
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse wraps at the terminal's width, hyphenated names included
+    with pytest.raises(SystemExit) as exc:  # the usage, on request: a success, listing every command
         main(["--help"])
+    from glmvit.cli import COMMANDS
+
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and out.startswith("usage:")
+    assert all(f"{name}:" in out for name in COMMANDS), out
 
 
 @pytest.fixture(scope="module")
@@ -185,9 +191,10 @@ def test_weights_take_the_checkpoints_own_config_on_cpu(command, checkpoint, cap
 
 
 def test_config_with_weights_is_refused_in_one_line(checkpoint, capsys):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exc:
         main(["demo", "--weights", str(checkpoint), "--config", "tiny"])
-    assert "--config applies to random weights" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "--config applies to random weights" in err, err
 
 
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
