@@ -116,7 +116,10 @@ class BudgetConfig:
     segments (temporal patches) per batch, ≥ ``max_items``; a slot costs 4 bytes of metadata, and a column of
     FlashAttention-2's launch grid (the varlen and flash_attn backends launch it even when empty), but no program of
     glmvit's triton kernel.
-    Build one with :meth:`resolve` to get vLLM's defaults, or :meth:`for_requests` to size it for a workload.
+    Build one with :meth:`resolve` to get vLLM's defaults, or :meth:`for_requests` to size it for a workload: both
+    derive an unset ``max_segments`` through :meth:`segment_slots`, so it is never more than the largest budget.
+    The constructor itself allows more (the packer also plans abstract items with more segments than tokens);
+    :func:`glmvit.deployment.check_budget_fits` refuses more for graphs that are to be captured.
     """
 
     token_budgets: tuple[int, ...]
@@ -146,8 +149,8 @@ class BudgetConfig:
         - budgets only, or nothing: max_items = min(hi // lo, smallest budget), budgets ``auto_budgets(lo, hi)``
           when none are given;
         - max_segments (vLLM's frames per batch, one per temporal patch): max_items × 600 with video
-          (GLM's ``_MAX_FRAMES_PER_VIDEO``), capped at the largest budget (a batch never has more segments than
-          tokens, so slots past it are never used); max_items without video (room for one image per item).
+          (GLM's ``_MAX_FRAMES_PER_VIDEO``), max_items without video (room for one image per item); either through
+          :meth:`segment_slots` (at most the largest budget).
         """
         lo, hi = auto_range
         given = tuple(sorted({positive_int("token budget", b) for b in token_budgets or ()}))
@@ -158,7 +161,7 @@ class BudgetConfig:
             budgets = given or auto_budgets(lo, hi)
             max_items = default_max_items(budgets, auto_range)
         if max_segments is None:
-            max_segments = min(max_items * VLLM_MAX_FRAMES_PER_VIDEO, budgets[-1]) if video else max_items
+            max_segments = cls.segment_slots(max_items * VLLM_MAX_FRAMES_PER_VIDEO if video else max_items, budgets)
         return cls(budgets, max_items, max_segments)
 
     @classmethod
@@ -167,15 +170,22 @@ class BudgetConfig:
                      split: int = LADDER_SPLIT) -> BudgetConfig:
         """Sized for a workload: the default ladder (doubling up to ``split``) up to its largest request, and limits
         that hold its largest request (most items; most segments), capped so that every item still gets a token of
-        the smallest budget."""
+        the smallest budget and every segment one of the largest (:meth:`segment_slots`)."""
         requests = [list(r) for r in requests]
         largest = max((sum(s.tokens for s in r) for r in requests), default=0)
         budgets = tuple(sorted(set(token_budgets))) if token_budgets else default_ladder(largest, split=split)
         if max_items is None:
             max_items = min(max([len(r) for r in requests] + [1]), budgets[0])
         if max_segments is None:
-            max_segments = max([max_items] + [sum(s.segments for s in r) for r in requests])
+            max_segments = cls.segment_slots(max([max_items] + [sum(s.segments for s in r) for r in requests]), budgets)
         return cls(budgets, max_items, max_segments)
+
+    @staticmethod
+    def segment_slots(wanted: int, token_budgets: Sequence[int]) -> int:
+        """The segment slots to give graphs of ``token_budgets`` (ascending) when ``wanted`` are asked for: at most
+        the largest budget, since every segment has at least one token, so a batch never has more segments than
+        tokens and slots past it are never used. The one rule every derived ``max_segments`` follows."""
+        return min(positive_int("max_segments", wanted), token_budgets[-1])
 
     @property
     def largest(self) -> int:

@@ -260,3 +260,39 @@ def test_default_segment_slots_never_refuse_small_budgets():
     with pytest.raises(SystemExit):
         check_args(parser, parser.parse_args(["--workload", "video2x8x224", "--budgets", "2,4", "--max-segments", "8",
                                               "--device", "cpu"]))
+
+
+class _Captured(BaseException):
+    """Stops a bench run at its first capture (a BaseException: bench keeps going past a mode's Exception)."""
+
+
+def test_memory_is_checked_for_the_budgets_each_graph_mode_captures(tmp_path, monkeypatch):
+    """A mode's table moves where its ladder stops doubling (costmodel.ladder_split); the memory check must see
+    the budgets that mode then captures, not the ladder of the default split."""
+    import glmvit.cli.bench as bench
+    from glmvit.cli.common import read_latency_table
+    from glmvit.costmodel import ladder_split
+    from glmvit.packing import LADDER_SPLIT, default_ladder
+
+    raw = json.loads((ROOT / "data" / "bench" / "latency_compiled_h200.json").read_text())
+    raw["compiled"] = False  # measured as graph-compiled; relabelled so that the emulated graph mode routes by it
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps(raw))
+    assert read_latency_table(table).mode == "graph" and ladder_split(read_latency_table(table)) != LADDER_SPLIT
+    checked, captured = [], []
+
+    def check(config, *args, **kwargs):
+        checked.append(config)
+        return config
+
+    def make_mode(mode, model, config, *args, **kwargs):
+        captured.append(config)
+        raise _Captured
+
+    monkeypatch.setattr(bench, "check_budget_fits", check)
+    monkeypatch.setattr(bench, "make_mode", make_mode)
+    with pytest.raises(_Captured):  # requests of 1,024 tokens: the two splits give different ladders up to them
+        main([*CPU_ARGS, "--num-requests", "1", "--bucket-config", "{(896, 896, 1): 1.0}", "--modes", "graph",
+              "--tables", f"graph={table}"])
+    assert len(captured) == 1 and captured[0] in checked
+    assert captured[0].token_budgets != default_ladder(captured[0].largest)  # not what the default split gives

@@ -642,3 +642,24 @@ def test_engine_steps_pack_consecutive_requests_per_modality():
     assert per_step.graphs is not None and per_request.graphs is not None
     # a request waits for its whole step: requests 0-2 each take the step's time
     assert per_step.graphs.median_ms >= per_request.graphs.median_ms
+
+
+@given(st.lists(st.lists(st.tuples(st.integers(1, 64), st.integers(1, 64)), min_size=1, max_size=6), min_size=1,
+                max_size=4),
+       st.lists(st.integers(1, 512), min_size=1, max_size=4, unique=True), st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_derived_segment_slots_never_pass_the_largest_budget(requests, budgets, video):
+    """Every derived max_segments follows one rule (BudgetConfig.segment_slots): what the workload or vLLM asks for,
+    but at most the largest budget, so the graphs it sizes are never refused for it."""
+    from glmvit.deployment import check_budget_fits
+
+    budgets = sorted(budgets)
+    specs = [[ItemSpec(max(t, s), s) for t, s in r] for r in requests]  # a segment has at least one token
+    sized = BudgetConfig.for_requests(specs, budgets, max_items=1)
+    wanted = max(sum(s.segments for s in r) for r in specs)
+    assert sized.max_segments == min(wanted, budgets[-1])
+    vllm = BudgetConfig.resolve(budgets, 1, video=video)
+    assert vllm.max_segments == (min(600, budgets[-1]) if video else 1)
+    for config in (sized, vllm):
+        check_budget_fits(config, vision_config=VisionConfig.tiny(), weight_bytes=0)
+    assert BudgetConfig.segment_slots(10**6, budgets) == budgets[-1]

@@ -1,6 +1,7 @@
 """The command line: the demo (main job), encode and plan run on CPU and say what they did; every bad invocation
 of every command is one line on stderr and a non-zero exit, before any work."""
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -156,12 +157,18 @@ def test_plan_compares_packers(capsys):
     assert "vllm" in out and "ffd" in out
 
 
-def test_unknown_command_exits_with_one_line(capsys):
+def test_unknown_command_exits_with_one_line(capsys, monkeypatch):
     assert main(["fly"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown command fly; the commands: demo" in err
-    with pytest.raises(SystemExit):  # the usage, on request
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse wraps at the terminal's width, hyphenated names included
+    with pytest.raises(SystemExit) as exc:  # the usage, on request: a success, listing every command
         main(["--help"])
+    from glmvit.cli import COMMANDS
+
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and out.startswith("usage:")
+    assert all(f"{name}:" in out for name in COMMANDS), out
 
 
 @pytest.fixture(scope="module")
@@ -184,9 +191,10 @@ def test_weights_take_the_checkpoints_own_config_on_cpu(command, checkpoint, cap
 
 
 def test_config_with_weights_is_refused_in_one_line(checkpoint, capsys):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exc:
         main(["demo", "--weights", str(checkpoint), "--config", "tiny"])
-    assert "--config applies to random weights" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "--config applies to random weights" in err, err
 
 
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
@@ -356,6 +364,47 @@ def test_every_bad_invocation_is_one_line_before_any_work(argv, message, tmp_pat
     assert message in err, err
     assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing written, nothing left
     assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo.json").st_mode)
+
+
+# Values for every field a preset sets: a new Preset field must be added here (and is then refused with --workload).
+PRESET_VALUES = {"bucket_config": "{(448, 448, 1): 1.0}", "items_per_request": "2", "range_ratio": "0.5",
+                 "limit_per_request": "2"}
+PRESET_COMMANDS = {"plan": [], "bench": [], "bench-serve": ["--url", "http://127.0.0.1:9"]}
+
+
+@pytest.mark.parametrize("command", PRESET_COMMANDS)
+def test_every_command_refuses_each_flag_a_preset_sets(command, capsys):
+    from glmvit.cli import COMMANDS
+    from glmvit.cli.common import PRESET_FLAGS
+
+    assert set(PRESET_FLAGS) == set(PRESET_VALUES)
+    parser = importlib.import_module(COMMANDS[command][0]).build_parser()
+    dests = {a.dest for a in parser._actions}
+    names = [n for n in PRESET_FLAGS if n in dests]
+    assert {"items_per_request", "range_ratio"} <= set(names)
+    for name in names:
+        flag = f"--{name.replace('_', '-')}"
+        try:
+            code = main([command, "--workload", "img1x224", flag, PRESET_VALUES[name], *PRESET_COMMANDS[command]])
+        except SystemExit as exc:
+            code = exc.code
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1, (flag, err)
+        assert flag in err and "--workload" in err, err
+
+
+def test_refuse_given_with_names_only_the_flags_given(capsys):
+    import argparse
+
+    from glmvit.cli.flags import Parser, refuse_given_with
+
+    parser = Parser(prog="p")
+    args = argparse.Namespace(trace="t.csv", seed=3, num_requests=None)
+    refuse_given_with(parser, argparse.Namespace(trace=None, seed=3), "trace", ("seed",), "why")  # no --trace: fine
+    with pytest.raises(SystemExit) as exc:
+        refuse_given_with(parser, args, "trace", ("seed", "num_requests", "not_a_flag"), "a trace has its own")
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == "p: error: --seed with --trace: a trace has its own (see --help)\n"
 
 
 # --- outputs are written through, never replacing what is not a regular file -----------------------------------------

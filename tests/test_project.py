@@ -32,8 +32,17 @@ def test_ci_runs_the_readme_test_command():
     assert (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1] == "make test"
 
 
-def test_there_are_notebooks():
-    assert len(NOTEBOOKS) >= 2
+def readme_notebook_table(readme: str) -> list[str]:
+    """The first column of the README's notebook table (under "## The notebooks"), in order."""
+    section = readme.split("\n## The notebooks\n", 1)[1]
+    rows = re.findall(r"^\| `([^`]+)` \|", section.strip().split("\n\n", 1)[0], re.M)
+    assert rows, "the README's notebook table has no rows"
+    return rows
+
+
+def test_the_readme_lists_every_notebook_and_only_those():
+    """The README's notebook table and notebooks/ name the same numbered notebooks, in the same order."""
+    assert readme_notebook_table((ROOT / "README.md").read_text()) == [p.stem for p in NOTEBOOKS]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -74,17 +83,48 @@ def test_readme_results_are_the_recorded_ones():
     assert main(["--check"]) == 0, "run python tools/readme_results.py"
 
 
-def test_no_library_module_imports_the_tools():
-    """The data path never depends on the commands: glmvit/cli imports the library, never the other way."""
+def cli_imports(package: Path) -> list[tuple[str, str]]:
+    """(file, module) for every import of ``glmvit.cli`` (or below it) by a module of the package at ``package``
+    outside cli/ and __main__.py: absolute or relative, ``import``, ``from … import`` or ``from . import cli``."""
     import ast
 
-    for path in (ROOT / "glmvit").rglob("*.py"):
-        if "cli" in path.relative_to(ROOT / "glmvit").parts or path.name == "__main__.py":
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        inside = path.relative_to(package).parts
+        if inside[0] == "cli" or path.name == "__main__.py":
             continue
+        here = [package.name, *inside[:-1]]  # the module's package, e.g. ["glmvit", "kernels"]
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            assert not any(n == "cli" or n.startswith(("cli.", "glmvit.cli")) for n in names), path.name
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join([*here[:len(here) - node.level + 1], *([node.module] if node.module else [])]) \
+                    if node.level else node.module or ""
+                modules = [base, *(f"{base}.{a.name}" for a in node.names)]  # a name may be a submodule
+            else:
+                continue
+            found += [(str(path.relative_to(package)), m) for m in modules
+                      if m == f"{package.name}.cli" or m.startswith(f"{package.name}.cli.")]
+    return found
+
+
+def test_no_library_module_imports_the_tools():
+    """The data path never depends on the commands: glmvit/cli imports the library, never the other way."""
+    assert cli_imports(ROOT / "glmvit") == []
+
+
+def test_the_layering_check_finds_every_spelling_of_a_cli_import(tmp_path):
+    package = tmp_path / "glmvit"
+    (package / "cli").mkdir(parents=True)
+    (package / "kernels").mkdir()
+    (package / "cli" / "common.py").write_text("from ..packing import BudgetConfig\n")  # cli may import the library
+    spellings = {"a.py": "from . import cli\n", "b.py": "from .cli import common\n", "c.py": "from glmvit import cli\n",
+                 "d.py": "import glmvit.cli.common\n", "e.py": "from .cli.common import DTYPES\n",
+                 "kernels/f.py": "from .. import cli\n", "kernels/g.py": "from ..cli import common\n"}
+    for name, line in spellings.items():
+        (package / name).write_text(line)
+    (package / "fine.py").write_text("from . import packing\nfrom .kernels import client\nimport glmvit.clip\n")
+    assert {file for file, _ in cli_imports(package)} == set(spellings)
 
 
 def _imports(source: str) -> list[tuple[str, list[str]]]:

@@ -73,6 +73,7 @@ from .common import (
     output_path,
     read_latency_table,
     refuse_outputs_over_inputs,
+    refuse_preset_flags,
     resolve_model_args,
     write_record,
 )
@@ -85,7 +86,6 @@ COMPILED_MODES = ("transformers-compiled", "graph-compiled", "compile")  # bench
 MAX_REQUESTS = 100_000
 MAX_ITEMS = 1_000_000  # every item's pixels are generated up front: 10⁶ 224² images alone are 600 GB in bf16
 DEFAULT_BUCKETS = "{(224, 224, 1): 1.0}"
-PRESET_DECIDES = ("bucket_config", "items_per_request", "range_ratio")  # --workload's own
 MAX_WARMUP = 10_000
 MAX_MATMUL = {"cuda": 32_768, "cpu": 4_096}  # cuda: 3 n² bf16 operands = 6 GiB; cpu: 13 matmuls of 2n³ ≈ 30 s
 PIXEL_SHARE = 0.5  # the pixels stay resident for every mode: leave the other half for weights, activations, graphs
@@ -267,6 +267,8 @@ def run_benchmark(args: argparse.Namespace, command: str, session: Session | Non
     floors = [floor_ms(f["total"], floor["weight_bytes"], floor["matmul_tflops"], floor["copy_gbps"]) for f in flops]
     plans = [plan_batches(r, budget_config) for r in specs]
     tables = resolve_tables(args.tables, model)
+    graph_configs = _graph_configs(modes, specs, args, tables)
+    _check_graphs_fit(graph_configs, args, device)  # what each mode captures, before any mode runs
 
     result: dict[str, Any] = {
         "settings": {
@@ -307,7 +309,7 @@ def run_benchmark(args: argparse.Namespace, command: str, session: Session | Non
         try:
             with torch.inference_mode():
                 route_table = None if args.no_route else tables.get(mode)
-                mode_config = _mode_config(mode, specs, args, tables) if mode in TABLE_MODES else budget_config
+                mode_config = graph_configs.get(mode, budget_config)
                 fn, runner = make_mode(mode, model, mode_config, record, not args.quiet, route_table, session)
                 if runner is not None:
                     record["budgets"] = list(mode_config.token_budgets)
@@ -394,6 +396,25 @@ def _mode_config(mode: str, specs: list, args: argparse.Namespace, tables: dict[
     padding is cheap (:func:`glmvit.costmodel.ladder_split`; 512 without a table)."""
     split = ladder_split(tables[mode]) if mode in tables and not args.budgets else LADDER_SPLIT
     return BudgetConfig.for_requests(specs, args.budgets, args.max_items, args.max_segments, split=split)
+
+
+def _graph_configs(modes: list[str], specs: list, args: argparse.Namespace,
+                   tables: dict[str, LatencyTable]) -> dict[str, BudgetConfig]:
+    """What each graph mode of ``modes`` captures: the one config that is both checked to fit and captured."""
+    return {mode: _mode_config(mode, specs, args, tables) for mode in modes if mode in TABLE_MODES}
+
+
+class GraphsDoNotFit(ValueError):
+    """A graph mode's budgets cannot be captured on the device (:func:`check_budget_fits` says why)."""
+
+
+def _check_graphs_fit(configs: dict[str, BudgetConfig], args: argparse.Namespace, device: torch.device) -> None:
+    """:class:`GraphsDoNotFit` unless each config's graphs and the weights fit the device."""
+    for config in configs.values():
+        try:
+            check_budget_fits(config, str(DTYPES[args.dtype]).removeprefix("torch."), graph_memory_target(device))
+        except ValueError as err:
+            raise GraphsDoNotFit(str(err)) from None
 
 
 def parse_tables(text: str) -> str:
@@ -544,10 +565,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     """Every value checked before any work: one line and exit 2 for a bad one. The workload is drawn here once
     to refuse what cannot run (no items, budgets that do not fit it, pixels that do not fit the device)."""
     resolve_model_args(parser, args)
-    if args.workload:  # the preset sets them: given too, they were silently not what ran
-        preset_set = [f"--{name.replace('_', '-')}" for name in PRESET_DECIDES if getattr(args, name) is not None]
-        if preset_set:
-            parser.error(f"{', '.join(preset_set)} with --workload: the preset sets them (use --bucket-config instead)")
+    refuse_preset_flags(parser, args)
     given = [] if args.tables in ("auto", "off") else \
         [(mode.strip(), path.strip()) for mode, _, path in (part.partition("=") for part in args.tables.split(","))]
     refuse_outputs_over_inputs(parser, {"--json": args.json}, {f"the --tables {m} input": p for m, p in given})
@@ -560,16 +578,20 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             check_backend(args.attn_backend, device, DTYPES[args.dtype])
         if args.json:
             check_writable(args.json)
+        tables = {}
         for mode, path in given:
-            table = read_latency_table(path)
+            tables[mode] = table = read_latency_table(path)
             if table.mode not in (None, mode):
                 raise ValueError(f"--tables {mode}={path}: {table.describe()} measured {table.mode}, not {mode}")
-        _check_workload(args, device)
+        # the tables that decide each mode's budgets, when known before the model is built (auto: only it knows)
+        _check_workload(args, device, None if args.tables == "auto" and not args.budgets else tables)
     except (ValueError, OSError) as err:
         parser.error(str(err))
 
 
-def _check_workload(args: argparse.Namespace, device: torch.device) -> None:
+def _check_workload(args: argparse.Namespace, device: torch.device, tables: dict[str, LatencyTable] | None) -> None:
+    """The drawn workload fits the limits and the device; its graphs are checked against memory here when
+    ``tables`` (those that size each mode's budgets) are known, else by :func:`run_benchmark` before any mode runs."""
     buckets, items_per_request, range_ratio, limit = _workload(args)
     most = min(math.ceil(items_per_request * (1 + range_ratio)), limit or math.inf)
     if args.num_requests * most > MAX_ITEMS:
@@ -580,10 +602,9 @@ def _check_workload(args: argparse.Namespace, device: torch.device) -> None:
     if not requests:
         raise ValueError("the workload drew no items (raise --items-per-request or lower --range-ratio)")
     specs = [[item.spec for item in r] for r in requests]
-    config = BudgetConfig.for_requests(specs, args.budgets, args.max_items, args.max_segments)
-    if args.max_segments is None:  # the default may exceed small budgets; the runner never uses slots past them
-        config = BudgetConfig(config.token_budgets, config.max_items, min(config.max_segments, config.largest))
-    check_budget_fits(config, str(DTYPES[args.dtype]).removeprefix("torch."), graph_memory_target(device))
+    BudgetConfig.for_requests(specs, args.budgets, args.max_items, args.max_segments)  # the limits, for every mode
+    if tables is not None:
+        _check_graphs_fit(_graph_configs(parse_modes(args.modes), specs, args, tables), args, device)
     rows = sum(int(np.prod(item.grid)) for r in requests for item in r)
     need = rows * VisionConfig().patch_dim * DTYPES[args.dtype].itemsize
     have = device_memory_bytes(device)
@@ -602,6 +623,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     try:
         result = run_benchmark(args, " ".join([sys.executable, "-m", "glmvit", "bench", *argv]))
+    except GraphsDoNotFit as err:  # checked once the model chose the tables (--tables auto): still before any mode
+        parser.error(str(err))
     finally:
         torch.set_num_threads(threads)  # main() is also called from notebooks and tests: leave no global change
     print_report(result)

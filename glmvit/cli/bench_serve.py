@@ -78,6 +78,7 @@ from .common import (
     model_from_args,
     output_path,
     plural,
+    refuse_preset_flags,
     resolve_model_args,
     write_record,
 )
@@ -95,7 +96,6 @@ Send = Callable[[int], Awaitable["Outcome"]]
 SERVER_PHASES = ("read", "decode", "preprocess", "queue", "host_to_device", "encode", "serialise")
 BODIES = ("media", "pixels")
 DEFAULT_BUCKETS = "{(224, 224, 8): 1.0}"
-PRESET_DECIDES = ("bucket_config", "items_per_request", "range_ratio", "limit_per_request")  # --workload's own
 
 
 @dataclass(frozen=True)
@@ -760,10 +760,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: 
         parser.error("--modes applies to --spawn and --in-process (a running server has its own mode)")
     if args.decode_workers is not None and not args.spawn:
         parser.error("--decode-workers applies to --spawn (a running server has its own; --in-process decodes nothing)")
-    if args.workload:  # the preset sets them: given too, they were silently not what ran
-        given = [f"--{name.replace('_', '-')}" for name in PRESET_DECIDES if getattr(args, name) is not None]
-        if given:
-            parser.error(f"{', '.join(given)} with --workload: the preset sets them (use --bucket-config instead)")
+    refuse_preset_flags(parser, args)
     if args.url:
         check_url(parser, args.url)
     try:

@@ -3,6 +3,7 @@ on sizes, and output written atomically (JSON with provenance)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import json
 import os
@@ -23,7 +24,7 @@ from ..model import GlmVisionEncoder
 from ..random_weights import random_encoder
 from ..records import Record, to_json
 from ..weights import checkpoint_config, missing_checkpoint
-from ..workloads import parse_bucket_config, shown
+from ..workloads import Preset, parse_bucket_config, shown
 from .flags import (  # noqa: F401  (re-exported: every command imports them from here)
     DTYPE_NAMES,
     MAX_BUDGET_TOKENS,
@@ -36,9 +37,12 @@ from .flags import (  # noqa: F401  (re-exported: every command imports them fro
     float_in,
     int_in,
     output_path,
+    refuse_given_with,
 )
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# The flags a named preset (--workload) decides: its own fields, so a new field is refused with --workload at once.
+PRESET_FLAGS = tuple(f.name for f in dataclasses.fields(Preset) if f.name != "description")
 MAX_TABLE_BYTES = 16 << 20  # a latency table is tens of KiB (data/bench/latency_h200.json: 34 KB)
 
 
@@ -73,6 +77,12 @@ def resolve_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace
         args.config = "checkpoint" if args.weights else "full" if device.type == "cuda" else "tiny"
     if args.dtype is None:
         args.dtype = "bf16" if device.type == "cuda" else "fp32"
+
+
+def refuse_preset_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """With ``--workload``, a usage error naming every :data:`PRESET_FLAGS` flag given too: the preset sets them, so
+    a value given beside it would silently not be what ran. Flags a command does not define are skipped."""
+    refuse_given_with(parser, args, "workload", PRESET_FLAGS, "the preset sets them (use --bucket-config instead)")
 
 
 def bucket_config_arg(text: str) -> dict:

@@ -140,7 +140,6 @@ def plan_workload(args: argparse.Namespace) -> Workload:
             raise ValueError(f"request {k} has {tokens:,} tokens, more than {MAX_BUDGET_TOKENS:,} (a request must "
                              "fit the 128K-token context of GLM-4.6V-Flash): fewer or smaller items")
     config = BudgetConfig.for_requests(specs)
-    config = BudgetConfig(config.token_budgets, config.max_items, min(config.max_segments, config.largest))
     check_budget_fits(config, str(DTYPES[args.dtype]).removeprefix("torch."), graph_memory_target(args.device))
     return Workload(buckets, grids, config)
 

@@ -13,7 +13,6 @@ Workspace`.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import html
 import json
 from contextlib import contextmanager
@@ -306,10 +305,7 @@ class BudgetExplorer:
         try:
             budgets, segments = check_budgets(parse_budgets(text)), self._max_segments()
             items = None if self.max_items_auto.value else self.max_items.value
-            config = BudgetConfig.resolve(budgets, items, segments, video=True)
-            if segments is None:
-                config = dataclasses.replace(config, max_segments=min(config.max_segments, config.largest))
-            config = check_budget_fits(config)
+            config = check_budget_fits(BudgetConfig.resolve(budgets, items, segments, video=True))
         except ValueError as err:
             raise ValueError(f"{what}{err}") from None
         if items is None and not what:  # the first set's limit on the slider, without a redraw

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Callable, NoReturn
+from typing import Callable, Iterable, NoReturn
 
 from ..messages import shown
 from ..packing import parse_budgets
@@ -99,3 +99,14 @@ def output_path(text: str) -> str:
     if not text:
         raise argparse.ArgumentTypeError("an empty path: name a file (or - for standard output)")
     return text
+
+
+def refuse_given_with(parser: argparse.ArgumentParser, args: argparse.Namespace, flag: str, names: Iterable[str],
+                      why: str) -> None:
+    """A usage error (one line: the flags, ``--flag``, ``why``) when ``args.<flag>`` is set and any of ``names`` was
+    given too (not None); names the command does not define are skipped."""
+    if not getattr(args, flag, None):
+        return
+    given = [f"--{name.replace('_', '-')}" for name in names if getattr(args, name, None) is not None]
+    if given:
+        parser.error(f"{', '.join(given)} with --{flag.replace('_', '-')}: {why}")

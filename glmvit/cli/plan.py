@@ -52,7 +52,9 @@ from .common import (
     int_in,
     output_path,
     read_latency_table,
+    refuse_given_with,
     refuse_outputs_over_inputs,
+    refuse_preset_flags,
     write_atomic,
     write_json,
 )
@@ -60,7 +62,6 @@ from .common import (
 MAX_REQUESTS = 1_000_000
 MAX_ITEMS = 10_000_000  # planning is pure Python at ≈ 30 µs an item (both packers): 10⁷ items take ≈ 5 minutes
 RANDOM_ONLY = ("num_requests", "items_per_request", "range_ratio", "seed")  # flags a trace has no use for
-PRESET_DECIDES = ("items_per_request", "range_ratio")  # flags a named preset sets itself
 GIB = 2**30
 SYSTEMS = {"vllm": ("vllm", False), "glmvit": ("ffd", True)}  # system → (packer, routing)
 
@@ -117,12 +118,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tup
                                                                                    list[BudgetConfig],
                                                                                    LatencyTable | None]:
     """Every value checked, every output checked writable, the workload drawn or read: before any planning."""
-    for flag, names, why in (("trace", RANDOM_ONLY, "a trace has its own requests"),
-                             ("workload", PRESET_DECIDES, "the preset sets them (use --bucket-config instead)")):
-        given = [f"--{name.replace('_', '-')}" for name in names if getattr(args, flag) and
-                 getattr(args, name) is not None]
-        if given:
-            parser.error(f"{', '.join(given)} with --{flag}: {why}")
+    refuse_given_with(parser, args, "trace", RANDOM_ONLY, "a trace has its own requests")
+    refuse_preset_flags(parser, args)
     outputs = [Path(p) for p in (args.export, args.json) if p]
     table_input = args.latency_table if args.latency_table != "none" else None
     refuse_outputs_over_inputs(parser, {"--export": args.export, "--json": args.json},
