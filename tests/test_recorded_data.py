@@ -167,9 +167,10 @@ def test_graph_memory_estimate_matches_every_recorded_pool_within_15_percent(pat
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "not met yet (issue: one-call record): in run s16_299c385r1 the three timings are 22.5, 19.5 and 19.1 ms "
-    "(max/min 1.18; 13.7, 13.0 and 11.8 ms in s15_a78d452r1): the host's launch cost moved within the run, and a "
-    "probe in the same lease saw one CPU's eager median swing between 11 and 26 ms from one second to the next"))
+    "not met yet (issue: one-call record): in run s17_2a6bc1ar1 the three timings are 8.83, 8.32 and 10.08 ms "
+    "(max/min 1.21; 22.5, 19.5 and 19.1 ms in s16_299c385r1): the sweep times its five runs after one warm-up, the "
+    "benchmarks fifty after five, and a probe on this host saw one CPU's eager median swing between 11 and 26 ms "
+    "from one second to the next"))
 def test_one_eager_forward_times_the_same_in_every_record_of_a_run():
     """One 224² image run eagerly is timed by three records of a record run — the image benchmark, the seed
     configuration's benchmark and the latency sweep's 64-token full layout (the same [1, 16, 16] grid). Timed in
