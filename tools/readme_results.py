@@ -161,7 +161,7 @@ def ncu_line() -> str:
     return ("**What limits each kernel** (`python -m glmvit ncu`, Nsight Compute's counters for every kernel of one "
             f"graph-compiled replay, `ncu_h200.json` @ {record.provenance.short_commit}{mark(record)}; kernel time by "
             "limiter — the busiest of dram, tensor and issue at ≥ 60 % of peak, else parallelism with fewer blocks "
-            "than SMs, else latency): " + "; ".join(parts) + ". Notebook 10 section 9 reads it.")
+            "than SMs, else latency): " + "; ".join(parts) + ". Notebook 10 section 7 reads it.")
 
 
 def interp_line() -> str:
