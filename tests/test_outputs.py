@@ -63,7 +63,7 @@ def test_a_regular_file_under_dev_is_replaced_whole_or_not_at_all(tmp_path):
 def test_a_failed_encode_removes_the_folders_it_made(tmp_path, monkeypatch, capsys):
     from glmvit.cli import encode
 
-    def fail(path, kind):
+    def fail(path, kind, **found):
         raise ValueError(f"{path}: cannot decode it")
 
     monkeypatch.setattr(encode, "load", fail)
