@@ -670,3 +670,17 @@ def test_a_file_url_that_changes_while_it_is_copied_is_refused(tmp_path, monkeyp
     with pytest.raises(MediaError, match=r"content\[0\]\.image_url: the file changed while it was read"):
         prepare_media("json", json.dumps({"content": [image_part(f"file://{path}")]}).encode(),
                       MediaLimits(allowed_media_dir=str(tmp_path)), 4)
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_a_file_url_naming_a_directory_or_fifo_is_a_400(tmp_path, kind):
+    """A file:// URL under the allowed directory that names a directory or a FIFO is a 400 naming the part (a
+    directory escaped as an OSError that ended the decode worker: a 500)."""
+    from glmvit.cli.serve_media import MediaError, prepare_media
+
+    path = tmp_path / "x.jpg"
+    path.mkdir() if kind == "directory" else os.mkfifo(path)
+    with pytest.raises(MediaError, match=r"^content\[0\]\.image_url: not a regular file$") as err:
+        prepare_media("json", json.dumps({"content": [image_part(f"file://{path}")]}).encode(),
+                      MediaLimits(allowed_media_dir=str(tmp_path)), 4)
+    assert err.value.status == 400

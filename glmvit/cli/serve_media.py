@@ -212,10 +212,11 @@ def snapshot(label: str, origin: Path, copy: Path) -> bytes:
         raise MediaError(f"{label}: no such file") from None
     except OSError as err:
         raise MediaError(f"{label}: cannot read it ({err.strerror or type(err).__name__})") from None
+    before = os.fstat(fd)
+    if not stat.S_ISREG(before.st_mode):  # before fdopen, which refuses a directory with an OSError of its own
+        os.close(fd)
+        raise MediaError(f"{label}: not a regular file")
     with os.fdopen(fd, "rb") as source:
-        before = os.fstat(fd)
-        if not stat.S_ISREG(before.st_mode):
-            raise MediaError(f"{label}: not a regular file")
         with copy.open("wb") as target:
             shutil.copyfileobj(source, target, 1 << 20)
             copied = target.tell()
