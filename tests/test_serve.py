@@ -644,3 +644,23 @@ def test_cuda_server_answers_concurrent_clients():
         outs = [got[f"item_{i}"] for i in range(len(grid))]
         assert all(out.dtype == torch.float32 for out in outs)  # bf16 values, answered as float32 (exact)
         assert_per_item(model, [out.cuda().bfloat16() for out in outs], pixels.cuda().bfloat16(), grid)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "256.1.1.1"])
+def test_serve_refuses_an_address_it_cannot_listen_on_before_building_the_model(monkeypatch, capsys, host):
+    """A port in use or a host that is no address here is a one-line usage error before the model is built and
+    its budgets captured (it came only after the whole start-up, after a 'shutting down' line)."""
+    import socket
+
+    from glmvit.cli import serve
+
+    monkeypatch.setattr(serve, "build_service", lambda *a, **k: pytest.fail("the model was built first"))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(SystemExit) as exit_:
+            serve.main(["--device", "cpu", "--config", "tiny", "--host", host, "--port", str(port)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--host {host} --port {port}: cannot listen there" in err[0], err

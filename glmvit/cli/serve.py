@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import logging
 import os
+import socket
 import sys
 from typing import Any
 
@@ -175,6 +176,19 @@ def media_dir(text: str) -> str:
     return path
 
 
+def check_listen(host: str, port: int) -> None:
+    """A one-line ValueError when ``host``:``port`` cannot be listened on (an unknown host, a port in use, an
+    address not on this machine): found before the model is built and captured, not after."""
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        for family, kind, proto, _, address in addresses:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server's own socket does
+                probe.bind(address)
+    except OSError as err:
+        raise ValueError(f"--host {host} --port {port}: cannot listen there ({err.strerror or err})") from None
+
+
 def build_service(args: argparse.Namespace, command: str, model: GlmVisionEncoder | None = None,
                   floor: dict[str, Any] | None = None, decode: DecodePool | None = None) -> EncoderService:
     """Model (``model`` if given: the flags' tower, built by the caller), encoder (captured), scheduler and
@@ -211,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     resolve_model_args(parser, args)
     check_serving_args(parser, args, [args.mode])
+    try:
+        check_listen(args.host, args.port)
+    except ValueError as err:
+        parser.error(str(err))
     logging.basicConfig(level=logging.WARNING, format="glmvit serve: %(message)s")
     service = build_service(args, " ".join([sys.executable, "-m", "glmvit", "serve", *argv]))
     mode = service.scheduler.mode
