@@ -618,3 +618,69 @@ def test_a_file_url_video_is_probed_once_a_request_and_afresh_by_the_next(tmp_pa
         (tmp_path / name).write_bytes(gif)
         want.append(process_video(tmp_path / name).frame_indices[0])
     assert sampled == want and want[0] != want[1]
+
+
+@pytest.mark.parametrize("counts", [(8, 24), (24, 8)])
+def test_a_file_url_rewritten_between_its_check_and_its_decoding_gives_the_bytes_read(tmp_path, monkeypatch, counts):
+    """A file:// item is read once: a file rewritten in place after its check gives the answer (frames, grid and
+    sha256) of the bytes the request read, never the old file's probe applied to the new file's frames, nor the
+    new file's digest on the old file's frames (both were 200s, one with embeddings of neither file)."""
+    import hashlib
+
+    from test_video_files import gifs_of_one_size, rewrite_in_place
+
+    import glmvit.cli.serve_media as serve_media
+    from glmvit.cli.serve_media import prepare_media
+
+    first, second = gifs_of_one_size(counts)
+    path = tmp_path / "clip.gif"
+    path.write_bytes(first)
+    real = serve_media.load_frames
+
+    def rewritten_first(*args, **kwargs):
+        rewrite_in_place(path, second)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(serve_media, "load_frames", rewritten_first)
+    limits = MediaLimits(allowed_media_dir=str(tmp_path))
+    got = prepare_media("json", json.dumps({"content": [video_part(f"file://{path}")]}).encode(), limits, 4)
+    monkeypatch.setattr(serve_media, "load_frames", real)
+    want = prepare_media("json", json.dumps({"content": [video_part(data_url(first, "gif"))]}).encode(), limits, 4)
+    assert got.records[0]["sha256"] == hashlib.sha256(first).hexdigest()
+    assert got.records[0]["frame_indices"] == want.records[0]["frame_indices"]
+    assert (got.grid_thw == want.grid_thw).all() and torch.equal(got.frames.tensor(), want.frames.tensor())
+
+
+def test_a_file_url_that_changes_while_it_is_copied_is_refused(tmp_path, monkeypatch):
+    """A file whose size or change time moves while the request reads it is a 400 naming the part (retry), never
+    decoded from a torn copy."""
+    import glmvit.cli.serve_media as serve_media
+    from glmvit.cli.serve_media import MediaError, prepare_media
+
+    path = tmp_path / "a.png"
+    path.write_bytes(encode_image(noise((56, 84, 3), 1), "png"))
+    real = serve_media.shutil.copyfileobj
+
+    def torn(source, target, length=0):
+        real(source, target, length)
+        with path.open("ab") as fp:
+            fp.write(b"\0" * 16)
+
+    monkeypatch.setattr(serve_media.shutil, "copyfileobj", torn)
+    with pytest.raises(MediaError, match=r"content\[0\]\.image_url: the file changed while it was read"):
+        prepare_media("json", json.dumps({"content": [image_part(f"file://{path}")]}).encode(),
+                      MediaLimits(allowed_media_dir=str(tmp_path)), 4)
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_a_file_url_naming_a_directory_or_fifo_is_a_400(tmp_path, kind):
+    """A file:// URL under the allowed directory that names a directory or a FIFO is a 400 naming the part (a
+    directory escaped as an OSError that ended the decode worker: a 500)."""
+    from glmvit.cli.serve_media import MediaError, prepare_media
+
+    path = tmp_path / "x.jpg"
+    path.mkdir() if kind == "directory" else os.mkfifo(path)
+    with pytest.raises(MediaError, match=r"^content\[0\]\.image_url: not a regular file$") as err:
+        prepare_media("json", json.dumps({"content": [image_part(f"file://{path}")]}).encode(),
+                      MediaLimits(allowed_media_dir=str(tmp_path)), 4)
+    assert err.value.status == 400

@@ -6,7 +6,8 @@ A JSON body is :class:`EncodeRequest`: ``{"content": [part, ...]}`` or a chat ``
 ``{"type": "video_url", "video_url": {"url": URL}}`` or ``{"type": "text", "text": ...}`` (ignored); each media part
 is one item, in order. A URL is ``data:<type>;base64,<data>`` (image/jpeg, image/png, image/webp, image/gif,
 video/mp4, video/webm, video/quicktime) or, only when the server names an allowed directory, ``file://`` a file
-under it (symlinks resolved first); http(s) URLs are refused (the server fetches nothing). An image_url must hold
+under it (symlinks resolved first; read once, into a copy the item's check, decoding and digest share);
+http(s) URLs are refused (the server fetches nothing). An image_url must hold
 an image and a video_url a video (an animated GIF or WebP is a video). Errors name the part, e.g.
 ``content[2].image_url.url: not a data URL``.
 
@@ -25,6 +26,9 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import os
+import shutil
+import stat
 import tempfile
 import time
 import warnings
@@ -197,6 +201,32 @@ def file_url(where: str, url: str, allowed: str | None) -> Path:
     return path
 
 
+def snapshot(label: str, origin: Path, copy: Path) -> bytes:
+    """``origin``'s bytes, copied to ``copy`` through one open file and returned: the item's check, decoding and
+    sha256 all read this one copy, so a file rewritten while its request is in flight gives the answer of the
+    bytes read, never frames of one version with the metadata or digest of another. A file whose size or
+    change time moved while it was copied is refused (retry), as is anything but a regular file."""
+    try:
+        fd = os.open(origin, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise MediaError(f"{label}: no such file") from None
+    except OSError as err:
+        raise MediaError(f"{label}: cannot read it ({err.strerror or type(err).__name__})") from None
+    before = os.fstat(fd)
+    if not stat.S_ISREG(before.st_mode):  # before fdopen, which refuses a directory with an OSError of its own
+        os.close(fd)
+        raise MediaError(f"{label}: not a regular file")
+    with os.fdopen(fd, "rb") as source:
+        with copy.open("wb") as target:
+            shutil.copyfileobj(source, target, 1 << 20)
+            copied = target.tell()
+        after = os.fstat(fd)
+    if copied != after.st_size or any(getattr(before, k) != getattr(after, k)
+                                      for k in ("st_size", "st_mtime_ns", "st_ctime_ns")):
+        raise MediaError(f"{label}: the file changed while it was read; retry")
+    return copy.read_bytes()
+
+
 def _header_pixels(path: Path, info: video.VideoInfo | None) -> int:
     """What decoding ``path`` will cost at most, from its header alone: an image's pixels, or a video's every
     frame's from its ``info`` (frames × width × height; its sampled frames end sooner)."""
@@ -291,10 +321,11 @@ def prepare_media(kind: str, payload: Any, limits: MediaLimits, merge_area: int,
             raise MediaError(f"{len(items)} items in one request: at most {max_items}", 413)
         parse_s = time.perf_counter() - start
         for k, (label, name, want, source) in enumerate(items):
-            data: bytes | None
             if kind == "json" and source.lower().startswith("file:"):
-                path, data = file_url(f"{label}.url", source, limits.allowed_media_dir), None
-                name = str(path)
+                origin = file_url(f"{label}.url", source, limits.allowed_media_dir)
+                name = str(origin)
+                path = Path(scratch).resolve() / f"{k}{origin.suffix.lower()}"
+                data = snapshot(label, origin, path)
             else:
                 if kind == "json":
                     if source.split(":", 1)[0].lower() in ("http", "https"):
@@ -307,7 +338,7 @@ def prepare_media(kind: str, payload: Any, limits: MediaLimits, merge_area: int,
                 path.write_bytes(data)
             inputs = _load_item(label, path, want, limits, budget)
             tokens = int(inputs.grid_thw[0].prod()) // merge_area
-            digest = hashlib.sha256(data if data is not None else path.read_bytes()).hexdigest()
+            digest = hashlib.sha256(data).hexdigest()
             records.append(inputs_record(name, digest, inputs, tokens))
             loaded.append(inputs)
     frames = [f for item in loaded for f in item.frames]
