@@ -238,3 +238,24 @@ def test_timing_until_steady_stops_once_the_runs_agree_and_runs_on_while_they_do
     assert len(timing.time_until_steady(late.run, "cpu", max_runs=5, warmup=0)) == 5
     with pytest.raises(ValueError, match="min_runs"):
         timing.time_until_steady(steady.run, "cpu", max_runs=2, min_runs=3)
+
+
+def test_the_serving_target_is_swept_on_the_one_shape_workload_in_bounded_time():
+    """P99 time to embedding at half the saturated rate against the unloaded median means something only where items
+    are alike: the one-shape workload gets a sweep, graph-compiled alone, whose finite rates at the saturated rate
+    last recorded take well under half a minute; the README lists every serve job's record."""
+    from glmvit.records import DATA, ServeRecord, load
+    from tools.readme_results import SERVE_RECORDS
+
+    serve = [j for j in jobs() if j.command == "bench-serve"]
+    assert set(SERVE_RECORDS) == {j.name for j in serve}
+    sweeps = [j for j in serve if dict(zip(j.argv[::2], j.argv[1::2], strict=True))["--workload"] == "video8x224"
+              and "50%" in dict(zip(j.argv[::2], j.argv[1::2], strict=True))["--request-rate"].split(",")]
+    assert len(sweeps) == 1 and sweeps[0].modes == ("graph-compiled",)
+    argv = dict(zip(sweeps[0].argv[::2], sweeps[0].argv[1::2], strict=True))
+    rates = argv["--request-rate"].split(",")
+    assert rates[0] == "inf" and any(float(r.rstrip("%")) < 50 for r in rates[1:])  # an unloaded run to compare
+    saturated = next(r["requests_per_s"] for r in load(DATA / "bench/serve_video8x224_h200.json", ServeRecord).runs
+                     if r["mode"] == "graph-compiled")
+    seconds = sum(int(argv["--num-prompts"]) / (float(r.rstrip("%")) / 100 * saturated) for r in rates[1:])
+    assert seconds < 20, seconds
