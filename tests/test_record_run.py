@@ -72,7 +72,7 @@ class FakePhase:
         FakePhase.calls.append(cmd)
         FakePhase.events.append(("start", phase))
         self.stdin = FakeStdin(phase)
-        self.stdout = io.StringIO("".join(line + "\n" for line in FakePhase.script[phase]))
+        self.stdout = io.StringIO("".join(line + "\n" for line in [f"[ready] {phase}", *FakePhase.script[phase]]))
         self.code = 1 if any(line.startswith("[FAIL]") for line in FakePhase.script[phase]) else 0
         self.ended = False
 
@@ -111,7 +111,7 @@ def test_the_orchestrator_runs_each_phase_once_and_packs_what_they_wrote(tmp_pat
     code = main(["record", "--only", "latency,startup_warm,kernels", "--archive", str(archive)])
     assert code == 1  # kernels failed
     assert [c[c.index("--phase") + 1] for c in FakePhase.calls] == ["measure", "profile"]  # one process a phase
-    # both start at once (profile imports while measure runs); profile goes only once measure's process has ended
+    # both start at once and import side by side; measure goes once both are ready, profile once measure has ended
     assert FakePhase.events == [("start", "measure"), ("start", "profile"), ("go", "measure"), ("ended", "measure"),
                                 ("go", "profile"), ("ended", "profile")]
     measure_jobs = FakePhase.calls[0][FakePhase.calls[0].index("--jobs") + 1].split(",")
@@ -119,6 +119,7 @@ def test_the_orchestrator_runs_each_phase_once_and_packs_what_they_wrote(tmp_pat
     with tarfile.open(archive) as tar:
         assert tar.getnames() == ["data/bench/latency_h200.json", "data/bench/capture_h200.json"]
     out = capsys.readouterr().out
+    assert out.index("[ready] measure") < out.index("[ready] profile") < out.index("[run] latency")
     assert "1 failed ['kernels']" in out and "seconds per job: latency 12, startup_cold 20" in out
 
 

@@ -2,12 +2,12 @@
 
 One process per phase (:mod:`glmvit.cli.recorder`): ``measure`` takes every timing, then ``profile`` everything that
 attaches a profiler, so no timing is ever taken after CUPTI attached. Every phase's process starts at once and
-imports while the phases before it run; it runs its jobs only once the one before it has ended. Both share one
-compile-cache directory (``measure`` starts on empty caches: its first job is the cold start that
-``capture_h200.json`` records; ``profile`` starts on the caches ``measure`` filled: the warm start). A job whose
-records are all current (:func:`glmvit.records.staleness`) is skipped unless ``--force``; a forced run skips only
-what this run id (``$GLMVIT_RECORD_RUN``) already made, so an interrupted run resumes. ``--time-limit`` starts no
-job that would end after it. Not run unless named: ``ncu`` (``--only ncu``, a diagnostic). Never run here:
+imports and builds its session; the first runs its jobs once all are ready, each later one once the one before it
+has ended. Both share one compile-cache directory (``measure`` starts on empty caches: its first job is the cold
+start that ``capture_h200.json`` records; ``profile`` starts on the caches ``measure`` filled: the warm start). A
+job whose records are all current (:func:`glmvit.records.staleness`) is skipped unless ``--force``; a forced run
+skips only what this run id (``$GLMVIT_RECORD_RUN``) already made, so an interrupted run resumes. ``--time-limit``
+starts no job that would end after it. Not run unless named: ``ncu`` (``--only ncu``, a diagnostic). Never run here:
 ``tools/tune_kernels.py``, the launch-configuration sweep the kernels' tables are built from (an input, not a
 result).
 
@@ -75,6 +75,15 @@ def start_phase(phase: str, phase_jobs: list[Job], env: dict[str, str], workdir:
                             stdout=subprocess.PIPE, text=True, bufsize=1)
 
 
+def wait_ready(process: subprocess.Popen[str]) -> None:
+    """Echo a started phase's lines up to its ``[ready]`` (its imports and session done), or to its end."""
+    assert process.stdout is not None
+    for line in process.stdout:
+        print(line, end="", flush=True)
+        if line.startswith("[ready]"):
+            return
+
+
 def run_phase(process: subprocess.Popen[str], phase_jobs: list[Job],
               on_written: Callable[[list[Path]], None] = lambda paths: None,
               ) -> tuple[list[str], list[str], list[Path], dict[str, float]]:
@@ -86,8 +95,11 @@ def run_phase(process: subprocess.Popen[str], phase_jobs: list[Job],
     written: list[Path] = []
     seconds: dict[str, float] = {}
     assert process.stdin is not None and process.stdout is not None
-    process.stdin.write("go\n")
-    process.stdin.close()
+    try:
+        process.stdin.write("go\n")
+        process.stdin.close()
+    except BrokenPipeError:  # it ended before its turn: what it printed, and its exit status, say why
+        pass
     for line in process.stdout:
         print(line, end="", flush=True)
         word, _, rest = line.strip().partition(" ")
@@ -163,14 +175,17 @@ def main(argv: list[str] | None = None) -> int:
     failed: list[str] = []
     written: list[Path] = []
     seconds: dict[str, float] = {}
-    # every phase's process starts now and imports while the phases before it run; each is told to go when the one
-    # before it has ended, so no two phases ever run jobs (or touch the GPU) at once
+    # every phase's process starts now, and the first is told to go once all have imported and built their
+    # sessions: while two are alive, nothing but those imports runs beside a job; each later one is told to go when
+    # the one before it has ended, so no two phases ever run jobs (or touch the GPU) at once
     phase_jobs = {phase: [j for j in chosen if j.phase == phase] for phase in PHASES}
     processes: dict[str, subprocess.Popen[str]] = {}
     try:
         for phase in PHASES:
             if phase_jobs[phase]:
                 processes[phase] = start_phase(phase, phase_jobs[phase], env, workdir, deadline)
+        for process in processes.values():
+            wait_ready(process)
         for phase, process in processes.items():
             t0 = time.monotonic()
             earlier = list(written)

@@ -423,7 +423,7 @@ def run_phase(phase: str, names: list[str], workdir: Path, deadline: float | Non
 
     ``go``: after the imports and the session (no GPU work: no CUDA context is made before a job runs), print
     ``[ready] PHASE`` and wait for one line from it: ``go`` runs the jobs, anything else (end of file) runs none. So
-    the orchestrator starts every phase's process at once and each imports while the one before it measures.
+    the orchestrator starts every phase's process at once, all import side by side, and each runs its jobs alone.
     ``$GLMVIT_SPAWNED_AT`` then moves on by the wait: what the warm start reports as its process's age is the
     process's own work, as a server started alone does it."""
     import torch
