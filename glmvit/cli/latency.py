@@ -54,8 +54,9 @@ EagerTimes = dict[Grids, list[float]]  # a batch's grids → ms of its eager for
 STEADY_RUNS = 3
 # An eager forward is timed as bench times a one-shape workload's request (glmvit.timing.time_passes with its
 # warm-up, precision and passes): passes of EAGER_CALLS forwards, except that a pass also ends after EAGER_PASS_S
-# once it holds STEADY_RUNS forwards. Every host-bound forward (up to ~12 ms, whatever its tokens) still gets its
-# EAGER_CALLS a pass; a GPU-bound one (a 4096-token image: ~160 ms) gets a few, which agree within 1 %.
+# once it holds STEADY_RUNS forwards: a host-bound forward (the same ~launch-bound time whatever its tokens) still
+# gets its EAGER_CALLS a pass on an H200, a GPU-bound one (the largest budgets' full images) a few, which agree
+# within 1 %. Per distinct batch: WARMUP forwards, then at most MAX_PASSES × EAGER_PASS_S (plus one forward a pass).
 EAGER_CALLS = 50
 EAGER_PASS_S = 0.6
 
