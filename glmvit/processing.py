@@ -41,7 +41,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
-from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
 from . import video as video_files
 from .files import file_kind
@@ -80,6 +79,10 @@ PATCH, TEMPORAL, MERGE = PATCH_SIZE, TEMPORAL_PATCH_SIZE, MERGE_SIZE
 RULES = ("glm41v", "glm46v")
 RESIZES = ("pil", "torchvision")
 KINDS = ("image", "video")
+# transformers' image_utils.OPENAI_CLIP_MEAN / OPENAI_CLIP_STD, written out: importing that module imports
+# torchvision and torch._dynamo (seconds), which a process that only sends media (bench-serve --url) must not pay
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 _MEAN = np.array(OPENAI_CLIP_MEAN, dtype=np.float32)
 _STD = np.array(OPENAI_CLIP_STD, dtype=np.float32)

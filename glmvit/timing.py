@@ -1,5 +1,6 @@
 """How glmvit times things: wall-clock per call between device synchronisations (:func:`time_calls`, or
-:func:`time_until_steady` for calls that vary little), summarised by :func:`summarise` (with the median's 95 %
+:func:`time_until_steady` for calls that vary little, or :func:`time_passes` for a request: passes until the median is
+known to ±:data:`PRECISION`), summarised by :func:`summarise` (with the median's 95 %
 interval, :func:`median_ci95`), on a quiet host (:func:`quiet_host`)."""
 from __future__ import annotations
 
@@ -7,10 +8,17 @@ import gc
 import os
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
+
+# How a request is timed (bench's defaults; latency's eager forwards too, so that one forward timed by both agrees by
+# method): WARMUP untimed calls, then passes over the requests while the median's 95 % interval is wider than
+# ±PRECISION, at most MAX_PASSES passes.
+WARMUP = 5
+PRECISION = 0.02
+MAX_PASSES = 3
 
 
 def sync(device: torch.device | str) -> None:
@@ -55,6 +63,43 @@ def time_until_steady(fn: Callable[[], Any], device: torch.device | str, max_run
         return len(times) >= min_runs and max(times) - min(times) <= spread * float(np.median(times))
 
     return _wall_ms(fn, device, max_runs, steady)
+
+
+def time_passes(call: Callable[[int], Any], n: int, device: torch.device | str, precision: float = PRECISION,
+                max_passes: int = MAX_PASSES, warmup: int = 0, pass_budget_s: float | None = None, min_calls: int = 1,
+                after: Callable[[int, Any], None] | None = None,
+                progress: Callable[[int, range], Iterable[int]] | None = None) -> tuple[list[float], list[float], int]:
+    """Wall ms of each ``call(j)`` between synchronisations, and this thread's CPU ms in it (wall − CPU: waiting for
+    the device, or not scheduled): ``warmup`` untimed calls first (j cycling over 0 … n−1), then a pass of j = 0 …
+    n−1, and another while fewer than ``max_passes`` ran and the median's 95 % interval (:func:`median_ci95`) is
+    wider than ±``precision``. ``pass_budget_s``: a pass also ends once it has taken that long and the timing holds
+    ``min_calls`` calls (a slow call's cost bounded, a fast one still gets its n). ``after(j, result)`` runs once a
+    call's clock has stopped (to keep an output outside the timing); ``progress(pass, range)`` wraps each pass's
+    range (a progress bar). Returns (wall ms, CPU ms, passes run). Call it on a quiet host (:func:`quiet_host`)."""
+    if n < 1 or max_passes < 1 or min_calls < 1:
+        raise ValueError(f"need n, max_passes and min_calls >= 1, got {n}, {max_passes} and {min_calls}")
+    device = torch.device(device)
+    for i in range(warmup):
+        call(i % n)
+    sync(device)
+    ms: list[float] = []
+    cpu: list[float] = []
+    passes = 0
+    while passes == 0 or (passes < max_passes and relative_halfwidth(ms) > precision):
+        passes += 1
+        started = time.perf_counter()
+        for j in progress(passes, range(n)) if progress is not None else range(n):
+            c0, t0 = time.thread_time(), time.perf_counter()
+            out = call(j)
+            sync(device)
+            t1 = time.perf_counter()
+            ms.append((t1 - t0) * 1e3)
+            cpu.append((time.thread_time() - c0) * 1e3)
+            if after is not None:
+                after(j, out)
+            if pass_budget_s is not None and len(ms) >= min_calls and t1 - started >= pass_budget_s:
+                break
+    return ms, cpu, passes
 
 
 def _warm(fn: Callable[[], Any], device: torch.device, warmup: int) -> None:

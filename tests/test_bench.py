@@ -5,6 +5,7 @@ Performance is measured by the benchmark, never asserted here: only structure an
 import contextlib
 import json
 import math
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -216,8 +217,11 @@ def test_latency_table_loads(tmp_path, monkeypatch):
     def modelled_until_steady(fn, device, max_runs, warmup=0, min_runs=3, spread=0.02):
         return modelled_times(fn, device, min_runs)  # identical runs agree at once
 
-    monkeypatch.setattr(latency, "time_calls", modelled_times)
+    def modelled_eager(model, pixels, grids):  # eager forwards: latency.time_eager's calls, clock replaced
+        return modelled_times(partial(model, pixels, grids), model.device, 5)
+
     monkeypatch.setattr(latency, "time_until_steady", modelled_until_steady)
+    monkeypatch.setattr(latency, "time_eager", modelled_eager)
     path = tmp_path / "latency.json"
     assert latency.main(["--device", "cpu", "--config", "tiny", "--quiet", "--warmup", "0", "--runs", "2",
                          "--budgets", "16,64,128", "--json", str(path)]) == 0

@@ -60,24 +60,46 @@ def test_dry_run_lists_every_job_and_refuses_unknown_ones(capsys):
 
 
 class FakePhase:
-    """A phase process that prints what the recorder prints, and touches nothing."""
+    """A phase process that prints what the recorder prints, and touches nothing; ``events`` logs when each was
+    started, told to go and waited for."""
 
     script: dict[str, list[str]] = {}
     calls: list[list[str]] = []
+    events: list[tuple[str, str]] = []
 
     def __init__(self, cmd, **kwargs):
-        phase = cmd[cmd.index("--phase") + 1]
+        self.phase = phase = cmd[cmd.index("--phase") + 1]
         FakePhase.calls.append(cmd)
-        self.stdout = io.StringIO("".join(line + "\n" for line in FakePhase.script[phase]))
+        FakePhase.events.append(("start", phase))
+        self.stdin = FakeStdin(phase)
+        self.stdout = io.StringIO("".join(line + "\n" for line in [f"[ready] {phase}", *FakePhase.script[phase]]))
         self.code = 1 if any(line.startswith("[FAIL]") for line in FakePhase.script[phase]) else 0
+        self.ended = False
 
-    def wait(self):
+    def wait(self, timeout=None):
+        if not self.ended:
+            FakePhase.events.append(("ended", self.phase))
+            self.ended = True
         return self.code
+
+    def poll(self):
+        return self.code if self.ended else None
+
+
+class FakeStdin:
+    def __init__(self, phase):
+        self.phase, self.closed = phase, False
+
+    def write(self, text):
+        FakePhase.events.append((text.strip(), self.phase))
+
+    def close(self):
+        self.closed = True
 
 
 def test_the_orchestrator_runs_each_phase_once_and_packs_what_they_wrote(tmp_path, monkeypatch, capsys):
     archive = tmp_path / "records.tgz"
-    FakePhase.calls = []
+    FakePhase.calls, FakePhase.events = [], []
     FakePhase.script = {
         "measure": ["[run] latency: ...", "[done] latency 12.5 data/bench/latency_h200.json",
                     "[done] startup_cold 20.0 "],
@@ -89,12 +111,59 @@ def test_the_orchestrator_runs_each_phase_once_and_packs_what_they_wrote(tmp_pat
     code = main(["record", "--only", "latency,startup_warm,kernels", "--archive", str(archive)])
     assert code == 1  # kernels failed
     assert [c[c.index("--phase") + 1] for c in FakePhase.calls] == ["measure", "profile"]  # one process a phase
+    # both start at once and import side by side; measure goes once both are ready, profile once measure has ended
+    assert FakePhase.events == [("start", "measure"), ("start", "profile"), ("go", "measure"), ("ended", "measure"),
+                                ("go", "profile"), ("ended", "profile")]
     measure_jobs = FakePhase.calls[0][FakePhase.calls[0].index("--jobs") + 1].split(",")
     assert measure_jobs == ["startup_cold", "latency"]
     with tarfile.open(archive) as tar:
         assert tar.getnames() == ["data/bench/latency_h200.json", "data/bench/capture_h200.json"]
     out = capsys.readouterr().out
+    assert out.index("[ready] measure") < out.index("[ready] profile") < out.index("[run] latency")
     assert "1 failed ['kernels']" in out and "seconds per job: latency 12, startup_cold 20" in out
+
+
+def test_an_interrupted_run_ends_the_phases_it_never_told_to_go(tmp_path, monkeypatch):
+    FakePhase.calls, FakePhase.events = [], []
+    FakePhase.script = {"measure": ["[done] latency 1.0 "], "profile": []}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(record.subprocess, "Popen", FakePhase)
+    monkeypatch.setattr(record, "job_current", lambda job, run_id=None: False)
+
+    def interrupted(process, phase_jobs, on_written):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(record, "run_phase", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        record.main(["--only", "latency,kernels"])
+    assert ("go", "profile") not in FakePhase.events and ("ended", "profile") in FakePhase.events
+
+
+def test_a_waiting_phase_builds_its_session_without_the_gpu_and_runs_only_when_told(tmp_path, monkeypatch, capsys):
+    """A phase's process imports and builds its session while the phase before it runs: nothing it does before it
+    is told to go may touch the GPU (no CUDA context, no synchronize), and end of file runs nothing."""
+    ran, cuda = [], []
+    monkeypatch.setitem(recorder.RUNNERS, "bench-interp", lambda job, session, workdir: ran.append(job.name))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: cuda.append("synchronize"))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: cuda.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "init", lambda: cuda.append("init"))
+    monkeypatch.setattr(recorder, "stamp_elapsed", lambda job, seconds, since: [])
+    before = []
+
+    class Go:
+        def __init__(self, line):
+            self.line = line
+
+        def readline(self):
+            before.append((list(ran), list(cuda), capsys.readouterr().out))
+            return self.line
+
+    assert recorder.run_phase("measure", ["interp"], tmp_path, None, Go("")) == 0
+    assert ran == [] and "[ready] measure" in before[0][2]
+    assert recorder.run_phase("measure", ["interp"], tmp_path, None, Go("go\n")) == 0
+    assert before[1][:2] == ([], []) and ran == ["interp"] and cuda == []
 
 
 def _job(name, command, argv, out):
@@ -124,7 +193,9 @@ def test_the_two_latency_sweeps_share_their_eager_runs(tmp_path):
     a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab")
     eager = [[(lay["eager_ms"], lay["eager_p99_ms"]) for lay in row["layouts"]] for row in a["budgets"]]
     assert eager == [[(lay["eager_ms"], lay["eager_p99_ms"]) for lay in row["layouts"]] for row in b["budgets"]]
-    assert len(session.shared["latency_eager"]) == sum(len(row["layouts"]) for row in a["budgets"])
+    # one eager timing per distinct batch: the same forward whatever budget lists it
+    grids = {tuple(map(tuple, lay["grids"])) for row in a["budgets"] for lay in row["layouts"]}
+    assert set(session.shared["latency_eager"]) == grids
 
 
 def test_serve_records_of_each_mode_merge_into_one():
@@ -236,3 +307,24 @@ def test_timing_until_steady_stops_once_the_runs_agree_and_runs_on_while_they_do
     assert len(timing.time_until_steady(late.run, "cpu", max_runs=5, warmup=0)) == 5
     with pytest.raises(ValueError, match="min_runs"):
         timing.time_until_steady(steady.run, "cpu", max_runs=2, min_runs=3)
+
+
+def test_the_serving_target_is_swept_on_the_one_shape_workload_in_bounded_time():
+    """P99 time to embedding at half the saturated rate against the unloaded median means something only where items
+    are alike: the one-shape workload gets a sweep, graph-compiled alone, whose finite rates at the saturated rate
+    last recorded take well under half a minute; the README lists every serve job's record."""
+    from glmvit.records import DATA, ServeRecord, load
+    from tools.readme_results import SERVE_RECORDS
+
+    serve = [j for j in jobs() if j.command == "bench-serve"]
+    assert set(SERVE_RECORDS) == {j.name for j in serve}
+    sweeps = [j for j in serve if dict(zip(j.argv[::2], j.argv[1::2], strict=True))["--workload"] == "video8x224"
+              and "50%" in dict(zip(j.argv[::2], j.argv[1::2], strict=True))["--request-rate"].split(",")]
+    assert len(sweeps) == 1 and sweeps[0].modes == ("graph-compiled",)
+    argv = dict(zip(sweeps[0].argv[::2], sweeps[0].argv[1::2], strict=True))
+    rates = argv["--request-rate"].split(",")
+    assert rates[0] == "inf" and any(float(r.rstrip("%")) < 50 for r in rates[1:])  # an unloaded run to compare
+    saturated = next(r["requests_per_s"] for r in load(DATA / "bench/serve_video8x224_h200.json", ServeRecord).runs
+                     if r["mode"] == "graph-compiled")
+    seconds = sum(int(argv["--num-prompts"]) / (float(r.rstrip("%")) / 100 * saturated) for r in rates[1:])
+    assert seconds < 20, seconds

@@ -211,13 +211,16 @@ def seed_lines() -> list[str]:
     return lines
 
 
+SERVE_RECORDS = ("serve_video8x224", "serve_video8x224_sweep", "serve_mixed_av")  # every bench-serve job's record
+
+
 def serve_lines() -> list[str]:
-    """The served encoder under load (``python -m glmvit bench-serve``): the seed's serve workload, and a rate sweep."""
+    """The served encoder under load (``python -m glmvit bench-serve``): the seed's serve workload, and rate sweeps."""
     lines = ["**Served under load** (`python -m glmvit bench-serve --spawn`, one H200, over HTTP on loopback; "
              "time to embedding from request sent to answer read):", "",
              "| workload | mode | rate sent, req/s (share of saturation) | req/s | items/s | of floor rate | "
              "TTE median (P99) | queue median | items per batch |", "|---|---|---|---|---|---|---|---|---|"]
-    for name in ("serve_video8x224", "serve_mixed_av"):
+    for name in SERVE_RECORDS:
         if not (BENCH / f"{name}_h200.json").exists():
             lines.append(f"| `{name}_h200.json`: not recorded yet (python -m glmvit record --only {name}) "
                          "| | | | | | | | |")

@@ -37,7 +37,7 @@ import os
 import statistics
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -55,7 +55,7 @@ from ..oracle import flatten_video_grids, hf_twin
 from ..packing import LADDER_SPLIT, BudgetConfig, plan_batches
 from ..provenance import collect
 from ..records import BenchRecord, make
-from ..timing import launch_us, quiet_host, relative_halfwidth, summarise, sync
+from ..timing import MAX_PASSES, PRECISION, WARMUP, launch_us, quiet_host, summarise, sync, time_passes
 from ..workloads import PRESETS, random_mm_workload
 from .common import (
     DTYPES,
@@ -204,27 +204,23 @@ def _warm(fn: Encode, inputs: list[tuple], n: int, warmup: int, device: torch.de
 def _timed(fn: Encode, inputs: list[tuple], n: int, device: torch.device, label: str, quiet: bool,
            precision: float = 0.0, max_passes: int = 1) -> tuple[list[float], list[float], torch.Tensor, int]:
     """ms per request over the first n requests in arrival order — then again, pass after pass, while the
-    median's 95 % interval is wider than ±``precision`` and fewer than ``max_passes`` passes ran —, the CPU ms this
-    thread spent in each (wall − CPU: waiting for the GPU, or not scheduled), request 0's output and the passes
+    median's 95 % interval is wider than ±``precision`` and fewer than ``max_passes`` passes ran
+    (:func:`glmvit.timing.time_passes`) —, the CPU ms this thread spent in each, request 0's output and the passes
     run. Timed on a quiet host (:func:`glmvit.timing.quiet_host`)."""
-    ms: list[float] = []
-    cpu: list[float] = []
-    first = None
-    passes = 0
+    first: list[torch.Tensor] = []
+
+    def keep(j: int, out: torch.Tensor) -> None:
+        if not first:
+            first.append(out.float().clone())
+
+    def bar(passes: int, requests: range) -> Iterable[int]:
+        desc = f"{label:>14}" + (f" pass {passes}" if passes > 1 else "")
+        return tqdm(requests, desc=desc, unit="req", file=sys.stderr, disable=quiet)
+
     with quiet_host():
-        while passes == 0 or (passes < max_passes and relative_halfwidth(ms) > precision):
-            passes += 1
-            desc = f"{label:>14}" + (f" pass {passes}" if passes > 1 else "")
-            for j in tqdm(range(n), desc=desc, unit="req", file=sys.stderr, disable=quiet):
-                c0, t0 = time.thread_time(), time.perf_counter()
-                out = fn(*inputs[j])
-                sync(device)
-                ms.append((time.perf_counter() - t0) * 1e3)
-                cpu.append((time.thread_time() - c0) * 1e3)
-                if first is None:
-                    first = out.float().clone()
-    assert first is not None
-    return ms, cpu, first, passes
+        ms, cpu, passes = time_passes(lambda j: fn(*inputs[j]), n, device, precision, max_passes, after=keep,
+                                      progress=bar)
+    return ms, cpu, first[0], passes
 
 
 def _per_request_vs(ms: list[float], ref: list[float]) -> dict[str, float]:
@@ -537,13 +533,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "device's: triton on CUDA)")
     m.add_argument("--threads", type=int_in(1, os.cpu_count() or 1), default=None, help="torch.set_num_threads(N) "
                    "first (CPU runs; on a busy machine 1 is the least noisy)")
-    m.add_argument("--precision", type=float_in(0, 1), default=0.02,
+    m.add_argument("--precision", type=float_in(0, 1), default=PRECISION,
                    help="time the workload again while the median's 95 %% interval is wider than ±this share "
-                        "(default 0.02), up to --max-passes")
-    m.add_argument("--max-passes", type=int_in(1, 100), default=3,
-                   help="passes over the workload at most, per mode (default 3; the first times every request)")
-    m.add_argument("--warmup", type=int_in(0, MAX_WARMUP), default=5,
-                   help="untimed requests per mode first (default 5)")
+                        f"(default {PRECISION}), up to --max-passes")
+    m.add_argument("--max-passes", type=int_in(1, 100), default=MAX_PASSES,
+                   help=f"passes over the workload at most, per mode (default {MAX_PASSES}; the first times every "
+                        "request)")
+    m.add_argument("--warmup", type=int_in(0, MAX_WARMUP), default=WARMUP,
+                   help=f"untimed requests per mode first (default {WARMUP})")
     m.add_argument("--matmul-size", type=int_in(1, max(MAX_MATMUL.values())), default=None,
                    help="n of the floor's n³ matmul (default 8192 CUDA, 512 CPU; at most "
                         + ", ".join(f"{v:,} {k}" for k, v in MAX_MATMUL.items()) + ")")

@@ -1,7 +1,8 @@
 """``python -m glmvit latency``: the latency table of the cost model, measured on realistic layouts.
 
 For every budget, the same graph is replayed with several layouts — full (one image of the whole budget), half
-full, one small image, many small images, a video clip — and the same batches run eagerly. The table's ``graph_ms``
+full, one small image, many small images, a video clip — and the same batches run eagerly. An eager forward is
+timed as ``bench`` times a request (:func:`time_eager`), once per distinct batch of grids. The table's ``graph_ms``
 of a budget is the slowest layout's median (what any batch in that graph may cost); ``eager_ms`` is the full
 layout's. The JSON is a :class:`glmvit.records.LatencySweep`; :func:`glmvit.costmodel.load_latency_table` fits
 the cost model on it, and the layouts stay in it for notebooks::
@@ -27,7 +28,7 @@ from ..model import GlmVisionEncoder
 from ..packing import BudgetConfig
 from ..provenance import collect
 from ..records import LatencySweep, make
-from ..timing import quiet_host, time_calls, time_until_steady
+from ..timing import MAX_PASSES, PRECISION, WARMUP, quiet_host, time_passes, time_until_steady
 from .common import (
     DTYPES,
     MAX_BUDGET_TOKENS,
@@ -46,17 +47,21 @@ from .common import (
 if TYPE_CHECKING:
     from .session import Session
 
-EagerTimes = dict[tuple[int, str], list[float]]  # (budget, layout name) → ms of its eager runs
-# Up to this budget an eager forward is bound by the host's launches (~15 ms whatever the tokens), and a few runs
-# can all land in a burst of host load: those budgets' eager layouts get at least EAGER_HOST_RUNS runs.
-HOST_BOUND_TOKENS = 512
-EAGER_HOST_RUNS = 20
-# A GPU-bound call (every replay; an eager forward above HOST_BOUND_TOKENS) varies by well under 1 % from run to
-# run: its timing stops once STEADY_RUNS runs agree within 2 % (glmvit.timing.time_until_steady), at most --runs.
+Grids = tuple[tuple[int, ...], ...]
+EagerTimes = dict[Grids, list[float]]  # a batch's grids → ms of its eager forwards (the budget does not matter)
+# A replay (and so every graph time here) varies by well under 1 % from run to run: its timing stops once
+# STEADY_RUNS runs agree within 2 % (glmvit.timing.time_until_steady), at most --runs.
 STEADY_RUNS = 3
+# An eager forward is timed as bench times a one-shape workload's request (glmvit.timing.time_passes with its
+# warm-up, precision and passes): passes of EAGER_CALLS forwards, except that a pass also ends after EAGER_PASS_S
+# once it holds STEADY_RUNS forwards: a host-bound forward (the same ~launch-bound time whatever its tokens) still
+# gets its EAGER_CALLS a pass on an H200, a GPU-bound one (the largest budgets' full images) a few, which agree
+# within 1 %. Per distinct batch: WARMUP forwards, then at most MAX_PASSES × EAGER_PASS_S (plus one forward a pass).
+EAGER_CALLS = 50
+EAGER_PASS_S = 0.6
 
 CPU_QUICK_BUDGET = 256  # above this, a CPU sweep takes minutes: say so before starting
-MAX_RUNS = 10_000  # per layout, per budget, twice (graph and eager): more is hours, not precision
+MAX_RUNS = 10_000  # replays per layout, per budget: more is hours, not precision
 SMALL = [1, 16, 16]  # one 224² image: 64 tokens
 CLIP = [4, 16, 16]  # an 8-frame 224² clip: 4 segments, 256 tokens
 
@@ -92,13 +97,27 @@ def layouts(budget: int, max_items: int, max_segments: int, merge: int = 2) -> d
     return out
 
 
+def grids_key(grids: np.ndarray) -> Grids:
+    return tuple(tuple(int(v) for v in row) for row in grids)
+
+
+def time_eager(model: GlmVisionEncoder, pixels: torch.Tensor, grids: np.ndarray) -> list[float]:
+    """ms of eager forwards of one batch, timed as ``bench`` times a request (:data:`EAGER_CALLS`,
+    :data:`EAGER_PASS_S`); call it on a quiet host (:func:`glmvit.timing.quiet_host`)."""
+    ms, _, _ = time_passes(lambda j: model(pixels, grids), EAGER_CALLS, model.device, warmup=WARMUP,
+                           pass_budget_s=EAGER_PASS_S, min_calls=STEADY_RUNS)
+    return ms
+
+
 def measure(runner: EncoderGraphRunner, model: GlmVisionEncoder, runs: int, warmup: int, seed: int,
             quiet: bool, eager_times: EagerTimes | None = None) -> list[dict[str, Any]]:
-    """Median and P99 ms of every layout of every captured budget, replayed in that budget and run eagerly.
-    ``eager_times``: eager runs already timed in this process for the same model, layouts and seed (a record run
+    """Median and P99 ms of every layout of every captured budget, replayed in that budget (``runs`` and
+    ``warmup``) and run eagerly (:func:`time_eager`, once per distinct batch of grids: the same forward whatever
+    budget lists it). ``eager_times``: eager runs already timed in this process for the same model (a record run
     times eager once for both sweeps); what it lacks is timed and added to it."""
     cfg, device = model.config, model.device
     gen = torch.Generator(device=device).manual_seed(seed)
+    eager_times = {} if eager_times is None else eager_times
     rows = []
     for budget in tqdm(sorted(runner.graphs), desc="latency table", unit="budget", file=sys.stderr, disable=quiet):
         entry: dict[str, Any] = {"tokens": budget, "layouts": []}
@@ -111,17 +130,10 @@ def measure(runner: EncoderGraphRunner, model: GlmVisionEncoder, runs: int, warm
                                      dtype=model.dtype, generator=gen)
                 graph = time_until_steady(partial(runner.replay, budget, pixels, grids), device, runs, warmup,
                                           min(runs, STEADY_RUNS))
-                if eager_times is None or (budget, name) not in eager_times:
-                    eager_fn = partial(model, pixels, grids)
-                    if budget <= HOST_BOUND_TOKENS:
-                        eager = time_calls(eager_fn, device, max(runs, EAGER_HOST_RUNS), warmup)
-                    else:
-                        eager = time_until_steady(eager_fn, device, runs, warmup, min(runs, STEADY_RUNS))
-                    if eager_times is not None:
-                        eager_times[budget, name] = eager
-                else:
-                    eager = eager_times[budget, name]
-                timed[name] = (grids, graph, eager)
+                key = grids_key(grids)
+                if key not in eager_times:
+                    eager_times[key] = time_eager(model, pixels, grids)
+                timed[name] = (grids, graph, eager_times[key])
         for name, (grids, graph, eager) in timed.items():
             entry["layouts"].append({
                 "name": name, "grids": grids.tolist(), "items": len(grids),
@@ -148,9 +160,11 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, BudgetConfig]:
                         help="items per batch (default 16)")
     parser.add_argument("--max-segments", type=int_in(1, MAX_BUDGET_TOKENS), default=32,
                         help="segment slots per batch (default 32)")
-    parser.add_argument("--runs", type=int_in(1, MAX_RUNS), default=20, help="timed runs per layout (default 20)")
+    parser.add_argument("--runs", type=int_in(1, MAX_RUNS), default=20,
+                        help="timed replays per layout at most (default 20; eager forwards are timed as bench times a "
+                             "request)")
     parser.add_argument("--warmup", type=int_in(0, MAX_RUNS), default=3,
-                        help="untimed runs per layout first (default 3)")
+                        help="untimed replays per layout first (default 3)")
     parser.add_argument("--compile", action="store_true", help="torch.compile forward_static before capture")
     parser.add_argument("--json", metavar="PATH", type=output_path, help="write the table with provenance here")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -169,8 +183,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, BudgetConfig]:
     except (ValueError, OSError) as err:
         parser.error(str(err))
     if args.device == "cpu" and max(budgets) > CPU_QUICK_BUDGET:
-        forwards = 2 * (args.runs + args.warmup) * sum(len(layouts(b, config.max_items, config.max_segments))
-                                                       for b in budgets)
+        per_layout = args.runs + args.warmup + WARMUP + EAGER_CALLS
+        forwards = per_layout * sum(len(layouts(b, config.max_items, config.max_segments)) for b in budgets)
         print(f"warning: {forwards:,} forwards on a CPU, up to {max(budgets):,} tokens each: this takes long (many "
               f"minutes with the defaults); for a quick table pass --budgets 16,64,128 --runs 3", file=sys.stderr)
     return args, config
@@ -228,9 +242,11 @@ def run_sweep(args: argparse.Namespace, config: BudgetConfig, command: str, sess
         attn_backend=model.attention_backend(), compiled=args.compile, max_items=config.max_items,
         max_segments=config.max_segments, budgets=rows,
         measurement={"runner_mode": mode, "runs": args.runs, "warmup": args.warmup, "statistic": "median",
-                     "stopping": f"replays, and eager forwards above {HOST_BOUND_TOKENS} tokens: {STEADY_RUNS} to "
-                                 f"runs, until {STEADY_RUNS} agree within 2 %; eager up to {HOST_BOUND_TOKENS} tokens: "
-                                 f"max(runs, {EAGER_HOST_RUNS}) (host-bound)",
+                     "stopping": f"replays: {STEADY_RUNS} to runs, until {STEADY_RUNS} agree within 2 %",
+                     "eager_timing": f"as bench times a request (glmvit.timing.time_passes): {WARMUP} untimed, then "
+                                     f"passes of {EAGER_CALLS} while the median's 95 % interval is wider than "
+                                     f"±{PRECISION:.0%}, at most {MAX_PASSES}; a pass ends after {EAGER_PASS_S} s once "
+                                     f"it holds {STEADY_RUNS}; once per distinct batch of grids",
                      "eager": "timed once per process for both sweeps" if eager_times is not None else "timed here",
                      "host": "cycle collector off, timing thread pinned to the quietest CPU per budget "
                              "(glmvit.timing.quiet_host)"},

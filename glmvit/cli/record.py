@@ -1,13 +1,15 @@
 """``python -m glmvit record``: re-measure every recorded GPU result on this CUDA machine, at this code, in one call.
 
-One process per phase (:mod:`glmvit.cli.recorder`): ``measure`` takes every timing, then ``profile`` everything
-that attaches a profiler, so no timing is ever taken after CUPTI attached. Both share one compile-cache directory
-(``measure`` starts on empty caches: its first job is the cold start that ``capture_h200.json`` records; ``profile``
-starts on the caches ``measure`` filled: the warm start). A job whose records are all current
-(:func:`glmvit.records.staleness`) is skipped unless ``--force``; a forced run skips only what this run id
-(``$GLMVIT_RECORD_RUN``) already made, so an interrupted run resumes. ``--time-limit`` starts no job that would end
-after it. Not run unless named: ``ncu`` (``--only ncu``, a diagnostic). Never run here: ``tools/tune_kernels.py``,
-the launch-configuration sweep the kernels' tables are built from (an input, not a result).
+One process per phase (:mod:`glmvit.cli.recorder`): ``measure`` takes every timing, then ``profile`` everything that
+attaches a profiler, so no timing is ever taken after CUPTI attached. Every phase's process starts at once and
+imports and builds its session; the first runs its jobs once all are ready, each later one once the one before it
+has ended. Both share one compile-cache directory (``measure`` starts on empty caches: its first job is the cold
+start that ``capture_h200.json`` records; ``profile`` starts on the caches ``measure`` filled: the warm start). A
+job whose records are all current (:func:`glmvit.records.staleness`) is skipped unless ``--force``; a forced run
+skips only what this run id (``$GLMVIT_RECORD_RUN``) already made, so an interrupted run resumes. ``--time-limit``
+starts no job that would end after it. Not run unless named: ``ncu`` (``--only ncu``, a diagnostic). Never run here:
+``tools/tune_kernels.py``, the launch-configuration sweep the kernels' tables are built from (an input, not a
+result).
 
     GLMVIT_RECORD_RUN=r1 python -m glmvit record --force --archive records.tgz   # everything, one call
     python -m glmvit record --only img1x224,kernels                               # two results
@@ -61,22 +63,43 @@ def choose(selected: list[Job], force: bool, run_id: str) -> list[Job]:
     return [j for j in jobs() if j in chosen]  # plan order
 
 
-def run_phase(phase: str, phase_jobs: list[Job], env: dict[str, str], workdir: Path, deadline: float | None,
-              on_written: Callable[[list[Path]], None] = lambda paths: None,
-              ) -> tuple[list[str], list[str], list[Path], dict[str, float]]:
-    """Start the phase's process and follow its lines: (done, failed, records written, seconds per job);
-    ``on_written`` gets every record written so far after each job that wrote one."""
+def start_phase(phase: str, phase_jobs: list[Job], env: dict[str, str], workdir: Path,
+                deadline: float | None) -> subprocess.Popen[str]:
+    """The phase's process, started now: it imports and builds its session, says ``[ready]`` and waits for
+    :func:`run_phase` to tell it to go (:func:`glmvit.cli.recorder.run_phase`); it does nothing on the GPU before."""
     cmd = [sys.executable, "-m", "glmvit.cli.recorder", "--phase", phase, "--workdir", str(workdir),
-           "--jobs", ",".join(j.name for j in phase_jobs)]
+           "--jobs", ",".join(j.name for j in phase_jobs), "--wait"]
     if deadline is not None:
         cmd += ["--deadline", repr(deadline)]
+    return subprocess.Popen(cmd, cwd=REPO, env={**env, SPAWNED_AT: repr(time.time())}, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, bufsize=1)
+
+
+def wait_ready(process: subprocess.Popen[str]) -> None:
+    """Echo a started phase's lines up to its ``[ready]`` (its imports and session done), or to its end."""
+    assert process.stdout is not None
+    for line in process.stdout:
+        print(line, end="", flush=True)
+        if line.startswith("[ready]"):
+            return
+
+
+def run_phase(process: subprocess.Popen[str], phase_jobs: list[Job],
+              on_written: Callable[[list[Path]], None] = lambda paths: None,
+              ) -> tuple[list[str], list[str], list[Path], dict[str, float]]:
+    """Tell a started phase's process (:func:`start_phase`) to go and follow its lines to its end: (done, failed,
+    records written, seconds per job); ``on_written`` gets every record written so far after each job that wrote
+    one."""
     done: list[str] = []
     failed: list[str] = []
     written: list[Path] = []
     seconds: dict[str, float] = {}
-    process = subprocess.Popen(cmd, cwd=REPO, env={**env, SPAWNED_AT: repr(time.time())}, stdout=subprocess.PIPE,
-                               text=True, bufsize=1)
-    assert process.stdout is not None
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        process.stdin.write("go\n")
+        process.stdin.close()
+    except BrokenPipeError:  # it ended before its turn: what it printed, and its exit status, say why
+        pass
     for line in process.stdout:
         print(line, end="", flush=True)
         word, _, rest = line.strip().partition(" ")
@@ -92,6 +115,21 @@ def run_phase(phase: str, phase_jobs: list[Job], env: dict[str, str], workdir: P
     if code != 0:  # a crash ends the process: whatever it had not finished failed with it
         failed += [j.name for j in phase_jobs if j.name not in finished and j.name not in failed]
     return done, failed, written, seconds
+
+
+def stop_waiting(processes: list[subprocess.Popen[str]]) -> None:
+    """End phase processes never told to go (an earlier phase raised): end of file on stdin ends them; killed if
+    they do not end within a minute."""
+    for process in processes:
+        if process.poll() is not None:
+            continue
+        if process.stdin is not None and not process.stdin.closed:
+            process.stdin.close()
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,11 +175,18 @@ def main(argv: list[str] | None = None) -> int:
     failed: list[str] = []
     written: list[Path] = []
     seconds: dict[str, float] = {}
+    # every phase's process starts now, and the first is told to go once all have imported and built their
+    # sessions: while two are alive, nothing but those imports runs beside a job; each later one is told to go when
+    # the one before it has ended, so no two phases ever run jobs (or touch the GPU) at once
+    phase_jobs = {phase: [j for j in chosen if j.phase == phase] for phase in PHASES}
+    processes: dict[str, subprocess.Popen[str]] = {}
     try:
         for phase in PHASES:
-            phase_jobs = [j for j in chosen if j.phase == phase]
-            if not phase_jobs:
-                continue
+            if phase_jobs[phase]:
+                processes[phase] = start_phase(phase, phase_jobs[phase], env, workdir, deadline)
+        for process in processes.values():
+            wait_ready(process)
+        for phase, process in processes.items():
             t0 = time.monotonic()
             earlier = list(written)
 
@@ -149,11 +194,12 @@ def main(argv: list[str] | None = None) -> int:
                 if args.archive:
                     pack(args.archive, earlier + new)
 
-            d, f, w, s = run_phase(phase, phase_jobs, env, workdir, deadline, packed)
+            d, f, w, s = run_phase(process, phase_jobs[phase], packed)
             done, failed, written = done + d, failed + f, written + w
             seconds.update(s)
             print(f"[phase] {phase}: {time.monotonic() - t0:.0f} s, {len(d)} done, {len(f)} failed", flush=True)
     finally:
+        stop_waiting(list(processes.values()))
         shutil.rmtree(workdir, ignore_errors=True)
     later = [j.name for j in chosen if j.name not in done and j.name not in failed]
     print(f"\nrecord run {run_id}: {len(written)} records written in {time.monotonic() - start:.0f} s; "

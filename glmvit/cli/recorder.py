@@ -30,7 +30,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import IO, Any, Callable, Iterator
 
 from ..records import DATA, REPO
 
@@ -123,6 +123,11 @@ STATIC_JOBS: tuple[Job, ...] = (  # in the order each phase runs them
     # that the rate is the steady state's, not the first decodes' and last answers' (100 take about half a second):
     # eager, and the fastest mode (graph alone adds a server start and nothing the two do not bound)
     _serve("serve_video8x224", "video8x224", 400, "inf", ("eager", "graph-compiled")),
+    # the serving target (P99 time to embedding at half the saturated rate ≤ 2× the unloaded median) on one shape,
+    # where the unloaded spread is the server's, not the items' sizes' (mixed-av's unloaded P99 is several times its
+    # median). A job of its own: a job's rates apply to every mode, and eager needs no sweep; 200 requests keep it
+    # short (at ~235 req/s saturated: under a second, 20 % ≈ 4 s, 50 % ≈ 2 s)
+    _serve("serve_video8x224_sweep", "video8x224", 200, "inf,20%,50%", ("graph-compiled",)),
     # latency against throughput on mixed traffic, graph-compiled: all at once (saturation), then Poisson arrivals
     # at shares of the rate that achieved
     _serve("serve_mixed_av", "mixed-av", 60, "inf,20%,50%,90%", ("graph-compiled",)),
@@ -411,10 +416,16 @@ def stamp_elapsed(job: Job, seconds: float, since: float) -> list[Path]:
     return written
 
 
-def run_phase(phase: str, names: list[str], workdir: Path, deadline: float | None) -> int:
+def run_phase(phase: str, names: list[str], workdir: Path, deadline: float | None, go: IO[str] | None = None) -> int:
     """Run the named jobs of ``phase`` here, in plan order. One line per job on stdout —
     ``[done] NAME SECONDS PATH...`` or ``[FAIL] NAME SECONDS`` or ``[later] NAME`` — for the orchestrator; a job
-    that fails is reported with its traceback on stderr and the phase goes on. Returns the failures."""
+    that fails is reported with its traceback on stderr and the phase goes on. Returns the failures.
+
+    ``go``: after the imports and the session (no GPU work: no CUDA context is made before a job runs), print
+    ``[ready] PHASE`` and wait for one line from it: ``go`` runs the jobs, anything else (end of file) runs none. So
+    the orchestrator starts every phase's process at once, all import side by side, and each runs its jobs alone.
+    ``$GLMVIT_SPAWNED_AT`` then moves on by the wait: what the warm start reports as its process's age is the
+    process's own work, as a server started alone does it."""
     import torch
 
     from .session import Session
@@ -424,8 +435,15 @@ def run_phase(phase: str, names: list[str], workdir: Path, deadline: float | Non
     session = Session()  # its tower is built by the first job that asks for it, inside that job's scope
     session.end_job()  # what the imports made: frozen out of later collections
     spawned = os.environ.get(SPAWNED_AT)
-    if spawned:
-        print(f"[ready] {phase}: {time.time() - float(spawned):.1f} s after this process was started", flush=True)
+    age = f": {time.time() - float(spawned):.1f} s after this process was started" if spawned else ""
+    print(f"[ready] {phase}{age}", flush=True)
+    if go is not None:
+        waiting = time.time()
+        if go.readline().strip() != "go":
+            print(f"[stop] {phase}: not told to go, no job run", flush=True)
+            return 0
+        if spawned:
+            os.environ[SPAWNED_AT] = repr(float(spawned) + time.time() - waiting)
     failures = 0
     for job in [j for j in jobs() if j.phase == phase and j.name in names]:
         expected = expected_seconds(job)
@@ -472,18 +490,20 @@ def expected_seconds(job: Job) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m glmvit.cli.recorder --phase P --jobs a,b --workdir DIR [--deadline UNIX_TIME]``: one phase's
-    process, started by ``python -m glmvit record``."""
+    """``python -m glmvit.cli.recorder --phase P --jobs a,b --workdir DIR [--deadline UNIX_TIME] [--wait]``: one
+    phase's process, started by ``python -m glmvit record`` (``--wait``: :func:`run_phase`'s ``go`` is stdin)."""
     p = argparse.ArgumentParser(prog="python -m glmvit.cli.recorder")
     p.add_argument("--phase", choices=PHASES, required=True)
     p.add_argument("--jobs", required=True)
     p.add_argument("--workdir", required=True)
     p.add_argument("--deadline", type=float, default=None)
+    p.add_argument("--wait", action="store_true", help="once ready, run the jobs only when stdin says go")
     args = p.parse_args(argv)
     from .. import fingerprint
 
     fingerprint.start()  # every job's record names the code units that ran for it
-    return 1 if run_phase(args.phase, args.jobs.split(","), Path(args.workdir), args.deadline) else 0
+    go = sys.stdin if args.wait else None
+    return 1 if run_phase(args.phase, args.jobs.split(","), Path(args.workdir), args.deadline, go) else 0
 
 
 def fresh_workdir() -> Path:

@@ -84,10 +84,10 @@ class Session:
         then freeze what is left (the session's objects, imported modules, compile caches) out of the cycle
         collector's reach, so the collections of later jobs (:func:`glmvit.timing.quiet_host` collects before
         every timed loop) scan only what those jobs made. Nothing a job made outlives it unfrozen: it is collected
-        first."""
+        first. No GPU work in a process that has not initialised CUDA (a phase's process waiting for its turn)."""
         torch._dynamo.reset()
         gc.collect()
         gc.freeze()
-        if torch.cuda.is_available():
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
