@@ -3,8 +3,9 @@
 :class:`BatchScheduler` takes requests from any number of threads (:meth:`~BatchScheduler.submit` returns a
 ``concurrent.futures.Future``) and one worker thread, the only caller of the encoder, runs them:
 
-1. **Admission** (the submitting thread): the request is validated (``model.check_inputs``: grids, row count,
-   NaN/Inf, each error naming the item), counted against a bounded queue (:class:`QueueFull` when it would
+1. **Admission** (the submitting thread): the request is validated once (``model.check_request``: grids, row
+   count, NaN/Inf, each error naming the item) into an :class:`~glmvit.request.EncoderRequest` that every later
+   step takes as it is, counted against a bounded queue (:class:`QueueFull` when it would
    overflow, :class:`SchedulerClosed` once closing) and its pixels are moved to the model's device and dtype
    (:func:`stage`), so that the worker only concatenates rows that are already there.
 2. **Batching** (the worker): items wait in arrival order. When the worker is free it takes items from the head of
@@ -12,8 +13,9 @@
    (:func:`fits`); an item that fits no budget, or has more segments than a batch, runs alone (the runner runs it
    eagerly).
    Items of several requests share a batch; a request's items may span batches.
-3. **Encoding**: one ``runner.run`` per batch (the runner packs it into its smallest fitting budget and routes
-   it, replay or eager), or the eager model for a baseline (:func:`eager_encoder`).
+3. **Encoding**: one ``runner.run`` per batch, given an :class:`~glmvit.request.EncoderRequest` of its items (the
+   runner packs it into its smallest fitting budget and routes it, replay or eager), or the eager model for a
+   baseline (:func:`eager_encoder`).
 4. **Delivery, checked**: a batch must return one output per item, of that item's token count (t·h·w / m²) and
    ``out_hidden_size``; every output goes to the slot its item was taken from (request id, item index), each slot
    is filled exactly once, and a request is answered only when all its slots are. Anything else fails the requests
@@ -50,13 +52,12 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from .geometry import ItemSpec
 from .graphs import EncoderGraphRunner
-from .metadata import item_row_starts
 from .model import GlmVisionEncoder
 from .packing import BudgetConfig
+from .request import EncoderRequest
 
-Encode = Callable[[torch.Tensor, np.ndarray], list[torch.Tensor]]
+Encode = Callable[[torch.Tensor, EncoderRequest], list[torch.Tensor]]  # a batch's pixels and its validated items
 DELAY_SAMPLES = 10_000  # queue delays and batch sizes kept for the percentiles: the most recent ones
 DEFAULT_MAX_REQUESTS = 4096  # a count that tokens and bytes bound first: a burst is held, not refused
 DEFAULT_MAX_BYTES = 4 << 30  # staged pixel bytes admitted and not answered (on the model's device)
@@ -100,13 +101,12 @@ def eager_encoder(model: GlmVisionEncoder) -> Encode:
 
     Synchronises on CUDA before returning, as ``EncoderGraphRunner.run`` does, so results are ready for any thread.
     """
-    merge_area = model.config.merge_area
 
-    def encode(pixels: torch.Tensor, grids: np.ndarray) -> list[torch.Tensor]:
+    def encode(pixels: torch.Tensor, request: EncoderRequest) -> list[torch.Tensor]:
         with torch.inference_mode():
-            out = model(pixels, grids, check_finite=False)
+            out = model(pixels, request, check_finite=False)
             # Clones, as the runner hands out: no request keeps the batch's tensor (or another's rows) alive.
-            parts = [part.clone() for part in out.split([int(t * h * w) // merge_area for t, h, w in grids])]
+            parts = [part.clone() for part in out.split(request.item_tokens)]
         if out.device.type == "cuda":
             torch.cuda.current_stream(out.device).synchronize()
         return parts
@@ -118,8 +118,8 @@ def runner_encoder(runner: EncoderGraphRunner) -> Encode:
     """``runner.run`` on a batch (its pixels were checked at admission), finished before it returns: the results go
     to other threads, on other streams, so the worker waits on one event after the batch is launched."""
 
-    def encode(pixels: torch.Tensor, grids: np.ndarray) -> list[torch.Tensor]:
-        outs = runner.run(pixels, grids, check_finite=False)
+    def encode(pixels: torch.Tensor, request: EncoderRequest) -> list[torch.Tensor]:
+        outs = runner.run(pixels, request, check_finite=False)
         if runner.model.device.type == "cuda":
             done = torch.cuda.Event()
             done.record()
@@ -176,10 +176,9 @@ def host_copy(tensors: list[torch.Tensor], dtype: torch.dtype = torch.float32) -
 class _Request:
     id: int
     pixels: torch.Tensor
-    grids: np.ndarray
+    request: EncoderRequest
     tokens: list[int]
     segments: list[int]
-    row_start: np.ndarray
     nbytes: int
     stage_s: float
     admitted: float
@@ -303,16 +302,16 @@ class BatchScheduler:
         return not self._closing
 
     def submit(self, pixel_values: torch.Tensor, grid_thw, check_finite: bool = True) -> Future:
-        """Admit one request; the future resolves to its :class:`RequestResult` (or its error).
+        """Admit one request (``grid_thw``: grids, or an :class:`~glmvit.request.EncoderRequest`); the future
+        resolves to its :class:`RequestResult` (or its error).
 
         Raises at once: ValueError for bad input (naming the item), :class:`RequestTooLarge`, :class:`QueueFull`,
         :class:`SchedulerClosed`. Pixels already on the model's device in its dtype are used
         as they are: leave them unchanged until the future resolves. ``check_finite=False`` skips the NaN/Inf pass
         for pixels finite by construction (it reads a result on the host: on a device, a wait for the stream).
         """
-        grids = self.model.check_inputs(pixel_values, grid_thw, check_finite)
-        starts = item_row_starts(grids)
-        tokens = [ItemSpec.from_grid(g, self.model.config.spatial_merge_size).tokens for g in grids]
+        checked = self.model.check_request(pixel_values, grid_thw, check_finite)
+        tokens = checked.item_tokens
         total = sum(tokens)
         nbytes = pixel_values.numel() * self.model.dtype.itemsize
         if total > self.max_tokens:
@@ -349,8 +348,8 @@ class BatchScheduler:
                 self._cond.notify_all()
             raise
         staged = time.perf_counter()
-        request = _Request(request_id, pixels, grids, tokens, grids[:, 0].astype(int).tolist(),
-                           starts, nbytes, staged - staging, staged, future,
+        request = _Request(request_id, pixels, checked, tokens, [spec.segments for spec in checked.items],
+                           nbytes, staged - staging, staged, future,
                            outputs=[None] * len(tokens), remaining=len(tokens))
         with self._cond:
             self._staging -= 1
@@ -489,8 +488,8 @@ class BatchScheduler:
             request.batches.append(batch.id)
         try:
             pixels = self._gather(batch)
-            grids = np.stack([request.grids[i] for request, i in batch.slots])
-            outputs = self._encode(pixels, grids)
+            items = EncoderRequest.gather([(request.request, i) for request, i in batch.slots])
+            outputs = self._encode(pixels, items)
             self._check(batch, outputs)
         except Exception as err:  # noqa: BLE001 - the batch's requests get the error; the worker goes on
             with self._cond:
@@ -508,7 +507,7 @@ class BatchScheduler:
     def _gather(self, batch: _Batch) -> torch.Tensor:
         chunks = []
         for request, i in batch.slots:
-            a, b = int(request.row_start[i]), int(request.row_start[i + 1])
+            a, b = request.request.row_range(i)
             chunks.append(request.pixels[a:b])
         if chunks[0].device.type == "cuda":  # staged on another thread's stream: keep it until the worker is done
             stream = torch.cuda.current_stream(chunks[0].device)

@@ -118,7 +118,7 @@ def test_metadata_is_rebuilt_only_when_the_grids_change(runner, tiny_model, tiny
 
     calls = []
     real = graphs.build_metadata
-    monkeypatch.setattr(graphs, "build_metadata", lambda *a, **k: calls.append(a[0].tolist()) or real(*a, **k))
+    monkeypatch.setattr(graphs, "build_metadata", lambda *a, **k: calls.append(a[0].grids.tolist()) or real(*a, **k))
     a = random_batch([[1, 4, 4], [1, 2, 4]], tiny_config, seed=4)  # 6 tokens: budget 8
     b = random_batch([[1, 2, 2], [1, 4, 2], [1, 2, 2]], tiny_config, seed=5)  # 4 tokens: budget 8, other layout
     for pixels, grid in (a, a, b, a, a):
@@ -148,9 +148,11 @@ def test_a_request_layout_is_planned_once(runner, tiny_config, monkeypatch):
 def test_a_request_is_validated_once(runner, tiny_model, tiny_config, monkeypatch):
     """run() checks a request's grids once, with its pixels, and plans from the checked array; plan(), public,
     still checks what it is given."""
+    import glmvit.request
+
     calls = []
-    real = tiny_model.check_grid_thw
-    monkeypatch.setattr(tiny_model, "check_grid_thw", lambda g: calls.append(1) or real(g))
+    real = glmvit.request.as_grid_array
+    monkeypatch.setattr(glmvit.request, "as_grid_array", lambda g: calls.append(1) or real(g))
     request = random_batch([[1, 4, 4], [2, 2, 2]], tiny_config, seed=8)
     runner.run(*request)
     assert len(calls) == 1
