@@ -19,6 +19,7 @@ import numpy as np
 
 from .config import VisionConfig
 from .files import read_bounded
+from .geometry import ItemSpec
 from .metadata import BatchShape
 from .packing import (
     SMALLEST_BUDGET,
@@ -371,7 +372,7 @@ def ladder_split(table: LatencyTable, merge_area: int = 4) -> int:
     floor — below it a padded replay still beats running eagerly. The smallest budget when none does."""
     split = SMALLEST_BUDGET
     while 2 * split <= table.tokens[-1] and \
-            table.graph_time(2 * split, (merge_area * 2 * split) ** 2) <= table.eager_floor_ms:
+            table.graph_time(2 * split, ItemSpec(2 * split, 1, merge_area * 2 * split).work) <= table.eager_floor_ms:
         split *= 2
     return split
 

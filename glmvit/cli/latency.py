@@ -20,8 +20,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..config import VisionConfig
 from ..deployment import check_budget_fits
 from ..floor import encoder_flops
+from ..geometry import ItemSpec, grid_specs
 from ..graphs import EncoderGraphRunner
 from ..model import GlmVisionEncoder
 from ..packing import BudgetConfig
@@ -92,6 +94,12 @@ def layouts(budget: int, max_items: int, max_segments: int, merge: int = 2) -> d
     return out
 
 
+def layout_spec(grids: np.ndarray, config: VisionConfig) -> ItemSpec:
+    """The rows, tokens and Σ L² of a layout's items together: what the table records and the cost model fits
+    (:func:`glmvit.geometry.item_spec`, the count the runner routes by)."""
+    return ItemSpec.total(grid_specs(grids.tolist(), config.spatial_merge_size))
+
+
 def measure(runner: EncoderGraphRunner, model: GlmVisionEncoder, runs: int, warmup: int, seed: int,
             quiet: bool, eager_times: EagerTimes | None = None) -> list[dict[str, Any]]:
     """Median and P99 ms of every layout of every captured budget, replayed in that budget and run eagerly.
@@ -107,7 +115,7 @@ def measure(runner: EncoderGraphRunner, model: GlmVisionEncoder, runs: int, warm
             for name, grid in layouts(budget, runner.config.max_items, runner.graphs[budget].shape.segments,
                                       cfg.spatial_merge_size).items():
                 grids = np.array(grid, dtype=np.int64)
-                pixels = torch.randn(int(grids.prod(axis=1).sum()), cfg.patch_dim, device=device,
+                pixels = torch.randn(layout_spec(grids, cfg).rows, cfg.patch_dim, device=device,
                                      dtype=model.dtype, generator=gen)
                 graph = time_until_steady(partial(runner.replay, budget, pixels, grids), device, runs, warmup,
                                           min(runs, STEADY_RUNS))
@@ -125,8 +133,8 @@ def measure(runner: EncoderGraphRunner, model: GlmVisionEncoder, runs: int, warm
         for name, (grids, graph, eager) in timed.items():
             entry["layouts"].append({
                 "name": name, "grids": grids.tolist(), "items": len(grids),
-                "real_tokens": int(grids.prod(axis=1).sum()) // cfg.merge_area,
-                "segment_rows2": int((grids[:, 0] * (grids[:, 1] * grids[:, 2]) ** 2).sum()),
+                "real_tokens": layout_spec(grids, cfg).tokens,
+                "segment_rows2": layout_spec(grids, cfg).work,
                 "graph_ms": float(np.median(graph)), "graph_p99_ms": float(np.percentile(graph, 99)),
                 "eager_ms": float(np.median(eager)), "eager_p99_ms": float(np.percentile(eager, 99)),
                 "flops": encoder_flops(cfg, grids)})
