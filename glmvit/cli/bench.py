@@ -160,11 +160,10 @@ def make_mode(mode: str, model: GlmVisionEncoder, budget_config: BudgetConfig, r
         return run_graphs, runner
     if mode == "compile":
         static = torch.compile(model.forward_static, dynamic=False)
-        merge = model.config.spatial_merge_size
 
         def run_compiled(pixels: torch.Tensor, grids: np.ndarray, flat: torch.Tensor) -> torch.Tensor:
-            model.check_inputs(pixels, grids)
-            return static(pixels, build_metadata(grids, merge).to(device))
+            request = model.check_request(pixels, grids)  # validated once, as the eager forward does
+            return static(pixels, build_metadata(request).to(device))
 
         return run_compiled, None
     raise ValueError(f"unknown mode {mode!r}")
@@ -605,7 +604,7 @@ def _check_workload(args: argparse.Namespace, device: torch.device, tables: dict
     BudgetConfig.for_requests(specs, args.budgets, args.max_items, args.max_segments)  # the limits, for every mode
     if tables is not None:
         _check_graphs_fit(_graph_configs(parse_modes(args.modes), specs, args, tables), args, device)
-    rows = sum(int(np.prod(item.grid)) for r in requests for item in r)
+    rows = sum(spec.rows for r in specs for spec in r)
     need = rows * VisionConfig().patch_dim * DTYPES[args.dtype].itemsize
     have = device_memory_bytes(device)
     if need > PIXEL_SHARE * have:

@@ -132,8 +132,8 @@ def plan_workload(args: argparse.Namespace) -> Workload:
                          "items (every item's pixels are generated before timing)")
     draws = random_mm_workload(buckets, total, args.items_per_request, range_ratio=args.range_ratio, seed=args.seed)
     grids = [np.array([item.grid for item in request], dtype=np.int64).reshape(-1, 3) for request in draws]
-    _check_pixel_memory(args, sum(int(g.prod(axis=1).sum()) for g in grids))
     specs = [[item.spec for item in request] for request in draws]
+    _check_pixel_memory(args, sum(spec.rows for request in specs for spec in request))
     for k, request in enumerate(specs):
         tokens = sum(spec.tokens for spec in request)
         if tokens > MAX_BUDGET_TOKENS:

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from ..attention import GRAPH_SAFE, attend_qkv, available_backends
 from ..floor import measure_copy_bandwidth, measure_matmul_tflops
+from ..geometry import ItemSpec, grid_specs
 from ..graphs import EncoderGraphRunner
 from ..metadata import attention_work, build_metadata
 from ..packing import BudgetConfig
@@ -120,8 +121,8 @@ def profile_replays(model, layouts: dict[str, list], backends: list[str], quiet:
     busy time) and ``gaps_us_per_call`` (device − busy: the boundaries inside the graph, where the GPU waits for
     the next kernel to start).
     """
-    merge_area = model.config.merge_area
-    tokens = {name: sum(t * h * w for t, h, w in g) // merge_area for name, g in layouts.items()}
+    merge = model.config.spatial_merge_size
+    tokens = {name: ItemSpec.total(grid_specs(g, merge)).tokens for name, g in layouts.items()}
     budgets = tuple(sorted(set(tokens.values())))
     items = max(len(g) for g in layouts.values())
     segments = max(sum(t for t, _, _ in g) for g in layouts.values())
