@@ -220,8 +220,9 @@ class GlmVisionEncoder(nn.Module):
         return check_backend(self.attn_backend, self.device, self.dtype, self.config.head_dim)
 
     def check_grid_thw(self, grid_thw) -> np.ndarray:
-        """Validate grids alone (shape, positive integers, divisible by the merge size): an [n, 3] int64 array."""
-        return self.request_of(grid_thw).grids
+        """Validate grids alone (shape, positive integers, divisible by the merge size): an [n, 3] int64 array of
+        the caller's own."""
+        return self.request_of(grid_thw).grids.copy()
 
     def request_of(self, grid_thw: Any) -> EncoderRequest:
         """Grids as an :class:`~glmvit.request.EncoderRequest` at this tower's merge size: validated by
@@ -255,8 +256,8 @@ class GlmVisionEncoder(nn.Module):
         return request
 
     def check_inputs(self, pixel_values: torch.Tensor, grid_thw, check_finite: bool = True) -> np.ndarray:
-        """:meth:`check_request`'s grids: the batch validated, as an [n, 3] int64 numpy array (read-only)."""
-        return self.check_request(pixel_values, grid_thw, check_finite).grids
+        """:meth:`check_request`'s grids: the batch validated, as an [n, 3] int64 numpy array of the caller's own."""
+        return self.check_request(pixel_values, grid_thw, check_finite).grids.copy()
 
     def forward(self, pixel_values: torch.Tensor, grid_thw, check_finite: bool = True) -> torch.Tensor:
         """Merger output [Σ t·h·w / m², out_hidden_size] for a batch; a video row (t > 1) is t segments.
