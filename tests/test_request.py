@@ -161,3 +161,10 @@ def test_a_request_of_another_merge_size_is_refused(tiny_model, tiny_config):
     pixels, _ = random_batch([[1, 3, 3]], tiny_config)
     with pytest.raises(ValueError, match="merge size 3, the tower merges 2"):
         tiny_model(pixels, EncoderRequest.of([[1, 3, 3]], merge=3))
+
+
+def test_the_array_checks_still_hand_back_grids_of_the_callers_own(tiny_model, tiny_config):
+    """check_inputs and check_grid_thw return writable copies (a server wraps them with torch.from_numpy)."""
+    pixels, grid = random_batch([[1, 2, 2], [2, 2, 4]], tiny_config)
+    for grids in (tiny_model.check_inputs(pixels, grid), tiny_model.check_grid_thw(grid)):
+        assert grids.flags.writeable and grids.tolist() == grid.tolist()
