@@ -44,18 +44,19 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .attention import GRAPH_SAFE
+from .attention import GRAPH_SAFE, check_backend
 from .config import VisionConfig
 from .costmodel import LatencyTable, recorded_table
 from .geometry import ItemSpec
 from .metadata import BatchShape, EncoderMetadata, build_metadata
 from .model import GlmVisionEncoder, StaticParts, run_block
+from .modes import GraphMode, RunMode
 from .packing import BudgetConfig, plan_batches
 from .request import EncoderRequest
 
 log = logging.getLogger(__name__)
 
-MODES = ("cuda", "emulate")
+MODES = tuple(m.value for m in GraphMode)
 COMPILE_SCOPES = ("blocks", "model")
 LAYOUT_CACHE_SIZE = 1024  # distinct request layouts (grids) whose plans are kept
 
@@ -199,7 +200,7 @@ class EncoderGraphRunner:
         self,
         model: GlmVisionEncoder,
         budget_config: BudgetConfig,
-        mode: str = "cuda",
+        mode: GraphMode | str = GraphMode.CUDA,
         packer: str = "ffd",
         latency_table: LatencyTable | None = None,
         check_pointers: bool = False,
@@ -207,13 +208,16 @@ class EncoderGraphRunner:
         torch_compile: bool = False,
         compile_dynamic: bool | None = None,
         compile_scope: str = "blocks",
+        attention: str | None = None,
     ):
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if mode == "cuda" and model.device.type != "cuda":
+        mode = GraphMode.parse(mode)
+        if mode is GraphMode.CUDA and model.device.type != "cuda":
             raise ValueError("mode='cuda' needs the model on a CUDA device; use mode='emulate' elsewhere")
-        attn = model.attention_backend()
-        if mode == "cuda" and attn not in GRAPH_SAFE:  # emulation replays nothing: any backend is correct
+        # The attention backend is fixed here: the graphs capture it, and the eager fallback runs it too, whatever
+        # model.attn_backend says later. None: the model's backend now.
+        attn = check_backend(attention, model.device, model.dtype, model.config.head_dim) if attention is not None \
+            else model.attention_backend()
+        if mode is GraphMode.CUDA and attn not in GRAPH_SAFE:  # emulation replays nothing: any backend is correct
             raise ValueError(f"attention backend {attn!r} is not graph-safe; use one of {GRAPH_SAFE}")
         # torch.compile fuses the small elementwise kernels (norms, SwiGLU, residual adds) before capture: faster
         # replays, with bf16 rounding that differs from the uncompiled forward. compile_scope "blocks" compiles the
@@ -227,6 +231,7 @@ class EncoderGraphRunner:
         self.model = model
         self.config = budget_config
         self.mode = mode
+        self._attention = attn
         self.packer = packer
         self.check_pointers = check_pointers
         self.progress = progress
@@ -234,13 +239,14 @@ class EncoderGraphRunner:
         self.latency_table = latency_table
         if latency_table is not None:
             _check_table(latency_table, self.table_mode, attn)
-        self.forward_static: Callable[[torch.Tensor, EncoderMetadata], torch.Tensor] = model.forward_static
+        forward: Callable[..., torch.Tensor] = model.forward_static
         if torch_compile and compile_scope == "model":
-            self.forward_static = torch.compile(model.forward_static, dynamic=compile_dynamic)
+            forward = torch.compile(model.forward_static, dynamic=compile_dynamic)
         elif torch_compile:
             compile_ = partial(torch.compile, dynamic=compile_dynamic)
             parts: StaticParts = (compile_(model.embed), compile_(run_block), compile_(model.head))
-            self.forward_static = partial(model.forward_static, parts=parts)
+            forward = partial(model.forward_static, parts=parts)
+        self.forward_static: Callable[[torch.Tensor, EncoderMetadata], torch.Tensor] = partial(forward, attention=attn)
         self.graphs: dict[int, CapturedBudget] = {}
         self.captures: dict[int, Capture] = {}
         self.failed: dict[int, str] = {}
@@ -251,9 +257,29 @@ class EncoderGraphRunner:
         self._lock = threading.Lock()
 
     @property
-    def table_mode(self) -> str:
+    def table_mode(self) -> RunMode:
         """The latency-table mode this runner replays as: ``graph-compiled`` or ``graph``."""
-        return "graph-compiled" if self.compiled else "graph"
+        return RunMode.GRAPH_COMPILED if self.compiled else RunMode.GRAPH
+
+    @property
+    def run_mode(self) -> RunMode:
+        """The :class:`~glmvit.modes.RunMode` this runner implements (its table mode)."""
+        return self.table_mode
+
+    @property
+    def label(self) -> str:
+        """The name its results are reported under (``graph``, ``graph-emulated``, ``graph-compiled``…)."""
+        return self.run_mode.label(self.mode)
+
+    @property
+    def attention(self) -> str:
+        """The attention backend every forward of this runner uses: fixed when it was made."""
+        return self._attention
+
+    @property
+    def budgets(self) -> BudgetConfig:
+        """The budgets and batch limits this runner was made for (``config``, by its meaning)."""
+        return self.config
 
     # ---- capture -------------------------------------------------------------------------------------------
     def batch_shape(self, budget: int) -> BatchShape:
@@ -278,7 +304,7 @@ class EncoderGraphRunner:
 
     def _capture_one(self, cb: CapturedBudget) -> tuple[float, int]:
         """Warm up and capture ``cb``'s graph: (warm-up seconds, pool growth in bytes)."""
-        if self.mode == "emulate":
+        if self.mode is GraphMode.EMULATE:
             cb.output.copy_(self.forward_static(cb.pixels, cb.meta))
             return 0.0, 0
         if self.pool is None:
@@ -319,7 +345,7 @@ class EncoderGraphRunner:
         with self._lock:
             budgets = sorted(self.config.token_budgets, reverse=True)
             self._layouts.clear()  # plans name the budgets they replay
-            label = "capturing" if self.mode == "cuda" else "preparing (emulated, no graphs)"
+            label = "capturing" if self.mode is GraphMode.CUDA else "preparing (emulated, no graphs)"
             bar = tqdm(budgets, desc=label, unit="budget", disable=not self.progress)
             with _dynamo_limits(2 * len(budgets) + 8) if self.compiled else _nothing():
                 for budget in bar:
@@ -475,6 +501,20 @@ class EncoderGraphRunner:
         with self._lock:
             return self._run(pixel_values, grid_thw, check_finite)
 
+    @torch.inference_mode()
+    def encode(self, pixel_values: torch.Tensor, request: EncoderRequest, *, sync: bool) -> list[torch.Tensor]:
+        """:class:`~glmvit.encoder.Encoder`: ``run`` on pixels checked already (finite, from the request's
+        boundary), one [tokens_i, out_hidden_size] tensor per item, owned by the caller. ``sync=True`` waits (one
+        event on CUDA) until they are computed, so any thread or stream may read them; ``sync=False`` waits for
+        nothing: they are ready in the current stream's order."""
+        with self._lock:
+            outs = self._run(pixel_values, request, check_finite=False)
+        if sync and self.model.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+            done.synchronize()
+        return outs
+
     def _run(self, pixel_values: torch.Tensor, grid_thw: Any, check_finite: bool) -> list[torch.Tensor]:
         start = time.perf_counter()
         model, device, stats = self.model, self.model.device, self.stats
@@ -509,7 +549,7 @@ class EncoderGraphRunner:
                 stats.real_tokens += step.tokens
                 stats.budget_tokens += step.budget.budget
             else:
-                out = model.forward(batch, step.request, check_finite=False)
+                out = model.forward(batch, step.request, check_finite=False, attention=self._attention)
                 stats.eager_batches += 1
                 stats.fallback_items += len(step.items)
                 stats.routed_eager += step.budget is not None
@@ -607,12 +647,14 @@ class EncoderGraphRunner:
             return self.stats
 
 
-def recorded_table_for(model: GlmVisionEncoder, compiled: bool) -> LatencyTable | None:
+def recorded_table_for(model: GlmVisionEncoder, compiled: bool, attention: str | None = None) -> LatencyTable | None:
     """The latency table recorded in data/bench for a runner of this mode (compiled or not) that measured this model
-    — the GLM-4.1V tower, its dtype and attention backend — on this GPU; None when there is none (a runner without a
-    table replays whatever a budget holds). Stale or not: :meth:`LatencyTable.describe` says which."""
+    — the GLM-4.1V tower, its dtype and attention backend (``attention``, or the model's) — on this GPU; None when
+    there is none (a runner without a table replays whatever a budget holds). Stale or not:
+    :meth:`LatencyTable.describe` says which."""
     try:
-        table = recorded_table("graph-compiled" if compiled else "graph", model.attention_backend())
+        mode = RunMode.GRAPH_COMPILED if compiled else RunMode.GRAPH
+        table = recorded_table(mode, attention or model.attention_backend())
     except ValueError:
         return None
     gpu = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else None

@@ -259,31 +259,35 @@ class GlmVisionEncoder(nn.Module):
         """:meth:`check_request`'s grids: the batch validated, as an [n, 3] int64 numpy array of the caller's own."""
         return self.check_request(pixel_values, grid_thw, check_finite).grids.copy()
 
-    def forward(self, pixel_values: torch.Tensor, grid_thw, check_finite: bool = True) -> torch.Tensor:
+    def forward(self, pixel_values: torch.Tensor, grid_thw, check_finite: bool = True,
+                attention: str | None = None) -> torch.Tensor:
         """Merger output [Σ t·h·w / m², out_hidden_size] for a batch; a video row (t > 1) is t segments.
 
         ``grid_thw``: grids, or an :class:`~glmvit.request.EncoderRequest` (its grids are not checked again).
         ``check_finite=False`` skips the NaN/Inf check of ``check_inputs`` (for pixels validated already).
+        ``attention``: see :meth:`forward_static`.
         """
         request = self.check_request(pixel_values, grid_thw, check_finite)
         if len(request) == 0:
             return pixel_values.new_zeros((0, self.config.out_hidden_size), dtype=self.dtype)
         meta = build_metadata(request).to(self.device)
-        return self.forward_static(pixel_values, meta)
+        return self.forward_static(pixel_values, meta, attention=attention)
 
     def forward_static(self, pixels: torch.Tensor, meta: EncoderMetadata,
-                       parts: "StaticParts | None" = None) -> torch.Tensor:
+                       parts: "StaticParts | None" = None, attention: str | None = None) -> torch.Tensor:
         """Encode a padded batch of ``meta.shape.rows`` rows; padded output tokens are zero.
 
         No host syncs with a graph-safe backend. Padded rows lie outside every attention segment and every other op
         is row-local (the downsample merges aligned m²-row blocks), so nothing in a padded row reaches a real one.
         ``parts`` replaces the three stages (``embed``, every block, ``head``), e.g. by compiled versions of them:
-        the blocks are 24 copies of one computation, so one compiled block serves them all.
+        the blocks are 24 copies of one computation, so one compiled block serves them all. ``attention``: a
+        backend checked already for this device and dtype (an encoder's, fixed when it was made); None:
+        :meth:`attention_backend`.
         """
         cfg = self.config
         if pixels.shape != (meta.shape.rows, cfg.patch_dim):
             raise ValueError(f"pixels must be {(meta.shape.rows, cfg.patch_dim)}, got {tuple(pixels.shape)}")
-        backend = self.attention_backend()
+        backend = attention if attention is not None else self.attention_backend()
         embed, run, head = parts or (self.embed, run_block, self.head)
         x, cos, sin = embed(pixels, meta)
         for block in self.blocks:

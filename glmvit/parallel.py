@@ -67,7 +67,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .graphs import EncoderGraphRunner
+from .encoder import EagerEncoder, Encoder
 from .model import GlmVisionEncoder
 from .request import EncoderRequest
 
@@ -357,23 +357,22 @@ def _check_request_id(request_id, last: int) -> int:
 class DataParallelEncoder:
     """Encode a request across the ranks of ``group`` (default: the world); see the module docstring.
 
-    ``encoder_or_runner`` is an :class:`~glmvit.graphs.EncoderGraphRunner` (captured) or a
-    :class:`~glmvit.model.GlmVisionEncoder` (eager). Every rank must construct one with the same model, and call
-    :meth:`run` with the same requests in the same order. Construction reads the weights once to fingerprint the
-    model (:func:`model_fingerprint`; ``model_digest`` is its weights digest in hex): weights changed afterwards are
-    not seen, build a new encoder after loading others. Construction is local (no collective).
+    ``encoder`` is an :class:`~glmvit.encoder.Encoder` (:func:`~glmvit.encoder.build_encoder`: a captured runner
+    or the eager one) or a :class:`~glmvit.model.GlmVisionEncoder` (run eagerly). Every rank must construct one with
+    the same model, and call :meth:`run` with the same requests in the same order. Construction reads the weights
+    once to fingerprint the model (:func:`model_fingerprint`; ``model_digest`` is its weights digest in hex): weights
+    changed afterwards are not seen, build a new encoder after loading others. Construction is local (no
+    collective).
     """
 
-    def __init__(self, encoder_or_runner, group=None):
+    def __init__(self, encoder: Encoder | GlmVisionEncoder, group=None):
         _require_group(group)
-        self.runner: EncoderGraphRunner | None
-        if isinstance(encoder_or_runner, EncoderGraphRunner):
-            self.runner, self.model = encoder_or_runner, encoder_or_runner.model
-        elif isinstance(encoder_or_runner, GlmVisionEncoder):
-            self.runner, self.model = None, encoder_or_runner
-        else:
-            raise TypeError("expected an EncoderGraphRunner or a GlmVisionEncoder, "
-                            f"got {type(encoder_or_runner).__name__}")
+        if isinstance(encoder, GlmVisionEncoder):
+            encoder = EagerEncoder(encoder)
+        elif not isinstance(encoder, Encoder):
+            raise TypeError(f"expected an Encoder or a GlmVisionEncoder, got {type(encoder).__name__}")
+        self.encoder: Encoder = encoder
+        self.model = encoder.model
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
@@ -497,11 +496,9 @@ class DataParallelEncoder:
             return []
         share = request.select(items)
         local = torch.cat([pixel_values[slice(*request.row_range(i))] for i in items]).to(self.model.device)
-        if self.runner is not None:
-            return self.runner.run(local, share, check_finite=check_finite)
-        with torch.inference_mode():
-            out = self.model(local, share, check_finite=check_finite)
-        return list(out.split(share.item_tokens))
+        if check_finite:
+            self.model.check_request(local, share)
+        return self.encoder.encode(local, share, sync=False)  # the exchange that follows orders the stream
 
     def _encode_or_error(self, pixel_values: torch.Tensor, request: EncoderRequest, items: Sequence[int],
                          expected_tokens: int):

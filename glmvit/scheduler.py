@@ -13,9 +13,9 @@
    (:func:`fits`); an item that fits no budget, or has more segments than a batch, runs alone (the runner runs it
    eagerly).
    Items of several requests share a batch; a request's items may span batches.
-3. **Encoding**: one ``runner.run`` per batch, given an :class:`~glmvit.request.EncoderRequest` of its items (the
-   runner packs it into its smallest fitting budget and routes it, replay or eager), or the eager model for a
-   baseline (:func:`eager_encoder`).
+3. **Encoding**: one ``encoder.encode(..., sync=True)`` per batch (:class:`~glmvit.encoder.Encoder`), given an
+   :class:`~glmvit.request.EncoderRequest` of its items (a graph runner packs it into its smallest fitting budget
+   and routes it, replay or eager; the eager baseline runs one forward).
 4. **Delivery, checked**: a batch must return one output per item, of that item's token count (t·h·w / m²) and
    ``out_hidden_size``; every output goes to the slot its item was taken from (request id, item index), each slot
    is filled exactly once, and a request is answered only when all its slots are. Anything else fails the requests
@@ -47,12 +47,13 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Iterator
 
 import numpy as np
 import torch
 
-from .graphs import EncoderGraphRunner
+from .encoder import EagerEncoder, Encoder
 from .model import GlmVisionEncoder
 from .packing import BudgetConfig
 from .request import EncoderRequest
@@ -94,39 +95,6 @@ class RequestResult:
 def fits(limits: BudgetConfig, items: int, tokens: int, segments: int) -> bool:
     """Whether a batch of ``items`` items, ``tokens`` tokens and ``segments`` segments is within ``limits``."""
     return items <= limits.max_items and tokens <= limits.largest and segments <= limits.max_segments
-
-
-def eager_encoder(model: GlmVisionEncoder) -> Encode:
-    """The eager baseline as a scheduler encoder: one ``model.forward`` per batch, split per item, finished.
-
-    Synchronises on CUDA before returning, as ``EncoderGraphRunner.run`` does, so results are ready for any thread.
-    """
-
-    def encode(pixels: torch.Tensor, request: EncoderRequest) -> list[torch.Tensor]:
-        with torch.inference_mode():
-            out = model(pixels, request, check_finite=False)
-            # Clones, as the runner hands out: no request keeps the batch's tensor (or another's rows) alive.
-            parts = [part.clone() for part in out.split(request.item_tokens)]
-        if out.device.type == "cuda":
-            torch.cuda.current_stream(out.device).synchronize()
-        return parts
-
-    return encode
-
-
-def runner_encoder(runner: EncoderGraphRunner) -> Encode:
-    """``runner.run`` on a batch (its pixels were checked at admission), finished before it returns: the results go
-    to other threads, on other streams, so the worker waits on one event after the batch is launched."""
-
-    def encode(pixels: torch.Tensor, request: EncoderRequest) -> list[torch.Tensor]:
-        outs = runner.run(pixels, request, check_finite=False)
-        if runner.model.device.type == "cuda":
-            done = torch.cuda.Event()
-            done.record()
-            done.synchronize()
-        return outs
-
-    return encode
 
 
 _streams = threading.local()
@@ -234,31 +202,32 @@ def _summary(values) -> dict[str, float | None]:
 class BatchScheduler:
     """Batch the items of concurrent requests into the encoder's budgets (see the module docstring).
 
-    ``encoder``: a captured :class:`~glmvit.graphs.EncoderGraphRunner` (its ``config`` gives the batch limits), or
-    a :class:`~glmvit.model.GlmVisionEncoder` run eagerly under ``limits`` (the same limits as a runner's, for a
-    fair baseline). The scheduler's worker must be the only caller of the encoder while it runs.
+    ``encoder``: an :class:`~glmvit.encoder.Encoder` (:func:`~glmvit.encoder.build_encoder`; its ``budgets`` give
+    the batch limits unless ``limits`` does), or a :class:`~glmvit.model.GlmVisionEncoder`, run eagerly
+    (:class:`~glmvit.encoder.EagerEncoder`) under ``limits`` (the same limits as a runner's, for a fair baseline).
+    The worker calls ``encoder.encode(..., sync=True)``: its outputs go to other threads. The scheduler's worker must
+    be the only caller of the encoder while it runs.
     ``max_requests``, ``max_tokens`` and ``max_bytes`` (its pixels in the model's dtype) bound what is admitted and
     not yet answered (queued or running); a request of more tokens than ``max_tokens`` or more bytes than
     ``max_bytes`` can never be admitted (:class:`RequestTooLarge`). ``start=False`` admits requests without
     running them until :meth:`start` (to fill the queue first, e.g. in a test or a notebook).
     """
 
-    def __init__(self, encoder: EncoderGraphRunner | GlmVisionEncoder, limits: BudgetConfig | None = None, *,
+    def __init__(self, encoder: Encoder | GlmVisionEncoder, limits: BudgetConfig | None = None, *,
                  max_wait_s: float = 0.0, max_requests: int = DEFAULT_MAX_REQUESTS, max_tokens: int | None = None,
                  max_bytes: int = DEFAULT_MAX_BYTES, start: bool = True):
-        if isinstance(encoder, EncoderGraphRunner):
-            runner = encoder
-            self.model, self.limits = runner.model, limits or runner.config
-            self._encode: Encode = runner_encoder(runner)
-            self.mode = "graph" if runner.mode == "cuda" else "graph-emulated"
-            if runner.compiled:
-                self.mode += "-compiled"
-        elif isinstance(encoder, GlmVisionEncoder):
+        if isinstance(encoder, GlmVisionEncoder):
             if limits is None:
                 raise ValueError("an eager model needs limits (a BudgetConfig): the batches a runner would take")
-            self.model, self.limits, self._encode, self.mode = encoder, limits, eager_encoder(encoder), "eager"
-        else:
-            raise TypeError(f"expected an EncoderGraphRunner or a GlmVisionEncoder, got {type(encoder).__name__}")
+            encoder = EagerEncoder(encoder, limits)
+        elif not isinstance(encoder, Encoder):
+            raise TypeError(f"expected an Encoder or a GlmVisionEncoder, got {type(encoder).__name__}")
+        budgets = limits or encoder.budgets
+        if budgets is None:
+            raise ValueError("an encoder without budgets needs limits (a BudgetConfig): the batches to take")
+        self.encoder = encoder
+        self.model, self.limits, self.mode = encoder.model, budgets, encoder.label
+        self._encode: Encode = partial(encoder.encode, sync=True)
         if not (isinstance(max_wait_s, (int, float)) and 0 <= max_wait_s <= 1):
             raise ValueError(f"max_wait_s must be in [0, 1] seconds, got {max_wait_s!r}")
         if isinstance(max_requests, bool) or not isinstance(max_requests, int) or max_requests < 1:
