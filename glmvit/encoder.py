@@ -11,7 +11,6 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from .attention import check_backend
 from .costmodel import LatencyTable
 from .graphs import EncoderGraphRunner
 from .model import GlmVisionEncoder
@@ -59,8 +58,7 @@ class EagerEncoder:
         if budgets is not None and not isinstance(budgets, BudgetConfig):
             raise TypeError(f"budgets must be a BudgetConfig, got {type(budgets).__name__}")
         self._model, self._budgets = model, budgets
-        self._attention = check_backend(attention, model.device, model.dtype, model.config.head_dim) \
-            if attention is not None else model.attention_backend()
+        self._attention = model.attention_backend(attention)
 
     @property
     def model(self) -> GlmVisionEncoder:
@@ -94,16 +92,16 @@ class EagerEncoder:
 
 def build_encoder(model: GlmVisionEncoder, mode: RunMode | str, budgets: BudgetConfig, *,
                   attention: str | None = None, latency_table: LatencyTable | None = None,
-                  progress: bool = False) -> EagerEncoder | EncoderGraphRunner:
+                  progress: bool = False, compile_scope: str = "blocks") -> EagerEncoder | EncoderGraphRunner:
     """The :class:`Encoder` of ``mode`` over ``model``, ready to encode: an :class:`EagerEncoder`, or a graph runner
     captured for ``budgets`` (real CUDA graphs on a CUDA device, emulated elsewhere: :meth:`GraphMode.for_device
     <glmvit.modes.GraphMode.for_device>`; its forward compiled for ``graph-compiled``), routing by
-    ``latency_table`` when one is given. ``attention`` (None: the model's backend now) is fixed for the encoder's
-    life. ValueError for an unknown mode or a backend that cannot run here."""
+    ``latency_table`` when one is given, compiled in ``compile_scope``. ``attention`` (None: the model's backend
+    now) is fixed for the encoder's life. ValueError for an unknown mode or a backend that cannot run here."""
     run_mode = RunMode.parse(mode)
     if not run_mode.graphs:
         return EagerEncoder(model, budgets, attention)
     runner = EncoderGraphRunner(model, budgets, mode=GraphMode.for_device(model.device),
                                 torch_compile=run_mode.compiled, latency_table=latency_table, progress=progress,
-                                attention=attention)
+                                attention=attention, compile_scope=compile_scope)
     return runner.capture()

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .attention import GRAPH_SAFE, check_backend
+from .attention import GRAPH_SAFE
 from .config import VisionConfig
 from .costmodel import LatencyTable, recorded_table
 from .geometry import ItemSpec
@@ -215,8 +215,7 @@ class EncoderGraphRunner:
             raise ValueError("mode='cuda' needs the model on a CUDA device; use mode='emulate' elsewhere")
         # The attention backend is fixed here: the graphs capture it, and the eager fallback runs it too, whatever
         # model.attn_backend says later. None: the model's backend now.
-        attn = check_backend(attention, model.device, model.dtype, model.config.head_dim) if attention is not None \
-            else model.attention_backend()
+        attn = model.attention_backend(attention)
         if mode is GraphMode.CUDA and attn not in GRAPH_SAFE:  # emulation replays nothing: any backend is correct
             raise ValueError(f"attention backend {attn!r} is not graph-safe; use one of {GRAPH_SAFE}")
         # torch.compile fuses the small elementwise kernels (norms, SwiGLU, residual adds) before capture: faster
@@ -654,7 +653,7 @@ def recorded_table_for(model: GlmVisionEncoder, compiled: bool, attention: str |
     :meth:`LatencyTable.describe` says which."""
     try:
         mode = RunMode.GRAPH_COMPILED if compiled else RunMode.GRAPH
-        table = recorded_table(mode, attention or model.attention_backend())
+        table = recorded_table(mode, model.attention_backend(attention))
     except ValueError:
         return None
     gpu = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else None

@@ -213,11 +213,13 @@ class GlmVisionEncoder(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.patch_embed.proj.weight.dtype
 
-    def attention_backend(self) -> str:
-        """The attention backend in use: the one set (checked against the device) or the device's default."""
-        if self.attn_backend is None:
+    def attention_backend(self, name: str | None = None) -> str:
+        """The attention backend ``name``, else the one set, checked against the device and dtype (a one-line
+        ValueError naming the choices), else the device's default."""
+        name = name if name is not None else self.attn_backend
+        if name is None:
             return default_backend(self.device, self.dtype, self.config.head_dim)
-        return check_backend(self.attn_backend, self.device, self.dtype, self.config.head_dim)
+        return check_backend(name, self.device, self.dtype, self.config.head_dim)
 
     def check_grid_thw(self, grid_thw) -> np.ndarray:
         """Validate grids alone (shape, positive integers, divisible by the merge size): an [n, 3] int64 array of

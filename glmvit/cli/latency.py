@@ -22,10 +22,12 @@ from tqdm.auto import tqdm
 
 from ..config import VisionConfig
 from ..deployment import check_budget_fits
+from ..encoder import build_encoder
 from ..floor import encoder_flops
 from ..geometry import ItemSpec, grid_specs
 from ..graphs import EncoderGraphRunner
 from ..model import GlmVisionEncoder
+from ..modes import RunMode
 from ..packing import BudgetConfig
 from ..provenance import collect
 from ..records import LatencySweep, make
@@ -225,17 +227,17 @@ def run_sweep(args: argparse.Namespace, config: BudgetConfig, command: str, sess
     """The sweep the resolved flags describe, as a record; a ``session`` (a record run) lends its model, and
     ``eager_times`` shares eager runs between the graph and the compiled sweep (:func:`measure`)."""
     model = session.model(args) if session is not None else model_from_args(args)
-    mode = "cuda" if model.device.type == "cuda" else "emulate"
-    runner = EncoderGraphRunner(model, config, mode=mode, progress=not args.quiet,
-                                torch_compile=args.compile).capture()
+    runner = build_encoder(model, RunMode.GRAPH_COMPILED if args.compile else RunMode.GRAPH, config,
+                           progress=not args.quiet)
+    assert isinstance(runner, EncoderGraphRunner)
     with torch.inference_mode():
         rows = measure(runner, model, args.runs, args.warmup, args.seed, args.quiet, eager_times)
     return make(
         LatencySweep, provenance=collect(model.device, command),
         dtype=str(model.dtype).replace("torch.", ""), config="glm41v" if args.config == "full" else args.config,
-        attn_backend=model.attention_backend(), compiled=args.compile, max_items=config.max_items,
+        attn_backend=runner.attention, compiled=args.compile, max_items=config.max_items,
         max_segments=config.max_segments, budgets=rows,
-        measurement={"runner_mode": mode, "runs": args.runs, "warmup": args.warmup, "statistic": "median",
+        measurement={"runner_mode": runner.mode.value, "runs": args.runs, "warmup": args.warmup, "statistic": "median",
                      "stopping": f"replays, and eager forwards above {HOST_BOUND_TOKENS} tokens: {STEADY_RUNS} to "
                                  f"runs, until {STEADY_RUNS} agree within 2 %; eager up to {HOST_BOUND_TOKENS} tokens: "
                                  f"max(runs, {EAGER_HOST_RUNS}) (host-bound)",
