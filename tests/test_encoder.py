@@ -1,11 +1,11 @@
-"""The one Encoder boundary: RunMode/GraphMode parse strings once, build_encoder makes every command's encoder, an
-encoder's attention backend is fixed when it is made, and eager and graph encoders give the same bits."""
+"""The one Encoder boundary: RunMode/GraphMode parse strings once, an encoder's attention backend is fixed when it
+is made, and eager and graph encoders give the same bits (every command's encoder comes from build_encoder:
+test_cli.py)."""
 import json
 
 import pytest
 import torch
 
-import glmvit.encoder
 import glmvit.model
 from glmvit.encoder import EagerEncoder, Encoder, build_encoder
 from glmvit.graphs import EncoderGraphRunner
@@ -101,48 +101,6 @@ def test_the_scheduler_takes_any_encoder(tiny_model, tiny_config):
         BatchScheduler(EagerEncoder(tiny_model), start=False)
     with pytest.raises(TypeError, match="expected an Encoder or a GlmVisionEncoder, got str"):
         BatchScheduler("graph", CONFIG, start=False)  # type: ignore[arg-type]
-
-
-class _Built(BaseException):
-    """Stops a command at its encoder (a BaseException: no command mistakes it for its own error)."""
-
-
-def _spy(monkeypatch, modules, calls):
-    def fake(model, mode, budgets, **kwargs):
-        calls.append((RunMode.parse(mode), kwargs.get("attention"), model.attn_backend))
-        raise _Built
-
-    for module in modules:
-        monkeypatch.setattr(module, "build_encoder", fake)
-
-
-@pytest.mark.parametrize("command", ["serve", "bench", "latency", "demo"])
-def test_every_command_builds_its_encoder_with_build_encoder(command, monkeypatch, capsys):
-    """Each command's smallest CPU path reaches build_encoder, given the flags' attention backend, and leaves the
-    model's own backend unset."""
-    from glmvit.cli import bench, demo, latency, serve
-    from glmvit.cli.common import resolve_model_args
-
-    calls: list = []
-    _spy(monkeypatch, [glmvit.encoder, serve, bench, latency], calls)
-    cpu = ["--device", "cpu", "--config", "tiny", "--quiet"]
-    with pytest.raises(_Built):
-        if command == "serve":
-            parser = serve.build_parser()
-            args = parser.parse_args([*cpu, "--budgets", "32", "--no-measure-floor", "--attn-backend", "segments"])
-            resolve_model_args(parser, args)
-            serve.build_service(args, "test")
-        elif command == "bench":
-            bench.main([*cpu, "--num-requests", "1", "--warmup", "1", "--threads", "1", "--modes", "graph",
-                        "--attn-backend", "segments"])
-        elif command == "latency":
-            latency.main([*cpu, "--warmup", "0", "--runs", "1", "--budgets", "16,32"])
-        else:
-            demo.main(["--device", "cpu"])
-    expected = {"serve": (RunMode.GRAPH, "segments"), "bench": (RunMode.GRAPH, "segments"),
-                "latency": (RunMode.GRAPH, None), "demo": (RunMode.GRAPH, None)}[command]
-    assert [c[:2] for c in calls] == [expected]
-    assert calls[0][2] is None  # nothing set the model's backend on the way
 
 
 def test_a_request_of_another_merge_size_is_refused_by_every_encoder(tiny_model, tiny_config):
