@@ -19,7 +19,9 @@ import numpy as np
 
 from .config import VisionConfig
 from .files import read_bounded
+from .geometry import ItemSpec
 from .metadata import BatchShape
+from .modes import TABLE_MODES, RunMode
 from .packing import (
     SMALLEST_BUDGET,
     BudgetConfig,
@@ -39,7 +41,6 @@ from .records import (
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 MIN_BASE_MS = 1e-3  # one microsecond: the least a replay or a forward can cost (a kernel launch)
-TABLE_MODES = ("graph-compiled", "graph")  # the runner modes a latency sweep measures (compiled first: the default)
 
 
 @dataclass(frozen=True)
@@ -292,7 +293,7 @@ def recorded_capture_cost(start: str = "cold") -> CaptureCost | None:
 def capture_cost(table: LatencyTable) -> CaptureCost | None:
     """The capture cost for ``table``'s runner: a compiled table's from the recorded cold start-up (its own sweep
     captured in a process that had compiled before), any other from the table's own capture times."""
-    if table.mode == "graph-compiled":
+    if table.mode == RunMode.GRAPH_COMPILED:
         cost = recorded_capture_cost("cold")
         if cost is not None:
             return cost
@@ -371,18 +372,20 @@ def ladder_split(table: LatencyTable, merge_area: int = 4) -> int:
     floor — below it a padded replay still beats running eagerly. The smallest budget when none does."""
     split = SMALLEST_BUDGET
     while 2 * split <= table.tokens[-1] and \
-            table.graph_time(2 * split, (merge_area * 2 * split) ** 2) <= table.eager_floor_ms:
+            table.graph_time(2 * split, ItemSpec(2 * split, 1, merge_area * 2 * split).work) <= table.eager_floor_ms:
         split *= 2
     return split
 
 
-def recorded_table(mode: str = "graph-compiled", attention: str | None = None) -> LatencyTable:
+def recorded_table(mode: RunMode | str = RunMode.GRAPH_COMPILED, attention: str | None = None) -> LatencyTable:
     """The latency table recorded in ``data/bench`` for a runner mode (``graph-compiled`` or ``graph``), and an
     attention backend if given (else the one sweep of that mode): chosen by what each sweep recorded, never by file
     name or order. :meth:`LatencyTable.describe` says which it is and whether it is current."""
+    mode = RunMode.parse(mode)
     if mode not in TABLE_MODES:
-        raise ValueError(f"mode must be one of {TABLE_MODES}, got {mode!r}")
-    match: dict[str, Any] = {"compiled": mode == "graph-compiled", **({"attn_backend": attention} if attention else {})}
+        raise ValueError(f"no latency table is recorded for mode {mode.value!r}; choose one of "
+                         f"{', '.join(TABLE_MODES)}")
+    match: dict[str, Any] = {"compiled": mode.compiled, **({"attn_backend": attention} if attention else {})}
     path, sweep = find_one(LatencySweep, **match)
     return LatencyTable.from_sweep(sweep, str(path))
 

@@ -183,8 +183,8 @@ def _ranked_options(requests: list[list[ItemSpec]], limits: BudgetConfig, given:
 
 def _default_tops(requests: list[list[ItemSpec]], max_items: int) -> list[int]:
     """Candidate largest budgets: powers of two up to the largest request, plus its and the largest item's size."""
-    largest_request = max(sum(t for t, _ in r) for r in requests)
-    largest_item = max(t for r in requests for t, _ in r)
+    largest_request = max(sum(spec.tokens for spec in r) for r in requests)
+    largest_item = max(spec.tokens for r in requests for spec in r)
     extra = {_round_up(largest_request), _round_up(largest_item)}
     return sorted(set(_powers_of_two(max_items, largest_request)) | extra)
 

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from .config import VisionConfig
+from .geometry import ItemSpec, grid_specs
 from .timing import time_calls
 
 
@@ -15,8 +16,9 @@ def flops_breakdown(config: VisionConfig, grids: Any) -> dict[str, int]:
     """Analytic FLOPs of one encoder forward over ``grids`` (rows [t, h, w]), by part.
 
     Every matmul of an [M, K] by [K, N] product counts 2·M·N·K. With N = Σ t·h·w patch rows, T = N / m² output
-    tokens, H = hidden_size, F = out_hidden_size (GLM-4V's block MLP width), I = intermediate_size (merger),
-    P = patch_dim (C·T·P² = 1176) and depth blocks:
+    tokens (rows, tokens and Σ L² as :func:`glmvit.geometry.item_spec` counts them), H = hidden_size,
+    F = out_hidden_size (GLM-4V's block MLP width), I = intermediate_size (merger), P = patch_dim (C·T·P² = 1176)
+    and depth blocks:
 
     - patch_embed: 2·N·P·H (the Conv3d whose kernel is the whole patch is one matmul);
     - per block: qkv 2·N·H·3H, proj 2·N·H·H, MLP gate + up 2·2·N·H·F, down 2·N·F·H;
@@ -30,10 +32,9 @@ def flops_breakdown(config: VisionConfig, grids: Any) -> dict[str, int]:
     """
     g = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
     c = config
-    n = int((g[:, 0] * g[:, 1] * g[:, 2]).sum())
-    tokens = n // c.merge_area
+    total = ItemSpec.total(grid_specs(g.tolist(), c.spatial_merge_size))
+    n, tokens, seg_sq = total.rows, total.tokens, total.work
     h, f, i = c.hidden_size, c.out_hidden_size, c.intermediate_size
-    seg_sq = int((g[:, 0] * (g[:, 1] * g[:, 2]) ** 2).sum())
     parts = {
         "patch_embed": 2 * n * c.patch_dim * h,
         "qkv": c.depth * 2 * n * h * 3 * h,

@@ -33,31 +33,49 @@ MAX_FRAMES = 2**24
 MAX_FRAME_PIXELS = 8192 * 8192
 
 
-class ItemSpec(NamedTuple):
-    """What packing needs of one item: output tokens after the merge, and attention segments (temporal patches)."""
-
+class _ItemFields(NamedTuple):
     tokens: int
     segments: int
+    rows: int
+    work: int
+
+
+class ItemSpec(_ItemFields):
+    """What packing and the cost model need of one item: output tokens after the merge, attention segments (its
+    temporal patches), patch rows, and attention work Σ L² over its segments (L = patch rows per segment).
+
+    Made from a grid by :func:`item_spec` (the one place that counts them). ``ItemSpec(tokens, segments)`` alone
+    describes an item of equal segments at the tower's merge size: rows = tokens · MERGE_SIZE², work = rows² / segments.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, tokens: int, segments: int, rows: int | None = None, work: int | None = None) -> "ItemSpec":
+        if rows is None:
+            rows = tokens * MERGE_SIZE**2
+        if work is None:
+            work = rows * rows // segments if segments else 0
+        return super().__new__(cls, tokens, segments, rows, work)
 
     @property
     def segment_rows2(self) -> int:
-        """Σ L² over the item's segments, L = patch rows per segment (its segments are equal): attention work."""
-        rows = self.tokens * MERGE_SIZE**2
-        return rows * rows // self.segments
+        """Σ L² over the item's segments: its attention work (``work``)."""
+        return self.work
 
     @classmethod
     def from_grid(cls, grid: Sequence[int], merge: int = MERGE_SIZE) -> "ItemSpec":
-        """The spec of one (t, h, w) patch grid: t segments, t·h·w / merge² tokens."""
+        """The spec of one (t, h, w) patch grid (:func:`item_spec`)."""
         t, h, w = (int(x) for x in grid)
-        return cls(output_tokens(t, h, w, merge), t)
+        return item_spec(t, h, w, merge)
 
     @classmethod
     def total(cls, specs: Iterable["ItemSpec"]) -> "ItemSpec":
-        """The tokens and segments of several items together (one batch)."""
-        tokens = segments = 0
+        """The tokens, segments, rows and work of several items together (one batch)."""
+        tokens = segments = rows = work = 0
         for spec in specs:
             tokens, segments = tokens + spec.tokens, segments + spec.segments
-        return cls(tokens, segments)
+            rows, work = rows + spec.rows, work + spec.work
+        return cls(tokens, segments, rows, work)
 
 
 def smart_resize(height: int, width: int, num_frames: int = TEMPORAL_PATCH_SIZE, *, factor: int = FACTOR,
@@ -126,12 +144,20 @@ def _side(value: int) -> str:
 
 
 def output_tokens(t: int, h: int, w: int, merge: int = MERGE_SIZE) -> int:
-    """Tokens the merger emits for a (t, h, w) patch grid: t·h·w / merge²."""
-    if h % merge or w % merge:
-        raise ValueError(f"grid {h}×{w} is not a multiple of the merge size {merge}")
-    return t * h * w // merge**2
+    """Tokens the merger emits for a (t, h, w) patch grid: t·h·w / merge² (:func:`item_spec`)."""
+    return item_spec(t, h, w, merge).tokens
 
 
 def item_spec(t: int, h: int, w: int, merge: int = MERGE_SIZE) -> ItemSpec:
-    """The :class:`ItemSpec` of a (t, h, w) grid: t segments, t·h·w / merge² tokens (:meth:`ItemSpec.from_grid`)."""
-    return ItemSpec.from_grid((t, h, w), merge)
+    """The :class:`ItemSpec` of a (t, h, w) patch grid at spatial merge size ``merge``: the one function that counts
+    an item. t segments of L = h·w patch rows each: rows t·h·w, tokens t·h·w / merge², work Σ L² = t·(h·w)².
+    A ValueError when h or w is not a multiple of ``merge``."""
+    if h % merge or w % merge:
+        raise ValueError(f"grid {h}×{w} is not a multiple of the merge size {merge}")
+    frame = h * w
+    return ItemSpec(t * frame // merge**2, t, t * frame, t * frame * frame)
+
+
+def grid_specs(grids: Iterable[Sequence[int]], merge: int = MERGE_SIZE) -> list[ItemSpec]:
+    """:func:`item_spec` of every (t, h, w) row of ``grids``."""
+    return [ItemSpec.from_grid(g, merge) for g in grids]

@@ -48,13 +48,15 @@ from .attention import GRAPH_SAFE
 from .config import VisionConfig
 from .costmodel import LatencyTable, recorded_table
 from .geometry import ItemSpec
-from .metadata import BatchShape, EncoderMetadata, build_metadata, item_row_starts, items_of_rows
+from .metadata import BatchShape, EncoderMetadata, build_metadata
 from .model import GlmVisionEncoder, StaticParts, run_block
+from .modes import GraphMode, RunMode
 from .packing import BudgetConfig, plan_batches
+from .request import EncoderRequest
 
 log = logging.getLogger(__name__)
 
-MODES = ("cuda", "emulate")
+MODES = tuple(m.value for m in GraphMode)
 COMPILE_SCOPES = ("blocks", "model")
 LAYOUT_CACHE_SIZE = 1024  # distinct request layouts (grids) whose plans are kept
 
@@ -118,6 +120,7 @@ class BatchStep:
     rows: tuple[tuple[int, int], ...]  # the items' pixel row ranges in the request, in batch order
     row_index: torch.Tensor | None  # their rows as one gather index on the device; None when one contiguous range
     item_tokens: tuple[int, ...]
+    request: EncoderRequest  # the batch's items as a request of their own (validated with the whole request)
 
     @property
     def num_rows(self) -> int:
@@ -197,7 +200,7 @@ class EncoderGraphRunner:
         self,
         model: GlmVisionEncoder,
         budget_config: BudgetConfig,
-        mode: str = "cuda",
+        mode: GraphMode | str = GraphMode.CUDA,
         packer: str = "ffd",
         latency_table: LatencyTable | None = None,
         check_pointers: bool = False,
@@ -205,13 +208,15 @@ class EncoderGraphRunner:
         torch_compile: bool = False,
         compile_dynamic: bool | None = None,
         compile_scope: str = "blocks",
+        attention: str | None = None,
     ):
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if mode == "cuda" and model.device.type != "cuda":
+        mode = GraphMode.parse(mode)
+        if mode is GraphMode.CUDA and model.device.type != "cuda":
             raise ValueError("mode='cuda' needs the model on a CUDA device; use mode='emulate' elsewhere")
-        attn = model.attention_backend()
-        if mode == "cuda" and attn not in GRAPH_SAFE:  # emulation replays nothing: any backend is correct
+        # The attention backend is fixed here: the graphs capture it, and the eager fallback runs it too, whatever
+        # model.attn_backend says later. None: the model's backend now.
+        attn = model.attention_backend(attention)
+        if mode is GraphMode.CUDA and attn not in GRAPH_SAFE:  # emulation replays nothing: any backend is correct
             raise ValueError(f"attention backend {attn!r} is not graph-safe; use one of {GRAPH_SAFE}")
         # torch.compile fuses the small elementwise kernels (norms, SwiGLU, residual adds) before capture: faster
         # replays, with bf16 rounding that differs from the uncompiled forward. compile_scope "blocks" compiles the
@@ -225,6 +230,7 @@ class EncoderGraphRunner:
         self.model = model
         self.config = budget_config
         self.mode = mode
+        self._attention = attn
         self.packer = packer
         self.check_pointers = check_pointers
         self.progress = progress
@@ -232,13 +238,14 @@ class EncoderGraphRunner:
         self.latency_table = latency_table
         if latency_table is not None:
             _check_table(latency_table, self.table_mode, attn)
-        self.forward_static: Callable[[torch.Tensor, EncoderMetadata], torch.Tensor] = model.forward_static
+        forward: Callable[..., torch.Tensor] = model.forward_static
         if torch_compile and compile_scope == "model":
-            self.forward_static = torch.compile(model.forward_static, dynamic=compile_dynamic)
+            forward = torch.compile(model.forward_static, dynamic=compile_dynamic)
         elif torch_compile:
             compile_ = partial(torch.compile, dynamic=compile_dynamic)
             parts: StaticParts = (compile_(model.embed), compile_(run_block), compile_(model.head))
-            self.forward_static = partial(model.forward_static, parts=parts)
+            forward = partial(model.forward_static, parts=parts)
+        self.forward_static: Callable[[torch.Tensor, EncoderMetadata], torch.Tensor] = partial(forward, attention=attn)
         self.graphs: dict[int, CapturedBudget] = {}
         self.captures: dict[int, Capture] = {}
         self.failed: dict[int, str] = {}
@@ -249,9 +256,29 @@ class EncoderGraphRunner:
         self._lock = threading.Lock()
 
     @property
-    def table_mode(self) -> str:
+    def table_mode(self) -> RunMode:
         """The latency-table mode this runner replays as: ``graph-compiled`` or ``graph``."""
-        return "graph-compiled" if self.compiled else "graph"
+        return RunMode.GRAPH_COMPILED if self.compiled else RunMode.GRAPH
+
+    @property
+    def run_mode(self) -> RunMode:
+        """The :class:`~glmvit.modes.RunMode` this runner implements (its table mode)."""
+        return self.table_mode
+
+    @property
+    def label(self) -> str:
+        """The name its results are reported under (``graph``, ``graph-emulated``, ``graph-compiled``…)."""
+        return self.run_mode.label(self.mode)
+
+    @property
+    def attention(self) -> str:
+        """The attention backend every forward of this runner uses: fixed when it was made."""
+        return self._attention
+
+    @property
+    def budgets(self) -> BudgetConfig:
+        """The budgets and batch limits this runner was made for (``config``, by its meaning)."""
+        return self.config
 
     # ---- capture -------------------------------------------------------------------------------------------
     def batch_shape(self, budget: int) -> BatchShape:
@@ -276,7 +303,7 @@ class EncoderGraphRunner:
 
     def _capture_one(self, cb: CapturedBudget) -> tuple[float, int]:
         """Warm up and capture ``cb``'s graph: (warm-up seconds, pool growth in bytes)."""
-        if self.mode == "emulate":
+        if self.mode is GraphMode.EMULATE:
             cb.output.copy_(self.forward_static(cb.pixels, cb.meta))
             return 0.0, 0
         if self.pool is None:
@@ -317,7 +344,7 @@ class EncoderGraphRunner:
         with self._lock:
             budgets = sorted(self.config.token_budgets, reverse=True)
             self._layouts.clear()  # plans name the budgets they replay
-            label = "capturing" if self.mode == "cuda" else "preparing (emulated, no graphs)"
+            label = "capturing" if self.mode is GraphMode.CUDA else "preparing (emulated, no graphs)"
             bar = tqdm(budgets, desc=label, unit="budget", disable=not self.progress)
             with _dynamo_limits(2 * len(budgets) + 8) if self.compiled else _nothing():
                 for budget in bar:
@@ -359,24 +386,23 @@ class EncoderGraphRunner:
         return BudgetConfig(budgets, min(self.config.max_items, budgets[0]), self.config.max_segments)
 
     def plan(self, grid_thw: Any) -> list[BatchStep]:
-        """The batches of a request with these grids, routed: planned once per distinct grids, then reused."""
-        return self._planned(self.model.check_grid_thw(grid_thw))
+        """The batches of a request with these grids (or of an :class:`~glmvit.request.EncoderRequest`), routed:
+        planned once per distinct grids, then reused."""
+        return self._planned(self.model.request_of(grid_thw))
 
-    def _planned(self, grids: np.ndarray) -> list[BatchStep]:
-        """``plan`` for grids validated already (``_run`` checks a request once, with its pixels)."""
-        key = grids.tobytes()
+    def _planned(self, request: EncoderRequest) -> list[BatchStep]:
+        """``plan`` for a request validated already (``_run`` checks a request once, with its pixels)."""
+        key = request.key()
         steps = self._layouts.get(key)
         if steps is None:
-            steps = self._plan(grids)
+            steps = self._plan(request)
             if len(self._layouts) >= LAYOUT_CACHE_SIZE:
                 self._layouts.clear()
             self._layouts[key] = steps
         return steps
 
-    def _plan(self, grids: np.ndarray) -> list[BatchStep]:
-        merge_area = self.model.config.merge_area
-        starts = item_row_starts(grids)
-        items = [ItemSpec.from_grid(g, self.model.config.spatial_merge_size) for g in grids]
+    def _plan(self, request: EncoderRequest) -> list[BatchStep]:
+        items, grids = request.items, request.grids
         config = self.captured_config()
         groups: list[tuple[tuple[int, ...], int | None]]
         if config is None:  # nothing captured: every item alone, eagerly
@@ -385,16 +411,17 @@ class EncoderGraphRunner:
             groups = [(b.item_indices, b.budget) for b in plan_batches(items, config, packer=self.packer).batches]
         steps = []
         for idx, budget in groups:
-            tokens = sum(items[i].tokens for i in idx)
-            work = sum(items[i].segment_rows2 for i in idx)
+            batch = ItemSpec.total(items[i] for i in idx)
+            tokens, work = batch.tokens, batch.work
             replay, predicted = self._route(budget, tokens, work)
-            rows = tuple((int(starts[i]), int(starts[i + 1])) for i in idx)
+            rows = tuple(request.row_range(i) for i in idx)
             contiguous = all(a == prev_b for (_, prev_b), (a, _) in zip(rows, rows[1:], strict=False))
             index = None if contiguous else torch.from_numpy(  # pageable source: staged before the call returns
                 np.concatenate([np.arange(a, b) for a, b in rows])).to(self.model.device, non_blocking=True)
             steps.append(BatchStep(tuple(idx), tokens, work, self.graphs[budget] if budget else None, replay,
-                                   predicted, grids[list(idx)], rows, index, tuple(items[i].tokens for i in idx)))
-        assert sum(s.tokens for s in steps) * merge_area == int(starts[-1]), "every row planned once"
+                                   predicted, grids[list(idx)], rows, index, tuple(items[i].tokens for i in idx),
+                                   request.select(idx)))
+        assert sum(s.num_rows for s in steps) == request.rows, "every row planned once"
         return steps
 
     def _route(self, budget: int | None, tokens: int, work: int) -> tuple[bool, float | None]:
@@ -409,18 +436,18 @@ class EncoderGraphRunner:
         return (True, graph_ms) if graph_ms <= eager_ms else (False, eager_ms)
 
     # ---- replay --------------------------------------------------------------------------------------------
-    def _stage_metadata(self, cb: CapturedBudget, grids: np.ndarray) -> None:
+    def _stage_metadata(self, cb: CapturedBudget, request: EncoderRequest) -> None:
         """Put the batch's metadata in ``cb.meta.packed``, unless it holds these grids already."""
-        key = grids.tobytes()
+        key = request.key()
         if key == cb.staged_grids:  # the same grids as this budget's last batch (a stream of equal images)
             return
-        merge = self.model.config.spatial_merge_size
+        merge = request.merge
         if not cb.staging:  # not CUDA: the buffer is host memory, write it in place
-            build_metadata(grids, merge, cb.shape, out=cb.meta.packed.numpy())
+            build_metadata(request, merge, cb.shape, out=cb.meta.packed.numpy())
         else:
             k = cb.next_staging
             cb.staged[k].synchronize()  # the copy out of this buffer, two batches ago, has run (it almost always has)
-            build_metadata(grids, merge, cb.shape, out=cb.staging[k].numpy())
+            build_metadata(request, merge, cb.shape, out=cb.staging[k].numpy())
             cb.meta.packed.copy_(cb.staging[k], non_blocking=True)
             cb.staged[k].record()
             cb.next_staging = 1 - k
@@ -433,10 +460,10 @@ class EncoderGraphRunner:
         else:
             dst.copy_(src.index_select(0, step.row_index), non_blocking=True)
 
-    def _replay(self, cb: CapturedBudget, grids: np.ndarray) -> torch.Tensor:
+    def _replay(self, cb: CapturedBudget, request: EncoderRequest) -> torch.Tensor:
         if self.check_pointers and cb.data_pointers() != cb.pointers:
             raise RuntimeError(f"budget {cb.budget}: a captured buffer was rebound (data pointer changed)")
-        self._stage_metadata(cb, grids)
+        self._stage_metadata(cb, request)
         if cb.graph is not None:
             cb.graph.replay()
         else:
@@ -451,40 +478,55 @@ class EncoderGraphRunner:
         of this budget overwrites it, so clone what you keep. For measuring one budget on any layout.
         """
         with self._lock:
-            grids = self.model.check_inputs(pixel_values, grid_thw)
+            request = self.model.check_request(pixel_values, grid_thw)
             cb = self.graphs.get(budget)
             if cb is None:
                 raise ValueError(f"budget {budget} is not captured (captured: {sorted(self.graphs)})")
-            spec = ItemSpec.total(ItemSpec.from_grid(g, self.model.config.spatial_merge_size) for g in grids)
+            spec = request.total
             if spec.tokens > budget or spec.segments > cb.shape.segments:
                 raise ValueError(f"a batch of {spec.tokens} tokens in {spec.segments} segments does not fit budget "
                                  f"{budget} ({cb.shape.segments} segment slots)")
             cb.pixels[: pixel_values.shape[0]].copy_(pixel_values, non_blocking=True)
-            return self._replay(cb, grids)
+            return self._replay(cb, request)
 
     @torch.inference_mode()
     def run(self, pixel_values: torch.Tensor, grid_thw: Any, check_finite: bool = True) -> list[torch.Tensor]:
         """Encode a batch of images/videos; returns one [tokens_i, out_hidden_size] tensor per item, in order.
 
-        ``check_finite=False`` skips the NaN/Inf pixel check for pixels validated already (and with it the call's
-        only host wait). Safe to call from several threads: calls run one at a time.
+        ``grid_thw``: grids, or an :class:`~glmvit.request.EncoderRequest` (validated already: only the pixels are
+        checked against it). ``check_finite=False`` skips the NaN/Inf pixel check for pixels validated already (and
+        with it the call's only host wait). Safe to call from several threads: calls run one at a time.
         """
         with self._lock:
             return self._run(pixel_values, grid_thw, check_finite)
 
+    @torch.inference_mode()
+    def encode(self, pixel_values: torch.Tensor, request: EncoderRequest, *, sync: bool) -> list[torch.Tensor]:
+        """:class:`~glmvit.encoder.Encoder`: ``run`` on pixels checked already (finite, from the request's
+        boundary), one [tokens_i, out_hidden_size] tensor per item, owned by the caller. ``sync=True`` waits (one
+        event on CUDA) until they are computed, so any thread or stream may read them; ``sync=False`` waits for
+        nothing: they are ready in the current stream's order."""
+        with self._lock:
+            outs = self._run(pixel_values, request, check_finite=False)
+        if sync and self.model.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+            done.synchronize()
+        return outs
+
     def _run(self, pixel_values: torch.Tensor, grid_thw: Any, check_finite: bool) -> list[torch.Tensor]:
         start = time.perf_counter()
         model, device, stats = self.model, self.model.device, self.stats
-        grids = model.check_inputs(pixel_values, grid_thw, check_finite=False)
-        if len(grids) == 0:
+        request = model.check_request(pixel_values, grid_thw, check_finite=False)
+        if len(request) == 0:
             return []
-        steps = self._planned(grids)
+        steps = self._planned(request)
         self._resolve_timings(wait=False)
         on_device = pixel_values if pixel_values.device == device or all(s.row_index is None for s in steps) \
             else pixel_values.to(device, non_blocking=True)  # gathers read it on the device: copy the request once
         sums = torch.empty(len(pixel_values), dtype=torch.float32, device=device) if check_finite else None
         summed = 0  # rows whose sums are taken, in batch order
-        results: list[torch.Tensor | None] = [None] * len(grids)
+        results: list[torch.Tensor | None] = [None] * len(request)
         for step in steps:
             timing = self._start_timing(step)
             n = step.num_rows
@@ -501,12 +543,12 @@ class EncoderGraphRunner:
                 summed += n
             if step.replay:
                 assert step.budget is not None
-                out = self._replay(step.budget, step.grids)[: step.tokens].clone()
+                out = self._replay(step.budget, step.request)[: step.tokens].clone()
                 stats.replays += 1
                 stats.real_tokens += step.tokens
                 stats.budget_tokens += step.budget.budget
             else:
-                out = model.forward(batch, step.grids, check_finite=False)
+                out = model.forward(batch, step.request, check_finite=False, attention=self._attention)
                 stats.eager_batches += 1
                 stats.fallback_items += len(step.items)
                 stats.routed_eager += step.budget is not None
@@ -517,15 +559,15 @@ class EncoderGraphRunner:
                 offset += n_tok
         stats.host_s += time.perf_counter() - start
         if sums is not None:
-            self._check_sums(sums, steps, pixel_values, grids)
+            self._check_sums(sums, steps, pixel_values, request)
         stats.runs += 1
-        stats.items += len(grids)
+        stats.items += len(request)
         out_list = [r for r in results if r is not None]
-        assert len(out_list) == len(grids), "every item was filled in by its batch"
+        assert len(out_list) == len(request), "every item was filled in by its batch"
         return out_list
 
     def _check_sums(self, sums: torch.Tensor, steps: list[BatchStep], pixel_values: torch.Tensor,
-                    grids: np.ndarray) -> None:
+                    request: EncoderRequest) -> None:
         """The finite check's one host wait: every batch is launched; read the row sums and refuse non-finite items.
 
         A row whose sum is not finite holds a NaN or an Inf, or finite values whose sum overflowed: only such rows are
@@ -555,7 +597,7 @@ class EncoderGraphRunner:
         finally:
             if sync_mode:
                 torch.cuda.set_sync_debug_mode(sync_mode)
-        bad = items_of_rows(grids, bad_rows)
+        bad = sorted(set(np.searchsorted(request.row_starts[1:], bad_rows, side="right").tolist()))
         if bad:
             raise ValueError(f"pixel_values of item(s) {bad} hold NaN or Inf (in {self.model.dtype}, the model's "
                              "dtype); fix or drop those items")
@@ -604,12 +646,14 @@ class EncoderGraphRunner:
             return self.stats
 
 
-def recorded_table_for(model: GlmVisionEncoder, compiled: bool) -> LatencyTable | None:
+def recorded_table_for(model: GlmVisionEncoder, compiled: bool, attention: str | None = None) -> LatencyTable | None:
     """The latency table recorded in data/bench for a runner of this mode (compiled or not) that measured this model
-    — the GLM-4.1V tower, its dtype and attention backend — on this GPU; None when there is none (a runner without a
-    table replays whatever a budget holds). Stale or not: :meth:`LatencyTable.describe` says which."""
+    — the GLM-4.1V tower, its dtype and attention backend (``attention``, or the model's) — on this GPU; None when
+    there is none (a runner without a table replays whatever a budget holds). Stale or not:
+    :meth:`LatencyTable.describe` says which."""
     try:
-        table = recorded_table("graph-compiled" if compiled else "graph", model.attention_backend())
+        mode = RunMode.GRAPH_COMPILED if compiled else RunMode.GRAPH
+        table = recorded_table(mode, model.attention_backend(attention))
     except ValueError:
         return None
     gpu = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else None

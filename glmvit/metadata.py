@@ -233,16 +233,20 @@ def build_metadata(
     shape: BatchShape | None = None,
     out: np.ndarray | None = None,
 ) -> HostMetadata:
-    """Metadata for the items of ``grid_thw`` (rows [t, h, w]); padded to ``shape`` if given, else exact.
+    """Metadata for the items of ``grid_thw`` (rows [t, h, w], validated here; or an
+    :class:`~glmvit.request.EncoderRequest`, validated already: its own merge size is used); padded to ``shape`` if
+    given, else exact.
 
     Every temporal patch of every item is its own attention segment (t segments per item); padded rows lie outside
     every segment (see the module docstring). ``out``: an int32 array of ``shape.packed_size`` to write into (the
     runner's pinned staging buffer) instead of a new one.
     """
-    grids = as_grid_array(grid_thw)
-    check_grids(grids, merge)
+    from .request import EncoderRequest
+
+    request = grid_thw if isinstance(grid_thw, EncoderRequest) else EncoderRequest.of(grid_thw, merge=merge)
+    grids, merge = request.grids, request.merge
     merge_area = merge * merge
-    num_rows = rows_of(grids)
+    num_rows = request.rows
     frame_rows = np.repeat(grids[:, 1] * grids[:, 2], grids[:, 0]) if len(grids) else np.zeros(0, np.int64)
     if shape is None:
         shape = BatchShape(num_rows, len(frame_rows), int(frame_rows.max()) if len(frame_rows) else 0)

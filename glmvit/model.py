@@ -24,7 +24,8 @@ from torch import nn
 from .attention import attend_qkv, check_backend, default_backend
 from .config import VisionConfig
 from .kernels import interpolate_pos_embed
-from .metadata import EncoderMetadata, as_grid_array, build_metadata, check_grids, nonfinite_items, rows_of
+from .metadata import EncoderMetadata, build_metadata, nonfinite_items
+from .request import EncoderRequest
 from .rotary import inv_freq, rotary_cos_sin
 
 
@@ -212,66 +213,83 @@ class GlmVisionEncoder(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.patch_embed.proj.weight.dtype
 
-    def attention_backend(self) -> str:
-        """The attention backend in use: the one set (checked against the device) or the device's default."""
-        if self.attn_backend is None:
+    def attention_backend(self, name: str | None = None) -> str:
+        """The attention backend ``name``, else the one set, checked against the device and dtype (a one-line
+        ValueError naming the choices), else the device's default."""
+        name = name if name is not None else self.attn_backend
+        if name is None:
             return default_backend(self.device, self.dtype, self.config.head_dim)
-        return check_backend(self.attn_backend, self.device, self.dtype, self.config.head_dim)
+        return check_backend(name, self.device, self.dtype, self.config.head_dim)
 
     def check_grid_thw(self, grid_thw) -> np.ndarray:
-        """Validate grids alone (shape, positive integers, divisible by the merge size): an [n, 3] int64 array."""
-        grids = as_grid_array(grid_thw)
-        check_grids(grids, self.config.spatial_merge_size)
-        return grids
+        """Validate grids alone (shape, positive integers, divisible by the merge size): an [n, 3] int64 array of
+        the caller's own."""
+        return self.request_of(grid_thw).grids.copy()
 
-    def check_inputs(self, pixel_values: torch.Tensor, grid_thw, check_finite: bool = True) -> np.ndarray:
-        """Validate a batch; returns the grids as an [n, 3] int64 numpy array.
+    def request_of(self, grid_thw: Any) -> EncoderRequest:
+        """Grids as an :class:`~glmvit.request.EncoderRequest` at this tower's merge size: validated by
+        :meth:`EncoderRequest.of <glmvit.request.EncoderRequest.of>`, or, given a request, checked only for its merge
+        size (its grids were validated when it was made)."""
+        merge = self.config.spatial_merge_size
+        if isinstance(grid_thw, EncoderRequest):
+            if grid_thw.merge != merge:
+                raise ValueError(f"the request was made for merge size {grid_thw.merge}, the tower merges {merge}")
+            return grid_thw
+        return EncoderRequest.of(grid_thw, merge=merge)
+
+    def check_request(self, pixel_values: torch.Tensor, grid_thw: Any, check_finite: bool = True) -> EncoderRequest:
+        """Validate a batch: its grids (or a request validated already, :meth:`request_of`), then its pixels
+        against them; returns the request.
 
         ``check_finite`` also refuses NaN/Inf pixels, naming the items (a host read of one sum per row; pass False
         for pixels validated already). Without it, a non-finite item still cannot change another item's output.
         """
-        grids = self.check_grid_thw(grid_thw)
+        request = self.request_of(grid_thw)
         width = self.config.patch_dim
         if pixel_values.ndim != 2 or pixel_values.shape[1] != width:
             raise ValueError(
                 f"pixel_values must be [rows, {width}] (C·T·P² = {self.config.in_channels}·"
                 f"{self.config.temporal_patch_size}·{self.config.patch_size}²), got {tuple(pixel_values.shape)}"
             )
-        if pixel_values.shape[0] != rows_of(grids):
-            per_item = [int(t * h * w) for t, h, w in grids]
-            raise ValueError(
-                f"pixel_values has {pixel_values.shape[0]} rows but grid_thw needs Σ t·h·w = {rows_of(grids)} "
-                f"(per item: {per_item})"
-            )
-        bad = nonfinite_items(pixel_values, grids) if check_finite else []
+        request.check_pixel_rows(pixel_values.shape[0])
+        bad = nonfinite_items(pixel_values, request.grids) if check_finite else []
         if bad:
             raise ValueError(f"pixel_values of item(s) {bad} hold NaN or Inf; fix or drop those items")
-        return grids
+        return request
 
-    def forward(self, pixel_values: torch.Tensor, grid_thw, check_finite: bool = True) -> torch.Tensor:
+    def check_inputs(self, pixel_values: torch.Tensor, grid_thw, check_finite: bool = True) -> np.ndarray:
+        """:meth:`check_request`'s grids: the batch validated, as an [n, 3] int64 numpy array of the caller's own."""
+        return self.check_request(pixel_values, grid_thw, check_finite).grids.copy()
+
+    def forward(self, pixel_values: torch.Tensor, grid_thw, check_finite: bool = True,
+                attention: str | None = None) -> torch.Tensor:
         """Merger output [Σ t·h·w / m², out_hidden_size] for a batch; a video row (t > 1) is t segments.
 
+        ``grid_thw``: grids, or an :class:`~glmvit.request.EncoderRequest` (its grids are not checked again).
         ``check_finite=False`` skips the NaN/Inf check of ``check_inputs`` (for pixels validated already).
+        ``attention``: see :meth:`forward_static`.
         """
-        grids = self.check_inputs(pixel_values, grid_thw, check_finite)
-        if len(grids) == 0:
+        request = self.check_request(pixel_values, grid_thw, check_finite)
+        if len(request) == 0:
             return pixel_values.new_zeros((0, self.config.out_hidden_size), dtype=self.dtype)
-        meta = build_metadata(grids, self.config.spatial_merge_size).to(self.device)
-        return self.forward_static(pixel_values, meta)
+        meta = build_metadata(request).to(self.device)
+        return self.forward_static(pixel_values, meta, attention=attention)
 
     def forward_static(self, pixels: torch.Tensor, meta: EncoderMetadata,
-                       parts: "StaticParts | None" = None) -> torch.Tensor:
+                       parts: "StaticParts | None" = None, attention: str | None = None) -> torch.Tensor:
         """Encode a padded batch of ``meta.shape.rows`` rows; padded output tokens are zero.
 
         No host syncs with a graph-safe backend. Padded rows lie outside every attention segment and every other op
         is row-local (the downsample merges aligned m²-row blocks), so nothing in a padded row reaches a real one.
         ``parts`` replaces the three stages (``embed``, every block, ``head``), e.g. by compiled versions of them:
-        the blocks are 24 copies of one computation, so one compiled block serves them all.
+        the blocks are 24 copies of one computation, so one compiled block serves them all. ``attention``: a
+        backend checked already for this device and dtype (an encoder's, fixed when it was made); None:
+        :meth:`attention_backend`.
         """
         cfg = self.config
         if pixels.shape != (meta.shape.rows, cfg.patch_dim):
             raise ValueError(f"pixels must be {(meta.shape.rows, cfg.patch_dim)}, got {tuple(pixels.shape)}")
-        backend = self.attention_backend()
+        backend = attention if attention is not None else self.attention_backend()
         embed, run, head = parts or (self.embed, run_block, self.head)
         x, cos, sin = embed(pixels, meta)
         for block in self.blocks:

@@ -249,9 +249,15 @@ class Plan:
 
 
 def check_items(items: Iterable[Sequence[int]]) -> list[ItemSpec]:
-    """Items as :class:`ItemSpec`; (tokens, segments) pairs are accepted, anything else is a ValueError naming it."""
+    """Items as :class:`ItemSpec` (kept as they are: their rows and work were counted from their grids);
+    (tokens, segments) pairs are accepted, anything else is a ValueError naming it."""
     specs = []
     for i, item in enumerate(items):
+        if isinstance(item, ItemSpec):
+            positive_int(f"item {i} tokens", item.tokens)
+            positive_int(f"item {i} segments", item.segments)
+            specs.append(item)
+            continue
         if not isinstance(item, Sequence) or len(item) != 2:
             raise ValueError(f"item {i} must be an ItemSpec (tokens, segments), got {item!r}")
         specs.append(ItemSpec(positive_int(f"item {i} tokens", item[0]), positive_int(f"item {i} segments", item[1])))
@@ -269,7 +275,7 @@ def _next_fit(order: list[int], specs: list[ItemSpec], config: BudgetConfig,
     current: list[int] = []
     tokens = segments = 0
     for i in order:
-        t, s = specs[i]
+        t, s = specs[i].tokens, specs[i].segments
         fits = len(current) < config.max_items and tokens + t <= config.largest and segments + s <= config.max_segments
         if current and (not fits or (defer and _splitting_is_cheaper(tokens, t, config))):
             groups.append(current)
@@ -320,7 +326,7 @@ def _first_fit(order: list[int], specs: list[ItemSpec], config: BudgetConfig) ->
     room: list[list[int]] = []  # [tokens, segments] left per bin
     tree = _OpenBins(len(order))
     for i in order:
-        t, s = specs[i]
+        t, s = specs[i].tokens, specs[i].segments
         b = tree.leftmost(t, s)
         if b is None:
             b = len(bins)
@@ -373,14 +379,14 @@ def plan_batches(items: Iterable[Sequence[int]], config: BudgetConfig, packer: s
     if packer not in PACKERS:
         raise ValueError(f"unknown packer {packer!r}; choose one of {sorted(PACKERS)}")
     specs = check_items(items)
-    fits = [t <= config.largest and s <= config.max_segments for t, s in specs]
+    fits = [spec.tokens <= config.largest and spec.segments <= config.max_segments for spec in specs]
     groups = PACKERS[packer]([i for i, ok in enumerate(fits) if ok], specs, config)
     batches = []
     for group in groups:
-        tokens, segments = sum(specs[i].tokens for i in group), sum(specs[i].segments for i in group)
-        work = sum(specs[i].segment_rows2 for i in group)
-        batches.append(Batch(tuple(group), tokens, segments, config.budget_for(tokens), work))
-    batches += [Batch((i,), *specs[i], None, specs[i].segment_rows2) for i, ok in enumerate(fits) if not ok]
+        batch = ItemSpec.total(specs[i] for i in group)
+        batches.append(Batch(tuple(group), batch.tokens, batch.segments, config.budget_for(batch.tokens), batch.work))
+    batches += [Batch((i,), specs[i].tokens, specs[i].segments, None, specs[i].work) for i, ok in enumerate(fits)
+                if not ok]
     return Plan(tuple(batches))
 
 

@@ -67,10 +67,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .geometry import ItemSpec
-from .graphs import EncoderGraphRunner
-from .metadata import as_grid_array, item_row_starts
+from .encoder import EagerEncoder, Encoder
 from .model import GlmVisionEncoder
+from .request import EncoderRequest
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -147,7 +146,7 @@ def round_robin_items(patch_counts: Sequence[int], world_size: int) -> Assignmen
 
 def patch_counts_of(grid_thw) -> list[int]:
     """Input patches t·h·w per item: the load vLLM balances (rows of pixel_values, not output tokens)."""
-    return np.diff(item_row_starts(as_grid_array(grid_thw))).tolist()
+    return [spec.rows for spec in EncoderRequest.of(grid_thw, merge=1).items]  # any h, w: rows need no merge
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -358,23 +357,22 @@ def _check_request_id(request_id, last: int) -> int:
 class DataParallelEncoder:
     """Encode a request across the ranks of ``group`` (default: the world); see the module docstring.
 
-    ``encoder_or_runner`` is an :class:`~glmvit.graphs.EncoderGraphRunner` (captured) or a
-    :class:`~glmvit.model.GlmVisionEncoder` (eager). Every rank must construct one with the same model, and call
-    :meth:`run` with the same requests in the same order. Construction reads the weights once to fingerprint the
-    model (:func:`model_fingerprint`; ``model_digest`` is its weights digest in hex): weights changed afterwards are
-    not seen, build a new encoder after loading others. Construction is local (no collective).
+    ``encoder`` is an :class:`~glmvit.encoder.Encoder` (:func:`~glmvit.encoder.build_encoder`: a captured runner
+    or the eager one) or a :class:`~glmvit.model.GlmVisionEncoder` (run eagerly). Every rank must construct one with
+    the same model, and call :meth:`run` with the same requests in the same order. Construction reads the weights
+    once to fingerprint the model (:func:`model_fingerprint`; ``model_digest`` is its weights digest in hex): weights
+    changed afterwards are not seen, build a new encoder after loading others. Construction is local (no
+    collective).
     """
 
-    def __init__(self, encoder_or_runner, group=None):
+    def __init__(self, encoder: Encoder | GlmVisionEncoder, group=None):
         _require_group(group)
-        self.runner: EncoderGraphRunner | None
-        if isinstance(encoder_or_runner, EncoderGraphRunner):
-            self.runner, self.model = encoder_or_runner, encoder_or_runner.model
-        elif isinstance(encoder_or_runner, GlmVisionEncoder):
-            self.runner, self.model = None, encoder_or_runner
-        else:
-            raise TypeError("expected an EncoderGraphRunner or a GlmVisionEncoder, "
-                            f"got {type(encoder_or_runner).__name__}")
+        if isinstance(encoder, GlmVisionEncoder):
+            encoder = EagerEncoder(encoder)
+        elif not isinstance(encoder, Encoder):
+            raise TypeError(f"expected an Encoder or a GlmVisionEncoder, got {type(encoder).__name__}")
+        self.encoder: Encoder = encoder
+        self.model = encoder.model
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
@@ -400,16 +398,16 @@ class DataParallelEncoder:
     def _prepare(self, pixel_values, grid_thw, request_id):
         """This rank's request id, grids, fingerprint, or the error that stops it taking the request (never raises:
         the other ranks must hear of it)."""
-        rid, grids, fingerprint = -1, None, None
+        rid, request, fingerprint = -1, None, None
         try:
             rid = self.last_request_id + 1 if request_id is None else _check_request_id(request_id,
                                                                                        self.last_request_id)
             self.last_request_id = rid
-            grids = self.model.check_inputs(pixel_values, grid_thw)
-            fingerprint = request_fingerprint(pixel_values, grids)
+            request = self.model.check_request(pixel_values, grid_thw)
+            fingerprint = request_fingerprint(pixel_values, request.grids)
         except Exception as err:
             return rid, None, None, err
-        return rid, grids, fingerprint, None
+        return rid, request, fingerprint, None
 
     def _header(self, request_id: int, fingerprint: torch.Tensor | None, error: Exception | None) -> torch.Tensor:
         """[request id, failed, MODEL_FIELDS…, REQUEST_FIELDS…, message…]: the same length on every rank."""
@@ -488,27 +486,25 @@ class DataParallelEncoder:
         ``check_finite=False``: it checked already), so for that share it returns the bits :meth:`run` returns for
         those items. A subclass may override it to instrument the encode or inject a fault (``dp_bench``'s fault
         drill does). The pixels may live anywhere: only the share's rows are copied to the model's device.
+        ``grid_thw``: grids, or an :class:`~glmvit.request.EncoderRequest` (validated already).
         """
-        grids = self.model.check_inputs(pixel_values, grid_thw, check_finite=False)
-        items = [_check_item(i, k, len(grids)) for k, i in enumerate(items)]
+        request = self.model.check_request(pixel_values, grid_thw, check_finite=False)
+        items = [_check_item(i, k, len(request)) for k, i in enumerate(items)]
         if len(set(items)) != len(items):
             raise ValueError(f"items {items} name an item twice")
         if not items:
             return []
-        row_start = item_row_starts(grids)
-        local = torch.cat([pixel_values[row_start[i] : row_start[i + 1]] for i in items]).to(self.model.device)
-        if self.runner is not None:
-            return self.runner.run(local, grids[items], check_finite=check_finite)
-        with torch.inference_mode():
-            out = self.model(local, grids[items], check_finite=check_finite)
-        merge = self.model.config.spatial_merge_size
-        return list(out.split([ItemSpec.from_grid(grids[i], merge).tokens for i in items]))
+        share = request.select(items)
+        local = torch.cat([pixel_values[slice(*request.row_range(i))] for i in items]).to(self.model.device)
+        if check_finite:
+            self.model.check_request(local, share)
+        return self.encoder.encode(local, share, sync=False)  # the exchange that follows orders the stream
 
-    def _encode_or_error(self, pixel_values: torch.Tensor, grids: np.ndarray, items: Sequence[int],
+    def _encode_or_error(self, pixel_values: torch.Tensor, request: EncoderRequest, items: Sequence[int],
                          expected_tokens: int):
         """This rank's outputs, or the error that stopped them (never raises: the other ranks must hear of it)."""
         try:
-            outs = self.encode_share(pixel_values, grids, items, check_finite=False)
+            outs = self.encode_share(pixel_values, request, items, check_finite=False)
             self._sync()
             got = sum(int(o.shape[0]) for o in outs)
             if got != expected_tokens:
@@ -565,28 +561,28 @@ class DataParallelEncoder:
         one freshly allocated gather buffer (never of a graph's static buffer).
         """
         start = time.perf_counter()
-        rid, grids, fingerprint, error = self._prepare(pixel_values, grid_thw, request_id)
+        rid, request, fingerprint, error = self._prepare(pixel_values, grid_thw, request_id)
         self._agree(self._exchange(self._header(rid, fingerprint, error), "request check", rid), rid, error)
-        assert grids is not None  # _agree raised this rank's error otherwise
+        assert request is not None  # _agree raised this rank's error otherwise
         t_checked = time.perf_counter()
-        sizes = [int(t * h * w) for t, h, w in grids]
-        tokens = [s // self.model.config.merge_area for s in sizes]
+        sizes = [spec.rows for spec in request.items]
+        tokens = request.item_tokens
         assignment = balance_items(sizes, self.world_size)
         times = {"check": t_checked - start, "local": 0.0, "sync": 0.0, "gather": 0.0}
         results: list[torch.Tensor] = []
         if sizes:  # every rank agreed on the same request: an empty one has nothing to encode or gather
-            results = self._encode_and_gather(pixel_values, grids, assignment, tokens, rid, times)
+            results = self._encode_and_gather(pixel_values, request, assignment, tokens, rid, times)
         self._record(rid, assignment, tokens, times, time.perf_counter() - start)
         return results
 
     __call__ = run
 
-    def _encode_and_gather(self, pixel_values: torch.Tensor, grids: np.ndarray, assignment: Assignment,
+    def _encode_and_gather(self, pixel_values: torch.Tensor, request: EncoderRequest, assignment: Assignment,
                            tokens: list[int], request_id: int, times: dict) -> list[torch.Tensor]:
         """Encode this rank's items, agree that every rank succeeded, gather; fills ``times`` (seconds)."""
         t0 = time.perf_counter()
         mine = assignment.ranks[self.rank]
-        local_outs, error = self._encode_or_error(pixel_values, grids, mine, sum(tokens[i] for i in mine))
+        local_outs, error = self._encode_or_error(pixel_values, request, mine, sum(tokens[i] for i in mine))
         t_local = time.perf_counter()
         status = self._exchange(self._status(error), "status exchange", request_id)
         self._raise_failures(status[:, 0] != 0, status[:, 1:], error, request_id, "while encoding")

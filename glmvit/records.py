@@ -43,6 +43,7 @@ from typing_extensions import Required, TypedDict
 from . import fingerprint as tracker
 from .files import read_bounded
 from .fingerprint import UNFINGERPRINTED, dump, without_docstrings
+from .modes import RunMode
 
 PACKAGE = Path(__file__).resolve().parent
 REPO = PACKAGE.parent
@@ -271,7 +272,7 @@ class LatencySweep(Record):
     @property
     def mode(self) -> str:
         """The runner mode the sweep measured: ``graph-compiled`` or ``graph``."""
-        return "graph-compiled" if self.compiled else "graph"
+        return (RunMode.GRAPH_COMPILED if self.compiled else RunMode.GRAPH).value
 
 
 class KernelsProfile(Record):

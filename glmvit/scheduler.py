@@ -3,8 +3,9 @@
 :class:`BatchScheduler` takes requests from any number of threads (:meth:`~BatchScheduler.submit` returns a
 ``concurrent.futures.Future``) and one worker thread, the only caller of the encoder, runs them:
 
-1. **Admission** (the submitting thread): the request is validated (``model.check_inputs``: grids, row count,
-   NaN/Inf, each error naming the item), counted against a bounded queue (:class:`QueueFull` when it would
+1. **Admission** (the submitting thread): the request is validated once (``model.check_request``: grids, row
+   count, NaN/Inf, each error naming the item) into an :class:`~glmvit.request.EncoderRequest` that every later
+   step takes as it is, counted against a bounded queue (:class:`QueueFull` when it would
    overflow, :class:`SchedulerClosed` once closing) and its pixels are moved to the model's device and dtype
    (:func:`stage`), so that the worker only concatenates rows that are already there.
 2. **Batching** (the worker): items wait in arrival order. When the worker is free it takes items from the head of
@@ -12,8 +13,9 @@
    (:func:`fits`); an item that fits no budget, or has more segments than a batch, runs alone (the runner runs it
    eagerly).
    Items of several requests share a batch; a request's items may span batches.
-3. **Encoding**: one ``runner.run`` per batch (the runner packs it into its smallest fitting budget and routes
-   it, replay or eager), or the eager model for a baseline (:func:`eager_encoder`).
+3. **Encoding**: one ``encoder.encode(..., sync=True)`` per batch (:class:`~glmvit.encoder.Encoder`), given an
+   :class:`~glmvit.request.EncoderRequest` of its items (a graph runner packs it into its smallest fitting budget
+   and routes it, replay or eager; the eager baseline runs one forward).
 4. **Delivery, checked**: a batch must return one output per item, of that item's token count (t·h·w / m²) and
    ``out_hidden_size``; every output goes to the slot its item was taken from (request id, item index), each slot
    is filled exactly once, and a request is answered only when all its slots are. Anything else fails the requests
@@ -45,18 +47,18 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Iterator
 
 import numpy as np
 import torch
 
-from .geometry import ItemSpec
-from .graphs import EncoderGraphRunner
-from .metadata import item_row_starts
+from .encoder import EagerEncoder, Encoder
 from .model import GlmVisionEncoder
 from .packing import BudgetConfig
+from .request import EncoderRequest
 
-Encode = Callable[[torch.Tensor, np.ndarray], list[torch.Tensor]]
+Encode = Callable[[torch.Tensor, EncoderRequest], list[torch.Tensor]]  # a batch's pixels and its validated items
 DELAY_SAMPLES = 10_000  # queue delays and batch sizes kept for the percentiles: the most recent ones
 DEFAULT_MAX_REQUESTS = 4096  # a count that tokens and bytes bound first: a burst is held, not refused
 DEFAULT_MAX_BYTES = 4 << 30  # staged pixel bytes admitted and not answered (on the model's device)
@@ -93,40 +95,6 @@ class RequestResult:
 def fits(limits: BudgetConfig, items: int, tokens: int, segments: int) -> bool:
     """Whether a batch of ``items`` items, ``tokens`` tokens and ``segments`` segments is within ``limits``."""
     return items <= limits.max_items and tokens <= limits.largest and segments <= limits.max_segments
-
-
-def eager_encoder(model: GlmVisionEncoder) -> Encode:
-    """The eager baseline as a scheduler encoder: one ``model.forward`` per batch, split per item, finished.
-
-    Synchronises on CUDA before returning, as ``EncoderGraphRunner.run`` does, so results are ready for any thread.
-    """
-    merge_area = model.config.merge_area
-
-    def encode(pixels: torch.Tensor, grids: np.ndarray) -> list[torch.Tensor]:
-        with torch.inference_mode():
-            out = model(pixels, grids, check_finite=False)
-            # Clones, as the runner hands out: no request keeps the batch's tensor (or another's rows) alive.
-            parts = [part.clone() for part in out.split([int(t * h * w) // merge_area for t, h, w in grids])]
-        if out.device.type == "cuda":
-            torch.cuda.current_stream(out.device).synchronize()
-        return parts
-
-    return encode
-
-
-def runner_encoder(runner: EncoderGraphRunner) -> Encode:
-    """``runner.run`` on a batch (its pixels were checked at admission), finished before it returns: the results go
-    to other threads, on other streams, so the worker waits on one event after the batch is launched."""
-
-    def encode(pixels: torch.Tensor, grids: np.ndarray) -> list[torch.Tensor]:
-        outs = runner.run(pixels, grids, check_finite=False)
-        if runner.model.device.type == "cuda":
-            done = torch.cuda.Event()
-            done.record()
-            done.synchronize()
-        return outs
-
-    return encode
 
 
 _streams = threading.local()
@@ -176,10 +144,9 @@ def host_copy(tensors: list[torch.Tensor], dtype: torch.dtype = torch.float32) -
 class _Request:
     id: int
     pixels: torch.Tensor
-    grids: np.ndarray
+    request: EncoderRequest
     tokens: list[int]
     segments: list[int]
-    row_start: np.ndarray
     nbytes: int
     stage_s: float
     admitted: float
@@ -235,31 +202,32 @@ def _summary(values) -> dict[str, float | None]:
 class BatchScheduler:
     """Batch the items of concurrent requests into the encoder's budgets (see the module docstring).
 
-    ``encoder``: a captured :class:`~glmvit.graphs.EncoderGraphRunner` (its ``config`` gives the batch limits), or
-    a :class:`~glmvit.model.GlmVisionEncoder` run eagerly under ``limits`` (the same limits as a runner's, for a
-    fair baseline). The scheduler's worker must be the only caller of the encoder while it runs.
+    ``encoder``: an :class:`~glmvit.encoder.Encoder` (:func:`~glmvit.encoder.build_encoder`; its ``budgets`` give
+    the batch limits unless ``limits`` does), or a :class:`~glmvit.model.GlmVisionEncoder`, run eagerly
+    (:class:`~glmvit.encoder.EagerEncoder`) under ``limits`` (the same limits as a runner's, for a fair baseline).
+    The worker calls ``encoder.encode(..., sync=True)``: its outputs go to other threads. The scheduler's worker must
+    be the only caller of the encoder while it runs.
     ``max_requests``, ``max_tokens`` and ``max_bytes`` (its pixels in the model's dtype) bound what is admitted and
     not yet answered (queued or running); a request of more tokens than ``max_tokens`` or more bytes than
     ``max_bytes`` can never be admitted (:class:`RequestTooLarge`). ``start=False`` admits requests without
     running them until :meth:`start` (to fill the queue first, e.g. in a test or a notebook).
     """
 
-    def __init__(self, encoder: EncoderGraphRunner | GlmVisionEncoder, limits: BudgetConfig | None = None, *,
+    def __init__(self, encoder: Encoder | GlmVisionEncoder, limits: BudgetConfig | None = None, *,
                  max_wait_s: float = 0.0, max_requests: int = DEFAULT_MAX_REQUESTS, max_tokens: int | None = None,
                  max_bytes: int = DEFAULT_MAX_BYTES, start: bool = True):
-        if isinstance(encoder, EncoderGraphRunner):
-            runner = encoder
-            self.model, self.limits = runner.model, limits or runner.config
-            self._encode: Encode = runner_encoder(runner)
-            self.mode = "graph" if runner.mode == "cuda" else "graph-emulated"
-            if runner.compiled:
-                self.mode += "-compiled"
-        elif isinstance(encoder, GlmVisionEncoder):
+        if isinstance(encoder, GlmVisionEncoder):
             if limits is None:
                 raise ValueError("an eager model needs limits (a BudgetConfig): the batches a runner would take")
-            self.model, self.limits, self._encode, self.mode = encoder, limits, eager_encoder(encoder), "eager"
-        else:
-            raise TypeError(f"expected an EncoderGraphRunner or a GlmVisionEncoder, got {type(encoder).__name__}")
+            encoder = EagerEncoder(encoder, limits)
+        elif not isinstance(encoder, Encoder):
+            raise TypeError(f"expected an Encoder or a GlmVisionEncoder, got {type(encoder).__name__}")
+        budgets = limits or encoder.budgets
+        if budgets is None:
+            raise ValueError("an encoder without budgets needs limits (a BudgetConfig): the batches to take")
+        self.encoder = encoder
+        self.model, self.limits, self.mode = encoder.model, budgets, encoder.label
+        self._encode: Encode = partial(encoder.encode, sync=True)
         if not (isinstance(max_wait_s, (int, float)) and 0 <= max_wait_s <= 1):
             raise ValueError(f"max_wait_s must be in [0, 1] seconds, got {max_wait_s!r}")
         if isinstance(max_requests, bool) or not isinstance(max_requests, int) or max_requests < 1:
@@ -303,16 +271,16 @@ class BatchScheduler:
         return not self._closing
 
     def submit(self, pixel_values: torch.Tensor, grid_thw, check_finite: bool = True) -> Future:
-        """Admit one request; the future resolves to its :class:`RequestResult` (or its error).
+        """Admit one request (``grid_thw``: grids, or an :class:`~glmvit.request.EncoderRequest`); the future
+        resolves to its :class:`RequestResult` (or its error).
 
         Raises at once: ValueError for bad input (naming the item), :class:`RequestTooLarge`, :class:`QueueFull`,
         :class:`SchedulerClosed`. Pixels already on the model's device in its dtype are used
         as they are: leave them unchanged until the future resolves. ``check_finite=False`` skips the NaN/Inf pass
         for pixels finite by construction (it reads a result on the host: on a device, a wait for the stream).
         """
-        grids = self.model.check_inputs(pixel_values, grid_thw, check_finite)
-        starts = item_row_starts(grids)
-        tokens = [ItemSpec.from_grid(g, self.model.config.spatial_merge_size).tokens for g in grids]
+        checked = self.model.check_request(pixel_values, grid_thw, check_finite)
+        tokens = checked.item_tokens
         total = sum(tokens)
         nbytes = pixel_values.numel() * self.model.dtype.itemsize
         if total > self.max_tokens:
@@ -349,8 +317,8 @@ class BatchScheduler:
                 self._cond.notify_all()
             raise
         staged = time.perf_counter()
-        request = _Request(request_id, pixels, grids, tokens, grids[:, 0].astype(int).tolist(),
-                           starts, nbytes, staged - staging, staged, future,
+        request = _Request(request_id, pixels, checked, tokens, [spec.segments for spec in checked.items],
+                           nbytes, staged - staging, staged, future,
                            outputs=[None] * len(tokens), remaining=len(tokens))
         with self._cond:
             self._staging -= 1
@@ -489,8 +457,8 @@ class BatchScheduler:
             request.batches.append(batch.id)
         try:
             pixels = self._gather(batch)
-            grids = np.stack([request.grids[i] for request, i in batch.slots])
-            outputs = self._encode(pixels, grids)
+            items = EncoderRequest.gather([(request.request, i) for request, i in batch.slots])
+            outputs = self._encode(pixels, items)
             self._check(batch, outputs)
         except Exception as err:  # noqa: BLE001 - the batch's requests get the error; the worker goes on
             with self._cond:
@@ -508,7 +476,7 @@ class BatchScheduler:
     def _gather(self, batch: _Batch) -> torch.Tensor:
         chunks = []
         for request, i in batch.slots:
-            a, b = int(request.row_start[i]), int(request.row_start[i + 1])
+            a, b = request.request.row_range(i)
             chunks.append(request.pixels[a:b])
         if chunks[0].device.type == "cuda":  # staged on another thread's stream: keep it until the worker is done
             stream = torch.cuda.current_stream(chunks[0].device)

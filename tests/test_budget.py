@@ -376,7 +376,7 @@ def test_random_mm_workload_probabilities_and_string_form():
 
 def test_random_mm_workload_video_items():
     (item,), = random_mm_workload({(224, 224, 8): 1.0}, 1)
-    assert item.grid == (4, 16, 16) and item.spec == (256, 4)
+    assert item.grid == (4, 16, 16) and (item.spec.tokens, item.spec.segments) == (256, 4)
 
 
 @pytest.mark.parametrize("config, message", [

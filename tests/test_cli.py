@@ -23,8 +23,10 @@ import glmvit.cli.bench
 import glmvit.cli.common
 import glmvit.cli.encode
 import glmvit.cli.plan
+import glmvit.encoder
 from glmvit import GlmVisionEncoder
 from glmvit.__main__ import main
+from glmvit.modes import RunMode
 from tests.test_processing import png_claiming
 
 
@@ -866,3 +868,46 @@ def test_encode_probes_each_video_once_and_every_run_afresh(tmp_path, monkeypatc
     for run in (1, 2):
         assert main(["encode", str(clip), "--quiet"]) == 0
         assert walks == [clip] * run
+
+
+# ---- every command's encoder ----------------------------------------------------------------------------------
+class _Built(BaseException):
+    """Stops a command at its encoder (a BaseException: no command mistakes it for its own error)."""
+
+
+def _spy(monkeypatch, modules, calls):
+    def fake(model, mode, budgets, **kwargs):
+        calls.append((RunMode.parse(mode), kwargs.get("attention"), model.attn_backend))
+        raise _Built
+
+    for module in modules:
+        monkeypatch.setattr(module, "build_encoder", fake)
+
+
+@pytest.mark.parametrize("command", ["serve", "bench", "latency", "demo"])
+def test_every_command_builds_its_encoder_with_build_encoder(command, monkeypatch, capsys):
+    """Each command's smallest CPU path reaches build_encoder, given the flags' attention backend, and leaves the
+    model's own backend unset."""
+    from glmvit.cli import bench, demo, latency, serve
+    from glmvit.cli.common import resolve_model_args
+
+    calls: list = []
+    _spy(monkeypatch, [glmvit.encoder, serve, bench, latency], calls)
+    cpu = ["--device", "cpu", "--config", "tiny", "--quiet"]
+    with pytest.raises(_Built):
+        if command == "serve":
+            parser = serve.build_parser()
+            args = parser.parse_args([*cpu, "--budgets", "32", "--no-measure-floor", "--attn-backend", "segments"])
+            resolve_model_args(parser, args)
+            serve.build_service(args, "test")
+        elif command == "bench":
+            bench.main([*cpu, "--num-requests", "1", "--warmup", "1", "--threads", "1", "--modes", "graph",
+                        "--attn-backend", "segments"])
+        elif command == "latency":
+            latency.main([*cpu, "--warmup", "0", "--runs", "1", "--budgets", "16,32"])
+        else:
+            demo.main(["--device", "cpu"])
+    expected = {"serve": (RunMode.GRAPH, "segments"), "bench": (RunMode.GRAPH, "segments"),
+                "latency": (RunMode.GRAPH, None), "demo": (RunMode.GRAPH, None)}[command]
+    assert [c[:2] for c in calls] == [expected]
+    assert calls[0][2] is None  # nothing set the model's backend on the way

@@ -101,7 +101,7 @@ def test_empty_request(runner, tiny_config):
 def test_rejects_what_cannot_be_captured(tiny_model, monkeypatch):
     with pytest.raises(ValueError, match="CUDA device"):
         EncoderGraphRunner(tiny_model, CONFIG, mode="cuda")
-    with pytest.raises(ValueError, match="mode must be"):
+    with pytest.raises(ValueError, match="unknown GraphMode 'graph'; choose one of cuda, emulate"):
         EncoderGraphRunner(tiny_model, CONFIG, mode="graph")
     monkeypatch.setattr(tiny_model, "attn_backend", "segments")
     EncoderGraphRunner(tiny_model, CONFIG, mode="emulate")  # emulation captures nothing: any backend runs
@@ -118,7 +118,7 @@ def test_metadata_is_rebuilt_only_when_the_grids_change(runner, tiny_model, tiny
 
     calls = []
     real = graphs.build_metadata
-    monkeypatch.setattr(graphs, "build_metadata", lambda *a, **k: calls.append(a[0].tolist()) or real(*a, **k))
+    monkeypatch.setattr(graphs, "build_metadata", lambda *a, **k: calls.append(a[0].grids.tolist()) or real(*a, **k))
     a = random_batch([[1, 4, 4], [1, 2, 4]], tiny_config, seed=4)  # 6 tokens: budget 8
     b = random_batch([[1, 2, 2], [1, 4, 2], [1, 2, 2]], tiny_config, seed=5)  # 4 tokens: budget 8, other layout
     for pixels, grid in (a, a, b, a, a):
@@ -148,9 +148,11 @@ def test_a_request_layout_is_planned_once(runner, tiny_config, monkeypatch):
 def test_a_request_is_validated_once(runner, tiny_model, tiny_config, monkeypatch):
     """run() checks a request's grids once, with its pixels, and plans from the checked array; plan(), public,
     still checks what it is given."""
+    import glmvit.request
+
     calls = []
-    real = tiny_model.check_grid_thw
-    monkeypatch.setattr(tiny_model, "check_grid_thw", lambda g: calls.append(1) or real(g))
+    real = glmvit.request.as_grid_array
+    monkeypatch.setattr(glmvit.request, "as_grid_array", lambda g: calls.append(1) or real(g))
     request = random_batch([[1, 4, 4], [2, 2, 2]], tiny_config, seed=8)
     runner.run(*request)
     assert len(calls) == 1
@@ -166,8 +168,9 @@ def test_compile_scope_is_checked_and_blocks_compile_one_function_for_all(tiny_m
     embed, block, head = runner.forward_static.keywords["parts"]  # nothing compiles until the first call
     assert block is not tiny_model.blocks[0] and all(callable(f) for f in (embed, block, head))
     whole = EncoderGraphRunner(tiny_model, config, mode="emulate", torch_compile=True, compile_scope="model")
-    assert not hasattr(whole.forward_static, "keywords")
-    assert EncoderGraphRunner(tiny_model, config, mode="emulate").forward_static == tiny_model.forward_static
+    assert "parts" not in whole.forward_static.keywords
+    plain = EncoderGraphRunner(tiny_model, config, mode="emulate").forward_static
+    assert plain.func == tiny_model.forward_static and plain.keywords == {"attention": tiny_model.attention_backend()}
 
 
 # ---- routing ---------------------------------------------------------------------------------------------------

@@ -527,11 +527,11 @@ def _runner_raises(runner):
     def boom(*args, **kwargs):
         raise RuntimeError("injected fault inside the runner")
 
-    runner.run = boom  # the instance attribute shadows the method
+    runner.encode = boom  # the instance attribute shadows the method
     try:
         yield
     finally:
-        del runner.run
+        del runner.encode
 
 
 def _encode_fails_on_one_rank(runner, model, tol):

@@ -67,9 +67,9 @@ def recording(scheduler):
     """Wrap the scheduler's encoder so that every batch's grids are recorded."""
     batches, encode = [], scheduler._encode
 
-    def wrapped(pixels, grids):
-        batches.append(grids.copy())
-        return encode(pixels, grids)
+    def wrapped(pixels, request):
+        batches.append(request.grids.copy())
+        return encode(pixels, request)
 
     scheduler._encode = wrapped
     return batches

@@ -47,10 +47,12 @@ from ..attention import check_backend
 from ..config import VisionConfig
 from ..costmodel import TABLE_MODES, LatencyTable, ladder_split, predict_time
 from ..deployment import check_budget_fits
+from ..encoder import build_encoder
 from ..floor import floor_ms, flops_breakdown, measure_copy_bandwidth, measure_matmul_tflops, weight_bytes
 from ..graphs import EncoderGraphRunner, recorded_table_for
 from ..metadata import build_metadata
 from ..model import GlmVisionEncoder
+from ..modes import GraphMode, RunMode
 from ..oracle import flatten_video_grids, hf_twin
 from ..packing import LADDER_SPLIT, BudgetConfig, plan_batches
 from ..provenance import collect
@@ -93,8 +95,9 @@ Encode = Callable[[torch.Tensor, np.ndarray, torch.Tensor], torch.Tensor]
 
 
 def mode_label(mode: str, device: torch.device) -> str:
-    """The name a mode is reported under: ``graph`` off CUDA is ``graph-emulated`` (no CUDA graph is involved)."""
-    return "graph-emulated" if mode == "graph" and device.type != "cuda" else mode
+    """The name a mode is reported under: ``graph`` off CUDA is emulated (:meth:`RunMode.label
+    <glmvit.modes.RunMode.label>`); every other mode as it is (the compiled ones run on CUDA only)."""
+    return RunMode.GRAPH.label(GraphMode.for_device(device)) if mode == RunMode.GRAPH else mode
 
 
 def parse_modes(text: str) -> list[str]:
@@ -121,10 +124,13 @@ def compare(got: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
 
 
 def make_mode(mode: str, model: GlmVisionEncoder, budget_config: BudgetConfig, record: dict[str, Any],
-              progress: bool, table: LatencyTable | None = None,
-              session: Session | None = None) -> tuple[Encode, EncoderGraphRunner | None]:
+              progress: bool, table: LatencyTable | None = None, session: Session | None = None,
+              attention: str | None = None) -> tuple[Encode, EncoderGraphRunner | None]:
     """A callable (pixels, grids, flat_grids) -> output [tokens, out_hidden] for one mode, and its runner if any
-    (routing each batch by ``table`` when one is given). A ``session`` lends the transformers twin it built."""
+    (routing each batch by ``table`` when one is given). A ``session`` lends the transformers twin it built. Our
+    modes run ``attention`` (None: the model's backend): the graph modes through the encoder
+    :func:`~glmvit.encoder.build_encoder` makes, ``eager`` and ``compile`` as the bare forward with that backend."""
+    attention = model.attention_backend(attention)
     device = model.device
     if mode == "transformers":
         hf = session.twin(model) if session else hf_twin(model)
@@ -136,17 +142,16 @@ def make_mode(mode: str, model: GlmVisionEncoder, budget_config: BudgetConfig, r
                                  dynamic=False)
         # a CUDA graph's output is overwritten by its next replay: each answer is copied out, as the runner's are
         return (lambda pixels, grids, flat: compiled(pixels, flat).pooler_output.clone()), None
-    if mode == "eager":
-        return (lambda pixels, grids, flat: model(pixels, grids)), None
-    if mode in ("graph", "graph-compiled"):
-        runner_mode = "cuda" if device.type == "cuda" else "emulate"
-        runner = EncoderGraphRunner(model, budget_config, mode=runner_mode, torch_compile=mode == "graph-compiled",
-                                    progress=progress, latency_table=table)
+    if mode == RunMode.EAGER:
+        return (lambda pixels, grids, flat: model(pixels, grids, attention=attention)), None
+    if mode in (RunMode.GRAPH, RunMode.GRAPH_COMPILED):
         sync(device)
         before = torch.cuda.memory_reserved() if device.type == "cuda" else 0
         start = time.perf_counter()
-        runner.capture()
-        record.update(capture_s=time.perf_counter() - start, runner_mode=runner_mode,
+        runner = build_encoder(model, mode, budget_config, attention=attention, latency_table=table,
+                               progress=progress)
+        assert isinstance(runner, EncoderGraphRunner)
+        record.update(capture_s=time.perf_counter() - start, runner_mode=runner.mode.value,
                       routing=table.describe() if table else "off: a batch replays whenever a budget holds it",
                       capture={str(k): v.as_dict() for k, v in runner.captures.items()},
                       capture_failed={str(k): v for k, v in runner.failed.items()})
@@ -160,11 +165,10 @@ def make_mode(mode: str, model: GlmVisionEncoder, budget_config: BudgetConfig, r
         return run_graphs, runner
     if mode == "compile":
         static = torch.compile(model.forward_static, dynamic=False)
-        merge = model.config.spatial_merge_size
 
         def run_compiled(pixels: torch.Tensor, grids: np.ndarray, flat: torch.Tensor) -> torch.Tensor:
-            model.check_inputs(pixels, grids)
-            return static(pixels, build_metadata(grids, merge).to(device))
+            request = model.check_request(pixels, grids)  # validated once, as the eager forward does
+            return static(pixels, build_metadata(request).to(device), attention=attention)
 
         return run_compiled, None
     raise ValueError(f"unknown mode {mode!r}")
@@ -245,9 +249,7 @@ def run_benchmark(args: argparse.Namespace, command: str, session: Session | Non
         model = session.model(args)
     else:
         model = model_from_args(args)
-        if args.attn_backend:
-            model.attn_backend = args.attn_backend
-            model.attention_backend()  # raises a clear error if the backend cannot run here
+    attention = model.attention_backend(args.attn_backend)  # a clear error if the backend cannot run here
     config = model.config
     grids = [np.array([item.grid for item in r], dtype=np.int64) for r in requests]
     specs = [[item.spec for item in r] for r in requests]
@@ -262,7 +264,7 @@ def run_benchmark(args: argparse.Namespace, command: str, session: Session | Non
     floor = _floor(args, device, dtype, model, session)
     floors = [floor_ms(f["total"], floor["weight_bytes"], floor["matmul_tflops"], floor["copy_gbps"]) for f in flops]
     plans = [plan_batches(r, budget_config) for r in specs]
-    tables = resolve_tables(args.tables, model)
+    tables = resolve_tables(args.tables, model, attention)
     graph_configs = _graph_configs(modes, specs, args, tables)
     _check_graphs_fit(graph_configs, args, device)  # what each mode captures, before any mode runs
 
@@ -272,7 +274,7 @@ def run_benchmark(args: argparse.Namespace, command: str, session: Session | Non
             "items_per_request": items_per_request, "range_ratio": range_ratio, "limit_per_request": limit,
             "num_requests": len(requests), "seed": args.seed, "budgets": list(budget_config.token_budgets),
             "max_items": budget_config.max_items, "max_segments": budget_config.max_segments,
-            "attn_backend": model.attention_backend(), "dtype": str(dtype).replace("torch.", ""),
+            "attn_backend": attention, "dtype": str(dtype).replace("torch.", ""),
             "config": args.config, "vision_config": vars(config).copy(), "weights": args.weights or "random",
             "warmup": args.warmup, "transformers_requests": args.transformers_requests,
             "modes": [mode_label(m, device) for m in modes], "order": "arrival order, one request at a time",
@@ -306,7 +308,8 @@ def run_benchmark(args: argparse.Namespace, command: str, session: Session | Non
             with torch.inference_mode():
                 route_table = None if args.no_route else tables.get(mode)
                 mode_config = graph_configs.get(mode, budget_config)
-                fn, runner = make_mode(mode, model, mode_config, record, not args.quiet, route_table, session)
+                fn, runner = make_mode(mode, model, mode_config, record, not args.quiet, route_table, session,
+                                       attention)
                 if runner is not None:
                     record["budgets"] = list(mode_config.token_budgets)
                 record["warmup_s"] = _warm(fn, inputs, n, args.warmup, device)
@@ -368,7 +371,7 @@ def _add_comparisons(result: dict, outputs: dict[str, torch.Tensor]) -> None:
             result["accuracy"][label]["vs_transformers"] = compare(out, outputs["transformers"])
 
 
-def resolve_tables(spec: str, model: GlmVisionEncoder) -> dict[str, LatencyTable]:
+def resolve_tables(spec: str, model: GlmVisionEncoder, attention: str | None = None) -> dict[str, LatencyTable]:
     """``--tables``: ``auto`` → each graph mode's table recorded in data/bench, where it measured this model
     (config, dtype, attention backend) on this GPU; ``off`` → none; ``graph=PATH,graph-compiled=PATH`` → those."""
     if spec == "off":
@@ -381,7 +384,7 @@ def resolve_tables(spec: str, model: GlmVisionEncoder) -> dict[str, LatencyTable
         return tables
     tables = {}
     for mode in TABLE_MODES:
-        table = recorded_table_for(model, compiled=mode == "graph-compiled")
+        table = recorded_table_for(model, compiled=mode.compiled, attention=attention)
         if table is not None:
             tables[mode] = table
     return tables
@@ -602,7 +605,7 @@ def _check_workload(args: argparse.Namespace, device: torch.device, tables: dict
     BudgetConfig.for_requests(specs, args.budgets, args.max_items, args.max_segments)  # the limits, for every mode
     if tables is not None:
         _check_graphs_fit(_graph_configs(parse_modes(args.modes), specs, args, tables), args, device)
-    rows = sum(int(np.prod(item.grid)) for r in requests for item in r)
+    rows = sum(spec.rows for r in specs for spec in r)
     need = rows * VisionConfig().patch_dim * DTYPES[args.dtype].itemsize
     have = device_memory_bytes(device)
     if need > PIXEL_SHARE * have:

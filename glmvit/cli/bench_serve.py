@@ -657,15 +657,13 @@ async def bench_http(url: str, workload: Workload, args: argparse.Namespace, rec
 
 async def bench_in_process(workload: Workload, args: argparse.Namespace, record: dict[str, Any]) -> None:
     model = model_from_args(args)
-    if args.attn_backend:
-        model.attn_backend = args.attn_backend
-        model.attention_backend()  # a clear error if it cannot run here
+    attention = model.attention_backend(args.attn_backend)  # a clear error if it cannot run here
     floor = measure_floor(model)
     health = {"vision_config": vars(model.config), "floor": floor}
     for mode in args.modes:
-        scheduler, runner = make_scheduler(model, mode, _queue_args(args, workload))
+        scheduler, runner = make_scheduler(model, mode, _queue_args(args, workload), attention=attention)
         label = scheduler.mode
-        record["servers"][label] = {"mode": label, "attn_backend": model.attention_backend(),
+        record["servers"][label] = {"mode": label, "attn_backend": scheduler.encoder.attention,
                                     "limits": scheduler.stats()["limits"],
                                     "capture": {str(k): v.as_dict() for k, v in runner.captures.items()}
                                     if runner else None}

@@ -22,8 +22,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)  # before torch's import: --help and a bad flag answer at once
     import torch
 
+    from ..encoder import build_encoder
     from ..geometry import ItemSpec
     from ..graphs import EncoderGraphRunner
+    from ..modes import GraphMode, RunMode
     from ..packing import BudgetConfig
     from ..processing import SAMPLE_DATA, sample_inputs
     from ..timing import sync
@@ -61,20 +63,20 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"eager ms: the median of {TIMED_CALLS} calls per item, after {WARMUP_CALLS} warm-up calls of its shape")
 
-    backend = "cuda" if device.type == "cuda" else "emulate"
     specs = [ItemSpec.from_grid(g, model.config.spatial_merge_size) for g in inputs.grid_thw.tolist()]
     config = BudgetConfig.for_requests([specs])
-    runner = EncoderGraphRunner(model, config, mode=backend).capture()
+    runner = build_encoder(model, RunMode.GRAPH, config)
+    assert isinstance(runner, EncoderGraphRunner)
     start = time.perf_counter()
     outs = runner.run(inputs.pixel_values.to(device), inputs.grid_thw)
     ms = (time.perf_counter() - start) * 1e3
     diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(outs, eager, strict=True))
-    what = "CUDA graphs" if backend == "cuda" else "emulated (no CUDA graphs on CPU)"
+    what = "CUDA graphs" if runner.mode is GraphMode.CUDA else "emulated (no CUDA graphs on CPU)"
     s = runner.stats
     print(f"\nwhole batch through EncoderGraphRunner, {what}: {ms:.2f} ms, budgets {list(config.token_budgets)}, "
           f"{plural(s.replays, 'replay')}, {plural(s.fallback_items, 'eager item')}, padding {s.padding_fraction:.1%}; "
           f"max |runner − eager| = {diff:.3g}")
-    if backend == "emulate":
+    if runner.mode is GraphMode.EMULATE:
         print("  emulation runs the runner's packing and static-shape path eagerly on the CPU: a check that it gives "
               "the eager answer, not a speed claim (its time includes the padding and bookkeeping graphs would hide). "
               "Next: make demo on a CUDA machine, then python -m glmvit bench, to see what the graphs save")

@@ -42,9 +42,11 @@ import torch
 import torch.distributed as dist
 
 from ..deployment import check_budget_fits
+from ..encoder import build_encoder
 from ..graphs import EncoderGraphRunner
 from ..metadata import as_grid_array, item_row_starts
 from ..model import GlmVisionEncoder
+from ..modes import RunMode
 from ..packing import BudgetConfig
 from ..parallel import CollectiveError, DataParallelEncoder, DPStats, RankFailed, free_port
 from ..provenance import collect, weights_identity
@@ -96,7 +98,7 @@ def build_parser() -> Parser:
     w.add_argument("--num-requests", type=int_in(1, MAX_REQUESTS), default=50, help="timed requests (default 50)")
     w.add_argument("--warmup", type=int_in(0, MAX_WARMUP), default=3, help="untimed requests first (default 3)")
     r = p.add_argument_group("run")
-    r.add_argument("--mode", choices=["graph", "eager"], default="graph",
+    r.add_argument("--mode", choices=[RunMode.GRAPH.value, RunMode.EAGER.value], default="graph",
                    help="graph: EncoderGraphRunner (CUDA graphs on GPU, emulated on CPU); eager: model.forward")
     r.add_argument("--no-baseline", action="store_true",
                    help="skip timing the same requests single-process on rank 0")
@@ -132,8 +134,8 @@ def plan_workload(args: argparse.Namespace) -> Workload:
                          "items (every item's pixels are generated before timing)")
     draws = random_mm_workload(buckets, total, args.items_per_request, range_ratio=args.range_ratio, seed=args.seed)
     grids = [np.array([item.grid for item in request], dtype=np.int64).reshape(-1, 3) for request in draws]
-    _check_pixel_memory(args, sum(int(g.prod(axis=1).sum()) for g in grids))
     specs = [[item.spec for item in request] for request in draws]
+    _check_pixel_memory(args, sum(spec.rows for request in specs for spec in request))
     for k, request in enumerate(specs):
         tokens = sum(spec.tokens for spec in request)
         if tokens > MAX_BUDGET_TOKENS:
@@ -285,14 +287,10 @@ def setup(args: argparse.Namespace, workload: Workload, rank: int, world: int, d
     for k, grids in enumerate(workload.grids):
         pixels, grid = random_batch(grids, model.config, seed=args.seed * 100_003 + k)
         requests.append((pixels.to(device, model.dtype), grid))
-    runner: EncoderGraphRunner | None = None
-    engine: Any = model
-    runner_mode = "eager"
-    if args.mode == "graph":
-        runner_mode = "cuda" if device.type == "cuda" else "emulate"
-        runner = EncoderGraphRunner(model, workload.budget_config, mode=runner_mode).capture()
-        engine = runner
-    bench = Bench(args, rank, world, device, model, runner, runner_mode, DataParallelEncoder(engine), workload,
+    encoder = build_encoder(model, args.mode, workload.budget_config)
+    runner = encoder if isinstance(encoder, EncoderGraphRunner) else None
+    runner_mode = runner.mode.value if runner is not None else RunMode.EAGER.value
+    bench = Bench(args, rank, world, device, model, runner, runner_mode, DataParallelEncoder(encoder), workload,
                   requests)
     if rank == 0:
         c = workload.budget_config
@@ -470,7 +468,7 @@ def fault_drill(b: Bench, first_outs: list[torch.Tensor]) -> dict:
         dist.barrier()
     t0 = time.perf_counter()
     try:
-        _FaultyEncoder(b.runner if b.runner is not None else b.model, victim).run(pixels, grid)
+        _FaultyEncoder(b.dp.encoder, victim).run(pixels, grid)
         error: Exception | None = None
     except Exception as err:  # what a caller would catch; the verdict says whether it was the right one
         error = err

@@ -181,7 +181,7 @@ class BudgetExplorer:
         for mode in TABLE_MODES:
             try:
                 table = recorded_table(mode)
-                label = f"{'compiled' if mode == 'graph-compiled' else 'uncompiled'} graphs: the recorded " \
+                label = f"{'compiled' if mode.compiled else 'uncompiled'} graphs: the recorded " \
                         f"{table.provenance.get('gpu') or ''} table{' (STALE)' if table.changed else ''}"
                 self._add_table(f"recorded:{mode}", table, label, select=False)
             except ValueError as err:  # an installed package has no data/bench; a second sweep of a mode is ambiguous

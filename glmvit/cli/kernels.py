@@ -25,9 +25,12 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..attention import GRAPH_SAFE, attend_qkv, available_backends
+from ..encoder import build_encoder
 from ..floor import measure_copy_bandwidth, measure_matmul_tflops
+from ..geometry import ItemSpec, grid_specs
 from ..graphs import EncoderGraphRunner
 from ..metadata import attention_work, build_metadata
+from ..modes import RunMode
 from ..packing import BudgetConfig
 from ..profiling import encoder_gemms, graph_time_us, profile_kernels, roofline_us
 from ..provenance import collect
@@ -120,23 +123,22 @@ def profile_replays(model, layouts: dict[str, list], backends: list[str], quiet:
     busy time) and ``gaps_us_per_call`` (device − busy: the boundaries inside the graph, where the GPU waits for
     the next kernel to start).
     """
-    merge_area = model.config.merge_area
-    tokens = {name: sum(t * h * w for t, h, w in g) // merge_area for name, g in layouts.items()}
+    merge = model.config.spatial_merge_size
+    tokens = {name: ItemSpec.total(grid_specs(g, merge)).tokens for name, g in layouts.items()}
     budgets = tuple(sorted(set(tokens.values())))
     items = max(len(g) for g in layouts.values())
     segments = max(sum(t for t, _, _ in g) for g in layouts.values())
     config = BudgetConfig(budgets, min(items, budgets[0]), max(segments, items))
     inputs = {name: random_batch(g, model.config, seed=1) for name, g in layouts.items()}
-    saved = model.attn_backend
     variants = [(b, compiled, "blocks") for b in backends for compiled in (False, True)]
     variants.append((backends[0], True, "model"))  # the whole forward compiled as one: what regions cost
     out: dict[str, Any] = {}
     replays: dict[str, dict[str, tuple[Callable[[], Any], Callable[[], Any]]]] = {}
     for backend, compiled, scope in variants:
-        model.attn_backend = backend
         key = f"{backend}{'-compiled' if compiled else ''}{'-model' if scope == 'model' else ''}"
-        runner = EncoderGraphRunner(model, config, torch_compile=compiled, compile_scope=scope,
-                                    progress=not quiet).capture()
+        runner = build_encoder(model, RunMode.GRAPH_COMPILED if compiled else RunMode.GRAPH, config,
+                               attention=backend, compile_scope=scope, progress=not quiet)
+        assert isinstance(runner, EncoderGraphRunner)  # on CUDA: real graphs
         out[key] = {"capture": {str(k): v.as_dict() for k, v in runner.captures.items()}}
         graphs = {b: cb.graph for b, cb in runner.graphs.items() if cb.graph is not None}  # mode "cuda": all
         replays[key] = {name: (partial(runner.replay, tokens[name], pixels.to("cuda", model.dtype), grid),
@@ -146,7 +148,6 @@ def profile_replays(model, layouts: dict[str, list], backends: list[str], quiet:
                 wall = summarise(time_calls(replay, "cuda", runs=50, warmup=5))  # leaves this layout staged
                 device = summarise(time_calls(graph_replay, "cuda", runs=50, warmup=5, on_device=True))
                 out[key][name] = {"replay_wall": wall, "replay_device": device}
-    model.attn_backend = saved
     with torch.inference_mode():
         for key, per_layout in replays.items():
             for name, (replay, graph_replay) in per_layout.items():

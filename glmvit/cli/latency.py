@@ -21,10 +21,14 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..config import VisionConfig
 from ..deployment import check_budget_fits
+from ..encoder import build_encoder
 from ..floor import encoder_flops
+from ..geometry import ItemSpec, grid_specs
 from ..graphs import EncoderGraphRunner
 from ..model import GlmVisionEncoder
+from ..modes import RunMode
 from ..packing import BudgetConfig
 from ..provenance import collect
 from ..records import LatencySweep, make
@@ -109,6 +113,12 @@ def time_eager(model: GlmVisionEncoder, pixels: torch.Tensor, grids: np.ndarray)
     return ms
 
 
+def layout_spec(grids: np.ndarray, config: VisionConfig) -> ItemSpec:
+    """The rows, tokens and Σ L² of a layout's items together: what the table records and the cost model fits
+    (:func:`glmvit.geometry.item_spec`, the count the runner routes by)."""
+    return ItemSpec.total(grid_specs(grids.tolist(), config.spatial_merge_size))
+
+
 def measure(runner: EncoderGraphRunner, model: GlmVisionEncoder, runs: int, warmup: int, seed: int,
             quiet: bool, eager_times: EagerTimes | None = None) -> list[dict[str, Any]]:
     """Median and P99 ms of every layout of every captured budget, replayed in that budget (``runs`` and
@@ -126,7 +136,7 @@ def measure(runner: EncoderGraphRunner, model: GlmVisionEncoder, runs: int, warm
             for name, grid in layouts(budget, runner.config.max_items, runner.graphs[budget].shape.segments,
                                       cfg.spatial_merge_size).items():
                 grids = np.array(grid, dtype=np.int64)
-                pixels = torch.randn(int(grids.prod(axis=1).sum()), cfg.patch_dim, device=device,
+                pixels = torch.randn(layout_spec(grids, cfg).rows, cfg.patch_dim, device=device,
                                      dtype=model.dtype, generator=gen)
                 graph = time_until_steady(partial(runner.replay, budget, pixels, grids), device, runs, warmup,
                                           min(runs, STEADY_RUNS))
@@ -137,8 +147,8 @@ def measure(runner: EncoderGraphRunner, model: GlmVisionEncoder, runs: int, warm
         for name, (grids, graph, eager) in timed.items():
             entry["layouts"].append({
                 "name": name, "grids": grids.tolist(), "items": len(grids),
-                "real_tokens": int(grids.prod(axis=1).sum()) // cfg.merge_area,
-                "segment_rows2": int((grids[:, 0] * (grids[:, 1] * grids[:, 2]) ** 2).sum()),
+                "real_tokens": layout_spec(grids, cfg).tokens,
+                "segment_rows2": layout_spec(grids, cfg).work,
                 "graph_ms": float(np.median(graph)), "graph_p99_ms": float(np.percentile(graph, 99)),
                 "eager_ms": float(np.median(eager)), "eager_p99_ms": float(np.percentile(eager, 99)),
                 "flops": encoder_flops(cfg, grids)})
@@ -231,17 +241,17 @@ def run_sweep(args: argparse.Namespace, config: BudgetConfig, command: str, sess
     """The sweep the resolved flags describe, as a record; a ``session`` (a record run) lends its model, and
     ``eager_times`` shares eager runs between the graph and the compiled sweep (:func:`measure`)."""
     model = session.model(args) if session is not None else model_from_args(args)
-    mode = "cuda" if model.device.type == "cuda" else "emulate"
-    runner = EncoderGraphRunner(model, config, mode=mode, progress=not args.quiet,
-                                torch_compile=args.compile).capture()
+    runner = build_encoder(model, RunMode.GRAPH_COMPILED if args.compile else RunMode.GRAPH, config,
+                           progress=not args.quiet)
+    assert isinstance(runner, EncoderGraphRunner)
     with torch.inference_mode():
         rows = measure(runner, model, args.runs, args.warmup, args.seed, args.quiet, eager_times)
     return make(
         LatencySweep, provenance=collect(model.device, command),
         dtype=str(model.dtype).replace("torch.", ""), config="glm41v" if args.config == "full" else args.config,
-        attn_backend=model.attention_backend(), compiled=args.compile, max_items=config.max_items,
+        attn_backend=runner.attention, compiled=args.compile, max_items=config.max_items,
         max_segments=config.max_segments, budgets=rows,
-        measurement={"runner_mode": mode, "runs": args.runs, "warmup": args.warmup, "statistic": "median",
+        measurement={"runner_mode": runner.mode.value, "runs": args.runs, "warmup": args.warmup, "statistic": "median",
                      "stopping": f"replays: {STEADY_RUNS} to runs, until {STEADY_RUNS} agree within 2 %",
                      "eager_timing": f"as bench times a request (glmvit.timing.time_passes): {WARMUP} untimed, then "
                                      f"passes of {EAGER_CALLS} while the median's 95 % interval is wider than "

@@ -161,7 +161,9 @@ def summarise_kernels(kernels: list[dict[str, Any]]) -> dict[str, Any]:
 
 def profile_target(layout: str) -> None:
     """The child ncu runs: one graph-compiled replay of ``layout`` between cudaProfilerStart and Stop."""
+    from ..encoder import build_encoder
     from ..graphs import EncoderGraphRunner
+    from ..modes import RunMode
     from ..packing import BudgetConfig
     from ..random_weights import random_encoder
     from ..workloads import random_batch
@@ -170,9 +172,9 @@ def profile_target(layout: str) -> None:
     grids = LAYOUTS[layout]
     tokens = sum(t * h * w for t, h, w in grids) // config.merge_area
     model = random_encoder(config, "cuda", torch.bfloat16)
-    model.attn_backend = "triton"
-    runner = EncoderGraphRunner(model, BudgetConfig((tokens,), len(grids), len(grids)), torch_compile=True,
-                                compile_scope="blocks", progress=False).capture()
+    runner = build_encoder(model, RunMode.GRAPH_COMPILED, BudgetConfig((tokens,), len(grids), len(grids)),
+                           attention="triton")
+    assert isinstance(runner, EncoderGraphRunner)
     pixels, grid = random_batch(grids, config, seed=1)
     graph = runner.graphs[tokens].graph
     assert graph is not None  # mode "cuda": every budget has its graph

@@ -26,9 +26,11 @@ from typing import Any
 import torch
 
 from ..deployment import check_budget_fits
+from ..encoder import build_encoder
 from ..floor import measure_copy_bandwidth, measure_matmul_tflops, weight_bytes
 from ..graphs import EncoderGraphRunner, recorded_table_for
 from ..model import GlmVisionEncoder
+from ..modes import RunMode
 from ..packing import BudgetConfig, default_ladder
 from ..provenance import collect
 from ..scheduler import DEFAULT_MAX_BYTES, DEFAULT_MAX_REQUESTS, BatchScheduler
@@ -49,7 +51,7 @@ from .encode import model_metadata
 from .serve_app import DECODE_QUEUE, EncoderService, HttpLimits, default_decode_pool, default_decode_workers, run_server
 from .serve_media import DEFAULT_FRAME_PIXELS, DEFAULT_REQUEST_PIXELS, MediaLimits
 
-MODES = ("eager", "graph", "graph-compiled")
+MODES = tuple(m.value for m in RunMode)
 LARGEST_BUDGET = 4096  # the default ladder's top: sixteen 8-frame 224² clips, or four 896² images, in one batch
 DEFAULT_ITEMS = 64  # vLLM's default max items per batch for its 64..4096 budget range (4096 // 64)
 
@@ -84,7 +86,7 @@ def budget_config(args: argparse.Namespace) -> BudgetConfig:
 def check_serving_args(parser: argparse.ArgumentParser, args: argparse.Namespace, modes: list[str]) -> None:
     """Refuse what cannot run, before the model is built (one line, exit 2)."""
     device = torch.device(args.device)
-    if "graph-compiled" in modes and device.type != "cuda":
+    if RunMode.GRAPH_COMPILED in modes and device.type != "cuda":
         parser.error("graph-compiled needs CUDA (off CUDA the runner only emulates graphs: use graph)")
     try:
         check_budget_fits(budget_config(args), str(DTYPES[args.dtype]).removeprefix("torch."),
@@ -93,22 +95,19 @@ def check_serving_args(parser: argparse.ArgumentParser, args: argparse.Namespace
         parser.error(str(err))
 
 
-def make_scheduler(model: GlmVisionEncoder, mode: str, args: argparse.Namespace,
-                   progress: bool = False) -> tuple[BatchScheduler, EncoderGraphRunner | None]:
-    """The scheduler of ``mode`` over ``model`` (a runner captured first for the graph modes), and its runner."""
+def make_scheduler(model: GlmVisionEncoder, mode: RunMode | str, args: argparse.Namespace, progress: bool = False,
+                   attention: str | None = None) -> tuple[BatchScheduler, EncoderGraphRunner | None]:
+    """The scheduler of ``mode`` over ``model``'s encoder (:func:`~glmvit.encoder.build_encoder`: a runner captured
+    first for the graph modes, routing by its recorded table) running ``attention`` (None: the model's backend),
+    and its runner if any."""
+    run_mode = RunMode.parse(mode)
     config = budget_config(args)
-    runner = None
-    if mode == "eager":
-        encoder: EncoderGraphRunner | GlmVisionEncoder = model
-    else:
-        backend = "cuda" if model.device.type == "cuda" else "emulate"
-        compiled = mode == "graph-compiled"
-        runner = EncoderGraphRunner(model, config, mode=backend, torch_compile=compiled, progress=progress,
-                                    latency_table=recorded_table_for(model, compiled)).capture()
-        encoder = runner
+    attention = model.attention_backend(attention)  # checked before anything is captured
+    table = recorded_table_for(model, run_mode.compiled, attention) if run_mode.graphs else None
+    encoder = build_encoder(model, run_mode, config, attention=attention, latency_table=table, progress=progress)
     scheduler = BatchScheduler(encoder, config, max_wait_s=args.max_wait_ms / 1e3, max_requests=args.max_queue,
                                max_tokens=args.max_queue_tokens, max_bytes=int(args.max_queue_mb * 2**20))
-    return scheduler, runner
+    return scheduler, encoder if isinstance(encoder, EncoderGraphRunner) else None
 
 
 def measure_floor(model: GlmVisionEncoder) -> dict[str, Any]:
@@ -196,11 +195,8 @@ def build_service(args: argparse.Namespace, command: str, model: GlmVisionEncode
     (``floor``: matmul_tflops and copy_gbps) or runs a decode pool (``decode``: started, and closed by the caller)
     lends them; otherwise the floor is measured (with --measure-floor) and a pool is made, owned by the service."""
     model = model if model is not None else model_from_args(args)
-    if args.attn_backend:
-        model.attn_backend = args.attn_backend
-        model.attention_backend()  # a clear error if it cannot run here
-    scheduler, runner = make_scheduler(model, args.mode, args, progress=not args.quiet)
-    extra = {"attn_backend": model.attention_backend(),
+    scheduler, runner = make_scheduler(model, args.mode, args, progress=not args.quiet, attention=args.attn_backend)
+    extra = {"attn_backend": scheduler.encoder.attention,
              "floor": None if not args.measure_floor else measure_floor(model) if floor is None else {
                  **floor, "matmul_dtype": str(model.dtype).removeprefix("torch."), "weight_bytes": weight_bytes(model)},
              "capture": {str(k): v.as_dict() for k, v in runner.captures.items()} if runner else None,

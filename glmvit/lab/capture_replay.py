@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ..config import VisionConfig
+from ..geometry import grid_specs
 from ..graphs import EncoderGraphRunner
 from ..metadata import BatchShape, build_metadata
 from ..packing import BudgetConfig
@@ -57,7 +58,7 @@ class HandRunner:
         host = build_metadata(grids, self.merge, self.shape)
         self.meta.packed.copy_(torch.from_numpy(host.packed))  # 3. from pageable memory: the host waits for it
         self.graph.replay()  # 4.
-        tokens = [int(t * h * w) // self.model.config.merge_area for t, h, w in grids]
+        tokens = [spec.tokens for spec in grid_specs(grids.tolist(), self.model.config.spatial_merge_size)]
         out = self.output[: sum(tokens)].clone()  # 5. one clone per batch
         if not torch.isfinite(row_sums).all():  # 6. the one host read, after the launch
             raise ValueError("pixel_values hold NaN or Inf (or a row whose sum overflows)")

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import VisionConfig
+from ..geometry import grid_specs
 from ..graphs import EncoderGraphRunner
 from ..packing import BudgetConfig
 from ..parallel import DataParallelEncoder, RequestMismatch, request_fingerprint
@@ -36,7 +37,7 @@ def gather_only(dp: DataParallelEncoder, pixels: torch.Tensor, grid: torch.Tenso
     reorder; nothing checked."""
     config, rank, world = dp.model.config, dist.get_rank(), dist.get_world_size()
     assignment = dp.assignment(grid)
-    tokens = [int(t * h * w) // config.merge_area for t, h, w in grid.tolist()]
+    tokens = [spec.tokens for spec in grid_specs(grid.tolist(), config.spatial_merge_size)]
     mine = dp.encode_share(pixels, grid, assignment.ranks[rank], check_finite=False)
     send = torch.zeros(max(sum(tokens[i] for i in items) for items in assignment.ranks), config.out_hidden_size)
     if mine:
