@@ -12,6 +12,9 @@ q, k, v are (rows, heads, head_dim); segments come from the metadata. Padded row
   qkv projection and applies the rotary inside, one program per (block of 64 or 128 rows, head), so short segments
   still fill the GPU. Graph-safe; the CUDA default in fp16/bf16 (head_dim 32, 64, 128 or 256: ``TRITON_HEAD_DIMS``),
   and on the CPU in fp32 under ``TRITON_INTERPRET=1``.
+- ``cudnn``: cuDNN's fused attention through the cuDNN frontend (``glmvit.kernels.cudnn_attention``; the ``cuda``
+  extra, Hopper or newer, fp16/bf16): q and k rotated once by glmvit's Triton rotation launch, then one ragged
+  (THD) SDPA over every segment, its offsets computed once per forward (:func:`prepare_attention`). Graph-safe.
 - ``segments``: one SDPA call per segment, reading cu_seqlens from the tensor (a host read: a sync on CUDA, so
   eager only there). No (rows)² mask, O(rows) memory: the CPU default.
 
@@ -21,6 +24,7 @@ segments, and ``sdpa_masked`` keeps non-finite keys and values out of its one bi
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 from functools import lru_cache
 from itertools import pairwise
 
@@ -29,8 +33,8 @@ import torch.nn.functional as F
 
 from .rotary import apply_rotary
 
-BACKENDS = ("varlen", "flash_attn", "triton", "sdpa_masked", "segments")
-GRAPH_SAFE = ("varlen", "flash_attn", "triton", "sdpa_masked")
+BACKENDS = ("varlen", "flash_attn", "triton", "cudnn", "sdpa_masked", "segments")
+GRAPH_SAFE = ("varlen", "flash_attn", "triton", "cudnn", "sdpa_masked")
 
 
 def _has_varlen() -> bool:
@@ -66,7 +70,17 @@ def _available(device_type: str, dtype: torch.dtype, head_dim: int | None) -> tu
             names.insert(0, "varlen")
         if triton_ok:
             names.insert(0, "triton")
+            if cudnn_attention_runs(torch.cuda.current_device(), dtype, head_dim):
+                names.insert(0, "cudnn")
     return tuple(names)
+
+
+def cudnn_attention_runs(device_index: int, dtype: torch.dtype, head_dim: int | None = None) -> bool:
+    """Whether the ``cudnn`` backend runs on CUDA device ``device_index`` for ``dtype`` (it rotates q and k with
+    glmvit's Triton launch, so the caller has checked Triton already)."""
+    from .kernels.cudnn_attention import unavailable_reason
+
+    return unavailable_reason(device_index, dtype, head_dim) is None
 
 
 TRITON_HEAD_DIMS = (32, 64, 128, 256)  # on a GPU: half a head is one tl.dot operand, ≥ 16 wide and a power of two
@@ -148,15 +162,49 @@ def _(qkv, cos, sin, segment_ids, cu_seqlens, num_heads):
     return qkv.new_empty((qkv.shape[0], qkv.shape[1] // 3))
 
 
+@torch.library.custom_op("glmvit::cudnn_varlen_attention", mutates_args=())
+def cudnn_varlen_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor,
+                           ragged: torch.Tensor, num_heads: int, max_seqlen: int) -> torch.Tensor:
+    """The ``cudnn`` backend as one opaque op (torch.compile traces around it; a CUDA graph captures it)."""
+    from .kernels.cudnn_attention import cudnn_varlen_attention as run
+
+    return run(qkv, cos, sin, cu_seqlens, ragged, num_heads, max_seqlen)
+
+
+@cudnn_varlen_attention.register_fake
+def _(qkv, cos, sin, cu_seqlens, ragged, num_heads, max_seqlen):
+    return qkv.new_empty((qkv.shape[0], qkv.shape[1] // 3))
+
+
+def prepare_attention(meta, backend: str, num_heads: int, head_dim: int):
+    """The metadata a forward's attention layers read: ``meta`` itself, or for ``cudnn`` a copy holding the ragged
+    offsets of its ``cu_seqlens`` (``glmvit.kernels.cudnn_attention.ragged_offsets``), computed once per forward
+    on the device instead of once per layer. Graph-safe: a capture records the few ops that compute them."""
+    if backend != "cudnn":
+        return meta
+    from .kernels.cudnn_attention import ragged_offsets
+
+    return replace(meta, ragged=ragged_offsets(meta.cu_seqlens, num_heads, head_dim))
+
+
 def attend_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta, backend: str,
                num_heads: int) -> torch.Tensor:
     """Rotary + attention from the packed qkv projection (rows, 3·heads·d); returns (rows, heads·d).
 
-    ``triton`` does it in one kernel; the others split q, k, v, rotate q and k (``apply_rotary``) and ``attend``.
+    ``triton`` does it in one kernel, ``cudnn`` in two (rotation, then cuDNN, its offsets from
+    :func:`prepare_attention`'s metadata or, when ``meta`` has none, computed here); the others split q, k, v,
+    rotate q and k (``apply_rotary``) and ``attend``.
     """
     rows = qkv.shape[0]
     if backend == "triton":
         return rope_varlen_attention(qkv, cos, sin, meta.segment_ids, meta.cu_seqlens, num_heads)
+    if backend == "cudnn":
+        ragged = getattr(meta, "ragged", None)
+        if ragged is None:
+            from .kernels.cudnn_attention import ragged_offsets
+
+            ragged = ragged_offsets(meta.cu_seqlens, num_heads, qkv.shape[1] // (3 * num_heads))
+        return cudnn_varlen_attention(qkv, cos, sin, meta.cu_seqlens, ragged, num_heads, meta.max_seqlen)
     q, k, v = qkv.view(rows, 3, num_heads, -1).unbind(1)
     q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     return attend(q, k, v, meta, backend).reshape(rows, -1)

@@ -210,6 +210,7 @@ class EncoderMetadata:
     segment_ids: torch.Tensor
     token_valid: torch.Tensor
     host: HostMetadata | None = None  # the one batch it was built for; None for a runner's buffer (refreshed per batch)
+    ragged: torch.Tensor | None = None  # the ``cudnn`` attention's offsets (``glmvit.attention.prepare_attention``)
 
     @classmethod
     def from_packed(cls, packed: torch.Tensor, shape: BatchShape, merge_area: int,

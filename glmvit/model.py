@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import attend_qkv, check_backend, default_backend
+from .attention import attend_qkv, check_backend, default_backend, prepare_attention
 from .config import VisionConfig
 from .kernels import interpolate_pos_embed
 from .metadata import EncoderMetadata, build_metadata, nonfinite_items
@@ -292,6 +292,7 @@ class GlmVisionEncoder(nn.Module):
         backend = attention if attention is not None else self.attention_backend()
         embed, run, head = parts or (self.embed, run_block, self.head)
         x, cos, sin = embed(pixels, meta)
+        meta = prepare_attention(meta, backend, cfg.num_heads, cfg.head_dim)
         for block in self.blocks:
             x = run(block, x, cos, sin, meta, backend)
         return head(x, meta)

@@ -1,0 +1,147 @@
+"""The ``cudnn`` attention backend (cuDNN's ragged SDPA through the cuDNN frontend): its offsets and its refusals on
+any machine; on a Hopper GPU with the frontend installed, its output against a float32 reference and under a CUDA
+graph replayed on another batch. (The encoder-level GPU tests in ``test_gpu.py`` run it too: every backend
+``available_backends`` offers.)
+
+Tolerance (GPU): as ``test_triton_attention``'s bf16 band. Both paths round q̃, k̃, the softmax weights and the
+output to bf16 (each ≤ 2⁻⁹ relative) and accumulate in float32, so the output is within about 2⁻⁸·max|v| of a float32
+reference on the same rotated inputs; 2⁻⁶·max|v| leaves room for the sums, and a kernel that mixed segments or
+skipped the rotation misses by the output's own scale.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from glmvit.attention import attend, available_backends, check_backend, prepare_attention
+from glmvit.kernels.cudnn_attention import check_rows, ragged_offsets, unavailable_reason
+from glmvit.metadata import BatchShape, build_metadata
+from glmvit.rotary import apply_rotary, inv_freq, rotary_cos_sin
+
+GRIDS = [(1, 4, 6), (2, 2, 4), (1, 10, 8), (1, 2, 2)]  # a video item: two segments of 8 rows
+
+
+def test_ragged_offsets_count_each_segment_from_its_first_row():
+    meta = build_metadata(GRIDS, 2, BatchShape(160, 9, 160))
+    heads, head_dim = 3, 8
+    got = ragged_offsets(torch.from_numpy(meta.cu_seqlens.copy()), heads, head_dim).numpy()
+    lengths = [24, 8, 8, 80, 4]  # t·h·w per segment: a video item has one segment per temporal patch
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    slots = meta.cu_seqlens.shape[0] - 1
+    assert got.shape == (4, slots + 1) and got.dtype == np.int32
+    np.testing.assert_array_equal(got[0, : len(lengths)], lengths)
+    assert not got[0, len(lengths):].any()  # unused slots and the trailing entry: empty segments
+    for row, width in ((1, 2 * heads * head_dim), (2, 3 * heads * head_dim), (3, heads * head_dim)):
+        np.testing.assert_array_equal(got[row, : len(starts)], starts * width)
+        np.testing.assert_array_equal(got[row, len(starts):], starts[-1] * width)  # empty slots start at the end
+
+
+def test_offsets_that_would_overflow_int32_are_refused_in_one_line():
+    heads, head_dim = 12, 128
+    limit = 2**31 // (3 * heads * head_dim)  # rows · 3·heads·d must stay below 2³¹
+    check_rows(limit, heads, head_dim)
+    with pytest.raises(ValueError, match=f"{limit + 1:,} rows") as err:
+        check_rows(limit + 1, heads, head_dim)
+    assert "\n" not in str(err.value)
+
+
+def test_the_offsets_are_computed_once_per_forward_and_only_for_cudnn():
+    meta = build_metadata(GRIDS, 2).to("cpu")
+    assert prepare_attention(meta, "segments", 3, 8) is meta and meta.ragged is None
+    ready = prepare_attention(meta, "cudnn", 3, 8)
+    assert ready is not meta and meta.ragged is None  # the runner's own buffers are never changed
+    assert torch.equal(ready.ragged, ragged_offsets(meta.cu_seqlens, 3, 8))
+    assert ready.packed is meta.packed  # every other view shared
+
+
+@pytest.mark.parametrize("dtype, head_dim, reason", [(torch.float32, 128, "fp16/bf16"),
+                                                      (torch.bfloat16, 16, "head_dim")])
+def test_unsupported_dtypes_and_head_dims_are_named(dtype, head_dim, reason):
+    assert reason in unavailable_reason(0, dtype, head_dim)
+
+
+def test_not_offered_off_cuda_and_refused_in_one_line():
+    for dtype in (torch.float32, torch.bfloat16):
+        assert "cudnn" not in available_backends("cpu", dtype)
+    with pytest.raises(ValueError, match="'cudnn' is not available on cpu") as err:
+        check_backend("cudnn", "cpu", torch.float32)
+    assert "\n" not in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------- real GPU
+
+def _cudnn_here() -> bool:
+    return torch.cuda.is_available() and unavailable_reason(torch.cuda.current_device(), torch.bfloat16, 128) is None
+
+
+needs_cudnn = pytest.mark.skipif(not _cudnn_here(), reason="needs a Hopper GPU and the cuDNN frontend ('cuda' extra)")
+
+GPU_LAYOUTS = {
+    "1x224": [(1, 16, 16)],
+    "4x224+video": [(1, 16, 16)] * 4 + [(8, 16, 16)],
+    "mixed": [(1, 32, 32), (1, 4, 214), (1, 2, 2), (1, 78, 138), (3, 10, 12)],
+}
+
+
+def _case(grids, seed=0, heads=12, head_dim=128):
+    rows = sum(t * h * w for t, h, w in grids)
+    shape = BatchShape(rows + 512, len(grids) * 8 + 4, rows + 512)  # padding rows and unused slots
+    meta = build_metadata(grids, 2, shape).to("cuda")
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    qkv = torch.randn(shape.rows, 3 * heads * head_dim, generator=gen, device="cuda").to(torch.bfloat16)
+    cos, sin = rotary_cos_sin(meta.h_idx, meta.w_idx, inv_freq(head_dim).to("cuda"))
+    return qkv, cos, sin, meta, rows
+
+
+def _reference(qkv, cos, sin, meta, heads=12):
+    q, k, v = qkv.view(qkv.shape[0], 3, heads, -1).unbind(1)
+    ref = attend(apply_rotary(q, cos, sin).float(), apply_rotary(k, cos, sin).float(), v.float(), meta, "segments")
+    return ref.reshape(qkv.shape[0], -1), v
+
+
+@pytest.mark.gpu
+@needs_cudnn
+@pytest.mark.parametrize("layout", GPU_LAYOUTS)
+def test_gpu_bf16_within_rounding_of_float32_reference(layout):
+    from glmvit.attention import attend_qkv
+
+    qkv, cos, sin, meta, rows = _case(GPU_LAYOUTS[layout])
+    ref, v = _reference(qkv, cos, sin, meta)
+    got = attend_qkv(qkv, cos, sin, prepare_attention(meta, "cudnn", 12, 128), "cudnn", 12)
+    band = 2**-6 * v[:rows].float().abs().max().item()
+    assert (got[:rows].float() - ref[:rows]).abs().max().item() <= band
+
+
+@pytest.mark.gpu
+@needs_cudnn
+def test_gpu_a_graph_captured_on_one_batch_replays_another():
+    """The plan's dims are the shape's (slots, max_seqlen); lengths and offsets are read from the device at replay:
+    a graph captured on one batch gives, replayed on another of the same shape, that batch's eager answer."""
+    from glmvit.attention import attend_qkv
+
+    first = _case(GPU_LAYOUTS["mixed"], seed=1)
+    second_grids = [(1, 16, 16)] * 3 + [(2, 8, 12)]
+    shape = first[3].shape
+    second_meta = build_metadata(second_grids, 2, shape).to("cuda")
+    qkv, cos, sin, meta, _ = first
+    ready = prepare_attention(meta, "cudnn", 12, 128)
+    eager_first = attend_qkv(qkv, cos, sin, ready, "cudnn", 12)  # warm-up: the plan is built here
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ready = prepare_attention(meta, "cudnn", 12, 128)
+        out = attend_qkv(qkv, cos, sin, ready, "cudnn", 12)
+    graph.replay()
+    rows_first = meta.host.num_rows
+    assert torch.equal(out[:rows_first], eager_first[:rows_first])
+    meta.packed.copy_(second_meta.packed)  # the next batch: same shape, other segments
+    for buf, table in zip((cos, sin), rotary_cos_sin(second_meta.h_idx, second_meta.w_idx, inv_freq(128).to("cuda")),
+                          strict=True):
+        buf.copy_(table)
+    graph.replay()
+    rows = second_meta.host.num_rows
+    expected = attend_qkv(qkv, cos, sin, prepare_attention(second_meta, "cudnn", 12, 128), "cudnn", 12)
+    assert torch.equal(out[:rows], expected[:rows])
+    ref, v = _reference(qkv, cos, sin, second_meta)
+    assert (out[:rows].float() - ref[:rows]).abs().max().item() <= 2**-6 * v[:rows].float().abs().max().item()
