@@ -7,13 +7,17 @@
 #   CONSTRAINTS=                        install without constraints.txt's exact versions (keep what the machine has)
 #   PIP_FLAGS=--no-index                extra pip flags (--no-index: install nothing from the network)
 #   EXTRAS=                             install glmvit alone, without the test/notebook tools
+#                                       (default: test,notebooks,video,serve, and cuda where nvidia-smi runs)
 #   HOST=0.0.0.0 PORT=8899              where `make lab` / `make explorer` listen (default 127.0.0.1, 8888 / 8866)
 PYTHON      ?= python3
 VENV        ?= .venv
 VENV_FLAGS  ?=
 CONSTRAINTS ?= constraints.txt
 PIP_FLAGS   ?=
-EXTRAS      ?= test,notebooks,video,serve
+# The `cuda` extra (cuDNN's attention frontend) only where a GPU answers: nothing CUDA-only on a CPU machine.
+comma       := ,
+CUDA_EXTRA  := $(if $(shell nvidia-smi -L 2>/dev/null),$(comma)cuda)
+EXTRAS      ?= test,notebooks,video,serve$(CUDA_EXTRA)
 HOST        ?= 127.0.0.1
 PORT        ?=
 BIN         := $(VENV)/bin

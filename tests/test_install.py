@@ -136,7 +136,7 @@ def test_constraints_agree_with_the_installed_torch(pins):
 def test_constraints_pin_every_direct_dependency(pins):
     """Every dependency `make` installs is pinned, except those torch's CUDA wheel pins itself (triton)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    extras = makefile_default("EXTRAS").split(",")
+    extras = makefile_default("EXTRAS").removesuffix("$(CUDA_EXTRA)").split(",") + ["cuda"]  # cuda: on a GPU
     wanted = project["dependencies"] + [d for extra in extras for d in project["optional-dependencies"][extra]]
     names = {canonicalize_name(Requirement(d).name) for d in wanted}
     torch_owned = exact_pins(applicable(TORCH_CUDA_WHEEL_REQUIRES, LINUX_X86_64))

@@ -15,12 +15,27 @@ def makefile_var(name: str) -> str:
     return re.search(rf"^{name}\s*\?=\s*(.+)$", (ROOT / "Makefile").read_text(), re.M).group(1).strip()
 
 
+def makefile_extras() -> set[str]:
+    """The extras `make` installs on a CPU machine (EXTRAS's default, its CUDA-only suffix left out)."""
+    value = makefile_var("EXTRAS")
+    assert value.endswith("$(CUDA_EXTRA)"), value
+    return set(value.removesuffix("$(CUDA_EXTRA)").split(","))
+
+
+def test_the_cuda_extra_is_added_only_where_a_gpu_answers():
+    """CUDA-only wheels never reach a CPU machine: the `cuda` extra joins EXTRAS only when nvidia-smi lists a GPU."""
+    line = re.search(r"^CUDA_EXTRA\s*:=\s*(.+)$", (ROOT / "Makefile").read_text(), re.M).group(1).strip()
+    assert line == "$(if $(shell nvidia-smi -L 2>/dev/null),$(comma)cuda)"
+    assert "cuda" not in makefile_extras()
+    assert "cuda" in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+
 def test_environment_yml_installs_the_same_extras_as_make():
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
     editable = next(line for line in pip if line.startswith("-e "))
     extras = set(re.search(r"\[(.*)\]", editable).group(1).split(","))
-    assert extras == set(makefile_var("EXTRAS").split(","))
+    assert extras == makefile_extras()
     assert "-c constraints.txt" in pip
     known = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
     assert extras <= known
