@@ -15,6 +15,10 @@ q, k, v are (rows, heads, head_dim); segments come from the metadata. Padded row
 - ``cudnn``: cuDNN's fused attention through the cuDNN frontend (``glmvit.kernels.cudnn_attention``; the ``cuda``
   extra, Hopper or newer, fp16/bf16): q and k rotated once by glmvit's Triton rotation launch, then one ragged
   (THD) SDPA over every segment, its offsets computed once per forward (:func:`prepare_attention`). Graph-safe.
+- ``auto`` (the CUDA default where ``cudnn`` runs): ``cudnn`` for a batch of at least
+  ``glmvit.kernels.attention_table.CUDNN_MIN_ROWS`` packed rows, ``triton`` below (:func:`resolve`): cuDNN's fixed
+  cost per segment slot loses on small batches, its kernel wins on long segments. One choice per batch shape, so a
+  captured budget always runs the same kernel.
 - ``segments``: one SDPA call per segment, reading cu_seqlens from the tensor (a host read: a sync on CUDA, so
   eager only there). No (rows)² mask, O(rows) memory: the CPU default.
 
@@ -33,8 +37,8 @@ import torch.nn.functional as F
 
 from .rotary import apply_rotary
 
-BACKENDS = ("varlen", "flash_attn", "triton", "cudnn", "sdpa_masked", "segments")
-GRAPH_SAFE = ("varlen", "flash_attn", "triton", "cudnn", "sdpa_masked")
+BACKENDS = ("auto", "varlen", "flash_attn", "triton", "cudnn", "sdpa_masked", "segments")
+GRAPH_SAFE = ("auto", "varlen", "flash_attn", "triton", "cudnn", "sdpa_masked")
 
 
 def _has_varlen() -> bool:
@@ -71,7 +75,7 @@ def _available(device_type: str, dtype: torch.dtype, head_dim: int | None) -> tu
         if triton_ok:
             names.insert(0, "triton")
             if cudnn_attention_runs(torch.cuda.current_device(), dtype, head_dim):
-                names.insert(0, "cudnn")
+                names[:0] = ["auto", "cudnn"]
     return tuple(names)
 
 
@@ -176,11 +180,21 @@ def _(qkv, cos, sin, cu_seqlens, ragged, num_heads, max_seqlen):
     return qkv.new_empty((qkv.shape[0], qkv.shape[1] // 3))
 
 
+def resolve(backend: str, rows: int) -> str:
+    """The kernel ``backend`` runs for a batch of ``rows`` packed rows: ``auto`` becomes ``cudnn`` or ``triton``
+    (``glmvit.kernels.attention_table.attention_for``); every other name is itself."""
+    if backend != "auto":
+        return backend
+    from .kernels.attention_table import attention_for
+
+    return attention_for(rows)
+
+
 def prepare_attention(meta, backend: str, num_heads: int, head_dim: int):
     """The metadata a forward's attention layers read: ``meta`` itself, or for ``cudnn`` a copy holding the ragged
     offsets of its ``cu_seqlens`` (``glmvit.kernels.cudnn_attention.ragged_offsets``), computed once per forward
     on the device instead of once per layer. Graph-safe: a capture records the few ops that compute them."""
-    if backend != "cudnn":
+    if resolve(backend, meta.shape.rows) != "cudnn":
         return meta
     from .kernels.cudnn_attention import ragged_offsets
 
@@ -196,6 +210,7 @@ def attend_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta, ba
     rotate q and k (``apply_rotary``) and ``attend``.
     """
     rows = qkv.shape[0]
+    backend = resolve(backend, rows)
     if backend == "triton":
         return rope_varlen_attention(qkv, cos, sin, meta.segment_ids, meta.cu_seqlens, num_heads)
     if backend == "cudnn":

@@ -145,3 +145,15 @@ def test_gpu_a_graph_captured_on_one_batch_replays_another():
     assert torch.equal(out[:rows], expected[:rows])
     ref, v = _reference(qkv, cos, sin, second_meta)
     assert (out[:rows].float() - ref[:rows]).abs().max().item() <= 2**-6 * v[:rows].float().abs().max().item()
+
+
+def test_auto_runs_cudnn_from_the_tables_row_count_and_triton_below():
+    from glmvit.attention import resolve
+    from glmvit.kernels.attention_table import CUDNN_MIN_ROWS
+
+    assert resolve("auto", CUDNN_MIN_ROWS) == "cudnn" and resolve("auto", CUDNN_MIN_ROWS - 4) == "triton"
+    assert all(resolve(name, CUDNN_MIN_ROWS) == name for name in ("triton", "cudnn", "varlen", "segments"))
+    meta = build_metadata(GRIDS, 2, BatchShape(CUDNN_MIN_ROWS, 9, CUDNN_MIN_ROWS)).to("cpu")
+    assert prepare_attention(meta, "auto", 3, 8).ragged is not None  # a cudnn-sized shape gets its offsets
+    small = build_metadata(GRIDS, 2).to("cpu")
+    assert prepare_attention(small, "auto", 3, 8) is small

@@ -6,6 +6,8 @@ holds them; segment slots = min(64, tokens), unused slots empty, as ``EncoderGra
 Paths, each timed alone:
 
 - ``triton``: glmvit's kernel through ``attend_qkv`` (the model's entry: rotary inside, reads the qkv projection);
+- ``cudnn``: the ``cudnn`` backend through ``attend_qkv`` (Triton rotation launch, then cuDNN's ragged SDPA),
+  when the cuDNN frontend is installed;
 - ``rotary``: ``apply_rotary`` on q and k: what every other path needs first (add it to compare with ``triton``);
 - ``varlen@budget`` / ``varlen@true``: ``torch.nn.attention.varlen.varlen_attn`` with max_seqlen = the budget's
   rows (what the graphs pass today) and = the longest real segment;
@@ -35,6 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from glmvit.kernels.cudnn_attention import ragged_offsets
 from glmvit.metadata import BatchShape
 
 HEADS, HEAD_DIM = 12, 128
@@ -45,6 +48,9 @@ LAYOUTS: dict[str, tuple[int, ...]] = {
     "1x5329": (5329,),  # one long segment (73², not a real grid: the table only needs its length)
     "4x256": (256,) * 4,  # four 224² images
     "1x256": (256,),  # one 224² image
+    "2x1024": (1024,) * 2,  # two 448² images
+    "16x256": (256,) * 16,  # sixteen 224² images: many short segments in 4096 rows
+    "mixed": (1024, 256, 576, 2304, 256, 64, 1600),  # images of several sizes in one batch
 }
 REPLAYS = 50
 
@@ -140,6 +146,7 @@ def paths(layout: Layout, qkv, cos, sin, q, k, v, meta) -> dict[str, Callable[[]
     q_raw, k_raw = qkv.view(qkv.shape[0], 3, HEADS, HEAD_DIM).unbind(1)[:2]
     out: dict[str, Callable[[], torch.Tensor] | str] = {
         "triton": lambda: attend_qkv(qkv, cos, sin, meta, "triton", HEADS).view(-1, HEADS, HEAD_DIM),
+        "cudnn": lambda: attend_qkv(qkv, cos, sin, meta, "cudnn", HEADS).view(-1, HEADS, HEAD_DIM),
         "rotary": lambda: torch.stack([apply_rotary(q_raw, cos, sin), apply_rotary(k_raw, cos, sin)]),
     }
     cu = meta.cu_seqlens
@@ -200,8 +207,10 @@ def measure(name: str, lengths: tuple[int, ...]) -> dict[str, Any]:
     qkv = torch.randn(layout.rows, 3 * HEADS * HEAD_DIM, device=dev, dtype=torch.bfloat16, generator=gen)
     cos, sin = rotary_cos_sin(torch.from_numpy(layout.h_idx).to(dev), torch.from_numpy(layout.w_idx).to(dev),
                               inv_freq(HEAD_DIM).to(dev))
-    meta = SimpleNamespace(cu_seqlens=torch.from_numpy(layout.cu_seqlens).to(dev), max_seqlen=layout.rows,
-                           segment_ids=torch.from_numpy(layout.segment_ids).to(dev))
+    cu = torch.from_numpy(layout.cu_seqlens).to(dev)
+    meta = SimpleNamespace(cu_seqlens=cu, max_seqlen=layout.rows,
+                           segment_ids=torch.from_numpy(layout.segment_ids).to(dev),
+                           ragged=ragged_offsets(cu, HEADS, HEAD_DIM))  # once per forward in the model: not timed
     q_raw, k_raw, v = qkv.view(layout.rows, 3, HEADS, HEAD_DIM).unbind(1)
     q, k = apply_rotary(q_raw, cos, sin), apply_rotary(k_raw, cos, sin)  # what the model hands a library kernel
     ref = reference(apply_rotary(q_raw.float(), cos, sin), apply_rotary(k_raw.float(), cos, sin), v.float(), layout)

@@ -16,8 +16,19 @@ from __future__ import annotations
 
 from .triton_attention import AttnConfig
 
+# The ``auto`` attention backend's one choice: cuDNN's ragged kernel from this many packed rows on, glmvit's Triton
+# kernel below. Measured per attention call in ``data/bench/attention_sweep_h200.json`` (``tools/attention_sweep.py``,
+# rotation included on both): cuDNN wins on long segments (eight 448² images, one 1022² image, a mixed batch of
+# 4096 rows and more) and loses below (one or four 224² images: its fixed cost per segment slot).
+CUDNN_MIN_ROWS = 4096
+
 PREROTATED = AttnConfig(64, 64, 4, 3, prerotate=True)
 CONFIGS = ((256, PREROTATED), (1024, AttnConfig(64, 64, 4, 1)), (None, PREROTATED))
+
+
+def attention_for(rows: int) -> str:
+    """``cudnn`` or ``triton``: the kernel the ``auto`` backend runs for a batch of ``rows`` packed rows."""
+    return "cudnn" if rows >= CUDNN_MIN_ROWS else "triton"
 
 
 def config_for(rows: int) -> AttnConfig:
