@@ -595,8 +595,8 @@ def test_out_of_memory_in_the_middle_of_capture(full, monkeypatch):
     original = full.forward_static
     headroom = 2 * 2**30
 
-    def forward_static(pixels, meta):
-        out = original(pixels, meta)
+    def forward_static(pixels, meta, **kwargs):
+        out = original(pixels, meta, **kwargs)
         if torch.cuda.is_current_stream_capturing() and meta.shape.rows == 4 * 256:
             torch.empty(2 * headroom, dtype=torch.uint8, device=CUDA)  # more than the allocator may reserve
         return out
