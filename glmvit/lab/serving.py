@@ -38,15 +38,20 @@ def toy_request(seed: int, config: VisionConfig) -> Any:
 
 
 class RecordingRunner(EncoderGraphRunner):
-    """The runner, noting the grids of every batch it is given (the scheduler's worker is its only caller)."""
+    """The runner, noting the grids of every batch it is given, through ``run`` or the scheduler's ``encode``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.batches: list[list[list[int]]] = []
 
     def run(self, pixel_values: Any, grid_thw: Any, check_finite: bool = True) -> Any:
-        self.batches.append(np.asarray(grid_thw).tolist())
+        self.batches.append(np.asarray(getattr(grid_thw, "grids", grid_thw)).tolist())
         return super().run(pixel_values, grid_thw, check_finite)
+
+    def encode(self, pixel_values: Any, request: Any, *, sync: bool) -> Any:
+        """The scheduler's entry (:class:`~glmvit.encoder.Encoder`): noted as ``run`` notes a batch."""
+        self.batches.append(np.asarray(request.grids).tolist())
+        return super().encode(pixel_values, request, sync=sync)
 
 
 def submit_from_threads(submit: Callable[..., Any], requests: list[Any], threads: int = 8,
