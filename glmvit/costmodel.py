@@ -38,6 +38,7 @@ from .records import (
     parse,
     staleness,
 )
+from .routing import Router
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 MIN_BASE_MS = 1e-3  # one microsecond: the least a replay or a forward can cost (a kernel launch)
@@ -407,17 +408,19 @@ class TimeEstimate:
 
 
 def predict_time(plan: Plan, table: LatencyTable, route: bool = False) -> TimeEstimate:
-    """Time of one request's plan: a replay per batch (its budget, its real attention), an eager forward per
-    fallback, and the baseline: the whole request in one eager forward. ``route``: as a runner with this table
-    routes (:class:`glmvit.graphs.EncoderGraphRunner`), a batch the table predicts faster eagerly runs eagerly."""
+    """Time of one request's plan: per batch, the time of the way :class:`glmvit.routing.Router` runs it (a replay
+    of its budget with its real attention, or an eager forward), and the baseline: the whole request in one eager
+    forward. ``route``: as glmvit's runner routes (a batch the table predicts faster eagerly runs eagerly);
+    otherwise every batch a budget holds replays, as vLLM's."""
+    router = Router(table, by_time=route)
     graph_ms = fallback_ms = 0.0
     for b in plan.batches:
-        eager = table.eager_time(b.tokens, b.segment_rows2)
-        replay = table.graph_time(b.budget, b.segment_rows2) if b.budget is not None else None
-        if replay is None or (route and eager < replay):
-            fallback_ms += eager
+        replay, ms = router.route(b.budget, b.tokens, b.segment_rows2)
+        assert ms is not None, "a router with a table predicts every batch"
+        if replay:
+            graph_ms += ms
         else:
-            graph_ms += replay
+            fallback_ms += ms
     tokens = sum(b.tokens for b in plan.batches)
     work = sum(b.segment_rows2 for b in plan.batches)
     return TimeEstimate(graph_ms=graph_ms, fallback_ms=fallback_ms,

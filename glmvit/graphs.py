@@ -53,6 +53,7 @@ from .model import GlmVisionEncoder, StaticParts, run_block
 from .modes import GraphMode, RunMode
 from .packing import BudgetConfig, plan_batches
 from .request import EncoderRequest
+from .routing import Router
 
 log = logging.getLogger(__name__)
 
@@ -238,6 +239,7 @@ class EncoderGraphRunner:
         self.latency_table = latency_table
         if latency_table is not None:
             _check_table(latency_table, self.table_mode, attn)
+        self.router = Router(latency_table)  # replay or eager, per batch: the rule predict_time predicts with
         forward: Callable[..., torch.Tensor] = model.forward_static
         if torch_compile and compile_scope == "model":
             forward = torch.compile(model.forward_static, dynamic=compile_dynamic)
@@ -413,7 +415,7 @@ class EncoderGraphRunner:
         for idx, budget in groups:
             batch = ItemSpec.total(items[i] for i in idx)
             tokens, work = batch.tokens, batch.work
-            replay, predicted = self._route(budget, tokens, work)
+            replay, predicted = self.router.route(budget, tokens, work)
             rows = tuple(request.row_range(i) for i in idx)
             contiguous = all(a == prev_b for (_, prev_b), (a, _) in zip(rows, rows[1:], strict=False))
             index = None if contiguous else torch.from_numpy(  # pageable source: staged before the call returns
@@ -423,17 +425,6 @@ class EncoderGraphRunner:
                                    request.select(idx)))
         assert sum(s.num_rows for s in steps) == request.rows, "every row planned once"
         return steps
-
-    def _route(self, budget: int | None, tokens: int, work: int) -> tuple[bool, float | None]:
-        """(replay?, predicted ms): replay when a budget holds the batch and, with a table, it is no slower."""
-        table = self.latency_table
-        if table is None:
-            return budget is not None, None
-        eager_ms = table.eager_time(tokens, work)
-        if budget is None:
-            return False, eager_ms
-        graph_ms = table.graph_time(budget, work)
-        return (True, graph_ms) if graph_ms <= eager_ms else (False, eager_ms)
 
     # ---- replay --------------------------------------------------------------------------------------------
     def _stage_metadata(self, cb: CapturedBudget, request: EncoderRequest) -> None:

@@ -57,6 +57,7 @@ from ..oracle import flatten_video_grids, hf_twin
 from ..packing import LADDER_SPLIT, BudgetConfig, plan_batches
 from ..provenance import collect
 from ..records import BenchRecord, make
+from ..routing import Router
 from ..timing import MAX_PASSES, PRECISION, WARMUP, launch_us, quiet_host, summarise, sync, time_passes
 from ..workloads import PRESETS, random_mm_workload
 from .common import (
@@ -429,12 +430,11 @@ def parse_tables(text: str) -> str:
 
 
 def _runner_prediction(runner: EncoderGraphRunner, grids: np.ndarray, table: LatencyTable, no_route: bool) -> float:
-    """The ms the cost model predicts for one request as this runner plans (and routes) it."""
-    steps = runner.plan(grids)
-    if not no_route:
-        return sum(s.predicted_ms or 0.0 for s in steps)
-    return sum(table.graph_time(s.budget.budget, s.segment_rows2) if s.budget is not None
-               else table.eager_time(s.tokens, s.segment_rows2) for s in steps)
+    """The ms the cost model predicts for one request as this runner plans it, each batch routed by the
+    :class:`~glmvit.routing.Router` the runner routes with (``no_route``: replayed whenever a budget holds it)."""
+    router = Router(table, by_time=not no_route)
+    return sum(router.route(s.budget.budget if s.budget is not None else None, s.tokens, s.segment_rows2)
+               .predicted_ms or 0.0 for s in runner.plan(grids))
 
 
 def _prediction(tables: dict[str, LatencyTable], plans: list, modes: dict, labels: dict[str, str]) -> dict:
