@@ -131,9 +131,9 @@ def recommend_budgets(requests: Sequence[Sequence[ItemSpec]], max_graphs: int, m
 
     best: tuple | None = None
     for top in tops:
-        limits = BudgetConfig((top,), max_items, max_segments)
+        limits = BudgetConfig.capped((top,), max_items, max_segments)
         for key, budgets in _ranked_options(specs, limits, given, max_graphs, packer, objective, table):
-            config = BudgetConfig(budgets, max_items, max_segments)
+            config = BudgetConfig.capped(budgets, max_items, max_segments)
             memory = total_graph_memory(graph_memory(config, vision_config, dtype))
             if memory_limit_bytes and memory > memory_limit_bytes:
                 continue
@@ -142,7 +142,7 @@ def recommend_budgets(requests: Sequence[Sequence[ItemSpec]], max_graphs: int, m
     if best is None:
         raise ValueError(f"no budget set fits in memory_limit_bytes={memory_limit_bytes}")
     if objective == "time" and table is not None:
-        _check_beats_eager(specs, BudgetConfig(best[1], max_items, max_segments), table, packer)
+        _check_beats_eager(specs, BudgetConfig.capped(best[1], max_items, max_segments), table, packer)
     return best[1]
 
 
@@ -336,11 +336,7 @@ def check_budget_fits(config: BudgetConfig, dtype: str = "bfloat16", memory_byte
                       vision_config: VisionConfig | None = None, weight_bytes: int | None = None) -> BudgetConfig:
     """``config`` if its graphs (:func:`~glmvit.costmodel.graph_memory`, one shared pool) and the tower's weights
     fit ``memory_bytes`` (the GPU's memory; one H200 by default) for ``vision_config`` (GLM-4.1V) in ``dtype``;
-    otherwise a ValueError saying what they need. Segment slots past the largest budget are refused: every segment
-    has at least one token, so a batch never has more segments than tokens."""
-    if config.max_segments > config.largest:
-        raise ValueError(f"max_segments={config.max_segments:,} exceeds the largest budget {config.largest:,}: "
-                         "every segment has at least one token, so a batch never has more segments than tokens")
+    otherwise a ValueError saying what they need."""
     tower = vision_config or VisionConfig.glm41v()
     if weight_bytes is None:
         import torch

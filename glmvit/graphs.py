@@ -284,9 +284,9 @@ class EncoderGraphRunner:
 
     # ---- capture -------------------------------------------------------------------------------------------
     def batch_shape(self, budget: int) -> BatchShape:
-        """Static shape of a budget: rows = budget·m², segment slots = min(max_segments, budget) (≥ 1 token each)."""
+        """Static shape of a budget: rows = budget·m², its segment slots (:meth:`BudgetConfig.slots`)."""
         rows = budget * self.model.config.merge_area
-        return BatchShape(rows=rows, segments=min(self.config.max_segments, budget), max_seqlen=rows)
+        return BatchShape(rows=rows, segments=self.config.slots(budget), max_seqlen=rows)
 
     def _allocate(self, budget: int) -> CapturedBudget:
         cfg, dev = self.model.config, self.model.device
@@ -384,8 +384,7 @@ class EncoderGraphRunner:
         """The budget config the runner plans with: the captured budgets and the same limits (None: none)."""
         if not self.graphs:
             return None
-        budgets = tuple(sorted(self.graphs))
-        return BudgetConfig(budgets, min(self.config.max_items, budgets[0]), self.config.max_segments)
+        return BudgetConfig.capped(self.graphs, self.config.max_items, self.config.max_segments)
 
     def plan(self, grid_thw: Any) -> list[BatchStep]:
         """The batches of a request with these grids (or of an :class:`~glmvit.request.EncoderRequest`), routed:

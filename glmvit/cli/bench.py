@@ -46,6 +46,7 @@ from tqdm.auto import tqdm
 from ..attention import check_backend
 from ..config import VisionConfig
 from ..costmodel import TABLE_MODES, LatencyTable, ladder_split, predict_time
+from ..defaults import dtype_name
 from ..deployment import check_budget_fits
 from ..encoder import build_encoder
 from ..floor import floor_ms, flops_breakdown, measure_copy_bandwidth, measure_matmul_tflops, weight_bytes
@@ -412,7 +413,7 @@ def _check_graphs_fit(configs: dict[str, BudgetConfig], args: argparse.Namespace
     """:class:`GraphsDoNotFit` unless each config's graphs and the weights fit the device."""
     for config in configs.values():
         try:
-            check_budget_fits(config, str(DTYPES[args.dtype]).removeprefix("torch."), graph_memory_target(device))
+            check_budget_fits(config, dtype_name(args.dtype), graph_memory_target(device))
         except ValueError as err:
             raise GraphsDoNotFit(str(err)) from None
 

@@ -22,6 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config import VisionConfig
+from ..defaults import dtype_name
 from ..deployment import check_budget_fits
 from ..encoder import build_encoder
 from ..floor import encoder_flops
@@ -185,9 +186,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, BudgetConfig]:
         budgets = args.budgets or ()
         if len(budgets) < 2:
             raise ValueError("--budgets needs at least two budgets, e.g. 64,128,256,512")
-        config = BudgetConfig(tuple(sorted(budgets)), min(args.max_items, min(budgets)),
-                              min(args.max_segments, max(budgets)))  # slots past a budget's tokens are never used
-        check_budget_fits(config, str(DTYPES[args.dtype]).removeprefix("torch."), graph_memory_target(args.device))
+        config = BudgetConfig.capped(budgets, args.max_items, args.max_segments)
+        check_budget_fits(config, dtype_name(args.dtype), graph_memory_target(args.device))
         if args.json:
             check_writable(args.json)
     except (ValueError, OSError) as err:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..costmodel import TABLE_MODES, LatencyTable, recorded_table
+from ..defaults import dtype_name
 from ..deployment import (
     BudgetReport,
     TimeSummary,
@@ -124,7 +125,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tup
     table_input = args.latency_table if args.latency_table != "none" else None
     refuse_outputs_over_inputs(parser, {"--export": args.export, "--json": args.json},
                                {"the --trace input": args.trace, "the --latency-table input": table_input})
-    dtype = str(DTYPES[args.dtype]).removeprefix("torch.")
+    dtype = dtype_name(args.dtype)
     try:
         configs = [_budget_config(args.budgets, args, dtype)]
         if args.compare is not False:
@@ -266,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     requests, configs, table = check_args(parser, args)
     specs = [[item.spec for item in request] for request in requests]
-    dtype = str(DTYPES[args.dtype]).removeprefix("torch.")
+    dtype = dtype_name(args.dtype)
     packer, route = SYSTEMS[args.system]
     reports = [evaluate_budgets(specs, c, table, dtype=dtype, packer=packer, route=route, per=args.per,
                                 step_tokens=args.step_tokens) for c in configs]
