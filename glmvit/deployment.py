@@ -11,15 +11,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from .config import VisionConfig
-from .costmodel import (
-    CaptureCost,
-    LatencyTable,
-    TimeEstimate,
-    capture_cost,
-    graph_memory,
-    predict_time,
-    total_graph_memory,
-)
+from .costmodel import CaptureCost, LatencyTable, TimeEstimate, graph_memory, predict_time, total_graph_memory
 from .geometry import ItemSpec
 from .packing import (
     AUTO_RANGE,
@@ -33,6 +25,7 @@ from .packing import (
     plan_workload,
     positive_int,
 )
+from .recorded import capture_cost
 
 CANDIDATE_STEP = 64  # recommend_budgets rounds batch sizes up to this multiple
 

@@ -45,8 +45,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .attention import GRAPH_SAFE
-from .config import VisionConfig
-from .costmodel import LatencyTable, recorded_table
+from .costmodel import LatencyTable
 from .geometry import ItemSpec
 from .metadata import BatchShape, EncoderMetadata, build_metadata
 from .model import GlmVisionEncoder, StaticParts, run_block
@@ -634,22 +633,6 @@ class EncoderGraphRunner:
         with self._lock:
             self._resolve_timings(wait=True)
             return self.stats
-
-
-def recorded_table_for(model: GlmVisionEncoder, compiled: bool, attention: str | None = None) -> LatencyTable | None:
-    """The latency table recorded in data/bench for a runner of this mode (compiled or not) that measured this model
-    — the GLM-4.1V tower, its dtype and attention backend (``attention``, or the model's) — on this GPU; None when
-    there is none (a runner without a table replays whatever a budget holds). Stale or not:
-    :meth:`LatencyTable.describe` says which."""
-    try:
-        mode = RunMode.GRAPH_COMPILED if compiled else RunMode.GRAPH
-        table = recorded_table(mode, model.attention_backend(attention))
-    except ValueError:
-        return None
-    gpu = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else None
-    dtype = str(model.dtype).replace("torch.", "")
-    matches = model.config == VisionConfig.glm41v() and table.config == "glm41v" and table.dtype == dtype
-    return table if matches and table.provenance.get("gpu") == gpu else None
 
 
 @contextmanager

@@ -26,6 +26,7 @@ VLLM_MAX_FRAMES_PER_VIDEO = 600  # glm4_1v.py's _MAX_FRAMES_PER_VIDEO; vLLM's fr
 # The largest token budget worth capturing: a request's visual tokens must fit the language model's context (128K
 # tokens for GLM-4.6V-Flash), and a graph that large already takes tens of GiB (costmodel.graph_memory).
 MAX_BUDGET_TOKENS = 131_072
+MAX_TABLE_TOKENS = 2**20  # a latency table's largest budget: far past any context, an error, not a float overflow
 MAX_BUDGETS = 64  # vLLM warns past 64 captured encoder graphs: each one costs capture time and static buffers
 SERVING_LARGEST_BUDGET = 4096  # a server's default ladder's top: sixteen 8-frame 224² clips, or four 896² images
 SERVING_MAX_ITEMS = 64  # vLLM's default max items per batch for its 64..4096 budget range (4096 // 64)

@@ -10,14 +10,7 @@ from hypothesis import strategies as st
 
 import glmvit.packing as packing
 from glmvit import VisionConfig
-from glmvit.costmodel import (
-    LatencyTable,
-    TimeEstimate,
-    graph_memory,
-    load_latency_table,
-    predict_time,
-    total_graph_memory,
-)
+from glmvit.costmodel import LatencyTable, TimeEstimate, graph_memory, predict_time, total_graph_memory
 from glmvit.deployment import evaluate_budgets, plan_engine_steps, recommend_budgets
 from glmvit.geometry import ItemSpec, grid_for, output_tokens, smart_resize
 from glmvit.packing import (
@@ -32,6 +25,7 @@ from glmvit.packing import (
     plan_workload,
     vllm_auto_range,
 )
+from glmvit.recorded import load_latency_table, table_from_dict
 from glmvit.workloads import parse_bucket_config, random_mm_workload, workload_from_sizes
 
 PACKERS = ["vllm", "ffd"]
@@ -493,7 +487,7 @@ def test_load_latency_table_round_trip(tmp_path):
 ])
 def test_bad_latency_tables(data, message):
     with pytest.raises(ValueError, match=message):
-        LatencyTable.from_dict(data)
+        table_from_dict(data)
 
 
 def test_predict_time():
@@ -623,7 +617,7 @@ def test_latency_fit_never_gives_a_budget_a_negative_base():
 
     rows = [{"tokens": 16, "graph_ms": 5.0, "eager_ms": 5.0, "layouts": [layout(0.1, 5.0), layout(0.2, 5.0)]},
             {"tokens": 64, "graph_ms": 450.0, "eager_ms": 5.0, "layouts": [layout(0.1, 5.0), layout(4.0, 900.0)]}]
-    table = LatencyTable.from_dict({"budgets": rows})
+    table = table_from_dict({"budgets": rows})
     assert all(ms > 0 for ms in table.graph_ms) and table.attention_ms == 5.0 / 0.2
 
 

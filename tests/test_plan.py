@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 from glmvit.__main__ import main
-from glmvit.costmodel import LatencyTable, load_latency_table, predict_time, recorded_table
+from glmvit.costmodel import LatencyTable, predict_time
 from glmvit.deployment import evaluate_budgets, vllm_compilation_config, vllm_frames_needed
 from glmvit.geometry import ItemSpec
 from glmvit.packing import BudgetConfig, plan_workload
+from glmvit.recorded import load_latency_table, recorded_table, table_from_dict
 from glmvit.records import LatencySweep, find_one, staleness
 from glmvit.traces import MAX_FRAMES, load_trace, parse_trace
 from glmvit.workloads import make_item
@@ -50,10 +51,10 @@ def test_capture_time_is_measured_or_interpolated(table_path):
 
 def test_a_table_without_the_optional_columns_says_unknown():
     rows = [{"tokens": 64, "graph_ms": 1.0, "eager_ms": 2.0}, {"tokens": 128, "graph_ms": 2.0, "eager_ms": 3.0}]
-    table = LatencyTable.from_dict({"budgets": rows})
+    table = table_from_dict({"budgets": rows})
     assert table.p99() is None and table.capture_time(64) is None
     with pytest.raises(ValueError, match="P99 columns on some budgets only"):  # never half a column, ignored
-        LatencyTable.from_dict({"budgets": [{**rows[0], "graph_p99_ms": 1.5, "eager_p99_ms": 3.0}, rows[1]]})
+        table_from_dict({"budgets": [{**rows[0], "graph_p99_ms": 1.5, "eager_p99_ms": 3.0}, rows[1]]})
 
 
 @pytest.mark.parametrize("data, message", [
@@ -71,7 +72,7 @@ def test_bad_optional_columns_are_refused(data, message):
     rows = [{"tokens": t, "graph_ms": 1.0, "eager_ms": 1.0, "graph_p99_ms": p99, "eager_p99_ms": 1.0}
             for t in (64, 128)]
     with pytest.raises(ValueError, match=message):
-        LatencyTable.from_dict({"budgets": rows, **data})
+        table_from_dict({"budgets": rows, **data})
 
 
 # --- evaluating a budget set ----------------------------------------------------------------------------------------

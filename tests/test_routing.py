@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from glmvit.cli.bench import _runner_prediction
+from glmvit.cli.bench import runner_prediction
 from glmvit.cli.explorer_report import OVER, REPLAY, ROUTED, SLOWER, batch_runs
 from glmvit.config import VisionConfig
 from glmvit.costmodel import LatencyTable, predict_time
@@ -64,7 +64,7 @@ def test_the_runner_the_cost_model_and_the_tools_route_alike(runners):
         total = predict_time(plan, TABLE, route=True)
         assert sum(s.predicted_ms for s in steps) == pytest.approx(total.total_ms)
         assert total.graph_ms == pytest.approx(sum(s.predicted_ms for s in steps if s.replay))
-        assert _runner_prediction(routed, grids, TABLE, no_route=False) == pytest.approx(total.total_ms)
+        assert runner_prediction(routed, grids, TABLE, no_route=False) == pytest.approx(total.total_ms)
         unrouted = predict_time(plan, TABLE, route=False).total_ms
-        assert _runner_prediction(plain, grids, TABLE, no_route=True) == pytest.approx(unrouted)
+        assert runner_prediction(plain, grids, TABLE, no_route=True) == pytest.approx(unrouted)
     assert seen == {True, False, "tie"}  # every branch of the rule was exercised

@@ -45,19 +45,20 @@ from tqdm.auto import tqdm
 
 from ..attention import check_backend
 from ..config import VisionConfig
-from ..costmodel import TABLE_MODES, LatencyTable, ladder_split, predict_time
+from ..costmodel import LatencyTable, ladder_split, predict_time
 from ..defaults import dtype_name
 from ..deployment import check_budget_fits
 from ..encoder import build_encoder
 from ..floor import floor_ms, flops_breakdown, measure_copy_bandwidth, measure_matmul_tflops, weight_bytes
-from ..graphs import EncoderGraphRunner, recorded_table_for
+from ..graphs import EncoderGraphRunner
 from ..metadata import build_metadata
 from ..model import GlmVisionEncoder
-from ..modes import GraphMode, RunMode
+from ..modes import TABLE_MODES, GraphMode, RunMode
 from ..oracle import flatten_video_grids, hf_twin
 from ..packing import LADDER_SPLIT, BudgetConfig, plan_batches
 from ..provenance import collect
-from ..records import BenchRecord, make
+from ..recorded import recorded_table_for
+from ..records import RECORD_DIRS, BenchRecord, make
 from ..routing import Router
 from ..timing import MAX_PASSES, PRECISION, WARMUP, launch_us, quiet_host, summarise, sync, time_passes
 from ..workloads import PRESETS, random_mm_workload
@@ -337,7 +338,7 @@ def run_benchmark(args: argparse.Namespace, command: str, session: Session | Non
         if runner is not None:
             record["runner"] = runner.settle_stats().as_dict()
             if mode in tables:
-                record["predicted_ms"] = [_runner_prediction(runner, g, tables[mode], args.no_route) for g in grids[:n]]
+                record["predicted_ms"] = [runner_prediction(runner, g, tables[mode], args.no_route) for g in grids[:n]]
         if device.type == "cuda":
             record["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
         result["modes"][label] = record
@@ -386,7 +387,7 @@ def resolve_tables(spec: str, model: GlmVisionEncoder, attention: str | None = N
         return tables
     tables = {}
     for mode in TABLE_MODES:
-        table = recorded_table_for(model, compiled=mode.compiled, attention=attention)
+        table = recorded_table_for(model, compiled=mode.compiled, attention=attention, dirs=RECORD_DIRS)
         if table is not None:
             tables[mode] = table
     return tables
@@ -430,7 +431,7 @@ def parse_tables(text: str) -> str:
     return text
 
 
-def _runner_prediction(runner: EncoderGraphRunner, grids: np.ndarray, table: LatencyTable, no_route: bool) -> float:
+def runner_prediction(runner: EncoderGraphRunner, grids: np.ndarray, table: LatencyTable, no_route: bool) -> float:
     """The ms the cost model predicts for one request as this runner plans it, each batch routed by the
     :class:`~glmvit.routing.Router` the runner routes with (``no_route``: replayed whenever a budget holds it)."""
     router = Router(table, by_time=not no_route)

@@ -17,12 +17,13 @@ from typing import Any, BinaryIO, Iterator
 import torch
 
 from ..config import VisionConfig
-from ..costmodel import LatencyTable, latency_table_from_json
+from ..costmodel import LatencyTable
 from ..defaults import DTYPES, default_device, default_dtype, default_tower, dtype_name, tower_config  # noqa: F401
 from ..deployment import H200_BYTES
 from ..files import STDOUT, file_kind, is_stdout, read_bounded
 from ..model import GlmVisionEncoder
 from ..random_weights import random_encoder
+from ..recorded import latency_table_from_json
 from ..records import Record, to_json
 from ..weights import checkpoint_config, missing_checkpoint
 from ..workloads import Preset, parse_bucket_config, shown

@@ -23,10 +23,12 @@ from typing import Any, Callable, Iterator
 import ipywidgets as widgets
 
 from ..config import VisionConfig
-from ..costmodel import TABLE_MODES, LatencyTable, load_latency_table, recorded_table
+from ..costmodel import LatencyTable
 from ..deployment import check_budget_fits, recommend_budgets
 from ..geometry import ItemSpec
+from ..modes import TABLE_MODES
 from ..packing import VLLM_MAX_NUM_BATCHED_TOKENS, BudgetConfig, max_items_rule, parse_budgets
+from ..recorded import load_latency_table, recorded_table
 from ..traces import SUFFIXES, parse_trace
 from ..workloads import PRESETS, MMItem, random_mm_workload
 from .common import check_budgets

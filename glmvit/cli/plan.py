@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..costmodel import TABLE_MODES, LatencyTable, recorded_table
+from ..costmodel import LatencyTable
 from ..defaults import dtype_name
 from ..deployment import (
     BudgetReport,
@@ -37,8 +37,10 @@ from ..deployment import (
     vllm_frames_needed,
 )
 from ..geometry import ItemSpec
+from ..modes import TABLE_MODES
 from ..packing import PACKERS, VLLM_MAX_NUM_BATCHED_TOKENS, BudgetConfig, combined_stats, max_items_rule, plan_workload
 from ..provenance import collect
+from ..recorded import recorded_table
 from ..traces import load_trace
 from ..workloads import PRESETS, MMItem, random_mm_workload
 from .common import (

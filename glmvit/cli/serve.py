@@ -29,11 +29,13 @@ from ..defaults import dtype_name
 from ..deployment import check_budget_fits
 from ..encoder import build_encoder
 from ..floor import measure_copy_bandwidth, measure_matmul_tflops, weight_bytes
-from ..graphs import EncoderGraphRunner, recorded_table_for
+from ..graphs import EncoderGraphRunner
 from ..model import GlmVisionEncoder
 from ..modes import RunMode
 from ..packing import SERVING_LARGEST_BUDGET, SERVING_MAX_ITEMS, BudgetConfig
 from ..provenance import collect
+from ..recorded import recorded_table_for
+from ..records import RECORD_DIRS
 from ..scheduler import DEFAULT_MAX_BYTES, DEFAULT_MAX_REQUESTS, BatchScheduler
 from .common import (
     MAX_BUDGET_TOKENS,
@@ -101,7 +103,7 @@ def make_scheduler(model: GlmVisionEncoder, mode: RunMode | str, args: argparse.
     run_mode = RunMode.parse(mode)
     config = budget_config(args)
     attention = model.attention_backend(attention)  # checked before anything is captured
-    table = recorded_table_for(model, run_mode.compiled, attention) if run_mode.graphs else None
+    table = recorded_table_for(model, run_mode.compiled, attention, dirs=RECORD_DIRS) if run_mode.graphs else None
     encoder = build_encoder(model, run_mode, config, attention=attention, latency_table=table, progress=progress)
     scheduler = BatchScheduler(encoder, config, max_wait_s=args.max_wait_ms / 1e3, max_requests=args.max_queue,
                                max_tokens=args.max_queue_tokens, max_bytes=int(args.max_queue_mb * 2**20))
