@@ -46,23 +46,16 @@ def _dtype_bytes(dtype: str) -> int:
     return DTYPE_BYTES[dtype]
 
 
-# The graph pool per patch row and hidden unit, for 2-byte dtypes, and the pool's fixed part: fitted to the pool
-# growth of the recorded H200 captures (data/bench/*_h200.json, 256 to 24,576 rows; tests/test_recorded_data.py checks
-# each within 15%), keyed by (compiled, attention). "library": the varlen/flash kernels after the unfused rotary,
-# whose step keeps q and k in fp32 beside the bf16 qkv (an eager forward's peak holds about 30 bytes per row·hidden;
-# a capture keeps more, as blocks freed inside it are not all reused). "triton": glmvit's kernel rotates in
-# registers, so those temporaries never exist. The fixed part is the capture stream's own cuBLAS workspace.
-# torch.compile fuses the fp32 temporaries of the norms away.
+# The graph pool per patch row and hidden unit (2-byte dtypes) and its fixed part, keyed by (compiled, attention):
+# "library" for the varlen/flash kernels, "triton" for glmvit's. Fitted to the recorded captures in data/bench;
+# tests/test_recorded_data.py keeps every recorded capture within 15% of this model.
 POOL_BYTES_PER_ROW_HIDDEN = {(False, "library"): 44.2, (True, "library"): 26.9,
                              (False, "triton"): 41.6, (True, "triton"): 23.6}
 POOL_FIXED_BYTES = {(False, "library"): 46_000_000, (True, "library"): 25_000_000,
                     (False, "triton"): 42_800_000, (True, "triton"): 16_000_000}
-# The triton backend rotates in the loop from IN_LOOP_ROWS[0] to IN_LOOP_ROWS[1] rows and takes its prerotated path
-# outside (glmvit.kernels.attention_table, which a test keeps in step; kept here as numbers because the cost model
-# runs where triton is not installed): each prerotated attention holds a (rows, 2·hidden) scratch of rotated q and k.
-# It raised the compiled pool by exactly its size (H200 captures at 25bf945: +96 MiB at 16,384 rows, against
-# 70a8c14); an uncompiled forward's peak is in the MLP's unfused temporaries, above the attention's even with the
-# scratch, and did not move (938 MiB both).
+# The row range where the triton attention rotates q and k in its loop; outside it, each attention holds a
+# (rows, 2·hidden) scratch of rotated q and k, which a compiled graph's pool keeps. glmvit.kernels.attention_table
+# holds the same range (a test keeps them equal; a copy here, since the cost model runs where triton is not installed).
 IN_LOOP_ROWS = (257, 1024)
 
 

@@ -106,14 +106,15 @@ class Capture:
 class BatchStep:
     """One planned batch of a request: its items, their pixel rows and tokens, its budget and its route.
 
-    ``budget`` is the captured budget that holds the batch (None: none does); ``replay`` says whether it replays
-    there or runs eagerly; ``predicted_ms`` is the latency table's time for that route (None without a table).
+    ``captured`` is the captured budget that holds the batch (None: none does; ``budget`` is its token count);
+    ``replay`` says whether it replays there or runs eagerly; ``predicted_ms`` is the latency table's time for that
+    route (None without a table), as :class:`~glmvit.routing.Router` decided both.
     """
 
     items: tuple[int, ...]
     tokens: int
     segment_rows2: int
-    budget: CapturedBudget | None
+    captured: CapturedBudget | None
     replay: bool
     predicted_ms: float | None
     grids: np.ndarray
@@ -126,9 +127,14 @@ class BatchStep:
     def num_rows(self) -> int:
         return sum(b - a for a, b in self.rows)
 
+    @property
+    def budget(self) -> int | None:
+        """The token budget that holds the batch (None: none does)."""
+        return None if self.captured is None else self.captured.budget
+
     def __repr__(self) -> str:
         """The batch's items, tokens, budget and route: what a reader of a plan wants, not its tensors."""
-        where = "no budget" if self.budget is None else f"budget={self.budget.budget}"
+        where = "no budget" if self.budget is None else f"budget={self.budget}"
         route = "replay" if self.replay else "eager"
         predicted = "" if self.predicted_ms is None else f", predicted_ms={self.predicted_ms:.3f}"
         return f"BatchStep(items={self.items}, tokens={self.tokens}, {where}, route={route}{predicted})"
@@ -228,7 +234,7 @@ class EncoderGraphRunner:
         if compile_scope not in COMPILE_SCOPES:
             raise ValueError(f"compile_scope must be one of {COMPILE_SCOPES}, got {compile_scope!r}")
         self.model = model
-        self.config = budget_config
+        self._budgets = budget_config
         self.mode = mode
         self._attention = attn
         self.packer = packer
@@ -278,14 +284,14 @@ class EncoderGraphRunner:
 
     @property
     def budgets(self) -> BudgetConfig:
-        """The budgets and batch limits this runner was made for (``config``, by its meaning)."""
-        return self.config
+        """The budgets and batch limits this runner was made for."""
+        return self._budgets
 
     # ---- capture -------------------------------------------------------------------------------------------
     def batch_shape(self, budget: int) -> BatchShape:
         """Static shape of a budget: rows = budget·m², its segment slots (:meth:`BudgetConfig.slots`)."""
         rows = budget * self.model.config.merge_area
-        return BatchShape(rows=rows, segments=self.config.slots(budget), max_seqlen=rows)
+        return BatchShape(rows=rows, segments=self._budgets.slots(budget), max_seqlen=rows)
 
     def _allocate(self, budget: int) -> CapturedBudget:
         cfg, dev = self.model.config, self.model.device
@@ -343,7 +349,7 @@ class EncoderGraphRunner:
         """Capture every budget, largest first into one pool; a budget that runs out of memory is skipped (its
         batches then plan into the budgets that were captured, or run eagerly)."""
         with self._lock:
-            budgets = sorted(self.config.token_budgets, reverse=True)
+            budgets = sorted(self._budgets.token_budgets, reverse=True)
             self._layouts.clear()  # plans name the budgets they replay
             label = "capturing" if self.mode is GraphMode.CUDA else "preparing (emulated, no graphs)"
             bar = tqdm(budgets, desc=label, unit="budget", disable=not self.progress)
@@ -383,7 +389,7 @@ class EncoderGraphRunner:
         """The budget config the runner plans with: the captured budgets and the same limits (None: none)."""
         if not self.graphs:
             return None
-        return BudgetConfig.capped(self.graphs, self.config.max_items, self.config.max_segments)
+        return BudgetConfig.capped(self.graphs, self._budgets.max_items, self._budgets.max_segments)
 
     def plan(self, grid_thw: Any) -> list[BatchStep]:
         """The batches of a request with these grids (or of an :class:`~glmvit.request.EncoderRequest`), routed:
@@ -521,8 +527,8 @@ class EncoderGraphRunner:
             n = step.num_rows
             src = on_device if step.row_index is not None else pixel_values
             if step.replay:
-                assert step.budget is not None
-                batch = step.budget.pixels[:n]
+                assert step.captured is not None
+                batch = step.captured.pixels[:n]
                 self._copy_pixels(batch, src, step)
             else:
                 batch = torch.empty(n, model.config.patch_dim, dtype=model.dtype, device=device)
@@ -531,11 +537,11 @@ class EncoderGraphRunner:
                 torch.sum(batch, dim=1, dtype=torch.float32, out=sums[summed : summed + n])
                 summed += n
             if step.replay:
-                assert step.budget is not None
-                out = self._replay(step.budget, step.request)[: step.tokens].clone()
+                assert step.captured is not None
+                out = self._replay(step.captured, step.request)[: step.tokens].clone()
                 stats.replays += 1
                 stats.real_tokens += step.tokens
-                stats.budget_tokens += step.budget.budget
+                stats.budget_tokens += step.captured.budget
             else:
                 out = model.forward(batch, step.request, check_finite=False, attention=self._attention)
                 stats.eager_batches += 1

@@ -32,6 +32,7 @@ Why one module of this length: the modes, the timed loop and the report are one 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import statistics
@@ -60,7 +61,7 @@ from ..provenance import collect
 from ..recorded import recorded_table_for
 from ..records import RECORD_DIRS, BenchRecord, make
 from ..routing import Router
-from ..timing import MAX_PASSES, PRECISION, WARMUP, launch_us, quiet_host, summarise, sync, time_passes
+from ..timing import MAX_PASSES, PRECISION, WARMUP, launch_us, quiet_host, summarise, sync, time_calls, time_passes
 from ..workloads import PRESETS, random_mm_workload
 from .common import (
     DTYPES,
@@ -200,12 +201,9 @@ def _floor(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, m
 
 
 def _warm(fn: Encode, inputs: list[tuple], n: int, warmup: int, device: torch.device) -> float:
-    """Run ``warmup`` untimed requests (cycling over the first n); returns the seconds it took."""
-    start = time.perf_counter()
-    for i in range(warmup):
-        fn(*inputs[i % n])
-    sync(device)
-    return time.perf_counter() - start
+    """Run ``warmup`` untimed requests (cycling over the first n); returns the seconds they took."""
+    order = itertools.cycle(range(n))
+    return sum(time_calls(lambda: fn(*inputs[next(order)]), device, warmup)) / 1e3
 
 
 def _timed(fn: Encode, inputs: list[tuple], n: int, device: torch.device, label: str, quiet: bool,
@@ -435,7 +433,7 @@ def runner_prediction(runner: EncoderGraphRunner, grids: np.ndarray, table: Late
     """The ms the cost model predicts for one request as this runner plans it, each batch routed by the
     :class:`~glmvit.routing.Router` the runner routes with (``no_route``: replayed whenever a budget holds it)."""
     router = Router(table, by_time=not no_route)
-    return sum(router.route(s.budget.budget if s.budget is not None else None, s.tokens, s.segment_rows2)
+    return sum(router.route(s.budget, s.tokens, s.segment_rows2)
                .predicted_ms or 0.0 for s in runner.plan(grids))
 
 

@@ -134,7 +134,7 @@ def measure(runner: EncoderGraphRunner, model: GlmVisionEncoder, runs: int, warm
         entry: dict[str, Any] = {"tokens": budget, "layouts": []}
         timed = {}
         with quiet_host():  # one quiet CPU per budget: its layouts are timed back to back
-            for name, grid in layouts(budget, runner.config.max_items, runner.graphs[budget].shape.segments,
+            for name, grid in layouts(budget, runner.budgets.max_items, runner.graphs[budget].shape.segments,
                                       cfg.spatial_merge_size).items():
                 grids = np.array(grid, dtype=np.int64)
                 pixels = torch.randn(layout_spec(grids, cfg).rows, cfg.patch_dim, device=device,
