@@ -1,8 +1,10 @@
 """Budgets to production: traces, P99 and capture time from a latency table, the vLLM export, ``glmvit plan``."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from glmvit.__main__ import main
 from glmvit.costmodel import LatencyTable, predict_time
@@ -263,3 +265,21 @@ def test_a_budget_set_without_the_largest_budgets_still_pays_the_start_up(capsys
     assert small.capture_s > 10 * smallest_captures  # ... not the small captures' sum
     assert main(["plan", "--budgets", ",".join(map(str, startup.budgets[:3]))]) == 0
     assert f"≈ {small.capture_s:.2f} s ({small.capture.one_time_s:.2f} s once + 3 × " in capsys.readouterr().out
+
+
+def test_recorded_tables_are_found_only_where_the_caller_says(tmp_path):
+    """Recorded tables come from the directories given (a checkout's data/ by default), never from where the
+    package happens to be installed: an empty directory holds none, a copy of a sweep is found there."""
+    import shutil
+
+    from glmvit.config import VisionConfig
+    from glmvit.random_weights import random_encoder
+    from glmvit.recorded import recorded_table_for
+
+    with pytest.raises(ValueError, match="found none"):
+        recorded_table("graph", dirs=[tmp_path])
+    source = Path(recorded_table("graph").source)
+    shutil.copy(source, tmp_path / source.name)
+    assert recorded_table("graph", dirs=[tmp_path]).source == str(tmp_path / source.name)
+    model = random_encoder(VisionConfig.tiny(), "cpu", torch.float32, 0)
+    assert recorded_table_for(model, compiled=False, dirs=[tmp_path]) is None  # not the recorded tower, nor GPU
