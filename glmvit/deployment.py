@@ -229,7 +229,7 @@ class BudgetReport:
 
 def capture_time(config: BudgetConfig, table: LatencyTable) -> float | None:
     """Estimated seconds to capture every budget of ``config``: a one-time cost plus one per budget
-    (:func:`~glmvit.costmodel.capture_cost` for ``table``); None: unknown."""
+    (:func:`~glmvit.recorded.capture_cost` for ``table``); None: unknown."""
     cost = capture_cost(table)
     return None if cost is None else cost.seconds(len(config.token_budgets))
 

@@ -2,7 +2,7 @@
 explorer`` serves it behind a token, :mod:`glmvit.cli.explorer_serve`).
 
 Times come from a latency table: by default the sweep recorded in data/bench for the graph-compiled runner
-(``glmvit.costmodel.recorded_table``), or the uncompiled one, or your own (a file or an upload); the page says what
+(``glmvit.recorded.recorded_table``), or the uncompiled one, or your own (a file or an upload); the page says what
 the table measured, on which GPU, at which commit, and whether the code changed since. Two systems are modelled:
 vLLM 0.33 (its packer; every batch a budget holds is replayed) and glmvit (first-fit decreasing; each batch replayed
 or run eagerly, whichever the table predicts faster), packed per request or per vLLM engine step

@@ -4,7 +4,7 @@ For every budget, the same graph is replayed with several layouts — full (one 
 full, one small image, many small images, a video clip — and the same batches run eagerly. An eager forward is
 timed as ``bench`` times a request (:func:`time_eager`), once per distinct batch of grids. The table's ``graph_ms``
 of a budget is the slowest layout's median (what any batch in that graph may cost); ``eager_ms`` is the full
-layout's. The JSON is a :class:`glmvit.records.LatencySweep`; :func:`glmvit.costmodel.load_latency_table` fits
+layout's. The JSON is a :class:`glmvit.records.LatencySweep`; :func:`glmvit.recorded.load_latency_table` fits
 the cost model on it, and the layouts stay in it for notebooks::
 
     python -m glmvit latency --budgets 64,128,256,512,1024,2048,4096 --json data/bench/latency_h200.json
