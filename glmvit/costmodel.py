@@ -1,14 +1,14 @@
-"""The offline cost model: graph memory, a measured latency table, and the predicted time of a plan.
+"""The cost model: graph memory, a measured latency table, and the predicted time of a plan.
 
-Functions over :mod:`glmvit.packing` plans, in numpy (torch comes in only through :mod:`glmvit.metadata`'s shapes).
+Functions over :mod:`glmvit.packing` plans, in numpy; torch is imported through :mod:`glmvit.metadata`'s shapes.
 Two users: planning offline (recommend, evaluate, export to vLLM: :mod:`glmvit.deployment`), and the runner at
-serving time, whose routing asks a :class:`LatencyTable` which of a batch's routes is fastest, once per batch.
+serving time, whose :class:`~glmvit.routing.Router` asks a :class:`LatencyTable` for a batch's times, once per
+batch. Reading a table from a recorded file is :mod:`glmvit.recorded`'s (this module imports no record schema).
 """
 from __future__ import annotations
 
 import bisect
 import dataclasses
-import json
 import math
 import numbers
 from dataclasses import dataclass, field, fields
@@ -18,26 +18,10 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from .config import VisionConfig
-from .files import read_bounded
 from .geometry import ItemSpec
 from .metadata import BatchShape
-from .modes import TABLE_MODES, RunMode
-from .packing import (
-    SMALLEST_BUDGET,
-    BudgetConfig,
-    Plan,
-    positive_int,
-)
-from .records import (
-    MAX_RECORD_BYTES,
-    MAX_TABLE_TOKENS,
-    LatencySweep,
-    PlainLatencyTable,
-    StartupRecord,
-    find_one,
-    parse,
-    staleness,
-)
+from .packing import MAX_TABLE_TOKENS, SMALLEST_BUDGET, BudgetConfig, Plan, positive_int
+from .routing import Router
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 MIN_BASE_MS = 1e-3  # one microsecond: the least a replay or a forward can cost (a kernel launch)
@@ -62,23 +46,16 @@ def _dtype_bytes(dtype: str) -> int:
     return DTYPE_BYTES[dtype]
 
 
-# The graph pool per patch row and hidden unit, for 2-byte dtypes, and the pool's fixed part: fitted to the pool
-# growth of the recorded H200 captures (data/bench/*_h200.json, 256 to 24,576 rows; tests/test_recorded_data.py checks
-# each within 15%), keyed by (compiled, attention). "library": the varlen/flash kernels after the unfused rotary,
-# whose step keeps q and k in fp32 beside the bf16 qkv (an eager forward's peak holds about 30 bytes per row·hidden;
-# a capture keeps more, as blocks freed inside it are not all reused). "triton": glmvit's kernel rotates in
-# registers, so those temporaries never exist. The fixed part is the capture stream's own cuBLAS workspace.
-# torch.compile fuses the fp32 temporaries of the norms away.
+# The graph pool per patch row and hidden unit (2-byte dtypes) and its fixed part, keyed by (compiled, attention):
+# "library" for the varlen/flash kernels, "triton" for glmvit's. Fitted to the recorded captures in data/bench;
+# tests/test_recorded_data.py keeps every recorded capture within 15% of this model.
 POOL_BYTES_PER_ROW_HIDDEN = {(False, "library"): 44.2, (True, "library"): 26.9,
                              (False, "triton"): 41.6, (True, "triton"): 23.6}
 POOL_FIXED_BYTES = {(False, "library"): 46_000_000, (True, "library"): 25_000_000,
                     (False, "triton"): 42_800_000, (True, "triton"): 16_000_000}
-# The triton backend rotates in the loop from IN_LOOP_ROWS[0] to IN_LOOP_ROWS[1] rows and takes its prerotated path
-# outside (glmvit.kernels.attention_table, which a test keeps in step; kept here as numbers because the cost model
-# runs where triton is not installed): each prerotated attention holds a (rows, 2·hidden) scratch of rotated q and k.
-# It raised the compiled pool by exactly its size (H200 captures at 25bf945: +96 MiB at 16,384 rows, against
-# 70a8c14); an uncompiled forward's peak is in the MLP's unfused temporaries, above the attention's even with the
-# scratch, and did not move (938 MiB both).
+# The row range where the triton attention rotates q and k in its loop; outside it, each attention holds a
+# (rows, 2·hidden) scratch of rotated q and k, which a compiled graph's pool keeps. glmvit.kernels.attention_table
+# holds the same range (a test keeps them equal; a copy here, since the cost model runs where triton is not installed).
 IN_LOOP_ROWS = (257, 1024)
 
 
@@ -181,14 +158,6 @@ class LatencyTable:
             if not (isinstance(seconds, numbers.Real) and math.isfinite(seconds) and seconds >= 0):
                 raise ValueError(f"latency table capture seconds must be finite numbers ≥ 0, got {seconds!r}")
 
-    @classmethod
-    def from_sweep(cls, sweep: LatencySweep, source: str | None = None) -> LatencyTable:
-        """The model fitted on a recorded sweep (``python -m glmvit latency``), labelled with what it measured."""
-        data = sweep.model_dump(mode="json")
-        table = _fit(data["budgets"], data)
-        return dataclasses.replace(table, mode=sweep.mode, attention=sweep.attn_backend, source=source,
-                                   changed=tuple(staleness(sweep)))
-
     def describe(self) -> str:
         """What the table measured, where, and whether it still describes this code: for every tool that predicts."""
         prov = self.provenance
@@ -199,21 +168,6 @@ class LatencyTable:
             ", ".join(self.changed) + " changed since")
         name = Path(self.source).name if self.source else "latency table"
         return f"{name} ({what}; {where}; {status})"
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> LatencyTable:
-        """A plain table, ``{"budgets": [{tokens, graph_ms, eager_ms[, graph_p99_ms, eager_p99_ms][, layouts]}]}``,
-        typed as strictly as a recorded sweep (:class:`glmvit.records.PlainLatencyTable`): fitted on its layouts if
-        every budget has them, else read as columns."""
-        table = parse(dict(data), PlainLatencyTable, "latency table").model_dump(mode="json", exclude_none=True)
-        rows = sorted(table["budgets"], key=lambda r: r["tokens"])
-        if all("layouts" in r for r in rows):
-            return _fit(rows, table)
-        tokens, graph_ms, eager_ms = (tuple(r[key] for r in rows) for key in ("tokens", "graph_ms", "eager_ms"))
-        p99 = all("graph_p99_ms" in r and "eager_p99_ms" in r for r in rows)
-        return cls(tokens, graph_ms, eager_ms, **_labels(table),
-                   graph_p99_ms=tuple(r["graph_p99_ms"] for r in rows) if p99 else None,
-                   eager_p99_ms=tuple(r["eager_p99_ms"] for r in rows) if p99 else None)
 
     def graph_time(self, budget: int, segment_rows2: int = 0) -> float:
         """A replay of ``budget``'s graph whose real segments have Σ L² = ``segment_rows2``."""
@@ -273,97 +227,10 @@ def fit_capture_cost(seconds: Mapping[int, float], source: str) -> CaptureCost |
     return CaptureCost(max(0.0, float(sum(seconds.values())) - len(seconds) * per), per, source)
 
 
-STARTUP_SETTING = "blocks-auto"  # the compile setting the runner uses by default (tools/capture_time.py's names)
-
-
-def recorded_capture_cost(start: str = "cold") -> CaptureCost | None:
-    """:func:`fit_capture_cost` on the recorded start-up (``data/bench``'s startup record, the default compile
-    setting): ``start`` "cold" (empty compile caches, a server's first start) or "warm". None without one."""
-    try:
-        path, record = find_one(StartupRecord)
-    except ValueError:
-        return None
-    run = record.runs.get(f"{STARTUP_SETTING}-{start}")
-    if not isinstance(run, Mapping) or not isinstance(run.get("budgets"), Mapping):
-        return None
-    seconds = {int(b): float(entry["seconds"]) for b, entry in run["budgets"].items()}
-    return fit_capture_cost(seconds, f"{path.name} ({start} start, compiled)")
-
-
-def capture_cost(table: LatencyTable) -> CaptureCost | None:
-    """The capture cost for ``table``'s runner: a compiled table's from the recorded cold start-up (its own sweep
-    captured in a process that had compiled before), any other from the table's own capture times."""
-    if table.mode == RunMode.GRAPH_COMPILED:
-        cost = recorded_capture_cost("cold")
-        if cost is not None:
-            return cost
-    return fit_capture_cost(table.capture_s, f"{Path(table.source).name if table.source else 'the table'}'s "
-                                             "captures")
-
-
-def _labels(data: Mapping[str, Any]) -> dict[str, Any]:
-    """The labels of a typed table (a sweep's or a plain table's dump): its dtype, config, provenance, captures."""
-    return {"dtype": data.get("dtype", "bfloat16"), "config": data.get("config", "glm41v"),
-            "provenance": dict(data.get("provenance", {})), "capture_s": _capture_seconds(data.get("capture", {}))}
-
-
-def _fit(rows: list[Mapping[str, Any]], data: Mapping[str, Any]) -> LatencyTable:
-    """The model of :class:`LatencyTable` from measured layouts: attention_ms by least squares within each budget
-    (layouts of one budget differ only in their attention), each budget's graph_ms = mean of replay − attention,
-    eager_ms = the full layout's eager time − its attention (the full layout comes first: its real tokens are the
-    budget's), eager_floor_ms = median eager time of layouts ≤ 256 tokens (where launches, not the GPU, set it)."""
-    dx, dy = [], []
-    for r in rows:
-        work = np.array([x["segment_rows2"] / 1e6 for x in r["layouts"]])
-        ms = np.array([x["graph_ms"] for x in r["layouts"]])
-        dx += list(work - work.mean())
-        dy += list(ms - ms.mean())
-    slope = max(0.0, float(np.dot(dx, dy) / np.dot(dx, dx))) if np.dot(dx, dx) > 0 else 0.0
-    # Attention cannot take longer than a whole replay, nor than the whole eager forward of a full layout: noisy
-    # timings (a loaded CPU) must not fit a slope that leaves a budget a negative base. A base that the cap leaves
-    # at zero is held at MIN_BASE_MS: no forward is faster than launching its work.
-    ratios = [x["graph_ms"] / (x["segment_rows2"] / 1e6) for r in rows for x in r["layouts"] if x["segment_rows2"]]
-    ratios += [r["layouts"][0]["eager_ms"] / (r["layouts"][0]["segment_rows2"] / 1e6) for r in rows
-               if r["layouts"][0]["segment_rows2"]]
-    slope = min([slope, *ratios])
-    base = [max(MIN_BASE_MS, float(np.mean([x["graph_ms"] - slope * x["segment_rows2"] / 1e6 for x in r["layouts"]])))
-            for r in rows]
-    small = [x["eager_ms"] for r in rows for x in r["layouts"] if x["real_tokens"] <= 256]
-    eager = [max(MIN_BASE_MS, float(r["layouts"][0]["eager_ms"]) - slope * r["layouts"][0]["segment_rows2"] / 1e6)
-             for r in rows]
-    small_p99 = [x["eager_p99_ms"] for r in rows for x in r["layouts"] if x["real_tokens"] <= 256]
-    # P99 columns: each budget's base plus the largest tail (P99 − median) of its layouts
-    tail = [max(x["graph_p99_ms"] - x["graph_ms"] for x in r["layouts"]) for r in rows]
-    eager_tail = [max(x["eager_p99_ms"] - x["eager_ms"] for x in r["layouts"]) for r in rows]
-    return LatencyTable(tuple(int(r["tokens"]) for r in rows), tuple(base), tuple(eager), **_labels(data),
-                        graph_p99_ms=tuple(b + t for b, t in zip(base, tail, strict=True)),
-                        eager_p99_ms=tuple(e + t for e, t in zip(eager, eager_tail, strict=True)), attention_ms=slope,
-                        eager_floor_ms=float(np.median(small)) if small else 0.0,
-                        eager_floor_p99_ms=float(np.median(small_p99)) if small_p99 else 0.0)
-
-def _capture_seconds(capture: Mapping[str, Mapping[str, Any]]) -> dict[int, float]:
-    """``{"64": {"seconds": 0.06, ...}, ...}`` (a typed table's ``capture``) → {64: 0.06, ...}."""
-    return {int(budget): entry["seconds"] for budget, entry in capture.items()}
-
-
 def _linear(x: float, xs: Sequence[int], ys: Sequence[float]) -> float:
     i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
     return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
-
-
-def load_latency_table(path: str | Path) -> LatencyTable:
-    """A latency table from a file: a recorded sweep (``"kind": "latency"``), or a plain ``{"budgets": [...]}``."""
-    return latency_table_from_json(json.loads(read_bounded(path, MAX_RECORD_BYTES, "latency table")), str(path))
-
-
-def latency_table_from_json(data: Any, source: str) -> LatencyTable:
-    """A decoded latency-table file: a recorded sweep (``"kind": "latency"``) or a plain ``{"budgets": [...]}``."""
-    if isinstance(data, dict) and "kind" in data:
-        return LatencyTable.from_sweep(parse(data, LatencySweep, source), source)
-    if not isinstance(data, Mapping):
-        raise ValueError(f"latency table: expected a JSON object, got {type(data).__name__}")
-    return dataclasses.replace(LatencyTable.from_dict(data), source=source)
 
 
 def ladder_split(table: LatencyTable, merge_area: int = 4) -> int:
@@ -375,19 +242,6 @@ def ladder_split(table: LatencyTable, merge_area: int = 4) -> int:
             table.graph_time(2 * split, ItemSpec(2 * split, 1, merge_area * 2 * split).work) <= table.eager_floor_ms:
         split *= 2
     return split
-
-
-def recorded_table(mode: RunMode | str = RunMode.GRAPH_COMPILED, attention: str | None = None) -> LatencyTable:
-    """The latency table recorded in ``data/bench`` for a runner mode (``graph-compiled`` or ``graph``), and an
-    attention backend if given (else the one sweep of that mode): chosen by what each sweep recorded, never by file
-    name or order. :meth:`LatencyTable.describe` says which it is and whether it is current."""
-    mode = RunMode.parse(mode)
-    if mode not in TABLE_MODES:
-        raise ValueError(f"no latency table is recorded for mode {mode.value!r}; choose one of "
-                         f"{', '.join(TABLE_MODES)}")
-    match: dict[str, Any] = {"compiled": mode.compiled, **({"attn_backend": attention} if attention else {})}
-    path, sweep = find_one(LatencySweep, **match)
-    return LatencyTable.from_sweep(sweep, str(path))
 
 
 @dataclass(frozen=True)
@@ -407,17 +261,19 @@ class TimeEstimate:
 
 
 def predict_time(plan: Plan, table: LatencyTable, route: bool = False) -> TimeEstimate:
-    """Time of one request's plan: a replay per batch (its budget, its real attention), an eager forward per
-    fallback, and the baseline: the whole request in one eager forward. ``route``: as a runner with this table
-    routes (:class:`glmvit.graphs.EncoderGraphRunner`), a batch the table predicts faster eagerly runs eagerly."""
+    """Time of one request's plan: per batch, the time of the way :class:`glmvit.routing.Router` runs it (a replay
+    of its budget with its real attention, or an eager forward), and the baseline: the whole request in one eager
+    forward. ``route``: as glmvit's runner routes (a batch the table predicts faster eagerly runs eagerly);
+    otherwise every batch a budget holds replays, as vLLM's."""
+    router = Router(table, by_time=route)
     graph_ms = fallback_ms = 0.0
     for b in plan.batches:
-        eager = table.eager_time(b.tokens, b.segment_rows2)
-        replay = table.graph_time(b.budget, b.segment_rows2) if b.budget is not None else None
-        if replay is None or (route and eager < replay):
-            fallback_ms += eager
+        replay, ms = router.route(b.budget, b.tokens, b.segment_rows2)
+        assert ms is not None, "a router with a table predicts every batch"
+        if replay:
+            graph_ms += ms
         else:
-            graph_ms += replay
+            fallback_ms += ms
     tokens = sum(b.tokens for b in plan.batches)
     work = sum(b.segment_rows2 for b in plan.batches)
     return TimeEstimate(graph_ms=graph_ms, fallback_ms=fallback_ms,

@@ -11,15 +11,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from .config import VisionConfig
-from .costmodel import (
-    CaptureCost,
-    LatencyTable,
-    TimeEstimate,
-    capture_cost,
-    graph_memory,
-    predict_time,
-    total_graph_memory,
-)
+from .costmodel import CaptureCost, LatencyTable, TimeEstimate, graph_memory, predict_time, total_graph_memory
 from .geometry import ItemSpec
 from .packing import (
     AUTO_RANGE,
@@ -33,6 +25,7 @@ from .packing import (
     plan_workload,
     positive_int,
 )
+from .recorded import capture_cost
 
 CANDIDATE_STEP = 64  # recommend_budgets rounds batch sizes up to this multiple
 
@@ -131,9 +124,9 @@ def recommend_budgets(requests: Sequence[Sequence[ItemSpec]], max_graphs: int, m
 
     best: tuple | None = None
     for top in tops:
-        limits = BudgetConfig((top,), max_items, max_segments)
+        limits = BudgetConfig.capped((top,), max_items, max_segments)
         for key, budgets in _ranked_options(specs, limits, given, max_graphs, packer, objective, table):
-            config = BudgetConfig(budgets, max_items, max_segments)
+            config = BudgetConfig.capped(budgets, max_items, max_segments)
             memory = total_graph_memory(graph_memory(config, vision_config, dtype))
             if memory_limit_bytes and memory > memory_limit_bytes:
                 continue
@@ -142,7 +135,7 @@ def recommend_budgets(requests: Sequence[Sequence[ItemSpec]], max_graphs: int, m
     if best is None:
         raise ValueError(f"no budget set fits in memory_limit_bytes={memory_limit_bytes}")
     if objective == "time" and table is not None:
-        _check_beats_eager(specs, BudgetConfig(best[1], max_items, max_segments), table, packer)
+        _check_beats_eager(specs, BudgetConfig.capped(best[1], max_items, max_segments), table, packer)
     return best[1]
 
 
@@ -236,7 +229,7 @@ class BudgetReport:
 
 def capture_time(config: BudgetConfig, table: LatencyTable) -> float | None:
     """Estimated seconds to capture every budget of ``config``: a one-time cost plus one per budget
-    (:func:`~glmvit.costmodel.capture_cost` for ``table``); None: unknown."""
+    (:func:`~glmvit.recorded.capture_cost` for ``table``); None: unknown."""
     cost = capture_cost(table)
     return None if cost is None else cost.seconds(len(config.token_budgets))
 
@@ -336,11 +329,7 @@ def check_budget_fits(config: BudgetConfig, dtype: str = "bfloat16", memory_byte
                       vision_config: VisionConfig | None = None, weight_bytes: int | None = None) -> BudgetConfig:
     """``config`` if its graphs (:func:`~glmvit.costmodel.graph_memory`, one shared pool) and the tower's weights
     fit ``memory_bytes`` (the GPU's memory; one H200 by default) for ``vision_config`` (GLM-4.1V) in ``dtype``;
-    otherwise a ValueError saying what they need. Segment slots past the largest budget are refused: every segment
-    has at least one token, so a batch never has more segments than tokens."""
-    if config.max_segments > config.largest:
-        raise ValueError(f"max_segments={config.max_segments:,} exceeds the largest budget {config.largest:,}: "
-                         "every segment has at least one token, so a batch never has more segments than tokens")
+    otherwise a ValueError saying what they need."""
     tower = vision_config or VisionConfig.glm41v()
     if weight_bytes is None:
         import torch

@@ -45,14 +45,14 @@ import torch
 from tqdm.auto import tqdm
 
 from .attention import GRAPH_SAFE
-from .config import VisionConfig
-from .costmodel import LatencyTable, recorded_table
+from .costmodel import LatencyTable
 from .geometry import ItemSpec
 from .metadata import BatchShape, EncoderMetadata, build_metadata
 from .model import GlmVisionEncoder, StaticParts, run_block
 from .modes import GraphMode, RunMode
 from .packing import BudgetConfig, plan_batches
 from .request import EncoderRequest
+from .routing import Router
 
 log = logging.getLogger(__name__)
 
@@ -106,14 +106,15 @@ class Capture:
 class BatchStep:
     """One planned batch of a request: its items, their pixel rows and tokens, its budget and its route.
 
-    ``budget`` is the captured budget that holds the batch (None: none does); ``replay`` says whether it replays
-    there or runs eagerly; ``predicted_ms`` is the latency table's time for that route (None without a table).
+    ``captured`` is the captured budget that holds the batch (None: none does; ``budget`` is its token count);
+    ``replay`` says whether it replays there or runs eagerly; ``predicted_ms`` is the latency table's time for that
+    route (None without a table), as :class:`~glmvit.routing.Router` decided both.
     """
 
     items: tuple[int, ...]
     tokens: int
     segment_rows2: int
-    budget: CapturedBudget | None
+    captured: CapturedBudget | None
     replay: bool
     predicted_ms: float | None
     grids: np.ndarray
@@ -126,9 +127,14 @@ class BatchStep:
     def num_rows(self) -> int:
         return sum(b - a for a, b in self.rows)
 
+    @property
+    def budget(self) -> int | None:
+        """The token budget that holds the batch (None: none does)."""
+        return None if self.captured is None else self.captured.budget
+
     def __repr__(self) -> str:
         """The batch's items, tokens, budget and route: what a reader of a plan wants, not its tensors."""
-        where = "no budget" if self.budget is None else f"budget={self.budget.budget}"
+        where = "no budget" if self.budget is None else f"budget={self.budget}"
         route = "replay" if self.replay else "eager"
         predicted = "" if self.predicted_ms is None else f", predicted_ms={self.predicted_ms:.3f}"
         return f"BatchStep(items={self.items}, tokens={self.tokens}, {where}, route={route}{predicted})"
@@ -228,7 +234,7 @@ class EncoderGraphRunner:
         if compile_scope not in COMPILE_SCOPES:
             raise ValueError(f"compile_scope must be one of {COMPILE_SCOPES}, got {compile_scope!r}")
         self.model = model
-        self.config = budget_config
+        self._budgets = budget_config
         self.mode = mode
         self._attention = attn
         self.packer = packer
@@ -238,6 +244,7 @@ class EncoderGraphRunner:
         self.latency_table = latency_table
         if latency_table is not None:
             _check_table(latency_table, self.table_mode, attn)
+        self.router = Router(latency_table)  # replay or eager, per batch: the rule predict_time predicts with
         forward: Callable[..., torch.Tensor] = model.forward_static
         if torch_compile and compile_scope == "model":
             forward = torch.compile(model.forward_static, dynamic=compile_dynamic)
@@ -277,14 +284,14 @@ class EncoderGraphRunner:
 
     @property
     def budgets(self) -> BudgetConfig:
-        """The budgets and batch limits this runner was made for (``config``, by its meaning)."""
-        return self.config
+        """The budgets and batch limits this runner was made for."""
+        return self._budgets
 
     # ---- capture -------------------------------------------------------------------------------------------
     def batch_shape(self, budget: int) -> BatchShape:
-        """Static shape of a budget: rows = budget·m², segment slots = min(max_segments, budget) (≥ 1 token each)."""
+        """Static shape of a budget: rows = budget·m², its segment slots (:meth:`BudgetConfig.slots`)."""
         rows = budget * self.model.config.merge_area
-        return BatchShape(rows=rows, segments=min(self.config.max_segments, budget), max_seqlen=rows)
+        return BatchShape(rows=rows, segments=self._budgets.slots(budget), max_seqlen=rows)
 
     def _allocate(self, budget: int) -> CapturedBudget:
         cfg, dev = self.model.config, self.model.device
@@ -342,7 +349,7 @@ class EncoderGraphRunner:
         """Capture every budget, largest first into one pool; a budget that runs out of memory is skipped (its
         batches then plan into the budgets that were captured, or run eagerly)."""
         with self._lock:
-            budgets = sorted(self.config.token_budgets, reverse=True)
+            budgets = sorted(self._budgets.token_budgets, reverse=True)
             self._layouts.clear()  # plans name the budgets they replay
             label = "capturing" if self.mode is GraphMode.CUDA else "preparing (emulated, no graphs)"
             bar = tqdm(budgets, desc=label, unit="budget", disable=not self.progress)
@@ -382,8 +389,7 @@ class EncoderGraphRunner:
         """The budget config the runner plans with: the captured budgets and the same limits (None: none)."""
         if not self.graphs:
             return None
-        budgets = tuple(sorted(self.graphs))
-        return BudgetConfig(budgets, min(self.config.max_items, budgets[0]), self.config.max_segments)
+        return BudgetConfig.capped(self.graphs, self._budgets.max_items, self._budgets.max_segments)
 
     def plan(self, grid_thw: Any) -> list[BatchStep]:
         """The batches of a request with these grids (or of an :class:`~glmvit.request.EncoderRequest`), routed:
@@ -413,7 +419,7 @@ class EncoderGraphRunner:
         for idx, budget in groups:
             batch = ItemSpec.total(items[i] for i in idx)
             tokens, work = batch.tokens, batch.work
-            replay, predicted = self._route(budget, tokens, work)
+            replay, predicted = self.router.route(budget, tokens, work)
             rows = tuple(request.row_range(i) for i in idx)
             contiguous = all(a == prev_b for (_, prev_b), (a, _) in zip(rows, rows[1:], strict=False))
             index = None if contiguous else torch.from_numpy(  # pageable source: staged before the call returns
@@ -423,17 +429,6 @@ class EncoderGraphRunner:
                                    request.select(idx)))
         assert sum(s.num_rows for s in steps) == request.rows, "every row planned once"
         return steps
-
-    def _route(self, budget: int | None, tokens: int, work: int) -> tuple[bool, float | None]:
-        """(replay?, predicted ms): replay when a budget holds the batch and, with a table, it is no slower."""
-        table = self.latency_table
-        if table is None:
-            return budget is not None, None
-        eager_ms = table.eager_time(tokens, work)
-        if budget is None:
-            return False, eager_ms
-        graph_ms = table.graph_time(budget, work)
-        return (True, graph_ms) if graph_ms <= eager_ms else (False, eager_ms)
 
     # ---- replay --------------------------------------------------------------------------------------------
     def _stage_metadata(self, cb: CapturedBudget, request: EncoderRequest) -> None:
@@ -532,8 +527,8 @@ class EncoderGraphRunner:
             n = step.num_rows
             src = on_device if step.row_index is not None else pixel_values
             if step.replay:
-                assert step.budget is not None
-                batch = step.budget.pixels[:n]
+                assert step.captured is not None
+                batch = step.captured.pixels[:n]
                 self._copy_pixels(batch, src, step)
             else:
                 batch = torch.empty(n, model.config.patch_dim, dtype=model.dtype, device=device)
@@ -542,11 +537,11 @@ class EncoderGraphRunner:
                 torch.sum(batch, dim=1, dtype=torch.float32, out=sums[summed : summed + n])
                 summed += n
             if step.replay:
-                assert step.budget is not None
-                out = self._replay(step.budget, step.request)[: step.tokens].clone()
+                assert step.captured is not None
+                out = self._replay(step.captured, step.request)[: step.tokens].clone()
                 stats.replays += 1
                 stats.real_tokens += step.tokens
-                stats.budget_tokens += step.budget.budget
+                stats.budget_tokens += step.captured.budget
             else:
                 out = model.forward(batch, step.request, check_finite=False, attention=self._attention)
                 stats.eager_batches += 1
@@ -644,22 +639,6 @@ class EncoderGraphRunner:
         with self._lock:
             self._resolve_timings(wait=True)
             return self.stats
-
-
-def recorded_table_for(model: GlmVisionEncoder, compiled: bool, attention: str | None = None) -> LatencyTable | None:
-    """The latency table recorded in data/bench for a runner of this mode (compiled or not) that measured this model
-    — the GLM-4.1V tower, its dtype and attention backend (``attention``, or the model's) — on this GPU; None when
-    there is none (a runner without a table replays whatever a budget holds). Stale or not:
-    :meth:`LatencyTable.describe` says which."""
-    try:
-        mode = RunMode.GRAPH_COMPILED if compiled else RunMode.GRAPH
-        table = recorded_table(mode, model.attention_backend(attention))
-    except ValueError:
-        return None
-    gpu = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else None
-    dtype = str(model.dtype).replace("torch.", "")
-    matches = model.config == VisionConfig.glm41v() and table.config == "glm41v" and table.dtype == dtype
-    return table if matches and table.provenance.get("gpu") == gpu else None
 
 
 @contextmanager

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,7 +55,7 @@ class BatchShape:
 MAX_ROWS = 2**30
 
 
-def as_grid_array(grid_thw) -> np.ndarray:
+def as_grid_array(grid_thw: Any) -> np.ndarray:
     """grid_thw (tensor, array or nested list) as an int64 numpy array of shape [n, 3], validated: positive
     integers whose rows t·h·w, and their sum, are at most :data:`MAX_ROWS`. Errors name the item."""
     if isinstance(grid_thw, torch.Tensor):
@@ -107,7 +108,7 @@ def _exact_entries(grids: np.ndarray) -> np.ndarray:
     return grids.astype(np.int64)
 
 
-def _entry_ok(value) -> bool:
+def _entry_ok(value: Any) -> bool:
     if isinstance(value, np.generic):
         value = value.item()
     if isinstance(value, float) and value.is_integer():
@@ -229,7 +230,7 @@ class EncoderMetadata:
 
 
 def build_metadata(
-    grid_thw,
+    grid_thw: Any,
     merge: int = 2,
     shape: BatchShape | None = None,
     out: np.ndarray | None = None,

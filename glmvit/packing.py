@@ -23,6 +23,13 @@ VLLM_MIN_BUDGET = 64
 VLLM_MAX_NUM_BATCHED_TOKENS = 8192
 GLM41V_MAX_MODEL_LEN = 65_536
 VLLM_MAX_FRAMES_PER_VIDEO = 600  # glm4_1v.py's _MAX_FRAMES_PER_VIDEO; vLLM's frames per batch = max items × this
+# The largest token budget worth capturing: a request's visual tokens must fit the language model's context (128K
+# tokens for GLM-4.6V-Flash), and a graph that large already takes tens of GiB (costmodel.graph_memory).
+MAX_BUDGET_TOKENS = 131_072
+MAX_TABLE_TOKENS = 2**20  # a latency table's largest budget: far past any context, an error, not a float overflow
+MAX_BUDGETS = 64  # vLLM warns past 64 captured encoder graphs: each one costs capture time and static buffers
+SERVING_LARGEST_BUDGET = 4096  # a server's default ladder's top: sixteen 8-frame 224² clips, or four 896² images
+SERVING_MAX_ITEMS = 64  # vLLM's default max items per batch for its 64..4096 budget range (4096 // 64)
 
 
 def positive_int(name: str, value: Any) -> int:
@@ -96,6 +103,22 @@ def parse_budgets(text: str) -> tuple[int, ...] | None:
     return tuple(budgets)
 
 
+def check_budgets(budgets: Sequence[int] | None) -> tuple[int, ...] | None:
+    """``budgets`` (None: auto) if there are at most :data:`MAX_BUDGETS`, each in [1, :data:`MAX_BUDGET_TOKENS`];
+    else a one-line ValueError naming the bad one. :class:`BudgetConfig` holds to these bounds."""
+    if budgets is None:
+        return None
+    budgets = tuple(budgets)
+    if len(budgets) > MAX_BUDGETS:
+        raise ValueError(f"{len(budgets)} budgets: at most {MAX_BUDGETS} (each is a captured graph)")
+    for budget in budgets:
+        if not 1 <= budget <= MAX_BUDGET_TOKENS:
+            raise ValueError(f"budget {budget:,} is not in [1, {MAX_BUDGET_TOKENS:,}] tokens (a request must fit "
+                             "the 128K-token context of GLM-4.6V-Flash, and a graph that large already takes tens "
+                             "of GiB)")
+    return budgets
+
+
 def default_max_items(token_budgets: Sequence[int], auto_range: tuple[int, int] = AUTO_RANGE) -> int:
     """vLLM's items per batch when none is given (:meth:`BudgetConfig.resolve`): min(hi // lo of the model range
     ``auto_range``, the smallest budget). The one rule ``plan``, its ``--help`` and the explorer all use."""
@@ -116,10 +139,11 @@ class BudgetConfig:
     segments (temporal patches) per batch, ≥ ``max_items``; a slot costs 4 bytes of metadata, and a column of
     FlashAttention-2's launch grid (the varlen and flash_attn backends launch it even when empty), but no program of
     glmvit's triton kernel.
-    Build one with :meth:`resolve` to get vLLM's defaults, or :meth:`for_requests` to size it for a workload: both
-    derive an unset ``max_segments`` through :meth:`segment_slots`, so it is never more than the largest budget.
-    The constructor itself allows more (the packer also plans abstract items with more segments than tokens);
-    :func:`glmvit.deployment.check_budget_fits` refuses more for graphs that are to be captured.
+    Build one with :meth:`resolve` to get vLLM's defaults, :meth:`for_requests` to size it for a workload, or
+    :meth:`capped` to cap given limits to what the budgets can use. Every config holds to its invariants, checked
+    here (a one-line ValueError naming the bad value): at most :data:`MAX_BUDGETS` budgets, each at most
+    :data:`MAX_BUDGET_TOKENS`; ``max_items`` ≤ the smallest budget ≤ …; ``max_items`` ≤ ``max_segments`` ≤ the
+    largest budget (every segment has at least one token, so slots past it are never used).
     """
 
     token_budgets: tuple[int, ...]
@@ -127,7 +151,7 @@ class BudgetConfig:
     max_segments: int
 
     def __post_init__(self) -> None:
-        budgets = tuple(positive_int("token budget", b) for b in self.token_budgets)
+        budgets = check_budgets(tuple(positive_int("token budget", b) for b in self.token_budgets)) or ()
         if not budgets or any(a >= b for a, b in zip(budgets, budgets[1:], strict=False)):
             raise ValueError(f"token budgets must be a non-empty strictly increasing sequence, got {budgets}")
         if positive_int("max_items", self.max_items) > budgets[0]:
@@ -136,6 +160,19 @@ class BudgetConfig:
         if positive_int("max_segments", self.max_segments) < self.max_items:
             raise ValueError(f"max_segments={self.max_segments} is below max_items={self.max_items}: "
                              "every item has at least one segment")
+        if self.max_segments > budgets[-1]:
+            raise ValueError(f"max_segments={self.max_segments:,} exceeds the largest budget {budgets[-1]:,}: "
+                             "every segment has at least one token, so a batch never has more segments than tokens")
+
+    @classmethod
+    def capped(cls, token_budgets: Iterable[int], max_items: int, max_segments: int) -> BudgetConfig:
+        """Budgets (any order) with the given limits capped to what they can use: ``max_items`` to the smallest
+        budget, ``max_segments`` to the largest (:meth:`segment_slots`) and to at least ``max_items``."""
+        budgets = tuple(sorted({positive_int("token budget", b) for b in token_budgets}))
+        if not budgets:
+            raise ValueError("token budgets must be a non-empty strictly increasing sequence, got ()")
+        items = min(positive_int("max_items", max_items), budgets[0])
+        return cls(budgets, items, max(items, cls.segment_slots(max_segments, budgets)))
 
     @classmethod
     def resolve(cls, token_budgets: Iterable[int] | None = None, max_items: int | None = None,
@@ -180,6 +217,16 @@ class BudgetConfig:
             max_segments = cls.segment_slots(max([max_items] + [sum(s.segments for s in r) for r in requests]), budgets)
         return cls(budgets, max_items, max_segments)
 
+    @classmethod
+    def serving(cls, token_budgets: Iterable[int] | None = None, max_items: int | None = None,
+                max_segments: int | None = None) -> BudgetConfig:
+        """A server's batch limits: the budgets given, else the default ladder up to
+        :data:`SERVING_LARGEST_BUDGET`; ``max_items`` given, else :data:`SERVING_MAX_ITEMS` (at most the smallest
+        budget); ``max_segments`` given, else ``max_items`` (one image an item)."""
+        budgets = tuple(token_budgets) if token_budgets else default_ladder(SERVING_LARGEST_BUDGET)
+        items = max_items or min(SERVING_MAX_ITEMS, min(budgets))
+        return cls.resolve(budgets, items, max_segments or items)
+
     @staticmethod
     def segment_slots(wanted: int, token_budgets: Sequence[int]) -> int:
         """The segment slots to give graphs of ``token_budgets`` (ascending) when ``wanted`` are asked for: at most
@@ -190,6 +237,10 @@ class BudgetConfig:
     @property
     def largest(self) -> int:
         return self.token_budgets[-1]
+
+    def slots(self, budget: int) -> int:
+        """The segment slots of ``budget``'s graph: ``max_segments``, at most its tokens (one token a segment)."""
+        return min(self.max_segments, budget)
 
     def budget_for(self, tokens: int) -> int | None:
         """The smallest budget ≥ tokens, or None when none is large enough."""
@@ -358,8 +409,8 @@ def _pack_ffd(idx: list[int], specs: list[ItemSpec], config: BudgetConfig) -> li
     """First-fit decreasing (by tokens, then segments), O(n log n); keeps plain ascending next-fit when that needs
     fewer batches.
 
-    Under the segment limit FFD alone can lose to ascending next-fit: six 1-token items with 2, 7, 5, 1, 9, 2
-    segments, budget 3, max_items 3, max_segments 14 take 3 FFD batches but 2 next-fit ones. Ties go to FFD.
+    Under the segment limit FFD alone can lose to ascending next-fit: six 16-token items with 2, 7, 5, 1, 9, 2
+    segments, budget 48, max_items 3, max_segments 14 take 3 FFD batches but 2 next-fit ones. Ties go to FFD.
     """
     ffd = _first_fit(sorted(idx, key=lambda i: (-specs[i].tokens, -specs[i].segments, i)), specs, config)
     nf = _next_fit(_ascending(idx, specs), specs, config)

@@ -33,22 +33,13 @@ around the encode, so that the ranks never fall out of step silently:
   usable afterwards (destroy it and start again). NCCL's watchdog enforces the same timeout by tearing the process
   down. Errors that are not a timeout (a peer raised) never need it: they arrive through the exchanges above.
 
-**Why SHA-256 on the host.** The fingerprints must be equal exactly when the bits are: a sum of the values, however
-weighted, misses changes that cancel (+d, −d, −d, +d at the corners of a rectangle keep every row and column sum),
-and then each rank would return embeddings of pixels another rank never saw. :func:`tensor_digest` is SHA-256
-(:mod:`hashlib`, a two-level tree over 1 MiB pieces hashed on ``torch.get_num_threads()`` threads), defined by
-the bytes alone and so the same on every device. A contiguous CPU tensor is hashed in place, without a copy;
-a CUDA tensor is copied to the host first: one device→host copy of the request's pixel bytes (their size over the
-link's bandwidth), then the hash, about 0.6 GB/s per thread on a shared AMD EPYC core with SHA-NI (threads add up:
-hashlib releases the GIL). Both are counted in ``stats.check_s``. To avoid the copy,
-pass the pixels on the host, as the processor produced them: :meth:`DataParallelEncoder.encode_share` copies only
-this rank's rows to its GPU. A device-side hash would need custom kernels and would guard against accidents only;
-the host hash is a standard one.
+**Fingerprints** (:func:`tensor_digest`): SHA-256 of a tensor's bytes, equal exactly when the bits are and the
+same on every device (a weighted sum misses changes that cancel). A CUDA tensor is copied to the host first; the copy
+and the hash are counted in ``stats.check_s``. Pixels passed on the host are hashed in place, without a copy, and
+:meth:`DataParallelEncoder.encode_share` copies only this rank's rows to its GPU.
 
 The demo / benchmark on top of this is :mod:`glmvit.cli.dp_bench` (launched with torchrun).
 
-Why one module of this length: the request check, the encoder and the gather are one protocol; every rank must
-run the same steps in the same order, so they are read together.
 """
 from __future__ import annotations
 
@@ -61,7 +52,7 @@ import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -103,13 +94,13 @@ class Assignment:
         return [len(items) for items in self.ranks]
 
 
-def _check_world(world_size) -> int:
+def _check_world(world_size: Any) -> int:
     if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or world_size <= 0:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     return int(world_size)
 
 
-def _check_sizes(patch_counts) -> list[int]:
+def _check_sizes(patch_counts: Any) -> list[int]:
     sizes = []
     for i, s in enumerate(patch_counts):
         if isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 0:
@@ -144,7 +135,7 @@ def round_robin_items(patch_counts: Sequence[int], world_size: int) -> Assignmen
     return Assignment(tuple(ranks), tuple(sum(sizes[i] for i in items) for items in ranks))
 
 
-def patch_counts_of(grid_thw) -> list[int]:
+def patch_counts_of(grid_thw: Any) -> list[int]:
     """Input patches t·h·w per item: the load vLLM balances (rows of pixel_values, not output tokens)."""
     return [spec.rows for spec in EncoderRequest.of(grid_thw, merge=1).items]  # any h, w: rows need no merge
 
@@ -321,7 +312,7 @@ class DPStats:
         return d
 
 
-def _require_group(group) -> None:
+def _require_group(group: Any) -> None:
     if not dist.is_available():
         raise RuntimeError("torch.distributed is not available in this build of PyTorch")
     if not dist.is_initialized():
@@ -332,20 +323,20 @@ def _require_group(group) -> None:
         )
 
 
-def _comm_device(group) -> torch.device:
+def _comm_device(group: Any) -> torch.device:
     """Where collective tensors live: the current CUDA device for NCCL, the CPU otherwise (gloo)."""
     if dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
-def _check_item(item, position: int, count: int) -> int:
+def _check_item(item: Any, position: int, count: int) -> int:
     if isinstance(item, bool) or not isinstance(item, numbers.Integral) or not 0 <= int(item) < count:
         raise ValueError(f"items[{position}] = {item!r} is not an item index of a request of {count} item(s)")
     return int(item)
 
 
-def _check_request_id(request_id, last: int) -> int:
+def _check_request_id(request_id: Any, last: int) -> int:
     if isinstance(request_id, bool) or not isinstance(request_id, numbers.Integral) or request_id < 0:
         raise ValueError(f"request_id must be a non-negative integer, got {request_id!r}")
     if request_id <= last:
@@ -365,7 +356,7 @@ class DataParallelEncoder:
     collective).
     """
 
-    def __init__(self, encoder: Encoder | GlmVisionEncoder, group=None):
+    def __init__(self, encoder: Encoder | GlmVisionEncoder, group: Any = None) -> None:
         _require_group(group)
         if isinstance(encoder, GlmVisionEncoder):
             encoder = EagerEncoder(encoder)
@@ -395,7 +386,8 @@ class DataParallelEncoder:
                                   f"{_one_line(err)}") from err
         return torch.stack(parts).cpu().numpy()
 
-    def _prepare(self, pixel_values, grid_thw, request_id):
+    def _prepare(self, pixel_values: torch.Tensor, grid_thw: Any, request_id: int | None
+                 ) -> tuple[int, EncoderRequest | None, torch.Tensor | None, Exception | None]:
         """This rank's request id, grids, fingerprint, or the error that stops it taking the request (never raises:
         the other ranks must hear of it)."""
         rid, request, fingerprint = -1, None, None
@@ -472,12 +464,12 @@ class DataParallelEncoder:
         if self.model.device.type == "cuda" or self.comm_device.type == "cuda":
             torch.cuda.current_stream().synchronize()
 
-    def assignment(self, grid_thw) -> Assignment:
+    def assignment(self, grid_thw: Any) -> Assignment:
         """Which rank encodes which items of a request with these grids: what :meth:`run` uses
         (:func:`balance_items` over the items' patch counts)."""
         return balance_items(patch_counts_of(grid_thw), self.world_size)
 
-    def encode_share(self, pixel_values: torch.Tensor, grid_thw, items: Sequence[int],
+    def encode_share(self, pixel_values: torch.Tensor, grid_thw: Any, items: Sequence[int],
                      check_finite: bool = True) -> list[torch.Tensor]:
         """The outputs of ``items`` (indices into the request), in that order, encoded on this rank alone: no
         collective, nothing exchanged.
@@ -501,7 +493,7 @@ class DataParallelEncoder:
         return self.encoder.encode(local, share, sync=False)  # the exchange that follows orders the stream
 
     def _encode_or_error(self, pixel_values: torch.Tensor, request: EncoderRequest, items: Sequence[int],
-                         expected_tokens: int):
+                         expected_tokens: int) -> tuple[list[torch.Tensor], Exception | None]:
         """This rank's outputs, or the error that stopped them (never raises: the other ranks must hear of it)."""
         try:
             outs = self.encode_share(pixel_values, request, items, check_finite=False)
@@ -551,7 +543,7 @@ class DataParallelEncoder:
         return [out for out in results if out is not None]  # every item belongs to exactly one rank
 
     # ---- the call ------------------------------------------------------------------------------------------
-    def run(self, pixel_values: torch.Tensor, grid_thw, request_id: int | None = None) -> list[torch.Tensor]:
+    def run(self, pixel_values: torch.Tensor, grid_thw: Any, request_id: int | None = None) -> list[torch.Tensor]:
         """The full request's per-item outputs [tokens_i, out_hidden_size], in input order, on every rank.
 
         ``request_id``: the request's place in the caller's stream (increasing; gaps allowed). Without it each rank
@@ -616,7 +608,8 @@ class DataParallelEncoder:
         }
 
 
-def encode_data_parallel(runner_or_model, pixel_values: torch.Tensor, grid_thw, group=None) -> list[torch.Tensor]:
+def encode_data_parallel(runner_or_model: Encoder | GlmVisionEncoder, pixel_values: torch.Tensor, grid_thw: Any,
+                         group: Any = None) -> list[torch.Tensor]:
     """One-shot :meth:`DataParallelEncoder.run`. It hashes the weights on every call: for a stream of requests
     build one :class:`DataParallelEncoder` (which also keeps the stats)."""
     return DataParallelEncoder(runner_or_model, group=group).run(pixel_values, grid_thw)

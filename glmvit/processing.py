@@ -37,6 +37,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -259,7 +260,7 @@ def _open_image(path: Path, name: str, max_frame_pixels: int) -> Image.Image:
             raise ValueError(f"{name}: cannot decode {path}: {err}") from err
 
 
-def _load_image(item, index: int, max_frame_pixels: int) -> tuple[Image.Image, str | None]:
+def _load_image(item: Any, index: int, max_frame_pixels: int) -> tuple[Image.Image, str | None]:
     """One image input as a mode RGB PIL image and its source name."""
     name = f"image {index}"
     if isinstance(item, (str, Path)):
@@ -283,7 +284,7 @@ def _check_image_size(image: Image.Image, name: str, min_pixels: int, max_pixels
         raise ValueError(f"{name}: {err}") from err
 
 
-def image_frames(images, min_pixels: int = IMAGE_MIN_PIXELS, max_pixels: int = IMAGE_MAX_PIXELS, *,
+def image_frames(images: Any, min_pixels: int = IMAGE_MIN_PIXELS, max_pixels: int = IMAGE_MAX_PIXELS, *,
                  max_frame_pixels: int = MAX_FRAME_PIXELS) -> VisionFrames:
     """Images (paths, PIL images or HWC uint8 arrays; one or a list) resized as ``Glm4vImageProcessorPil`` resizes
     them: its ``smart_resize`` size, PIL bicubic on the RGB picture; each a (1, H, W, 3) uint8 frame.
@@ -310,7 +311,7 @@ def image_frames(images, min_pixels: int = IMAGE_MIN_PIXELS, max_pixels: int = I
                         [None] * len(sources))
 
 
-def process_images(images, min_pixels: int = IMAGE_MIN_PIXELS, max_pixels: int = IMAGE_MAX_PIXELS, *,
+def process_images(images: Any, min_pixels: int = IMAGE_MIN_PIXELS, max_pixels: int = IMAGE_MAX_PIXELS, *,
                    max_frame_pixels: int = MAX_FRAME_PIXELS) -> VisionInputs:
     """Images (paths, PIL images or HWC uint8 arrays; one or a list) as ``Glm4vImageProcessorPil`` makes them,
     float32 rows (:func:`image_frames`, then :func:`rows_from_frames`)."""
@@ -556,7 +557,7 @@ def _file_clip(path: Path, video_fps: float | None, duration: float | None, max_
     return _Clip(f"video {path}", str(path), info.frames, fps, duration, read)
 
 
-def _open_clip(video, video_fps: float | None, duration: float | None, max_decoded_pixels: int,
+def _open_clip(video: Any, video_fps: float | None, duration: float | None, max_decoded_pixels: int,
                max_frame_pixels: int, info: VideoInfo | None) -> _Clip:
     if isinstance(video, (str, Path)):
         return _file_clip(Path(video), video_fps, duration, max_decoded_pixels, max_frame_pixels, info)
@@ -652,7 +653,7 @@ def _check_video_args(rule: str, fps: float | None, resize: str, min_pixels: int
 
 
 def video_frames(
-    video,
+    video: Any,
     fps: float | None = None,
     rule: str = "glm41v",
     min_pixels: int = IMAGE_MIN_PIXELS,
@@ -686,7 +687,7 @@ def video_frames(
 
 
 def process_video(
-    video,
+    video: Any,
     fps: float | None = None,
     rule: str = "glm41v",
     min_pixels: int = IMAGE_MIN_PIXELS,

@@ -44,6 +44,7 @@ from . import fingerprint as tracker
 from .files import read_bounded
 from .fingerprint import UNFINGERPRINTED, dump, without_docstrings
 from .modes import RunMode
+from .packing import MAX_TABLE_TOKENS
 
 PACKAGE = Path(__file__).resolve().parent
 REPO = PACKAGE.parent
@@ -165,7 +166,6 @@ def _p99_not_below_median(times: M) -> M:
     return times
 
 
-MAX_TABLE_TOKENS = 2**20  # far past any context (128K tokens): a larger budget is an error, not a float overflow
 # Numbers as JSON writes them (strict): no true for 1, no "64" or "1.5" for a number, no 64.7 for an integer.
 # A measured time is finite, never negative, and under 10⁹ ms (11 days: the fit's arithmetic stays far from
 # overflow); Σ L² counts patch rows, four to a token.

@@ -23,18 +23,9 @@
    batch runs either way. (A permutation of same-sized items inside the encoder cannot be seen from sizes:
    tests/test_scheduler.py compares outputs bitwise against requests encoded alone.)
 
-**Why a batch does not wait for more items** (``max_wait_s`` = 0 by default). Filling a budget with small items adds
-little to a replay's time T: the latency sweeps (data/bench/latency_h200.json, latency_compiled_h200.json) replay as
-many small images as a batch may hold in about the time of one alone (notebook 11 prints the ratio; one image as large
-as the budget is slower: its attention spans every row), and among the small budgets T grows less than the budget does,
-so batching buys a share of T. Holding a lone request for w delays it by w; a request arriving in that window
-(probability ≈ λw for Poisson arrivals at rate λ) then shares its replay instead of waiting up to T for it and T for its
-own, which saves it T − w. The wait pays when λw(T − w) > w, i.e. λ(T − w) > 1: only when requests arrive faster than
-one per replay, where the worker is never idle, a queue forms by itself and every batch takes what arrived during the
-previous one. Below that the wait is pure latency: a wait of w adds w / T to a lone request's time, and T is a few
-milliseconds for a 224² image or an 8-frame clip graph-compiled on an H200 (data/bench: notebook 11 reads it), so even 1
-ms eats the whole margin of a low-load target of a median ≤ 1.3× a lone request's. ``max_wait_s`` > 0 keeps an
-under-full batch open that long, for arrivals known to come in bursts.
+**Waiting for more items**: ``max_wait_s`` (default 0) keeps an under-full batch open that long for more arrivals;
+0 starts a batch as soon as the worker is free, which under load fills batches by itself (what arrived during the
+previous batch). Notebook 11 measures when a wait pays.
 
 **Drain**: :meth:`~BatchScheduler.close` refuses new requests at once, lets every admitted one finish, then stops
 the worker. :meth:`~BatchScheduler.stats` reports queue delays, batch sizes and padding.
@@ -48,15 +39,15 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
-import numpy as np
 import torch
 
 from .encoder import EagerEncoder, Encoder
 from .model import GlmVisionEncoder
 from .packing import BudgetConfig
 from .request import EncoderRequest
+from .timing import distribution
 
 Encode = Callable[[torch.Tensor, EncoderRequest], list[torch.Tensor]]  # a batch's pixels and its validated items
 DELAY_SAMPLES = 10_000  # queue delays and batch sizes kept for the percentiles: the most recent ones
@@ -191,14 +182,6 @@ class SchedulerStats:
     batch_items: collections.deque = field(default_factory=lambda: collections.deque(maxlen=DELAY_SAMPLES))
 
 
-def _summary(values) -> dict[str, float | None]:
-    a = np.asarray(values, dtype=np.float64)
-    if a.size == 0:
-        return {"mean": None, "median": None, "p99": None, "max": None}
-    return {"mean": float(a.mean()), "median": float(np.median(a)), "p99": float(np.percentile(a, 99)),
-            "max": float(a.max())}
-
-
 class BatchScheduler:
     """Batch the items of concurrent requests into the encoder's budgets (see the module docstring).
 
@@ -270,7 +253,7 @@ class BatchScheduler:
     def accepting(self) -> bool:
         return not self._closing
 
-    def submit(self, pixel_values: torch.Tensor, grid_thw, check_finite: bool = True) -> Future:
+    def submit(self, pixel_values: torch.Tensor, grid_thw: Any, check_finite: bool = True) -> Future:
         """Admit one request (``grid_thw``: grids, or an :class:`~glmvit.request.EncoderRequest`); the future
         resolves to its :class:`RequestResult` (or its error).
 
@@ -337,7 +320,7 @@ class BatchScheduler:
             future.set_result(RequestResult(request_id, [], 0.0, 0.0, (), staged - staging))
         return future
 
-    def encode(self, pixel_values: torch.Tensor, grid_thw, timeout: float | None = None) -> RequestResult:
+    def encode(self, pixel_values: torch.Tensor, grid_thw: Any, timeout: float | None = None) -> RequestResult:
         """:meth:`submit` and wait for the result."""
         return self.submit(pixel_values, grid_thw).result(timeout)
 
@@ -366,7 +349,7 @@ class BatchScheduler:
     def __enter__(self) -> "BatchScheduler":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def stats(self) -> dict:
@@ -382,7 +365,7 @@ class BatchScheduler:
                 max_bytes=self.max_bytes, max_wait_s=self.max_wait_s,
                 limits={"token_budgets": list(self.limits.token_budgets), "max_items": self.limits.max_items,
                         "max_segments": self.limits.max_segments},
-                queue_ms=_summary(s.queue_ms), batch_items=_summary(s.batch_items),
+                queue_ms=distribution(s.queue_ms), batch_items=distribution(s.batch_items),
                 padding_fraction=1 - s.packed_tokens / s.budget_tokens if s.budget_tokens else 0.0,
                 utilisation=s.busy_s / elapsed if elapsed > 0 else 0.0, uptime_s=elapsed,
             )

@@ -1,7 +1,11 @@
-"""How glmvit times things: wall-clock per call between device synchronisations (:func:`time_calls`, or
-:func:`time_until_steady` for calls that vary little, or :func:`time_passes` for a request: passes until the median is
-known to ±:data:`PRECISION`), summarised by :func:`summarise` (with the median's 95 %
-interval, :func:`median_ci95`), on a quiet host (:func:`quiet_host`)."""
+"""How glmvit times things, and the two summaries it records.
+
+Timing: wall-clock ms per call between device synchronisations (:func:`time_calls`, which can also bracket calls
+with CUDA events for the GPU's time alone; :func:`time_until_steady` for calls that vary little; :func:`time_passes`
+for a request: passes until the median is known to ±:data:`PRECISION`), on a quiet host (:func:`quiet_host`).
+Summaries: :func:`summarise` for a timed loop (keys ``*_ms``, with the median's 95 % interval,
+:func:`median_ci95`), and :func:`distribution` for what a server observes (queue delays, batch sizes, latencies),
+which may be empty."""
 from __future__ import annotations
 
 import gc
@@ -132,6 +136,15 @@ def summarise(ms: Sequence[float]) -> dict[str, Any]:
     return {"mean_ms": float(a.mean()), "median_ms": float(np.median(a)), "std_ms": float(a.std()),
             "p99_ms": float(np.percentile(a, 99)), "min_ms": float(a.min()), "max_ms": float(a.max()),
             "median_ci95_ms": [lo, hi]}
+
+
+def distribution(values: Sequence[float]) -> dict[str, float | None]:
+    """mean, median, P99, min and max of ``values``; each None when there are none (a server that saw nothing)."""
+    a = np.asarray(values, dtype=np.float64)
+    if a.size == 0:
+        return {"mean": None, "median": None, "p99": None, "min": None, "max": None}
+    return {"mean": float(a.mean()), "median": float(np.median(a)), "p99": float(np.percentile(a, 99)),
+            "min": float(a.min()), "max": float(a.max())}
 
 
 Z95 = 1.959963984540054  # the normal quantile of a two-sided 95 % interval

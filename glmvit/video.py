@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -245,7 +245,7 @@ def _decode_animation(path: Path, wanted: list[int], budget: _PixelBudget) -> It
 # --- PyAV --------------------------------------------------------------------------------------------------------
 
 
-def _import_av(path: Path):
+def _import_av(path: Path) -> Any:
     try:
         import av
     except ImportError as err:
@@ -253,7 +253,7 @@ def _import_av(path: Path):
     return av
 
 
-def _open_pyav(av, path: Path, frame_limit: int):
+def _open_pyav(av: Any, path: Path, frame_limit: int) -> Any:
     """``av.open(path)``, FFmpeg told the per-frame bound (its ``max_pixels``, twice ours: it counts rows padded to
     its alignment) for every stream, so the frames it decodes while probing the streams are bounded too. Formats that
     state no streams before probing (raw streams, MPEG-TS) cannot take per-stream options: opened without."""

@@ -16,10 +16,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from glmvit import VisionConfig
 from glmvit.cli.bench import main, parse_modes
 from glmvit.cli.latency import square_grid
-from glmvit.costmodel import load_latency_table
 from glmvit.floor import encoder_flops, floor_ms, flops_breakdown
 from glmvit.geometry import grid_for
 from glmvit.random_weights import random_encoder
+from glmvit.recorded import load_latency_table
 from glmvit.workloads import PRESETS, parse_bucket_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,14 +10,7 @@ from hypothesis import strategies as st
 
 import glmvit.packing as packing
 from glmvit import VisionConfig
-from glmvit.costmodel import (
-    LatencyTable,
-    TimeEstimate,
-    graph_memory,
-    load_latency_table,
-    predict_time,
-    total_graph_memory,
-)
+from glmvit.costmodel import LatencyTable, TimeEstimate, graph_memory, predict_time, total_graph_memory
 from glmvit.deployment import evaluate_budgets, plan_engine_steps, recommend_budgets
 from glmvit.geometry import ItemSpec, grid_for, output_tokens, smart_resize
 from glmvit.packing import (
@@ -32,6 +25,7 @@ from glmvit.packing import (
     plan_workload,
     vllm_auto_range,
 )
+from glmvit.recorded import load_latency_table, table_from_dict
 from glmvit.workloads import parse_bucket_config, random_mm_workload, workload_from_sizes
 
 PACKERS = ["vllm", "ffd"]
@@ -44,7 +38,7 @@ def workloads(draw):
     """A BudgetConfig and one request's items, some larger than every budget or with too many frames."""
     budgets = draw(st.lists(st.integers(1, 512), min_size=1, max_size=6))
     max_items = draw(st.integers(1, min(min(budgets), 12)))
-    max_segments = draw(st.integers(max_items, max_items + 16))
+    max_segments = draw(st.integers(max_items, max(max_items, min(max_items + 16, max(budgets)))))
     top_tokens, top_frames = draw(st.integers(1, 640)), draw(st.integers(1, 12))
     items = draw(st.lists(st.tuples(st.integers(1, top_tokens), st.integers(1, top_frames)), max_size=40))
     return BudgetConfig.resolve(tuple(budgets), max_items, max_segments), items
@@ -52,11 +46,12 @@ def workloads(draw):
 
 @st.composite
 def frame_bound_workloads(draw):
-    """Equal-token items whose frames, not tokens, decide the packing (where plain FFD can lose to next-fit)."""
+    """Equal-token items whose frames, not tokens, decide the packing (where plain FFD can lose to next-fit): 16
+    tokens each (room for every frame's token), a budget of max_items of them."""
     max_items = draw(st.integers(2, 6))
     max_segments = draw(st.integers(2 * max_items, 4 * max_items))
-    items = draw(st.lists(st.tuples(st.just(1), st.integers(1, 9)), min_size=4, max_size=10))
-    return BudgetConfig.resolve((max_items,), max_items, max_segments), items
+    items = draw(st.lists(st.tuples(st.just(16), st.integers(1, 9)), min_size=4, max_size=10))
+    return BudgetConfig.resolve((16 * max_items,), max_items, max_segments), items
 
 
 def fits(item, config):
@@ -185,8 +180,8 @@ def test_stats_add_up(case):
 
 def test_ffd_beats_next_fit_on_a_frame_bound_example():
     """The packer falls back to next-fit where plain FFD would need 3 batches (see _pack_ffd)."""
-    items = [(1, f) for f in (2, 7, 5, 1, 9, 2)]
-    stats = compare_packers(items, BudgetConfig.resolve((3,), 3, 14))
+    items = [(16, f) for f in (2, 7, 5, 1, 9, 2)]
+    stats = compare_packers(items, BudgetConfig.resolve((48,), 3, 14))
     assert stats["ffd"].batches == stats["vllm"].batches == 2
 
 
@@ -492,7 +487,7 @@ def test_load_latency_table_round_trip(tmp_path):
 ])
 def test_bad_latency_tables(data, message):
     with pytest.raises(ValueError, match=message):
-        LatencyTable.from_dict(data)
+        table_from_dict(data)
 
 
 def test_predict_time():
@@ -622,7 +617,7 @@ def test_latency_fit_never_gives_a_budget_a_negative_base():
 
     rows = [{"tokens": 16, "graph_ms": 5.0, "eager_ms": 5.0, "layouts": [layout(0.1, 5.0), layout(0.2, 5.0)]},
             {"tokens": 64, "graph_ms": 450.0, "eager_ms": 5.0, "layouts": [layout(0.1, 5.0), layout(4.0, 900.0)]}]
-    table = LatencyTable.from_dict({"budgets": rows})
+    table = table_from_dict({"budgets": rows})
     assert all(ms > 0 for ms in table.graph_ms) and table.attention_ms == 5.0 / 0.2
 
 
@@ -663,3 +658,48 @@ def test_derived_segment_slots_never_pass_the_largest_budget(requests, budgets, 
     for config in (sized, vllm):
         check_budget_fits(config, vision_config=VisionConfig.tiny(), weight_bytes=0)
     assert BudgetConfig.segment_slots(10**6, budgets) == budgets[-1]
+
+
+# ---------------------------------------------------------------------------------------------- the config's invariants
+def test_a_config_holds_its_own_invariants():
+    """No caller caps a config: the constructor refuses what no graph could use, naming the bad value."""
+    from glmvit.packing import MAX_BUDGET_TOKENS, MAX_BUDGETS
+
+    with pytest.raises(ValueError, match="max_segments=129 exceeds the largest budget 128"):
+        BudgetConfig((64, 128), 4, 129)
+    with pytest.raises(ValueError, match=f"1000 budgets: at most {MAX_BUDGETS}"):
+        BudgetConfig(tuple(range(1, 1001)), 1, 1)  # a library user cannot capture 1,000 graphs
+    with pytest.raises(ValueError, match=f"1000 budgets: at most {MAX_BUDGETS}"):
+        BudgetConfig.resolve(range(1, 1001), max_items=1)
+    with pytest.raises(ValueError, match=f"budget {2 * MAX_BUDGET_TOKENS:,} is not in"):
+        BudgetConfig((64, 2 * MAX_BUDGET_TOKENS), 1, 1)
+    BudgetConfig(tuple(range(1, MAX_BUDGETS + 1)), 1, MAX_BUDGETS)  # the bounds themselves are allowed
+
+
+def test_capped_limits_and_slots_follow_the_budgets():
+    config = BudgetConfig.capped([256, 64], max_items=128, max_segments=10**6)
+    assert config == BudgetConfig((64, 256), 64, 256)
+    assert (config.slots(64), config.slots(256)) == (64, 256)
+    assert BudgetConfig.capped([64], 4, 2) == BudgetConfig((64,), 4, 4)  # at least one segment an item
+
+
+def test_serving_limits_are_the_library_defaults():
+    from glmvit.packing import SERVING_LARGEST_BUDGET, SERVING_MAX_ITEMS, default_ladder
+
+    assert BudgetConfig.serving() == BudgetConfig(default_ladder(SERVING_LARGEST_BUDGET), SERVING_MAX_ITEMS,
+                                                  SERVING_MAX_ITEMS)
+    assert BudgetConfig.serving((16, 32)) == BudgetConfig((16, 32), 16, 16)
+    assert BudgetConfig.serving((64, 128), 2, 8) == BudgetConfig((64, 128), 2, 8)
+    with pytest.raises(ValueError, match="exceeds the largest budget"):
+        BudgetConfig.serving((64, 128), 2, 129)
+
+
+@pytest.mark.parametrize("device, weights, tower, dtype", [
+    ("cpu", False, "tiny", "fp32"), ("cuda", False, "full", "bf16"), ("cuda:1", True, "checkpoint", "bf16")])
+def test_device_decides_the_tower_and_dtype(device, weights, tower, dtype):
+    from glmvit.defaults import default_dtype, default_tower, tower_config
+
+    assert (default_tower(device, weights), default_dtype(device)) == (tower, dtype)
+    assert tower_config("tiny") == VisionConfig.tiny() and tower_config("full") == VisionConfig.glm41v()
+    with pytest.raises(ValueError, match="tower 'checkpoint' has no config"):
+        tower_config("checkpoint")

@@ -516,7 +516,7 @@ def test_a_truncated_animated_gif_is_one_line_naming_the_file(tmp_path, capsys):
 
 
 def test_a_latency_sweep_missing_a_field_is_a_value_error():
-    from glmvit.costmodel import latency_table_from_json
+    from glmvit.recorded import latency_table_from_json
 
     sweep = json.loads((ROOT / "data" / "bench" / "latency_compiled_h200.json").read_text())
     del sweep["budgets"][0]["layouts"][0]["graph_p99_ms"]
@@ -527,7 +527,7 @@ def test_a_latency_sweep_missing_a_field_is_a_value_error():
 @pytest.mark.parametrize("where, value", [("real_tokens", "many"), ("graph_ms", None), ("eager_ms", -1.0),
                                           ("segment_rows2", 1e400), ("graph_p99_ms", float("nan"))])
 def test_a_latency_sweep_with_a_mistyped_field_is_a_value_error_naming_it(where, value):
-    from glmvit.costmodel import latency_table_from_json
+    from glmvit.recorded import latency_table_from_json
 
     sweep = json.loads((ROOT / "data" / "bench" / "latency_compiled_h200.json").read_text())
     sweep["budgets"][1]["layouts"][0][where] = value
@@ -576,7 +576,7 @@ def test_ctrl_c_is_one_line_and_status_130_with_nothing_written(tmp_path, capsys
     (lambda s: next(iter(s["capture"].values())).__setitem__("seconds", True), ".seconds"),
 ])
 def test_a_latency_sweep_takes_no_lax_number_and_no_p99_below_its_median(edit, where):
-    from glmvit.costmodel import latency_table_from_json
+    from glmvit.recorded import latency_table_from_json
 
     sweep = json.loads((ROOT / "data" / "bench" / "latency_compiled_h200.json").read_text())
     edit(sweep)
@@ -700,7 +700,7 @@ def test_every_cut_of_an_animation_is_refused_in_one_line(tmp_path, suffix):
 
 @pytest.mark.parametrize("budget", [{"tokens": 1e400}, {"tokens": 64.7}])
 def test_a_plain_latency_table_refuses_a_budget_that_is_not_an_integer(budget):
-    from glmvit.costmodel import latency_table_from_json
+    from glmvit.recorded import latency_table_from_json
 
     sweep = json.loads((ROOT / "data" / "bench" / "latency_compiled_h200.json").read_text())
     plain = {"budgets": [{**b, **(budget if i == 0 else {})} for i, b in enumerate(sweep["budgets"])]}

@@ -21,9 +21,9 @@ from glmvit.cli.explorer import DEFAULT_PRESET, NO_TABLE, TRACE, BudgetExplorer,
 from glmvit.cli.explorer_files import MAX_FILE_BYTES, Workspace, table_from_bytes
 from glmvit.cli.explorer_report import OVER, REPLAY, ROUTED, SLOWER, analyse, batch_rows, plan_groups
 from glmvit.cli.explorer_serve import MIN_TOKEN_CHARS, build_server, explorer_token, server_urls
-from glmvit.costmodel import LatencyTable, recorded_table
 from glmvit.deployment import evaluate_budgets, recommend_budgets
 from glmvit.packing import BudgetConfig, plan_workload
+from glmvit.recorded import recorded_table, table_from_dict
 from glmvit.records import tree_hash
 from glmvit.traces import parse_trace
 from glmvit.workloads import PRESETS, random_mm_workload
@@ -60,7 +60,7 @@ def app(workspace):
 
 @pytest.fixture
 def table():
-    return LatencyTable.from_dict(table_json())
+    return table_from_dict(table_json())
 
 
 def with_table(workspace, data=None, name="my_gpu.json"):

@@ -221,7 +221,7 @@ def test_the_plan_names_only_captured_budgets(tiny_model, tiny_config, monkeypat
     assert sorted(runner.graphs) == [8, 32] and 16 in runner.failed
     pixels, grid = random_batch([[1, 6, 6]], tiny_config, seed=31)  # 9 tokens: budget 16 if it existed
     (step,) = runner.plan(grid)
-    assert step.budget is runner.graphs[32] and step.replay
+    assert step.captured is runner.graphs[32] and step.budget == 32 and step.replay
     with torch.no_grad():
         torch.testing.assert_close(runner.run(pixels, grid)[0], tiny_model(pixels, grid), atol=1e-5, rtol=1e-5)
 
@@ -232,7 +232,7 @@ def test_items_of_a_batch_that_are_not_adjacent_are_gathered(runner, tiny_model,
     grids = [[1, 2, 2], [1, 8, 8], [1, 2, 4]]  # 1, 16 and 2 tokens: one batch of 19 in budget 32
     pixels, grid = random_batch(grids, tiny_config, seed=32)
     (step,) = runner.plan(grid)
-    assert step.items == (1, 2, 0) and step.budget is runner.graphs[32] and step.row_index is not None
+    assert step.items == (1, 2, 0) and step.captured is runner.graphs[32] and step.row_index is not None
     assert step.row_index.tolist() == list(range(4, 68)) + list(range(68, 76)) + list(range(0, 4))
     outs = runner.run(pixels, grid)
     with torch.no_grad():

@@ -1,14 +1,17 @@
 """Budgets to production: traces, P99 and capture time from a latency table, the vLLM export, ``glmvit plan``."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from glmvit.__main__ import main
-from glmvit.costmodel import LatencyTable, load_latency_table, predict_time, recorded_table
+from glmvit.costmodel import LatencyTable, predict_time
 from glmvit.deployment import evaluate_budgets, vllm_compilation_config, vllm_frames_needed
 from glmvit.geometry import ItemSpec
 from glmvit.packing import BudgetConfig, plan_workload
+from glmvit.recorded import load_latency_table, recorded_table, table_from_dict
 from glmvit.records import LatencySweep, find_one, staleness
 from glmvit.traces import MAX_FRAMES, load_trace, parse_trace
 from glmvit.workloads import make_item
@@ -50,10 +53,10 @@ def test_capture_time_is_measured_or_interpolated(table_path):
 
 def test_a_table_without_the_optional_columns_says_unknown():
     rows = [{"tokens": 64, "graph_ms": 1.0, "eager_ms": 2.0}, {"tokens": 128, "graph_ms": 2.0, "eager_ms": 3.0}]
-    table = LatencyTable.from_dict({"budgets": rows})
+    table = table_from_dict({"budgets": rows})
     assert table.p99() is None and table.capture_time(64) is None
     with pytest.raises(ValueError, match="P99 columns on some budgets only"):  # never half a column, ignored
-        LatencyTable.from_dict({"budgets": [{**rows[0], "graph_p99_ms": 1.5, "eager_p99_ms": 3.0}, rows[1]]})
+        table_from_dict({"budgets": [{**rows[0], "graph_p99_ms": 1.5, "eager_p99_ms": 3.0}, rows[1]]})
 
 
 @pytest.mark.parametrize("data, message", [
@@ -71,7 +74,7 @@ def test_bad_optional_columns_are_refused(data, message):
     rows = [{"tokens": t, "graph_ms": 1.0, "eager_ms": 1.0, "graph_p99_ms": p99, "eager_p99_ms": 1.0}
             for t in (64, 128)]
     with pytest.raises(ValueError, match=message):
-        LatencyTable.from_dict({"budgets": rows, **data})
+        table_from_dict({"budgets": rows, **data})
 
 
 # --- evaluating a budget set ----------------------------------------------------------------------------------------
@@ -262,3 +265,21 @@ def test_a_budget_set_without_the_largest_budgets_still_pays_the_start_up(capsys
     assert small.capture_s > 10 * smallest_captures  # ... not the small captures' sum
     assert main(["plan", "--budgets", ",".join(map(str, startup.budgets[:3]))]) == 0
     assert f"≈ {small.capture_s:.2f} s ({small.capture.one_time_s:.2f} s once + 3 × " in capsys.readouterr().out
+
+
+def test_recorded_tables_are_found_only_where_the_caller_says(tmp_path):
+    """Recorded tables come from the directories given (a checkout's data/ by default), never from where the
+    package happens to be installed: an empty directory holds none, a copy of a sweep is found there."""
+    import shutil
+
+    from glmvit.config import VisionConfig
+    from glmvit.random_weights import random_encoder
+    from glmvit.recorded import recorded_table_for
+
+    with pytest.raises(ValueError, match="found none"):
+        recorded_table("graph", dirs=[tmp_path])
+    source = Path(recorded_table("graph").source)
+    shutil.copy(source, tmp_path / source.name)
+    assert recorded_table("graph", dirs=[tmp_path]).source == str(tmp_path / source.name)
+    model = random_encoder(VisionConfig.tiny(), "cpu", torch.float32, 0)
+    assert recorded_table_for(model, compiled=False, dirs=[tmp_path]) is None  # not the recorded tower, nor GPU

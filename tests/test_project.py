@@ -98,16 +98,15 @@ def test_readme_results_are_the_recorded_ones():
     assert main(["--check"]) == 0, "run python tools/readme_results.py"
 
 
-def cli_imports(package: Path) -> list[tuple[str, str]]:
-    """(file, module) for every import of ``glmvit.cli`` (or below it) by a module of the package at ``package``
-    outside cli/ and __main__.py: absolute or relative, ``import``, ``from … import`` or ``from . import cli``."""
+def package_imports(package: Path) -> list[tuple[str, str]]:
+    """(file, module) for every import by a module of the package at ``package``, absolute or relative, ``import``,
+    ``from … import`` or ``from . import name`` (a name may be a submodule, so ``base.name`` is listed too), at any
+    depth of the file (a function's own imports included)."""
     import ast
 
     found = []
     for path in sorted(package.rglob("*.py")):
         inside = path.relative_to(package).parts
-        if inside[0] == "cli" or path.name == "__main__.py":
-            continue
         here = [package.name, *inside[:-1]]  # the module's package, e.g. ["glmvit", "kernels"]
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
@@ -115,17 +114,66 @@ def cli_imports(package: Path) -> list[tuple[str, str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = ".".join([*here[:len(here) - node.level + 1], *([node.module] if node.module else [])]) \
                     if node.level else node.module or ""
-                modules = [base, *(f"{base}.{a.name}" for a in node.names)]  # a name may be a submodule
+                modules = [base, *(f"{base}.{a.name}" for a in node.names)]
             else:
                 continue
-            found += [(str(path.relative_to(package)), m) for m in modules
-                      if m == f"{package.name}.cli" or m.startswith(f"{package.name}.cli.")]
+            found += [(str(path.relative_to(package)), m) for m in modules]
     return found
+
+
+def _within(module: str, packages: set[str]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def cli_imports(package: Path) -> list[tuple[str, str]]:
+    """(file, module) for every import of ``glmvit.cli`` (or below it) by a module of the package at ``package``
+    outside cli/ and __main__.py."""
+    cli = {f"{package.name}.cli"}
+    return [(file, m) for file, m in package_imports(package)
+            if Path(file).parts[0] != "cli" and file != "__main__.py" and _within(m, cli)]
+
+
+# The runtime: what encodes a request (request → plan → encoder → outputs), and what a server runs. It imports none
+# of the RECORDING modules (typed records and their schemas, provenance, environment capture, the transformers
+# oracle, the code fingerprints), nor the lab or the tools.
+RUNTIME = ("attention", "config", "costmodel", "defaults", "encoder", "files", "geometry", "graphs",
+           "kernels/__init__", "kernels/attention_table", "kernels/reference", "kernels/triton_attention",
+           "kernels/triton_bicubic", "messages", "metadata", "model", "modes", "packing", "parallel", "processing",
+           "request", "rotary", "routing", "scheduler", "video", "weights")
+RECORDING = ("records", "recorded", "provenance", "env", "oracle", "fingerprint", "lab", "cli")
+
+
+def runtime_imports_of_recording(package: Path) -> list[tuple[str, str]]:
+    """(file, module) for every import of a RECORDING module by a RUNTIME module of the package at ``package``."""
+    runtime = {f"{name}.py" for name in RUNTIME}
+    recording = {f"{package.name}.{name}" for name in RECORDING}
+    return [(file, m) for file, m in package_imports(package) if file in runtime and _within(m, recording)]
 
 
 def test_no_library_module_imports_the_tools():
     """The data path never depends on the commands: glmvit/cli imports the library, never the other way."""
     assert cli_imports(ROOT / "glmvit") == []
+
+
+def test_the_runtime_imports_no_recording_code():
+    """The runtime's import graph holds no record schema, provenance, oracle or tool: a server loads none of them."""
+    for name in RUNTIME:
+        assert (ROOT / "glmvit" / f"{name}.py").is_file(), f"RUNTIME names glmvit/{name}.py, which is gone"
+    assert runtime_imports_of_recording(ROOT / "glmvit") == []
+
+
+def test_importing_the_runtime_loads_no_pydantic_nor_recording_code():
+    """In a fresh interpreter, the runner, the encoders, the scheduler and the data-parallel encoder load neither
+    pydantic nor any recording module (checked on the modules loaded, not on the source)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, glmvit.graphs, glmvit.encoder, glmvit.scheduler, glmvit.parallel\n"
+            "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] == 'pydantic' or "
+            f"m.split('.')[:2] in [['glmvit', n] for n in {list(RECORDING)!r}])))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == []
 
 
 def test_the_layering_check_finds_every_spelling_of_a_cli_import(tmp_path):
@@ -140,6 +188,20 @@ def test_the_layering_check_finds_every_spelling_of_a_cli_import(tmp_path):
         (package / name).write_text(line)
     (package / "fine.py").write_text("from . import packing\nfrom .kernels import client\nimport glmvit.clip\n")
     assert {file for file, _ in cli_imports(package)} == set(spellings)
+
+
+def test_the_layering_check_finds_every_spelling_of_a_recording_import(tmp_path):
+    package = tmp_path / "glmvit"
+    (package / "kernels").mkdir(parents=True)
+    spellings = {"graphs.py": "from . import records\n", "model.py": "from .records import parse\n",
+                 "costmodel.py": "def f():\n    from .provenance import collect\n",
+                 "scheduler.py": "import glmvit.oracle\n", "encoder.py": "from glmvit import recorded\n",
+                 "kernels/reference.py": "from .. import env\n", "parallel.py": "from .lab import tour\n"}
+    for name, line in spellings.items():
+        (package / name).write_text(line)
+    (package / "deployment.py").write_text("from .recorded import capture_cost\n")  # planning, not the runtime
+    (package / "packing.py").write_text("from . import geometry\nimport glmvit.recordings_like\n")
+    assert {file for file, _ in runtime_imports_of_recording(package)} == set(spellings)
 
 
 def _imports(source: str) -> list[tuple[str, list[str]]]:
@@ -177,8 +239,8 @@ CLI_TESTS = {"test_cli.py", "test_bench.py", "test_plan.py", "test_explorer.py",
              "test_fuzz_inputs.py", "test_ncu.py", "test_record_run.py",
              "test_one_line_errors.py", "test_outputs.py", "test_serve_bodies.py", "test_serve_media.py",
              "test_bench_serve_wait.py",
-             # these two check that the latency and bench commands time and count as the library does
-             "test_timing_passes.py", "test_request.py"}
+             # these check that the latency and bench commands time, count and route as the library does
+             "test_timing_passes.py", "test_request.py", "test_routing.py"}
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "tests").rglob("test_*.py")), ids=lambda p: p.name)

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from glmvit import VisionConfig
-from glmvit.costmodel import graph_memory, load_latency_table, predict_time, recorded_table
+from glmvit.costmodel import graph_memory, predict_time
 from glmvit.geometry import item_spec
 from glmvit.packing import BudgetConfig, plan_batches
+from glmvit.recorded import load_latency_table, recorded_table
 from glmvit.records import BenchRecord, LatencySweep, Record, find, load, load_any, record_files, staleness
 
 pytestmark = pytest.mark.records

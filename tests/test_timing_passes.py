@@ -94,3 +94,28 @@ def test_bench_and_latency_time_an_eager_forward_by_one_rule(monkeypatch):
     assert len(calls) == len(grids) == len(eager) < sum(len(row["layouts"]) for row in rows)
     assert all(c == (50, timing.WARMUP, timing.PRECISION, timing.MAX_PASSES) for c in calls)
     assert np.all([lay["eager_ms"] == 1.0 for row in rows for lay in row["layouts"]])
+
+
+def test_distribution_is_the_one_summary_of_what_a_server_observes():
+    assert timing.distribution([]) == dict.fromkeys(("mean", "median", "p99", "min", "max"))
+    summary = timing.distribution([3.0, 1.0, 2.0])
+    assert (summary["mean"], summary["median"], summary["min"], summary["max"]) == (2.0, 2.0, 1.0, 3.0)
+    assert 2.0 < summary["p99"] <= 3.0
+
+
+def test_demo_times_with_the_library(monkeypatch, capsys):
+    """The demo's eager and runner times come from timing.time_calls (one call per item, one for the runner), not
+    from a loop of its own."""
+    from glmvit.cli import main
+
+    calls = []
+    real = timing.time_calls
+
+    def counted(fn, device, runs, warmup=0, on_device=False):
+        calls.append(runs)
+        return real(fn, device, runs, warmup, on_device)
+
+    monkeypatch.setattr(timing, "time_calls", counted)
+    assert main(["demo", "--device", "cpu"]) == 0
+    items = capsys.readouterr().out.count(" image ") + 1  # four images and the clip
+    assert len(calls) == items + 1 and calls[-1] == 1

@@ -32,6 +32,7 @@ Why one module of this length: the modes, the timed loop and the report are one 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import statistics
@@ -45,19 +46,22 @@ from tqdm.auto import tqdm
 
 from ..attention import check_backend
 from ..config import VisionConfig
-from ..costmodel import TABLE_MODES, LatencyTable, ladder_split, predict_time
+from ..costmodel import LatencyTable, ladder_split, predict_time
+from ..defaults import dtype_name
 from ..deployment import check_budget_fits
 from ..encoder import build_encoder
 from ..floor import floor_ms, flops_breakdown, measure_copy_bandwidth, measure_matmul_tflops, weight_bytes
-from ..graphs import EncoderGraphRunner, recorded_table_for
+from ..graphs import EncoderGraphRunner
 from ..metadata import build_metadata
 from ..model import GlmVisionEncoder
-from ..modes import GraphMode, RunMode
+from ..modes import TABLE_MODES, GraphMode, RunMode
 from ..oracle import flatten_video_grids, hf_twin
 from ..packing import LADDER_SPLIT, BudgetConfig, plan_batches
 from ..provenance import collect
-from ..records import BenchRecord, make
-from ..timing import MAX_PASSES, PRECISION, WARMUP, launch_us, quiet_host, summarise, sync, time_passes
+from ..recorded import recorded_table_for
+from ..records import RECORD_DIRS, BenchRecord, make
+from ..routing import Router
+from ..timing import MAX_PASSES, PRECISION, WARMUP, launch_us, quiet_host, summarise, sync, time_calls, time_passes
 from ..workloads import PRESETS, random_mm_workload
 from .common import (
     DTYPES,
@@ -197,12 +201,9 @@ def _floor(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, m
 
 
 def _warm(fn: Encode, inputs: list[tuple], n: int, warmup: int, device: torch.device) -> float:
-    """Run ``warmup`` untimed requests (cycling over the first n); returns the seconds it took."""
-    start = time.perf_counter()
-    for i in range(warmup):
-        fn(*inputs[i % n])
-    sync(device)
-    return time.perf_counter() - start
+    """Run ``warmup`` untimed requests (cycling over the first n); returns the seconds they took."""
+    order = itertools.cycle(range(n))
+    return sum(time_calls(lambda: fn(*inputs[next(order)]), device, warmup)) / 1e3
 
 
 def _timed(fn: Encode, inputs: list[tuple], n: int, device: torch.device, label: str, quiet: bool,
@@ -335,7 +336,7 @@ def run_benchmark(args: argparse.Namespace, command: str, session: Session | Non
         if runner is not None:
             record["runner"] = runner.settle_stats().as_dict()
             if mode in tables:
-                record["predicted_ms"] = [_runner_prediction(runner, g, tables[mode], args.no_route) for g in grids[:n]]
+                record["predicted_ms"] = [runner_prediction(runner, g, tables[mode], args.no_route) for g in grids[:n]]
         if device.type == "cuda":
             record["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
         result["modes"][label] = record
@@ -384,7 +385,7 @@ def resolve_tables(spec: str, model: GlmVisionEncoder, attention: str | None = N
         return tables
     tables = {}
     for mode in TABLE_MODES:
-        table = recorded_table_for(model, compiled=mode.compiled, attention=attention)
+        table = recorded_table_for(model, compiled=mode.compiled, attention=attention, dirs=RECORD_DIRS)
         if table is not None:
             tables[mode] = table
     return tables
@@ -411,7 +412,7 @@ def _check_graphs_fit(configs: dict[str, BudgetConfig], args: argparse.Namespace
     """:class:`GraphsDoNotFit` unless each config's graphs and the weights fit the device."""
     for config in configs.values():
         try:
-            check_budget_fits(config, str(DTYPES[args.dtype]).removeprefix("torch."), graph_memory_target(device))
+            check_budget_fits(config, dtype_name(args.dtype), graph_memory_target(device))
         except ValueError as err:
             raise GraphsDoNotFit(str(err)) from None
 
@@ -428,13 +429,12 @@ def parse_tables(text: str) -> str:
     return text
 
 
-def _runner_prediction(runner: EncoderGraphRunner, grids: np.ndarray, table: LatencyTable, no_route: bool) -> float:
-    """The ms the cost model predicts for one request as this runner plans (and routes) it."""
-    steps = runner.plan(grids)
-    if not no_route:
-        return sum(s.predicted_ms or 0.0 for s in steps)
-    return sum(table.graph_time(s.budget.budget, s.segment_rows2) if s.budget is not None
-               else table.eager_time(s.tokens, s.segment_rows2) for s in steps)
+def runner_prediction(runner: EncoderGraphRunner, grids: np.ndarray, table: LatencyTable, no_route: bool) -> float:
+    """The ms the cost model predicts for one request as this runner plans it, each batch routed by the
+    :class:`~glmvit.routing.Router` the runner routes with (``no_route``: replayed whenever a budget holds it)."""
+    router = Router(table, by_time=not no_route)
+    return sum(router.route(s.budget, s.tokens, s.segment_rows2)
+               .predicted_ms or 0.0 for s in runner.plan(grids))
 
 
 def _prediction(tables: dict[str, LatencyTable], plans: list, modes: dict, labels: dict[str, str]) -> dict:

@@ -66,6 +66,7 @@ from ..floor import flops_breakdown
 from ..provenance import collect
 from ..records import Fingerprint, ServeRecord, fingerprint_now, make
 from ..scheduler import BatchScheduler, QueueFull, SchedulerClosed
+from ..timing import distribution
 from ..workloads import PRESETS, MMItem, random_batch, random_mm_workload, shown
 from .common import (
     Parser,
@@ -187,14 +188,6 @@ def arrival_offsets(n: int, rate: float, burstiness: float, seed: int) -> np.nda
         return np.zeros(n)
     gaps = np.random.default_rng(seed).gamma(burstiness, 1.0 / (rate * burstiness), size=n)
     return np.concatenate([[0.0], np.cumsum(gaps[:-1])])
-
-
-def summary_ms(values: list[float]) -> dict[str, float | None]:
-    a = np.asarray(values, dtype=np.float64)
-    if a.size == 0:
-        return {"mean": None, "median": None, "p99": None, "min": None, "max": None}
-    return {"mean": float(a.mean()), "median": float(np.median(a)), "p99": float(np.percentile(a, 99)),
-            "min": float(a.min()), "max": float(a.max())}
 
 
 # ---- the workload ----------------------------------------------------------------------------------------------
@@ -465,7 +458,7 @@ def run_record(mode: str, rate: float, args: argparse.Namespace, workload: Workl
         "requests_per_s": len(ok) / duration if duration > 0 else 0.0, "items_per_s": items_per_s,
         "tokens_per_s": tokens / duration if duration > 0 else 0.0,
         "vs_floor": items_per_s / floor_items_per_s if floor_items_per_s else None,
-        "tte_ms": summary_ms(tte), "queue_ms": summary_ms(queue), "server": server,
+        "tte_ms": distribution(tte), "queue_ms": distribution(queue), "server": server,
         "per_request": {"ok": [o.ok for o in outcomes], "sent_s": [o.sent - outcomes[0].sent for o in outcomes],
                         "tte_ms": [(o.done - o.sent) * 1e3 for o in outcomes],
                         "queue_ms": [o.queue_ms for o in outcomes]},

@@ -1,5 +1,5 @@
-"""What every command shares: one-line argument errors, the device / config / dtype policy, the model, the bounds
-on sizes, and output written atomically (JSON with provenance)."""
+"""What every command shares: one-line argument errors, the model its flags describe (defaults from
+:mod:`glmvit.defaults`, bounds from :mod:`glmvit.packing`), and output written atomically (JSON with provenance)."""
 from __future__ import annotations
 
 import argparse
@@ -17,11 +17,13 @@ from typing import Any, BinaryIO, Iterator
 import torch
 
 from ..config import VisionConfig
-from ..costmodel import LatencyTable, latency_table_from_json
+from ..costmodel import LatencyTable
+from ..defaults import DTYPES, default_device, default_dtype, default_tower, dtype_name, tower_config  # noqa: F401
 from ..deployment import H200_BYTES
 from ..files import STDOUT, file_kind, is_stdout, read_bounded
 from ..model import GlmVisionEncoder
 from ..random_weights import random_encoder
+from ..recorded import latency_table_from_json
 from ..records import Record, to_json
 from ..weights import checkpoint_config, missing_checkpoint
 from ..workloads import Preset, parse_bucket_config, shown
@@ -40,16 +42,16 @@ from .flags import (  # noqa: F401  (re-exported: every command imports them fro
     refuse_given_with,
 )
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # The flags a named preset (--workload) decides: its own fields, so a new field is refused with --workload at once.
 PRESET_FLAGS = tuple(f.name for f in dataclasses.fields(Preset) if f.name != "description")
 MAX_TABLE_BYTES = 16 << 20  # a latency table is tens of KiB (data/bench/latency_h200.json: 34 KB)
 
 
 def resolve_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Fill in the policy defaults (device, config, dtype) in place; reject what cannot run (parser.error)."""
+    """Fill in the defaults (:mod:`glmvit.defaults`: device, config, dtype) in place; reject what cannot run
+    (parser.error)."""
     if args.device is None:
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+        args.device = default_device()
     try:
         device = torch.device(args.device)
     except RuntimeError:
@@ -74,9 +76,9 @@ def resolve_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace
         except (ValueError, OSError) as err:
             parser.error(f"--weights: {err}")
     if args.config == "auto":
-        args.config = "checkpoint" if args.weights else "full" if device.type == "cuda" else "tiny"
+        args.config = default_tower(device, bool(args.weights))
     if args.dtype is None:
-        args.dtype = "bf16" if device.type == "cuda" else "fp32"
+        args.dtype = default_dtype(device)
 
 
 def refuse_preset_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -94,7 +96,8 @@ def bucket_config_arg(text: str) -> dict:
 
 
 def vision_config(name: str) -> VisionConfig:
-    return VisionConfig.glm41v() if name == "full" else VisionConfig.tiny()
+    """The config of a random-weights tower flag (:func:`glmvit.defaults.tower_config`)."""
+    return tower_config(name)
 
 
 def model_from_args(args: argparse.Namespace) -> GlmVisionEncoder:

@@ -5,8 +5,7 @@ full GLM-4.1V vision tower in bfloat16 (runner: CUDA graphs). ``--weights`` load
 """
 from __future__ import annotations
 
-import statistics
-import time
+from functools import partial
 from pathlib import Path
 
 from .flags import Parser, add_model_args
@@ -28,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..modes import GraphMode, RunMode
     from ..packing import BudgetConfig
     from ..processing import SAMPLE_DATA, sample_inputs
-    from ..timing import sync
+    from ..timing import summarise, time_calls
     from .common import describe, model_from_args, plural, resolve_model_args
 
     resolve_model_args(parser, args)
@@ -46,16 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, kind, grid, pixels in zip(inputs.sources, inputs.kinds, inputs.grid_thw, inputs.split(),
                                             strict=True):
             pixels = pixels.to(device)
-            for _ in range(WARMUP_CALLS):  # the first calls of a shape pay for kernel compilation and caches
-                model(pixels, grid[None])
-            times = []
-            for _ in range(TIMED_CALLS):
-                sync(device)
-                start = time.perf_counter()
-                out = model(pixels, grid[None])
-                sync(device)
-                times.append((time.perf_counter() - start) * 1e3)
-            ms = statistics.median(times)
+            out = model(pixels, grid[None])  # the first calls of a shape pay for kernel compilation and caches
+            times = time_calls(partial(model, pixels, grid[None]), device, TIMED_CALLS, warmup=WARMUP_CALLS - 1)
+            ms = summarise(times)["median_ms"]
             eager.append(out)
             label = Path(name).name if name else "(array)"
             print(f"{label:<16} {kind:<6} {str(grid.tolist()):<16} {out.shape[0]:>7} {str(tuple(out.shape)):>14} "
@@ -67,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     config = BudgetConfig.for_requests([specs])
     runner = build_encoder(model, RunMode.GRAPH, config)
     assert isinstance(runner, EncoderGraphRunner)
-    start = time.perf_counter()
-    outs = runner.run(inputs.pixel_values.to(device), inputs.grid_thw)
-    ms = (time.perf_counter() - start) * 1e3
+    pixel_values, runs = inputs.pixel_values.to(device), []
+    ms = time_calls(lambda: runs.append(runner.run(pixel_values, inputs.grid_thw)), device, 1)[0]
+    outs = runs[0]
     diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(outs, eager, strict=True))
     what = "CUDA graphs" if runner.mode is GraphMode.CUDA else "emulated (no CUDA graphs on CPU)"
     s = runner.stats

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..defaults import dtype_name
 from ..deployment import check_budget_fits
 from ..encoder import build_encoder
 from ..graphs import EncoderGraphRunner
@@ -142,7 +143,7 @@ def plan_workload(args: argparse.Namespace) -> Workload:
             raise ValueError(f"request {k} has {tokens:,} tokens, more than {MAX_BUDGET_TOKENS:,} (a request must "
                              "fit the 128K-token context of GLM-4.6V-Flash): fewer or smaller items")
     config = BudgetConfig.for_requests(specs)
-    check_budget_fits(config, str(DTYPES[args.dtype]).removeprefix("torch."), graph_memory_target(args.device))
+    check_budget_fits(config, dtype_name(args.dtype), graph_memory_target(args.device))
     return Workload(buckets, grids, config)
 
 

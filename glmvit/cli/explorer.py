@@ -2,7 +2,7 @@
 explorer`` serves it behind a token, :mod:`glmvit.cli.explorer_serve`).
 
 Times come from a latency table: by default the sweep recorded in data/bench for the graph-compiled runner
-(``glmvit.costmodel.recorded_table``), or the uncompiled one, or your own (a file or an upload); the page says what
+(``glmvit.recorded.recorded_table``), or the uncompiled one, or your own (a file or an upload); the page says what
 the table measured, on which GPU, at which commit, and whether the code changed since. Two systems are modelled:
 vLLM 0.33 (its packer; every batch a budget holds is replayed) and glmvit (first-fit decreasing; each batch replayed
 or run eagerly, whichever the table predicts faster), packed per request or per vLLM engine step
@@ -23,10 +23,12 @@ from typing import Any, Callable, Iterator
 import ipywidgets as widgets
 
 from ..config import VisionConfig
-from ..costmodel import TABLE_MODES, LatencyTable, load_latency_table, recorded_table
+from ..costmodel import LatencyTable
 from ..deployment import check_budget_fits, recommend_budgets
 from ..geometry import ItemSpec
+from ..modes import TABLE_MODES
 from ..packing import VLLM_MAX_NUM_BATCHED_TOKENS, BudgetConfig, max_items_rule, parse_budgets
+from ..recorded import load_latency_table, recorded_table
 from ..traces import SUFFIXES, parse_trace
 from ..workloads import PRESETS, MMItem, random_mm_workload
 from .common import check_budgets

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..costmodel import LatencyTable, latency_table_from_json
+from ..costmodel import LatencyTable
+from ..recorded import latency_table_from_json
 from ..workloads import MMItem
 from .common import write_atomic
 

@@ -22,6 +22,7 @@ from ..costmodel import LatencyTable, graph_memory, total_graph_memory
 from ..deployment import BudgetReport, TimeSummary, evaluate_budgets, plan_engine_steps
 from ..geometry import ItemSpec
 from ..packing import VLLM_MAX_NUM_BATCHED_TOKENS, Batch, BudgetConfig, Plan, plan_workload
+from ..routing import Router
 
 SYSTEMS = {"vllm": ("vllm", False), "glmvit": ("ffd", True)}  # system → (packer, route)
 BATCH_ROWS = 8  # most common batch shapes in the batch table (the largest and each other way of running added)
@@ -62,13 +63,13 @@ class Analysis:
 
 def batch_runs(batch: Batch, table: LatencyTable | None, route: bool) -> str:
     """How a batch runs: eagerly when no budget holds it; with ``route`` (glmvit's runner) eagerly also when the
-    table predicts its eager forward faster than its replay (``predict_time``'s rule); otherwise it is replayed,
+    table predicts its eager forward faster than its replay (:class:`glmvit.routing.Router`); otherwise it is replayed,
     flagged ``SLOWER`` when the table predicts eager faster (vLLM does not route)."""
     if batch.budget is None:
         return OVER
     if table is None:
         return REPLAY
-    faster = table.eager_time(batch.tokens, batch.segment_rows2) < table.graph_time(batch.budget, batch.segment_rows2)
+    faster = Router(table).eager_faster(batch.budget, batch.tokens, batch.segment_rows2)
     return (ROUTED if route else SLOWER) if faster else REPLAY
 
 

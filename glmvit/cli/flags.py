@@ -1,6 +1,6 @@
 """The flags every command shares, defined without importing torch so that ``--help`` answers at once: one-line
-argument errors, the bounds on sizes and counts, the budgets and the model flags (:mod:`glmvit.cli.common` re-exports
-every name, and maps the --dtype names to torch dtypes)."""
+argument errors, the budgets (within :mod:`glmvit.packing`'s bounds) and the model flags (:mod:`glmvit.cli.common`
+re-exports every name)."""
 from __future__ import annotations
 
 import argparse
@@ -8,17 +8,11 @@ import math
 from typing import Callable, Iterable, NoReturn
 
 from ..messages import shown
-from ..packing import parse_budgets
+from ..packing import MAX_BUDGET_TOKENS, MAX_BUDGETS, check_budgets, parse_budgets  # noqa: F401  (re-exported)
 from . import one_line
 
 DTYPE_NAMES = ("bf16", "fp16", "fp32")  # --dtype's choices: glmvit.cli.common.DTYPES maps each to its torch dtype
 SEED_MAX = 2**32 - 1  # 32-bit seeds: what every generator accepts (numpy's legacy RandomState stops here)
-# The largest token budget worth capturing. A request's visual tokens must fit the language model's context: 128K
-# tokens for GLM-4.6V-Flash (64K for GLM-4.1V-9B-Thinking); vLLM likewise caps its automatic encoder budgets at
-# min(max_num_batched_tokens, max_model_len). (glmvit.scheduler packs items of several requests into one batch, but
-# never past the largest budget.) A graph that large already takes tens of GiB (costmodel.graph_memory).
-MAX_BUDGET_TOKENS = 131_072
-MAX_BUDGETS = 64  # vLLM warns past 64 captured encoder graphs: each one costs capture time and static buffers
 
 
 class Parser(argparse.ArgumentParser):
@@ -58,18 +52,6 @@ def float_in(lo: float, hi: float) -> Callable[[str], float]:
         return value
 
     return parse
-
-
-def check_budgets(budgets: tuple[int, ...] | None) -> tuple[int, ...] | None:
-    """``budgets`` (None: auto) if there are at most MAX_BUDGETS, each in [1, MAX_BUDGET_TOKENS]; else ValueError."""
-    if budgets and len(budgets) > MAX_BUDGETS:
-        raise ValueError(f"{len(budgets)} budgets: at most {MAX_BUDGETS} (each is a captured graph)")
-    for budget in budgets or ():
-        if not 1 <= budget <= MAX_BUDGET_TOKENS:
-            raise ValueError(f"budget {budget:,} is not in [1, {MAX_BUDGET_TOKENS:,}] tokens (a request must fit "
-                             "the 128K-token context of GLM-4.6V-Flash, and a graph that large already takes tens "
-                             "of GiB)")
-    return budgets
 
 
 def budgets_arg(text: str) -> tuple[int, ...] | None:

@@ -4,7 +4,7 @@ For every budget, the same graph is replayed with several layouts — full (one 
 full, one small image, many small images, a video clip — and the same batches run eagerly. An eager forward is
 timed as ``bench`` times a request (:func:`time_eager`), once per distinct batch of grids. The table's ``graph_ms``
 of a budget is the slowest layout's median (what any batch in that graph may cost); ``eager_ms`` is the full
-layout's. The JSON is a :class:`glmvit.records.LatencySweep`; :func:`glmvit.costmodel.load_latency_table` fits
+layout's. The JSON is a :class:`glmvit.records.LatencySweep`; :func:`glmvit.recorded.load_latency_table` fits
 the cost model on it, and the layouts stay in it for notebooks::
 
     python -m glmvit latency --budgets 64,128,256,512,1024,2048,4096 --json data/bench/latency_h200.json
@@ -22,6 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config import VisionConfig
+from ..defaults import dtype_name
 from ..deployment import check_budget_fits
 from ..encoder import build_encoder
 from ..floor import encoder_flops
@@ -133,7 +134,7 @@ def measure(runner: EncoderGraphRunner, model: GlmVisionEncoder, runs: int, warm
         entry: dict[str, Any] = {"tokens": budget, "layouts": []}
         timed = {}
         with quiet_host():  # one quiet CPU per budget: its layouts are timed back to back
-            for name, grid in layouts(budget, runner.config.max_items, runner.graphs[budget].shape.segments,
+            for name, grid in layouts(budget, runner.budgets.max_items, runner.graphs[budget].shape.segments,
                                       cfg.spatial_merge_size).items():
                 grids = np.array(grid, dtype=np.int64)
                 pixels = torch.randn(layout_spec(grids, cfg).rows, cfg.patch_dim, device=device,
@@ -185,9 +186,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, BudgetConfig]:
         budgets = args.budgets or ()
         if len(budgets) < 2:
             raise ValueError("--budgets needs at least two budgets, e.g. 64,128,256,512")
-        config = BudgetConfig(tuple(sorted(budgets)), min(args.max_items, min(budgets)),
-                              min(args.max_segments, max(budgets)))  # slots past a budget's tokens are never used
-        check_budget_fits(config, str(DTYPES[args.dtype]).removeprefix("torch."), graph_memory_target(args.device))
+        config = BudgetConfig.capped(budgets, args.max_items, args.max_segments)
+        check_budget_fits(config, dtype_name(args.dtype), graph_memory_target(args.device))
         if args.json:
             check_writable(args.json)
     except (ValueError, OSError) as err:

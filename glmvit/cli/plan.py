@@ -26,7 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..costmodel import TABLE_MODES, LatencyTable, recorded_table
+from ..costmodel import LatencyTable
+from ..defaults import dtype_name
 from ..deployment import (
     BudgetReport,
     TimeSummary,
@@ -36,8 +37,10 @@ from ..deployment import (
     vllm_frames_needed,
 )
 from ..geometry import ItemSpec
+from ..modes import TABLE_MODES
 from ..packing import PACKERS, VLLM_MAX_NUM_BATCHED_TOKENS, BudgetConfig, combined_stats, max_items_rule, plan_workload
 from ..provenance import collect
+from ..recorded import recorded_table
 from ..traces import load_trace
 from ..workloads import PRESETS, MMItem, random_mm_workload
 from .common import (
@@ -124,7 +127,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tup
     table_input = args.latency_table if args.latency_table != "none" else None
     refuse_outputs_over_inputs(parser, {"--export": args.export, "--json": args.json},
                                {"the --trace input": args.trace, "the --latency-table input": table_input})
-    dtype = str(DTYPES[args.dtype]).removeprefix("torch.")
+    dtype = dtype_name(args.dtype)
     try:
         configs = [_budget_config(args.budgets, args, dtype)]
         if args.compare is not False:
@@ -266,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     requests, configs, table = check_args(parser, args)
     specs = [[item.spec for item in request] for request in requests]
-    dtype = str(DTYPES[args.dtype]).removeprefix("torch.")
+    dtype = dtype_name(args.dtype)
     packer, route = SYSTEMS[args.system]
     reports = [evaluate_budgets(specs, c, table, dtype=dtype, packer=packer, route=route, per=args.per,
                                 step_tokens=args.step_tokens) for c in configs]

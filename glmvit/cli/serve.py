@@ -25,17 +25,19 @@ from typing import Any
 
 import torch
 
+from ..defaults import dtype_name
 from ..deployment import check_budget_fits
 from ..encoder import build_encoder
 from ..floor import measure_copy_bandwidth, measure_matmul_tflops, weight_bytes
-from ..graphs import EncoderGraphRunner, recorded_table_for
+from ..graphs import EncoderGraphRunner
 from ..model import GlmVisionEncoder
 from ..modes import RunMode
-from ..packing import BudgetConfig, default_ladder
+from ..packing import SERVING_LARGEST_BUDGET, SERVING_MAX_ITEMS, BudgetConfig
 from ..provenance import collect
+from ..recorded import recorded_table_for
+from ..records import RECORD_DIRS
 from ..scheduler import DEFAULT_MAX_BYTES, DEFAULT_MAX_REQUESTS, BatchScheduler
 from .common import (
-    DTYPES,
     MAX_BUDGET_TOKENS,
     Parser,
     add_model_args,
@@ -52,17 +54,16 @@ from .serve_app import DECODE_QUEUE, EncoderService, HttpLimits, default_decode_
 from .serve_media import DEFAULT_FRAME_PIXELS, DEFAULT_REQUEST_PIXELS, MediaLimits
 
 MODES = tuple(m.value for m in RunMode)
-LARGEST_BUDGET = 4096  # the default ladder's top: sixteen 8-frame 224² clips, or four 896² images, in one batch
-DEFAULT_ITEMS = 64  # vLLM's default max items per batch for its 64..4096 budget range (4096 // 64)
 
 
 def add_serving_args(parser: argparse.ArgumentParser) -> None:
     """Batch limits and scheduling: the same flags for ``serve`` and ``bench-serve --in-process``."""
     g = parser.add_argument_group("batching")
     g.add_argument("--budgets", type=budgets_arg, default=None,
-                   help=f"graph token budgets, e.g. 256,1024,4096 (default: the default ladder up to {LARGEST_BUDGET})")
+                   help="graph token budgets, e.g. 256,1024,4096 (default: the default ladder up to "
+                        f"{SERVING_LARGEST_BUDGET})")
     g.add_argument("--max-items", type=int_in(1, MAX_BUDGET_TOKENS), default=None,
-                   help=f"items per batch (default {DEFAULT_ITEMS}, at most the smallest budget)")
+                   help=f"items per batch (default {SERVING_MAX_ITEMS}, at most the smallest budget)")
     g.add_argument("--max-segments", type=int_in(1, MAX_BUDGET_TOKENS), default=None,
                    help="attention segments (temporal patches) per batch (default: max items)")
     g.add_argument("--max-wait-ms", type=float_in(0, 1000), default=0.0,
@@ -78,9 +79,8 @@ def add_serving_args(parser: argparse.ArgumentParser) -> None:
 
 
 def budget_config(args: argparse.Namespace) -> BudgetConfig:
-    budgets = args.budgets or default_ladder(LARGEST_BUDGET)
-    items = args.max_items or min(DEFAULT_ITEMS, min(budgets))
-    return BudgetConfig.resolve(budgets, items, args.max_segments or items)
+    """The batch limits the flags ask for (:meth:`BudgetConfig.serving <glmvit.packing.BudgetConfig.serving>`)."""
+    return BudgetConfig.serving(args.budgets, args.max_items, args.max_segments)
 
 
 def check_serving_args(parser: argparse.ArgumentParser, args: argparse.Namespace, modes: list[str]) -> None:
@@ -89,7 +89,7 @@ def check_serving_args(parser: argparse.ArgumentParser, args: argparse.Namespace
     if RunMode.GRAPH_COMPILED in modes and device.type != "cuda":
         parser.error("graph-compiled needs CUDA (off CUDA the runner only emulates graphs: use graph)")
     try:
-        check_budget_fits(budget_config(args), str(DTYPES[args.dtype]).removeprefix("torch."),
+        check_budget_fits(budget_config(args), dtype_name(args.dtype),
                           graph_memory_target(args.device))
     except ValueError as err:
         parser.error(str(err))
@@ -103,7 +103,7 @@ def make_scheduler(model: GlmVisionEncoder, mode: RunMode | str, args: argparse.
     run_mode = RunMode.parse(mode)
     config = budget_config(args)
     attention = model.attention_backend(attention)  # checked before anything is captured
-    table = recorded_table_for(model, run_mode.compiled, attention) if run_mode.graphs else None
+    table = recorded_table_for(model, run_mode.compiled, attention, dirs=RECORD_DIRS) if run_mode.graphs else None
     encoder = build_encoder(model, run_mode, config, attention=attention, latency_table=table, progress=progress)
     scheduler = BatchScheduler(encoder, config, max_wait_s=args.max_wait_ms / 1e3, max_requests=args.max_queue,
                                max_tokens=args.max_queue_tokens, max_bytes=int(args.max_queue_mb * 2**20))

@@ -7,6 +7,7 @@ from typing import Any
 from ..costmodel import LatencyTable
 from ..geometry import item_spec
 from ..packing import Batch, BudgetConfig, plan_batches
+from ..routing import Router
 
 
 def runner_batches(record: Any, mode: str, tables: dict[str, LatencyTable]) -> list[list[tuple[Batch, bool]]]:
@@ -14,11 +15,9 @@ def runner_batches(record: Any, mode: str, tables: dict[str, LatencyTable]) -> l
     each batch routed by the mode's latency table (``tables[mode]``) when the benchmark routed."""
     s = record.settings
     config = BudgetConfig(tuple(record.modes[mode].budgets), s.max_items, s.max_segments)
-    table = tables[mode] if s.route and mode in s.tables else None
+    router = Router(tables[mode] if s.route and mode in s.tables else None)
     out = []
     for grids in record.workload["grids"][: record.modes[mode].requests]:
         plan = plan_batches([item_spec(*g) for g in grids], config)
-        out.append([(b, b.budget is not None and (table is None or table.graph_time(b.budget, b.segment_rows2)
-                                                  <= table.eager_time(b.tokens, b.segment_rows2)))
-                    for b in plan.batches])
+        out.append([(b, router.route(b.budget, b.tokens, b.segment_rows2).replay) for b in plan.batches])
     return out

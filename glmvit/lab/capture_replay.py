@@ -94,7 +94,7 @@ def _clean_outputs(runner: EncoderGraphRunner, requests: dict, result: dict) -> 
     for name, (r_px, r_grid) in requests.items():
         steps = runner.plan(r_grid)  # planned now: the timed runs find the plan cached
         result["plans"][name] = [{"items": list(s.items), "tokens": s.tokens, "replay": s.replay,
-                                  "budget": s.budget.budget if s.budget is not None else None} for s in steps]
+                                  "budget": s.budget} for s in steps]
         r_items = _items(r_px, r_grid)
         outs: dict[int, torch.Tensor] = {}
         for s in steps:
