@@ -648,6 +648,7 @@ def _nothing() -> Iterator[None]:
 
 def _check_table(table: LatencyTable, mode: str, attention: str) -> None:
     """A routing table must have measured this runner's mode and attention backend (or say nothing of them)."""
+    mode = str(mode)  # a RunMode prints as its value; its repr would name the enum
     if table.mode is not None and table.mode != mode:
         raise ValueError(f"latency table {table.describe()} measured {table.mode!r}, but this runner replays as "
                          f"{mode!r}: route with a table of its own mode (python -m glmvit latency"

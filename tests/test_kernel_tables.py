@@ -67,8 +67,6 @@ def test_cublas_stays_for_every_matmul_of_the_default_budgets_the_split_k_kernel
 ATTENTION_SWEEP = Path(__file__).resolve().parent.parent / "data" / "sweeps" / "attention_sweep_h200.json"
 
 
-@pytest.mark.xfail(strict=True, reason="at 4096 rows, sixteen 224² images (16x256) run 16 % slower on cuDNN than on "
-                   "Triton: CUDNN_MIN_ROWS belongs between 4096 and 5332 rows, moved at the next record run")
 def test_auto_attention_picks_the_faster_kernel_on_every_swept_layout():
     """For every layout of the H200 sweep, the kernel ``auto`` runs for its rows is within 5 % of the faster of
     ``triton`` and ``cudnn`` (both with the rotation, as the model runs them)."""

@@ -200,7 +200,9 @@ def main(argv: list[str] | None = None, session: "Session | None" = None) -> int
         parser.error(f"unknown layout or part {unknown}; layouts: {list(LAYOUTS)}, parts: {list(PARTS)}")
     if not torch.cuda.is_available():
         parser.error("kernels profiles CUDA kernels: this machine has no CUDA device")
-    offered = [b for b in available_backends("cuda", torch.bfloat16) if b in GRAPH_SAFE and b != "sdpa_masked"]
+    # auto is cudnn or triton by the layout's rows: both are profiled on their own
+    offered = [b for b in available_backends("cuda", torch.bfloat16)
+               if b in GRAPH_SAFE and b not in ("sdpa_masked", "auto")]
     backends = offered if args.backends is None else [b.strip() for b in args.backends.split(",")]
     if not backends or any(b not in offered for b in backends):
         parser.error(f"--backends must be among {offered} here")
