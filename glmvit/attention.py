@@ -180,21 +180,24 @@ def _(qkv, cos, sin, cu_seqlens, ragged, num_heads, max_seqlen):
     return qkv.new_empty((qkv.shape[0], qkv.shape[1] // 3))
 
 
-def resolve(backend: str, rows: int) -> str:
+def resolve(backend: str, rows: int, qkv_width: int | None = None) -> str:
     """The kernel ``backend`` runs for a batch of ``rows`` packed rows: ``auto`` becomes ``cudnn`` or ``triton``
-    (``glmvit.kernels.attention_table.attention_for``); every other name is itself."""
+    (``glmvit.kernels.attention_table.attention_for``), ``triton`` where a (rows, ``qkv_width``) projection would
+    overflow cuDNN's int32 offsets; every other name is itself."""
     if backend != "auto":
         return backend
     from .kernels.attention_table import attention_for
+    from .kernels.cudnn_attention import fits_int32
 
-    return attention_for(rows)
+    choice = attention_for(rows)
+    return "triton" if choice == "cudnn" and qkv_width is not None and not fits_int32(rows, qkv_width) else choice
 
 
 def prepare_attention(meta, backend: str, num_heads: int, head_dim: int):
     """The metadata a forward's attention layers read: ``meta`` itself, or for ``cudnn`` a copy holding the ragged
     offsets of its ``cu_seqlens`` (``glmvit.kernels.cudnn_attention.ragged_offsets``), computed once per forward
     on the device instead of once per layer. Graph-safe: a capture records the few ops that compute them."""
-    if resolve(backend, meta.shape.rows) != "cudnn":
+    if resolve(backend, meta.shape.rows, 3 * num_heads * head_dim) != "cudnn":
         return meta
     from .kernels.cudnn_attention import ragged_offsets
 
@@ -210,7 +213,7 @@ def attend_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta, ba
     rotate q and k (``apply_rotary``) and ``attend``.
     """
     rows = qkv.shape[0]
-    backend = resolve(backend, rows)
+    backend = resolve(backend, rows, qkv.shape[1])
     if backend == "triton":
         return rope_varlen_attention(qkv, cos, sin, meta.segment_ids, meta.cu_seqlens, num_heads)
     if backend == "cudnn":

@@ -157,3 +157,44 @@ def test_auto_runs_cudnn_from_the_tables_row_count_and_triton_below():
     assert prepare_attention(meta, "auto", 3, 8).ragged is not None  # a cudnn-sized shape gets its offsets
     small = build_metadata(GRIDS, 2).to("cpu")
     assert prepare_attention(small, "auto", 3, 8) is small
+
+
+def test_plans_are_shared_by_segment_bounds_rounded_up_to_a_power_of_two():
+    from glmvit.kernels.cudnn_attention import plan_bound
+
+    assert [plan_bound(n) for n in (1, 256, 257, 1024, 5329, 8192)] == [256, 256, 512, 1024, 8192, 8192]
+    assert all(plan_bound(n) >= n for n in range(1, 20000, 37))  # a bound, never below the shape's
+
+
+def test_auto_falls_back_to_triton_where_cudnn_offsets_would_overflow():
+    from glmvit.attention import resolve
+
+    width = 3 * 12 * 128
+    rows = 2**31 // width + 4
+    assert resolve("auto", rows, width) == "triton" and resolve("auto", rows) == "cudnn"
+    assert resolve("auto", rows - 8, width) == "cudnn"
+
+
+def test_strided_inputs_are_refused_in_one_line():
+    from glmvit.kernels.cudnn_attention import cudnn_varlen_attention
+
+    qkv = torch.zeros(8, 2 * 3 * 2 * 16)[:, ::2]  # a column slice: rows are not dense
+    cos = sin = torch.zeros(8, 16)
+    cu = torch.tensor([0, 8, 8, 8], dtype=torch.int32)
+    with pytest.raises(ValueError, match="contiguous") as err:
+        cudnn_varlen_attention(qkv, cos, sin, cu, ragged_offsets(cu, 2, 16), 2, 8)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.gpu
+@needs_cudnn
+def test_gpu_a_batch_of_no_items_runs_as_the_runner_warms_up_and_captures():
+    """The runner allocates its buffers from empty grids (every slot an empty segment) and warms up on them."""
+    from glmvit.attention import attend_qkv
+
+    meta = build_metadata(np.zeros((0, 3), dtype=np.int64), 2, BatchShape(6144, 64, 6144)).to("cuda")
+    qkv = torch.randn(6144, 3 * 12 * 128, device="cuda").to(torch.bfloat16)
+    cos, sin = rotary_cos_sin(meta.h_idx, meta.w_idx, inv_freq(128).to("cuda"))
+    out = attend_qkv(qkv, cos, sin, prepare_attention(meta, "auto", 12, 128), "auto", 12)
+    torch.cuda.synchronize()
+    assert out.shape == (6144, 12 * 128)

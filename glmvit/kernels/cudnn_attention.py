@@ -13,15 +13,18 @@ a batch shape allows (``BatchShape.max_seqlen``) — and the lengths and offsets
 (:func:`ragged_offsets`, computed once per forward), so one plan serves every batch of a shape and a CUDA graph
 replays it. Rows outside every segment (padding) are left as they were.
 
-Plans are built on the first call for a shape (seconds: heuristics and kernel selection) and cached per process, so
-the runner's warm-up before capture builds them; a capture then records only the kernels. Each thread gets its own
-cuDNN handle (a handle is not safe to share between threads), bound to the current torch stream at every call.
+Plans are built on the first call for a shape (heuristics and kernel selection) and cached per thread, as handles are
+(cuDNN promises neither thread-safe): the runner's warm-up before capture builds them in the capturing thread, and a
+capture then records only the kernels. A plan's segment bound is rounded up to a power of two, so the exact shapes of
+eager batches share a few plans; each thread keeps its ``PLANS_PER_THREAD`` most recent. Every call runs on
+``qkv``'s device and that device's current stream.
 """
 from __future__ import annotations
 
 import importlib.util
 import math
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -49,10 +52,14 @@ def unavailable_reason(device_index: int, dtype: torch.dtype, head_dim: int | No
         return "the cuDNN frontend is not installed (pip install 'glmvit[cuda]')"
     if torch.cuda.get_device_capability(device_index) < MIN_CAPABILITY:
         return "cuDNN's ragged attention needs a Hopper (sm_90) or newer GPU"
-    import cudnn
+    try:  # a frontend that cannot load its cuDNN library makes this backend unavailable, not every model broken
+        import cudnn
 
-    if cudnn.backend_version() < MIN_BACKEND:
-        return f"cuDNN {cudnn.backend_version_string()} is older than 9.1 (ragged attention)"
+        version, name = cudnn.backend_version(), cudnn.backend_version_string()
+    except (ImportError, OSError, RuntimeError) as err:
+        return f"the cuDNN frontend does not load: {type(err).__name__}: {str(err).strip()[:120]}"
+    if version < MIN_BACKEND:
+        return f"cuDNN {name} is older than 9.1 (ragged attention)"
     return None
 
 
@@ -68,9 +75,14 @@ def ragged_offsets(cu_seqlens: torch.Tensor, num_heads: int, head_dim: int) -> t
     return torch.stack([lengths, cu * (2 * width), cu * (3 * width), cu * width])
 
 
+def fits_int32(rows: int, qkv_width: int) -> bool:
+    """Whether every element offset of a (rows, qkv_width) projection fits cuDNN's int32 ragged offsets."""
+    return rows * qkv_width < 2**31
+
+
 def check_rows(rows: int, num_heads: int, head_dim: int) -> None:
     """Refuse a batch whose element offsets would not fit the int32 ragged offsets (one line naming the rows)."""
-    if rows * 3 * num_heads * head_dim >= 2**31:
+    if not fits_int32(rows, 3 * num_heads * head_dim):
         raise ValueError(f"{rows:,} rows of {3 * num_heads * head_dim} qkv elements exceed cuDNN's int32 ragged "
                          f"offsets; split the batch")
 
@@ -124,29 +136,36 @@ class _Plan:
         self.workspace_bytes = int(g.get_workspace_size())
 
 
-_plans: dict[_Key, _Plan] = {}
-_plans_lock = threading.Lock()
+PLANS_PER_THREAD = 32
 _local = threading.local()
 
 
-def _handle() -> Any:
-    """This thread's cuDNN handle, bound to the current torch stream (a capture records onto that stream)."""
+def _handle(device: torch.device) -> Any:
+    """This thread's cuDNN handle for ``device``, bound to that device's current stream (a capture records there)."""
     import cudnn
 
     handles = _local.__dict__.setdefault("handles", {})
-    device = torch.cuda.current_device()
-    if device not in handles:
-        handles[device] = cudnn.create_handle()
-    cudnn.set_stream(handle=handles[device], stream=torch.cuda.current_stream().cuda_stream)
-    return handles[device]
+    if device.index not in handles:
+        handles[device.index] = cudnn.create_handle()
+    cudnn.set_stream(handle=handles[device.index], stream=torch.cuda.current_stream(device).cuda_stream)
+    return handles[device.index]
 
 
 def _plan(key: _Key, handle: Any) -> _Plan:
-    with _plans_lock:
-        plan = _plans.get(key)
-        if plan is None:
-            plan = _plans[key] = _Plan(key, handle)
-        return plan
+    """This thread's plan for ``key``, built on a miss; the least recently used beyond ``PLANS_PER_THREAD`` dropped."""
+    plans: OrderedDict[_Key, _Plan] = _local.__dict__.setdefault("plans", OrderedDict())
+    plan = plans.get(key)
+    if plan is None:
+        plan = plans[key] = _Plan(key, handle)
+        if len(plans) > PLANS_PER_THREAD:
+            plans.popitem(last=False)
+    plans.move_to_end(key)
+    return plan
+
+
+def plan_bound(max_seqlen: int) -> int:
+    """The segment bound a plan is built for: ``max_seqlen`` rounded up to a power of two (at least 256)."""
+    return max(256, 1 << (max(max_seqlen, 1) - 1).bit_length())
 
 
 def cudnn_varlen_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor,
@@ -164,13 +183,17 @@ def cudnn_varlen_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     if rows == 0:
         return out
     check_rows(rows, num_heads, head_dim)
+    if not (qkv.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()):
+        raise ValueError("cudnn attention reads qkv, cos and sin as dense rows: pass contiguous tensors")
     slots = cu_seqlens.shape[0] - 1
-    handle = _handle()
-    plan = _plan(_Key(qkv.device.index or 0, qkv.dtype, slots, max_seqlen, num_heads, head_dim), handle)
-    qk = rotate_qk_triton(qkv, cos, sin, cu_seqlens, num_heads)
-    hd = num_heads * head_dim
-    pack = {plan.q: qk, plan.k: qk[:, hd:], plan.v: qkv[:, 2 * hd:], plan.o: out,
-            plan.lengths: ragged[0], plan.qk_offset: ragged[1], plan.v_offset: ragged[2], plan.o_offset: ragged[3]}
-    workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=qkv.device)
-    plan.graph.execute(pack, workspace, handle=handle)
+    with torch.cuda.device(qkv.device):
+        handle = _handle(qkv.device)
+        key = _Key(qkv.device.index or 0, qkv.dtype, slots, plan_bound(max_seqlen), num_heads, head_dim)
+        plan = _plan(key, handle)
+        qk = rotate_qk_triton(qkv, cos, sin, cu_seqlens, num_heads)
+        hd = num_heads * head_dim
+        pack = {plan.q: qk, plan.k: qk[:, hd:], plan.v: qkv[:, 2 * hd:], plan.o: out, plan.lengths: ragged[0],
+                plan.qk_offset: ragged[1], plan.v_offset: ragged[2], plan.o_offset: ragged[3]}
+        workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=qkv.device)
+        plan.graph.execute(pack, workspace, handle=handle)
     return out
