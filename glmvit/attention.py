@@ -10,8 +10,9 @@ q, k, v are (rows, heads, head_dim); segments come from the metadata. Padded row
   attends only to itself). Shape-static and graph-safe on any device; O(rows²) memory: the graph-safe reference.
 - ``triton``: glmvit's own Triton kernel (``glmvit.kernels.triton_attention``): reads q, k, v straight out of the
   qkv projection and applies the rotary inside, one program per (block of 64 or 128 rows, head), so short segments
-  still fill the GPU. Graph-safe; the CUDA default in fp16/bf16 (head_dim 32, 64, 128 or 256: ``TRITON_HEAD_DIMS``),
-  and on the CPU in fp32 under ``TRITON_INTERPRET=1``.
+  still fill the GPU. Graph-safe; in fp16/bf16 (head_dim 32, 64, 128 or 256: ``TRITON_HEAD_DIMS``) the CUDA
+  default without the cuDNN frontend and ``auto``'s choice for small batches with it; on the CPU in fp32 under
+  ``TRITON_INTERPRET=1``.
 - ``cudnn``: cuDNN's fused attention through the cuDNN frontend (``glmvit.kernels.cudnn_attention``; the ``cuda``
   extra, Hopper or newer, fp16/bf16): q and k rotated once by glmvit's Triton rotation launch, then one ragged
   (THD) SDPA over every segment, its offsets computed once per forward (:func:`prepare_attention`). Graph-safe.

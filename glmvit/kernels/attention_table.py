@@ -17,7 +17,7 @@ from __future__ import annotations
 from .triton_attention import AttnConfig
 
 # The ``auto`` attention backend's one choice: cuDNN's ragged kernel from this many packed rows on, glmvit's Triton
-# kernel below. Measured per attention call in ``data/bench/attention_sweep_h200.json`` (``tools/attention_sweep.py``,
+# kernel below. Measured per attention call in ``data/sweeps/attention_sweep_h200.json`` (``tools/attention_sweep.py``,
 # rotation included on both): cuDNN wins on long segments (eight 448² images, one 1022² image, a mixed batch of
 # 6080 rows) and loses below (one, four or sixteen 224² images, two 448² images: its fixed cost per segment slot).
 # Between the largest layout it loses (4096 rows) and the smallest it wins (5332), at the middle.
