@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -93,6 +94,7 @@ def time_passes(call: Callable[[int], Any], n: int, device: torch.device | str, 
         passes += 1
         started = time.perf_counter()
         for j in progress(passes, range(n)) if progress is not None else range(n):
+            _settle()
             c0, t0 = time.thread_time(), time.perf_counter()
             out = call(j)
             sync(device)
@@ -117,6 +119,7 @@ def _wall_ms(fn: Callable[[], Any], device: torch.device, max_runs: int,
     """Wall ms of each call between synchronisations: ``max_runs`` calls, or fewer once ``stop(times)`` holds."""
     times: list[float] = []
     while len(times) < max_runs:
+        _settle()
         t0 = time.perf_counter()
         fn()
         sync(device)
@@ -178,14 +181,15 @@ def _spin_ms(iterations: int = 20_000) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def quietest_cpu(cpus: Sequence[int], rounds: int = 3) -> int:
-    """The CPU of ``cpus`` on which a short pure-Python loop runs fastest now: median of ``rounds`` loops per CPU,
+def quietest_cpu(cpus: Sequence[int], rounds: int = 3, iterations: int = 20_000) -> int:
+    """The CPU of ``cpus`` on which a short pure-Python loop (``iterations`` additions) runs fastest now: median of
+    ``rounds`` loops per CPU,
     taken round-robin (so a burst of load on one CPU does not land on one CPU's loops only), ties to the later CPU.
 
-    Why: on a shared or virtual host some CPUs run a thread slower than others, in bursts, and a host-bound eager
-    forward slows with its CPU (measured on the H200 machine in one process: ~15 ms on most CPUs, ~25 ms on CPU 0
-    most of the time). Pinned here, a timed loop runs on a CPU that was quiet when it began. It costs ``rounds``
-    loops of ~0.3 ms per CPU. The thread's own CPUs are restored before it returns."""
+    Why: on a shared or virtual host a CPU's speed for one thread swings from one second to the next, invisibly
+    to the guest (no steal time is reported), and a host-bound eager forward swings with it (measured on the H200
+    machine, one 224² image, every CPU pinned in turn: medians from 13 to 27 ms, a CPU's own median moving between
+    those from one sweep of the CPUs to the next). The thread's own CPUs are restored before it returns."""
     cpus = sorted(cpus)
     if len(cpus) == 1:
         return cpus[0]
@@ -195,35 +199,63 @@ def quietest_cpu(cpus: Sequence[int], rounds: int = 3) -> int:
         for _ in range(rounds):
             for cpu in cpus:
                 os.sched_setaffinity(0, {cpu})
-                loops[cpu].append(_spin_ms())
+                loops[cpu].append(_spin_ms(iterations))
     finally:
         os.sched_setaffinity(0, allowed)
     return min(reversed(cpus), key=lambda cpu: float(np.median(loops[cpu])))
 
 
+# Per thread, the CPU sets of the quiet hosts it has open, innermost last: while one is open, every call that thread
+# times first moves it to the CPU that is quietest at that moment (:func:`_settle`).
+_QUIET = threading.local()
+SETTLE_SPIN = 2_000  # additions per CPU per settle: ~0.1 ms a CPU, outside every clock
+
+
+def _quiet_sets() -> list[list[int]]:
+    if not hasattr(_QUIET, "sets"):
+        _QUIET.sets = []
+    return _QUIET.sets
+
+
+def _settle() -> None:
+    """Before a timed call, outside its clock: inside :func:`quiet_host`, pin this thread to the CPU of the host's
+    set that runs a short loop fastest now (:func:`quietest_cpu`, one round); elsewhere, or where the kernel does
+    not honour affinity, nothing."""
+    sets = _quiet_sets()
+    if sets and len(sets[-1]) > 1:
+        try:
+            os.sched_setaffinity(0, {quietest_cpu(sets[-1], rounds=1, iterations=SETTLE_SPIN)})
+        except OSError:
+            pass
+
+
 @contextmanager
 def quiet_host() -> Iterator[None]:
     """Timed loops run here: Python's cycle collector off (collected once first, so no pause lands inside a
-    request), and this thread pinned to the CPU that is quietest as the loop begins (:func:`quietest_cpu`: no
-    migration mid-request, and not a CPU busy with other work; a no-op where the kernel does not honour affinity).
-    Both are restored on exit."""
+    request), and this thread moved, before every call that :func:`time_passes`, :func:`time_calls` or
+    :func:`time_until_steady` times, to the CPU that is quietest at that moment (:func:`_settle`: a CPU's speed
+    swings within seconds, so one choice for a whole loop would time the CPU's bursts, not the code). During a call
+    the thread stays on its CPU. The collector and the thread's CPUs are restored on exit."""
     gc.collect()
     enabled = gc.isenabled()
     gc.disable()
-    pinned = None
-    if hasattr(os, "sched_getaffinity"):
-        try:
-            pinned = os.sched_getaffinity(0)
-            os.sched_setaffinity(0, {quietest_cpu(sorted(pinned))})
-        except OSError:
-            if pinned is not None:
-                os.sched_setaffinity(0, pinned)
-            pinned = None
     try:
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    except OSError:
+        cpus = None
+    sets = _quiet_sets()
+    if cpus is not None:
+        sets.append(cpus)
+    try:
+        _settle()
         yield
     finally:
-        if pinned is not None:
-            os.sched_setaffinity(0, pinned)
+        if cpus is not None:
+            sets.pop()
+            try:
+                os.sched_setaffinity(0, set(cpus))
+            except OSError:
+                pass
         if enabled:
             gc.enable()
 

@@ -239,6 +239,35 @@ def test_a_quiet_host_restores_the_collector_and_the_cpus():
         assert os.sched_getaffinity(0) == before
 
 
+def test_a_quiet_host_moves_the_thread_to_the_quietest_cpu_before_every_timed_call(monkeypatch):
+    """A CPU's speed swings within seconds: one pick for a whole loop would time its bursts. Inside a quiet host each
+    timed call starts on a fresh pick, made outside the call's clock; outside one no call is moved."""
+    import os
+
+    from glmvit import timing
+
+    if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs")
+    picks: list[int] = []
+    where: list[set[int]] = []
+
+    def pick(cpus, rounds=3, iterations=20_000):
+        picks.append(sorted(cpus)[len(picks) % 2])
+        return picks[-1]
+
+    monkeypatch.setattr(timing, "quietest_cpu", pick)
+    call = lambda *_: where.append(os.sched_getaffinity(0))  # noqa: E731
+    timing.time_passes(call, 3, "cpu", max_passes=1)
+    timing.time_calls(call, "cpu", 2)
+    assert picks == [] and all(len(w) > 1 for w in where)  # no quiet host: never moved
+    where.clear()
+    with quiet_host():
+        timing.time_passes(call, 3, "cpu", max_passes=1)
+        timing.time_until_steady(call, "cpu", 2, min_runs=2, spread=10.0)
+    assert len(picks) == 1 + 3 + 2  # one on entry, then one before each of the five timed calls
+    assert where == [{p} for p in picks[1:]]  # each call ran on the CPU picked just before it
+
+
 def test_stamp_elapsed_writes_only_what_the_job_wrote(tmp_path):
     from glmvit.provenance import collect
     from glmvit.records import InterpRecord, load_any, make, to_json
@@ -273,7 +302,7 @@ def test_the_quietest_cpu_is_the_one_whose_loops_run_fastest(monkeypatch):
         pytest.skip("needs two CPUs")
     a, b = sorted(os.sched_getaffinity(0))[:2]
     slow = {a: 4.0, b: 3.0}  # CPU a is busy with other work: its loops take longer
-    monkeypatch.setattr(timing, "_spin_ms", lambda: slow[min(os.sched_getaffinity(0))])
+    monkeypatch.setattr(timing, "_spin_ms", lambda iterations: slow[min(os.sched_getaffinity(0))])
     assert timing.quietest_cpu([a, b]) == b
     slow[a], slow[b] = 3.0, 4.0
     assert timing.quietest_cpu([a, b]) == a
