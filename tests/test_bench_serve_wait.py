@@ -48,3 +48,23 @@ def test_without_waiting_a_server_that_does_not_listen_fails_at_once():
 
     with pytest.raises(aiohttp.ClientConnectorError):
         asyncio.run(go())
+
+
+def test_a_run_reports_the_rate_its_encoder_allows_beside_the_rate_it_reached():
+    """vs_floor divides by the run's wall time, encoder_bound_vs_floor by the encoder's busy time: a run whose
+    encoder idled half the time reached half the rate its encoder allows."""
+    import argparse
+
+    import numpy as np
+
+    from glmvit.cli.bench_serve import Outcome, Workload, run_record
+
+    grids = [np.array([[1, 4, 4]])] * 4
+    workload = Workload(grids, [[4]] * 4, [0] * 4, [], {})
+    outcomes = [Outcome(True, 0.0, 1.0)] * 3 + [Outcome(False, 0.0, 1.0, error="x")]
+    args = argparse.Namespace(burstiness=1.0, max_concurrency=None)
+    record = run_record("graph", float("inf"), args, workload, outcomes, 2.0, {"busy_s": 1.0}, 3.0)
+    assert record["items_per_s"] == 1.5 and record["vs_floor"] == 0.5  # 3 items in 2 s, floor 3 items/s
+    assert record["encoder_bound_vs_floor"] == 1.0  # 3 items in 1 s of encoding
+    assert run_record("graph", 1.0, args, workload, outcomes, 2.0, {"busy_s": 0.0}, 3.0)[
+        "encoder_bound_vs_floor"] is None
