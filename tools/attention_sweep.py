@@ -20,7 +20,7 @@ Paths, each timed alone:
 Timing: ``glmvit.profiling.graph_time_us`` (20 calls captured in one graph, median of 50 replays). A path that cannot
 run here is one line in the table and in the JSON, never a traceback. CUDA only (exit 2 elsewhere)::
 
-    GLMVIT_GIT_COMMIT=$(git rev-parse HEAD) python tools/attention_sweep.py --json data/bench/attention_sweep_h200.json
+    GLMVIT_GIT_COMMIT=$(git rev-parse HEAD) python tools/attention_sweep.py --json data/sweeps/attention_sweep_h200.json
 """
 from __future__ import annotations
 
