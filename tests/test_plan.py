@@ -283,3 +283,19 @@ def test_recorded_tables_are_found_only_where_the_caller_says(tmp_path):
     assert recorded_table("graph", dirs=[tmp_path]).source == str(tmp_path / source.name)
     model = random_encoder(VisionConfig.tiny(), "cpu", torch.float32, 0)
     assert recorded_table_for(model, compiled=False, dirs=[tmp_path]) is None  # not the recorded tower, nor GPU
+
+
+def test_record_dirs_are_directories_not_characters(tmp_path):
+    """``dirs`` given as one path (a str or a Path) is that directory, not its characters (a str once searched "d",
+    "a", …, "/" and found nothing); a directory named twice holds each record once, not two of one sweep."""
+    import shutil
+
+    from glmvit.recorded import record_dirs, recorded_capture_cost
+
+    source = Path(recorded_table("graph").source)
+    shutil.copy(source, tmp_path / source.name)
+    for one in (str(tmp_path), tmp_path):
+        assert record_dirs(one) == (tmp_path,)
+        assert recorded_table("graph", dirs=one).source == str(tmp_path / source.name)
+    assert recorded_table("graph", dirs=[tmp_path, str(tmp_path), tmp_path / "."]).source == str(tmp_path / source.name)
+    assert recorded_capture_cost(dirs=str(tmp_path)) is None  # no startup record there
