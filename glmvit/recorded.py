@@ -104,7 +104,12 @@ def _capture_seconds(capture: Mapping[str, Mapping[str, Any]]) -> dict[int, floa
 
 def load_latency_table(path: str | Path) -> LatencyTable:
     """A latency table from a file: a recorded sweep (``"kind": "latency"``), or a plain ``{"budgets": [...]}``."""
-    return latency_table_from_json(json.loads(read_bounded(path, MAX_RECORD_BYTES, "latency table")), str(path))
+    raw = read_bounded(path, MAX_RECORD_BYTES, "latency table")
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:  # RecursionError: nesting too deep
+        raise ValueError(f"{path}: not a latency table: not JSON ({' '.join(str(err).split())[:200]})") from None
+    return latency_table_from_json(data, str(path))
 
 
 def latency_table_from_json(data: Any, source: str) -> LatencyTable:

@@ -299,3 +299,14 @@ def test_record_dirs_are_directories_not_characters(tmp_path):
         assert recorded_table("graph", dirs=one).source == str(tmp_path / source.name)
     assert recorded_table("graph", dirs=[tmp_path, str(tmp_path), tmp_path / "."]).source == str(tmp_path / source.name)
     assert recorded_capture_cost(dirs=str(tmp_path)) is None  # no startup record there
+
+
+def test_a_latency_table_nested_too_deep_is_a_value_error(tmp_path):
+    """load_latency_table's every refusal is a ValueError naming the file, as its callers catch (the explorer's
+    table argument among them): JSON nested past Python's recursion limit was a RecursionError."""
+    from glmvit.recorded import load_latency_table
+
+    for name, data in (("deep.json", b"[" * 100_000), ("latin1.json", b'{"budgets": "\xff"}')):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ValueError, match=f"{name}: not a latency table: not JSON"):
+            load_latency_table(tmp_path / name)
