@@ -393,8 +393,9 @@ class EncoderGraphRunner:
 
     def plan(self, grid_thw: Any) -> list[BatchStep]:
         """The batches of a request with these grids (or of an :class:`~glmvit.request.EncoderRequest`), routed:
-        planned once per distinct grids, then reused."""
-        return self._planned(self.model.request_of(grid_thw))
+        planned once per distinct grids, then reused. The list is the caller's own: changing it leaves the plan
+        the runner runs as it was."""
+        return list(self._planned(self.model.request_of(grid_thw)))
 
     def _planned(self, request: EncoderRequest) -> list[BatchStep]:
         """``plan`` for a request validated already (``_run`` checks a request once, with its pixels)."""

@@ -224,8 +224,9 @@ class BudgetConfig:
         :data:`SERVING_LARGEST_BUDGET`; ``max_items`` given, else :data:`SERVING_MAX_ITEMS` (at most the smallest
         budget); ``max_segments`` given, else ``max_items`` (one image an item)."""
         budgets = tuple(token_budgets) if token_budgets else default_ladder(SERVING_LARGEST_BUDGET)
-        items = max_items or min(SERVING_MAX_ITEMS, min(budgets))
-        return cls.resolve(budgets, items, max_segments or items)
+        # a limit of 0 is a bad value (a ValueError), not one left out
+        items = min(SERVING_MAX_ITEMS, min(budgets)) if max_items is None else max_items
+        return cls.resolve(budgets, items, items if max_segments is None else max_segments)
 
     @staticmethod
     def segment_slots(wanted: int, token_budgets: Sequence[int]) -> int:

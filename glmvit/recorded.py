@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -103,7 +104,12 @@ def _capture_seconds(capture: Mapping[str, Mapping[str, Any]]) -> dict[int, floa
 
 def load_latency_table(path: str | Path) -> LatencyTable:
     """A latency table from a file: a recorded sweep (``"kind": "latency"``), or a plain ``{"budgets": [...]}``."""
-    return latency_table_from_json(json.loads(read_bounded(path, MAX_RECORD_BYTES, "latency table")), str(path))
+    raw = read_bounded(path, MAX_RECORD_BYTES, "latency table")
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:  # RecursionError: nesting too deep
+        raise ValueError(f"{path}: not a latency table: not JSON ({' '.join(str(err).split())[:200]})") from None
+    return latency_table_from_json(data, str(path))
 
 
 def latency_table_from_json(data: Any, source: str) -> LatencyTable:
@@ -115,8 +121,22 @@ def latency_table_from_json(data: Any, source: str) -> LatencyTable:
     return dataclasses.replace(table_from_dict(data), source=source)
 
 
+Dirs = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]  # one directory, or several
+
+
+def record_dirs(dirs: Dirs) -> tuple[Path, ...]:
+    """``dirs`` as the distinct directories to search, in order: one path (a ``str`` or ``Path``) is one directory,
+    never its characters; a directory named twice is searched once (its records are not two records)."""
+    if isinstance(dirs, (str, os.PathLike)):
+        dirs = (dirs,)
+    distinct: dict[str, Path] = {}
+    for d in dirs:
+        distinct.setdefault(os.path.realpath(d), Path(d))
+    return tuple(distinct.values())
+
+
 def recorded_table(mode: RunMode | str = RunMode.GRAPH_COMPILED, attention: str | None = None,
-                   dirs: Sequence[str | Path] = RECORD_DIRS) -> LatencyTable:
+                   dirs: Dirs = RECORD_DIRS) -> LatencyTable:
     """The latency table recorded in ``dirs`` (default: the checkout's ``data/bench`` and ``data/notebooks``) for a
     runner mode (``graph-compiled`` or ``graph``), and an attention backend if given (else the one sweep of that
     mode): chosen by what each sweep recorded, never by file name or order. :meth:`LatencyTable.describe` says
@@ -126,18 +146,18 @@ def recorded_table(mode: RunMode | str = RunMode.GRAPH_COMPILED, attention: str 
         raise ValueError(f"no latency table is recorded for mode {mode.value!r}; choose one of "
                          f"{', '.join(TABLE_MODES)}")
     match: dict[str, Any] = {"compiled": mode.compiled, **({"attn_backend": attention} if attention else {})}
-    path, sweep = find_one(LatencySweep, tuple(Path(d) for d in dirs), **match)
+    path, sweep = find_one(LatencySweep, record_dirs(dirs), **match)
     return table_from_sweep(sweep, str(path))
 
 
 STARTUP_SETTING = "blocks-auto"  # the compile setting the runner uses by default (tools/capture_time.py's names)
 
 
-def recorded_capture_cost(start: str = "cold", dirs: Sequence[str | Path] = RECORD_DIRS) -> CaptureCost | None:
+def recorded_capture_cost(start: str = "cold", dirs: Dirs = RECORD_DIRS) -> CaptureCost | None:
     """:func:`fit_capture_cost` on the recorded start-up (the startup record in ``dirs``, the default compile
     setting): ``start`` "cold" (empty compile caches, a server's first start) or "warm". None without one."""
     try:
-        path, record = find_one(StartupRecord, tuple(Path(d) for d in dirs))
+        path, record = find_one(StartupRecord, record_dirs(dirs))
     except ValueError:
         return None
     run = record.runs.get(f"{STARTUP_SETTING}-{start}")
@@ -159,7 +179,7 @@ def capture_cost(table: LatencyTable) -> CaptureCost | None:
 
 
 def recorded_table_for(model: GlmVisionEncoder, compiled: bool, attention: str | None = None, *,
-                       dirs: Sequence[str | Path]) -> LatencyTable | None:
+                       dirs: Dirs) -> LatencyTable | None:
     """The latency table recorded in ``dirs`` (explicit: e.g. a checkout's ``data/bench``) for a runner of this mode
     (compiled or not) that measured this model — the GLM-4.1V tower, its dtype and attention backend
     (``attention``, or the model's) — on this GPU; None when there is none (a runner without a table replays

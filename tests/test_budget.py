@@ -692,6 +692,9 @@ def test_serving_limits_are_the_library_defaults():
     assert BudgetConfig.serving((64, 128), 2, 8) == BudgetConfig((64, 128), 2, 8)
     with pytest.raises(ValueError, match="exceeds the largest budget"):
         BudgetConfig.serving((64, 128), 2, 129)
+    for bad in ({"max_items": 0}, {"max_segments": 0}):  # a bad limit is refused, not taken as one left out
+        with pytest.raises(ValueError, match="must be a positive integer, got 0"):
+            BudgetConfig.serving((64, 128), **bad)
 
 
 @pytest.mark.parametrize("device, weights, tower, dtype", [

@@ -272,6 +272,9 @@ BAD_INVOCATIONS = [
     (["bench", "--threads", "0"], "argument --threads: 0 is not in"),
     (["bench", "--warmup", "-1"], "argument --warmup: -1 is not in"),
     (["bench", "--modes", "eager,fast"], "unknown mode 'fast'"),
+    (["bench-serve", "--in-process", "--modes", ""], "--modes names no mode"),  # was the default, silently
+    (["bench-serve", "--in-process", "--modes", " , "], "--modes names no mode"),
+    (["bench-serve", "--url", "http://127.0.0.1:9", "--modes", ""], "--modes applies to --spawn and --in-process"),
     (["bench", "--attn-backend", "nope"], "unknown attention backend 'nope'"),
     (["bench", "--json", UNWRITABLE], "out.json: cannot write here"),
     (["bench", "--tables", "graph={tmp}/a-file"], "a-file: not a latency table"),
@@ -911,3 +914,15 @@ def test_every_command_builds_its_encoder_with_build_encoder(command, monkeypatc
                 "latency": (RunMode.GRAPH, None), "demo": (RunMode.GRAPH, None)}[command]
     assert [c[:2] for c in calls] == [expected]
     assert calls[0][2] is None  # nothing set the model's backend on the way
+
+
+def test_bench_serve_runs_each_mode_once():
+    """``--modes eager,graph,eager`` runs eager once: a record holds one result a mode, and the second run overwrote
+    the first after spending its time."""
+    from glmvit.cli import bench_serve
+
+    argv = ["--in-process", "--device", "cpu", "--modes", "eager,graph,eager"]
+    parser = bench_serve.build_parser()
+    args = parser.parse_args(argv)
+    bench_serve.check_args(parser, args, argv)
+    assert args.modes == ["eager", "graph"]

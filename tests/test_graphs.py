@@ -304,7 +304,17 @@ def test_the_layout_cache_is_bounded_and_plans_again_after_eviction(runner, tiny
     runner.plan(c)  # a third layout: the cache is emptied, then holds it alone
     assert len(runner._layouts) == 1
     first = runner.plan(a)
-    assert runner.plan(a) is first  # cached again
+    assert all(x is y for x, y in zip(runner.plan(a), first, strict=True))  # cached again: the same steps
+
+
+def test_a_plan_changed_by_its_caller_leaves_the_runner_s_plan_alone(runner, tiny_model, tiny_config):
+    """runner.plan hands out the cached plan's steps in a list of the caller's own: emptying it once made every later
+    request of those grids lose its items (an assertion, or no outputs for them under python -O)."""
+    pixels, grid = random_batch([[1, 4, 4], [1, 2, 2]], tiny_config, seed=52)
+    before = runner.run(pixels, grid)
+    runner.plan(grid).clear()
+    after = runner.run(pixels, grid)
+    assert len(after) == 2 and all(torch.equal(x, y) for x, y in zip(before, after, strict=True))
 
 
 def test_capture_again_replans_and_replays_correctly(tiny_model, tiny_config):
@@ -313,7 +323,8 @@ def test_capture_again_replans_and_replays_correctly(tiny_model, tiny_config):
     before = runner.run(pixels, grid)
     old = runner.plan(grid)
     runner.capture()
-    assert runner.plan(grid) is not old  # plans name the budgets they replay: made anew
+    assert not any(x is y for x, y in zip(runner.plan(grid), old, strict=True))  # plans name the budgets they
+    # replay: made anew
     after = runner.run(pixels, grid)
     assert all(torch.equal(x, y) for x, y in zip(before, after, strict=True))
 

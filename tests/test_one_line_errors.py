@@ -43,6 +43,16 @@ def test_a_line_break_in_a_file_name_stays_inside_its_one_line_error(tmp_path, c
     assert code == 1 and err.count("\n") == 1 and "c\\rd.png" in err, err
 
 
+def test_a_line_break_in_a_file_name_stays_inside_its_status_line(tmp_path, capsys):
+    import shutil
+
+    good = tmp_path / "e\nf.jpg"
+    shutil.copy("data/images/coffee.jpg", good)
+    assert cli_main(["encode", "--quiet", str(good)]) == 0
+    out = capsys.readouterr().out
+    assert "e\\nf.jpg: image grid" in out and not any(line.startswith("f.jpg") for line in out.splitlines()), out
+
+
 def test_bench_serve_exits_non_zero_when_every_request_failed(tiny_model, tmp_path, capsys):
     service = service_for(tiny_model, limits=HttpLimits(max_body_bytes=1024))  # every request: 413
     with ServerThread(service) as server:

@@ -283,3 +283,30 @@ def test_recorded_tables_are_found_only_where_the_caller_says(tmp_path):
     assert recorded_table("graph", dirs=[tmp_path]).source == str(tmp_path / source.name)
     model = random_encoder(VisionConfig.tiny(), "cpu", torch.float32, 0)
     assert recorded_table_for(model, compiled=False, dirs=[tmp_path]) is None  # not the recorded tower, nor GPU
+
+
+def test_record_dirs_are_directories_not_characters(tmp_path):
+    """``dirs`` given as one path (a str or a Path) is that directory, not its characters (a str once searched "d",
+    "a", …, "/" and found nothing); a directory named twice holds each record once, not two of one sweep."""
+    import shutil
+
+    from glmvit.recorded import record_dirs, recorded_capture_cost
+
+    source = Path(recorded_table("graph").source)
+    shutil.copy(source, tmp_path / source.name)
+    for one in (str(tmp_path), tmp_path):
+        assert record_dirs(one) == (tmp_path,)
+        assert recorded_table("graph", dirs=one).source == str(tmp_path / source.name)
+    assert recorded_table("graph", dirs=[tmp_path, str(tmp_path), tmp_path / "."]).source == str(tmp_path / source.name)
+    assert recorded_capture_cost(dirs=str(tmp_path)) is None  # no startup record there
+
+
+def test_a_latency_table_nested_too_deep_is_a_value_error(tmp_path):
+    """load_latency_table's every refusal is a ValueError naming the file, as its callers catch (the explorer's
+    table argument among them): JSON nested past Python's recursion limit was a RecursionError."""
+    from glmvit.recorded import load_latency_table
+
+    for name, data in (("deep.json", b"[" * 100_000), ("latin1.json", b'{"budgets": "\xff"}')):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ValueError, match=f"{name}: not a latency table: not JSON"):
+            load_latency_table(tmp_path / name)

@@ -754,7 +754,7 @@ def check_url(parser: argparse.ArgumentParser, url: str) -> None:
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]) -> None:
     args.max_queue_set = any(a == "--max-queue" or a.startswith("--max-queue=") for a in argv)
-    if args.url and args.modes:
+    if args.url and args.modes is not None:
         parser.error("--modes applies to --spawn and --in-process (a running server has its own mode)")
     if args.decode_workers is not None and not args.spawn:
         parser.error("--decode-workers applies to --spawn (a running server has its own; --in-process decodes nothing)")
@@ -762,10 +762,13 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: 
     if args.url:
         check_url(parser, args.url)
     try:
-        args.modes = [m for m in (args.modes or "graph").replace(",", " ").split()]
+        # each mode once (a record holds one result a mode); an empty --modes is no mode, not the default
+        args.modes = list(dict.fromkeys(("graph" if args.modes is None else args.modes).replace(",", " ").split()))
         bad = [m for m in args.modes if m not in MODES]
-        if bad or not args.modes:
+        if bad:
             raise ValueError(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
+        if not args.modes:
+            raise ValueError(f"--modes names no mode; choose from {', '.join(MODES)}")
         if args.json:
             check_writable(args.json)
     except (ValueError, OSError) as err:

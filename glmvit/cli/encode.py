@@ -43,6 +43,7 @@ from ..geometry import MAX_FRAME_PIXELS, check_frame_pixels, smart_resize
 from ..model import GlmVisionEncoder
 from ..processing import IMAGE_SUFFIXES, VisionFrames, VisionInputs, image_frames, video_frames
 from ..provenance import collect, weights_identity
+from . import one_line
 from .common import (
     Parser,
     add_model_args,
@@ -221,8 +222,8 @@ def _encode(args: argparse.Namespace, argv: list[str]) -> int:
             out = model(inputs.pixel_values.to(device), inputs.grid_thw).float().cpu()
             tensors[f"item_{i}"] = out.contiguous()
             items.append(item_metadata(path, inputs, out))
-            tqdm.write(f"{path}: {kind} grid {items[-1]['grid_thw']} -> {tuple(out.shape)}, mean {out.mean():+.4f}, "
-                       f"std {out.std():.4f}", file=sys.stdout)
+            tqdm.write(f"{one_line(str(path))}: {kind} grid {items[-1]['grid_thw']} -> {tuple(out.shape)}, "
+                       f"mean {out.mean():+.4f}, std {out.std():.4f}", file=sys.stdout)
     info = model_metadata(args, model)
     provenance = collect(device, " ".join([sys.executable, "-m", "glmvit", "encode", *argv]))
     if args.out:
