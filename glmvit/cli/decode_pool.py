@@ -2,11 +2,16 @@
 
 :class:`DecodePool` runs picklable module-level functions in ``workers`` processes (started with ``spawn``: the
 server holds threads and, on CUDA, a device context, which a fork would copy half-made). Each worker is owned by
-one lane thread of this process, which sends it one task at a time over a pipe and waits at most ``timeout_s``
-for the answer: past that the worker is killed and replaced, and the task fails with :class:`DecodeTimeout`, so a
-decode that runs long holds one worker for ``timeout_s`` at most and never the others. Tasks wait in one queue,
-bounded: past ``workers + max_waiting`` tasks submitted and not finished, :meth:`DecodePool.submit` raises
-:class:`DecodeBusy` at once. A worker that dies (killed from outside, out of memory) fails its task with
+one lane thread of this process, which sends it one task at a time over a pipe. Tasks belong to requests
+(:meth:`DecodePool.request`, a :class:`DecodeRequest`; :meth:`DecodePool.submit` is a request of one task), and
+requests take fair turns: a free lane takes the first waiting task of the request whose turn it is, and that
+request, if it has more waiting, goes to the back of the line. So a request of one small picture waits for one
+task of each request ahead of it, never for their whole media. A request's tasks run for ``timeout_s`` in all:
+a lane waits for an answer at most what is left of it; past that the worker is killed and replaced, and the task
+fails with :class:`DecodeTimeout`, so a decode that runs long holds one worker for ``timeout_s`` at most and never
+the others. Requests are bounded: past ``workers + max_waiting`` requests open or with tasks not finished,
+:meth:`DecodePool.request` (and so :meth:`DecodePool.submit`) raises :class:`DecodeBusy` at once; a request once
+open is never refused a task. A worker that dies (killed from outside, out of memory) fails its task with
 :class:`WorkerDied` and is replaced. Workers ignore SIGINT: a Ctrl-C meant for the server is its to handle.
 Each worker's temporary files go to a directory of its own, removed when the worker ends, killed or stopped (a
 killed worker cannot remove what its task left: a request's media would stay on disk). Each worker computes on one
@@ -18,10 +23,10 @@ breaking the whole pool (every other request decoding in it would fail).
 """
 from __future__ import annotations
 
+import collections
 import importlib
 import multiprocessing
 import os
-import queue
 import shutil
 import signal
 import sys
@@ -46,6 +51,10 @@ class DecodeTimeout(RuntimeError):
 
 class WorkerDied(RuntimeError):
     """The worker running a task ended without answering (it is replaced)."""
+
+
+class DecodeClosed(RuntimeError):
+    """The pool is closed: it takes no new request or task."""
 
 
 def _worker_main(conn: Connection, preload: tuple[str, ...], scratch: str) -> None:
@@ -94,9 +103,10 @@ class _Worker:
             self.kill()
             raise WorkerDied(f"a decode worker did not start within {STARTUP_TIMEOUT_S:g} s")
 
-    def call(self, fn: Callable, args: tuple, timeout_s: float) -> Any:
+    def call(self, fn: Callable, args: tuple, wait_s: float, timeout_s: float) -> Any:
+        """``fn(*args)``'s answer within ``wait_s`` (what is left of its request's ``timeout_s``)."""
         self.conn.send((fn, args))
-        if not self.conn.poll(timeout_s):
+        if not self.conn.poll(max(0.0, wait_s)):
             raise DecodeTimeout(f"decoding took more than {timeout_s:g} s")
         status, value = self.conn.recv()
         if status == "error":
@@ -122,13 +132,41 @@ class _Worker:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
 
+class DecodeRequest:
+    """One request's tasks in a :class:`DecodePool` (from :meth:`DecodePool.request`): :meth:`submit` queues one,
+    served in the request's turns; its tasks run for the pool's ``timeout_s`` in all. It holds its place in the
+    pool's bound until it is closed (:meth:`close`, or leaving its ``with`` block) and its tasks are finished."""
+
+    def __init__(self, pool: "DecodePool"):
+        self.pool = pool
+        self.run_s = 0.0  # its tasks' time in a worker so far
+        self._unfinished = 0
+        self._open = True
+
+    def submit(self, fn: Callable, *args: Any) -> Future:
+        """``fn(*args)`` in a worker in this request's turn; the future holds its result or its exception
+        (DecodeTimeout, WorkerDied, or what ``fn`` raised). Raises DecodeClosed once the pool or this request is
+        closed."""
+        return self.pool._queue(self, fn, args)
+
+    def close(self) -> None:
+        """No more tasks; its place in the pool's bound is given back once the tasks submitted are finished."""
+        self.pool._close_request(self)
+
+    def __enter__(self) -> "DecodeRequest":
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+
 class DecodePool:
-    """``workers`` decode processes, a queue of at most ``max_waiting`` tasks beyond them, ``timeout_s`` a task;
+    """``workers`` decode processes, at most ``max_waiting`` requests beyond them, ``timeout_s`` a request;
     each worker imports the modules ``preload`` names before it takes a task (so that a task's time is its own).
 
-    Workers start with :meth:`start` (or the first task), each in its lane's thread; ``ready`` counts those that
-    have started. :meth:`close` stops them once the tasks already submitted are done. ``busy`` counts tasks
-    submitted and not finished.
+    Workers start with :meth:`start` (or the first request), each in its lane's thread; ``ready`` counts those
+    that have started. :meth:`close` stops them once the tasks already submitted are done. ``busy`` counts
+    requests open or with tasks not finished.
     """
 
     def __init__(self, workers: int, max_waiting: int, timeout_s: float, preload: tuple[str, ...] = ()):
@@ -137,8 +175,11 @@ class DecodePool:
                              f"{max_waiting}, {timeout_s}")
         self.workers, self.max_waiting, self.timeout_s, self.preload = workers, max_waiting, timeout_s, preload
         self._context = multiprocessing.get_context("spawn")
-        self._tasks: queue.SimpleQueue[tuple[Callable, tuple, Future] | None] = queue.SimpleQueue()
+        # the requests with tasks waiting, in the order of their turns, each with its tasks in order
+        self._waiting: collections.OrderedDict[DecodeRequest, collections.deque[tuple[Callable, tuple, Future]]] = \
+            collections.OrderedDict()
         self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)  # a task waiting, or the pool closed
         self._lanes: list[threading.Thread] = []
         self._closed = False
         self.busy = 0
@@ -156,25 +197,68 @@ class DecodePool:
                     lane.start()
         return self
 
-    def submit(self, fn: Callable, *args: Any) -> Future:
-        """``fn(*args)`` in a worker; the future holds its result or its exception (DecodeTimeout, WorkerDied, or
-        what ``fn`` raised). Raises DecodeBusy at once when the queue is full, RuntimeError once closed."""
+    def request(self) -> DecodeRequest:
+        """A new request, its place held in the bound (close it when its last task is submitted). Raises
+        DecodeBusy at once when ``workers + max_waiting`` requests are open or unfinished, DecodeClosed once the
+        pool is closed."""
         self.start()
-        future: Future = Future()
         with self._lock:
             if self._closed:
-                raise RuntimeError("the decode pool is closed")
+                raise DecodeClosed("the decode pool is closed")
             if self.busy >= self.workers + self.max_waiting:
                 raise DecodeBusy(f"the decoders hold {self.busy} requests already (at most {self.workers} decoding "
                                  f"and {self.max_waiting} waiting); retry later")
             self.busy += 1
-        future.add_done_callback(self._done)
-        self._tasks.put((fn, args, future))
+        return DecodeRequest(self)
+
+    def submit(self, fn: Callable, *args: Any) -> Future:
+        """``fn(*args)`` in a worker, a request of one task (:meth:`request`, :meth:`DecodeRequest.submit`)."""
+        with self.request() as one:
+            return one.submit(fn, *args)
+
+    def _queue(self, request: DecodeRequest, fn: Callable, args: tuple) -> Future:
+        future: Future = Future()
+        with self._lock:
+            if self._closed or not request._open:
+                raise DecodeClosed("the decode pool is closed" if self._closed else "the decode request is closed")
+            request._unfinished += 1
+            self._waiting.setdefault(request, collections.deque()).append((fn, args, future))
+            self._work.notify()
+        future.add_done_callback(lambda _: self._finished(request))
         return future
 
-    def _done(self, _: Future) -> None:
+    def _finished(self, request: DecodeRequest) -> None:
         with self._lock:
+            request._unfinished -= 1
+            self._release(request)
+
+    def _close_request(self, request: DecodeRequest) -> None:
+        with self._lock:
+            if request._open:
+                request._open = False
+                self._release(request)
+
+    def _release(self, request: DecodeRequest) -> None:
+        """(Under the lock.) A closed request whose tasks are all finished gives its place back."""
+        if not request._open and request._unfinished == 0:
+            request._unfinished = -1  # given back once
             self.busy -= 1
+
+    def _next(self) -> tuple[DecodeRequest, Callable, tuple, Future] | None:
+        """The next task to run: the first of the request whose turn it is (which then goes to the back of the
+        line if it has more); None once the pool is closed and no task waits."""
+        with self._lock:
+            while not self._waiting and not self._closed:
+                self._work.wait()
+            if not self._waiting:
+                return None
+            request, tasks = next(iter(self._waiting.items()))
+            fn, args, future = tasks.popleft()
+            if tasks:
+                self._waiting.move_to_end(request)
+            else:
+                del self._waiting[request]
+            return request, fn, args, future
 
     def _start_worker(self) -> _Worker:
         worker = _Worker(self._context, self.preload)
@@ -189,8 +273,8 @@ class DecodePool:
                 worker = self._start_worker()
             except (OSError, WorkerDied):
                 worker = None  # tried again with the first task, which then fails with the reason
-            while (task := self._tasks.get()) is not None:
-                fn, args, future = task
+            while (task := self._next()) is not None:
+                request, fn, args, future = task
                 if not future.set_running_or_notify_cancel():
                     continue
                 try:
@@ -200,7 +284,11 @@ class DecodePool:
                             with self._lock:
                                 self.ready -= 1
                         worker = self._start_worker()
-                    result = worker.call(fn, args, self.timeout_s)
+                    started = time.monotonic()
+                    try:
+                        result = worker.call(fn, args, self.timeout_s - request.run_s, self.timeout_s)
+                    finally:
+                        request.run_s += time.monotonic() - started
                 except DecodeTimeout as err:
                     assert worker is not None
                     worker.kill()
@@ -241,8 +329,7 @@ class DecodePool:
         with self._lock:
             self._closed = True
             lanes = list(self._lanes)
-        for _ in lanes:
-            self._tasks.put(None)
+            self._work.notify_all()
         deadline = None if timeout is None else time.monotonic() + timeout
         for lane in lanes:
             lane.join(None if deadline is None else max(0.0, deadline - time.monotonic()))

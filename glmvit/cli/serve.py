@@ -153,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"requests waiting for a decode process (default {DECODE_QUEUE}; their bodies count against "
                         "--max-held-mb too); more: 429")
     m.add_argument("--decode-timeout", type=float_in(0.01, 3600), default=30.0,
-                   help="seconds a request's media may take to decode (default 30; later: 413, the process replaced)")
+                   help="seconds a request's media may take to decode, its items together (default 30; later: 413, the "
+                        "process replaced)")
     m.add_argument("--max-frame-pixels", type=int_in(1, 8192 * 8192), default=DEFAULT_FRAME_PIXELS,
                    help=f"pixels of one picture or frame, read from its header (default {DEFAULT_FRAME_PIXELS:,}); "
                         "more: 413 before it is decoded")

@@ -12,9 +12,10 @@
   :mod:`glmvit.processing` makes them.
 
 Media (JSON and multipart) is checked, decoded and preprocessed as ``encode`` does, in decode worker processes
-(:mod:`glmvit.cli.decode_pool`), within per-request pixel and time bounds, up to the resize; their uint8 frames come
+(:mod:`glmvit.cli.decode_pool`), within per-request pixel and time bounds, up to the resize, a task an item, requests
+taking turns item by item (a small request is never held behind a large one's whole media); their uint8 frames come
 back through shared memory (:mod:`glmvit.cli.pixel_rows`) and become pixel rows on the model's device, in its dtype,
-on a thread, on that thread's own stream (:meth:`~glmvit.cli.serve_media.PreparedMedia.rows`; finite by
+on a thread, on that thread's own stream (:meth:`~glmvit.cli.serve_media.RequestMedia.rows`; finite by
 construction, so admission reads nothing back from the device). Pixel rows sent as safetensors are checked on a
 thread. Neither runs on the event loop or the scheduler's worker; answers are serialised on threads of their own.
 It answers ``200`` with ``application/x-safetensors`` in
@@ -22,7 +23,7 @@ It answers ``200`` with ``application/x-safetensors`` in
 the bytes in bfloat16), with headers ``X-Request-Id``, ``X-Queue-Delay-Ms`` (admission to the first batch holding
 one of its items), ``X-Encode-Ms`` (admission to its last item encoded), ``X-Prepare-Ms`` (reading and decoding
 before admission), ``X-Batches`` and ``Server-Timing`` (its time by phase, :data:`PHASES` but ``write``, which
-follows the headers; ``/metrics`` sums every phase; ``decode`` counts the wait for a free decoder, ``preprocess``
+follows the headers; ``/metrics`` sums every phase; ``decode`` counts the waits for a decoder, ``preprocess``
 the processor's work and admission's checks). Every error is JSON ``{"error": one line, "status": code}``:
 400 bad input (naming the item, the file or the JSON part) or a request aiohttp's HTTP parser refuses, 403 a
 ``file://`` URL outside the allowed directory, 408 a body that did not arrive within ``read_timeout_s`` (a slow
@@ -83,10 +84,10 @@ from ..scheduler import (
     host_copy,
 )
 from ..workloads import shown
-from .decode_pool import DecodeBusy, DecodePool, DecodeTimeout, WorkerDied
+from .decode_pool import DecodeBusy, DecodeClosed, DecodePool, DecodeRequest, DecodeTimeout, WorkerDied
 from .embedding_file import file_metadata, item_record
 from .pixel_rows import remove_shared_dir, shared_dir
-from .serve_media import MediaError, MediaLimits, PreparedMedia, prepare_media
+from .serve_media import MediaError, MediaLimits, PreparedMedia, RequestMedia, media_items, prepare_item
 
 log = logging.getLogger(__name__)
 
@@ -198,16 +199,30 @@ def prepare_pixels(body: bytes, check: Callable[[torch.Tensor, Any], np.ndarray]
     return Prepared(pixels, torch.from_numpy(grids), records)
 
 
-def _device_rows(media: PreparedMedia, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+def _device_rows(media: RequestMedia, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """A request's rows made on the model's device on this thread's own stream, finished before they are handed
-    to the scheduler (never queued behind the replays)."""
-    with finished_work(device):
-        return media.rows(device, dtype)
+    to the scheduler (never queued behind the replays). Frames it did not take (it failed) are removed."""
+    try:
+        with finished_work(device):
+            return media.rows(device, dtype)
+    finally:
+        media.discard()
 
 
 def _discard_rows(future: Any) -> None:
-    if not future.cancelled() and future.exception() is None:
+    if not future.cancelled() and future.exception() is None and isinstance(future.result(), PreparedMedia):
         future.result().frames.discard()
+
+
+async def _turn(turns: DecodeRequest, fn: Callable, *args: Any) -> Any:
+    """``fn(*args)`` as the next task of a request in the decode pool; if the client leaves meanwhile, the frames
+    it decodes are removed when they come."""
+    future = turns.submit(fn, *args)
+    try:
+        return await asyncio.wrap_future(future)
+    except asyncio.CancelledError:
+        future.add_done_callback(_discard_rows)
+        raise
 
 
 DECODE_QUEUE = 1024  # requests waiting for a decoder; their bodies are bounded in bytes (max_held_bytes) as well
@@ -223,7 +238,7 @@ def default_decode_workers() -> int:
 def default_decode_pool(workers: int | None = None, waiting: int = DECODE_QUEUE,
                         timeout_s: float = 30.0) -> DecodePool:
     """``workers`` decode processes (default :func:`default_decode_workers`), ``waiting`` requests queued for
-    them, ``timeout_s`` a request's decoding."""
+    them (taking turns item by item), ``timeout_s`` a request's decoding (its items' together)."""
     return DecodePool(workers or default_decode_workers(), waiting, timeout_s, MEDIA_MODULES)
 
 
@@ -385,19 +400,14 @@ class EncoderService:
         loop = asyncio.get_running_loop()
         merge_area = self.model.config.merge_area
         if isinstance(body, list) or request.content_type == "application/json":
-            payload = ("files", [(u.name, u.data) for u in body]) if isinstance(body, list) else ("json", body)
+            kind, payload = ("files", [(u.name, u.data) for u in body]) if isinstance(body, list) else ("json", body)
             del body
             try:
-                future = self.decode.submit(prepare_media, *payload, self.media, merge_area, self.limits.max_items,
-                                            self._pixel_dir())
+                media = await self._decode(kind, payload)
             except DecodeBusy as err:
                 raise BadRequest(str(err), 429) from None
-            del payload
-            try:
-                media: PreparedMedia = await asyncio.wrap_future(future)
-            except asyncio.CancelledError:  # the client left: rows decoded for it are removed when they come
-                future.add_done_callback(_discard_rows)
-                raise
+            except DecodeClosed:
+                raise BadRequest("the server is shutting down and takes no new requests", 503) from None
             except MediaError as err:
                 raise BadRequest(str(err), err.status) from None
             except DecodeTimeout as err:
@@ -408,8 +418,8 @@ class EncoderService:
             rows = await loop.run_in_executor(self.pool, _device_rows, media, self.model.device, self.model.dtype)
             prepared = Prepared(rows, torch.from_numpy(media.grid_thw), media.records, finite=True)
             # preprocess: the worker's resizing, then the rows made on the model's device; decode: everything else
-            # from the body read to the frames here (the wait for a free decoder, the parse, the files' checks and
-            # first frames, the hand-over)
+            # from the body read to the frames here (the waits for the request's turns in the decode pool, the
+            # parse, the files' checks and first frames, the hand-overs)
             timing["preprocess"] = media.timing["preprocess"] + time.perf_counter() - handed
             timing["decode"] = handed - read - media.timing["preprocess"]
             return prepared
@@ -417,6 +427,31 @@ class EncoderService:
         prepared = await loop.run_in_executor(self.pool, prepare_pixels, body, check, merge_area)
         timing["decode"] = time.perf_counter() - read  # the safetensors body parsed and checked
         return prepared
+
+    async def _decode(self, kind: str, payload: Any) -> RequestMedia:
+        """A media request's items decoded and resized in the decode pool, as one request of its tasks there (so
+        that requests take turns item by item): a JSON body parsed into its items, then each item in order, the
+        request's pixel budget left passed on. A refused item fails the whole request with its error; the frames
+        of the items before it are removed, as are those of a request whose client left."""
+        merge_area = self.model.config.merge_area
+        done = RequestMedia([])
+        with self.decode.request() as turns:
+            try:
+                if kind == "json":
+                    items = await _turn(turns, media_items, kind, payload, self.limits.max_items)
+                else:
+                    items = media_items(kind, payload, self.limits.max_items)
+                del payload
+                left = self.media.max_request_pixels
+                for k, item in enumerate(items):
+                    part: PreparedMedia = await _turn(turns, prepare_item, k, item, self.media, left, merge_area,
+                                                      self._pixel_dir())
+                    done.items.append(part)
+                    left -= part.pixels
+            except BaseException:
+                done.discard()
+                raise
+        return done
 
     async def _receive(self, request: web.Request, held: "_Held") -> list[Upload] | bytes:
         """The body: a multipart request's files, or a pixel or JSON request's bytes."""

@@ -16,10 +16,13 @@ refused from its header before it is decoded; the pixels a request decodes (each
 to its last sampled one) past ``max_request_pixels``, refused before the item that would pass it is decoded.
 The time a request's decoding may take is the decode pool's (:mod:`glmvit.cli.decode_pool`).
 
-:func:`prepare_media` runs in a decode worker: it returns the items' resized uint8 frames (a quarter of float32
-rows' bytes), grids and records, and where its time went (``decode``: the body parsed, each file's header and first
-frame checked and decoded; ``preprocess``: the rest of the decoding and the resizing), or raises
-:class:`MediaError`. The server makes the pixel rows on the model's device (:meth:`PreparedMedia.rows`).
+:func:`prepare_item` runs in a decode worker, one task an item (a JSON body is parsed into its items by
+:func:`media_items` in a worker first), so that requests take turns in the decode pool item by item: it returns the
+item's resized uint8 frames (a quarter of float32 rows' bytes), grid and record, the pixels it spent of the
+request's budget, and where its time went (``decode``: each file's header and first frame checked and decoded;
+``preprocess``: the rest of the decoding and the resizing), or raises :class:`MediaError`. The server runs a
+request's items one after another, the budget left passed on, and makes the pixel rows on the model's device
+(:meth:`RequestMedia.rows`). :func:`prepare_media` does a whole request in one process.
 """
 from __future__ import annotations
 
@@ -287,6 +290,7 @@ class PreparedMedia:
     grid_thw: np.ndarray
     records: list[dict[str, Any]]
     timing: dict[str, float] = field(default_factory=dict)
+    pixels: int = 0  # what their decoding spent of the request's max_request_pixels
 
     def rows(self, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
         """The items' pixel rows in ``dtype`` on ``device``, bitwise ``glmvit encode``'s rows cast to ``dtype``
@@ -298,56 +302,120 @@ class PreparedMedia:
         return rows[0] if len(rows) == 1 else torch.cat(rows)
 
 
+Item = tuple[str, str, Union[str, None], Any]  # (label, name for the record, the kind its part asks for, its source)
+
+
+def media_items(kind: str, payload: Any, max_items: int | None = None) -> list[Item]:
+    """A request's items in order (``kind`` "json": a JSON body's bytes, each item's source its URL; "files": a
+    multipart request's [(name, bytes)], each item's source its bytes); a request of no items, or of more than
+    ``max_items`` (413, before any is decoded), is a MediaError. A JSON body's is a decode worker's task (the
+    server never parses one)."""
+    if kind == "json":
+        items: list[Item] = [(where, where, want, url) for where, want, url in parse_request(payload)]
+    elif not payload:
+        raise MediaError("the request holds no files (send each image or video as a multipart file part)")
+    else:
+        items = [(f"file {k} ({name})", name, None, data) for k, (name, data) in enumerate(payload)]
+    if max_items is not None and len(items) > max_items:
+        raise MediaError(f"{len(items)} items in one request: at most {max_items}", 413)
+    return items
+
+
+def _load(k: int, item: Item, scratch: str, limits: MediaLimits, budget: _Budget, merge_area: int
+          ) -> tuple[VisionFrames, dict[str, Any]]:
+    """The ``k``-th item of its request decoded and resized (its files under ``scratch``), and its record."""
+    label, name, want, source = item
+    if isinstance(source, str) and source.lower().startswith("file:"):
+        origin = file_url(f"{label}.url", source, limits.allowed_media_dir)
+        name = str(origin)
+        path = Path(scratch).resolve() / f"{k}{origin.suffix.lower()}"
+        data = snapshot(label, origin, path)
+    else:
+        if isinstance(source, str):
+            if source.split(":", 1)[0].lower() in ("http", "https"):
+                raise MediaError(f"{label}.url: http(s) URLs are not fetched (the server has no network "
+                                 "access): send the media as a data: URL")
+            suffix, data = data_url(f"{label}.url", source)
+        else:
+            suffix, data = PurePosixPath(name).suffix.lower(), source
+        path = Path(scratch).resolve() / f"{k}{suffix}"
+        path.write_bytes(data)
+    inputs = _load_item(label, path, want, limits, budget)
+    tokens = int(inputs.grid_thw[0].prod()) // merge_area
+    return inputs, inputs_record(name, hashlib.sha256(data).hexdigest(), inputs, tokens)
+
+
+def _prepared(loaded: list[VisionFrames], records: list[dict[str, Any]], folder: str | None, budget: _Budget,
+              pixels: int, parse_s: float = 0.0) -> PreparedMedia:
+    frames = [f for item in loaded for f in item.frames]
+    flat = frames[0].reshape(-1) if len(frames) == 1 else torch.cat([f.reshape(-1) for f in frames])
+    shapes = [(f.shape[0], f.shape[1], f.shape[2], f.shape[3]) for f in frames]
+    return PreparedMedia(PixelRows.of(flat, folder), shapes, [k for item in loaded for k in item.kinds],
+                         torch.cat([item.grid_thw for item in loaded]).numpy(), records,
+                         {"decode": parse_s + budget.decode_s, "preprocess": budget.preprocess_s}, pixels)
+
+
+def prepare_item(k: int, item: Item, limits: MediaLimits, left: int, merge_area: int, folder: str | None = None
+                 ) -> PreparedMedia:
+    """The ``k``-th item of a request (:func:`media_items`) decoded and resized, ``left`` pixels of the request's
+    ``max_request_pixels`` still to spend (its ``pixels`` say what it spent); a refused item raises MediaError.
+    A decode worker's task: the server runs a request's items one after another (:mod:`glmvit.cli.serve_app`)."""
+    budget = _Budget(left)
+    with tempfile.TemporaryDirectory(prefix="glmvit-serve-") as scratch, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.TiffImagePlugin")  # as below
+        inputs, record = _load(k, item, scratch, limits, budget, merge_area)
+    return _prepared([inputs], [record], folder, budget, left - budget.left)
+
+
 def prepare_media(kind: str, payload: Any, limits: MediaLimits, merge_area: int, max_items: int | None = None,
                   folder: str | None = None) -> PreparedMedia:
-    """Every item of a request decoded and resized (``kind`` "json": a JSON body's bytes; "files": a multipart
-    request's [(name, bytes)]); a refused item raises MediaError (the module docstring), and so does a request of
-    more than ``max_items`` items (413, before any is decoded). The uint8 frames go to a file under ``folder`` if
-    given."""
+    """Every item of a request decoded and resized in this process (``kind`` and ``payload`` as
+    :func:`media_items` takes them); a refused item raises MediaError (the module docstring), and so does a request
+    of more than ``max_items`` items (413, before any is decoded). The uint8 frames go to a file under ``folder``
+    if given."""
     start = time.perf_counter()
     budget = _Budget(limits.max_request_pixels)
     loaded, records = [], []
     with tempfile.TemporaryDirectory(prefix="glmvit-serve-") as scratch, warnings.catch_warnings():
         # as the CLI does: a client's corrupt EXIF is no reason for lines of PIL's warnings in the server's log
         warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.TiffImagePlugin")
-        if kind == "json":  # (label, name for the record, the kind the part asks for, its URL)
-            items: list[tuple[str, str, str | None, Any]] = [(where, where, want, url)
-                                                             for where, want, url in parse_request(payload)]
-        else:
-            if not payload:
-                raise MediaError("the request holds no files (send each image or video as a multipart file part)")
-            items = [(f"file {k} ({name})", name, None, data) for k, (name, data) in enumerate(payload)]
-        if max_items is not None and len(items) > max_items:
-            raise MediaError(f"{len(items)} items in one request: at most {max_items}", 413)
+        items = media_items(kind, payload, max_items)
         parse_s = time.perf_counter() - start
-        for k, (label, name, want, source) in enumerate(items):
-            if kind == "json" and source.lower().startswith("file:"):
-                origin = file_url(f"{label}.url", source, limits.allowed_media_dir)
-                name = str(origin)
-                path = Path(scratch).resolve() / f"{k}{origin.suffix.lower()}"
-                data = snapshot(label, origin, path)
-            else:
-                if kind == "json":
-                    if source.split(":", 1)[0].lower() in ("http", "https"):
-                        raise MediaError(f"{label}.url: http(s) URLs are not fetched (the server has no network "
-                                         "access): send the media as a data: URL")
-                    suffix, data = data_url(f"{label}.url", source)
-                else:
-                    suffix, data = PurePosixPath(name).suffix.lower(), source
-                path = Path(scratch).resolve() / f"{k}{suffix}"
-                path.write_bytes(data)
-            inputs = _load_item(label, path, want, limits, budget)
-            tokens = int(inputs.grid_thw[0].prod()) // merge_area
-            digest = hashlib.sha256(data).hexdigest()
-            records.append(inputs_record(name, digest, inputs, tokens))
+        for k, item in enumerate(items):
+            inputs, record = _load(k, item, scratch, limits, budget, merge_area)
+            records.append(record)
             loaded.append(inputs)
-    frames = [f for item in loaded for f in item.frames]
-    flat = frames[0].reshape(-1) if len(frames) == 1 else torch.cat([f.reshape(-1) for f in frames])
-    shapes = [(f.shape[0], f.shape[1], f.shape[2], f.shape[3]) for f in frames]
-    return PreparedMedia(PixelRows.of(flat, folder), shapes, [k for item in loaded for k in item.kinds],
-                         torch.cat([item.grid_thw for item in loaded]).numpy(), records,
-                         {"decode": parse_s + budget.decode_s, "preprocess": budget.preprocess_s})
+    return _prepared(loaded, records, folder, budget, limits.max_request_pixels - budget.left, parse_s)
 
 
-__all__ = ["MAX_FRAME_PIXELS", "EncodeRequest", "MediaError", "MediaLimits", "PreparedMedia", "parse_request",
-           "prepare_media"]
+@dataclass
+class RequestMedia:
+    """A request's items as decode workers handed them over, one :class:`PreparedMedia` an item, in order."""
+
+    items: list[PreparedMedia]
+
+    @property
+    def grid_thw(self) -> np.ndarray:
+        return np.concatenate([m.grid_thw for m in self.items])
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        return [r for m in self.items for r in m.records]
+
+    @property
+    def timing(self) -> dict[str, float]:
+        return {key: sum(m.timing.get(key, 0.0) for m in self.items) for key in ("decode", "preprocess")}
+
+    def rows(self, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+        """Every item's rows (:meth:`PreparedMedia.rows`), one after another."""
+        rows = [m.rows(device, dtype) for m in self.items]
+        return rows[0] if len(rows) == 1 else torch.cat(rows)
+
+    def discard(self) -> None:
+        """Remove the shared files of frames nobody will take (their request failed or was cancelled)."""
+        for m in self.items:
+            m.frames.discard()
+
+
+__all__ = ["MAX_FRAME_PIXELS", "EncodeRequest", "MediaError", "MediaLimits", "PreparedMedia", "RequestMedia",
+           "media_items", "parse_request", "prepare_item", "prepare_media"]

@@ -1,0 +1,83 @@
+"""The decode pool's fair turns: requests take turns task by task, each bounded as a whole (its place in the
+pool's bound, its tasks' time together)."""
+import time
+
+import pytest
+
+from glmvit.cli.decode_pool import DecodeBusy, DecodeClosed, DecodePool, DecodeTimeout
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def nap(name, seconds):
+    """A task that takes ``seconds``: its name and when it finished."""
+    time.sleep(seconds)
+    return name, time.monotonic()
+
+
+def started(workers, max_waiting, timeout_s):
+    pool = DecodePool(workers, max_waiting, timeout_s).start()
+    deadline = time.monotonic() + 120
+    while pool.ready < workers:
+        assert time.monotonic() < deadline, "the decode workers did not start"
+        time.sleep(0.01)
+    return pool
+
+
+def test_a_one_task_request_is_answered_before_two_earlier_heavy_requests_finish():
+    """One worker, two requests of four 0.4 s tasks each queued first, then a request of one task: it waits for a
+    task or two of theirs, not for all eight (first-in, first-out, it would finish last)."""
+    pool = started(1, 8, 60.0)
+    try:
+        heavy = []
+        for name in ("a", "b"):
+            with pool.request() as turns:
+                heavy.append([turns.submit(nap, name, 0.4) for _ in range(4)])
+        small = pool.submit(nap, "small", 0.0)
+        done = small.result(60)[1]
+        ends = [max(f.result(60)[1] for f in tasks) for tasks in heavy]
+    finally:
+        pool.close(30)
+    assert done < min(ends) - 0.5, (done, ends)  # at least one 0.4 s task of each heavy request still to run
+    assert pool.busy == 0
+
+
+def test_a_request_holds_one_place_in_the_bound_however_many_tasks_it_has():
+    """The bound counts requests: one open request of three tasks holds one place; a second is refused at once
+    past workers + max_waiting; a closed request gives its place back once its tasks are done."""
+    pool = started(1, 0, 60.0)
+    try:
+        turns = pool.request()
+        futures = [turns.submit(nap, "a", 0.05) for _ in range(3)]
+        assert pool.busy == 1
+        with pytest.raises(DecodeBusy, match="hold 1 requests"):
+            pool.submit(nap, "b", 0.0)
+        turns.close()
+        with pytest.raises(DecodeClosed):
+            turns.submit(nap, "a", 0.0)
+        [f.result(60) for f in futures]
+        deadline = time.monotonic() + 30
+        while pool.busy:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert pool.submit(nap, "b", 0.0).result(60)[0] == "b"
+    finally:
+        pool.close(30)
+    with pytest.raises(DecodeClosed):
+        pool.request()
+
+
+def test_a_requests_tasks_share_its_timeout():
+    """timeout_s bounds a request's tasks together: each of three 0.8 s tasks fits 2 s, the third passes it and
+    fails (its worker replaced); another request gets its own 2 s."""
+    pool = started(1, 4, 2.0)
+    try:
+        with pool.request() as turns:
+            futures = [turns.submit(nap, "a", 0.8) for _ in range(3)]
+        assert [f.result(60)[0] for f in futures[:2]] == ["a", "a"]
+        with pytest.raises(DecodeTimeout, match="more than 2 s"):
+            futures[2].result(60)
+        assert pool.submit(nap, "b", 0.8).result(60)[0] == "b"
+        assert pool.timeouts == 1 and pool.replaced == 1
+    finally:
+        pool.close(30)
