@@ -255,6 +255,41 @@ def test_a_slow_decode_times_out_alone_and_delays_no_other_request(tiny_model):
     wait_until(lambda: decode.ready == 2, "the worker replaced")
 
 
+def test_a_small_request_is_answered_before_two_earlier_big_requests_finish_decoding(tiny_model):
+    """One decode worker; two requests of three 4096² pictures (a fourth refused by the pixel budget: 413) sent
+    first, then one small picture: requests take turns item by item, so the small one is answered while the big
+    ones still decode (first-in, first-out, it waited for both). A refused request leaves no frames behind."""
+    decode = DecodePool(1, 8, 60.0, MEDIA_MODULES).start()
+    wait_until(lambda: decode.ready == 1, "the decode worker started")
+    service = media_service(tiny_model, decode, MediaLimits(max_request_pixels=3 * 4096 * 4096))
+    big = json.dumps({"content": [image_part(data_url(png_of_zeros(4096), "png"))] * 4}).encode()
+    small = json.dumps({"content": [image_part(data_url(encode_image(noise((56, 56, 3), 1)), "jpeg"))]}).encode()
+    try:
+        with ServerThread(service) as server:
+            async def send():
+                async with aiohttp.ClientSession() as session:
+                    await post(session, server.url, small, JSON)  # the worker's first task is behind it
+                    done = {}
+
+                    async def timed(name, body):
+                        answer = await post(session, server.url, body, JSON)
+                        done[name] = time.perf_counter()
+                        return answer
+                    bigs = [asyncio.create_task(timed(name, big)) for name in ("big0", "big1")]
+                    await asyncio.to_thread(wait_until, lambda: decode.busy == 2, "both big requests decoding")
+                    quick = await timed("small", small)
+                    return [await b for b in bigs], quick, done
+            bigs, quick, done = run(send())
+            left = os.listdir(service._pixels[0]) if service._pixels and service._pixels[0] else []
+    finally:
+        decode.close(30)
+    assert quick[0] == 200 and done["small"] < min(done["big0"], done["big1"]), (done, quick[1])
+    for answer in bigs:
+        assert answer[0] == 413 and json.loads(answer[2])["error"].startswith("content[3].image_url: decoding it "
+                                                                              "would pass"), answer[2]
+    assert left == []
+
+
 def test_a_burst_past_the_old_request_count_is_held_and_refused_only_past_the_bytes_bound(tiny_model, pool):
     """300 requests at once (more than the 256 the server once held) are all answered; a byte bound refuses with
     a 429 that says so; both bounds are reported in /v1/info and /metrics."""
