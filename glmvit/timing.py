@@ -93,8 +93,8 @@ def time_passes(call: Callable[[int], Any], n: int, device: torch.device | str, 
     while passes == 0 or (passes < max_passes and relative_halfwidth(ms) > precision):
         passes += 1
         started = time.perf_counter()
+        _settle()
         for j in progress(passes, range(n)) if progress is not None else range(n):
-            _settle()
             c0, t0 = time.thread_time(), time.perf_counter()
             out = call(j)
             sync(device)
@@ -118,8 +118,8 @@ def _wall_ms(fn: Callable[[], Any], device: torch.device, max_runs: int,
              stop: Callable[[list[float]], bool] | None = None) -> list[float]:
     """Wall ms of each call between synchronisations: ``max_runs`` calls, or fewer once ``stop(times)`` holds."""
     times: list[float] = []
+    _settle()
     while len(times) < max_runs:
-        _settle()
         t0 = time.perf_counter()
         fn()
         sync(device)
@@ -182,9 +182,9 @@ def _spin_ms(iterations: int = 20_000) -> float:
 
 
 def quietest_cpu(cpus: Sequence[int], rounds: int = 3, iterations: int = 20_000) -> int:
-    """The CPU of ``cpus`` on which a short pure-Python loop (``iterations`` additions) runs fastest now: median of
-    ``rounds`` loops per CPU,
-    taken round-robin (so a burst of load on one CPU does not land on one CPU's loops only), ties to the later CPU.
+    """The CPU of ``cpus`` on which a short pure-Python loop (``iterations`` additions) runs fastest now: the median
+    of ``rounds`` loops per CPU, taken round-robin (so a burst of load on one CPU does not land on one CPU's loops
+    only), ties to the later CPU.
 
     Why: on a shared or virtual host a CPU's speed for one thread swings from one second to the next, invisibly
     to the guest (no steal time is reported), and a host-bound eager forward swings with it (measured on the H200
@@ -205,10 +205,11 @@ def quietest_cpu(cpus: Sequence[int], rounds: int = 3, iterations: int = 20_000)
     return min(reversed(cpus), key=lambda cpu: float(np.median(loops[cpu])))
 
 
-# Per thread, the CPU sets of the quiet hosts it has open, innermost last: while one is open, every call that thread
-# times first moves it to the CPU that is quietest at that moment (:func:`_settle`).
+# Per thread, the CPU sets of the quiet hosts it has open, innermost last: while one is open, each timed loop (a
+# pass of time_passes, a run of wall-clock calls) first moves the thread to the CPU quietest at that moment
+# (:func:`_settle`).
 _QUIET = threading.local()
-SETTLE_SPIN = 2_000  # additions per CPU per settle: ~0.1 ms a CPU, outside every clock
+SETTLE_SPIN = 10_000  # additions per CPU per settle: ~0.5 ms a CPU, once per timed loop, outside every clock
 
 
 def _quiet_sets() -> list[list[int]]:
@@ -218,7 +219,7 @@ def _quiet_sets() -> list[list[int]]:
 
 
 def _settle() -> None:
-    """Before a timed call, outside its clock: inside :func:`quiet_host`, pin this thread to the CPU of the host's
+    """Before a timed loop, outside its clock: inside :func:`quiet_host`, pin this thread to the CPU of the host's
     set that runs a short loop fastest now (:func:`quietest_cpu`, one round); elsewhere, or where the kernel does
     not honour affinity, nothing."""
     sets = _quiet_sets()
@@ -232,10 +233,11 @@ def _settle() -> None:
 @contextmanager
 def quiet_host() -> Iterator[None]:
     """Timed loops run here: Python's cycle collector off (collected once first, so no pause lands inside a
-    request), and this thread moved, before every call that :func:`time_passes`, :func:`time_calls` or
-    :func:`time_until_steady` times, to the CPU that is quietest at that moment (:func:`_settle`: a CPU's speed
-    swings within seconds, so one choice for a whole loop would time the CPU's bursts, not the code). During a call
-    the thread stays on its CPU. The collector and the thread's CPUs are restored on exit."""
+    request), and this thread moved, before each pass of :func:`time_passes` and each wall-clock run of
+    :func:`time_calls` or :func:`time_until_steady`, to the CPU that is quietest at that moment (:func:`_settle`: a
+    CPU's speed swings within seconds, so each loop chooses afresh; a choice before every call cost more than it
+    steadied, measured on the H200 machine). Within a loop the thread stays on its CPU. The collector and the
+    thread's CPUs are restored on exit."""
     gc.collect()
     enabled = gc.isenabled()
     gc.disable()

@@ -283,8 +283,8 @@ def run_benchmark(args: argparse.Namespace, command: str, session: Session | Non
             "precision": args.precision, "max_passes": args.max_passes,
             "passes": "every request once in arrival order, then again while the median's 95 % interval is "
                       "wider than ±precision, up to max_passes; ratios use the first pass (every request once)",
-            "host": "cycle collector off; before every timed call the thread is pinned to the CPU quietest "
-                    "then (glmvit.timing)",
+            "host": "cycle collector off; before each pass the thread is pinned to the CPU quietest then "
+                    "(glmvit.timing)",
             "route": not args.no_route, "tables": {m: t.describe() for m, t in tables.items()},
         },
         "workload": {"requests": len(requests), "items": sum(len(g) for g in grids), "tokens": sum(tokens),
