@@ -13,9 +13,13 @@
    (:func:`fits`); an item that fits no budget, or has more segments than a batch, runs alone (the runner runs it
    eagerly).
    Items of several requests share a batch; a request's items may span batches.
-3. **Encoding**: one ``encoder.encode(..., sync=True)`` per batch (:class:`~glmvit.encoder.Encoder`), given an
-   :class:`~glmvit.request.EncoderRequest` of its items (a graph runner packs it into its smallest fitting budget
-   and routes it, replay or eager; the eager baseline runs one forward).
+3. **Encoding, one batch ahead**: one ``encoder.encode(..., sync=False)`` per batch (:class:`~glmvit.encoder.Encoder`),
+   given an :class:`~glmvit.request.EncoderRequest` of its items (a graph runner packs it into its smallest fitting
+   budget and routes it, replay or eager; the eager baseline runs one forward). The call queues the batch's work on
+   the worker's stream and returns; while the device runs it, the worker takes the next batch and queues that too
+   (its packing, metadata and copies are host work that would otherwise leave the device idle), and only then waits
+   for the first batch (one CUDA event) and answers it. So at most two batches are in flight, the second queued
+   behind the first on one stream, and a batch is delivered only once its outputs are computed.
 4. **Delivery, checked**: a batch must return one output per item, of that item's token count (t·h·w / m²) and
    ``out_hidden_size``; every output goes to the slot its item was taken from (request id, item index), each slot
    is filled exactly once, and a request is answered only when all its slots are. Anything else fails the requests
@@ -27,6 +31,12 @@
 0 starts a batch as soon as the worker is free, which under load fills batches by itself (what arrived during the
 previous batch). Notebook 11 measures when a wait pays.
 
+**The interpreter's switch interval**: the worker's every torch call lets go of the GIL and must win it back
+from the server's Python threads (reading bodies, admitting, serialising answers), and CPython hands a held GIL over
+only after the switch interval (5 ms by default): a batch of a few dozen calls could wait longer for the GIL than
+the device takes to run it. While a scheduler runs, the process's interval is at most ``switch_interval_s``
+(:data:`SWITCH_INTERVAL_S`; restored when the last running scheduler stops).
+
 **Drain**: :meth:`~BatchScheduler.close` refuses new requests at once, lets every admitted one finish, then stops
 the worker. :meth:`~BatchScheduler.stats` reports queue delays, batch sizes and padding.
 """
@@ -34,6 +44,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -53,6 +64,35 @@ Encode = Callable[[torch.Tensor, EncoderRequest], list[torch.Tensor]]  # a batch
 DELAY_SAMPLES = 10_000  # queue delays and batch sizes kept for the percentiles: the most recent ones
 DEFAULT_MAX_REQUESTS = 4096  # a count that tokens and bytes bound first: a burst is held, not refused
 DEFAULT_MAX_BYTES = 4 << 30  # staged pixel bytes admitted and not answered (on the model's device)
+SWITCH_INTERVAL_S = 2e-4  # the process's GIL switch interval while a scheduler runs, at most (module docstring)
+
+
+class _SwitchInterval:
+    """The process's switch interval, lowered while any scheduler's worker runs and restored after the last."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holders: list[float] = []  # each running worker's wanted interval
+        self._saved = 0.0
+
+    def hold(self, seconds: float | None) -> None:
+        if seconds is None:
+            return
+        with self._lock:
+            if not self._holders:
+                self._saved = sys.getswitchinterval()
+            self._holders.append(seconds)
+            sys.setswitchinterval(min(self._saved, *self._holders))
+
+    def release(self, seconds: float | None) -> None:
+        if seconds is None:
+            return
+        with self._lock:
+            self._holders.remove(seconds)
+            sys.setswitchinterval(min(self._saved, *self._holders) if self._holders else self._saved)
+
+
+_switch_interval = _SwitchInterval()
 
 
 class QueueFull(RuntimeError):
@@ -158,6 +198,17 @@ class _Batch:
     full: bool = False  # nothing more may join
 
 
+@dataclass(eq=False)
+class _Launched:
+    """A batch queued on the device, not yet answered: ``done`` (an event; None off CUDA) marks its outputs."""
+
+    batch: _Batch
+    outputs: list[torch.Tensor]
+    requests: list[_Request]
+    start: float
+    done: "torch.cuda.Event | None"
+
+
 @dataclass
 class SchedulerStats:
     """Counters since construction. Queue delays and batch sizes keep the most recent ``DELAY_SAMPLES``."""
@@ -177,7 +228,7 @@ class SchedulerStats:
     # what it replayed, if it routes a batch eagerly)
     budget_tokens: int = 0
     packed_tokens: int = 0  # Σ tokens of those batches
-    busy_s: float = 0.0  # wall time inside the encoder
+    busy_s: float = 0.0  # wall time with a batch in the encoder (queued or running), overlaps counted once
     queue_ms: collections.deque = field(default_factory=lambda: collections.deque(maxlen=DELAY_SAMPLES))
     batch_items: collections.deque = field(default_factory=lambda: collections.deque(maxlen=DELAY_SAMPLES))
 
@@ -188,17 +239,20 @@ class BatchScheduler:
     ``encoder``: an :class:`~glmvit.encoder.Encoder` (:func:`~glmvit.encoder.build_encoder`; its ``budgets`` give
     the batch limits unless ``limits`` does), or a :class:`~glmvit.model.GlmVisionEncoder`, run eagerly
     (:class:`~glmvit.encoder.EagerEncoder`) under ``limits`` (the same limits as a runner's, for a fair baseline).
-    The worker calls ``encoder.encode(..., sync=True)``: its outputs go to other threads. The scheduler's worker must
-    be the only caller of the encoder while it runs.
+    The worker calls ``encoder.encode(..., sync=False)`` and waits for a batch's outputs (one event) before they go
+    to other threads, after queueing the next batch. The scheduler's worker must be the only caller of the encoder
+    while it runs.
     ``max_requests``, ``max_tokens`` and ``max_bytes`` (its pixels in the model's dtype) bound what is admitted and
     not yet answered (queued or running); a request of more tokens than ``max_tokens`` or more bytes than
     ``max_bytes`` can never be admitted (:class:`RequestTooLarge`). ``start=False`` admits requests without
     running them until :meth:`start` (to fill the queue first, e.g. in a test or a notebook).
+    ``switch_interval_s``: the process's GIL switch interval while the worker runs, at most (None: left alone).
     """
 
     def __init__(self, encoder: Encoder | GlmVisionEncoder, limits: BudgetConfig | None = None, *,
                  max_wait_s: float = 0.0, max_requests: int = DEFAULT_MAX_REQUESTS, max_tokens: int | None = None,
-                 max_bytes: int = DEFAULT_MAX_BYTES, start: bool = True):
+                 max_bytes: int = DEFAULT_MAX_BYTES, switch_interval_s: float | None = SWITCH_INTERVAL_S,
+                 start: bool = True):
         if isinstance(encoder, GlmVisionEncoder):
             if limits is None:
                 raise ValueError("an eager model needs limits (a BudgetConfig): the batches a runner would take")
@@ -210,7 +264,7 @@ class BatchScheduler:
             raise ValueError("an encoder without budgets needs limits (a BudgetConfig): the batches to take")
         self.encoder = encoder
         self.model, self.limits, self.mode = encoder.model, budgets, encoder.label
-        self._encode: Encode = partial(encoder.encode, sync=True)
+        self._encode: Encode = partial(encoder.encode, sync=False)
         if not (isinstance(max_wait_s, (int, float)) and 0 <= max_wait_s <= 1):
             raise ValueError(f"max_wait_s must be in [0, 1] seconds, got {max_wait_s!r}")
         if isinstance(max_requests, bool) or not isinstance(max_requests, int) or max_requests < 1:
@@ -223,6 +277,10 @@ class BatchScheduler:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
             raise ValueError(f"max_bytes must be a positive integer, got {max_bytes!r}")
         self.max_bytes = max_bytes
+        if switch_interval_s is not None and not (isinstance(switch_interval_s, (int, float))
+                                                  and 1e-6 <= switch_interval_s <= 1):
+            raise ValueError(f"switch_interval_s must be in [1e-6, 1] seconds or None, got {switch_interval_s!r}")
+        self.switch_interval_s = switch_interval_s
         self._cond = threading.Condition()
         self._pending: collections.deque[tuple[_Request, int]] = collections.deque()
         self._outstanding = 0  # admitted, not yet answered
@@ -233,6 +291,7 @@ class BatchScheduler:
         self._next_request = 0
         self._next_batch = 0
         self._stats = SchedulerStats()
+        self._busy_until = 0.0  # when the last delivered batch was done (busy time counts overlaps once)
         self._started_at = time.perf_counter()
         self._worker = threading.Thread(target=self._loop, name="glmvit-scheduler", daemon=True)
         self._worker_started = False
@@ -362,7 +421,7 @@ class BatchScheduler:
                 mode=self.mode, accepting=not self._closing, outstanding_requests=self._outstanding,
                 outstanding_tokens=self._outstanding_tokens, outstanding_bytes=self._outstanding_bytes,
                 queued_items=len(self._pending), max_requests=self.max_requests, max_tokens=self.max_tokens,
-                max_bytes=self.max_bytes, max_wait_s=self.max_wait_s,
+                max_bytes=self.max_bytes, max_wait_s=self.max_wait_s, switch_interval_s=self.switch_interval_s,
                 limits={"token_budgets": list(self.limits.token_budgets), "max_items": self.limits.max_items,
                         "max_segments": self.limits.max_segments},
                 queue_ms=distribution(s.queue_ms), batch_items=distribution(s.batch_items),
@@ -403,18 +462,19 @@ class BatchScheduler:
             if len(batch.slots) == lim.max_items or batch.tokens >= lim.largest or batch.segments >= lim.max_segments:
                 batch.full = True
 
-    def _take(self) -> _Batch | None:
-        """The next batch (blocking until there is one); None once closing and everything admitted is answered."""
+    def _take(self, block: bool = True) -> _Batch | None:
+        """The next batch: blocking until there is one, None once closing and everything admitted is answered;
+        with ``block=False`` (a batch is in flight), what is queued now, at once, or None."""
         with self._cond:
             while True:
                 while not self._pending:
-                    if self._closing and self._staging == 0:
+                    if not block or (self._closing and self._staging == 0):
                         return None
                     self._cond.wait()
                 batch = _Batch(self._next_batch)
                 self._fill(batch)
                 deadline = time.perf_counter() + self.max_wait_s
-                while not batch.full and not self._closing and self.max_wait_s > 0:
+                while block and not batch.full and not self._closing and self.max_wait_s > 0:
                     left = deadline - time.perf_counter()
                     if left <= 0:
                         break
@@ -423,15 +483,30 @@ class BatchScheduler:
                 if batch.slots:  # empty when every queued item belonged to a failed request
                     self._next_batch += 1
                     return batch
+                if not block:
+                    return None
 
     def _loop(self) -> None:
-        while True:
-            batch = self._take()
-            if batch is None:
-                return
-            self._run(batch)
+        """Queue a batch, then, with it in flight, the next one, then answer the first (module docstring, step 3)."""
+        _switch_interval.hold(self.switch_interval_s)
+        try:
+            self._run_batches()
+        finally:
+            _switch_interval.release(self.switch_interval_s)
 
-    def _run(self, batch: _Batch) -> None:
+    def _run_batches(self) -> None:
+        in_flight: _Launched | None = None
+        while True:
+            batch = self._take(block=in_flight is None)
+            if batch is None and in_flight is None:
+                return
+            launched = self._launch(batch) if batch is not None else None
+            if in_flight is not None:
+                self._finish(in_flight)
+            in_flight = launched
+
+    def _launch(self, batch: _Batch) -> "_Launched | None":
+        """Queue ``batch`` on the device; None if it failed (its requests answered with the error)."""
         start = time.perf_counter()
         requests = list(dict.fromkeys(request for request, _ in batch.slots))
         for request in requests:
@@ -443,18 +518,34 @@ class BatchScheduler:
             items = EncoderRequest.gather([(request.request, i) for request, i in batch.slots])
             outputs = self._encode(pixels, items)
             self._check(batch, outputs)
+            done = None
+            if outputs and outputs[0].device.type == "cuda":
+                done = torch.cuda.Event()
+                done.record()  # after the batch's work, on the worker's stream
         except Exception as err:  # noqa: BLE001 - the batch's requests get the error; the worker goes on
-            with self._cond:
-                self._stats.failed_batches += 1
-                failed = [request for request in requests if not request.finished]
-                for request in failed:
-                    self._fail(request)
-                self._cond.notify_all()
-            for request in failed:
-                request.future.set_exception(err)
+            self._fail_batch(requests, err)
+            return None
+        return _Launched(batch, outputs, requests, start, done)
+
+    def _finish(self, launched: _Launched) -> None:
+        """Wait until ``launched``'s outputs are computed, then answer its items."""
+        try:
+            if launched.done is not None:
+                launched.done.synchronize()
+        except Exception as err:  # noqa: BLE001 - as in _launch
+            self._fail_batch(launched.requests, err)
             return
-        done = time.perf_counter()
-        self._deliver(batch, outputs, requests, start, done)
+        self._deliver(launched.batch, launched.outputs, launched.requests, launched.start, time.perf_counter())
+
+    def _fail_batch(self, requests: list[_Request], err: BaseException) -> None:
+        with self._cond:
+            self._stats.failed_batches += 1
+            failed = [request for request in requests if not request.finished]
+            for request in failed:
+                self._fail(request)
+            self._cond.notify_all()
+        for request in failed:
+            request.future.set_exception(err)
 
     def _gather(self, batch: _Batch) -> torch.Tensor:
         chunks = []
@@ -505,7 +596,8 @@ class BatchScheduler:
             s.batches += 1
             s.items += len(batch.slots)
             s.tokens += batch.tokens
-            s.busy_s += done - start
+            s.busy_s += done - max(start, self._busy_until)  # the batch before it may still have been in flight
+            self._busy_until = done
             s.batch_items.append(len(batch.slots))
             s.mixed_batches += len(requests) > 1
             budget = self.limits.budget_for(batch.tokens) if batch.segments <= self.limits.max_segments else None

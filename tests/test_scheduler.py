@@ -245,6 +245,62 @@ def test_closing_before_the_worker_starts_fails_what_was_admitted(tiny_model):
         future.result(0)
 
 
+def test_the_next_batch_is_queued_before_the_one_in_flight_is_answered(tiny_model):
+    """The worker queues batch 2 while batch 1 is on the device, then answers batch 1: the host work of the next
+    batch overlaps the replay of this one. Every answer is still its own (compared with the requests alone)."""
+    scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), start=False)
+    events, encode, lock = [], scheduler._encode, threading.Lock()
+
+    def logged(pixels, request):
+        with lock:
+            events.append(("queued", len(request)))
+        return encode(pixels, request)
+
+    scheduler._encode = logged
+    requests = [random_request(seed) for seed in range(400, 408)]
+    alone = runner_for(tiny_model, ONE_BUDGET)
+    futures = []
+    for k, request in enumerate(requests):
+        futures.append(scheduler.submit(*request))
+        futures[-1].add_done_callback(lambda _, k=k: events.append(("answered", k)))
+    scheduler.start()
+    for request, future in zip(requests, futures, strict=True):
+        for a, b in zip(future.result(TIMEOUT).outputs, alone.run(*request), strict=True):
+            torch.testing.assert_close(a, b, atol=FORWARD_ATOL, rtol=FORWARD_ATOL)
+    scheduler.close(TIMEOUT)
+    kinds = [kind for kind, _ in events]
+    assert kinds[:2] == ["queued", "queued"], events  # the second batch queued before any answer
+    first = next(i for i, kind in enumerate(kinds) if kind == "answered")
+    assert first < len(kinds) - 1 and kinds.count("queued") >= 2
+    stats = scheduler.stats()
+    assert stats["batches"] == kinds.count("queued") and 0 < stats["busy_s"] <= stats["uptime_s"]
+
+
+def test_the_switch_interval_is_lowered_while_a_scheduler_runs_and_restored_after_the_last(tiny_model):
+    """The worker's torch calls each give the GIL away; while any scheduler runs, another thread may keep it at
+    most switch_interval_s. Two schedulers at once: the lower interval holds until both stop, then the original."""
+    import sys
+
+    original = sys.getswitchinterval()
+    a = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), switch_interval_s=1e-3)
+    b = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), switch_interval_s=2e-4)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while sys.getswitchinterval() != pytest.approx(2e-4) and time.monotonic() < deadline:
+            time.sleep(0.001)  # both workers are starting
+        assert sys.getswitchinterval() == pytest.approx(2e-4)
+        a.encode(*random_request(1), timeout=TIMEOUT)
+        assert a.close(TIMEOUT)
+        assert sys.getswitchinterval() == pytest.approx(2e-4)  # b still runs
+        assert b.stats()["switch_interval_s"] == 2e-4
+    finally:
+        a.close(TIMEOUT)
+        b.close(TIMEOUT)
+    assert sys.getswitchinterval() == original
+    with pytest.raises(ValueError, match="switch_interval_s"):
+        BatchScheduler(runner_for(tiny_model, ONE_BUDGET), switch_interval_s=0, start=False)
+
+
 def test_a_failing_batch_fails_only_its_requests(tiny_model):
     scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), start=False)
     encode, calls = scheduler._encode, []
