@@ -221,28 +221,36 @@ async def post_json(url, body):
         return await post(session, url, body, JSON)
 
 
+def big_and_small() -> tuple[bytes, bytes]:
+    """JSON bodies: four 4096² pictures of zeros (seconds to decode and resize), and one small noisy picture."""
+    big = json.dumps({"content": [image_part(data_url(png_of_zeros(4096), "png"))] * 4}).encode()
+    small = json.dumps({"content": [image_part(data_url(encode_image(noise((56, 56, 3), 1)), "jpeg"))]}).encode()
+    return big, small
+
+
+async def timed_post(session, url: str, body: bytes, done: dict[str, float], name: str):
+    """POST ``body`` as JSON; note in ``done[name]`` when its answer was read."""
+    answer = await post(session, url, body, JSON)
+    done[name] = time.perf_counter()
+    return answer
+
+
 def test_a_slow_decode_times_out_alone_and_delays_no_other_request(tiny_model):
     """Four 4096² pictures (seconds to decode and resize) time out and their worker is replaced; a small request
     sent while they decode is answered first, by the other worker; the next request is served as usual."""
     decode = DecodePool(2, 8, 1.0, MEDIA_MODULES).start()
     wait_until(lambda: decode.ready == 2, "two decode workers started")
     service = media_service(tiny_model, decode, MediaLimits(max_frame_pixels=4096 * 4096, max_request_pixels=2**26))
-    big = json.dumps({"content": [image_part(data_url(png_of_zeros(4096), "png"))] * 4}).encode()
-    small = json.dumps({"content": [image_part(data_url(encode_image(noise((56, 56, 3), 1)), "jpeg"))]}).encode()
+    big, small = big_and_small()
     try:
         with ServerThread(service) as server:
             async def send():
                 async with aiohttp.ClientSession() as session:
                     await asyncio.gather(post(session, server.url, small, JSON), post(session, server.url, small, JSON))
-                    done = {}
-
-                    async def timed(name, body):
-                        answer = await post(session, server.url, body, JSON)
-                        done[name] = time.perf_counter()
-                        return answer
-                    slow = asyncio.create_task(timed("big", big))
+                    done: dict[str, float] = {}
+                    slow = asyncio.create_task(timed_post(session, server.url, big, done, "big"))
                     await asyncio.to_thread(wait_until, lambda: decode.busy == 1, "the big request decoding")
-                    quick = await timed("small", small)
+                    quick = await timed_post(session, server.url, small, done, "small")
                     return await slow, quick, done, await post(session, server.url, small, JSON)
             slow, quick, done, after = run(send())
             metrics = service.metrics_json()["decode"]
@@ -262,22 +270,17 @@ def test_a_small_request_is_answered_before_two_earlier_big_requests_finish_deco
     decode = DecodePool(1, 8, 60.0, MEDIA_MODULES).start()
     wait_until(lambda: decode.ready == 1, "the decode worker started")
     service = media_service(tiny_model, decode, MediaLimits(max_request_pixels=3 * 4096 * 4096))
-    big = json.dumps({"content": [image_part(data_url(png_of_zeros(4096), "png"))] * 4}).encode()
-    small = json.dumps({"content": [image_part(data_url(encode_image(noise((56, 56, 3), 1)), "jpeg"))]}).encode()
+    big, small = big_and_small()
     try:
         with ServerThread(service) as server:
             async def send():
                 async with aiohttp.ClientSession() as session:
                     await post(session, server.url, small, JSON)  # the worker's first task is behind it
-                    done = {}
-
-                    async def timed(name, body):
-                        answer = await post(session, server.url, body, JSON)
-                        done[name] = time.perf_counter()
-                        return answer
-                    bigs = [asyncio.create_task(timed(name, big)) for name in ("big0", "big1")]
+                    done: dict[str, float] = {}
+                    bigs = [asyncio.create_task(timed_post(session, server.url, big, done, name))
+                            for name in ("big0", "big1")]
                     await asyncio.to_thread(wait_until, lambda: decode.busy == 2, "both big requests decoding")
-                    quick = await timed("small", small)
+                    quick = await timed_post(session, server.url, small, done, "small")
                     return [await b for b in bigs], quick, done
             bigs, quick, done = run(send())
             left = os.listdir(service._pixels[0]) if service._pixels and service._pixels[0] else []
