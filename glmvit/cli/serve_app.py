@@ -17,7 +17,8 @@ taking turns item by item (a small request is never held behind a large one's wh
 back through shared memory (:mod:`glmvit.cli.pixel_rows`) and become pixel rows on the model's device, in its dtype,
 on a thread, on that thread's own stream (:meth:`~glmvit.cli.serve_media.RequestMedia.rows`; finite by
 construction, so admission reads nothing back from the device). Pixel rows sent as safetensors are checked on a
-thread. Neither runs on the event loop or the scheduler's worker; answers are serialised on threads of their own.
+thread. Neither runs on the event loop or the scheduler's worker; answers are serialised on threads of their own,
+each embedding copied from the device straight into its place in the body (:mod:`glmvit.cli.answer_body`).
 It answers ``200`` with ``application/x-safetensors`` in
 ``encode --out``'s layout (tensors ``item_<i>``, float32; ``?dtype=model`` returns the model's dtype instead, half
 the bytes in bfloat16), with headers ``X-Request-Id``, ``X-Queue-Delay-Ms`` (admission to the first batch holding
@@ -70,7 +71,6 @@ from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
-from safetensors.torch import save as save_safetensors
 
 from ..metadata import as_grid_array
 from ..records import fingerprint_now
@@ -81,9 +81,9 @@ from ..scheduler import (
     RequestTooLarge,
     SchedulerClosed,
     finished_work,
-    host_copy,
 )
 from ..workloads import shown
+from .answer_body import answer_body
 from .decode_pool import DecodeBusy, DecodeClosed, DecodePool, DecodeRequest, DecodeTimeout, WorkerDied
 from .embedding_file import file_metadata, item_record
 from .pixel_rows import remove_shared_dir, shared_dir
@@ -505,10 +505,10 @@ class EncoderService:
             self._pixels.append(shared_dir())
         return self._pixels[0]
 
-    def _pack(self, outputs: list[torch.Tensor], records: list[dict[str, Any]], dtype: str) -> bytes:
+    def _pack(self, outputs: list[torch.Tensor], records: list[dict[str, Any]], dtype: str) -> bytearray:
+        """The answer's body, each output copied from the device straight into its place (:mod:`.answer_body`)."""
         out_dtype = torch.float32 if dtype == "float32" else self.model.dtype
-        tensors = {f"item_{i}": t for i, t in enumerate(host_copy(outputs, out_dtype))}
-        return save_safetensors(tensors, metadata=file_metadata(records, self.info, self.provenance))
+        return answer_body(outputs, out_dtype, file_metadata(records, self.info, self.provenance))
 
     def health_json(self) -> dict[str, Any]:
         """Light: whether it serves, how, and its limits (``/v1/info`` says what the model and its code are)."""
