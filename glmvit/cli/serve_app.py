@@ -87,7 +87,15 @@ from .answer_body import answer_body
 from .decode_pool import DecodeBusy, DecodeClosed, DecodePool, DecodeRequest, DecodeTimeout, WorkerDied
 from .embedding_file import file_metadata, item_record
 from .pixel_rows import remove_shared_dir, shared_dir
-from .serve_media import MediaError, MediaLimits, PreparedMedia, RequestMedia, media_items, prepare_item
+from .serve_media import (
+    MediaError,
+    MediaLimits,
+    PreparedMedia,
+    RequestMedia,
+    media_items,
+    prepare_first_item,
+    prepare_item,
+)
 
 log = logging.getLogger(__name__)
 
@@ -210,8 +218,12 @@ def _device_rows(media: RequestMedia, device: torch.device, dtype: torch.dtype) 
 
 
 def _discard_rows(future: Any) -> None:
-    if not future.cancelled() and future.exception() is None and isinstance(future.result(), PreparedMedia):
-        future.result().frames.discard()
+    if future.cancelled() or future.exception() is not None:
+        return
+    result = future.result()  # an item's PreparedMedia, or a JSON request's first (PreparedMedia, the items after)
+    media = result[0] if isinstance(result, tuple) else result
+    if isinstance(media, PreparedMedia):
+        media.frames.discard()
 
 
 async def _turn(turns: DecodeRequest, fn: Callable, *args: Any) -> Any:
@@ -430,20 +442,23 @@ class EncoderService:
 
     async def _decode(self, kind: str, payload: Any) -> RequestMedia:
         """A media request's items decoded and resized in the decode pool, as one request of its tasks there (so
-        that requests take turns item by item): a JSON body parsed into its items, then each item in order, the
-        request's pixel budget left passed on. A refused item fails the whole request with its error; the frames
-        of the items before it are removed, as are those of a request whose client left."""
+        that requests take turns item by item): each item in order, the request's pixel budget left passed on; a
+        JSON body is parsed in its first item's task (:func:`~glmvit.cli.serve_media.prepare_first_item`), never
+        here. A refused item fails the whole request with its error; the frames of the items before it are
+        removed, as are those of a request whose client left."""
         merge_area = self.model.config.merge_area
         done = RequestMedia([])
         with self.decode.request() as turns:
             try:
                 if kind == "json":
-                    items = await _turn(turns, media_items, kind, payload, self.limits.max_items)
+                    first, items = await _turn(turns, prepare_first_item, payload, self.media,
+                                               self.limits.max_items, merge_area, self._pixel_dir())
+                    done.items.append(first)
                 else:
                     items = media_items(kind, payload, self.limits.max_items)
                 del payload
-                left = self.media.max_request_pixels
-                for k, item in enumerate(items):
+                left = self.media.max_request_pixels - sum(part.pixels for part in done.items)
+                for k, item in enumerate(items, start=len(done.items)):
                     part: PreparedMedia = await _turn(turns, prepare_item, k, item, self.media, left, merge_area,
                                                       self._pixel_dir())
                     done.items.append(part)
