@@ -163,14 +163,6 @@ def stage(pixels: torch.Tensor, device: torch.device, dtype: torch.dtype) -> tor
         return pixels.to(device=device, dtype=dtype)
 
 
-def host_copy(tensors: list[torch.Tensor], dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
-    """Contiguous CPU copies of finished device tensors in ``dtype`` (on CUDA through this thread's own stream)."""
-    if not tensors or tensors[0].device.type != "cuda":
-        return [t.to(dtype).contiguous() for t in tensors]
-    with torch.cuda.stream(_side_stream(tensors[0].device)):
-        return [t.to(dtype).cpu() for t in tensors]
-
-
 @dataclass(eq=False)
 class _Request:
     id: int

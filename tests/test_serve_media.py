@@ -186,6 +186,60 @@ def test_bad_json_bodies_are_400s_naming_the_part(tiny_model, pool, tmp_path):
     assert error_of(nul) == (400, "content[0].image_url.url: the path holds a NUL byte")
 
 
+def test_a_json_body_is_parsed_in_its_first_items_decode_task_never_in_the_server(tiny_model, pool, monkeypatch):
+    """A JSON request of k items is k tasks in the decode pool: the first is handed the body and parses it there
+    (a one-item request takes one turn, not a parse's turn and then its item's), the later ones only their items.
+    The server's process never parses a body (parsing here is made to fail: the workers are processes of their
+    own, which the patch does not reach)."""
+    from glmvit.cli import decode_pool, serve_media
+
+    def refused(*_):
+        raise AssertionError("a JSON body was parsed in the server's process")
+
+    monkeypatch.setattr(serve_media, "parse_request", refused)
+    monkeypatch.setattr(serve_media.EncodeRequest, "model_validate_json", refused)
+    tasks: list[tuple] = []
+    submit = decode_pool.DecodeRequest.submit
+    monkeypatch.setattr(decode_pool.DecodeRequest, "submit", lambda self, fn, *args: (
+        tasks.append(args), submit(self, fn, *args))[1])
+    urls = [url for name, _, url in media_files() if name in ("a.jpg", "b.png", "f.gif")]
+    one = json.dumps({"content": [image_part(urls[0])]}).encode()
+    three = json.dumps({"content": [image_part(urls[0]), {"type": "text", "text": "and"}, image_part(urls[1]),
+                                    video_part(urls[2])]}).encode()
+    with ServerThread(media_service(tiny_model, pool)) as server:
+        answers = [run(post_json(server.url, body)) for body in (one, three)]
+    assert [a[0] for a in answers] == [200, 200] and [len(load(a[2])) for a in answers] == [1, 3]
+    assert len(tasks) == 1 + 3, [len(args) for args in tasks]
+    for body, request in ((one, tasks[:1]), (three, tasks[1:])):
+        assert [body in args for args in request] == [True] + [False] * (len(request) - 1)
+        assert not any(isinstance(a, bytes) and len(a) > 1000 for args in request[1:] for a in args)
+
+
+def test_the_first_items_task_refuses_a_bad_body_before_it_decodes_and_hands_back_the_items_after_it(tmp_path):
+    """prepare_first_item: the body's errors, one line naming the part (a request of too many items a 413), come
+    before any item is decoded; a good body gives its first item as prepare_item does and the items after it as
+    media_items lists them."""
+    from glmvit.cli.serve_media import MediaError, media_items, prepare_first_item, prepare_item
+
+    jpeg_url, png_url = (url for name, _, url in media_files() if name in ("a.jpg", "b.png"))
+    undecodable = image_part(data_url(b"\xff\xd8 not a jpeg", "jpeg"))
+    cases = [(b"{nope", 400, "the body is not JSON"),
+             (json.dumps({"content": [undecodable, {"type": "image_url", "image_url": {}}]}).encode(), 400,
+              "content[1].image_url.url: field required"),
+             (json.dumps({"content": [undecodable] * 3}).encode(), 413, "3 items in one request: at most 2")]
+    for body, status, words in cases:
+        with pytest.raises(MediaError) as refused:
+            prepare_first_item(body, MediaLimits(), 2, 4, str(tmp_path))
+        assert refused.value.status == status and str(refused.value).startswith(words), str(refused.value)
+    body = json.dumps({"content": [image_part(jpeg_url), {"type": "text", "text": "then"}, image_part(png_url)]})
+    first, rest = prepare_first_item(body.encode(), MediaLimits(), 2, 4, str(tmp_path))
+    items = media_items("json", body.encode())
+    alone = prepare_item(0, items[0], MediaLimits(), MediaLimits().max_request_pixels, 4, str(tmp_path))
+    assert rest == items[1:] and [first.records, first.pixels] == [alone.records, alone.pixels]
+    assert torch.equal(first.rows("cpu", torch.float32), alone.rows("cpu", torch.float32))
+    assert first.timing["decode"] > 0 and os.listdir(tmp_path) == []
+
+
 def test_pixels_are_bounded_per_picture_from_the_header_and_per_request(tiny_model, pool):
     big = png_of_zeros(512)  # 262,144 pixels in 1 KB
     small = encode_image(noise((56, 56, 3), 1))

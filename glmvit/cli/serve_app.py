@@ -17,7 +17,8 @@ taking turns item by item (a small request is never held behind a large one's wh
 back through shared memory (:mod:`glmvit.cli.pixel_rows`) and become pixel rows on the model's device, in its dtype,
 on a thread, on that thread's own stream (:meth:`~glmvit.cli.serve_media.RequestMedia.rows`; finite by
 construction, so admission reads nothing back from the device). Pixel rows sent as safetensors are checked on a
-thread. Neither runs on the event loop or the scheduler's worker; answers are serialised on threads of their own.
+thread. Neither runs on the event loop or the scheduler's worker; answers are serialised on threads of their own,
+each embedding copied from the device straight into its place in the body (:mod:`glmvit.cli.answer_body`).
 It answers ``200`` with ``application/x-safetensors`` in
 ``encode --out``'s layout (tensors ``item_<i>``, float32; ``?dtype=model`` returns the model's dtype instead, half
 the bytes in bfloat16), with headers ``X-Request-Id``, ``X-Queue-Delay-Ms`` (admission to the first batch holding
@@ -70,7 +71,6 @@ from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
-from safetensors.torch import save as save_safetensors
 
 from ..metadata import as_grid_array
 from ..records import fingerprint_now
@@ -81,13 +81,21 @@ from ..scheduler import (
     RequestTooLarge,
     SchedulerClosed,
     finished_work,
-    host_copy,
 )
 from ..workloads import shown
+from .answer_body import answer_body
 from .decode_pool import DecodeBusy, DecodeClosed, DecodePool, DecodeRequest, DecodeTimeout, WorkerDied
 from .embedding_file import file_metadata, item_record
 from .pixel_rows import remove_shared_dir, shared_dir
-from .serve_media import MediaError, MediaLimits, PreparedMedia, RequestMedia, media_items, prepare_item
+from .serve_media import (
+    MediaError,
+    MediaLimits,
+    PreparedMedia,
+    RequestMedia,
+    media_items,
+    prepare_first_item,
+    prepare_item,
+)
 
 log = logging.getLogger(__name__)
 
@@ -210,8 +218,12 @@ def _device_rows(media: RequestMedia, device: torch.device, dtype: torch.dtype) 
 
 
 def _discard_rows(future: Any) -> None:
-    if not future.cancelled() and future.exception() is None and isinstance(future.result(), PreparedMedia):
-        future.result().frames.discard()
+    if future.cancelled() or future.exception() is not None:
+        return
+    result = future.result()  # an item's PreparedMedia, or a JSON request's first (PreparedMedia, the items after)
+    media = result[0] if isinstance(result, tuple) else result
+    if isinstance(media, PreparedMedia):
+        media.frames.discard()
 
 
 async def _turn(turns: DecodeRequest, fn: Callable, *args: Any) -> Any:
@@ -430,20 +442,23 @@ class EncoderService:
 
     async def _decode(self, kind: str, payload: Any) -> RequestMedia:
         """A media request's items decoded and resized in the decode pool, as one request of its tasks there (so
-        that requests take turns item by item): a JSON body parsed into its items, then each item in order, the
-        request's pixel budget left passed on. A refused item fails the whole request with its error; the frames
-        of the items before it are removed, as are those of a request whose client left."""
+        that requests take turns item by item): each item in order, the request's pixel budget left passed on; a
+        JSON body is parsed in its first item's task (:func:`~glmvit.cli.serve_media.prepare_first_item`), never
+        here. A refused item fails the whole request with its error; the frames of the items before it are
+        removed, as are those of a request whose client left."""
         merge_area = self.model.config.merge_area
         done = RequestMedia([])
         with self.decode.request() as turns:
             try:
                 if kind == "json":
-                    items = await _turn(turns, media_items, kind, payload, self.limits.max_items)
+                    first, items = await _turn(turns, prepare_first_item, payload, self.media,
+                                               self.limits.max_items, merge_area, self._pixel_dir())
+                    done.items.append(first)
                 else:
                     items = media_items(kind, payload, self.limits.max_items)
                 del payload
-                left = self.media.max_request_pixels
-                for k, item in enumerate(items):
+                left = self.media.max_request_pixels - sum(part.pixels for part in done.items)
+                for k, item in enumerate(items, start=len(done.items)):
                     part: PreparedMedia = await _turn(turns, prepare_item, k, item, self.media, left, merge_area,
                                                       self._pixel_dir())
                     done.items.append(part)
@@ -505,10 +520,10 @@ class EncoderService:
             self._pixels.append(shared_dir())
         return self._pixels[0]
 
-    def _pack(self, outputs: list[torch.Tensor], records: list[dict[str, Any]], dtype: str) -> bytes:
+    def _pack(self, outputs: list[torch.Tensor], records: list[dict[str, Any]], dtype: str) -> bytearray:
+        """The answer's body, each output copied from the device straight into its place (:mod:`.answer_body`)."""
         out_dtype = torch.float32 if dtype == "float32" else self.model.dtype
-        tensors = {f"item_{i}": t for i, t in enumerate(host_copy(outputs, out_dtype))}
-        return save_safetensors(tensors, metadata=file_metadata(records, self.info, self.provenance))
+        return answer_body(outputs, out_dtype, file_metadata(records, self.info, self.provenance))
 
     def health_json(self) -> dict[str, Any]:
         """Light: whether it serves, how, and its limits (``/v1/info`` says what the model and its code are)."""

@@ -16,8 +16,8 @@ refused from its header before it is decoded; the pixels a request decodes (each
 to its last sampled one) past ``max_request_pixels``, refused before the item that would pass it is decoded.
 The time a request's decoding may take is the decode pool's (:mod:`glmvit.cli.decode_pool`).
 
-:func:`prepare_item` runs in a decode worker, one task an item (a JSON body is parsed into its items by
-:func:`media_items` in a worker first), so that requests take turns in the decode pool item by item: it returns the
+:func:`prepare_item` runs in a decode worker, one task an item (a JSON body is parsed into its items in its first
+item's task, :func:`prepare_first_item`), so that requests take turns in the decode pool item by item: it returns the
 item's resized uint8 frames (a quarter of float32 rows' bytes), grid and record, the pixels it spent of the
 request's budget, and where its time went (``decode``: each file's header and first frame checked and decoded;
 ``preprocess``: the rest of the decoding and the resizing), or raises :class:`MediaError`. The server runs a
@@ -308,8 +308,8 @@ Item = tuple[str, str, Union[str, None], Any]  # (label, name for the record, th
 def media_items(kind: str, payload: Any, max_items: int | None = None) -> list[Item]:
     """A request's items in order (``kind`` "json": a JSON body's bytes, each item's source its URL; "files": a
     multipart request's [(name, bytes)], each item's source its bytes); a request of no items, or of more than
-    ``max_items`` (413, before any is decoded), is a MediaError. A JSON body's is a decode worker's task (the
-    server never parses one)."""
+    ``max_items`` (413, before any is decoded), is a MediaError. A JSON body is parsed in a decode worker, in its
+    first item's task (:func:`prepare_first_item`): the server never parses one."""
     if kind == "json":
         items: list[Item] = [(where, where, want, url) for where, want, url in parse_request(payload)]
     elif not payload:
@@ -367,6 +367,22 @@ def prepare_item(k: int, item: Item, limits: MediaLimits, left: int, merge_area:
     return _prepared([inputs], [record], folder, budget, left - budget.left)
 
 
+def prepare_first_item(body: bytes, limits: MediaLimits, max_items: int | None, merge_area: int,
+                       folder: str | None = None) -> tuple[PreparedMedia, list[Item]]:
+    """A JSON request's first task in a decode worker: its ``body`` parsed into its items (:func:`media_items`;
+    a bad body, or one of more than ``max_items`` items, refused before any is decoded), the first of them decoded
+    and resized as :func:`prepare_item` does (the parse's time counted in its ``decode``), and the items after it,
+    each a task of its own. So the parse never runs on the server's event loop, and a one-item request takes one
+    turn in the decode pool, not two."""
+    start = time.perf_counter()
+    items = media_items("json", body, max_items)
+    del body
+    parse_s = time.perf_counter() - start
+    first = prepare_item(0, items[0], limits, limits.max_request_pixels, merge_area, folder)
+    first.timing["decode"] = first.timing.get("decode", 0.0) + parse_s
+    return first, items[1:]
+
+
 def prepare_media(kind: str, payload: Any, limits: MediaLimits, merge_area: int, max_items: int | None = None,
                   folder: str | None = None) -> PreparedMedia:
     """Every item of a request decoded and resized in this process (``kind`` and ``payload`` as
@@ -418,4 +434,4 @@ class RequestMedia:
 
 
 __all__ = ["MAX_FRAME_PIXELS", "EncodeRequest", "MediaError", "MediaLimits", "PreparedMedia", "RequestMedia",
-           "media_items", "parse_request", "prepare_item", "prepare_media"]
+           "media_items", "parse_request", "prepare_first_item", "prepare_item", "prepare_media"]
