@@ -358,3 +358,32 @@ def test_the_serving_target_is_swept_on_the_one_shape_workload_in_bounded_time()
                      if r["mode"] == "graph-compiled")
     seconds = sum(int(argv["--num-prompts"]) / (float(r.rstrip("%")) / 100 * saturated) for r in rates[1:])
     assert seconds < 20, seconds
+
+
+def test_the_plan_uses_a_jobs_last_time_only_when_that_run_was_the_same_command(monkeypatch):
+    """A job's last ``elapsed_s`` plans it only while its command is the one that ran then (the interpreter that
+    ran it aside): a job whose flags changed since is planned by its estimate. A job that took 0.0 s took that."""
+    job = next(j for j in jobs() if j.name == "interp")
+    same = f"/opt/venv/bin/python3 -m glmvit {recorder.command_line(job).split(' -m glmvit ', 1)[1]}"
+    made = {"command": same, "elapsed_s": 9.4}
+
+    def load(path):
+        return type("R", (), {"elapsed_s": made["elapsed_s"],
+                              "provenance": type("P", (), {"command": made["command"]})()})()
+
+    monkeypatch.setattr("glmvit.records.load_any", load)
+    assert recorder.expected_seconds(job) == 9.4
+    made["elapsed_s"] = 0.0
+    assert recorder.expected_seconds(job) == 0.0
+    made["command"] = same.replace("--runs 100", "--runs 200")
+    assert recorder.expected_seconds(job) == job.estimate_s
+
+
+def test_dry_run_predicts_each_phase_and_the_whole_run(monkeypatch, capsys):
+    monkeypatch.setattr(record, "expected_seconds", lambda job: 2.0 if job.phase == "measure" else 3.0)
+    assert main(["record", "--dry-run", "--force"]) == 0
+    out = capsys.readouterr().out
+    plan = [j for j in jobs() if j.phase in ("measure", "profile")]
+    measure = 2 * sum(j.phase == "measure" for j in plan)
+    profile = 3 * sum(j.phase == "profile" for j in plan)
+    assert f"[plan] measure ~{measure} s, profile ~{profile} s: ~{measure + profile} s of jobs" in out

@@ -98,7 +98,7 @@ def _notebook_jobs() -> list[Job]:
 
 
 STATIC_JOBS: tuple[Job, ...] = (  # in the order each phase runs them
-    Job("startup_cold", "measure", "startup", (), (), 30),
+    Job("startup_cold", "measure", "startup", (), (), 23),  # no record of its own: 22-24 s on the H200
     # the three jobs that time one 224² image eagerly (a host-bound forward: its time follows the host's launch
     # cost, 6.6-10 µs within run s15_a78d452r1) run close together: the compiled sweep between them reuses the
     # first one's eager runs, and writes the table the benchmarks route by
@@ -474,8 +474,15 @@ def run_phase(phase: str, names: list[str], workdir: Path, deadline: float | Non
     return failures
 
 
+def same_command(recorded: str | None, job: Job) -> bool:
+    """Whether a record's provenance command is the job's command now (whatever interpreter ran it: a command run
+    through its own ``main`` names ``sys.executable``, the plan names ``python``)."""
+    return (recorded or "").partition(" -m glmvit ")[2] == command_line(job).partition(" -m glmvit ")[2]
+
+
 def expected_seconds(job: Job) -> float:
-    """How long the job took last time (its records' ``elapsed_s``), else its estimate."""
+    """How long the job took last time (its records' ``elapsed_s``) when last time ran the same command
+    (:func:`same_command`), else its estimate: a job whose flags changed since is planned by ``estimate_s``."""
     from ..records import load_any
 
     elapsed = []
@@ -484,7 +491,7 @@ def expected_seconds(job: Job) -> float:
             record = load_any(path)
         except (ValueError, OSError):
             continue
-        if record.elapsed_s:
+        if record.elapsed_s is not None and same_command(getattr(record.provenance, "command", None), job):
             elapsed.append(record.elapsed_s)
     return max(elapsed, default=job.estimate_s)
 
