@@ -358,3 +358,104 @@ def test_the_serving_target_is_swept_on_the_one_shape_workload_in_bounded_time()
                      if r["mode"] == "graph-compiled")
     seconds = sum(int(argv["--num-prompts"]) / (float(r.rstrip("%")) / 100 * saturated) for r in rates[1:])
     assert seconds < 20, seconds
+
+
+def test_the_plan_uses_a_jobs_last_time_only_when_that_run_was_the_same_command(monkeypatch):
+    """A job's last ``elapsed_s`` plans it only while its command is the one that ran then (the interpreter that
+    ran it aside): a job whose flags changed since is planned by its estimate. A job that took 0.0 s took that."""
+    job = next(j for j in jobs() if j.name == "interp")
+    same = f"/opt/venv/bin/python3 -m glmvit {recorder.command_line(job).split(' -m glmvit ', 1)[1]}"
+    made = {"command": same, "elapsed_s": 9.4}
+
+    def load(path):
+        return type("R", (), {"elapsed_s": made["elapsed_s"],
+                              "provenance": type("P", (), {"command": made["command"]})()})()
+
+    monkeypatch.setattr("glmvit.records.load_any", load)
+    assert recorder.expected_seconds(job) == 9.4
+    made["elapsed_s"] = 0.0
+    assert recorder.expected_seconds(job) == 0.0
+    made["command"] = same.replace("--runs 100", "--runs 200")
+    assert recorder.expected_seconds(job) == job.estimate_s
+
+
+def test_dry_run_predicts_each_phase_and_the_whole_run(monkeypatch, capsys):
+    monkeypatch.setattr(record, "expected_seconds", lambda job: 2.0 if job.phase == "measure" else 3.0)
+    assert main(["record", "--dry-run", "--force"]) == 0
+    out = capsys.readouterr().out
+    plan = [j for j in jobs() if j.phase in ("measure", "profile")]
+    measure = 2 * sum(j.phase == "measure" for j in plan)
+    profile = 3 * sum(j.phase == "profile" for j in plan)
+    assert f"[plan] measure ~{measure} s, profile ~{profile} s: ~{measure + profile} s of jobs" in out
+
+
+def test_a_serve_job_starts_every_modes_client_before_its_first_server(tmp_path, monkeypatch):
+    """A later mode's load generator imports beside the first one's, not after the first mode has been served:
+    no server waits for its client to start. Each client is waited for by its own mode, and a failed mode ends the
+    clients still waiting."""
+    from glmvit.cli import serve, serve_app
+
+    events = []
+
+    class Client:
+        def __init__(self, argv, cwd=None):
+            self.url, self.out = argv[argv.index("--url") + 1], Path(argv[argv.index("--json") + 1])
+            self.mode, self.code = None, None
+            events.append(("client", self.url))
+
+        def wait(self, timeout=None):
+            if self.code is None:
+                self.code = 0
+                self.out.write_text(json.dumps({"url": self.url}))
+                events.append(("answered", self.url))
+            return self.code
+
+        def poll(self):
+            return self.code
+
+        def kill(self):
+            self.code = -9
+            events.append(("killed", self.url))
+
+    class Thread:
+        def __init__(self, service, port):
+            self.port = port
+
+        def __enter__(self):
+            events.append(("listening", f"http://127.0.0.1:{self.port}"))
+
+        def __exit__(self, *exc):
+            return False
+
+    class Pool:
+        ready = 0
+
+        def start(self):
+            return self
+
+        def close(self, timeout=None):
+            events.append(("closed", None))
+
+    session = type("S", (), {"model": lambda self, args: type("M", (), {"device": "cpu"})(),
+                             "floor": lambda self, *a: {}, "end_job": staticmethod(lambda: None)})()
+    monkeypatch.setattr(recorder.subprocess, "Popen", Client)
+    monkeypatch.setattr(serve_app, "ServerThread", Thread)
+    monkeypatch.setattr(serve_app, "default_decode_pool", lambda *a: Pool())
+    monkeypatch.setattr(serve, "build_service", lambda args, *a: events.append(("built", args.mode)))
+    written = []
+    monkeypatch.setattr(recorder, "merge_serve", lambda parts, job: parts)
+    monkeypatch.setattr(recorder, "_write", lambda path, parts: written.append(parts))
+    job = Job("serve_x", "measure", "bench-serve", ("--workload", "img1x224", "--num-prompts", "2"),
+              ("bench/serve_x.json",), modes=("eager", "graph"))
+    recorder.run_serve(job, session, tmp_path)
+    kinds = [kind for kind, _ in events]
+    assert kinds == ["client", "client", "built", "listening", "answered", "built", "listening", "answered", "closed"]
+    urls = [url for kind, url in events if kind == "client"]
+    assert [url for kind, url in events if kind == "listening"] == urls  # each mode's server at its client's URL
+    assert written == [[{"url": u} for u in urls]]
+
+    events.clear()
+    monkeypatch.setattr(serve, "build_service", lambda args, *a: (_ for _ in ()).throw(RuntimeError("no graphs")))
+    with pytest.raises(RuntimeError, match="no graphs"):
+        recorder.run_serve(job, session, tmp_path)
+    assert sorted(kind for kind, _ in events) == ["client", "client", "closed", "killed", "killed"]

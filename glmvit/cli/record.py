@@ -132,6 +132,14 @@ def stop_waiting(processes: list[subprocess.Popen[str]]) -> None:
             process.wait()
 
 
+def plan_line(chosen: list[Job]) -> str:
+    """The seconds the chosen jobs are expected to take (:func:`~glmvit.cli.recorder.expected_seconds`), per phase
+    and in all: the jobs' own time, not the processes' start."""
+    per_phase = {p: sum(expected_seconds(j) for j in chosen if j.phase == p) for p in PHASES}
+    parts = ", ".join(f"{p} ~{s:.0f} s" for p, s in per_phase.items() if any(j.phase == p for j in chosen))
+    return f"[plan] {parts}: ~{sum(per_phase.values()):.0f} s of jobs"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m glmvit record", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--only", default=None, help="comma list of job names (default: every job but ncu)")
@@ -159,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         if job in selected or job in chosen:
             what = "run" if job in chosen else "skip (current)"
             print(f"[{job.phase}] {job.name:<28} {what:<15} ~{expected_seconds(job):.0f} s  {command_line(job)}")
+    if chosen:
+        print(plan_line(chosen))
     if args.dry_run or not chosen:
         print("nothing to run: every selected record is current" if not chosen else "dry run: nothing run")
         return 0

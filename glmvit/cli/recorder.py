@@ -77,12 +77,12 @@ def _latency(name: str, *extra: str) -> Job:
                                             "--json", f"data/{out}"), (out,), 30)
 
 
-def _serve(name: str, workload: str, prompts: int, rates: str, modes: tuple[str, ...]) -> Job:
+def _serve(name: str, workload: str, prompts: int, rates: str, modes: tuple[str, ...], estimate: float) -> Job:
     # answers in the model's dtype (bfloat16): what an engine consuming embeddings keeps, half float32's bytes
     out = f"bench/{name}_h200.json"
     return Job(name, "measure", "bench-serve", ("--workload", workload, "--num-prompts", str(prompts),
                                                 "--request-rate", rates, "--response-dtype", "model"), (out,),
-               20.0 * len(modes), modes)
+               estimate, modes)
 
 
 # its capture fails on purpose, which leaves the CUDA generator in capture mode: nothing may run after it
@@ -98,7 +98,7 @@ def _notebook_jobs() -> list[Job]:
 
 
 STATIC_JOBS: tuple[Job, ...] = (  # in the order each phase runs them
-    Job("startup_cold", "measure", "startup", (), (), 30),
+    Job("startup_cold", "measure", "startup", (), (), 23),  # no record of its own: 22-24 s on the H200
     # the three jobs that time one 224² image eagerly (a host-bound forward: its time follows the host's launch
     # cost, 6.6-10 µs within run s15_a78d452r1) run close together: the compiled sweep between them reuses the
     # first one's eager runs, and writes the table the benchmarks route by
@@ -122,15 +122,15 @@ STATIC_JOBS: tuple[Job, ...] = (  # in the order each phase runs them
     # the seed's serve workload (vLLM PR 40576: 8-frame 224² clips, one per request, rate inf) at 400 requests, so
     # that the rate is the steady state's, not the first decodes' and last answers' (100 take about half a second):
     # eager, and the fastest mode (graph alone adds a server start and nothing the two do not bound)
-    _serve("serve_video8x224", "video8x224", 400, "inf", ("eager", "graph-compiled")),
+    _serve("serve_video8x224", "video8x224", 400, "inf", ("eager", "graph-compiled"), 24),
     # the serving target (P99 time to embedding at half the saturated rate ≤ 2× the unloaded median) on one shape,
     # where the unloaded spread is the server's, not the items' sizes' (mixed-av's unloaded P99 is several times its
     # median). A job of its own: a job's rates apply to every mode, and eager needs no sweep; 200 requests keep it
     # short (at ~235 req/s saturated: under a second, 20 % ≈ 4 s, 50 % ≈ 2 s)
-    _serve("serve_video8x224_sweep", "video8x224", 200, "inf,20%,50%", ("graph-compiled",)),
+    _serve("serve_video8x224_sweep", "video8x224", 200, "inf,20%,50%", ("graph-compiled",), 24),
     # latency against throughput on mixed traffic, graph-compiled: all at once (saturation), then Poisson arrivals
     # at shares of the rate that achieved
-    _serve("serve_mixed_av", "mixed-av", 60, "inf,20%,50%,90%", ("graph-compiled",)),
+    _serve("serve_mixed_av", "mixed-av", 60, "inf,20%,50%,90%", ("graph-compiled",), 28),
     Job("startup_warm", "profile", "startup", (), ("bench/capture_h200.json",), 20),
     Job("kernels", "profile", "kernels", ("--quiet", "--json", "data/bench/kernels_h200.json"),
         ("bench/kernels_h200.json",), 100),
@@ -294,9 +294,11 @@ def _free_port() -> int:
 def run_serve(job: Job, session: Any, workdir: Path) -> None:
     """Per mode: ``glmvit serve`` in this process (a thread, on the session's model, configured exactly as
     ``bench-serve --spawn`` configures its child), loaded by ``bench-serve --url`` in a process of its own; the
-    modes' records merged into one. The client starts first, so its start (imports, encoding the workload's media)
-    overlaps the server's (capture, compilation); it waits for the server to listen before it sends anything. The
-    modes' servers share one decode pool (its processes import torch: seconds each) and the session's floor."""
+    modes' records merged into one. Every mode's client starts first, at once: their starts (imports, encoding the
+    workload's media) overlap each other and the first server's (capture, compilation), before any load is sent;
+    each waits for its own server to listen before it sends anything, so a later mode's server never waits for its
+    client to start. The modes' servers share one decode pool (its processes import torch: seconds each) and the
+    session's floor."""
     from . import bench_serve, serve
     from .common import DTYPES, resolve_model_args
     from .serve_app import ServerThread, default_decode_pool
@@ -308,45 +310,46 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
     workload = bench_serve.build_workload(cargs)
     parts = []
     decode = None
+    clients: dict[str, tuple[str, Path, list[str], subprocess.Popen[bytes]]] = {}
     try:
         for mode in job.modes:
-            server_argv = bench_serve.serve_argv(cargs, mode, workload)[4:]  # after: python -m glmvit serve
-            sparser = serve.build_parser()
-            sargs = sparser.parse_args(server_argv)
-            resolve_model_args(sparser, sargs)
             out = workdir / f"{job.name}_{mode}.json"
             url = f"http://127.0.0.1:{_free_port()}"
             argv = [sys.executable, "-m", "glmvit", "bench-serve", "--url", url, "--wait-s", "900", *job.argv,
                     "--json", str(out)]
             print(f"[serve] {mode}: {' '.join(argv[1:])}", flush=True)
+            clients[mode] = (url, out, argv, subprocess.Popen(argv, cwd=REPO))
+        for mode in job.modes:
+            url, out, argv, client = clients[mode]
+            server_argv = bench_serve.serve_argv(cargs, mode, workload)[4:]  # after: python -m glmvit serve
+            sparser = serve.build_parser()
+            sargs = sparser.parse_args(server_argv)
+            resolve_model_args(sparser, sargs)
             start = time.perf_counter()
-            client = subprocess.Popen(argv, cwd=REPO)
-            try:
-                if decode is None:
-                    decode = default_decode_pool(sargs.decode_workers, sargs.decode_queue,
-                                                 sargs.decode_timeout).start()
-                model = session.model(sargs)
-                floor = session.floor(model.device, DTYPES[sargs.dtype], None)
-                service = serve.build_service(sargs, f"python -m glmvit serve {' '.join(server_argv)}", model,
-                                              floor, decode)
-                built = time.perf_counter() - start
-                with ServerThread(service, port=int(url.rsplit(":", 1)[1])):
-                    listening = time.perf_counter() - start
-                    code = client.wait()
-                    answered = time.perf_counter() - start
-                print(f"[serve] {mode}: server built {built:.1f} s, listening {listening:.1f} s, client done "
-                      f"{answered:.1f} s, server drained {time.perf_counter() - start:.1f} s after the client's start "
-                      f"({decode.ready} decoders ready)", flush=True)
-            finally:
-                if client.poll() is None:
-                    client.kill()
-                    client.wait()
+            if decode is None:
+                decode = default_decode_pool(sargs.decode_workers, sargs.decode_queue, sargs.decode_timeout).start()
+            model = session.model(sargs)
+            floor = session.floor(model.device, DTYPES[sargs.dtype], None)
+            service = serve.build_service(sargs, f"python -m glmvit serve {' '.join(server_argv)}", model, floor,
+                                          decode)
+            built = time.perf_counter() - start
+            with ServerThread(service, port=int(url.rsplit(":", 1)[1])):
+                listening = time.perf_counter() - start
+                code = client.wait()
+                answered = time.perf_counter() - start
+            print(f"[serve] {mode}: server built {built:.1f} s, listening {listening:.1f} s, client done "
+                  f"{answered:.1f} s, server drained {time.perf_counter() - start:.1f} s after this server's start "
+                  f"({decode.ready} decoders ready)", flush=True)
             if code != 0:
                 raise subprocess.CalledProcessError(code, argv)
             parts.append(json.loads(out.read_text()))
             del service  # this mode's runner and scheduler, before the next mode captures its own
             session.end_job()
     finally:
+        for _, _, _, client in clients.values():  # a failed mode ends the clients still waiting for theirs
+            if client.poll() is None:
+                client.kill()
+                client.wait()
         if decode is not None:
             decode.close(60)
     _write(job.output_paths()[0], merge_serve(parts, job))
@@ -474,8 +477,15 @@ def run_phase(phase: str, names: list[str], workdir: Path, deadline: float | Non
     return failures
 
 
+def same_command(recorded: str | None, job: Job) -> bool:
+    """Whether a record's provenance command is the job's command now (whatever interpreter ran it: a command run
+    through its own ``main`` names ``sys.executable``, the plan names ``python``)."""
+    return (recorded or "").partition(" -m glmvit ")[2] == command_line(job).partition(" -m glmvit ")[2]
+
+
 def expected_seconds(job: Job) -> float:
-    """How long the job took last time (its records' ``elapsed_s``), else its estimate."""
+    """How long the job took last time (its records' ``elapsed_s``) when last time ran the same command
+    (:func:`same_command`), else its estimate: a job whose flags changed since is planned by ``estimate_s``."""
     from ..records import load_any
 
     elapsed = []
@@ -484,7 +494,7 @@ def expected_seconds(job: Job) -> float:
             record = load_any(path)
         except (ValueError, OSError):
             continue
-        if record.elapsed_s:
+        if record.elapsed_s is not None and same_command(getattr(record.provenance, "command", None), job):
             elapsed.append(record.elapsed_s)
     return max(elapsed, default=job.estimate_s)
 
