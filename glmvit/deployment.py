@@ -91,8 +91,8 @@ def recommend_budgets(requests: Sequence[Sequence[ItemSpec]], max_graphs: int, m
 
     ``requests`` is a list of requests, each a list of :class:`~glmvit.geometry.ItemSpec`.
     Method: the largest budget M alone decides the packing (FFD looks only at M and the limits; with
-    ``packer="vllm"`` the plan here is ascending next-fit without vLLM's deferral, which needs the budgets), so each
-    candidate M packs the workload once; an exact dynamic programme then picks the other budgets below M.
+    ``packer="vllm"`` the plan here is ascending next-fit without vLLM 0.33.0's deferral, which needs the budgets),
+    so each candidate M packs the workload once; an exact dynamic programme then picks the other budgets below M.
     Per-batch cost: padding → budget − tokens; time → ``table.graph_time(budget)``, plus ``eager_time`` of the
     items that exceed M. Ranking: time → (ms, graphs); padding → (eager items, padded tokens, replays, graphs).
     With ``objective="time"`` the answer is never predicted slower than running every request eagerly: then

@@ -322,7 +322,7 @@ Packer = Callable[[list[int], list[ItemSpec], BudgetConfig], list[list[int]]]
 def _next_fit(order: list[int], specs: list[ItemSpec], config: BudgetConfig,
               defer: bool = False) -> list[list[int]]:
     """Items in ``order``, each into the current batch while it fits (items, largest budget, segments), else into a
-    new one; ``defer`` adds vLLM's deferral rule (:func:`_pack_vllm`)."""
+    new one; ``defer`` adds vLLM 0.33.0's deferral rule (:func:`_pack_vllm`)."""
     groups: list[list[int]] = []
     current: list[int] = []
     tokens = segments = 0
@@ -338,7 +338,8 @@ def _next_fit(order: list[int], specs: list[ItemSpec], config: BudgetConfig,
 
 
 def _splitting_is_cheaper(batch_tokens: int, item_tokens: int, config: BudgetConfig) -> bool:
-    """vLLM's ``should_defer_item``: b(batch) + b(item) < b(batch + item) and b(item) ≥ b(batch), b the smallest budget
+    """vLLM 0.33.0's deferral rule (``_execute_local`` in the wheel's vllm/v1/worker/encoder_cudagraph.py): close the
+    batch before an item when b(batch) + b(item) < b(batch + item) and b(item) ≥ b(batch), b the smallest budget
     holding those tokens (only asked when the item fits, so every b exists)."""
     b_cur, b_alone, b_merged = (config.budget_for(x) for x in (batch_tokens, item_tokens, batch_tokens + item_tokens))
     assert b_cur is not None and b_alone is not None and b_merged is not None
@@ -397,7 +398,8 @@ def _ascending(idx: list[int], specs: list[ItemSpec]) -> list[int]:
 
 
 def _pack_vllm(idx: list[int], specs: list[ItemSpec], config: BudgetConfig) -> list[list[int]]:
-    """vLLM 0.33's packer (``EncoderCudaGraphManager._execute_local``, vllm/v1/worker/encoder_cudagraph.py): items
+    """vLLM 0.33.0's packer (``EncoderCudaGraphManager._execute_local`` in the wheel's
+    vllm/v1/worker/encoder_cudagraph.py; at GitHub commits 034e78dd993c and 6d2dda3c87f9 it lacks the deferral): items
     by ascending tokens, next-fit under max_items and the largest budget, and its deferral rule — before adding an
     item that fits, close the batch when splitting strictly lowers the summed budgets and the item alone outweighs
     the batch (items of 64 and 200 tokens on budgets 64/128/256/512: batches (64) and (200), not one 512 batch).

@@ -148,7 +148,7 @@ def test_vllm_packer_is_next_fit_in_ascending_order_with_deferral(case):
 
 
 @pytest.mark.parametrize("items, budgets, max_items, expected", [
-    # vLLM 0.33 _execute_local (vllm/v1/worker/encoder_cudagraph.py), traced by hand:
+    # vLLM 0.33.0's _execute_local (the wheel's vllm/v1/worker/encoder_cudagraph.py), traced by hand:
     # 64 then 200: b_cur 64 + b_alone 256 = 320 < b_merged 512, 256 ≥ 64 → deferred: two batches
     ([64, 200], (64, 128, 256, 512), 4, [((0,), 64), ((1,), 256)]),
     # 100 then 100: 128 + 128 = 256 is not < b_merged 256 → merged
