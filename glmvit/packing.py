@@ -338,9 +338,10 @@ def _next_fit(order: list[int], specs: list[ItemSpec], config: BudgetConfig,
 
 
 def _splitting_is_cheaper(batch_tokens: int, item_tokens: int, config: BudgetConfig) -> bool:
-    """vLLM 0.33.0's deferral rule (``_execute_local`` in the wheel's vllm/v1/worker/encoder_cudagraph.py): close the
-    batch before an item when b(batch) + b(item) < b(batch + item) and b(item) ≥ b(batch), b the smallest budget
-    holding those tokens (only asked when the item fits, so every b exists)."""
+    """vLLM 0.33.0's deferral rule (``should_defer_item``, nested in ``_execute_local`` of the wheel's
+    vllm/v1/worker/encoder_cudagraph.py): close the batch before an item when b(batch) + b(item) < b(batch + item)
+    and b(item) ≥ b(batch), b the smallest budget holding those tokens (only asked when the item fits, so every b
+    exists)."""
     b_cur, b_alone, b_merged = (config.budget_for(x) for x in (batch_tokens, item_tokens, batch_tokens + item_tokens))
     assert b_cur is not None and b_alone is not None and b_merged is not None
     return b_cur + b_alone < b_merged and b_alone >= b_cur

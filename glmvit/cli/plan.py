@@ -2,15 +2,15 @@
 
 Packs a workload — a named preset, a random-mm bucket config, or a trace of real item sizes (CSV / JSON / JSON
 Lines of height, width, frames and optionally request; see :mod:`glmvit.traces`) — into a budget set, and reports
-batches, eager items, padding, graph memory (an estimate for the GLM-4.1V tower) and, from a latency table, the
-capture time and the predicted median / mean / P99 milliseconds per request. The table is the one recorded for
-``--mode`` (graph-compiled by default) in data/bench, or yours (``--latency-table``); which one, and whether it still
-describes this code, is printed. ``--system vllm`` (default) models vLLM 0.33 exactly (its packer, no routing),
-``--system glmvit`` glmvit's runner (first-fit decreasing, routed; vLLM's ``--compilation-config`` line, which
-deploys vLLM only, is then not printed); ``--per step`` packs every request of a vLLM engine step together.
-``--compare`` puts a second budget set beside the first; ``--export`` writes the first as
-vLLM's ``--compilation-config`` JSON. Warnings go to stderr: a table of another tower, dtype or device, a stale
-one, budgets it never measured, an exported set predicted slower than eager::
+batches, eager items, padding, graph memory (an estimate for the GLM-4.1V tower) and, from a latency table, the capture
+time and the predicted median / mean / P99 milliseconds per request. The table is the one recorded for ``--mode``
+(graph-compiled by default) in data/bench, or yours (``--latency-table``); which one, and whether it still describes
+this code, is printed. ``--system vllm`` (default) models vLLM 0.33.0 (its packer, no routing; glmvit's packer adds a
+segment limit that vLLM's does not check), ``--system glmvit`` glmvit's runner (first-fit decreasing, routed; vLLM's
+``--compilation-config`` line, which deploys vLLM only, is then not printed); ``--per step`` packs every request of a
+vLLM engine step together. ``--compare`` puts a second budget set beside the first; ``--export`` writes the first as
+vLLM's ``--compilation-config`` JSON. Warnings go to stderr: a table of another tower, dtype or device, a stale one,
+budgets it never measured, an exported set predicted slower than eager::
 
     python -m glmvit latency --compile --json latency.json    # once, on the GPU you deploy on
     python -m glmvit plan --trace trace.csv --latency-table latency.json --budgets 64,256,1024,4096 \\
