@@ -16,10 +16,12 @@
 3. **Encoding, one batch ahead**: one ``encoder.encode(..., sync=False)`` per batch (:class:`~glmvit.encoder.Encoder`),
    given an :class:`~glmvit.request.EncoderRequest` of its items (a graph runner packs it into its smallest fitting
    budget and routes it, replay or eager; the eager baseline runs one forward). The call queues the batch's work on
-   the worker's stream and returns; while the device runs it, the worker takes the next batch and queues that too
-   (its packing, metadata and copies are host work that would otherwise leave the device idle), and only then waits
-   for the first batch (one CUDA event) and answers it. So at most two batches are in flight, the second queued
-   behind the first on one stream, and a batch is delivered only once its outputs are computed.
+   the worker's stream and returns; while the device runs it, if the queue already holds a full next batch (nothing
+   more could join it), the worker takes that batch and queues it too (its packing, metadata and copies are host work
+   that would otherwise leave the device idle), and only then waits for the first batch (one CUDA event) and answers
+   it. An under-full next batch is not taken early: the worker waits for the batch in flight, so that items arriving
+   meanwhile join the next batch rather than the one after it. So at most two batches are in flight, the second
+   queued behind the first on one stream, and a batch is delivered only once its outputs are computed.
 4. **Delivery, checked**: a batch must return one output per item, of that item's token count (t·h·w / m²) and
    ``out_hidden_size``; every output goes to the slot its item was taken from (request id, item index), each slot
    is filled exactly once, and a request is answered only when all its slots are. Anything else fails the requests
@@ -50,7 +52,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
@@ -198,6 +200,12 @@ class _Batch:
     full: bool = False  # nothing more may join
 
 
+class _Done(Protocol):
+    """What a launched batch waits on before it is answered (a CUDA event)."""
+
+    def synchronize(self) -> None: ...
+
+
 @dataclass(eq=False)
 class _Launched:
     """A batch queued on the device, not yet answered: ``done`` (an event; None off CUDA) marks its outputs."""
@@ -206,7 +214,7 @@ class _Launched:
     outputs: list[torch.Tensor]
     requests: list[_Request]
     start: float
-    done: "torch.cuda.Event | None"
+    done: _Done | None
 
 
 @dataclass
@@ -464,7 +472,8 @@ class BatchScheduler:
 
     def _take(self, block: bool = True) -> _Batch | None:
         """The next batch: blocking until there is one, None once closing and everything admitted is answered;
-        with ``block=False`` (a batch is in flight), what is queued now, at once, or None."""
+        with ``block=False`` (a batch is in flight), at once: a full batch of what is queued now, or None (the items
+        stay queued, for later arrivals to join once the batch in flight is answered)."""
         with self._cond:
             while True:
                 while not self._pending:
@@ -473,6 +482,9 @@ class BatchScheduler:
                     self._cond.wait()
                 batch = _Batch(self._next_batch)
                 self._fill(batch)
+                if not block and not batch.full:
+                    self._pending.extendleft(reversed(batch.slots))  # back at the head, in their order
+                    return None
                 deadline = time.perf_counter() + self.max_wait_s
                 while block and not batch.full and not self._closing and self.max_wait_s > 0:
                     left = deadline - time.perf_counter()
@@ -487,7 +499,8 @@ class BatchScheduler:
                     return None
 
     def _loop(self) -> None:
-        """Queue a batch, then, with it in flight, the next one, then answer the first (module docstring, step 3)."""
+        """Queue a batch, then, with it in flight, the next one if it is full, then answer the first (module
+        docstring, step 3)."""
         _switch_interval.hold(self.switch_interval_s)
         try:
             self._run_batches()
@@ -518,14 +531,20 @@ class BatchScheduler:
             items = EncoderRequest.gather([(request.request, i) for request, i in batch.slots])
             outputs = self._encode(pixels, items)
             self._check(batch, outputs)
-            done = None
-            if outputs and outputs[0].device.type == "cuda":
-                done = torch.cuda.Event()
-                done.record()  # after the batch's work, on the worker's stream
+            done = self._mark_done(outputs)
         except Exception as err:  # noqa: BLE001 - the batch's requests get the error; the worker goes on
             self._fail_batch(requests, err)
             return None
         return _Launched(batch, outputs, requests, start, done)
+
+    def _mark_done(self, outputs: list[torch.Tensor]) -> "_Done | None":
+        """What marks a launched batch's outputs computed: an event recorded after its work on the worker's stream
+        (on CUDA), or None (off CUDA the outputs are computed when the encoder returns)."""
+        if not outputs or outputs[0].device.type != "cuda":
+            return None
+        done = torch.cuda.Event()
+        done.record()
+        return done
 
     def _finish(self, launched: _Launched) -> None:
         """Wait until ``launched``'s outputs are computed, then answer its items."""

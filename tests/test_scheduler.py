@@ -410,3 +410,61 @@ def test_cuda_scheduler_serves_concurrent_submitters(full_cuda, eager):
         assert_per_item(full_cuda, outs, pixels.cuda().bfloat16(), grid)  # the rows the scheduler staged, in bf16
     assert scheduler.stats()["mixed_batches"] > 0
     scheduler.close(TIMEOUT)
+
+
+# ---- the worker's timing against a stand-in device ---------------------------------------------------------------
+def numbered(k):
+    """A one-token image whose pixels are all ``k``: a stand-in encoder reads which item it was given."""
+    pixels, grid = random_batch([[1, 2, 2]], TINY, seed=k)
+    return torch.full_like(pixels, float(k)), grid
+
+
+def fake_device(scheduler):
+    """Stand in for the encoder and the device: a batch "runs" until the worker waits for it, and the first one
+    until ``release`` is set (``on_device`` says the worker waits for it). The log holds each batch's items (their
+    numbers, :func:`numbered`) when it is queued, and "done" when the worker has waited for it."""
+    log, on_device, release = [], threading.Event(), threading.Event()
+    width = scheduler.model.config.out_hidden_size
+
+    class Event:
+        def __init__(self, first):
+            self.first = first
+
+        def synchronize(self):
+            if self.first:
+                on_device.set()
+                assert release.wait(TIMEOUT)
+            log.append("done")
+
+    def encode(pixels, request):
+        log.append([int(pixels[request.row_range(i)[0], 0]) for i in range(len(request))])
+        return [torch.zeros(tokens, width) for tokens in request.item_tokens]
+
+    scheduler._encode = encode
+    scheduler._mark_done = lambda outputs: Event(first=len(log) == 1)
+    return log, on_device, release
+
+
+@pytest.mark.parametrize("arrivals, expected", [
+    # the second batch, under-full while the first runs, waits for it: the late arrivals join it
+    ("QQQQQAAA", ["QQQQ", "done", "QAAA", "done"]),
+    ("QAAAAA", ["Q", "done", "AAAA", "done", "A", "done"]),
+    # a full next batch is queued while the one before it is on the device
+    ("QQQQQQQQQ", ["QQQQ", "QQQQ", "done", "done", "Q", "done"]),
+    ("QQAAAAAAAA", ["QQ", "done", "AAAA", "AAAA", "done", "done"]),
+])
+def test_the_next_batch_is_queued_early_only_when_it_is_full(tiny_model, arrivals, expected):
+    """``arrivals``: Q an item queued before the worker starts, A one arriving while the first batch is on the
+    device (at most 4 items a batch). The log: each batch's items when it is queued, "done" when it is answered."""
+    scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), start=False)
+    log, on_device, release = fake_device(scheduler)
+    futures = [scheduler.submit(*numbered(k)) for k, kind in enumerate(arrivals) if kind == "Q"]
+    scheduler.start()
+    assert on_device.wait(TIMEOUT)
+    futures += [scheduler.submit(*numbered(k)) for k, kind in enumerate(arrivals) if kind == "A"]
+    release.set()
+    for future in futures:
+        future.result(TIMEOUT)
+    assert scheduler.close(TIMEOUT)
+    assert [entry if entry == "done" else "".join(arrivals[k] for k in entry) for entry in log] == expected
+    assert [k for entry in log if entry != "done" for k in entry] == list(range(len(arrivals)))  # arrival order
