@@ -37,7 +37,8 @@ previous batch). Notebook 11 measures when a wait pays.
 from the server's Python threads (reading bodies, admitting, serialising answers), and CPython hands a held GIL over
 only after the switch interval (5 ms by default): a batch of a few dozen calls could wait longer for the GIL than
 the device takes to run it. While a scheduler runs, the process's interval is at most ``switch_interval_s``
-(:data:`SWITCH_INTERVAL_S`; restored when the last running scheduler stops).
+(:data:`SWITCH_INTERVAL_S`; restored when the last running scheduler stops, unless it was changed meanwhile by
+someone else, whose interval then stays).
 
 **Drain**: :meth:`~BatchScheduler.close` refuses new requests at once, lets every admitted one finish, then stops
 the worker. :meth:`~BatchScheduler.stats` reports queue delays, batch sizes and padding.
@@ -70,12 +71,18 @@ SWITCH_INTERVAL_S = 2e-4  # the process's GIL switch interval while a scheduler 
 
 
 class _SwitchInterval:
-    """The process's switch interval, lowered while any scheduler's worker runs and restored after the last."""
+    """The process's switch interval, lowered while any scheduler's worker runs and restored after the last, unless
+    someone else set it meanwhile: an interval that is no longer the one set here is theirs, and is left alone."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._holders: list[float] = []  # each running worker's wanted interval
         self._saved = 0.0
+        self._set = 0.0  # the interval as set here last (as the interpreter reads it back)
+
+    def _apply(self, seconds: float) -> None:
+        sys.setswitchinterval(seconds)
+        self._set = sys.getswitchinterval()
 
     def hold(self, seconds: float | None) -> None:
         if seconds is None:
@@ -84,14 +91,15 @@ class _SwitchInterval:
             if not self._holders:
                 self._saved = sys.getswitchinterval()
             self._holders.append(seconds)
-            sys.setswitchinterval(min(self._saved, *self._holders))
+            self._apply(min(self._saved, *self._holders))
 
     def release(self, seconds: float | None) -> None:
         if seconds is None:
             return
         with self._lock:
             self._holders.remove(seconds)
-            sys.setswitchinterval(min(self._saved, *self._holders) if self._holders else self._saved)
+            if sys.getswitchinterval() == self._set:  # else changed by someone else meanwhile: theirs stays
+                self._apply(min(self._saved, *self._holders) if self._holders else self._saved)
 
 
 _switch_interval = _SwitchInterval()
@@ -285,8 +293,9 @@ class BatchScheduler:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
             raise ValueError(f"max_bytes must be a positive integer, got {max_bytes!r}")
         self.max_bytes = max_bytes
-        if switch_interval_s is not None and not (isinstance(switch_interval_s, (int, float))
-                                                  and 1e-6 <= switch_interval_s <= 1):
+        if switch_interval_s is not None and (isinstance(switch_interval_s, bool)
+                                              or not isinstance(switch_interval_s, (int, float))
+                                              or not 1e-6 <= switch_interval_s <= 1):
             raise ValueError(f"switch_interval_s must be in [1e-6, 1] seconds or None, got {switch_interval_s!r}")
         self.switch_interval_s = switch_interval_s
         self._cond = threading.Condition()

@@ -297,8 +297,24 @@ def test_the_switch_interval_is_lowered_while_a_scheduler_runs_and_restored_afte
         a.close(TIMEOUT)
         b.close(TIMEOUT)
     assert sys.getswitchinterval() == original
-    with pytest.raises(ValueError, match="switch_interval_s"):
-        BatchScheduler(runner_for(tiny_model, ONE_BUDGET), switch_interval_s=0, start=False)
+    for bad in (0, True, "1e-3", float("nan")):
+        with pytest.raises(ValueError, match="switch_interval_s"):
+            BatchScheduler(runner_for(tiny_model, ONE_BUDGET), switch_interval_s=bad, start=False)
+
+
+def test_an_interval_set_by_someone_else_while_a_scheduler_runs_stays_after_it_stops(tiny_model):
+    import sys
+
+    original = sys.getswitchinterval()
+    try:
+        scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), switch_interval_s=2e-4)
+        scheduler.encode(*random_request(1), timeout=TIMEOUT)  # the worker runs: the interval is lowered
+        assert sys.getswitchinterval() == pytest.approx(2e-4)
+        sys.setswitchinterval(3e-3)  # the process's owner wants another one
+        assert scheduler.close(TIMEOUT)
+        assert sys.getswitchinterval() == pytest.approx(3e-3)
+    finally:
+        sys.setswitchinterval(original)
 
 
 def test_a_failing_batch_fails_only_its_requests(tiny_model):

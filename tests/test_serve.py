@@ -23,11 +23,11 @@ from safetensors.torch import load, save
 from glmvit import VisionConfig
 from glmvit.cli import main as cli_main
 from glmvit.cli.common import resolve_model_args
-from glmvit.cli.serve import build_parser, build_service
+from glmvit.cli.serve import build_parser, build_service, make_scheduler
 from glmvit.cli.serve_app import EncoderService, HttpLimits, ServerThread
 from glmvit.graphs import EncoderGraphRunner
 from glmvit.packing import BudgetConfig
-from glmvit.scheduler import BatchScheduler
+from glmvit.scheduler import SWITCH_INTERVAL_S, BatchScheduler
 from glmvit.workloads import random_batch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,6 +117,25 @@ def test_files_come_back_as_encode_out_writes_them(tmp_path, capsys):
     assert served == written and served["kind"] == "video" and served["timestamps"]
     for key in ("vision_config", "dtype", "weights", "device", "description"):
         assert file_metadata_of(body)[key] == file_metadata_of(dest.read_bytes())[key], key
+
+
+@pytest.mark.parametrize("flag, seconds", [([], SWITCH_INTERVAL_S), (["--switch-interval-ms", "0"], None),
+                                           (["--switch-interval-ms", "1.5"], 1.5e-3)])
+def test_the_switch_interval_flag_reaches_the_scheduler(tiny_model, flag, seconds):
+    parser = build_parser()
+    args = parser.parse_args(["--device", "cpu", "--budgets", "32", *flag])
+    resolve_model_args(parser, args)
+    scheduler, _ = make_scheduler(tiny_model, "eager", args)
+    scheduler.close(TIMEOUT)
+    assert scheduler.switch_interval_s == seconds
+
+
+@pytest.mark.parametrize("value", ["0.0005", "-1", "1001", "nan", "fast"])
+def test_a_switch_interval_below_a_microsecond_is_refused_in_one_line(value, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["--switch-interval-ms", value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and "--switch-interval-ms" in err[-1] and value in err[-1]
 
 
 def file_metadata_of(data: bytes) -> dict:
@@ -573,12 +592,14 @@ def test_bench_serve_in_process_and_spawned(tmp_path, capsys):
     assert all(r["successful"] == 4 and r["items_per_s"] > 0 for r in record["runs"])
     assert record["floor"]["eager"]["items_per_s"] > 0  # measured here, in-process
     assert cli_main(["bench-serve", "--spawn", "--modes", "graph", *common, "--decode-workers", "1",
-                     "--json", str(tmp_path / "b.json")]) == 0
+                     "--switch-interval-ms", "1", "--json", str(tmp_path / "b.json")]) == 0
     record = json.loads((tmp_path / "b.json").read_text())
     (run_,) = record["runs"]
     assert run_["successful"] == 4 and record["servers"]["graph-emulated"]["url"].startswith("http://127.0.0.1:")
     assert "--budgets 64,256" in record["provenance"]["server_command"]
     assert "--decode-workers 1" in record["provenance"]["server_command"] and record["settings"]["body"] == "media"
+    assert "--switch-interval-ms 1.0" in record["provenance"]["server_command"]
+    assert record["settings"]["batching"]["switch_interval_ms"] == 1.0
     assert "fingerprint" not in record["servers"]["graph-emulated"]  # merged into the record's own
     assert {"glmvit.model", "glmvit.scheduler"} <= set(record["fingerprint"]["modules"])
 
@@ -588,6 +609,7 @@ def test_bench_serve_in_process_and_spawned(tmp_path, capsys):
     (["--url", "127.0.0.1:8000"], "expected http://HOST:PORT"),
     (["--url", "http://127.0.0.1:1", "--decode-workers", "2"], "--decode-workers applies to --spawn"),
     (["--spawn", "--request-rate", "0"], "must be at least 0.01 per second"),
+    (["--spawn", "--switch-interval-ms", "0.0001"], "give 0 (leave the interpreter's interval) or 0.001 to 1000 ms"),
     (["--spawn", "--request-rate", "1e-300"], "must be at least 0.01 per second"),
     (["--spawn", "--request-rate", "fast"], "is not a number, inf or a percentage"),
     (["--spawn", "--request-rate", "1e400"], "too large for a float: write inf"),

@@ -36,7 +36,7 @@ from ..packing import SERVING_LARGEST_BUDGET, SERVING_MAX_ITEMS, BudgetConfig
 from ..provenance import collect
 from ..recorded import recorded_table_for
 from ..records import RECORD_DIRS
-from ..scheduler import DEFAULT_MAX_BYTES, DEFAULT_MAX_REQUESTS, BatchScheduler
+from ..scheduler import DEFAULT_MAX_BYTES, DEFAULT_MAX_REQUESTS, SWITCH_INTERVAL_S, BatchScheduler
 from .common import (
     MAX_BUDGET_TOKENS,
     Parser,
@@ -68,6 +68,9 @@ def add_serving_args(parser: argparse.ArgumentParser) -> None:
                    help="attention segments (temporal patches) per batch (default: max items)")
     g.add_argument("--max-wait-ms", type=float_in(0, 1000), default=0.0,
                    help="keep an under-full batch open this long for more items (default 0: see glmvit.scheduler)")
+    g.add_argument("--switch-interval-ms", type=switch_interval_ms, default=SWITCH_INTERVAL_S * 1e3,
+                   help="the interpreter's GIL switch interval while the encoder's worker runs, at most (default "
+                        f"{SWITCH_INTERVAL_S * 1e3:g}: see glmvit.scheduler; 0: leave the interpreter's as it is)")
     g.add_argument("--max-queue", type=int_in(1, 100_000), default=DEFAULT_MAX_REQUESTS,
                    help=f"requests admitted and not yet answered (default {DEFAULT_MAX_REQUESTS}); then 429")
     g.add_argument("--max-queue-tokens", type=int_in(1, 2**31), default=None,
@@ -76,6 +79,22 @@ def add_serving_args(parser: argparse.ArgumentParser) -> None:
                    help=f"their pixels, in MiB in the model's dtype on its device (default {DEFAULT_MAX_BYTES >> 20}); "
                         "then 429")
     g.add_argument("--attn-backend", default=None, help="attention backend (default: the device's)")
+
+
+def switch_interval_ms(text: str) -> float:
+    """``--switch-interval-ms``: 0 (leave the interpreter's interval alone) or 0.001 … 1000 milliseconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
+    if value != 0 and not 0.001 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"{text} ms: give 0 (leave the interpreter's interval) or 0.001 to 1000 ms")
+    return value
+
+
+def switch_interval_s(args: argparse.Namespace) -> float | None:
+    """The scheduler's ``switch_interval_s`` of the flags: None for ``--switch-interval-ms 0``."""
+    return args.switch_interval_ms / 1e3 if args.switch_interval_ms else None
 
 
 def budget_config(args: argparse.Namespace) -> BudgetConfig:
@@ -106,7 +125,8 @@ def make_scheduler(model: GlmVisionEncoder, mode: RunMode | str, args: argparse.
     table = recorded_table_for(model, run_mode.compiled, attention, dirs=RECORD_DIRS) if run_mode.graphs else None
     encoder = build_encoder(model, run_mode, config, attention=attention, latency_table=table, progress=progress)
     scheduler = BatchScheduler(encoder, config, max_wait_s=args.max_wait_ms / 1e3, max_requests=args.max_queue,
-                               max_tokens=args.max_queue_tokens, max_bytes=int(args.max_queue_mb * 2**20))
+                               max_tokens=args.max_queue_tokens, max_bytes=int(args.max_queue_mb * 2**20),
+                               switch_interval_s=switch_interval_s(args))
     return scheduler, encoder if isinstance(encoder, EncoderGraphRunner) else None
 
 
