@@ -41,12 +41,16 @@ the device takes to run it. While a scheduler runs, the process's interval is at
 someone else, whose interval then stays).
 
 **Drain**: :meth:`~BatchScheduler.close` refuses new requests at once, lets every admitted one finish, then stops
-the worker. :meth:`~BatchScheduler.stats` reports queue delays, batch sizes and padding.
+the worker. Every admitted request is answered exactly once: its future is running from admission on (``cancel()``
+returns False), and if the worker ever stops with requests unanswered (a fault of its own, logged to the
+``glmvit.scheduler`` logger) they fail with :class:`SchedulerClosed`, as every later submission does.
+:meth:`~BatchScheduler.stats` reports queue delays, batch sizes and padding.
 """
 from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import sys
 import threading
 import time
@@ -68,6 +72,8 @@ DELAY_SAMPLES = 10_000  # queue delays and batch sizes kept for the percentiles:
 DEFAULT_MAX_REQUESTS = 4096  # a count that tokens and bytes bound first: a burst is held, not refused
 DEFAULT_MAX_BYTES = 4 << 30  # staged pixel bytes admitted and not answered (on the model's device)
 SWITCH_INTERVAL_S = 2e-4  # the process's GIL switch interval while a scheduler runs, at most (module docstring)
+
+log = logging.getLogger("glmvit.scheduler")
 
 
 class _SwitchInterval:
@@ -304,6 +310,8 @@ class BatchScheduler:
         self._outstanding_tokens = 0
         self._outstanding_bytes = 0
         self._staging = 0  # admitted, pixels still being staged (not yet queued)
+        self._unanswered: set[_Request] = set()  # queued or running, future not yet set
+        self._worker_done = False  # the worker stopped: nothing queued from now on would run
         self._closing = False
         self._next_request = 0
         self._next_batch = 0
@@ -331,7 +339,7 @@ class BatchScheduler:
 
     def submit(self, pixel_values: torch.Tensor, grid_thw: Any, check_finite: bool = True) -> Future:
         """Admit one request (``grid_thw``: grids, or an :class:`~glmvit.request.EncoderRequest`); the future
-        resolves to its :class:`RequestResult` (or its error).
+        resolves to its :class:`RequestResult` (or its error). It is running already: it cannot be cancelled.
 
         Raises at once: ValueError for bad input (naming the item), :class:`RequestTooLarge`, :class:`QueueFull`,
         :class:`SchedulerClosed`. Pixels already on the model's device in its dtype are used
@@ -366,6 +374,7 @@ class BatchScheduler:
             self._next_request += 1
             self._stats.submitted += 1
         future: Future = Future()
+        future.set_running_or_notify_cancel()  # admitted: cancel() is refused from now on (it is answered)
         staging = time.perf_counter()
         try:
             pixels = stage(pixel_values, self.model.device, self.model.dtype)
@@ -381,17 +390,20 @@ class BatchScheduler:
                            outputs=[None] * len(tokens), remaining=len(tokens))
         with self._cond:
             self._staging -= 1
-            orphaned = self._closing and not self._worker_started  # closed, never started, while it was staged
+            # closed, never started, while it was staged; or the worker has stopped
+            orphaned = self._closing and (not self._worker_started or self._worker_done)
             if orphaned:
                 self._fail(request)
             elif tokens:
+                self._unanswered.add(request)
                 self._pending.extend((request, i) for i in range(len(tokens)))
             else:
                 self._release(0, nbytes)
                 self._stats.completed += 1
             self._cond.notify_all()
         if orphaned:
-            future.set_exception(SchedulerClosed("the scheduler was closed before it started"))
+            future.set_exception(SchedulerClosed("the scheduler's worker stopped" if self._worker_started
+                                                 else "the scheduler was closed before it started"))
         elif not tokens:
             future.set_result(RequestResult(request_id, [], 0.0, 0.0, (), staged - staging))
         return future
@@ -456,6 +468,7 @@ class BatchScheduler:
     def _fail(self, request: _Request) -> None:
         """Count ``request`` as answered with an error (under the lock); the caller sets the future's exception."""
         request.finished = True
+        self._unanswered.discard(request)
         self._release(sum(request.tokens), request.nbytes)
         self._stats.failed += 1
 
@@ -513,8 +526,26 @@ class BatchScheduler:
         _switch_interval.hold(self.switch_interval_s)
         try:
             self._run_batches()
+        except Exception:  # a fault of the scheduler itself (a batch's errors go to its requests): stop, say why
+            log.exception("the encoder's worker stopped on an error; the requests it had not answered fail")
         finally:
+            self._stop_worker()
             _switch_interval.release(self.switch_interval_s)
+
+    def _stop_worker(self) -> None:
+        """The worker ends: refuse new requests, and fail every admitted request not yet answered (none waits for
+        a worker that is gone)."""
+        with self._cond:
+            self._closing = self._worker_done = True
+            self._pending.clear()
+            left = sorted(self._unanswered, key=lambda request: request.id)
+            for request in left:
+                self._fail(request)
+            self._cond.notify_all()
+        for request in left:
+            if not request.future.done():
+                request.future.set_exception(SchedulerClosed(f"the scheduler's worker stopped before request "
+                                                             f"{request.id} was answered"))
 
     def _run_batches(self) -> None:
         in_flight: _Launched | None = None
@@ -638,6 +669,7 @@ class BatchScheduler:
                 if request.batches[0] == batch.id:
                     s.queue_ms.append((start - request.admitted) * 1e3)
             for request, answer in answers:
+                self._unanswered.discard(request)
                 self._release(sum(request.tokens), request.nbytes)
                 if isinstance(answer, RequestResult):
                     s.completed += 1

@@ -484,3 +484,41 @@ def test_the_next_batch_is_queued_early_only_when_it_is_full(tiny_model, arrival
     assert scheduler.close(TIMEOUT)
     assert [entry if entry == "done" else "".join(arrivals[k] for k in entry) for entry in log] == expected
     assert [k for entry in log if entry != "done" for k in entry] == list(range(len(arrivals)))  # arrival order
+
+
+def test_an_admitted_request_cannot_be_cancelled_and_is_answered(tiny_model):
+    """A caller's cancel() is refused once a request is admitted: the worker never meets a cancelled future (setting
+    its result would raise in the worker), and the request and the ones after it are answered."""
+    scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), start=False)
+    first, second = scheduler.submit(*random_request(1)), scheduler.submit(*random_request(2))
+    assert not first.cancel() and first.running()
+    scheduler.start()
+    assert first.result(TIMEOUT).outputs and second.result(TIMEOUT).outputs
+    assert scheduler.close(TIMEOUT)
+
+
+def test_a_worker_that_stops_on_a_fault_fails_every_unanswered_request(tiny_model, caplog):
+    """A fault of the scheduler itself (here: delivering a batch) stops its worker: every request it had admitted
+    fails with SchedulerClosed instead of waiting for ever, later ones are refused, and the log says why."""
+    from concurrent.futures import wait
+
+    scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), start=False)
+
+    def broken(*args):
+        raise RuntimeError("bookkeeping bug")
+
+    scheduler._deliver = broken
+    futures = [scheduler.submit(*numbered(k)) for k in range(9)]  # three batches
+    scheduler.start()
+    _, waiting = wait(futures, TIMEOUT)
+    assert not waiting
+    for future in futures:
+        with pytest.raises(SchedulerClosed, match="worker stopped before request"):
+            future.result(0)
+    with pytest.raises(SchedulerClosed):
+        scheduler.submit(*numbered(9))
+    assert scheduler.close(TIMEOUT)
+    stats = scheduler.stats()
+    assert stats["failed"] == 9 and stats["outstanding_requests"] == 0
+    assert any(r.name == "glmvit.scheduler" and r.exc_info and "bookkeeping bug" in str(r.exc_info[1])
+               for r in caplog.records)
