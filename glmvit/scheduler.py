@@ -21,7 +21,8 @@
    that would otherwise leave the device idle), and only then waits for the first batch (one CUDA event) and answers
    it. An under-full next batch is not taken early: the worker waits for the batch in flight, so that items arriving
    meanwhile join the next batch rather than the one after it. So at most two batches are in flight, the second
-   queued behind the first on one stream, and a batch is delivered only once its outputs are computed.
+   queued behind the first on one stream, and a batch is delivered only once its outputs are computed. Off CUDA
+   the encoder returns computed outputs: each batch is answered as soon as it returns, before the next is taken.
 4. **Delivery, checked**: a batch must return one output per item, of that item's token count (t·h·w / m²) and
    ``out_hidden_size``; every output goes to the slot its item was taken from (request id, item index), each slot
    is filled exactly once, and a request is answered only when all its slots are. Anything else fails the requests
@@ -556,6 +557,9 @@ class BatchScheduler:
             launched = self._launch(batch) if batch is not None else None
             if in_flight is not None:
                 self._finish(in_flight)
+            if launched is not None and launched.done is None:  # off CUDA: computed already, answered at once
+                self._finish(launched)
+                launched = None
             in_flight = launched
 
     def _launch(self, batch: _Batch) -> "_Launched | None":

@@ -251,6 +251,12 @@ def test_the_next_batch_is_queued_before_the_one_in_flight_is_answered(tiny_mode
     scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), start=False)
     events, encode, lock = [], scheduler._encode, threading.Lock()
 
+    class Computed:  # the CPU's outputs are computed when the encoder returns: an event that has fired
+        def synchronize(self):
+            pass
+
+    scheduler._mark_done = lambda outputs: Computed()  # as on CUDA: the worker waits for each batch's event
+
     def logged(pixels, request):
         with lock:
             events.append(("queued", len(request)))
@@ -274,6 +280,27 @@ def test_the_next_batch_is_queued_before_the_one_in_flight_is_answered(tiny_mode
     assert first < len(kinds) - 1 and kinds.count("queued") >= 2
     stats = scheduler.stats()
     assert stats["batches"] == kinds.count("queued") and 0 < stats["busy_s"] <= stats["uptime_s"]
+
+
+def test_off_cuda_each_batch_is_answered_before_the_next_is_taken(tiny_model):
+    """Off CUDA a batch's outputs are computed when the encoder returns: its requests are answered at once, not
+    after the next batch (nothing runs meanwhile that the next batch's host work could overlap)."""
+    scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), start=False)
+    events, encode = [], scheduler._encode
+
+    def logged(pixels, request):
+        events.append("queued")
+        return encode(pixels, request)
+
+    scheduler._encode = logged
+    futures = [scheduler.submit(*numbered(k)) for k in range(9)]  # batches of 4, 4 and 1
+    for k, future in enumerate(futures):
+        future.add_done_callback(lambda _, k=k: events.append(k))
+    scheduler.start()
+    for future in futures:
+        future.result(TIMEOUT)
+    assert scheduler.close(TIMEOUT)
+    assert events == ["queued", 0, 1, 2, 3, "queued", 4, 5, 6, 7, "queued", 8]
 
 
 def test_the_switch_interval_is_lowered_while_a_scheduler_runs_and_restored_after_the_last(tiny_model):
