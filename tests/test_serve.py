@@ -334,10 +334,10 @@ def test_a_malformed_part_header_is_a_400_and_a_stalled_body_a_408_that_frees_it
         with socket.create_connection((where.hostname, where.port), timeout=TIMEOUT) as sock:  # leaves mid-body
             sock.sendall(b"POST /v1/encode HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-safetensors\r\n"
                          b"Content-Length: 100000\r\n\r\n" + pixels[:100])
-        wait_until(lambda: service.responses[400] == 2, "the dropped upload answered as a bad request")
+        wait_until(lambda: service.clients_left == 1, "the dropped upload counted as a client that left")
     assert malformed[0] == 400 and "multipart body is malformed" in malformed[1], malformed
     assert stalled == (408, "the body did not arrive within 0.5 s"), stalled
-    assert held == 0 and service.responses[500] == 0
+    assert held == 0 and service.responses[500] == 0 and service.responses[400] == 1  # the malformed one only
 
 
 def test_stalled_headers_are_closed_and_connections_past_the_limit_get_a_503(tiny_model):
@@ -514,12 +514,40 @@ def test_health_and_metrics(tiny_model, monkeypatch):
     assert families["glmvit_http_responses_total"] == {'glmvit_http_responses_total{status="200"}': 1,
                                                        'glmvit_http_responses_total{status="400"}': 1}
     assert families["glmvit_scheduler_completed_total"] == {"glmvit_scheduler_completed_total": 1}
+    assert families["glmvit_http_clients_left_total"] == {"glmvit_http_clients_left_total": 0}
     assert set(families["glmvit_scheduler_rejected_total"]) == {'glmvit_scheduler_rejected_total{reason="full"}',
                                                                 'glmvit_scheduler_rejected_total{reason="closed"}'}
     assert "glmvit_scheduler_busy_seconds_total" in families
     assert json.loads(metrics[1])["scheduler"]["completed"] == 1
     assert json.loads(metrics[1])["http"]["responses"] == {"200": 2, "400": 1}  # the first /metrics counted too
     assert missing[0] == 404 and json.loads(missing[1])["error"] == "Not Found"
+
+
+def test_a_client_that_leaves_before_its_answer_is_counted_apart_not_as_an_error(tiny_model):
+    """A client gives up while its request waits in the queue: the server answers nobody, counts no response and no
+    internal error, and says how many left, in /metrics (valid Prometheus text) and its JSON."""
+    service = service_for(tiny_model, start=False)
+    with ServerThread(service) as server:
+        async def leave():
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as session:
+                with pytest.raises(asyncio.TimeoutError):
+                    await post(session, server.url, pixel_body(*random_request(1)))
+            await asyncio.to_thread(wait_until, lambda: service.scheduler.stats()["outstanding_requests"] == 1 and
+                                    all(c.transport is None for c in service.server.connections),
+                                    "the request queued and its connection closed")
+            service.scheduler.start()
+            await asyncio.to_thread(wait_until, lambda: service.in_server == 0, "the request to end")
+            async with aiohttp.ClientSession() as session:
+                async with session.get(server.url + "/metrics") as response:
+                    text = await response.text()
+                async with session.get(server.url + "/metrics?format=json") as response:
+                    data = await response.json()
+            return text, data
+        text, data = run(leave())
+    families = strict_prometheus(text)
+    assert families["glmvit_http_clients_left_total"] == {"glmvit_http_clients_left_total": 1}
+    assert "glmvit_http_responses_total" not in families  # the first /metrics is counted once it is answered
+    assert data["http"]["clients_left"] == 1 and data["http"]["responses"] == {"200": 1}  # the text /metrics
 
 
 def test_graph_compiled_needs_cuda(capsys):

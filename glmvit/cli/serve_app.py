@@ -37,7 +37,9 @@ traceback goes to the server's log, never to the client). A refused body's conne
 drained. A connection whose request headers take longer than ``header_timeout_s`` is closed. ``GET /health``: a
 little JSON (status, mode, limits); ``GET /v1/info``: that and the model, the floor, the capture, the decoders,
 the media bounds, the provenance and the code's fingerprint. ``GET /metrics``: Prometheus text (each family's
-HELP and TYPE once; seconds, ``_total`` counters), or JSON with ``?format=json``.
+HELP and TYPE once; seconds, ``_total`` counters), or JSON with ``?format=json``. A request whose client closes
+its connection before the answer is written gets none and is counted apart from the answered ones
+(``glmvit_http_clients_left_total``, ``http.clients_left``), never as an error; its answer is not serialised.
 
 :func:`run_server` serves until asked to stop, then drains: it stops listening; while requests are in flight it
 keeps open connections open and answers a new request on any of them (an idle keep-alive one included) with 503
@@ -105,6 +107,16 @@ class BadRequest(ValueError):
     def __init__(self, message: str, status: int = 400):
         super().__init__(message)
         self.status = status
+
+
+class _ClientLeft(Exception):
+    """The client closed its connection before its answer was written: nobody to answer, no error of the server."""
+
+
+def _gone(request: web.Request) -> bool:
+    """Whether ``request``'s client has closed its connection."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 @dataclass(frozen=True)
@@ -283,6 +295,7 @@ class EncoderService:
         self.phase_s: collections.Counter[str] = collections.Counter()  # Σ over answered requests, by phase
         self.timed = 0  # requests answered 200 (those phase_s sums)
         self.responses: collections.Counter[int] = collections.Counter()
+        self.clients_left = 0  # requests whose client closed the connection before the answer: no response counted
         self.url: str | None = None
         self.server: web.Server | None = None  # aiohttp's, once run_server listens: its open connections
         self.app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[self._errors])
@@ -294,9 +307,13 @@ class EncoderService:
     # ---- the handlers --------------------------------------------------------------------------------------
     @web.middleware
     async def _errors(self, request: web.Request, handler: Callable) -> web.StreamResponse:
-        """Every error as one line of JSON (aiohttp's own 404/405/413 included), every status counted."""
+        """Every error as one line of JSON (aiohttp's own 404/405/413 included), every status counted; a request
+        whose client left before its answer is counted apart (``clients_left``), never as an error."""
         try:
             response = await handler(request)
+        except _ClientLeft:
+            self.clients_left += 1
+            return web.Response(status=499)  # nobody reads it: aiohttp's write to the closed connection is dropped
         except web.HTTPException as err:
             response = error_response(err.status, err.text if err.text and err.status == 413 else err.reason)
         except Exception as err:  # noqa: BLE001 - the client gets one line; the log gets the traceback
@@ -340,6 +357,8 @@ class EncoderService:
                                                 prepared.grid_thw, not prepared.finite)
             admitted = time.perf_counter()
             result = await asyncio.wrap_future(future)
+            if _gone(request):  # its client left while it waited: nothing to serialise, nobody to answer
+                raise _ClientLeft
             packing = time.perf_counter()
             body = await loop.run_in_executor(self.answers, self._pack, result.outputs, prepared.records, dtype)
             timing["serialise"] = time.perf_counter() - packing
@@ -370,8 +389,11 @@ class EncoderService:
         if self.draining:
             response.force_close()
         writing = time.perf_counter()
-        await response.prepare(request)
-        await response.write_eof()
+        try:
+            await response.prepare(request)
+            await response.write_eof()
+        except ConnectionError:  # the client left as its answer was written
+            raise _ClientLeft from None
         timing["write"] = time.perf_counter() - writing
         self.phase_s.update(timing)
         self.timed += 1
@@ -393,8 +415,8 @@ class EncoderService:
         except HttpProcessingError as err:  # a malformed multipart part (its headers)
             why = " ".join(str(err.message).split()) or type(err).__name__
             raise BadRequest(f"the multipart body is malformed ({why})") from None
-        except ConnectionError as err:  # the client left mid-body: a bad request, no internal error
-            raise BadRequest(f"the connection closed before the body arrived ({err})") from None
+        except ConnectionError:  # the client left mid-body: nobody to answer, no error
+            raise _ClientLeft from None
         read = time.perf_counter()
         timing["read"] = read - start
         loop = asyncio.get_running_loop()
@@ -536,6 +558,7 @@ class EncoderService:
         return {"http": {"in_server": self.in_server, "connections": connections, "draining": self.draining,
                          "held_bytes": self.held_bytes, "max_held_bytes": self.limits.max_held_bytes,
                          "responses": {str(k): v for k, v in sorted(self.responses.items())},
+                         "clients_left": self.clients_left,
                          "timed_requests": self.timed, "phase_s": {k: self.phase_s[k] for k in PHASES}},
                 "decode": self.decode.stats(), "scheduler": self.scheduler.stats(),
                 "runner": self.runner_stats() if self.runner_stats else None}
@@ -547,6 +570,9 @@ class EncoderService:
         s, http = data["scheduler"], data["http"]
         lines = prometheus_family("http_responses_total", "counter", "responses by status",
                                   [(f'{{status="{k}"}}', v) for k, v in http["responses"].items()])
+        lines += prometheus_family("http_clients_left_total", "counter",
+                                   "requests whose client closed the connection before the answer (not errors)",
+                                   [("", http["clients_left"])])
         lines += prometheus_family("http_requests_in_server", "gauge", "requests read, decoded, queued or running",
                                    [("", self.in_server)])
         lines += prometheus_family("http_connections", "gauge", "open connections", [("", http["connections"])])
