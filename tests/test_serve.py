@@ -408,12 +408,30 @@ def test_shutdown_mid_request_finishes_it_and_refuses_new_ones(tiny_model):
             return await in_flight, late, await stopper
     (status, _, body), late, stopped = run(scenario())
     assert status == 200 and all(torch.equal(load(body)[f"item_{i}"], e) for i, e in enumerate(expected))
-    assert late in (503, "refused") and stopped
+    assert late in (503, "refused") and stopped and server.drained
     assert not service.scheduler.accepting
 
 
+def test_a_drain_past_its_timeout_abandons_what_is_in_flight_and_says_so(tiny_model, caplog):
+    service = service_for(tiny_model, start=False)  # the request waits in the queue for ever
+    server = ServerThread(service, shutdown_timeout=0.5).start()
+
+    async def scenario():
+        async with aiohttp.ClientSession() as session:
+            in_flight = asyncio.create_task(post(session, server.url, pixel_body(*random_request(1))))
+            await asyncio.to_thread(wait_until, lambda: service.scheduler.stats()["outstanding_requests"] == 1,
+                                    "the request queued")
+            assert await asyncio.to_thread(server.shutdown, TIMEOUT)
+            with pytest.raises(aiohttp.ClientError):
+                await in_flight
+    run(scenario())
+    assert server.drained is False and service.abandoned == 1
+    (line,) = [r.getMessage() for r in caplog.records if "abandoned" in r.getMessage()]
+    assert line == "the drain ran out of time (0.5 s): 1 request(s) in flight abandoned"
+
+
 CHILD = """
-import threading, sys
+import os, threading, sys, time
 import glmvit.cli.serve as serve, glmvit.cli.serve_app as app
 drain = threading.Event()
 begin = app.EncoderService.begin_drain
@@ -428,6 +446,7 @@ def make_scheduler(*a, **k):  # the encoder holds every batch until the drain ha
     def held(pixels, grids):
         print("encoding", flush=True)
         assert drain.wait(60)
+        time.sleep(float(os.environ.get("HOLD_S", "0")))  # past --shutdown-timeout: the drain runs out of time
         return encode(pixels, grids)
     scheduler._encode = held
     return scheduler, runner
@@ -436,11 +455,14 @@ sys.exit(serve.main(sys.argv[1:]))
 """
 
 
-def test_sigterm_lets_the_request_in_flight_finish(tmp_path):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+@pytest.mark.parametrize("late", [False, True], ids=["in-time", "past-the-timeout"])
+def test_sigterm_lets_the_request_in_flight_finish(tmp_path, late):
+    """SIGTERM mid-request: the request is answered and the server exits 0; or, when it is still running after
+    --shutdown-timeout, the server says in one line that it abandoned it and exits 1."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HOLD_S="30" if late else "0")
     child = subprocess.Popen([sys.executable, "-c", CHILD, "--device", "cpu", "--port", "0", "--budgets", "32",
-                              "--no-measure-floor", "--quiet"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+                              "--no-measure-floor", "--quiet", "--shutdown-timeout", "1" if late else "60"], cwd=ROOT,
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = child.stdout.readline()
         assert "listening on http://127.0.0.1:" in line, line + child.stderr.read()
@@ -452,16 +474,24 @@ def test_sigterm_lets_the_request_in_flight_finish(tmp_path):
                 in_flight = asyncio.create_task(post(session, url, pixel_body(*request)))
                 assert await asyncio.to_thread(child.stdout.readline) == "encoding\n"
                 child.send_signal(signal.SIGTERM)
-                return await in_flight
+                try:
+                    return await in_flight
+                except aiohttp.ClientError:
+                    return None, None, None
         status, _, body = run(scenario())
-        assert child.wait(TIMEOUT) == 0
+        assert child.wait(TIMEOUT) == (1 if late else 0)
     finally:
         if child.poll() is None:
             child.kill()
             child.wait(TIMEOUT)
-    assert status == 200 and len(load(body)) == len(request[1])
-    out = child.stdout.read()
-    assert "stopped" in out and "1 request(s) in the server will finish" in child.stderr.read()
+    out, err = child.stdout.read(), child.stderr.read()
+    assert "1 request(s) in the server will finish" in err
+    if late:
+        assert status is None and "stopped" not in out
+        assert [line for line in err.splitlines() if "abandoned" in line] == [
+            "glmvit serve: the drain ran out of time (1 s): 1 request(s) in flight abandoned"]
+    else:
+        assert status == 200 and len(load(body)) == len(request[1]) and "stopped" in out and "abandoned" not in err
 
 
 def strict_prometheus(text):

@@ -3,7 +3,8 @@
 One worker thread owns the encoder (:class:`~glmvit.scheduler.BatchScheduler`): ``--mode graph`` is the captured
 runner (``graph-emulated`` off CUDA), ``graph-compiled`` the same with ``torch.compile`` (CUDA), ``eager`` the model
 under the same batch limits. Listens on 127.0.0.1 unless ``--host`` says otherwise and prints its URL once it
-listens; SIGINT or SIGTERM drains (requests in flight finish, new ones get 503) and exits. Endpoints, bodies and
+listens; SIGINT or SIGTERM drains (requests in flight finish, new ones get 503) and exits: 0, or 1 if requests
+were still in flight after ``--shutdown-timeout`` (a line says how many were abandoned). Endpoints, bodies and
 status codes: :mod:`glmvit.cli.serve_app`. Examples::
 
     python -m glmvit serve --port 8000
@@ -164,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--max-connections", type=int_in(1, 1_000_000), default=1024,
                    help="open connections at once (default 1024, fewer if ulimit -n is lower); more: 503")
     h.add_argument("--shutdown-timeout", type=float_in(0, 3600), default=60.0,
-                   help="seconds a drain waits for requests in flight (default 60)")
+                   help="seconds a drain waits for requests in flight (default 60); then they are abandoned, exit 1")
     m = parser.add_argument_group("media (multipart files, JSON content parts)")
     m.add_argument("--decode-workers", type=int_in(1, 256), default=default_decode_workers(),
                    help="processes that decode and preprocess media, one thread each (default: this process's "
@@ -254,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"glmvit serve: {mode}, {service.info['description']}; listening on {url} (POST {url}/v1/encode)",
               flush=True)
 
-    asyncio.run(run_server(service, args.host, args.port, args.shutdown_timeout, ready, handle_signals=True))
+    if not asyncio.run(run_server(service, args.host, args.port, args.shutdown_timeout, ready, handle_signals=True)):
+        return 1  # the drain ran out of --shutdown-timeout: run_server logged how many requests it abandoned
     print("glmvit serve: stopped", flush=True)
     return 0

@@ -44,8 +44,9 @@ its connection before the answer is written gets none and is counted apart from 
 :func:`run_server` serves until asked to stop, then drains: it stops listening; while requests are in flight it
 keeps open connections open and answers a new request on any of them (an idle keep-alive one included) with 503
 and closes it; once every request in flight has finished (up to ``shutdown_timeout``) it closes the idle
-connections, then the scheduler and the decoders. :class:`ServerThread` runs it in a thread of its own (tests,
-in-process use).
+connections, then the scheduler and the decoders. A drain that runs out of time says how many requests it
+abandoned, cancels their handlers and returns False (``serve`` exits 1). :class:`ServerThread` runs it in a
+thread of its own (tests, in-process use).
 """
 from __future__ import annotations
 
@@ -296,6 +297,8 @@ class EncoderService:
         self.timed = 0  # requests answered 200 (those phase_s sums)
         self.responses: collections.Counter[int] = collections.Counter()
         self.clients_left = 0  # requests whose client closed the connection before the answer: no response counted
+        self.handling = 0  # requests inside a handler (an answer being written included)
+        self.abandoned = 0  # requests still in a handler when a drain ran out of time
         self.url: str | None = None
         self.server: web.Server | None = None  # aiohttp's, once run_server listens: its open connections
         self.app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[self._errors])
@@ -309,6 +312,7 @@ class EncoderService:
     async def _errors(self, request: web.Request, handler: Callable) -> web.StreamResponse:
         """Every error as one line of JSON (aiohttp's own 404/405/413 included), every status counted; a request
         whose client left before its answer is counted apart (``clients_left``), never as an error."""
+        self.handling += 1
         try:
             response = await handler(request)
         except _ClientLeft:
@@ -320,6 +324,8 @@ class EncoderService:
             log.exception("internal error on %s %s", request.method, request.path)
             response = error_response(500, f"internal error: {type(err).__name__}: {str(err).splitlines()[0]}"
                                       if str(err) else f"internal error: {type(err).__name__}")
+        finally:
+            self.handling -= 1
         if self.draining and not response.prepared:  # the client's next request goes to another server
             response.force_close()
         self.responses[response.status] += 1
@@ -622,14 +628,17 @@ class EncoderService:
             self.draining = True
             log.warning("shutting down: %d request(s) in the server will finish, new ones get 503", self.in_server)
 
-    def close(self, timeout: float | None = None) -> None:
-        self.scheduler.close(timeout)
+    def close(self, timeout: float | None = None) -> bool:
+        """Drain the scheduler (within ``timeout``), stop the threads and the decoders; True if the scheduler
+        answered every request it had admitted within ``timeout``."""
+        drained = self.scheduler.close(timeout)
         self.pool.shutdown(wait=True)
         self.answers.shutdown(wait=True)
         if self._owns_decode:
             self.decode.close(timeout)
         for folder in self._pixels:
             remove_shared_dir(folder)
+        return drained
 
 
 class _JsonErrors(web.RequestHandler):
@@ -706,12 +715,18 @@ def format_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+CANCEL_AFTER_S = 1.0  # a drain past its timeout: how long handlers still running get before they are cancelled
+
+
 async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int = 0, shutdown_timeout: float = 60.0,
                      on_ready: Callable[[str], None] | None = None, stop: asyncio.Event | None = None,
-                     handle_signals: bool = False) -> None:
+                     handle_signals: bool = False) -> bool:
     """Serve ``service`` until ``stop`` is set (or SIGINT/SIGTERM with ``handle_signals``), then drain (module
-    docstring). ``on_ready`` gets the URL once the socket listens (port 0: an ephemeral port)."""
-    runner = web.AppRunner(service.app, handle_signals=False, shutdown_timeout=shutdown_timeout)
+    docstring); True if the drain answered every request within ``shutdown_timeout``. Otherwise it logs one line
+    of how many requests it abandoned (``service.abandoned``), cancels their handlers and stops without waiting
+    for the scheduler. ``on_ready`` gets the URL once the socket listens (port 0: an ephemeral port)."""
+    # the drain below waits for the handlers itself: aiohttp's own wait, after it, only for what outlived it
+    runner = web.AppRunner(service.app, handle_signals=False, shutdown_timeout=min(shutdown_timeout, CANCEL_AFTER_S))
     await runner.setup()
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
@@ -737,10 +752,15 @@ async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int
         # open connections stay open while requests are in flight: a request on one (an idle keep-alive one
         # included) gets a 503 and its connection closed; then the idle ones are closed
         deadline = time.monotonic() + shutdown_timeout
-        while service.in_server and time.monotonic() < deadline:
+        while (service.in_server or service.handling) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        await runner.cleanup()  # close idle connections, wait for the handlers in flight
-        await loop.run_in_executor(None, service.close, shutdown_timeout)
+        service.abandoned = service.handling
+        if service.abandoned:
+            log.warning("the drain ran out of time (%g s): %d request(s) in flight abandoned", shutdown_timeout,
+                        service.abandoned)
+        await runner.cleanup()  # close idle connections, cancel the handlers still in flight
+        closed = await loop.run_in_executor(None, service.close, 0.0 if service.abandoned else shutdown_timeout)
+    return closed and not service.abandoned
 
 
 class ServerThread:
@@ -753,6 +773,7 @@ class ServerThread:
         self.url: str | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
+        self.drained: bool | None = None  # once stopped: whether the drain answered every request in time
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._main, name="glmvit-serve-loop", daemon=True)
@@ -771,7 +792,7 @@ class ServerThread:
             self.url = url
             self._ready.set()
 
-        await run_server(self.service, self.host, self.port, self.shutdown_timeout, ready, self._stop)
+        self.drained = await run_server(self.service, self.host, self.port, self.shutdown_timeout, ready, self._stop)
 
     def start(self, timeout: float = 60.0) -> "ServerThread":
         self._thread.start()
