@@ -44,7 +44,9 @@ someone else, whose interval then stays).
 **Drain**: :meth:`~BatchScheduler.close` refuses new requests at once, lets every admitted one finish, then stops
 the worker. Every admitted request is answered exactly once: its future is running from admission on (``cancel()``
 returns False), and if the worker ever stops with requests unanswered (a fault of its own, logged to the
-``glmvit.scheduler`` logger) they fail with :class:`SchedulerClosed`, as every later submission does.
+``glmvit.scheduler`` logger) they fail with :class:`SchedulerClosed`, as every later submission does. A caller
+that no longer wants a request (its client left) may :meth:`~BatchScheduler.withdraw` it: dropped unless a batch
+has taken one of its items already.
 :meth:`~BatchScheduler.stats` reports queue delays, batch sizes and padding.
 """
 from __future__ import annotations
@@ -122,6 +124,10 @@ class SchedulerClosed(RuntimeError):
 
 class RequestTooLarge(ValueError):
     """One request holds more tokens than the whole queue may (HTTP 413): it can never be admitted."""
+
+
+class RequestWithdrawn(RuntimeError):
+    """Its caller withdrew the request (:meth:`BatchScheduler.withdraw`) before any of its items ran."""
 
 
 class ResultMismatch(RuntimeError):
@@ -204,6 +210,7 @@ class _Request:
     started: float | None = None
     batches: list[int] = field(default_factory=list)
     finished: bool = False
+    taken: bool = False  # an item of it is in a batch (it can no longer be withdrawn)
 
 
 @dataclass(eq=False)
@@ -241,6 +248,7 @@ class SchedulerStats:
     failed: int = 0
     rejected_full: int = 0
     rejected_closed: int = 0
+    withdrawn: int = 0  # requests their callers withdrew before a batch took any of their items (never encoded)
     batches: int = 0
     failed_batches: int = 0
     items: int = 0
@@ -311,7 +319,7 @@ class BatchScheduler:
         self._outstanding_tokens = 0
         self._outstanding_bytes = 0
         self._staging = 0  # admitted, pixels still being staged (not yet queued)
-        self._unanswered: set[_Request] = set()  # queued or running, future not yet set
+        self._unanswered: dict[Future, _Request] = {}  # queued or running, future not yet set
         self._worker_done = False  # the worker stopped: nothing queued from now on would run
         self._closing = False
         self._next_request = 0
@@ -396,7 +404,7 @@ class BatchScheduler:
             if orphaned:
                 self._fail(request)
             elif tokens:
-                self._unanswered.add(request)
+                self._unanswered[future] = request
                 self._pending.extend((request, i) for i in range(len(tokens)))
             else:
                 self._release(0, nbytes)
@@ -408,6 +416,21 @@ class BatchScheduler:
         elif not tokens:
             future.set_result(RequestResult(request_id, [], 0.0, 0.0, (), staged - staging))
         return future
+
+    def withdraw(self, future: Future) -> bool:
+        """Drop the request of ``future`` (:meth:`submit`'s) if no batch has taken any of its items yet: its caller
+        no longer wants it (a client that left). True if dropped: it is never encoded, its place in the queue is
+        freed and ``future`` fails with :class:`RequestWithdrawn`. False if a batch has taken an item of it (it
+        runs and is answered as usual) or it is answered already."""
+        with self._cond:
+            request = self._unanswered.get(future)
+            if request is None or request.taken:
+                return False
+            self._drop(request)
+            self._stats.withdrawn += 1
+            self._cond.notify_all()
+        future.set_exception(RequestWithdrawn(f"request {request.id} was withdrawn before it ran"))
+        return True
 
     def encode(self, pixel_values: torch.Tensor, grid_thw: Any, timeout: float | None = None) -> RequestResult:
         """:meth:`submit` and wait for the result."""
@@ -468,10 +491,14 @@ class BatchScheduler:
 
     def _fail(self, request: _Request) -> None:
         """Count ``request`` as answered with an error (under the lock); the caller sets the future's exception."""
-        request.finished = True
-        self._unanswered.discard(request)
-        self._release(sum(request.tokens), request.nbytes)
+        self._drop(request)
         self._stats.failed += 1
+
+    def _drop(self, request: _Request) -> None:
+        """``request`` is answered (under the lock): its items still queued are skipped, its place is freed."""
+        request.finished = True
+        self._unanswered.pop(request.future, None)
+        self._release(sum(request.tokens), request.nbytes)
 
     def _fill(self, batch: _Batch) -> None:
         """Move items from the head of the queue into ``batch`` while they fit (under the lock)."""
@@ -486,6 +513,7 @@ class BatchScheduler:
                 if batch.slots:
                     break  # else it is an item no batch holds (the runner runs it eagerly): a batch of its own
             self._pending.popleft()
+            request.taken = True
             batch.slots.append((request, i))
             batch.tokens += tokens
             batch.segments += segments
@@ -539,7 +567,7 @@ class BatchScheduler:
         with self._cond:
             self._closing = self._worker_done = True
             self._pending.clear()
-            left = sorted(self._unanswered, key=lambda request: request.id)
+            left = sorted(self._unanswered.values(), key=lambda request: request.id)
             for request in left:
                 self._fail(request)
             self._cond.notify_all()
@@ -673,7 +701,7 @@ class BatchScheduler:
                 if request.batches[0] == batch.id:
                     s.queue_ms.append((start - request.admitted) * 1e3)
             for request, answer in answers:
-                self._unanswered.discard(request)
+                self._unanswered.pop(request.future, None)
                 self._release(sum(request.tokens), request.nbytes)
                 if isinstance(answer, RequestResult):
                     s.completed += 1

@@ -20,7 +20,14 @@ import torch
 from glmvit import VisionConfig
 from glmvit.graphs import EncoderGraphRunner
 from glmvit.packing import BudgetConfig
-from glmvit.scheduler import BatchScheduler, QueueFull, RequestTooLarge, ResultMismatch, SchedulerClosed
+from glmvit.scheduler import (
+    BatchScheduler,
+    QueueFull,
+    RequestTooLarge,
+    RequestWithdrawn,
+    ResultMismatch,
+    SchedulerClosed,
+)
 from glmvit.workloads import random_batch
 
 ONE_BUDGET = BudgetConfig(token_budgets=(32,), max_items=4, max_segments=8)
@@ -549,3 +556,28 @@ def test_a_worker_that_stops_on_a_fault_fails_every_unanswered_request(tiny_mode
     assert stats["failed"] == 9 and stats["outstanding_requests"] == 0
     assert any(r.name == "glmvit.scheduler" and r.exc_info and "bookkeeping bug" in str(r.exc_info[1])
                for r in caplog.records)
+
+
+def test_a_withdrawn_request_is_dropped_unless_a_batch_has_taken_it(tiny_model):
+    """withdraw() drops a request no batch has taken (never encoded, its place freed, its future failed); one
+    already in a batch runs and is answered, and an answered one stays answered."""
+    scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), start=False)
+    log, on_device, release = fake_device(scheduler)
+    running = scheduler.submit(*numbered(0))
+    scheduler.start()
+    assert on_device.wait(TIMEOUT)  # item 0 is on the device; 1 and 2 (one request) and 3 wait in the queue
+    pixels, grid = random_batch([[1, 2, 2]] * 2, TINY)
+    dropped = scheduler.submit(torch.cat([torch.full_like(pixels[:4], 1.0), torch.full_like(pixels[4:], 2.0)]), grid)
+    kept = scheduler.submit(*numbered(3))
+    assert scheduler.stats()["outstanding_requests"] == 3
+    assert not scheduler.withdraw(running) and scheduler.withdraw(dropped) and not scheduler.withdraw(dropped)
+    assert scheduler.stats()["outstanding_requests"] == 2
+    with pytest.raises(RequestWithdrawn, match="withdrawn before it ran"):
+        dropped.result(0)
+    release.set()
+    assert running.result(TIMEOUT).outputs and kept.result(TIMEOUT).outputs
+    assert not scheduler.withdraw(kept)
+    assert scheduler.close(TIMEOUT)
+    assert log == [[0], "done", [3], "done"]  # items 1 and 2 never ran
+    stats = scheduler.stats()
+    assert (stats["withdrawn"], stats["completed"], stats["failed"], stats["outstanding_requests"]) == (1, 2, 0, 0)

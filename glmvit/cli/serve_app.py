@@ -39,7 +39,8 @@ little JSON (status, mode, limits); ``GET /v1/info``: that and the model, the fl
 the media bounds, the provenance and the code's fingerprint. ``GET /metrics``: Prometheus text (each family's
 HELP and TYPE once; seconds, ``_total`` counters), or JSON with ``?format=json``. A request whose client closes
 its connection before the answer is written gets none and is counted apart from the answered ones
-(``glmvit_http_clients_left_total``, ``http.clients_left``), never as an error; its answer is not serialised.
+(``glmvit_http_clients_left_total``, ``http.clients_left``), never as an error; its answer is not serialised, and
+if no batch has taken its items yet they are dropped unencoded (``glmvit_scheduler_withdrawn_total``).
 
 :func:`run_server` serves until asked to stop, then drains: it stops listening; while requests are in flight it
 keeps open connections open and answers a new request on any of them (an idle keep-alive one included) with 503
@@ -318,6 +319,10 @@ class EncoderService:
         except _ClientLeft:
             self.clients_left += 1
             return web.Response(status=499)  # nobody reads it: aiohttp's write to the closed connection is dropped
+        except asyncio.CancelledError:  # the client left (aiohttp cancels its handler), or a drain gave up on it
+            if _gone(request):
+                self.clients_left += 1
+            raise
         except web.HTTPException as err:
             response = error_response(err.status, err.text if err.text and err.status == 413 else err.reason)
         except Exception as err:  # noqa: BLE001 - the client gets one line; the log gets the traceback
@@ -362,7 +367,11 @@ class EncoderService:
             future = await loop.run_in_executor(self.pool, self.scheduler.submit, prepared.pixel_values,
                                                 prepared.grid_thw, not prepared.finite)
             admitted = time.perf_counter()
-            result = await asyncio.wrap_future(future)
+            try:
+                result = await asyncio.wrap_future(future)
+            except asyncio.CancelledError:  # nobody waits for it: not encoded, unless a batch has taken it already
+                self.scheduler.withdraw(future)
+                raise
             if _gone(request):  # its client left while it waited: nothing to serialise, nobody to answer
                 raise _ClientLeft
             packing = time.perf_counter()
@@ -603,6 +612,9 @@ class EncoderService:
                                      ("mixed_batches", "mixed_batches", "batches of several requests"),
                                      ("busy_s", "busy_seconds", "seconds inside the encoder")):
             lines += prometheus_family(f"scheduler_{name}_total", "counter", help_text, [("", s[key])])
+        lines += prometheus_family("scheduler_withdrawn_total", "counter",
+                                   "requests dropped from the queue unencoded: their client left",
+                                   [("", s["withdrawn"])])
         lines += prometheus_family("scheduler_rejected_total", "counter", "requests refused, by reason",
                                    [(f'{{reason="{r}"}}', s[f"rejected_{r}"]) for r in ("full", "closed")])
         lines += prometheus_family("scheduler_outstanding_requests", "gauge", "admitted, not answered",
@@ -726,7 +738,9 @@ async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int
     of how many requests it abandoned (``service.abandoned``), cancels their handlers and stops without waiting
     for the scheduler. ``on_ready`` gets the URL once the socket listens (port 0: an ephemeral port)."""
     # the drain below waits for the handlers itself: aiohttp's own wait, after it, only for what outlived it
-    runner = web.AppRunner(service.app, handle_signals=False, shutdown_timeout=min(shutdown_timeout, CANCEL_AFTER_S))
+    # a client that leaves cancels its handler: a request of it still queued is withdrawn from the scheduler
+    runner = web.AppRunner(service.app, handle_signals=False, shutdown_timeout=min(shutdown_timeout, CANCEL_AFTER_S),
+                           handler_cancellation=True)
     await runner.setup()
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
