@@ -16,10 +16,13 @@
 3. **Encoding, one batch ahead**: one ``encoder.encode(..., sync=False)`` per batch (:class:`~glmvit.encoder.Encoder`),
    given an :class:`~glmvit.request.EncoderRequest` of its items (a graph runner packs it into its smallest fitting
    budget and routes it, replay or eager; the eager baseline runs one forward). The call queues the batch's work on
-   the worker's stream and returns; while the device runs it, the worker takes the next batch and queues that too
-   (its packing, metadata and copies are host work that would otherwise leave the device idle), and only then waits
-   for the first batch (one CUDA event) and answers it. So at most two batches are in flight, the second queued
-   behind the first on one stream, and a batch is delivered only once its outputs are computed.
+   the worker's stream and returns; while the device runs it, if the queue already holds a full next batch (nothing
+   more could join it), the worker takes that batch and queues it too (its packing, metadata and copies are host work
+   that would otherwise leave the device idle), and only then waits for the first batch (one CUDA event) and answers
+   it. An under-full next batch is not taken early: the worker waits for the batch in flight, so that items arriving
+   meanwhile join the next batch rather than the one after it. So at most two batches are in flight, the second
+   queued behind the first on one stream, and a batch is delivered only once its outputs are computed. Off CUDA
+   the encoder returns computed outputs: each batch is answered as soon as it returns, before the next is taken.
 4. **Delivery, checked**: a batch must return one output per item, of that item's token count (t·h·w / m²) and
    ``out_hidden_size``; every output goes to the slot its item was taken from (request id, item index), each slot
    is filled exactly once, and a request is answered only when all its slots are. Anything else fails the requests
@@ -35,22 +38,29 @@ previous batch). Notebook 11 measures when a wait pays.
 from the server's Python threads (reading bodies, admitting, serialising answers), and CPython hands a held GIL over
 only after the switch interval (5 ms by default): a batch of a few dozen calls could wait longer for the GIL than
 the device takes to run it. While a scheduler runs, the process's interval is at most ``switch_interval_s``
-(:data:`SWITCH_INTERVAL_S`; restored when the last running scheduler stops).
+(:data:`SWITCH_INTERVAL_S`; restored when the last running scheduler stops, unless it was changed meanwhile by
+someone else, whose interval then stays).
 
 **Drain**: :meth:`~BatchScheduler.close` refuses new requests at once, lets every admitted one finish, then stops
-the worker. :meth:`~BatchScheduler.stats` reports queue delays, batch sizes and padding.
+the worker. Every admitted request is answered exactly once: its future is running from admission on (``cancel()``
+returns False), and if the worker ever stops with requests unanswered (a fault of its own, logged to the
+``glmvit.scheduler`` logger) they fail with :class:`SchedulerClosed`, as every later submission does. A caller
+that no longer wants a request (its client left) may :meth:`~BatchScheduler.withdraw` it: dropped unless a batch
+has taken one of its items already.
+:meth:`~BatchScheduler.stats` reports queue delays, batch sizes and padding.
 """
 from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import sys
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
@@ -66,14 +76,22 @@ DEFAULT_MAX_REQUESTS = 4096  # a count that tokens and bytes bound first: a burs
 DEFAULT_MAX_BYTES = 4 << 30  # staged pixel bytes admitted and not answered (on the model's device)
 SWITCH_INTERVAL_S = 2e-4  # the process's GIL switch interval while a scheduler runs, at most (module docstring)
 
+log = logging.getLogger("glmvit.scheduler")
+
 
 class _SwitchInterval:
-    """The process's switch interval, lowered while any scheduler's worker runs and restored after the last."""
+    """The process's switch interval, lowered while any scheduler's worker runs and restored after the last, unless
+    someone else set it meanwhile: an interval that is no longer the one set here is theirs, and is left alone."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._holders: list[float] = []  # each running worker's wanted interval
         self._saved = 0.0
+        self._set = 0.0  # the interval as set here last (as the interpreter reads it back)
+
+    def _apply(self, seconds: float) -> None:
+        sys.setswitchinterval(seconds)
+        self._set = sys.getswitchinterval()
 
     def hold(self, seconds: float | None) -> None:
         if seconds is None:
@@ -82,14 +100,15 @@ class _SwitchInterval:
             if not self._holders:
                 self._saved = sys.getswitchinterval()
             self._holders.append(seconds)
-            sys.setswitchinterval(min(self._saved, *self._holders))
+            self._apply(min(self._saved, *self._holders))
 
     def release(self, seconds: float | None) -> None:
         if seconds is None:
             return
         with self._lock:
             self._holders.remove(seconds)
-            sys.setswitchinterval(min(self._saved, *self._holders) if self._holders else self._saved)
+            if sys.getswitchinterval() == self._set:  # else changed by someone else meanwhile: theirs stays
+                self._apply(min(self._saved, *self._holders) if self._holders else self._saved)
 
 
 _switch_interval = _SwitchInterval()
@@ -105,6 +124,10 @@ class SchedulerClosed(RuntimeError):
 
 class RequestTooLarge(ValueError):
     """One request holds more tokens than the whole queue may (HTTP 413): it can never be admitted."""
+
+
+class RequestWithdrawn(RuntimeError):
+    """Its caller withdrew the request (:meth:`BatchScheduler.withdraw`) before any of its items ran."""
 
 
 class ResultMismatch(RuntimeError):
@@ -179,6 +202,7 @@ class _Request:
     started: float | None = None
     batches: list[int] = field(default_factory=list)
     finished: bool = False
+    taken: bool = False  # an item of it is in a batch (it can no longer be withdrawn)
 
 
 @dataclass(eq=False)
@@ -190,6 +214,12 @@ class _Batch:
     full: bool = False  # nothing more may join
 
 
+class _Done(Protocol):
+    """What a launched batch waits on before it is answered (a CUDA event)."""
+
+    def synchronize(self) -> None: ...
+
+
 @dataclass(eq=False)
 class _Launched:
     """A batch queued on the device, not yet answered: ``done`` (an event; None off CUDA) marks its outputs."""
@@ -198,7 +228,7 @@ class _Launched:
     outputs: list[torch.Tensor]
     requests: list[_Request]
     start: float
-    done: "torch.cuda.Event | None"
+    done: _Done | None
 
 
 @dataclass
@@ -210,6 +240,7 @@ class SchedulerStats:
     failed: int = 0
     rejected_full: int = 0
     rejected_closed: int = 0
+    withdrawn: int = 0  # requests their callers withdrew before a batch took any of their items (never encoded)
     batches: int = 0
     failed_batches: int = 0
     items: int = 0
@@ -269,8 +300,9 @@ class BatchScheduler:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
             raise ValueError(f"max_bytes must be a positive integer, got {max_bytes!r}")
         self.max_bytes = max_bytes
-        if switch_interval_s is not None and not (isinstance(switch_interval_s, (int, float))
-                                                  and 1e-6 <= switch_interval_s <= 1):
+        if switch_interval_s is not None and (isinstance(switch_interval_s, bool)
+                                              or not isinstance(switch_interval_s, (int, float))
+                                              or not 1e-6 <= switch_interval_s <= 1):
             raise ValueError(f"switch_interval_s must be in [1e-6, 1] seconds or None, got {switch_interval_s!r}")
         self.switch_interval_s = switch_interval_s
         self._cond = threading.Condition()
@@ -279,6 +311,8 @@ class BatchScheduler:
         self._outstanding_tokens = 0
         self._outstanding_bytes = 0
         self._staging = 0  # admitted, pixels still being staged (not yet queued)
+        self._unanswered: dict[Future, _Request] = {}  # queued or running, future not yet set
+        self._worker_done = False  # the worker stopped: nothing queued from now on would run
         self._closing = False
         self._next_request = 0
         self._next_batch = 0
@@ -306,7 +340,7 @@ class BatchScheduler:
 
     def submit(self, pixel_values: torch.Tensor, grid_thw: Any, check_finite: bool = True) -> Future:
         """Admit one request (``grid_thw``: grids, or an :class:`~glmvit.request.EncoderRequest`); the future
-        resolves to its :class:`RequestResult` (or its error).
+        resolves to its :class:`RequestResult` (or its error). It is running already: it cannot be cancelled.
 
         Raises at once: ValueError for bad input (naming the item), :class:`RequestTooLarge`, :class:`QueueFull`,
         :class:`SchedulerClosed`. Pixels already on the model's device in its dtype are used
@@ -341,6 +375,7 @@ class BatchScheduler:
             self._next_request += 1
             self._stats.submitted += 1
         future: Future = Future()
+        future.set_running_or_notify_cancel()  # admitted: cancel() is refused from now on (it is answered)
         staging = time.perf_counter()
         try:
             pixels = stage(pixel_values, self.model.device, self.model.dtype)
@@ -356,20 +391,38 @@ class BatchScheduler:
                            outputs=[None] * len(tokens), remaining=len(tokens))
         with self._cond:
             self._staging -= 1
-            orphaned = self._closing and not self._worker_started  # closed, never started, while it was staged
+            # closed, never started, while it was staged; or the worker has stopped
+            orphaned = self._closing and (not self._worker_started or self._worker_done)
             if orphaned:
                 self._fail(request)
             elif tokens:
+                self._unanswered[future] = request
                 self._pending.extend((request, i) for i in range(len(tokens)))
             else:
                 self._release(0, nbytes)
                 self._stats.completed += 1
             self._cond.notify_all()
         if orphaned:
-            future.set_exception(SchedulerClosed("the scheduler was closed before it started"))
+            future.set_exception(SchedulerClosed("the scheduler's worker stopped" if self._worker_started
+                                                 else "the scheduler was closed before it started"))
         elif not tokens:
             future.set_result(RequestResult(request_id, [], 0.0, 0.0, (), staged - staging))
         return future
+
+    def withdraw(self, future: Future) -> bool:
+        """Drop the request of ``future`` (:meth:`submit`'s) if no batch has taken any of its items yet: its caller
+        no longer wants it (a client that left). True if dropped: it is never encoded, its place in the queue is
+        freed and ``future`` fails with :class:`RequestWithdrawn`. False if a batch has taken an item of it (it
+        runs and is answered as usual) or it is answered already."""
+        with self._cond:
+            request = self._unanswered.get(future)
+            if request is None or request.taken:
+                return False
+            self._drop(request)
+            self._stats.withdrawn += 1
+            self._cond.notify_all()
+        future.set_exception(RequestWithdrawn(f"request {request.id} was withdrawn before it ran"))
+        return True
 
     def encode(self, pixel_values: torch.Tensor, grid_thw: Any, timeout: float | None = None) -> RequestResult:
         """:meth:`submit` and wait for the result."""
@@ -430,9 +483,14 @@ class BatchScheduler:
 
     def _fail(self, request: _Request) -> None:
         """Count ``request`` as answered with an error (under the lock); the caller sets the future's exception."""
-        request.finished = True
-        self._release(sum(request.tokens), request.nbytes)
+        self._drop(request)
         self._stats.failed += 1
+
+    def _drop(self, request: _Request) -> None:
+        """``request`` is answered (under the lock): its items still queued are skipped, its place is freed."""
+        request.finished = True
+        self._unanswered.pop(request.future, None)
+        self._release(sum(request.tokens), request.nbytes)
 
     def _fill(self, batch: _Batch) -> None:
         """Move items from the head of the queue into ``batch`` while they fit (under the lock)."""
@@ -447,6 +505,7 @@ class BatchScheduler:
                 if batch.slots:
                     break  # else it is an item no batch holds (the runner runs it eagerly): a batch of its own
             self._pending.popleft()
+            request.taken = True
             batch.slots.append((request, i))
             batch.tokens += tokens
             batch.segments += segments
@@ -456,7 +515,8 @@ class BatchScheduler:
 
     def _take(self, block: bool = True) -> _Batch | None:
         """The next batch: blocking until there is one, None once closing and everything admitted is answered;
-        with ``block=False`` (a batch is in flight), what is queued now, at once, or None."""
+        with ``block=False`` (a batch is in flight), at once: a full batch of what is queued now, or None (the items
+        stay queued, for later arrivals to join once the batch in flight is answered)."""
         with self._cond:
             while True:
                 while not self._pending:
@@ -465,6 +525,9 @@ class BatchScheduler:
                     self._cond.wait()
                 batch = _Batch(self._next_batch)
                 self._fill(batch)
+                if not block and not batch.full:
+                    self._pending.extendleft(reversed(batch.slots))  # back at the head, in their order
+                    return None
                 deadline = time.perf_counter() + self.max_wait_s
                 while block and not batch.full and not self._closing and self.max_wait_s > 0:
                     left = deadline - time.perf_counter()
@@ -479,12 +542,31 @@ class BatchScheduler:
                     return None
 
     def _loop(self) -> None:
-        """Queue a batch, then, with it in flight, the next one, then answer the first (module docstring, step 3)."""
+        """Queue a batch, then, with it in flight, the next one if it is full, then answer the first (module
+        docstring, step 3)."""
         _switch_interval.hold(self.switch_interval_s)
         try:
             self._run_batches()
+        except Exception:  # a fault of the scheduler itself (a batch's errors go to its requests): stop, say why
+            log.exception("the encoder's worker stopped on an error; the requests it had not answered fail")
         finally:
+            self._stop_worker()
             _switch_interval.release(self.switch_interval_s)
+
+    def _stop_worker(self) -> None:
+        """The worker ends: refuse new requests, and fail every admitted request not yet answered (none waits for
+        a worker that is gone)."""
+        with self._cond:
+            self._closing = self._worker_done = True
+            self._pending.clear()
+            left = sorted(self._unanswered.values(), key=lambda request: request.id)
+            for request in left:
+                self._fail(request)
+            self._cond.notify_all()
+        for request in left:
+            if not request.future.done():
+                request.future.set_exception(SchedulerClosed(f"the scheduler's worker stopped before request "
+                                                             f"{request.id} was answered"))
 
     def _run_batches(self) -> None:
         in_flight: _Launched | None = None
@@ -495,6 +577,9 @@ class BatchScheduler:
             launched = self._launch(batch) if batch is not None else None
             if in_flight is not None:
                 self._finish(in_flight)
+            if launched is not None and launched.done is None:  # off CUDA: computed already, answered at once
+                self._finish(launched)
+                launched = None
             in_flight = launched
 
     def _launch(self, batch: _Batch) -> "_Launched | None":
@@ -510,14 +595,20 @@ class BatchScheduler:
             items = EncoderRequest.gather([(request.request, i) for request, i in batch.slots])
             outputs = self._encode(pixels, items)
             self._check(batch, outputs)
-            done = None
-            if outputs and outputs[0].device.type == "cuda":
-                done = torch.cuda.Event()
-                done.record()  # after the batch's work, on the worker's stream
+            done = self._mark_done(outputs)
         except Exception as err:  # noqa: BLE001 - the batch's requests get the error; the worker goes on
             self._fail_batch(requests, err)
             return None
         return _Launched(batch, outputs, requests, start, done)
+
+    def _mark_done(self, outputs: list[torch.Tensor]) -> "_Done | None":
+        """What marks a launched batch's outputs computed: an event recorded after its work on the worker's stream
+        (on CUDA), or None (off CUDA the outputs are computed when the encoder returns)."""
+        if not outputs or outputs[0].device.type != "cuda":
+            return None
+        done = torch.cuda.Event()
+        done.record()
+        return done
 
     def _finish(self, launched: _Launched) -> None:
         """Wait until ``launched``'s outputs are computed, then answer its items."""
@@ -602,6 +693,7 @@ class BatchScheduler:
                 if request.batches[0] == batch.id:
                     s.queue_ms.append((start - request.admitted) * 1e3)
             for request, answer in answers:
+                self._unanswered.pop(request.future, None)
                 self._release(sum(request.tokens), request.nbytes)
                 if isinstance(answer, RequestResult):
                     s.completed += 1

@@ -20,7 +20,14 @@ import torch
 from glmvit import VisionConfig
 from glmvit.graphs import EncoderGraphRunner
 from glmvit.packing import BudgetConfig
-from glmvit.scheduler import BatchScheduler, QueueFull, RequestTooLarge, ResultMismatch, SchedulerClosed
+from glmvit.scheduler import (
+    BatchScheduler,
+    QueueFull,
+    RequestTooLarge,
+    RequestWithdrawn,
+    ResultMismatch,
+    SchedulerClosed,
+)
 from glmvit.workloads import random_batch
 
 ONE_BUDGET = BudgetConfig(token_budgets=(32,), max_items=4, max_segments=8)
@@ -251,6 +258,12 @@ def test_the_next_batch_is_queued_before_the_one_in_flight_is_answered(tiny_mode
     scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), start=False)
     events, encode, lock = [], scheduler._encode, threading.Lock()
 
+    class Computed:  # the CPU's outputs are computed when the encoder returns: an event that has fired
+        def synchronize(self):
+            pass
+
+    scheduler._mark_done = lambda outputs: Computed()  # as on CUDA: the worker waits for each batch's event
+
     def logged(pixels, request):
         with lock:
             events.append(("queued", len(request)))
@@ -276,6 +289,27 @@ def test_the_next_batch_is_queued_before_the_one_in_flight_is_answered(tiny_mode
     assert stats["batches"] == kinds.count("queued") and 0 < stats["busy_s"] <= stats["uptime_s"]
 
 
+def test_off_cuda_each_batch_is_answered_before_the_next_is_taken(tiny_model):
+    """Off CUDA a batch's outputs are computed when the encoder returns: its requests are answered at once, not
+    after the next batch (nothing runs meanwhile that the next batch's host work could overlap)."""
+    scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), start=False)
+    events, encode = [], scheduler._encode
+
+    def logged(pixels, request):
+        events.append("queued")
+        return encode(pixels, request)
+
+    scheduler._encode = logged
+    futures = [scheduler.submit(*numbered(k)) for k in range(9)]  # batches of 4, 4 and 1
+    for k, future in enumerate(futures):
+        future.add_done_callback(lambda _, k=k: events.append(k))
+    scheduler.start()
+    for future in futures:
+        future.result(TIMEOUT)
+    assert scheduler.close(TIMEOUT)
+    assert events == ["queued", 0, 1, 2, 3, "queued", 4, 5, 6, 7, "queued", 8]
+
+
 def test_the_switch_interval_is_lowered_while_a_scheduler_runs_and_restored_after_the_last(tiny_model):
     """The worker's torch calls each give the GIL away; while any scheduler runs, another thread may keep it at
     most switch_interval_s. Two schedulers at once: the lower interval holds until both stop, then the original."""
@@ -297,8 +331,24 @@ def test_the_switch_interval_is_lowered_while_a_scheduler_runs_and_restored_afte
         a.close(TIMEOUT)
         b.close(TIMEOUT)
     assert sys.getswitchinterval() == original
-    with pytest.raises(ValueError, match="switch_interval_s"):
-        BatchScheduler(runner_for(tiny_model, ONE_BUDGET), switch_interval_s=0, start=False)
+    for bad in (0, True, "1e-3", float("nan")):
+        with pytest.raises(ValueError, match="switch_interval_s"):
+            BatchScheduler(runner_for(tiny_model, ONE_BUDGET), switch_interval_s=bad, start=False)
+
+
+def test_an_interval_set_by_someone_else_while_a_scheduler_runs_stays_after_it_stops(tiny_model):
+    import sys
+
+    original = sys.getswitchinterval()
+    try:
+        scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), switch_interval_s=2e-4)
+        scheduler.encode(*random_request(1), timeout=TIMEOUT)  # the worker runs: the interval is lowered
+        assert sys.getswitchinterval() == pytest.approx(2e-4)
+        sys.setswitchinterval(3e-3)  # the process's owner wants another one
+        assert scheduler.close(TIMEOUT)
+        assert sys.getswitchinterval() == pytest.approx(3e-3)
+    finally:
+        sys.setswitchinterval(original)
 
 
 def test_a_failing_batch_fails_only_its_requests(tiny_model):
@@ -410,3 +460,124 @@ def test_cuda_scheduler_serves_concurrent_submitters(full_cuda, eager):
         assert_per_item(full_cuda, outs, pixels.cuda().bfloat16(), grid)  # the rows the scheduler staged, in bf16
     assert scheduler.stats()["mixed_batches"] > 0
     scheduler.close(TIMEOUT)
+
+
+# ---- the worker's timing against a stand-in device ---------------------------------------------------------------
+def numbered(k):
+    """A one-token image whose pixels are all ``k``: a stand-in encoder reads which item it was given."""
+    pixels, grid = random_batch([[1, 2, 2]], TINY, seed=k)
+    return torch.full_like(pixels, float(k)), grid
+
+
+def fake_device(scheduler):
+    """Stand in for the encoder and the device: a batch "runs" until the worker waits for it, and the first one
+    until ``release`` is set (``on_device`` says the worker waits for it). The log holds each batch's items (their
+    numbers, :func:`numbered`) when it is queued, and "done" when the worker has waited for it."""
+    log, on_device, release = [], threading.Event(), threading.Event()
+    width = scheduler.model.config.out_hidden_size
+
+    class Event:
+        def __init__(self, first):
+            self.first = first
+
+        def synchronize(self):
+            if self.first:
+                on_device.set()
+                assert release.wait(TIMEOUT)
+            log.append("done")
+
+    def encode(pixels, request):
+        log.append([int(pixels[request.row_range(i)[0], 0]) for i in range(len(request))])
+        return [torch.zeros(tokens, width) for tokens in request.item_tokens]
+
+    scheduler._encode = encode
+    scheduler._mark_done = lambda outputs: Event(first=len(log) == 1)
+    return log, on_device, release
+
+
+@pytest.mark.parametrize("arrivals, expected", [
+    # the second batch, under-full while the first runs, waits for it: the late arrivals join it
+    ("QQQQQAAA", ["QQQQ", "done", "QAAA", "done"]),
+    ("QAAAAA", ["Q", "done", "AAAA", "done", "A", "done"]),
+    # a full next batch is queued while the one before it is on the device
+    ("QQQQQQQQQ", ["QQQQ", "QQQQ", "done", "done", "Q", "done"]),
+    ("QQAAAAAAAA", ["QQ", "done", "AAAA", "AAAA", "done", "done"]),
+])
+def test_the_next_batch_is_queued_early_only_when_it_is_full(tiny_model, arrivals, expected):
+    """``arrivals``: Q an item queued before the worker starts, A one arriving while the first batch is on the
+    device (at most 4 items a batch). The log: each batch's items when it is queued, "done" when it is answered."""
+    scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), start=False)
+    log, on_device, release = fake_device(scheduler)
+    futures = [scheduler.submit(*numbered(k)) for k, kind in enumerate(arrivals) if kind == "Q"]
+    scheduler.start()
+    assert on_device.wait(TIMEOUT)
+    futures += [scheduler.submit(*numbered(k)) for k, kind in enumerate(arrivals) if kind == "A"]
+    release.set()
+    for future in futures:
+        future.result(TIMEOUT)
+    assert scheduler.close(TIMEOUT)
+    assert [entry if entry == "done" else "".join(arrivals[k] for k in entry) for entry in log] == expected
+    assert [k for entry in log if entry != "done" for k in entry] == list(range(len(arrivals)))  # arrival order
+
+
+def test_an_admitted_request_cannot_be_cancelled_and_is_answered(tiny_model):
+    """A caller's cancel() is refused once a request is admitted: the worker never meets a cancelled future (setting
+    its result would raise in the worker), and the request and the ones after it are answered."""
+    scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), start=False)
+    first, second = scheduler.submit(*random_request(1)), scheduler.submit(*random_request(2))
+    assert not first.cancel() and first.running()
+    scheduler.start()
+    assert first.result(TIMEOUT).outputs and second.result(TIMEOUT).outputs
+    assert scheduler.close(TIMEOUT)
+
+
+def test_a_worker_that_stops_on_a_fault_fails_every_unanswered_request(tiny_model, caplog):
+    """A fault of the scheduler itself (here: delivering a batch) stops its worker: every request it had admitted
+    fails with SchedulerClosed instead of waiting for ever, later ones are refused, and the log says why."""
+    from concurrent.futures import wait
+
+    scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), start=False)
+
+    def broken(*args):
+        raise RuntimeError("bookkeeping bug")
+
+    scheduler._deliver = broken
+    futures = [scheduler.submit(*numbered(k)) for k in range(9)]  # three batches
+    scheduler.start()
+    _, waiting = wait(futures, TIMEOUT)
+    assert not waiting
+    for future in futures:
+        with pytest.raises(SchedulerClosed, match="worker stopped before request"):
+            future.result(0)
+    with pytest.raises(SchedulerClosed):
+        scheduler.submit(*numbered(9))
+    assert scheduler.close(TIMEOUT)
+    stats = scheduler.stats()
+    assert stats["failed"] == 9 and stats["outstanding_requests"] == 0
+    assert any(r.name == "glmvit.scheduler" and r.exc_info and "bookkeeping bug" in str(r.exc_info[1])
+               for r in caplog.records)
+
+
+def test_a_withdrawn_request_is_dropped_unless_a_batch_has_taken_it(tiny_model):
+    """withdraw() drops a request no batch has taken (never encoded, its place freed, its future failed); one
+    already in a batch runs and is answered, and an answered one stays answered."""
+    scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), start=False)
+    log, on_device, release = fake_device(scheduler)
+    running = scheduler.submit(*numbered(0))
+    scheduler.start()
+    assert on_device.wait(TIMEOUT)  # item 0 is on the device; 1 and 2 (one request) and 3 wait in the queue
+    pixels, grid = random_batch([[1, 2, 2]] * 2, TINY)
+    dropped = scheduler.submit(torch.cat([torch.full_like(pixels[:4], 1.0), torch.full_like(pixels[4:], 2.0)]), grid)
+    kept = scheduler.submit(*numbered(3))
+    assert scheduler.stats()["outstanding_requests"] == 3
+    assert not scheduler.withdraw(running) and scheduler.withdraw(dropped) and not scheduler.withdraw(dropped)
+    assert scheduler.stats()["outstanding_requests"] == 2
+    with pytest.raises(RequestWithdrawn, match="withdrawn before it ran"):
+        dropped.result(0)
+    release.set()
+    assert running.result(TIMEOUT).outputs and kept.result(TIMEOUT).outputs
+    assert not scheduler.withdraw(kept)
+    assert scheduler.close(TIMEOUT)
+    assert log == [[0], "done", [3], "done"]  # items 1 and 2 never ran
+    stats = scheduler.stats()
+    assert (stats["withdrawn"], stats["completed"], stats["failed"], stats["outstanding_requests"]) == (1, 2, 0, 0)

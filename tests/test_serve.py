@@ -23,11 +23,11 @@ from safetensors.torch import load, save
 from glmvit import VisionConfig
 from glmvit.cli import main as cli_main
 from glmvit.cli.common import resolve_model_args
-from glmvit.cli.serve import build_parser, build_service
+from glmvit.cli.serve import build_parser, build_service, make_scheduler
 from glmvit.cli.serve_app import EncoderService, HttpLimits, ServerThread
 from glmvit.graphs import EncoderGraphRunner
 from glmvit.packing import BudgetConfig
-from glmvit.scheduler import BatchScheduler
+from glmvit.scheduler import SWITCH_INTERVAL_S, BatchScheduler
 from glmvit.workloads import random_batch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,6 +117,25 @@ def test_files_come_back_as_encode_out_writes_them(tmp_path, capsys):
     assert served == written and served["kind"] == "video" and served["timestamps"]
     for key in ("vision_config", "dtype", "weights", "device", "description"):
         assert file_metadata_of(body)[key] == file_metadata_of(dest.read_bytes())[key], key
+
+
+@pytest.mark.parametrize("flag, seconds", [([], SWITCH_INTERVAL_S), (["--switch-interval-ms", "0"], None),
+                                           (["--switch-interval-ms", "1.5"], 1.5e-3)])
+def test_the_switch_interval_flag_reaches_the_scheduler(tiny_model, flag, seconds):
+    parser = build_parser()
+    args = parser.parse_args(["--device", "cpu", "--budgets", "32", *flag])
+    resolve_model_args(parser, args)
+    scheduler, _ = make_scheduler(tiny_model, "eager", args)
+    scheduler.close(TIMEOUT)
+    assert scheduler.switch_interval_s == seconds
+
+
+@pytest.mark.parametrize("value", ["0.0005", "-1", "1001", "nan", "fast"])
+def test_a_switch_interval_below_a_microsecond_is_refused_in_one_line(value, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["--switch-interval-ms", value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and "--switch-interval-ms" in err[-1] and value in err[-1]
 
 
 def file_metadata_of(data: bytes) -> dict:
@@ -315,10 +334,10 @@ def test_a_malformed_part_header_is_a_400_and_a_stalled_body_a_408_that_frees_it
         with socket.create_connection((where.hostname, where.port), timeout=TIMEOUT) as sock:  # leaves mid-body
             sock.sendall(b"POST /v1/encode HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-safetensors\r\n"
                          b"Content-Length: 100000\r\n\r\n" + pixels[:100])
-        wait_until(lambda: service.responses[400] == 2, "the dropped upload answered as a bad request")
+        wait_until(lambda: service.clients_left == 1, "the dropped upload counted as a client that left")
     assert malformed[0] == 400 and "multipart body is malformed" in malformed[1], malformed
     assert stalled == (408, "the body did not arrive within 0.5 s"), stalled
-    assert held == 0 and service.responses[500] == 0
+    assert held == 0 and service.responses[500] == 0 and service.responses[400] == 1  # the malformed one only
 
 
 def test_stalled_headers_are_closed_and_connections_past_the_limit_get_a_503(tiny_model):
@@ -389,12 +408,30 @@ def test_shutdown_mid_request_finishes_it_and_refuses_new_ones(tiny_model):
             return await in_flight, late, await stopper
     (status, _, body), late, stopped = run(scenario())
     assert status == 200 and all(torch.equal(load(body)[f"item_{i}"], e) for i, e in enumerate(expected))
-    assert late in (503, "refused") and stopped
+    assert late in (503, "refused") and stopped and server.drained
     assert not service.scheduler.accepting
 
 
+def test_a_drain_past_its_timeout_abandons_what_is_in_flight_and_says_so(tiny_model, caplog):
+    service = service_for(tiny_model, start=False)  # the request waits in the queue for ever
+    server = ServerThread(service, shutdown_timeout=0.5).start()
+
+    async def scenario():
+        async with aiohttp.ClientSession() as session:
+            in_flight = asyncio.create_task(post(session, server.url, pixel_body(*random_request(1))))
+            await asyncio.to_thread(wait_until, lambda: service.scheduler.stats()["outstanding_requests"] == 1,
+                                    "the request queued")
+            assert await asyncio.to_thread(server.shutdown, TIMEOUT)
+            with pytest.raises(aiohttp.ClientError):
+                await in_flight
+    run(scenario())
+    assert server.drained is False and service.abandoned == 1
+    (line,) = [r.getMessage() for r in caplog.records if "abandoned" in r.getMessage()]
+    assert line == "the drain ran out of time (0.5 s): 1 request(s) in flight abandoned"
+
+
 CHILD = """
-import threading, sys
+import os, threading, sys, time
 import glmvit.cli.serve as serve, glmvit.cli.serve_app as app
 drain = threading.Event()
 begin = app.EncoderService.begin_drain
@@ -409,6 +446,7 @@ def make_scheduler(*a, **k):  # the encoder holds every batch until the drain ha
     def held(pixels, grids):
         print("encoding", flush=True)
         assert drain.wait(60)
+        time.sleep(float(os.environ.get("HOLD_S", "0")))  # past --shutdown-timeout: the drain runs out of time
         return encode(pixels, grids)
     scheduler._encode = held
     return scheduler, runner
@@ -417,11 +455,14 @@ sys.exit(serve.main(sys.argv[1:]))
 """
 
 
-def test_sigterm_lets_the_request_in_flight_finish(tmp_path):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+@pytest.mark.parametrize("late", [False, True], ids=["in-time", "past-the-timeout"])
+def test_sigterm_lets_the_request_in_flight_finish(tmp_path, late):
+    """SIGTERM mid-request: the request is answered and the server exits 0; or, when it is still running after
+    --shutdown-timeout, the server says in one line that it abandoned it and exits 1."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HOLD_S="30" if late else "0")
     child = subprocess.Popen([sys.executable, "-c", CHILD, "--device", "cpu", "--port", "0", "--budgets", "32",
-                              "--no-measure-floor", "--quiet"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+                              "--no-measure-floor", "--quiet", "--shutdown-timeout", "1" if late else "60"], cwd=ROOT,
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = child.stdout.readline()
         assert "listening on http://127.0.0.1:" in line, line + child.stderr.read()
@@ -433,16 +474,24 @@ def test_sigterm_lets_the_request_in_flight_finish(tmp_path):
                 in_flight = asyncio.create_task(post(session, url, pixel_body(*request)))
                 assert await asyncio.to_thread(child.stdout.readline) == "encoding\n"
                 child.send_signal(signal.SIGTERM)
-                return await in_flight
+                try:
+                    return await in_flight
+                except aiohttp.ClientError:
+                    return None, None, None
         status, _, body = run(scenario())
-        assert child.wait(TIMEOUT) == 0
+        assert child.wait(TIMEOUT) == (1 if late else 0)
     finally:
         if child.poll() is None:
             child.kill()
             child.wait(TIMEOUT)
-    assert status == 200 and len(load(body)) == len(request[1])
-    out = child.stdout.read()
-    assert "stopped" in out and "1 request(s) in the server will finish" in child.stderr.read()
+    out, err = child.stdout.read(), child.stderr.read()
+    assert "1 request(s) in the server will finish" in err
+    if late:
+        assert status is None and "stopped" not in out
+        assert [line for line in err.splitlines() if "abandoned" in line] == [
+            "glmvit serve: the drain ran out of time (1 s): 1 request(s) in flight abandoned"]
+    else:
+        assert status == 200 and len(load(body)) == len(request[1]) and "stopped" in out and "abandoned" not in err
 
 
 def strict_prometheus(text):
@@ -495,12 +544,42 @@ def test_health_and_metrics(tiny_model, monkeypatch):
     assert families["glmvit_http_responses_total"] == {'glmvit_http_responses_total{status="200"}': 1,
                                                        'glmvit_http_responses_total{status="400"}': 1}
     assert families["glmvit_scheduler_completed_total"] == {"glmvit_scheduler_completed_total": 1}
+    assert families["glmvit_http_clients_left_total"] == {"glmvit_http_clients_left_total": 0}
     assert set(families["glmvit_scheduler_rejected_total"]) == {'glmvit_scheduler_rejected_total{reason="full"}',
                                                                 'glmvit_scheduler_rejected_total{reason="closed"}'}
     assert "glmvit_scheduler_busy_seconds_total" in families
     assert json.loads(metrics[1])["scheduler"]["completed"] == 1
     assert json.loads(metrics[1])["http"]["responses"] == {"200": 2, "400": 1}  # the first /metrics counted too
     assert missing[0] == 404 and json.loads(missing[1])["error"] == "Not Found"
+
+
+def test_a_client_that_leaves_before_its_answer_is_counted_apart_not_as_an_error(tiny_model):
+    """A client gives up while its request waits in the queue: the server answers nobody, counts no response and no
+    internal error, drops the request from the queue unencoded, and says how many left and how many it dropped, in
+    /metrics (valid Prometheus text) and its JSON."""
+    service = service_for(tiny_model, start=False)
+    with ServerThread(service) as server:
+        async def leave():
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as session:
+                with pytest.raises(asyncio.TimeoutError):
+                    await post(session, server.url, pixel_body(*random_request(1)))
+            await asyncio.to_thread(wait_until, lambda: service.clients_left == 1 and service.in_server == 0,
+                                    "the request to end")
+            service.scheduler.start()
+            async with aiohttp.ClientSession() as session:
+                async with session.get(server.url + "/metrics") as response:
+                    text = await response.text()
+                async with session.get(server.url + "/metrics?format=json") as response:
+                    data = await response.json()
+            return text, data
+        text, data = run(leave())
+    families = strict_prometheus(text)
+    assert families["glmvit_http_clients_left_total"] == {"glmvit_http_clients_left_total": 1}
+    assert "glmvit_http_responses_total" not in families  # the first /metrics is counted once it is answered
+    assert data["http"]["clients_left"] == 1 and data["http"]["responses"] == {"200": 1}  # the text /metrics
+    assert families["glmvit_scheduler_withdrawn_total"] == {"glmvit_scheduler_withdrawn_total": 1}
+    s = data["scheduler"]
+    assert (s["withdrawn"], s["batches"], s["failed"], s["outstanding_requests"]) == (1, 0, 0, 0)  # never encoded
 
 
 def test_graph_compiled_needs_cuda(capsys):
@@ -573,12 +652,14 @@ def test_bench_serve_in_process_and_spawned(tmp_path, capsys):
     assert all(r["successful"] == 4 and r["items_per_s"] > 0 for r in record["runs"])
     assert record["floor"]["eager"]["items_per_s"] > 0  # measured here, in-process
     assert cli_main(["bench-serve", "--spawn", "--modes", "graph", *common, "--decode-workers", "1",
-                     "--json", str(tmp_path / "b.json")]) == 0
+                     "--switch-interval-ms", "1", "--json", str(tmp_path / "b.json")]) == 0
     record = json.loads((tmp_path / "b.json").read_text())
     (run_,) = record["runs"]
     assert run_["successful"] == 4 and record["servers"]["graph-emulated"]["url"].startswith("http://127.0.0.1:")
     assert "--budgets 64,256" in record["provenance"]["server_command"]
     assert "--decode-workers 1" in record["provenance"]["server_command"] and record["settings"]["body"] == "media"
+    assert "--switch-interval-ms 1.0" in record["provenance"]["server_command"]
+    assert record["settings"]["batching"]["switch_interval_ms"] == 1.0
     assert "fingerprint" not in record["servers"]["graph-emulated"]  # merged into the record's own
     assert {"glmvit.model", "glmvit.scheduler"} <= set(record["fingerprint"]["modules"])
 
@@ -588,6 +669,7 @@ def test_bench_serve_in_process_and_spawned(tmp_path, capsys):
     (["--url", "127.0.0.1:8000"], "expected http://HOST:PORT"),
     (["--url", "http://127.0.0.1:1", "--decode-workers", "2"], "--decode-workers applies to --spawn"),
     (["--spawn", "--request-rate", "0"], "must be at least 0.01 per second"),
+    (["--spawn", "--switch-interval-ms", "0.0001"], "give 0 (leave the interpreter's interval) or 0.001 to 1000 ms"),
     (["--spawn", "--request-rate", "1e-300"], "must be at least 0.01 per second"),
     (["--spawn", "--request-rate", "fast"], "is not a number, inf or a percentage"),
     (["--spawn", "--request-rate", "1e400"], "too large for a float: write inf"),

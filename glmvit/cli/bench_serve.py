@@ -606,7 +606,8 @@ def serve_argv(args: argparse.Namespace, mode: str, workload: Workload) -> list[
     body_mb = max([64.0, *(2 * p.numel() * p.element_size() / 2**20 for p in workload.pixels)])
     argv = [sys.executable, "-m", "glmvit", "serve", "--host", "127.0.0.1", "--port", "0", "--mode", mode,
             "--device", args.device, "--config", args.config, "--dtype", args.dtype, "--seed", str(args.seed),
-            "--max-wait-ms", str(args.max_wait_ms), "--max-queue", str(queue_requests(args, workload)),
+            "--max-wait-ms", str(args.max_wait_ms), "--switch-interval-ms", str(args.switch_interval_ms),
+            "--max-queue", str(queue_requests(args, workload)),
             "--max-queue-tokens", str(queue_tokens(args, workload)), "--max-queue-mb", str(args.max_queue_mb),
             "--max-body-mb", f"{body_mb:.1f}",
             "--max-items-per-request", str(max(64, max(len(g) for g in workload.grids))), "--quiet"]
@@ -803,6 +804,7 @@ def main(argv: list[str] | None = None) -> int:
                                "weights": args.weights, "seed": args.seed},
                      "batching": {"budgets": list(args.budgets) if args.budgets else None, "max_items": args.max_items,
                                   "max_segments": args.max_segments, "max_wait_ms": args.max_wait_ms,
+                                  "switch_interval_ms": args.switch_interval_ms,
                                   "max_queue": queue_requests(args, workload),
                                   "max_queue_tokens": queue_tokens(args, workload), "max_queue_mb": args.max_queue_mb,
                                   "attn_backend": args.attn_backend, "decode_workers": args.decode_workers},

@@ -3,7 +3,8 @@
 One worker thread owns the encoder (:class:`~glmvit.scheduler.BatchScheduler`): ``--mode graph`` is the captured
 runner (``graph-emulated`` off CUDA), ``graph-compiled`` the same with ``torch.compile`` (CUDA), ``eager`` the model
 under the same batch limits. Listens on 127.0.0.1 unless ``--host`` says otherwise and prints its URL once it
-listens; SIGINT or SIGTERM drains (requests in flight finish, new ones get 503) and exits. Endpoints, bodies and
+listens; SIGINT or SIGTERM drains (requests in flight finish, new ones get 503) and exits: 0, or 1 if requests
+were still in flight after ``--shutdown-timeout`` (a line says how many were abandoned). Endpoints, bodies and
 status codes: :mod:`glmvit.cli.serve_app`. Examples::
 
     python -m glmvit serve --port 8000
@@ -36,7 +37,7 @@ from ..packing import SERVING_LARGEST_BUDGET, SERVING_MAX_ITEMS, BudgetConfig
 from ..provenance import collect
 from ..recorded import recorded_table_for
 from ..records import RECORD_DIRS
-from ..scheduler import DEFAULT_MAX_BYTES, DEFAULT_MAX_REQUESTS, BatchScheduler
+from ..scheduler import DEFAULT_MAX_BYTES, DEFAULT_MAX_REQUESTS, SWITCH_INTERVAL_S, BatchScheduler
 from .common import (
     MAX_BUDGET_TOKENS,
     Parser,
@@ -68,6 +69,9 @@ def add_serving_args(parser: argparse.ArgumentParser) -> None:
                    help="attention segments (temporal patches) per batch (default: max items)")
     g.add_argument("--max-wait-ms", type=float_in(0, 1000), default=0.0,
                    help="keep an under-full batch open this long for more items (default 0: see glmvit.scheduler)")
+    g.add_argument("--switch-interval-ms", type=switch_interval_ms, default=SWITCH_INTERVAL_S * 1e3,
+                   help="the interpreter's GIL switch interval while the encoder's worker runs, at most (default "
+                        f"{SWITCH_INTERVAL_S * 1e3:g}: see glmvit.scheduler; 0: leave the interpreter's as it is)")
     g.add_argument("--max-queue", type=int_in(1, 100_000), default=DEFAULT_MAX_REQUESTS,
                    help=f"requests admitted and not yet answered (default {DEFAULT_MAX_REQUESTS}); then 429")
     g.add_argument("--max-queue-tokens", type=int_in(1, 2**31), default=None,
@@ -76,6 +80,22 @@ def add_serving_args(parser: argparse.ArgumentParser) -> None:
                    help=f"their pixels, in MiB in the model's dtype on its device (default {DEFAULT_MAX_BYTES >> 20}); "
                         "then 429")
     g.add_argument("--attn-backend", default=None, help="attention backend (default: the device's)")
+
+
+def switch_interval_ms(text: str) -> float:
+    """``--switch-interval-ms``: 0 (leave the interpreter's interval alone) or 0.001 … 1000 milliseconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
+    if value != 0 and not 0.001 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"{text} ms: give 0 (leave the interpreter's interval) or 0.001 to 1000 ms")
+    return value
+
+
+def switch_interval_s(args: argparse.Namespace) -> float | None:
+    """The scheduler's ``switch_interval_s`` of the flags: None for ``--switch-interval-ms 0``."""
+    return args.switch_interval_ms / 1e3 if args.switch_interval_ms else None
 
 
 def budget_config(args: argparse.Namespace) -> BudgetConfig:
@@ -106,7 +126,8 @@ def make_scheduler(model: GlmVisionEncoder, mode: RunMode | str, args: argparse.
     table = recorded_table_for(model, run_mode.compiled, attention, dirs=RECORD_DIRS) if run_mode.graphs else None
     encoder = build_encoder(model, run_mode, config, attention=attention, latency_table=table, progress=progress)
     scheduler = BatchScheduler(encoder, config, max_wait_s=args.max_wait_ms / 1e3, max_requests=args.max_queue,
-                               max_tokens=args.max_queue_tokens, max_bytes=int(args.max_queue_mb * 2**20))
+                               max_tokens=args.max_queue_tokens, max_bytes=int(args.max_queue_mb * 2**20),
+                               switch_interval_s=switch_interval_s(args))
     return scheduler, encoder if isinstance(encoder, EncoderGraphRunner) else None
 
 
@@ -144,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--max-connections", type=int_in(1, 1_000_000), default=1024,
                    help="open connections at once (default 1024, fewer if ulimit -n is lower); more: 503")
     h.add_argument("--shutdown-timeout", type=float_in(0, 3600), default=60.0,
-                   help="seconds a drain waits for requests in flight (default 60)")
+                   help="seconds a drain waits for requests in flight (default 60); then they are abandoned, exit 1")
     m = parser.add_argument_group("media (multipart files, JSON content parts)")
     m.add_argument("--decode-workers", type=int_in(1, 256), default=default_decode_workers(),
                    help="processes that decode and preprocess media, one thread each (default: this process's "
@@ -234,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"glmvit serve: {mode}, {service.info['description']}; listening on {url} (POST {url}/v1/encode)",
               flush=True)
 
-    asyncio.run(run_server(service, args.host, args.port, args.shutdown_timeout, ready, handle_signals=True))
+    if not asyncio.run(run_server(service, args.host, args.port, args.shutdown_timeout, ready, handle_signals=True)):
+        return 1  # the drain ran out of --shutdown-timeout: run_server logged how many requests it abandoned
     print("glmvit serve: stopped", flush=True)
     return 0

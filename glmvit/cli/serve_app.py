@@ -38,13 +38,17 @@ traceback goes to the server's log, never to the client). A refused body's conne
 drained. A connection whose request headers take longer than ``header_timeout_s`` is closed. ``GET /health``: a
 little JSON (status, mode, limits); ``GET /v1/info``: that and the model, the floor, the capture, the decoders,
 the media bounds, the provenance and the code's fingerprint. ``GET /metrics``: Prometheus text (each family's
-HELP and TYPE once; seconds, ``_total`` counters), or JSON with ``?format=json``.
+HELP and TYPE once; seconds, ``_total`` counters), or JSON with ``?format=json``. A request whose client closes
+its connection before the answer is written gets none and is counted apart from the answered ones
+(``glmvit_http_clients_left_total``, ``http.clients_left``), never as an error; its answer is not serialised, and
+if no batch has taken its items yet they are dropped unencoded (``glmvit_scheduler_withdrawn_total``).
 
 :func:`run_server` serves until asked to stop, then drains: it stops listening; while requests are in flight it
 keeps open connections open and answers a new request on any of them (an idle keep-alive one included) with 503
 and closes it; once every request in flight has finished (up to ``shutdown_timeout``) it closes the idle
-connections, then the scheduler and the decoders. :class:`ServerThread` runs it in a thread of its own (tests,
-in-process use).
+connections, then the scheduler and the decoders. A drain that runs out of time says how many requests it
+abandoned, cancels their handlers and returns False (``serve`` exits 1). :class:`ServerThread` runs it in a
+thread of its own (tests, in-process use).
 """
 from __future__ import annotations
 
@@ -113,6 +117,16 @@ class BadRequest(ValueError):
     def __init__(self, message: str, status: int = 400):
         super().__init__(message)
         self.status = status
+
+
+class _ClientLeft(Exception):
+    """The client closed its connection before its answer was written: nobody to answer, no error of the server."""
+
+
+def _gone(request: web.Request) -> bool:
+    """Whether ``request``'s client has closed its connection."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 @dataclass(frozen=True)
@@ -295,6 +309,9 @@ class EncoderService:
         self.phase_s: collections.Counter[str] = collections.Counter()  # Σ over answered requests, by phase
         self.timed = 0  # requests answered 200 (those phase_s sums)
         self.responses: collections.Counter[int] = collections.Counter()
+        self.clients_left = 0  # requests whose client closed the connection before the answer: no response counted
+        self.handling = 0  # requests inside a handler (an answer being written included)
+        self.abandoned = 0  # requests still in a handler when a drain ran out of time
         self.url: str | None = None
         self.server: web.Server | None = None  # aiohttp's, once run_server listens: its open connections
         self.app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[self._errors])
@@ -306,15 +323,26 @@ class EncoderService:
     # ---- the handlers --------------------------------------------------------------------------------------
     @web.middleware
     async def _errors(self, request: web.Request, handler: Callable) -> web.StreamResponse:
-        """Every error as one line of JSON (aiohttp's own 404/405/413 included), every status counted."""
+        """Every error as one line of JSON (aiohttp's own 404/405/413 included), every status counted; a request
+        whose client left before its answer is counted apart (``clients_left``), never as an error."""
+        self.handling += 1
         try:
             response = await handler(request)
+        except _ClientLeft:
+            self.clients_left += 1
+            return web.Response(status=499)  # nobody reads it: aiohttp's write to the closed connection is dropped
+        except asyncio.CancelledError:  # the client left (aiohttp cancels its handler), or a drain gave up on it
+            if _gone(request):
+                self.clients_left += 1
+            raise
         except web.HTTPException as err:
             response = error_response(err.status, err.text if err.text and err.status == 413 else err.reason)
         except Exception as err:  # noqa: BLE001 - the client gets one line; the log gets the traceback
             log.exception("internal error on %s %s", request.method, request.path)
             response = error_response(500, f"internal error: {type(err).__name__}: {str(err).splitlines()[0]}"
                                       if str(err) else f"internal error: {type(err).__name__}")
+        finally:
+            self.handling -= 1
         if self.draining and not response.prepared:  # the client's next request goes to another server
             response.force_close()
         self.responses[response.status] += 1
@@ -351,7 +379,13 @@ class EncoderService:
             future = await loop.run_in_executor(self.pool, self.scheduler.submit, prepared.pixel_values,
                                                 prepared.grid_thw, not prepared.finite)
             admitted = time.perf_counter()
-            result = await asyncio.wrap_future(future)
+            try:
+                result = await asyncio.wrap_future(future)
+            except asyncio.CancelledError:  # nobody waits for it: not encoded, unless a batch has taken it already
+                self.scheduler.withdraw(future)
+                raise
+            if _gone(request):  # its client left while it waited: nothing to serialise, nobody to answer
+                raise _ClientLeft
             packing = time.perf_counter()
             body = await loop.run_in_executor(self.answers, self._pack, result.outputs, prepared.records, dtype)
             timing["serialise"] = time.perf_counter() - packing
@@ -382,8 +416,11 @@ class EncoderService:
         if self.draining:
             response.force_close()
         writing = time.perf_counter()
-        await response.prepare(request)
-        await response.write_eof()
+        try:
+            await response.prepare(request)
+            await response.write_eof()
+        except ConnectionError:  # the client left as its answer was written
+            raise _ClientLeft from None
         timing["write"] = time.perf_counter() - writing
         self.phase_s.update(timing)
         self.timed += 1
@@ -405,8 +442,8 @@ class EncoderService:
         except HttpProcessingError as err:  # a malformed multipart part (its headers)
             why = " ".join(str(err.message).split()) or type(err).__name__
             raise BadRequest(f"the multipart body is malformed ({why})") from None
-        except ConnectionError as err:  # the client left mid-body: a bad request, no internal error
-            raise BadRequest(f"the connection closed before the body arrived ({err})") from None
+        except ConnectionError:  # the client left mid-body: nobody to answer, no error
+            raise _ClientLeft from None
         read = time.perf_counter()
         timing["read"] = read - start
         loop = asyncio.get_running_loop()
@@ -551,6 +588,7 @@ class EncoderService:
         return {"http": {"in_server": self.in_server, "connections": connections, "draining": self.draining,
                          "held_bytes": self.held_bytes, "max_held_bytes": self.limits.max_held_bytes,
                          "responses": {str(k): v for k, v in sorted(self.responses.items())},
+                         "clients_left": self.clients_left,
                          "timed_requests": self.timed, "phase_s": {k: self.phase_s[k] for k in PHASES}},
                 "decode": self.decode.stats(), "scheduler": self.scheduler.stats(),
                 "runner": self.runner_stats() if self.runner_stats else None}
@@ -562,6 +600,9 @@ class EncoderService:
         s, http = data["scheduler"], data["http"]
         lines = prometheus_family("http_responses_total", "counter", "responses by status",
                                   [(f'{{status="{k}"}}', v) for k, v in http["responses"].items()])
+        lines += prometheus_family("http_clients_left_total", "counter",
+                                   "requests whose client closed the connection before the answer (not errors)",
+                                   [("", http["clients_left"])])
         lines += prometheus_family("http_requests_in_server", "gauge", "requests read, decoded, queued or running",
                                    [("", self.in_server)])
         lines += prometheus_family("http_connections", "gauge", "open connections", [("", http["connections"])])
@@ -586,6 +627,9 @@ class EncoderService:
                                      ("mixed_batches", "mixed_batches", "batches of several requests"),
                                      ("busy_s", "busy_seconds", "seconds inside the encoder")):
             lines += prometheus_family(f"scheduler_{name}_total", "counter", help_text, [("", s[key])])
+        lines += prometheus_family("scheduler_withdrawn_total", "counter",
+                                   "requests dropped from the queue unencoded: their client left",
+                                   [("", s["withdrawn"])])
         lines += prometheus_family("scheduler_rejected_total", "counter", "requests refused, by reason",
                                    [(f'{{reason="{r}"}}', s[f"rejected_{r}"]) for r in ("full", "closed")])
         lines += prometheus_family("scheduler_outstanding_requests", "gauge", "admitted, not answered",
@@ -611,14 +655,17 @@ class EncoderService:
             self.draining = True
             log.warning("shutting down: %d request(s) in the server will finish, new ones get 503", self.in_server)
 
-    def close(self, timeout: float | None = None) -> None:
-        self.scheduler.close(timeout)
+    def close(self, timeout: float | None = None) -> bool:
+        """Drain the scheduler (within ``timeout``), stop the threads and the decoders; True if the scheduler
+        answered every request it had admitted within ``timeout``."""
+        drained = self.scheduler.close(timeout)
         self.pool.shutdown(wait=True)
         self.answers.shutdown(wait=True)
         if self._owns_decode:
             self.decode.close(timeout)
         for folder in self._pixels:
             remove_shared_dir(folder)
+        return drained
 
 
 class _JsonErrors(web.RequestHandler):
@@ -695,12 +742,20 @@ def format_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+CANCEL_AFTER_S = 1.0  # a drain past its timeout: how long handlers still running get before they are cancelled
+
+
 async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int = 0, shutdown_timeout: float = 60.0,
                      on_ready: Callable[[str], None] | None = None, stop: asyncio.Event | None = None,
-                     handle_signals: bool = False) -> None:
+                     handle_signals: bool = False) -> bool:
     """Serve ``service`` until ``stop`` is set (or SIGINT/SIGTERM with ``handle_signals``), then drain (module
-    docstring). ``on_ready`` gets the URL once the socket listens (port 0: an ephemeral port)."""
-    runner = web.AppRunner(service.app, handle_signals=False, shutdown_timeout=shutdown_timeout)
+    docstring); True if the drain answered every request within ``shutdown_timeout``. Otherwise it logs one line
+    of how many requests it abandoned (``service.abandoned``), cancels their handlers and stops without waiting
+    for the scheduler. ``on_ready`` gets the URL once the socket listens (port 0: an ephemeral port)."""
+    # the drain below waits for the handlers itself: aiohttp's own wait, after it, only for what outlived it
+    # a client that leaves cancels its handler: a request of it still queued is withdrawn from the scheduler
+    runner = web.AppRunner(service.app, handle_signals=False, shutdown_timeout=min(shutdown_timeout, CANCEL_AFTER_S),
+                           handler_cancellation=True)
     await runner.setup()
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
@@ -726,10 +781,15 @@ async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int
         # open connections stay open while requests are in flight: a request on one (an idle keep-alive one
         # included) gets a 503 and its connection closed; then the idle ones are closed
         deadline = time.monotonic() + shutdown_timeout
-        while service.in_server and time.monotonic() < deadline:
+        while (service.in_server or service.handling) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        await runner.cleanup()  # close idle connections, wait for the handlers in flight
-        await loop.run_in_executor(None, service.close, shutdown_timeout)
+        service.abandoned = service.handling
+        if service.abandoned:
+            log.warning("the drain ran out of time (%g s): %d request(s) in flight abandoned", shutdown_timeout,
+                        service.abandoned)
+        await runner.cleanup()  # close idle connections, cancel the handlers still in flight
+        closed = await loop.run_in_executor(None, service.close, 0.0 if service.abandoned else shutdown_timeout)
+    return closed and not service.abandoned
 
 
 class ServerThread:
@@ -742,6 +802,7 @@ class ServerThread:
         self.url: str | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
+        self.drained: bool | None = None  # once stopped: whether the drain answered every request in time
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._main, name="glmvit-serve-loop", daemon=True)
@@ -760,7 +821,7 @@ class ServerThread:
             self.url = url
             self._ready.set()
 
-        await run_server(self.service, self.host, self.port, self.shutdown_timeout, ready, self._stop)
+        self.drained = await run_server(self.service, self.host, self.port, self.shutdown_timeout, ready, self._stop)
 
     def start(self, timeout: float = 60.0) -> "ServerThread":
         self._thread.start()
