@@ -16,7 +16,8 @@ scope *ran* are the functions that started, and for every module any of whose co
 a class body): all its top-level statement and class-body units and its ``triton.jit`` kernels, whose bodies run on
 the GPU and never start in Python. A module whose constants or whole namespace a used module imports counts as used
 for its top-level and class-body units too. Files that cannot change a measured number (:data:`UNFINGERPRINTED`)
-are never recorded.
+are never recorded, and a unit that names one of their functions holds its name, not its content. Of a plan module
+(:data:`PLAN_MODULES`: the record run's job table) only the functions that ran count.
 
 A record made from these units is stale when one of their hashes is no longer anywhere in the tree
 (:func:`tree_unit_hashes`). So a renamed local, a renamed or moved function, an edited comment, docstring or
@@ -48,6 +49,10 @@ UNITS_ENV = "GLMVIT_UNITS_FILE"
 # Modules that cannot change a measured number: the recording machinery and the command dispatchers.
 UNFINGERPRINTED = frozenset({"glmvit", "glmvit.__main__", "glmvit.cli", "glmvit.records", "glmvit.provenance",
                              "glmvit.fingerprint"})
+# Modules whose top-level statements are a plan, not code a measurement runs (the record run's job table, its time
+# estimates, its registry of job runners): only their functions that ran count. What a job measured is its command
+# line, which its record's provenance names and ``glmvit record`` compares (``glmvit.cli.recorder.same_command``).
+PLAN_MODULES = frozenset({"glmvit.cli.recorder"})
 KERNEL_DECORATORS = frozenset({"triton.jit", "jit", "triton.autotune", "triton.heuristics"})
 
 CodeKey = tuple[str, int, str]  # a code object by (file, first line, name)
@@ -437,6 +442,8 @@ class _Tree:
             found = self._lookup(module, text)
             if found is None or found[0] != "def":
                 return None
+            if found[1] in UNFINGERPRINTED:  # it cannot change a measured number: its name, not its content
+                return f"@{found[1]}.{found[2]}"
             return "@" + self.identity(found[1], found[2]) if deep else "@def"
 
         def is_module(name: str) -> bool:
@@ -530,10 +537,17 @@ class _Tree:
             kernels = {f"{mod.label}:{nm}" for s, _, k, nm, _ in mod.spans if k == "def"
                        and _is_kernel(mod.defs.get(nm, ast.Pass()))} if module in used else set()
             for label, h in units.items():
-                data_unit = ":<module stmt " in label or ":<class " in label
+                data_unit = (":<module stmt " in label or ":<class " in label) and module not in PLAN_MODULES
                 if data_unit or label in defs.get(module, ()) or label in kernels:
                     out[label] = h
         return out
+
+
+def plan_statement(label: str) -> bool:
+    """Whether unit ``label`` is a top-level statement of a :data:`PLAN_MODULES` module (which never counts; a record
+    made before the rule may still name one)."""
+    path, _, unit = label.partition(":")
+    return unit.startswith("<module stmt ") and path[:-3].replace("/", ".") in PLAN_MODULES
 
 
 @lru_cache(maxsize=4)

@@ -406,7 +406,8 @@ def staleness(record: Record, cells: dict[str, str] | None = None, package: Path
             changed.append(name)
     if fp.units:
         present = tracker.tree_unit_hashes(PACKAGE if package is None else package)
-        changed += [label for label, h in fp.units.items() if not label.startswith("<") and h not in present]
+        changed += [label for label, h in fp.units.items()
+                    if not label.startswith("<") and h not in present and not tracker.plan_statement(label)]
     for name, h in {**fp.modules, **(fp.units or {})}.items():
         if name.startswith("<") and cells is not None and name in cells and cells[name] != h:
             changed.append(name)

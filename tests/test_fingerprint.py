@@ -276,3 +276,15 @@ def test_describe_names_a_few_changed_units_and_counts_the_rest():
     record = make(NotebookResult, provenance={}, name="n", fingerprint=Fingerprint(units=gone))
     assert describe(record).endswith(
         "STALE: glmvit/graphs.py:f0, glmvit/graphs.py:f1, glmvit/graphs.py:f2 and 2 more changed since")
+
+
+def test_code_that_calls_the_recording_machinery_names_it_and_does_not_hold_its_content(copy):
+    """A unit calling an unfingerprinted function (here ``glmvit.records.staleness``) holds its name: editing that
+    function changes no unit of the measured code; editing the unit itself still does."""
+    before = fingerprint.tree(copy).units("glmvit.recorded")["glmvit/recorded.py:table_from_sweep"]
+    edit(copy / "records.py", "    if record.fingerprint is None:\n", "    if record.fingerprint is None:  # x\n"
+         "        pass\n")
+    assert fingerprint.tree(copy).units("glmvit.recorded")["glmvit/recorded.py:table_from_sweep"] == before
+    edit(copy / "recorded.py", "    data = sweep.model_dump(mode=\"json\")\n",
+         "    data = sweep.model_dump(mode=\"python\")\n")
+    assert fingerprint.tree(copy).units("glmvit.recorded")["glmvit/recorded.py:table_from_sweep"] != before

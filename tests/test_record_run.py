@@ -1,6 +1,7 @@
 """``python -m glmvit record``: the plan of phases and jobs, the orchestrator, and the in-process jobs (on CPU)."""
 import io
 import json
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -8,10 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+from glmvit import fingerprint
 from glmvit.__main__ import main
 from glmvit.cli import record, recorder
 from glmvit.cli.recorder import Job, jobs
 from glmvit.cli.session import Session
+from glmvit.records import Fingerprint, NotebookResult, make, staleness
 from glmvit.timing import median_ci95, quiet_host, relative_halfwidth
 
 
@@ -38,12 +41,16 @@ def test_the_warm_start_brings_the_cold_one_and_a_forced_run_skips_what_it_made(
     monkeypatch.setattr(record, "job_current", lambda job, run_id=None: False)
     assert [j.name for j in record.choose([warm], True, "r")] == ["startup_cold", "startup_warm"]
     interp = next(j for j in plan if j.name == "interp")
-    made = type("R", (), {"record_run": "run-a"})()
+    provenance = type("P", (), {"command": recorder.command_line(interp)})()
+    made = type("R", (), {"record_run": "run-a", "provenance": provenance})()
     monkeypatch.undo()
     monkeypatch.setattr(record, "load_any", lambda path: made)
     monkeypatch.setattr(record, "staleness", lambda rec: [])
     assert record.job_current(interp) and record.job_current(interp, "run-a")
     assert not record.job_current(interp, "run-b")  # current, but not made by this forced run: re-recorded
+    provenance.command = recorder.command_line(interp).replace("--runs 100", "--runs 200")
+    assert not record.job_current(interp)  # its code is current, but the job's command changed since
+    provenance.command = recorder.command_line(interp)
     monkeypatch.setattr(record, "staleness", lambda rec: ["glmvit/graphs.py:EncoderGraphRunner.run"])
     assert not record.job_current(interp, "run-a")  # this run's, but its code changed since
 
@@ -459,3 +466,42 @@ def test_a_serve_job_starts_every_modes_client_before_its_first_server(tmp_path,
     with pytest.raises(RuntimeError, match="no graphs"):
         recorder.run_serve(job, session, tmp_path)
     assert sorted(kind for kind, _ in events) == ["client", "client", "closed", "killed", "killed"]
+
+
+@pytest.fixture(scope="module")
+def planned():
+    """A record of a run of the recorder's code: a job's command line, through a function of the recorder."""
+    was = fingerprint.tracking()
+    assert fingerprint.start(force=True)
+    try:
+        with fingerprint.scope() as scope:
+            recorder.command_line(recorder.jobs()[1])
+    finally:
+        if not was:
+            fingerprint.stop()
+    return make(NotebookResult, provenance={}, name="p", fingerprint=Fingerprint(units=scope.units()))
+
+
+def test_the_recorders_job_table_is_a_plan_its_functions_are_code(planned, tmp_path):
+    """Editing a job's time estimate (a top-level statement of the recorder) leaves the record current, also one
+    made before the rule that still names such a statement; editing a recorder function that ran stales it."""
+    copy = tmp_path / "glmvit"
+    shutil.copytree(fingerprint.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert any(label.startswith("glmvit/cli/recorder.py:command_line") for label in planned.fingerprint.units)
+    assert not any(fingerprint.plan_statement(label) for label in planned.fingerprint.units)
+    _edit(copy / "cli" / "recorder.py", 'Job("startup_cold", "measure", "startup", (), (), 23)',
+          'Job("startup_cold", "measure", "startup", (), (), 25)')
+    assert staleness(planned, package=copy) == []
+    older = planned.model_copy(update={"fingerprint": Fingerprint(
+        units={**planned.fingerprint.units, "glmvit/cli/recorder.py:<module stmt 24>": "0" * 16})})
+    assert staleness(older, package=copy) == []
+    _edit(copy / "cli" / "recorder.py", 'return f"python -m glmvit {job.command} ',
+          'return f"python -m glmvit  {job.command} ')
+    assert staleness(planned, package=copy) == ["glmvit/cli/recorder.py:command_line"]
+
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert text.count(old) == 1, f"{path.name}: {old!r} found {text.count(old)} times"
+    path.write_text(text.replace(old, new))

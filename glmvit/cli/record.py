@@ -29,11 +29,13 @@ from typing import Callable
 
 from ..records import REPO, RUN_ENV, load_any, staleness
 from .common import Parser, atomic_output, float_in
-from .recorder import PHASES, SPAWNED_AT, Job, command_line, expected_seconds, fresh_workdir, jobs
+from .recorder import PHASES, SPAWNED_AT, Job, command_line, expected_seconds, fresh_workdir, jobs, same_command
 
 
 def job_current(job: Job, run_id: str | None = None) -> bool:
-    """Whether every record of the job exists and is current — and, given ``run_id``, was made by that run."""
+    """Whether every record of the job exists, is current, was made by the job's command as it is now (the job table's
+    other fields, and the rest of the recorder's top-level statements, are not what a record measured:
+    :data:`glmvit.fingerprint.PLAN_MODULES`) — and, given ``run_id``, was made by that run."""
     paths = job.output_paths()
     if not paths:  # the cold start writes no record of its own: it runs whenever the warm one does
         return False
@@ -42,7 +44,8 @@ def job_current(job: Job, run_id: str | None = None) -> bool:
             record = load_any(path)
         except (ValueError, OSError):
             return False
-        if staleness(record) or run_id not in (None, record.record_run):
+        if (staleness(record) or run_id not in (None, record.record_run)
+                or not same_command(getattr(record.provenance, "command", None), job)):
             return False
     return True
 
