@@ -33,7 +33,7 @@ from ..modes import RunMode
 from ..packing import BudgetConfig
 from ..provenance import collect
 from ..records import LatencySweep, make
-from ..timing import MAX_PASSES, PRECISION, WARMUP, quiet_host, time_passes, time_until_steady
+from ..timing import CHECK_EVERY, MAX_PASSES, PRECISION, WARMUP, quiet_host, time_passes, time_until_steady
 from .common import (
     DTYPES,
     MAX_BUDGET_TOKENS,
@@ -256,7 +256,9 @@ def run_sweep(args: argparse.Namespace, config: BudgetConfig, command: str, sess
                      "eager_timing": f"as bench times a request (glmvit.timing.time_passes): {WARMUP} untimed, then "
                                      f"passes of {EAGER_CALLS} while the median's 95 % interval is wider than "
                                      f"±{PRECISION:.0%}, at most {MAX_PASSES}; a pass ends after {EAGER_PASS_S} s once "
-                                     f"it holds {STEADY_RUNS}; once per distinct batch of grids",
+                                     f"it holds {STEADY_RUNS}, a later one once the interval is within ±"
+                                     f"{PRECISION:.0%} (checked every {CHECK_EVERY} forwards); once per distinct "
+                                     "batch of grids",
                      "eager": "timed once per process for both sweeps" if eager_times is not None else "timed here",
                      "host": "cycle collector off; before each timed loop the thread is pinned to the CPU "
                              "quietest then (glmvit.timing.quiet_host)"},
