@@ -37,7 +37,6 @@ import math
 import os
 import statistics
 import sys
-import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
@@ -69,7 +68,6 @@ from ..timing import (
     launch_us,
     quiet_host,
     summarise,
-    sync,
     time_calls,
     time_passes,
 )
@@ -94,6 +92,7 @@ from .common import (
     resolve_model_args,
     write_record,
 )
+from .session import capture_timed, runner_key
 
 if TYPE_CHECKING:
     from .session import Session
@@ -142,7 +141,9 @@ def make_mode(mode: str, model: GlmVisionEncoder, budget_config: BudgetConfig, r
               progress: bool, table: LatencyTable | None = None, session: Session | None = None,
               attention: str | None = None) -> tuple[Encode, EncoderGraphRunner | None]:
     """A callable (pixels, grids, flat_grids) -> output [tokens, out_hidden] for one mode, and its runner if any
-    (routing each batch by ``table`` when one is given). A ``session`` lends the transformers twin it built. Our
+    (routing each batch by ``table`` when one is given). A ``session`` lends the transformers twin it built, and
+    a graph mode's runner when an earlier job captured an identical one (:meth:`Session.runner
+    <glmvit.cli.session.Session.runner>`: ``record`` then says so in ``runner_source``). Our
     modes run ``attention`` (None: the model's backend): the graph modes through the encoder
     :func:`~glmvit.encoder.build_encoder` makes, ``eager`` and ``compile`` as the bare forward with that backend."""
     attention = model.attention_backend(attention)
@@ -160,18 +161,24 @@ def make_mode(mode: str, model: GlmVisionEncoder, budget_config: BudgetConfig, r
     if mode == RunMode.EAGER:
         return (lambda pixels, grids, flat: model(pixels, grids, attention=attention)), None
     if mode in (RunMode.GRAPH, RunMode.GRAPH_COMPILED):
-        sync(device)
-        before = torch.cuda.memory_reserved() if device.type == "cuda" else 0
-        start = time.perf_counter()
-        runner = build_encoder(model, mode, budget_config, attention=attention, latency_table=table,
-                               progress=progress)
-        assert isinstance(runner, EncoderGraphRunner)
-        record.update(capture_s=time.perf_counter() - start, runner_mode=runner.mode.value,
+        def build() -> EncoderGraphRunner:
+            built = build_encoder(model, mode, budget_config, attention=attention, latency_table=table,
+                                  progress=progress)
+            assert isinstance(built, EncoderGraphRunner)
+            return built
+
+        if session is not None:  # a record run: the runner an earlier job captured, if one did
+            runner, source = session.runner(runner_key(model, mode, budget_config, attention, table), build, device)
+            capture_s, reserved = source["capture_s"], source["capture_reserved_bytes"]
+            record["runner_source"] = source
+        else:
+            runner, capture_s, reserved = capture_timed(build, device)
+        record.update(capture_s=capture_s, runner_mode=runner.mode.value,
                       routing=table.describe() if table else "off: a batch replays whenever a budget holds it",
                       capture={str(k): v.as_dict() for k, v in runner.captures.items()},
                       capture_failed={str(k): v for k, v in runner.failed.items()})
-        if device.type == "cuda":
-            record["capture_reserved_bytes"] = torch.cuda.memory_reserved() - before
+        if reserved is not None:
+            record["capture_reserved_bytes"] = reserved
 
         def run_graphs(pixels: torch.Tensor, grids: np.ndarray, flat: torch.Tensor) -> torch.Tensor:
             outs = runner.run(pixels, grids)  # per-item clones, ready (run() synchronises)
