@@ -576,3 +576,8 @@ def test_a_served_mode_takes_the_runner_an_earlier_server_captured(tmp_path):
     assert again is runner and source2["reused"] and source2["captured_by"] == "first" and not source["reused"]
     session.end_job(keep_compiled=True)
     assert not session.kept_runners()
+
+
+def test_without_kept_compiled_state_every_job_compiles_from_nothing(monkeypatch):
+    monkeypatch.setattr(recorder, "KEEP_COMPILED_STATE", False)
+    assert not any(recorder.keeps_compiled(j) for j in jobs())

@@ -2,8 +2,10 @@
 
 ``python -m glmvit record`` (:mod:`glmvit.cli.record`) starts one process per phase and each runs its jobs in
 order, in-process, sharing what a job would otherwise rebuild (:class:`glmvit.cli.session.Session`: the tower, its
-transformers twin, the floor's measured rates). A job is the same command a reader would type — its flags are
-in :data:`JOBS`, and its record's provenance names that command — run through the command's own library function.
+transformers twin, the floor's measured rates, the graph runners of jobs that capture identical ones, and
+torch.compile's state between jobs that compile only graph runners: :func:`keeps_compiled`). A job is the same
+command a reader would type — its flags are in :data:`JOBS`, and its record's provenance names that command — run
+through the command's own library function.
 
 - ``measure``: every timing. A cold start first (a compiled ladder captured on empty compile caches), then the
   latency sweeps (eager timed once for both), the benchmarks, the interpolation kernel, the notebooks' timing
@@ -166,13 +168,20 @@ def jobs() -> list[Job]:
 # reduce-overhead compile keeps CUDA graphs of its own that only clearing torch.compile's state frees, and bench's
 # compile mode compiles the whole forward for each shape
 FOREIGN_COMPILES = ("transformers-compiled", "compile")
+# False: torch.compile's state is cleared after every job, so every compiled capture compiles from nothing, as its
+# command alone does (and replays the code that compile makes: a capture on kept state may reuse an earlier
+# runner's dynamic-shape code where its command alone compiles its first budget for that budget's static shape); a
+# kept compiled runner is then freed after its job (its graphs' kernels live only as long as the compiled code)
+KEEP_COMPILED_STATE = True
 
 
 def keeps_compiled(job: Job) -> bool:
     """Whether torch.compile's state may stay after ``job`` for the next (:meth:`Session.end_job
     <glmvit.cli.session.Session.end_job>`): after the latency sweeps, the served encoder and the benchmarks that
     compile nothing but graph runners; not after any other job (a start, a notebook, the kernels: what they compile
-    is theirs, or unknown)."""
+    is theirs, or unknown); never without :data:`KEEP_COMPILED_STATE`."""
+    if not KEEP_COMPILED_STATE:
+        return False
     if job.command in ("latency", "bench-serve"):
         return True
     if job.command == "bench":
