@@ -696,6 +696,13 @@ def scope() -> Iterator[Scope]:
         _open.remove(s)
 
 
+def add_to_open(units: dict[str, str]) -> None:
+    """Merge ``units`` into every scope open now: code that ran earlier for what runs now (a graph captured by an
+    earlier job and replayed in this one)."""
+    for s in tuple(_open):
+        s.add(units)
+
+
 def process_units() -> dict[str, str]:
     """Every unit this process ran since :func:`start` (empty if it never started)."""
     return _process.units() if _state["on"] else {}

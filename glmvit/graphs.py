@@ -189,14 +189,31 @@ def _oom_request(err: BaseException) -> str:
 
 
 @contextmanager
-def _dynamo_limits(recompiles: int) -> Iterator[None]:
-    """Room for one compiled specialisation per budget shape while capturing; torch's own limits again after."""
+def _dynamo_limits(recompiles: int, held: int = 0) -> Iterator[None]:
+    """Room for one compiled specialisation per budget shape while capturing, on top of the ``held`` ones the
+    process compiled for the same code before (earlier runners': a limit hit would silently run those frames
+    uncompiled); torch's own limits again after."""
     import torch._dynamo.config as dynamo_config
 
-    knobs = {k: max(getattr(dynamo_config, k), recompiles) for k in ("cache_size_limit", "recompile_limit")
+    knobs = {k: max(getattr(dynamo_config, k), held + recompiles) for k in ("cache_size_limit", "recompile_limit")
              if hasattr(dynamo_config, k)}
     with dynamo_config.patch(**knobs):
         yield
+
+
+def _held_specialisations(functions: tuple[Callable[..., Any], ...]) -> int:
+    """The most compiled specialisations torch.compile holds now for the code of any of ``functions`` (0 where
+    this torch cannot say)."""
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    except ImportError:
+        return 0
+    held = 0
+    for fn in functions:
+        code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+        if code is not None:
+            held = max(held, len(_debug_get_cache_entry_list(code)))
+    return held
 
 
 class EncoderGraphRunner:
@@ -353,7 +370,8 @@ class EncoderGraphRunner:
             self._layouts.clear()  # plans name the budgets they replay
             label = "capturing" if self.mode is GraphMode.CUDA else "preparing (emulated, no graphs)"
             bar = tqdm(budgets, desc=label, unit="budget", disable=not self.progress)
-            with _dynamo_limits(2 * len(budgets) + 8) if self.compiled else _nothing():
+            regions = (self.model.forward_static, self.model.embed, run_block, self.model.head)
+            with _dynamo_limits(2 * len(budgets) + 8, _held_specialisations(regions)) if self.compiled else _nothing():
                 for budget in bar:
                     bar.set_postfix_str(f"{budget} tokens{', compiling' if self.compiled else ''}")
                     self._capture_budget(budget)

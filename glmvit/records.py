@@ -121,8 +121,36 @@ class Record(_Open):
     record_run: str | None = None
 
 
-class ModeResult(_Open):
-    """One mode of a benchmark: how many requests, and their per-request wall times."""
+class RunnerSource(BaseModel):
+    """Where a graph mode's runner came from in a record run, whose jobs share what they capture and compile
+    (:class:`glmvit.cli.session.Session`): the job that captured it, whether that was an earlier job (``reused``:
+    then ``capture_s`` and ``capture_reserved_bytes`` are that capture's, not this job's), and for a compiled
+    runner the jobs whose compiled code torch.compile held when it was captured (empty: compiled from nothing, as
+    its command alone compiles). Absent from a record made by the command alone."""
+
+    captured_by: str | None = None
+    reused: bool = False
+    capture_s: float | None = None
+    capture_reserved_bytes: int | None = None
+    compiled_after: list[str] = Field(default_factory=list)
+
+
+class _MaybeLent(_Open):
+    """An object that may name a lent runner: ``runner_source`` is written only when there is one."""
+
+    runner_source: RunnerSource | None = None
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unlent(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("runner_source") is None:
+            data.pop("runner_source", None)
+        return data
+
+
+class ModeResult(_MaybeLent):
+    """One mode of a benchmark: how many requests, and their per-request wall times; a graph mode's
+    ``runner_source`` when a record run lent its runner (:class:`RunnerSource`)."""
 
     requests: int
     mean_ms: float
@@ -319,12 +347,18 @@ class TuneSweep(Record):
     gemm: list[dict[str, Any]] = Field(default_factory=list)
 
 
+class ServerInfo(_MaybeLent):
+    """One mode's server as it described itself (``/info``); ``runner_source`` when a record run lent its runner
+    (:class:`RunnerSource`)."""
+
+
 class ServeRecord(Record):
     """``python -m glmvit bench-serve``: a served encoder under load, per mode and request rate."""
 
     kind: Literal["serve"] = "serve"
     settings: dict[str, Any]
     runs: list[dict[str, Any]]
+    servers: dict[str, ServerInfo] = Field(default_factory=dict)
 
 
 class NotebookResult(Record):

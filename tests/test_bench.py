@@ -308,3 +308,27 @@ def test_memory_is_checked_for_the_budgets_each_graph_mode_captures(tmp_path, mo
               "--tables", f"graph={table}"])
     assert len(captured) == 1 and captured[0] in checked
     assert captured[0].token_budgets != default_ladder(captured[0].largest)  # not what the default split gives
+
+
+def test_throughput_counts_the_requests_timed_when_the_last_pass_stops_part_way(tmp_path, monkeypatch):
+    """A later pass may stop once the median is precise (glmvit.timing.time_passes): rates count each timed
+    request once (the i-th time is request i % n), not every request once per pass begun."""
+    from glmvit.cli import bench
+
+    def partial_passes(call, n, device, precision, max_passes, after=None, progress=None):
+        for j in range(n + 2):  # one whole pass, then two requests of a second
+            out = call(j % n)
+            if after is not None:
+                after(j % n, out)
+        return [1.0] * (n + 2), [1.0] * (n + 2), 2
+
+    monkeypatch.setattr(bench, "time_passes", partial_passes)
+    path = tmp_path / "b.json"
+    assert main([*CPU_ARGS, "--bucket-config", "{(112, 112, 1): 0.5, (224, 224, 1): 0.5}", "--modes", "eager",
+                 "--json", str(path)]) == 0
+    data = json.loads(path.read_text())
+    merge = data["settings"]["vision_config"]["spatial_merge_size"] ** 2
+    tokens = [sum(t * h * w // merge for t, h, w in g) for g in data["workload"]["grids"]]
+    mode = data["modes"]["eager"]
+    assert mode["timed_requests"] == 5 and mode["passes"] == 2
+    assert mode["tokens_per_s"] == pytest.approx((sum(tokens) + tokens[0] + tokens[1]) / 5e-3)

@@ -340,3 +340,27 @@ def test_a_plan_shows_budget_and_route_not_tensors():
     assert text == "[BatchStep(items=(0, 1), tokens=80, budget=256, route=replay)]"
     captured = repr(runner.graphs[256])
     assert captured.startswith("CapturedBudget(budget=256, ") and "tensor" not in captured
+
+
+def test_a_compiled_capture_has_room_for_the_specialisations_earlier_captures_left(tiny_model, monkeypatch):
+    """A process that keeps torch.compile's state between runners (a record run) holds earlier runners'
+    specialisations on the same code: the capture's recompile limit counts them, so none of its frames falls back
+    to running uncompiled when that limit is hit."""
+    import torch._dynamo.config as dynamo_config
+
+    from glmvit import graphs
+
+    def specialise(x):
+        return x + 1
+
+    compiled = torch.compile(specialise, backend="eager", dynamic=False)
+    for n in (1, 2, 3):
+        compiled(torch.zeros(n))
+    assert graphs._held_specialisations((specialise, tiny_model.embed)) == 3  # noqa: SLF001
+    seen = []
+    monkeypatch.setattr(graphs, "_held_specialisations", lambda functions: 20)
+    monkeypatch.setattr(graphs.EncoderGraphRunner, "_capture_budget",
+                        lambda self, budget: seen.append(dynamo_config.recompile_limit))
+    EncoderGraphRunner(tiny_model, BudgetConfig((16, 32), 2, 4), mode="emulate", torch_compile=True).capture()
+    assert seen == [20 + 2 * 2 + 8] * 2 and dynamo_config.recompile_limit == 8
+    torch._dynamo.reset()

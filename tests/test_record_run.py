@@ -444,7 +444,7 @@ def test_a_serve_job_starts_every_modes_client_before_its_first_server(tmp_path,
             events.append(("closed", None))
 
     session = type("S", (), {"model": lambda self, args: type("M", (), {"device": "cpu"})(),
-                             "floor": lambda self, *a: {}, "end_job": staticmethod(lambda: None)})()
+                             "floor": lambda self, *a: {}, "collect": staticmethod(lambda: None)})()
     monkeypatch.setattr(recorder.subprocess, "Popen", Client)
     monkeypatch.setattr(serve_app, "ServerThread", Thread)
     monkeypatch.setattr(serve_app, "default_decode_pool", lambda *a: Pool())
@@ -505,3 +505,128 @@ def _edit(path: Path, old: str, new: str) -> None:
     text = path.read_text()
     assert text.count(old) == 1, f"{path.name}: {old!r} found {text.count(old)} times"
     path.write_text(text.replace(old, new))
+
+
+def test_jobs_that_share_a_runner_capture_it_once_and_its_last_user_frees_it(tmp_path, monkeypatch):
+    import gc
+    import weakref
+
+    from glmvit.cli import bench
+
+    built = []
+
+    def counting(*args, **kwargs):
+        built.append(args[1])
+        return real(*args, **kwargs)
+
+    real = bench.build_encoder
+    monkeypatch.setattr(bench, "build_encoder", counting)
+    session = Session()
+    common = ("--workload", "img1x224", "--num-requests", "2", "--modes", "eager,graph", "--warmup", "0", "--quiet",
+              "--max-passes", "1")
+    plan = [("a", common, {"s"}), ("b", common, {"s"}), ("c", (*common, "--max-segments", "2"), set())]
+    records, kept = {}, None
+    for name, argv, later in plan:
+        session.begin_job(name, "s", frozenset(later))
+        recorder.run_bench(_job(name, "bench", argv, tmp_path / f"{name}.json"), session, tmp_path)
+        records[name] = json.loads((tmp_path / f"{name}.json").read_text())["modes"]["graph-emulated"]
+        if kept is None:
+            kept = weakref.ref(next(iter(session.kept_runners().values())).runner)
+        session.end_job(keep_compiled=True)
+        assert bool(session.kept_runners()) == bool(later)
+    assert len(built) == 2  # a captured, b took a's, c (other limits) captured its own
+    a, b, c = (records[n]["runner_source"] for n in "abc")
+    assert (a["captured_by"], a["reused"]) == ("a", False) and (b["captured_by"], b["reused"]) == ("a", True)
+    assert (c["captured_by"], c["reused"]) == ("c", False)
+    assert records["b"]["capture_s"] == records["a"]["capture_s"] == a["capture_s"] == b["capture_s"]
+    assert records["b"]["runner"]["runs"] == 2  # its own requests only: the counters start at zero for each job
+    gc.collect()
+    assert kept() is None  # freed once its last user ended
+
+
+class FakeRunner:
+    def __init__(self, compiled):
+        self.compiled, self.label = compiled, "graph-compiled" if compiled else "graph"
+        self.stats = type("Stats", (), {"reset": lambda self: None})()
+
+
+def test_compiled_state_stays_only_between_jobs_that_keep_it_and_never_outlives_a_kept_compiled_runner(monkeypatch):
+    resets = []
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(1))
+    session = Session()
+    session.begin_job("a", "s", frozenset({"s"}))
+    _, source = session.runner(("k",), lambda: FakeRunner(True), torch.device("cpu"))
+    assert source["compiled_after"] == [] and source["reused"] is False
+    session.end_job(keep_compiled=True)
+    assert resets == [] and session.kept_runners()
+    session.begin_job("b", None, frozenset({"s"}))
+    _, source = session.runner(("other",), lambda: FakeRunner(True), torch.device("cpu"))
+    assert source["compiled_after"] == ["a"]  # found a's compiled code: the record says so
+    _, source = session.runner(("k",), lambda: pytest.fail("kept: not captured again"), torch.device("cpu"))
+    assert source["reused"] and source["captured_by"] == "a"
+    session.end_job(keep_compiled=False)  # b compiled something else: cleared, and the compiled runner with it
+    assert resets == [1] and not session.kept_runners()
+    session.begin_job("c", "s", frozenset())
+    _, source = session.runner(("k",), lambda: FakeRunner(True), torch.device("cpu"))
+    assert source["captured_by"] == "c" and source["compiled_after"] == []
+    session.close()
+    assert resets == [1, 1] and not session.kept_runners()
+
+
+def test_the_plan_shares_runners_only_between_jobs_that_capture_the_same_ones_and_keeps_compiled_code_safely(
+        monkeypatch):
+    plan = [j for j in jobs() if j.phase == "measure"]
+    names = [j.name for j in plan]
+    assert names.index("seed_video8x224") == names.index("seed_img1x224") + 1
+
+    def runner_flags(job):
+        argv = list(job.argv)
+        flags = ("--budgets", "--max-items", "--max-segments", "--attn-backend", "--tables", "--config", "--dtype")
+        return {f: argv[argv.index(f) + 1] for f in flags if f in argv}
+
+    groups = {}
+    for job in plan:
+        if job.shares:
+            groups.setdefault(job.shares, []).append(job)
+    assert set(groups) == {"seed", "serve"}
+    seed = groups["seed"]
+    assert runner_flags(seed[0]) == runner_flags(seed[1]) and {"--budgets", "--max-items", "--max-segments"} <= set(
+        runner_flags(seed[0]))  # the limits given: whatever the workload, the same runners
+    assert all(runner_flags(j) == {} for j in groups["serve"])  # the serving defaults, every one
+    assert not any(recorder.keeps_compiled(j) for j in jobs())  # by default every job compiles from nothing
+    monkeypatch.setattr(recorder, "KEEP_COMPILED_STATE", True)
+    keeps = {j.name: recorder.keeps_compiled(j) for j in jobs()}
+    assert not keeps["img1x224"] and not keeps["img8x448"]  # transformers-compiled: its CUDA graphs are freed
+    assert keeps["mixed_img"] and keeps["latency_compiled"] and keeps["serve_mixed_av"]
+    assert not keeps["startup_cold"] and not keeps["kernels"]
+    for shares, members in groups.items():  # nothing between two sharers clears the compiled state under them
+        first, last = names.index(members[0].name), names.index(members[-1].name)
+        assert all(keeps[n] for n in names[first:last]), shares
+
+
+def test_a_served_mode_takes_the_runner_an_earlier_server_captured(tmp_path):
+    from glmvit.cli import serve
+
+    session = Session()
+    parser = serve.build_parser()
+    args = parser.parse_args(["--mode", "graph", "--device", "cpu", "--config", "tiny", "--budgets", "16,32",
+                              "--quiet"])
+    from glmvit.cli.common import resolve_model_args
+
+    resolve_model_args(parser, args)
+    model = session.model(args)
+    session.begin_job("first", "serve", frozenset({"serve"}))
+    _, runner = serve.make_scheduler(model, "graph", args, session=session)
+    source = session.source_of(runner)
+    session.end_job(keep_compiled=True)
+    session.begin_job("second", "serve", frozenset())
+    _, again = serve.make_scheduler(model, "graph", args, session=session)
+    source2 = session.source_of(again)
+    assert again is runner and source2["reused"] and source2["captured_by"] == "first" and not source["reused"]
+    session.end_job(keep_compiled=True)
+    assert not session.kept_runners()
+
+
+def test_without_kept_compiled_state_every_job_compiles_from_nothing(monkeypatch):
+    monkeypatch.setattr(recorder, "KEEP_COMPILED_STATE", False)
+    assert not any(recorder.keeps_compiled(j) for j in jobs())

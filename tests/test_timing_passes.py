@@ -119,3 +119,25 @@ def test_demo_times_with_the_library(monkeypatch, capsys):
     assert main(["demo", "--device", "cpu"]) == 0
     items = capsys.readouterr().out.count(" image ") + 1  # four images and the clip
     assert len(calls) == items + 1 and calls[-1] == 1
+
+
+def test_a_later_pass_stops_once_the_median_is_known_and_a_noisy_call_fills_every_pass(clock):
+    # the first pass (every request once) is noisy: a second is needed; from then on every call takes 15 ms, and
+    # after 20 of them the interval is within ±2 %: the second pass stops there, not at its 40th call
+    settles = clock([0.010, 0.020] * 20 + [0.015] * 1000)
+    ms, _, passes = timing.time_passes(settles.call, 40, "cpu", precision=0.02, max_passes=3)
+    assert passes == 2 and len(ms) == 40 + 2 * timing.CHECK_EVERY
+    assert timing.relative_halfwidth(ms) <= 0.02
+    noisy = clock([0.010, 0.020])
+    ms, _, passes = timing.time_passes(noisy.call, 40, "cpu", precision=0.02, max_passes=3)
+    assert passes == 3 and len(ms) == 120  # never precise: every pass whole, to the cap
+
+
+def test_a_replay_is_timed_until_its_median_is_precise_between_a_floor_and_a_cap(clock):
+    steady = clock([0.025])
+    assert len(timing.time_to_precision(lambda: steady.call(0), "cpu", 20, 50, 0.005, warmup=5)) == 20
+    assert steady.calls == 25
+    noisy = clock([0.025, 0.030])
+    assert len(timing.time_to_precision(lambda: noisy.call(0), "cpu", 20, 50, 0.005)) == 50
+    with pytest.raises(ValueError):
+        timing.time_to_precision(lambda: None, "cpu", 30, 20, 0.005)

@@ -37,7 +37,6 @@ import math
 import os
 import statistics
 import sys
-import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
@@ -61,7 +60,17 @@ from ..provenance import collect
 from ..recorded import recorded_table_for
 from ..records import RECORD_DIRS, BenchRecord, make
 from ..routing import Router
-from ..timing import MAX_PASSES, PRECISION, WARMUP, launch_us, quiet_host, summarise, sync, time_calls, time_passes
+from ..timing import (
+    CHECK_EVERY,
+    MAX_PASSES,
+    PRECISION,
+    WARMUP,
+    launch_us,
+    quiet_host,
+    summarise,
+    time_calls,
+    time_passes,
+)
 from ..workloads import PRESETS, random_mm_workload
 from .common import (
     DTYPES,
@@ -83,6 +92,7 @@ from .common import (
     resolve_model_args,
     write_record,
 )
+from .session import capture_timed, runner_key
 
 if TYPE_CHECKING:
     from .session import Session
@@ -131,7 +141,9 @@ def make_mode(mode: str, model: GlmVisionEncoder, budget_config: BudgetConfig, r
               progress: bool, table: LatencyTable | None = None, session: Session | None = None,
               attention: str | None = None) -> tuple[Encode, EncoderGraphRunner | None]:
     """A callable (pixels, grids, flat_grids) -> output [tokens, out_hidden] for one mode, and its runner if any
-    (routing each batch by ``table`` when one is given). A ``session`` lends the transformers twin it built. Our
+    (routing each batch by ``table`` when one is given). A ``session`` lends the transformers twin it built, and
+    a graph mode's runner when an earlier job captured an identical one (:meth:`Session.runner
+    <glmvit.cli.session.Session.runner>`: ``record`` then says so in ``runner_source``). Our
     modes run ``attention`` (None: the model's backend): the graph modes through the encoder
     :func:`~glmvit.encoder.build_encoder` makes, ``eager`` and ``compile`` as the bare forward with that backend."""
     attention = model.attention_backend(attention)
@@ -149,18 +161,24 @@ def make_mode(mode: str, model: GlmVisionEncoder, budget_config: BudgetConfig, r
     if mode == RunMode.EAGER:
         return (lambda pixels, grids, flat: model(pixels, grids, attention=attention)), None
     if mode in (RunMode.GRAPH, RunMode.GRAPH_COMPILED):
-        sync(device)
-        before = torch.cuda.memory_reserved() if device.type == "cuda" else 0
-        start = time.perf_counter()
-        runner = build_encoder(model, mode, budget_config, attention=attention, latency_table=table,
-                               progress=progress)
-        assert isinstance(runner, EncoderGraphRunner)
-        record.update(capture_s=time.perf_counter() - start, runner_mode=runner.mode.value,
+        def build() -> EncoderGraphRunner:
+            built = build_encoder(model, mode, budget_config, attention=attention, latency_table=table,
+                                  progress=progress)
+            assert isinstance(built, EncoderGraphRunner)
+            return built
+
+        if session is not None:  # a record run: the runner an earlier job captured, if one did
+            runner, source = session.runner(runner_key(model, mode, budget_config, attention, table), build, device)
+            capture_s, reserved = source["capture_s"], source["capture_reserved_bytes"]
+            record["runner_source"] = source
+        else:
+            runner, capture_s, reserved = capture_timed(build, device)
+        record.update(capture_s=capture_s, runner_mode=runner.mode.value,
                       routing=table.describe() if table else "off: a batch replays whenever a budget holds it",
                       capture={str(k): v.as_dict() for k, v in runner.captures.items()},
                       capture_failed={str(k): v for k, v in runner.failed.items()})
-        if device.type == "cuda":
-            record["capture_reserved_bytes"] = torch.cuda.memory_reserved() - before
+        if reserved is not None:
+            record["capture_reserved_bytes"] = reserved
 
         def run_graphs(pixels: torch.Tensor, grids: np.ndarray, flat: torch.Tensor) -> torch.Tensor:
             outs = runner.run(pixels, grids)  # per-item clones, ready (run() synchronises)
@@ -282,7 +300,9 @@ def run_benchmark(args: argparse.Namespace, command: str, session: Session | Non
             "timing": "wall time per request of the encoder call incl. host preparation, between synchronizes",
             "precision": args.precision, "max_passes": args.max_passes,
             "passes": "every request once in arrival order, then again while the median's 95 % interval is "
-                      "wider than ±precision, up to max_passes; ratios use the first pass (every request once)",
+                      "wider than ±precision, up to max_passes, a later pass stopping once it is within "
+                      f"±precision (checked every {CHECK_EVERY} requests); ratios use the first pass (every "
+                      "request once)",
             "host": "cycle collector off; before each pass the thread is pinned to the CPU quietest then "
                     "(glmvit.timing)",
             "route": not args.no_route, "tables": {m: t.describe() for m, t in tables.items()},
@@ -326,11 +346,11 @@ def run_benchmark(args: argparse.Namespace, command: str, session: Session | Non
             print(f"{label}: failed ({type(err).__name__}: {str(err)[:300]})", file=sys.stderr)
             continue
         total_s = sum(ms) / 1e3
-        passes = record["passes"]
+        timed = [j % n for j in range(len(ms))]  # the request of each time: the last pass may stop part-way
         record.update(summarise(ms), ms=ms, timed_requests=len(ms), cpu_median_ms=float(np.median(record["cpu_ms"])),
-                      items_per_s=passes * sum(len(g) for g in grids[:n]) / total_s,
-                      tokens_per_s=passes * sum(tokens[:n]) / total_s,
-                      achieved_tflops=passes * sum(f["total"] for f in flops[:n]) / total_s / 1e12,
+                      items_per_s=sum(len(grids[j]) for j in timed) / total_s,
+                      tokens_per_s=sum(tokens[j] for j in timed) / total_s,
+                      achieved_tflops=sum(flops[j]["total"] for j in timed) / total_s / 1e12,
                       floor_ms_mean=statistics.mean(floors[:n]),
                       vs_floor_median=float(np.median([m / floors[j % n] for j, m in enumerate(ms)])),
                       vs_floor_mean=statistics.mean(ms) / statistics.mean(floors[:n]))

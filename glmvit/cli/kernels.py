@@ -37,7 +37,7 @@ from ..provenance import collect
 from ..random_weights import random_encoder
 from ..records import KernelsProfile, make
 from ..rotary import rotary_cos_sin
-from ..timing import summarise, time_calls
+from ..timing import summarise, time_to_precision
 from ..workloads import random_batch
 from .common import Parser, check_writable, output_path, vision_config, write_record
 
@@ -51,6 +51,11 @@ LAYOUTS = {
     "8x448": [[1, 32, 32]] * 8,
 }
 PARTS = ("profile", "attention", "gemm")
+# Replays timed per layout and variant (wall, and on the device): at least 20, then 10 more at a time while the
+# median is known worse than ±0.5 % (the gaps between kernels are a few % of a replay: a looser median would blur
+# them), at most 50
+REPLAY_RUNS = (20, 50)
+REPLAY_PRECISION = 0.005
 PROFILED_CALLS = 5  # replays per profile: a replay's kernels are the same every time, so a few give its mean
 
 
@@ -119,9 +124,10 @@ def profile_replays(model, layouts: dict[str, list], backends: list[str], quiet:
     Every variant is captured and timed before the first profiler starts: once CUPTI is attached, each later
     kernel launch carries its instrumentation, and the times would no longer be the ones a user sees. Per layout:
     ``replay_wall`` (``runner.replay``: checks, staging and the graph, between synchronisations), ``replay_device``
-    (the captured graph alone, replayed back to back between CUDA events), ``graph_gpu_us_per_call`` (its kernels'
-    busy time) and ``gaps_us_per_call`` (device − busy: the boundaries inside the graph, where the GPU waits for
-    the next kernel to start).
+    (the captured graph alone, replayed back to back between CUDA events) — each timed until its median is known
+    to ±:data:`REPLAY_PRECISION` (:data:`REPLAY_RUNS`: the least and most runs; ``runs`` says how many ran) —,
+    ``graph_gpu_us_per_call`` (its kernels' busy time) and ``gaps_us_per_call`` (device − busy: the boundaries
+    inside the graph, where the GPU waits for the next kernel to start).
     """
     merge = model.config.spatial_merge_size
     tokens = {name: ItemSpec.total(grid_specs(g, merge)).tokens for name, g in layouts.items()}
@@ -145,9 +151,11 @@ def profile_replays(model, layouts: dict[str, list], backends: list[str], quiet:
                                graphs[tokens[name]].replay) for name, (pixels, grid) in inputs.items()}
         with torch.inference_mode():
             for name, (replay, graph_replay) in replays[key].items():
-                wall = summarise(time_calls(replay, "cuda", runs=50, warmup=5))  # leaves this layout staged
-                device = summarise(time_calls(graph_replay, "cuda", runs=50, warmup=5, on_device=True))
-                out[key][name] = {"replay_wall": wall, "replay_device": device}
+                wall = time_to_precision(replay, "cuda", *REPLAY_RUNS, REPLAY_PRECISION, warmup=5)  # stays staged
+                device = time_to_precision(graph_replay, "cuda", *REPLAY_RUNS, REPLAY_PRECISION, warmup=5,
+                                           on_device=True)
+                out[key][name] = {"replay_wall": {**summarise(wall), "runs": len(wall)},
+                                  "replay_device": {**summarise(device), "runs": len(device)}}
     with torch.inference_mode():
         for key, per_layout in replays.items():
             for name, (replay, graph_replay) in per_layout.items():

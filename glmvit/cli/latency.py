@@ -33,7 +33,7 @@ from ..modes import RunMode
 from ..packing import BudgetConfig
 from ..provenance import collect
 from ..records import LatencySweep, make
-from ..timing import MAX_PASSES, PRECISION, WARMUP, quiet_host, time_passes, time_until_steady
+from ..timing import CHECK_EVERY, MAX_PASSES, PRECISION, WARMUP, quiet_host, time_passes, time_until_steady
 from .common import (
     DTYPES,
     MAX_BUDGET_TOKENS,
@@ -48,6 +48,7 @@ from .common import (
     resolve_model_args,
     write_record,
 )
+from .session import runner_key
 
 if TYPE_CHECKING:
     from .session import Session
@@ -239,11 +240,22 @@ def main(argv: list[str] | None = None) -> int:
 def run_sweep(args: argparse.Namespace, config: BudgetConfig, command: str, session: Session | None = None,
               eager_times: EagerTimes | None = None) -> LatencySweep:
     """The sweep the resolved flags describe, as a record; a ``session`` (a record run) lends its model, and
-    ``eager_times`` shares eager runs between the graph and the compiled sweep (:func:`measure`)."""
+    ``eager_times`` shares eager runs between the graph and the compiled sweep (:func:`measure`), and the runner
+    comes through it (:meth:`Session.runner <glmvit.cli.session.Session.runner>`: ``measurement.runner_source``)."""
     model = session.model(args) if session is not None else model_from_args(args)
-    runner = build_encoder(model, RunMode.GRAPH_COMPILED if args.compile else RunMode.GRAPH, config,
-                           progress=not args.quiet)
-    assert isinstance(runner, EncoderGraphRunner)
+    mode = RunMode.GRAPH_COMPILED if args.compile else RunMode.GRAPH
+
+    def build() -> EncoderGraphRunner:
+        built = build_encoder(model, mode, config, progress=not args.quiet)
+        assert isinstance(built, EncoderGraphRunner)
+        return built
+
+    source = None
+    if session is not None:  # a record run: says which earlier jobs' compiled code the capture found
+        runner, source = session.runner(runner_key(model, mode, config, model.attention_backend(), None), build,
+                                        model.device)
+    else:
+        runner = build()
     with torch.inference_mode():
         rows = measure(runner, model, args.runs, args.warmup, args.seed, args.quiet, eager_times)
     return make(
@@ -256,10 +268,13 @@ def run_sweep(args: argparse.Namespace, config: BudgetConfig, command: str, sess
                      "eager_timing": f"as bench times a request (glmvit.timing.time_passes): {WARMUP} untimed, then "
                                      f"passes of {EAGER_CALLS} while the median's 95 % interval is wider than "
                                      f"±{PRECISION:.0%}, at most {MAX_PASSES}; a pass ends after {EAGER_PASS_S} s once "
-                                     f"it holds {STEADY_RUNS}; once per distinct batch of grids",
+                                     f"it holds {STEADY_RUNS}, a later one once the interval is within ±"
+                                     f"{PRECISION:.0%} (checked every {CHECK_EVERY} forwards); once per distinct "
+                                     "batch of grids",
                      "eager": "timed once per process for both sweeps" if eager_times is not None else "timed here",
                      "host": "cycle collector off; before each timed loop the thread is pinned to the CPU "
-                             "quietest then (glmvit.timing.quiet_host)"},
+                             "quietest then (glmvit.timing.quiet_host)",
+                     **({"runner_source": source} if source is not None else {})},
         capture={str(k): v.as_dict() for k, v in runner.captures.items()},
         failed={str(k): v for k, v in runner.failed.items()},
     )

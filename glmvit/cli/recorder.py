@@ -2,8 +2,10 @@
 
 ``python -m glmvit record`` (:mod:`glmvit.cli.record`) starts one process per phase and each runs its jobs in
 order, in-process, sharing what a job would otherwise rebuild (:class:`glmvit.cli.session.Session`: the tower, its
-transformers twin, the floor's measured rates). A job is the same command a reader would type — its flags are
-in :data:`JOBS`, and its record's provenance names that command — run through the command's own library function.
+transformers twin, the floor's measured rates, the graph runners of jobs that capture identical ones, and
+torch.compile's state between jobs that compile only graph runners: :func:`keeps_compiled`). A job is the same
+command a reader would type — its flags are in :data:`JOBS`, and its record's provenance names that command — run
+through the command's own library function.
 
 - ``measure``: every timing. A cold start first (a compiled ladder captured on empty compile caches), then the
   latency sweeps (eager timed once for both), the benchmarks, the interpolation kernel, the notebooks' timing
@@ -58,31 +60,35 @@ class Job:
     outputs: tuple[str, ...] = ()
     estimate_s: float = 30.0
     modes: tuple[str, ...] = field(default=())  # serve jobs: one server per mode
+    # the runners it captures are kept for the later jobs of its phase with the same name (Session.runner): jobs
+    # whose graph modes capture identical runners (the same budgets, limits, attention and table)
+    shares: str | None = None
 
     def output_paths(self) -> list[Path]:
         return [DATA / out for out in self.outputs]
 
 
 def _bench(name: str, workload: str, requests: int, *extra: str, modes: str = BENCH_MODES,
-           estimate: float = 15.0) -> Job:
+           estimate: float = 15.0, shares: str | None = None) -> Job:
     out = f"bench/{name}_h200.json"
     return Job(name, "measure", "bench", ("--workload", workload, "--num-requests", str(requests), "--modes", modes,
                                           "--warmup", "5", "--quiet", *extra, "--json", f"data/{out}"),
-               (out,), estimate)
+               (out,), estimate, shares=shares)
 
 
-def _latency(name: str, *extra: str) -> Job:
+def _latency(name: str, *extra: str, estimate: float = 30) -> Job:
     out = f"bench/{name}_h200.json"
     return Job(name, "measure", "latency", ("--budgets", LADDER, "--runs", "5", "--warmup", "1", "--quiet", *extra,
-                                            "--json", f"data/{out}"), (out,), 30)
+                                            "--json", f"data/{out}"), (out,), estimate)
 
 
 def _serve(name: str, workload: str, prompts: int, rates: str, modes: tuple[str, ...], estimate: float) -> Job:
-    # answers in the model's dtype (bfloat16): what an engine consuming embeddings keeps, half float32's bytes
+    # answers in the model's dtype (bfloat16): what an engine consuming embeddings keeps, half float32's bytes;
+    # every server has the serving defaults: one runner per mode for all of them
     out = f"bench/{name}_h200.json"
     return Job(name, "measure", "bench-serve", ("--workload", workload, "--num-prompts", str(prompts),
                                                 "--request-rate", rates, "--response-dtype", "model"), (out,),
-               estimate, modes)
+               estimate, modes, shares="serve")
 
 
 # its capture fails on purpose, which leaves the CUDA generator in capture mode: nothing may run after it
@@ -102,20 +108,25 @@ STATIC_JOBS: tuple[Job, ...] = (  # in the order each phase runs them
     # the three jobs that time one 224² image eagerly (a host-bound forward: its time follows the host's launch
     # cost, 6.6-10 µs within run s15_a78d452r1) run close together: the compiled sweep between them reuses the
     # first one's eager runs, and writes the table the benchmarks route by
-    _latency("latency"),
-    _latency("latency_compiled", "--compile"),
+    _latency("latency", estimate=39),
+    _latency("latency_compiled", "--compile", estimate=16),
     # a fixed workload (one shape): 50 requests, then more passes while a median is known worse than ±2 %; a mixed
     # workload: its 300 requests once (another pass over the same requests would narrow the interval without
-    # sampling the workload any better)
-    _bench("img1x224", "img1x224", 50, modes=PEER_MODES, estimate=30),
-    _bench("seed_img1x224", "img1x224", 50, *SEED_CONFIG, modes="eager,graph,graph-compiled"),
-    _bench("img8x448", "img8x448", 40, modes=PEER_MODES, estimate=40),
-    _bench("mixed_img", "mixed-img", 300, "--max-passes", "1"),
-    _bench("mixed_av", "mixed-av", 300, "--max-passes", "1"),
-    _bench("img4x224", "img4x224", 50),
-    _bench("video8x224", "video8x224", 50),
-    _bench("video2x8x224", "video2x8x224", 50),
-    _bench("seed_video8x224", "video8x224", 50, *SEED_CONFIG, modes="eager,graph,graph-compiled"),
+    # sampling the workload any better). Between the two jobs that compile transformers (its reduce-overhead
+    # graphs are freed only by clearing torch.compile's state) the graph-compiled captures reuse the compiled code
+    # of the one before; the seed's two workloads share their runners (SEED_CONFIG fixes budgets and limits), so
+    # they run one after the other
+    _bench("img1x224", "img1x224", 50, modes=PEER_MODES, estimate=35),
+    _bench("seed_img1x224", "img1x224", 50, *SEED_CONFIG, modes="eager,graph,graph-compiled", estimate=11,
+           shares="seed"),
+    _bench("seed_video8x224", "video8x224", 50, *SEED_CONFIG, modes="eager,graph,graph-compiled", estimate=4,
+           shares="seed"),
+    _bench("img8x448", "img8x448", 40, modes=PEER_MODES, estimate=33),
+    _bench("mixed_img", "mixed-img", 300, "--max-passes", "1", estimate=48),
+    _bench("mixed_av", "mixed-av", 300, "--max-passes", "1", estimate=39),
+    _bench("img4x224", "img4x224", 50, estimate=9),
+    _bench("video8x224", "video8x224", 50, estimate=10),
+    _bench("video2x8x224", "video2x8x224", 50, estimate=9),
     # 100 calls per path: the slowest reference (one grid_sample per item, host-bound) takes ~50 ms a call
     Job("interp", "measure", "bench-interp", ("--runs", "100", "--warmup", "10", "--json",
                                               "data/bench/interp_h200.json"), ("bench/interp_h200.json",), 15),
@@ -127,13 +138,13 @@ STATIC_JOBS: tuple[Job, ...] = (  # in the order each phase runs them
     # where the unloaded spread is the server's, not the items' sizes' (mixed-av's unloaded P99 is several times its
     # median). A job of its own: a job's rates apply to every mode, and eager needs no sweep; 200 requests keep it
     # short (at ~235 req/s saturated: under a second, 20 % ≈ 4 s, 50 % ≈ 2 s)
-    _serve("serve_video8x224_sweep", "video8x224", 200, "inf,20%,50%", ("graph-compiled",), 24),
+    _serve("serve_video8x224_sweep", "video8x224", 200, "inf,20%,50%", ("graph-compiled",), 22),
     # latency against throughput on mixed traffic, graph-compiled: all at once (saturation), then Poisson arrivals
     # at shares of the rate that achieved
-    _serve("serve_mixed_av", "mixed-av", 60, "inf,20%,50%,90%", ("graph-compiled",), 28),
+    _serve("serve_mixed_av", "mixed-av", 60, "inf,20%,50%,90%", ("graph-compiled",), 26),
     Job("startup_warm", "profile", "startup", (), ("bench/capture_h200.json",), 20),
     Job("kernels", "profile", "kernels", ("--quiet", "--json", "data/bench/kernels_h200.json"),
-        ("bench/kernels_h200.json",), 100),
+        ("bench/kernels_h200.json",), 102),
     Job("ncu", "ncu", "ncu", ("--quiet", "--json", "data/bench/ncu_h200.json"), ("bench/ncu_h200.json",), 300),
 )
 
@@ -151,6 +162,33 @@ def jobs() -> list[Job]:
         ordered += first + [j for j in lab if j.name not in LAST_IN_PHASE]
         ordered += [j for j in mine if j.command == "bench-serve"] + [j for j in lab if j.name in LAST_IN_PHASE]
     return ordered
+
+
+# what a job compiles that the next may reuse: only the graph runners' regions (glmvit.graphs). transformers'
+# reduce-overhead compile keeps CUDA graphs of its own that only clearing torch.compile's state frees, and bench's
+# compile mode compiles the whole forward for each shape
+FOREIGN_COMPILES = ("transformers-compiled", "compile")
+# False (the default, so that a compiled record measures the code its command alone compiles): torch.compile's
+# state is cleared after every job, so every compiled capture compiles from nothing, as its
+# command alone does (and replays the code that compile makes: a capture on kept state may reuse an earlier
+# runner's dynamic-shape code where its command alone compiles its first budget for that budget's static shape); a
+# kept compiled runner is then freed after its job (its graphs' kernels live only as long as the compiled code)
+KEEP_COMPILED_STATE = False
+
+
+def keeps_compiled(job: Job) -> bool:
+    """Whether torch.compile's state may stay after ``job`` for the next (:meth:`Session.end_job
+    <glmvit.cli.session.Session.end_job>`): after the latency sweeps, the served encoder and the benchmarks that
+    compile nothing but graph runners; not after any other job (a start, a notebook, the kernels: what they compile
+    is theirs, or unknown); never without :data:`KEEP_COMPILED_STATE`."""
+    if not KEEP_COMPILED_STATE:
+        return False
+    if job.command in ("latency", "bench-serve"):
+        return True
+    if job.command == "bench":
+        modes = job.argv[job.argv.index("--modes") + 1].split(",") if "--modes" in job.argv else []
+        return not set(modes) & set(FOREIGN_COMPILES)
+    return False
 
 
 def command_line(job: Job) -> str:
@@ -331,7 +369,7 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
             model = session.model(sargs)
             floor = session.floor(model.device, DTYPES[sargs.dtype], None)
             service = serve.build_service(sargs, f"python -m glmvit serve {' '.join(server_argv)}", model, floor,
-                                          decode)
+                                          decode, session)
             built = time.perf_counter() - start
             with ServerThread(service, port=int(url.rsplit(":", 1)[1])):
                 listening = time.perf_counter() - start
@@ -343,8 +381,8 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
             if code != 0:
                 raise subprocess.CalledProcessError(code, argv)
             parts.append(json.loads(out.read_text()))
-            del service  # this mode's runner and scheduler, before the next mode captures its own
-            session.end_job()
+            del service  # this mode's scheduler (and runner, unless the session keeps it), before the next mode's
+            session.collect()
     finally:
         for _, _, _, client in clients.values():  # a failed mode ends the clients still waiting for theirs
             if client.poll() is None:
@@ -448,13 +486,16 @@ def run_phase(phase: str, names: list[str], workdir: Path, deadline: float | Non
         if spawned:
             os.environ[SPAWNED_AT] = repr(float(spawned) + time.time() - waiting)
     failures = 0
-    for job in [j for j in jobs() if j.phase == phase and j.name in names]:
+    planned = [j for j in jobs() if j.phase == phase and j.name in names]
+    for i, job in enumerate(planned):
         expected = expected_seconds(job)
         if deadline is not None and time.time() + expected > deadline:
             print(f"[later] {job.name} expected {expected:.0f} s", flush=True)
             continue
         t0, wall0 = time.monotonic(), time.time()
         print(f"[run] {job.name}: {command_line(job)}", flush=True)
+        # the runners it captures are kept while a later job shares them; torch.compile's state while it may be
+        session.begin_job(job.name, job.shares, frozenset(j.shares for j in planned[i + 1:] if j.shares))
         try:
             if job.command == "ncu":
                 subprocess.run([sys.executable, "-m", "glmvit", "ncu", *job.argv], cwd=REPO, check=True)
@@ -471,9 +512,10 @@ def run_phase(phase: str, names: list[str], workdir: Path, deadline: float | Non
         written = stamp_elapsed(job, seconds, wall0 - 1)
         print(f"[done] {job.name} {seconds:.1f} " + " ".join(str(p.relative_to(REPO)) for p in written), flush=True)
         t1 = time.monotonic()
-        session.end_job()
+        session.end_job(keep_compiled=keeps_compiled(job))
         print(f"[between] {job.name}: {t1 - t0 - seconds:.1f} s stamping, {time.monotonic() - t1:.1f} s clearing",
               flush=True)
+    session.close()  # every kept runner and compiled specialisation freed before the process ends
     return failures
 
 

@@ -22,13 +22,13 @@ import logging
 import os
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..defaults import dtype_name
 from ..deployment import check_budget_fits
-from ..encoder import build_encoder
+from ..encoder import EagerEncoder, build_encoder
 from ..floor import measure_copy_bandwidth, measure_matmul_tflops, weight_bytes
 from ..graphs import EncoderGraphRunner
 from ..model import GlmVisionEncoder
@@ -53,6 +53,10 @@ from .decode_pool import DecodePool
 from .encode import model_metadata
 from .serve_app import DECODE_QUEUE, EncoderService, HttpLimits, default_decode_pool, default_decode_workers, run_server
 from .serve_media import DEFAULT_FRAME_PIXELS, DEFAULT_REQUEST_PIXELS, MediaLimits
+from .session import runner_key
+
+if TYPE_CHECKING:
+    from .session import Session
 
 MODES = tuple(m.value for m in RunMode)
 
@@ -116,15 +120,29 @@ def check_serving_args(parser: argparse.ArgumentParser, args: argparse.Namespace
 
 
 def make_scheduler(model: GlmVisionEncoder, mode: RunMode | str, args: argparse.Namespace, progress: bool = False,
-                   attention: str | None = None) -> tuple[BatchScheduler, EncoderGraphRunner | None]:
+                   attention: str | None = None, session: Session | None = None
+                   ) -> tuple[BatchScheduler, EncoderGraphRunner | None]:
     """The scheduler of ``mode`` over ``model``'s encoder (:func:`~glmvit.encoder.build_encoder`: a runner captured
     first for the graph modes, routing by its recorded table) running ``attention`` (None: the model's backend),
-    and its runner if any."""
+    and its runner if any. A ``session`` (a record run) lends a runner an earlier job captured
+    (:meth:`Session.runner <glmvit.cli.session.Session.runner>`; :meth:`Session.source_of
+    <glmvit.cli.session.Session.source_of>` says where it came from)."""
     run_mode = RunMode.parse(mode)
     config = budget_config(args)
     attention = model.attention_backend(attention)  # checked before anything is captured
     table = recorded_table_for(model, run_mode.compiled, attention, dirs=RECORD_DIRS) if run_mode.graphs else None
-    encoder = build_encoder(model, run_mode, config, attention=attention, latency_table=table, progress=progress)
+    if session is not None and run_mode.graphs:
+        def build() -> EncoderGraphRunner:
+            built = build_encoder(model, run_mode, config, attention=attention, latency_table=table,
+                                  progress=progress)
+            assert isinstance(built, EncoderGraphRunner)
+            return built
+
+        key = runner_key(model, run_mode, config, attention, table)
+        encoder: EagerEncoder | EncoderGraphRunner
+        encoder, _ = session.runner(key, build, model.device)
+    else:
+        encoder = build_encoder(model, run_mode, config, attention=attention, latency_table=table, progress=progress)
     scheduler = BatchScheduler(encoder, config, max_wait_s=args.max_wait_ms / 1e3, max_requests=args.max_queue,
                                max_tokens=args.max_queue_tokens, max_bytes=int(args.max_queue_mb * 2**20),
                                switch_interval_s=switch_interval_s(args))
@@ -211,13 +229,18 @@ def check_listen(host: str, port: int) -> None:
 
 
 def build_service(args: argparse.Namespace, command: str, model: GlmVisionEncoder | None = None,
-                  floor: dict[str, Any] | None = None, decode: DecodePool | None = None) -> EncoderService:
+                  floor: dict[str, Any] | None = None, decode: DecodePool | None = None,
+                  session: Session | None = None) -> EncoderService:
     """Model (``model`` if given: the flags' tower, built by the caller), encoder (captured), scheduler and
     application, as the resolved flags say. A caller that measured the floor on this device and dtype already
     (``floor``: matmul_tflops and copy_gbps) or runs a decode pool (``decode``: started, and closed by the caller)
-    lends them; otherwise the floor is measured (with --measure-floor) and a pool is made, owned by the service."""
+    lends them; otherwise the floor is measured (with --measure-floor) and a pool is made, owned by the service.
+    A ``session`` (a record run) may lend the runner (:func:`make_scheduler`); the service's info then says where
+    it came from (``runner_source``)."""
     model = model if model is not None else model_from_args(args)
-    scheduler, runner = make_scheduler(model, args.mode, args, progress=not args.quiet, attention=args.attn_backend)
+    scheduler, runner = make_scheduler(model, args.mode, args, progress=not args.quiet, attention=args.attn_backend,
+                                       session=session)
+    source = session.source_of(runner) if session is not None and runner is not None else None
     extra = {"attn_backend": scheduler.encoder.attention,
              "floor": None if not args.measure_floor else measure_floor(model) if floor is None else {
                  **floor, "matmul_dtype": str(model.dtype).removeprefix("torch."), "weight_bytes": weight_bytes(model)},
@@ -225,6 +248,8 @@ def build_service(args: argparse.Namespace, command: str, model: GlmVisionEncode
              "capture_failed": {str(k): v for k, v in runner.failed.items()} if runner else None,
              "routing": (runner.latency_table.describe() if runner.latency_table else "off: no recorded table for "
                          "this model, mode and GPU (every batch a budget holds replays)") if runner else None}
+    if source is not None:
+        extra["runner_source"] = source
     limits = HttpLimits(int(args.max_body_mb * 2**20), args.max_items_per_request, args.max_requests or args.max_queue,
                         args.read_timeout, args.header_timeout, args.max_connections, int(args.max_held_mb * 2**20))
     media = MediaLimits(args.max_frame_pixels, args.max_request_pixels, args.allowed_media_dir)
