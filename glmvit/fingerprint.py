@@ -544,10 +544,10 @@ class _Tree:
 
 
 def plan_statement(label: str) -> bool:
-    """Whether unit ``label`` is a top-level statement of a :data:`PLAN_MODULES` module (which never counts; a record
-    made before the rule may still name one)."""
+    """Whether unit ``label`` is a top-level statement or class body of a :data:`PLAN_MODULES` module (which never
+    counts; a record made before the rule may still name one)."""
     path, _, unit = label.partition(":")
-    return unit.startswith("<module stmt ") and path[:-3].replace("/", ".") in PLAN_MODULES
+    return unit.startswith(("<module stmt ", "<class ")) and path[:-3].replace("/", ".") in PLAN_MODULES
 
 
 @lru_cache(maxsize=4)

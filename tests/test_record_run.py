@@ -493,7 +493,8 @@ def test_the_recorders_job_table_is_a_plan_its_functions_are_code(planned, tmp_p
           'Job("startup_cold", "measure", "startup", (), (), 25)')
     assert staleness(planned, package=copy) == []
     older = planned.model_copy(update={"fingerprint": Fingerprint(
-        units={**planned.fingerprint.units, "glmvit/cli/recorder.py:<module stmt 24>": "0" * 16})})
+        units={**planned.fingerprint.units, "glmvit/cli/recorder.py:<module stmt 24>": "0" * 16,
+               "glmvit/cli/recorder.py:<class Job>": "1" * 16})})
     assert staleness(older, package=copy) == []
     _edit(copy / "cli" / "recorder.py", 'return f"python -m glmvit {job.command} ',
           'return f"python -m glmvit  {job.command} ')
