@@ -212,6 +212,7 @@ class _Batch:
     tokens: int = 0
     segments: int = 0
     full: bool = False  # nothing more may join
+    first_taken: list[_Request] = field(default_factory=list)  # requests none of whose items a batch held before
 
 
 class _Done(Protocol):
@@ -505,7 +506,9 @@ class BatchScheduler:
                 if batch.slots:
                     break  # else it is an item no batch holds (the runner runs it eagerly): a batch of its own
             self._pending.popleft()
-            request.taken = True
+            if not request.taken:
+                request.taken = True
+                batch.first_taken.append(request)
             batch.slots.append((request, i))
             batch.tokens += tokens
             batch.segments += segments
@@ -527,6 +530,8 @@ class BatchScheduler:
                 self._fill(batch)
                 if not block and not batch.full:
                     self._pending.extendleft(reversed(batch.slots))  # back at the head, in their order
+                    for request in batch.first_taken:
+                        request.taken = False  # none of its items is in a batch: it may still be withdrawn
                     return None
                 deadline = time.perf_counter() + self.max_wait_s
                 while block and not batch.full and not self._closing and self.max_wait_s > 0:

@@ -520,6 +520,25 @@ def test_the_next_batch_is_queued_early_only_when_it_is_full(tiny_model, arrival
     assert [k for entry in log if entry != "done" for k in entry] == list(range(len(arrivals)))  # arrival order
 
 
+def test_a_request_whose_items_went_back_to_the_queue_can_still_be_withdrawn(tiny_model):
+    """An under-full next batch goes back to the queue while one is on the device: its requests were never in a
+    batch, so their callers may still withdraw them (they are never encoded)."""
+    from glmvit.scheduler import RequestWithdrawn
+
+    scheduler = BatchScheduler(runner_for(tiny_model, ONE_BUDGET), start=False)
+    log, on_device, release = fake_device(scheduler)
+    futures = [scheduler.submit(*numbered(k)) for k in range(5)]  # a full batch of four, then one put back
+    scheduler.start()
+    assert on_device.wait(TIMEOUT)
+    assert scheduler.withdraw(futures[4])
+    release.set()
+    assert all(future.result(TIMEOUT).outputs for future in futures[:4])
+    with pytest.raises(RequestWithdrawn):
+        futures[4].result(TIMEOUT)
+    assert scheduler.close(TIMEOUT)
+    assert log == [[0, 1, 2, 3], "done"] and scheduler.stats()["withdrawn"] == 1
+
+
 def test_an_admitted_request_cannot_be_cancelled_and_is_answered(tiny_model):
     """A caller's cancel() is refused once a request is admitted: the worker never meets a cancelled future (setting
     its result would raise in the worker), and the request and the ones after it are answered."""
