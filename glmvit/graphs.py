@@ -3,7 +3,8 @@
 ``EncoderGraphRunner(model, budget_config, mode="cuda")`` captures ``forward_static`` once per budget (largest
 first, into one shared memory pool). ``run(pixel_values, grid_thw)``:
 
-1. validates the request once, on the host (shapes and grids);
+1. validates the request once, on the host (shapes and grids; grids equal to ones validated before, as an integer
+   array or CPU tensor, are looked up, not checked again: :class:`~glmvit.request.RequestCache`);
 2. plans it once per distinct grids (:meth:`EncoderGraphRunner.plan`): :func:`glmvit.packing.plan_batches` over the
    budgets actually captured — one decision, so the plan names the graph that replays — and *routes* every batch.
    Without a latency table a batch replays whenever a budget holds it, as vLLM does; with one
@@ -51,7 +52,7 @@ from .metadata import BatchShape, EncoderMetadata, build_metadata
 from .model import GlmVisionEncoder, StaticParts, run_block
 from .modes import GraphMode, RunMode
 from .packing import BudgetConfig, plan_batches
-from .request import EncoderRequest
+from .request import EncoderRequest, RequestCache
 from .routing import Router
 
 log = logging.getLogger(__name__)
@@ -276,6 +277,7 @@ class EncoderGraphRunner:
         self.pool: Any = None  # the shared memory pool handle, from the first capture on
         self.stats = RunnerStats()
         self._layouts: dict[bytes, list[BatchStep]] = {}  # plans by the request's grids; reset by capture()
+        self._requests = RequestCache(LAYOUT_CACHE_SIZE)  # run()'s requests by the grids given: validated once
         self._pending: list[tuple[float, Any, Any]] = []  # (predicted ms, start, end event) not yet resolved
         self._lock = threading.Lock()
 
@@ -531,7 +533,8 @@ class EncoderGraphRunner:
     def _run(self, pixel_values: torch.Tensor, grid_thw: Any, check_finite: bool) -> list[torch.Tensor]:
         start = time.perf_counter()
         model, device, stats = self.model, self.model.device, self.stats
-        request = model.check_request(pixel_values, grid_thw, check_finite=False)
+        request = self._requests.of(grid_thw, model.request_of)  # grids seen before are not validated again
+        model.check_request(pixel_values, request, check_finite=False)  # the pixels, against them
         if len(request) == 0:
             return []
         steps = self._planned(request)
