@@ -38,7 +38,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -124,9 +124,15 @@ class BatchStep:
     item_tokens: tuple[int, ...]
     request: EncoderRequest  # the batch's items as a request of their own (validated with the whole request)
 
-    @property
+    @cached_property
     def num_rows(self) -> int:
         return sum(b - a for a, b in self.rows)
+
+    @cached_property
+    def span(self) -> tuple[int, int]:
+        """The request rows [a, b) from the first item's first to the last item's last (the batch's rows when they
+        are one contiguous range, ``row_index`` None)."""
+        return self.rows[0][0], self.rows[-1][1]
 
     @property
     def budget(self) -> int | None:
@@ -471,8 +477,8 @@ class EncoderGraphRunner:
 
     def _copy_pixels(self, dst: torch.Tensor, src: torch.Tensor, step: BatchStep) -> None:
         if step.row_index is None:
-            a, b = step.rows[0][0], step.rows[-1][1]
-            dst.copy_(src[a:b], non_blocking=True)
+            a, b = step.span
+            dst.copy_(src if a == 0 and b == len(src) else src[a:b], non_blocking=True)
         else:
             dst.copy_(src.index_select(0, step.row_index), non_blocking=True)
 
@@ -538,42 +544,47 @@ class EncoderGraphRunner:
         if len(request) == 0:
             return []
         steps = self._planned(request)
-        self._resolve_timings(wait=False)
+        if self._pending:
+            self._resolve_timings(wait=False)
         on_device = pixel_values if pixel_values.device == device or all(s.row_index is None for s in steps) \
             else pixel_values.to(device, non_blocking=True)  # gathers read it on the device: copy the request once
         sums = torch.empty(len(pixel_values), dtype=torch.float32, device=device) if check_finite else None
         summed = 0  # rows whose sums are taken, in batch order
         results: list[torch.Tensor | None] = [None] * len(request)
-        for step in steps:
-            timing = self._start_timing(step)
+        for step in steps:  # what a plan fixes (row counts, spans, split sizes) is computed once, in its steps
+            timing = None if step.predicted_ms is None else self._start_timing(step)
             n = step.num_rows
             src = on_device if step.row_index is not None else pixel_values
+            cb = step.captured
             if step.replay:
-                assert step.captured is not None
-                batch = step.captured.pixels[:n]
-                self._copy_pixels(batch, src, step)
+                assert cb is not None
+                batch = cb.pixels if n == cb.shape.rows else cb.pixels[:n]
             else:
                 batch = torch.empty(n, model.config.patch_dim, dtype=model.dtype, device=device)
-                self._copy_pixels(batch, src, step)
+            self._copy_pixels(batch, src, step)
             if sums is not None:
-                torch.sum(batch, dim=1, dtype=torch.float32, out=sums[summed : summed + n])
+                rows = sums if n == request.rows else sums[summed : summed + n]
+                torch.sum(batch, dim=1, dtype=torch.float32, out=rows)
                 summed += n
             if step.replay:
-                assert step.captured is not None
-                out = self._replay(step.captured, step.request)[: step.tokens].clone()
+                assert cb is not None
+                static = self._replay(cb, step.request)
+                out = (static if step.tokens == cb.budget else static[: step.tokens]).clone()
                 stats.replays += 1
                 stats.real_tokens += step.tokens
-                stats.budget_tokens += step.captured.budget
+                stats.budget_tokens += cb.budget
             else:
                 out = model.forward(batch, step.request, check_finite=False, attention=self._attention)
                 stats.eager_batches += 1
                 stats.fallback_items += len(step.items)
                 stats.routed_eager += step.budget is not None
-            self._end_timing(step, timing)
-            offset = 0
-            for i, n_tok in zip(step.items, step.item_tokens, strict=True):
-                results[i] = out[offset : offset + n_tok]
-                offset += n_tok
+            if timing is not None:
+                self._end_timing(step, timing)
+            if len(step.items) == 1:
+                results[step.items[0]] = out
+            else:
+                for i, part in zip(step.items, out.split_with_sizes(step.item_tokens), strict=True):
+                    results[i] = part
         stats.host_s += time.perf_counter() - start
         if sums is not None:
             self._check_sums(sums, steps, pixel_values, request)
@@ -599,7 +610,8 @@ class EncoderGraphRunner:
         else:
             host = sums
         self.stats.wait_s += time.perf_counter() - wait
-        self._resolve_timings(wait=False)
+        if self._pending:
+            self._resolve_timings(wait=False)
         finite = np.isfinite(host.numpy())
         if finite.all():
             return
