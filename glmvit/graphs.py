@@ -478,7 +478,7 @@ class EncoderGraphRunner:
     def _copy_pixels(self, dst: torch.Tensor, src: torch.Tensor, step: BatchStep) -> None:
         if step.row_index is None:
             a, b = step.span
-            dst.copy_(src if a == 0 and b == len(src) else src[a:b], non_blocking=True)
+            dst.copy_(src if a == 0 and b == src.shape[0] else src[a:b], non_blocking=True)
         else:
             dst.copy_(src.index_select(0, step.row_index), non_blocking=True)
 
@@ -541,16 +541,17 @@ class EncoderGraphRunner:
         model, device, stats = self.model, self.model.device, self.stats
         request = self._requests.of(grid_thw, model.request_of)  # grids seen before are not validated again
         model.check_request(pixel_values, request, check_finite=False)  # the pixels, against them
-        if len(request) == 0:
+        n_items = len(request.items)  # Python-level __len__s cost a call each: counted once
+        if n_items == 0:
             return []
         steps = self._planned(request)
         if self._pending:
             self._resolve_timings(wait=False)
         on_device = pixel_values if pixel_values.device == device or all(s.row_index is None for s in steps) \
             else pixel_values.to(device, non_blocking=True)  # gathers read it on the device: copy the request once
-        sums = torch.empty(len(pixel_values), dtype=torch.float32, device=device) if check_finite else None
+        sums = torch.empty(request.rows, dtype=torch.float32, device=device) if check_finite else None
         summed = 0  # rows whose sums are taken, in batch order
-        results: list[torch.Tensor | None] = [None] * len(request)
+        results: list[torch.Tensor | None] = [None] * n_items
         for step in steps:  # what a plan fixes (row counts, spans, split sizes) is computed once, in its steps
             timing = None if step.predicted_ms is None else self._start_timing(step)
             n = step.num_rows
@@ -589,9 +590,9 @@ class EncoderGraphRunner:
         if sums is not None:
             self._check_sums(sums, steps, pixel_values, request)
         stats.runs += 1
-        stats.items += len(request)
+        stats.items += n_items
         out_list = [r for r in results if r is not None]
-        assert len(out_list) == len(request), "every item was filled in by its batch"
+        assert len(out_list) == n_items, "every item was filled in by its batch"
         return out_list
 
     def _check_sums(self, sums: torch.Tensor, steps: list[BatchStep], pixel_values: torch.Tensor,
