@@ -3,7 +3,8 @@
 ``EncoderGraphRunner(model, budget_config, mode="cuda")`` captures ``forward_static`` once per budget (largest
 first, into one shared memory pool). ``run(pixel_values, grid_thw)``:
 
-1. validates the request once, on the host (shapes and grids);
+1. validates the request once, on the host (shapes and grids; grids equal to ones validated before, as an integer
+   array or CPU tensor, are looked up, not checked again: :class:`~glmvit.request.RequestCache`);
 2. plans it once per distinct grids (:meth:`EncoderGraphRunner.plan`): :func:`glmvit.packing.plan_batches` over the
    budgets actually captured — one decision, so the plan names the graph that replays — and *routes* every batch.
    Without a latency table a batch replays whenever a budget holds it, as vLLM does; with one
@@ -37,7 +38,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -51,7 +52,7 @@ from .metadata import BatchShape, EncoderMetadata, build_metadata
 from .model import GlmVisionEncoder, StaticParts, run_block
 from .modes import GraphMode, RunMode
 from .packing import BudgetConfig, plan_batches
-from .request import EncoderRequest
+from .request import EncoderRequest, RequestCache
 from .routing import Router
 
 log = logging.getLogger(__name__)
@@ -123,9 +124,15 @@ class BatchStep:
     item_tokens: tuple[int, ...]
     request: EncoderRequest  # the batch's items as a request of their own (validated with the whole request)
 
-    @property
+    @cached_property
     def num_rows(self) -> int:
         return sum(b - a for a, b in self.rows)
+
+    @cached_property
+    def span(self) -> tuple[int, int]:
+        """The request rows [a, b) from the first item's first to the last item's last (the batch's rows when they
+        are one contiguous range, ``row_index`` None)."""
+        return self.rows[0][0], self.rows[-1][1]
 
     @property
     def budget(self) -> int | None:
@@ -276,6 +283,7 @@ class EncoderGraphRunner:
         self.pool: Any = None  # the shared memory pool handle, from the first capture on
         self.stats = RunnerStats()
         self._layouts: dict[bytes, list[BatchStep]] = {}  # plans by the request's grids; reset by capture()
+        self._requests = RequestCache(LAYOUT_CACHE_SIZE)  # run()'s requests by the grids given: validated once
         self._pending: list[tuple[float, Any, Any]] = []  # (predicted ms, start, end event) not yet resolved
         self._lock = threading.Lock()
 
@@ -469,8 +477,8 @@ class EncoderGraphRunner:
 
     def _copy_pixels(self, dst: torch.Tensor, src: torch.Tensor, step: BatchStep) -> None:
         if step.row_index is None:
-            a, b = step.rows[0][0], step.rows[-1][1]
-            dst.copy_(src[a:b], non_blocking=True)
+            a, b = step.span
+            dst.copy_(src if a == 0 and b == src.shape[0] else src[a:b], non_blocking=True)
         else:
             dst.copy_(src.index_select(0, step.row_index), non_blocking=True)
 
@@ -531,53 +539,60 @@ class EncoderGraphRunner:
     def _run(self, pixel_values: torch.Tensor, grid_thw: Any, check_finite: bool) -> list[torch.Tensor]:
         start = time.perf_counter()
         model, device, stats = self.model, self.model.device, self.stats
-        request = model.check_request(pixel_values, grid_thw, check_finite=False)
-        if len(request) == 0:
+        request = self._requests.of(grid_thw, model.request_of)  # grids seen before are not validated again
+        model.check_request(pixel_values, request, check_finite=False)  # the pixels, against them
+        n_items = len(request.items)  # Python-level __len__s cost a call each: counted once
+        if n_items == 0:
             return []
         steps = self._planned(request)
-        self._resolve_timings(wait=False)
+        if self._pending:
+            self._resolve_timings(wait=False)
         on_device = pixel_values if pixel_values.device == device or all(s.row_index is None for s in steps) \
             else pixel_values.to(device, non_blocking=True)  # gathers read it on the device: copy the request once
-        sums = torch.empty(len(pixel_values), dtype=torch.float32, device=device) if check_finite else None
+        sums = torch.empty(request.rows, dtype=torch.float32, device=device) if check_finite else None
         summed = 0  # rows whose sums are taken, in batch order
-        results: list[torch.Tensor | None] = [None] * len(request)
-        for step in steps:
-            timing = self._start_timing(step)
+        results: list[torch.Tensor | None] = [None] * n_items
+        for step in steps:  # what a plan fixes (row counts, spans, split sizes) is computed once, in its steps
+            timing = None if step.predicted_ms is None else self._start_timing(step)
             n = step.num_rows
             src = on_device if step.row_index is not None else pixel_values
+            cb = step.captured
             if step.replay:
-                assert step.captured is not None
-                batch = step.captured.pixels[:n]
-                self._copy_pixels(batch, src, step)
+                assert cb is not None
+                batch = cb.pixels if n == cb.shape.rows else cb.pixels[:n]
             else:
                 batch = torch.empty(n, model.config.patch_dim, dtype=model.dtype, device=device)
-                self._copy_pixels(batch, src, step)
+            self._copy_pixels(batch, src, step)
             if sums is not None:
-                torch.sum(batch, dim=1, dtype=torch.float32, out=sums[summed : summed + n])
+                rows = sums if n == request.rows else sums[summed : summed + n]
+                torch.sum(batch, dim=1, dtype=torch.float32, out=rows)
                 summed += n
             if step.replay:
-                assert step.captured is not None
-                out = self._replay(step.captured, step.request)[: step.tokens].clone()
+                assert cb is not None
+                static = self._replay(cb, step.request)
+                out = (static if step.tokens == cb.budget else static[: step.tokens]).clone()
                 stats.replays += 1
                 stats.real_tokens += step.tokens
-                stats.budget_tokens += step.captured.budget
+                stats.budget_tokens += cb.budget
             else:
                 out = model.forward(batch, step.request, check_finite=False, attention=self._attention)
                 stats.eager_batches += 1
                 stats.fallback_items += len(step.items)
                 stats.routed_eager += step.budget is not None
-            self._end_timing(step, timing)
-            offset = 0
-            for i, n_tok in zip(step.items, step.item_tokens, strict=True):
-                results[i] = out[offset : offset + n_tok]
-                offset += n_tok
+            if timing is not None:
+                self._end_timing(step, timing)
+            if len(step.items) == 1:
+                results[step.items[0]] = out
+            else:
+                for i, part in zip(step.items, out.split_with_sizes(step.item_tokens), strict=True):
+                    results[i] = part
         stats.host_s += time.perf_counter() - start
         if sums is not None:
             self._check_sums(sums, steps, pixel_values, request)
         stats.runs += 1
-        stats.items += len(request)
+        stats.items += n_items
         out_list = [r for r in results if r is not None]
-        assert len(out_list) == len(request), "every item was filled in by its batch"
+        assert len(out_list) == n_items, "every item was filled in by its batch"
         return out_list
 
     def _check_sums(self, sums: torch.Tensor, steps: list[BatchStep], pixel_values: torch.Tensor,
@@ -596,7 +611,8 @@ class EncoderGraphRunner:
         else:
             host = sums
         self.stats.wait_s += time.perf_counter() - wait
-        self._resolve_timings(wait=False)
+        if self._pending:
+            self._resolve_timings(wait=False)
         finite = np.isfinite(host.numpy())
         if finite.all():
             return

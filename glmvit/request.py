@@ -4,13 +4,17 @@ Made only by :meth:`EncoderRequest.of` (the grid checks of :mod:`glmvit.metadata
 count) or from requests made so already (:meth:`EncoderRequest.select`, :meth:`EncoderRequest.gather`). Every layer
 below the boundary (scheduler, runner, eager forward, metadata) takes it as it is and recomputes nothing: each item's
 rows, tokens, segments and attention work come from :func:`glmvit.geometry.item_spec`.
+
+:class:`RequestCache` keeps requests by the exact grids they were made from, so a caller that sends the same grid
+array again (a stream of equal images) has it validated once, not on every call.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
+import torch
 
 from .geometry import MERGE_SIZE, ItemSpec, item_spec
 from .metadata import MAX_ROWS, as_grid_array, check_grids
@@ -105,3 +109,45 @@ class EncoderRequest:
             raise ValueError(f"gathered items: Σ t·h·w = {rows:,} patch rows, more than {MAX_ROWS:,} "
                              "(glmvit.metadata.MAX_ROWS: the metadata is int32); split the batch")
         return cls._trusted(np.stack([request.grids[i] for request, i in parts]), merges.pop())
+
+
+def grids_key(grid_thw: Any) -> tuple[str, tuple[int, ...], bytes] | None:
+    """An exact key for grids given as an integer numpy array or CPU tensor: dtype, shape and bytes, so equal keys
+    are equal grids. None for anything else (nested lists, float grids, requests, and device tensors, whose read
+    would wait for the device)."""
+    if isinstance(grid_thw, torch.Tensor):
+        if grid_thw.device.type != "cpu" or grid_thw.dtype.is_floating_point or grid_thw.dtype.is_complex:
+            return None
+        grid_thw = grid_thw.detach().numpy()
+    if not isinstance(grid_thw, np.ndarray) or grid_thw.dtype.kind not in "iu":
+        return None
+    return grid_thw.dtype.str, grid_thw.shape, grid_thw.tobytes()
+
+
+class RequestCache:
+    """Requests made already, by the exact grids (:func:`grids_key`) they were validated from, at most ``size``
+    (emptied when full). ``of(grid_thw, make)``: the request made from equal grids before, else ``make(grid_thw)``
+    (which validates, raising for bad grids: those are never kept). Requests are immutable, so one is shared safely.
+    Not locked: its owner serialises calls (the graph runner holds its lock)."""
+
+    def __init__(self, size: int = 1024):
+        self.size = size
+        self._requests: dict[tuple[str, tuple[int, ...], bytes], EncoderRequest] = {}
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def of(self, grid_thw: Any, make: Callable[[Any], EncoderRequest]) -> EncoderRequest:
+        key = grids_key(grid_thw)
+        if key is None:
+            return make(grid_thw)
+        request = self._requests.get(key)
+        if request is None:
+            request = make(grid_thw)
+            if len(self._requests) >= self.size:
+                self._requests.clear()
+            self._requests[key] = request
+        return request
+
+    def clear(self) -> None:
+        self._requests.clear()

@@ -364,3 +364,54 @@ def test_a_compiled_capture_has_room_for_the_specialisations_earlier_captures_le
     EncoderGraphRunner(tiny_model, BudgetConfig((16, 32), 2, 4), mode="emulate", torch_compile=True).capture()
     assert seen == [20 + 2 * 2 + 8] * 2 and dynamo_config.recompile_limit == 8
     torch._dynamo.reset()
+
+
+def test_equal_grids_are_validated_once_across_calls_and_anything_else_again(runner, tiny_model, tiny_config,
+                                                                           monkeypatch):
+    """run() keeps the requests it validated by the exact grids given: the same grid array (or equal bytes of the
+    same dtype and shape) is checked once; other grids, the same array changed in place, and bad grids are checked
+    on every call, and a cached request still checks its pixels."""
+    import glmvit.request
+
+    calls = []
+    real = glmvit.request.as_grid_array
+    monkeypatch.setattr(glmvit.request, "as_grid_array", lambda g: calls.append(1) or real(g))
+    pixels, grid = random_batch([[1, 4, 4], [2, 2, 2]], tiny_config, seed=60)
+    grids = grid.numpy().copy()
+    first = [runner.run(pixels, grids) for _ in range(3)] + [runner.run(pixels, grids.copy())]
+    assert len(calls) == 1 and all(torch.equal(a, b) for outs in first for a, b in zip(outs, first[0], strict=True))
+    runner.run(pixels, torch.from_numpy(grids))  # the same grids as a CPU tensor: equal bytes, dtype and shape
+    runner.run(pixels, grids.astype(np.int32))  # another dtype: its own key
+    assert len(calls) == 2
+    grids[0] = [1, 2, 8]  # changed in place: other bytes, validated and planned again
+    outs = runner.run(pixels, grids)
+    assert len(calls) == 3
+    with torch.no_grad():
+        torch.testing.assert_close(torch.cat(outs), tiny_model(pixels, grids), atol=1e-5, rtol=1e-5)
+    bad, checked = np.array([[1, 3, 4]]), len(calls)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="divisible"):
+            runner.run(torch.zeros(12, tiny_config.patch_dim), bad)
+    assert len(calls) == checked + 2
+    with pytest.raises(ValueError, match="pixel_values has 23 rows"):
+        runner.run(pixels[:23], grids)  # cached grids, wrong pixels
+
+
+def test_the_request_cache_is_bounded_and_keys_only_exact_host_grids():
+    from glmvit.request import EncoderRequest, RequestCache, grids_key
+
+    cache = RequestCache(size=2)
+    made = []
+
+    def make(g):
+        made.append(1)
+        return EncoderRequest.of(g)
+
+    for k in (1, 2, 1, 3, 1):
+        cache.of(np.array([[1, 2, 2 * k]]), make)
+    assert len(made) == 4 and len(cache) == 2  # the third grids emptied it: 1 made again after them
+    assert grids_key([[1, 2, 2]]) is None and grids_key(np.array([[1.0, 2.0, 2.0]])) is None  # lists, floats: no
+    assert grids_key(torch.tensor([[1, 2, 2]])) == grids_key(np.array([[1, 2, 2]]))
+    cache.of([[1, 2, 2]], make)
+    cache.of([[1, 2, 2]], make)
+    assert len(made) == 6  # not keyed: validated every time
