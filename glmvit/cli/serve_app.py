@@ -464,7 +464,13 @@ class EncoderService:
             except WorkerDied as err:
                 raise BadRequest(f"internal error: {err}", 500) from None
             handed = time.perf_counter()
-            rows = await loop.run_in_executor(self.pool, _device_rows, media, self.model.device, self.model.dtype)
+            job = self.pool.submit(_device_rows, media, self.model.device, self.model.dtype)
+            try:
+                rows = await asyncio.wrap_future(job)
+            except asyncio.CancelledError:  # its client left: a job that never ran removes no frames, so here
+                if job.cancel():
+                    media.discard()
+                raise
             prepared = Prepared(rows, torch.from_numpy(media.grid_thw), media.records, finite=True)
             # preprocess: the worker's resizing, then the rows made on the model's device; decode: everything else
             # from the body read to the frames here (the waits for the request's turns in the decode pool, the
