@@ -746,3 +746,31 @@ def test_serve_refuses_an_address_it_cannot_listen_on_before_building_the_model(
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"--host {host} --port {port}: cannot listen there" in err[0], err
+
+
+def test_a_client_that_leaves_while_its_request_is_admitted_has_it_withdrawn(tiny_model):
+    """The client leaves while the scheduler admits its request (on a thread of the service's pool): once
+    admitted, the request is withdrawn from the queue unencoded, as one that left later would be (it was encoded
+    and answered for nobody)."""
+    service = service_for(tiny_model, start=False)
+    inside, release, submit = threading.Event(), threading.Event(), service.scheduler.submit
+
+    def slow_submit(*args):
+        inside.set()
+        assert release.wait(TIMEOUT)
+        return submit(*args)
+
+    service.scheduler.submit = slow_submit
+    with ServerThread(service) as server:
+        async def leave():
+            async with aiohttp.ClientSession() as session:
+                sent = asyncio.create_task(post(session, server.url, pixel_body(*random_request(1))))
+                await asyncio.to_thread(inside.wait, TIMEOUT)
+                sent.cancel()
+            await asyncio.to_thread(wait_until, lambda: service.clients_left == 1, "the client to be counted")
+            release.set()
+            await asyncio.to_thread(wait_until, lambda: service.in_server == 0, "the request to end")
+        run(leave())
+        wait_until(lambda: service.scheduler.stats()["outstanding_requests"] == 0, "the request to be withdrawn")
+        s = service.scheduler.stats()
+        assert (s["submitted"], s["withdrawn"], s["batches"]) == (1, 1, 0)

@@ -376,8 +376,14 @@ class EncoderService:
                 raise BadRequest(f"{len(prepared.records)} items in one request: at most {self.limits.max_items}",
                                  413)
             prepared_at = time.perf_counter()
-            future = await loop.run_in_executor(self.pool, self.scheduler.submit, prepared.pixel_values,
-                                                prepared.grid_thw, not prepared.finite)
+            admission = self.pool.submit(self.scheduler.submit, prepared.pixel_values, prepared.grid_thw,
+                                         not prepared.finite)
+            try:
+                future = await asyncio.wrap_future(admission)
+            except asyncio.CancelledError:  # its client left: a request admitted meanwhile is withdrawn once it is
+                if not admission.cancel():
+                    admission.add_done_callback(self._withdraw_admitted)
+                raise
             admitted = time.perf_counter()
             try:
                 result = await asyncio.wrap_future(future)
@@ -425,6 +431,11 @@ class EncoderService:
         self.phase_s.update(timing)
         self.timed += 1
         return response
+
+    def _withdraw_admitted(self, admission: Any) -> None:
+        """An admission's done callback, its client gone: the request it admitted (if any) is withdrawn."""
+        if admission.exception() is None:
+            self.scheduler.withdraw(admission.result())
 
     async def _read(self, request: web.Request, held: "_Held", timing: dict[str, float], start: float) -> Prepared:
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
