@@ -774,3 +774,31 @@ def test_a_client_that_leaves_while_its_request_is_admitted_has_it_withdrawn(tin
         wait_until(lambda: service.scheduler.stats()["outstanding_requests"] == 0, "the request to be withdrawn")
         s = service.scheduler.stats()
         assert (s["submitted"], s["withdrawn"], s["batches"]) == (1, 1, 0)
+
+
+def test_a_drain_past_its_timeout_lets_the_encoders_batch_end_before_it_returns(tiny_model):
+    """A drain that runs out of time still gives the batch in the encoder a moment to end, so that the worker has
+    stopped when the server returns: a worker that ended while the interpreter was exiting (it used torch on its
+    own thread) aborted the process (SIGABRT, 'terminate called without an active exception') instead of exit 1."""
+    service = service_for(tiny_model)
+    entered, release = gated(service)
+    closing, close = threading.Event(), service.scheduler.close
+
+    def close_then_note(timeout=None):
+        closing.set()
+        return close(timeout)
+
+    service.scheduler.close = close_then_note
+    threading.Thread(target=lambda: closing.wait(TIMEOUT) and (time.sleep(0.2), release.set()), daemon=True).start()
+    server = ServerThread(service, shutdown_timeout=0.3).start()
+
+    async def scenario():
+        async with aiohttp.ClientSession() as session:
+            in_flight = asyncio.create_task(post(session, server.url, pixel_body(*random_request(1))))
+            await asyncio.to_thread(entered.wait, TIMEOUT)  # its batch is in the encoder
+            assert await asyncio.to_thread(server.shutdown, TIMEOUT)
+            with pytest.raises(aiohttp.ClientError):
+                await in_flight
+    run(scenario())
+    assert server.drained is False and service.abandoned == 1
+    assert not service.scheduler._worker.is_alive()

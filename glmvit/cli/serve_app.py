@@ -759,7 +759,9 @@ def format_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-CANCEL_AFTER_S = 1.0  # a drain past its timeout: how long handlers still running get before they are cancelled
+CANCEL_AFTER_S = 1.0  # a drain past its timeout: how long handlers still running get before they are cancelled,
+# and then how long the encoder's worker gets to end the batch it holds (a worker thread that ends while the
+# interpreter exits, having used torch, aborts the process)
 
 
 async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int = 0, shutdown_timeout: float = 60.0,
@@ -767,8 +769,9 @@ async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int
                      handle_signals: bool = False) -> bool:
     """Serve ``service`` until ``stop`` is set (or SIGINT/SIGTERM with ``handle_signals``), then drain (module
     docstring); True if the drain answered every request within ``shutdown_timeout``. Otherwise it logs one line
-    of how many requests it abandoned (``service.abandoned``), cancels their handlers and stops without waiting
-    for the scheduler. ``on_ready`` gets the URL once the socket listens (port 0: an ephemeral port)."""
+    of how many requests it abandoned (``service.abandoned``), cancels their handlers and stops, waiting for the
+    scheduler only for the batch it holds (:data:`CANCEL_AFTER_S` at most). ``on_ready`` gets the URL once the
+    socket listens (port 0: an ephemeral port)."""
     # the drain below waits for the handlers itself: aiohttp's own wait, after it, only for what outlived it
     # a client that leaves cancels its handler: a request of it still queued is withdrawn from the scheduler
     runner = web.AppRunner(service.app, handle_signals=False, shutdown_timeout=min(shutdown_timeout, CANCEL_AFTER_S),
@@ -805,7 +808,8 @@ async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int
             log.warning("the drain ran out of time (%g s): %d request(s) in flight abandoned", shutdown_timeout,
                         service.abandoned)
         await runner.cleanup()  # close idle connections, cancel the handlers still in flight
-        closed = await loop.run_in_executor(None, service.close, 0.0 if service.abandoned else shutdown_timeout)
+        closed = await loop.run_in_executor(None, service.close,
+                                            CANCEL_AFTER_S if service.abandoned else shutdown_timeout)
     return closed and not service.abandoned
 
 
