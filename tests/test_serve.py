@@ -771,7 +771,9 @@ def test_a_client_that_leaves_while_its_request_is_admitted_has_it_withdrawn(tin
             release.set()
             await asyncio.to_thread(wait_until, lambda: service.in_server == 0, "the request to end")
         run(leave())
-        wait_until(lambda: service.scheduler.stats()["outstanding_requests"] == 0, "the request to be withdrawn")
+        stats = service.scheduler.stats
+        wait_until(lambda: stats()["submitted"] == 1 and stats()["outstanding_requests"] == 0,
+                   "the request to be admitted, then withdrawn")
         s = service.scheduler.stats()
         assert (s["submitted"], s["withdrawn"], s["batches"]) == (1, 1, 0)
 
