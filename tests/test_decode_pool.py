@@ -81,3 +81,20 @@ def test_a_requests_tasks_share_its_timeout():
         assert pool.timeouts == 1 and pool.replaced == 1
     finally:
         pool.close(30)
+
+
+def test_a_worker_whose_server_is_gone_ends_quietly(tmp_path, capfd):
+    """A worker that finds its pipe closed (the server was killed, by a second SIGTERM say, while the worker
+    started) ends with status 0 and prints nothing: it printed a BrokenPipeError traceback into the server's log."""
+    import multiprocessing
+
+    from glmvit.cli.decode_pool import _worker_main
+
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    worker = context.Process(target=_worker_main, args=(theirs, (), str(tmp_path)), daemon=True)
+    worker.start()
+    theirs.close()
+    ours.close()  # the server is gone before the worker says it is ready
+    worker.join(120)
+    assert worker.exitcode == 0 and "Traceback" not in capfd.readouterr().err

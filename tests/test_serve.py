@@ -746,3 +746,61 @@ def test_serve_refuses_an_address_it_cannot_listen_on_before_building_the_model(
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"--host {host} --port {port}: cannot listen there" in err[0], err
+
+
+def test_a_client_that_leaves_while_its_request_is_admitted_has_it_withdrawn(tiny_model):
+    """The client leaves while the scheduler admits its request (on a thread of the service's pool): once
+    admitted, the request is withdrawn from the queue unencoded, as one that left later would be (it was encoded
+    and answered for nobody)."""
+    service = service_for(tiny_model, start=False)
+    inside, release, submit = threading.Event(), threading.Event(), service.scheduler.submit
+
+    def slow_submit(*args):
+        inside.set()
+        assert release.wait(TIMEOUT)
+        return submit(*args)
+
+    service.scheduler.submit = slow_submit
+    with ServerThread(service) as server:
+        async def leave():
+            async with aiohttp.ClientSession() as session:
+                sent = asyncio.create_task(post(session, server.url, pixel_body(*random_request(1))))
+                await asyncio.to_thread(inside.wait, TIMEOUT)
+                sent.cancel()
+            await asyncio.to_thread(wait_until, lambda: service.clients_left == 1, "the client to be counted")
+            release.set()
+            await asyncio.to_thread(wait_until, lambda: service.in_server == 0, "the request to end")
+        run(leave())
+        stats = service.scheduler.stats
+        wait_until(lambda: stats()["submitted"] == 1 and stats()["outstanding_requests"] == 0,
+                   "the request to be admitted, then withdrawn")
+        s = service.scheduler.stats()
+        assert (s["submitted"], s["withdrawn"], s["batches"]) == (1, 1, 0)
+
+
+def test_a_drain_past_its_timeout_lets_the_encoders_batch_end_before_it_returns(tiny_model):
+    """A drain that runs out of time still gives the batch in the encoder a moment to end, so that the worker has
+    stopped when the server returns: a worker that ended while the interpreter was exiting (it used torch on its
+    own thread) aborted the process (SIGABRT, 'terminate called without an active exception') instead of exit 1."""
+    service = service_for(tiny_model)
+    entered, release = gated(service)
+    closing, close = threading.Event(), service.scheduler.close
+
+    def close_then_note(timeout=None):
+        closing.set()
+        return close(timeout)
+
+    service.scheduler.close = close_then_note
+    threading.Thread(target=lambda: closing.wait(TIMEOUT) and (time.sleep(0.2), release.set()), daemon=True).start()
+    server = ServerThread(service, shutdown_timeout=0.3).start()
+
+    async def scenario():
+        async with aiohttp.ClientSession() as session:
+            in_flight = asyncio.create_task(post(session, server.url, pixel_body(*random_request(1))))
+            await asyncio.to_thread(entered.wait, TIMEOUT)  # its batch is in the encoder
+            assert await asyncio.to_thread(server.shutdown, TIMEOUT)
+            with pytest.raises(aiohttp.ClientError):
+                await in_flight
+    run(scenario())
+    assert server.drained is False and service.abandoned == 1
+    assert not service.scheduler._worker.is_alive()

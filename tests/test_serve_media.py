@@ -6,6 +6,7 @@ import base64
 import io
 import json
 import os
+import threading
 import time
 
 import aiohttp
@@ -16,6 +17,7 @@ from PIL import Image
 from safetensors.torch import load
 from test_serve import (
     ONE_BUDGET,
+    TIMEOUT,
     TINY,
     error_of,
     gated,
@@ -776,3 +778,31 @@ def test_a_file_url_naming_a_directory_or_fifo_is_a_400(tmp_path, kind):
         prepare_media("json", json.dumps({"content": [image_part(f"file://{path}")]}).encode(),
                       MediaLimits(allowed_media_dir=str(tmp_path)), 4)
     assert err.value.status == 400
+
+
+def test_a_client_that_leaves_before_its_frames_become_rows_leaves_no_shared_file(tiny_model, pool):
+    """The client leaves once its media is decoded, while the job that makes its rows waits for a thread of the
+    service's pool (busy with other work): that job never runs, and the frames' shared file is removed all the same
+    (it stayed in /dev/shm, the server's memory, until the server stopped)."""
+    service = media_service(tiny_model, pool)
+    if service._pixel_dir() is None:
+        pytest.skip("no /dev/shm with room: frames cross as bytes")
+    jpeg = encode_image(noise((56, 56, 3), 1))
+    release = threading.Event()
+    with ServerThread(service) as server:
+        async def leave():
+            for _ in range(2):  # every thread of the service's pool busy
+                service.pool.submit(release.wait, TIMEOUT)
+            async with aiohttp.ClientSession() as session:
+                sent = asyncio.create_task(post(session, server.url, json.dumps(
+                    {"content": [image_part(data_url(jpeg, "jpeg"))]}).encode(), JSON))
+                await asyncio.to_thread(wait_until, lambda: service.pool._work_queue.qsize() == 1,
+                                        "the rows' job to wait for a thread")
+                sent.cancel()
+            await asyncio.to_thread(wait_until, lambda: service.clients_left == 1, "the client to be counted")
+            release.set()
+            await asyncio.to_thread(wait_until, lambda: service.in_server == 0 and service.pool._work_queue.empty(),
+                                    "the request to end")
+        run(leave())
+        folder = service._pixels[0]
+        assert folder is not None and os.listdir(folder) == []

@@ -59,7 +59,8 @@ class DecodeClosed(RuntimeError):
 
 def _worker_main(conn: Connection, preload: tuple[str, ...], scratch: str) -> None:
     """A worker: imports ``preload``, says it is ready, then answers ("ok", result) or ("error", exception) for
-    each (function, args) it receives; None ends it. Its temporary files go under ``scratch``."""
+    each (function, args) it receives; None, or a server that is gone (its pipe closed), ends it. Its temporary
+    files go under ``scratch``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     tempfile.tempdir = os.environ["TMPDIR"] = scratch
     for variable in ONE_THREAD:  # before any numerical library is imported: they read these once
@@ -68,7 +69,10 @@ def _worker_main(conn: Connection, preload: tuple[str, ...], scratch: str) -> No
         importlib.import_module(module)
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
-    conn.send(("ready", None))
+    try:
+        conn.send(("ready", None))
+    except OSError:  # the server is gone (killed while this worker started): nobody to answer
+        return
     while True:
         try:
             task = conn.recv()
@@ -83,6 +87,8 @@ def _worker_main(conn: Connection, preload: tuple[str, ...], scratch: str) -> No
             answer = ("error", err)
         try:
             conn.send(answer)
+        except OSError:  # the server is gone: nobody to answer
+            return
         except Exception as err:  # noqa: BLE001 - an answer or error that cannot be pickled
             conn.send(("error", RuntimeError(f"the worker's answer could not be sent back ({type(err).__name__})")))
 

@@ -376,8 +376,14 @@ class EncoderService:
                 raise BadRequest(f"{len(prepared.records)} items in one request: at most {self.limits.max_items}",
                                  413)
             prepared_at = time.perf_counter()
-            future = await loop.run_in_executor(self.pool, self.scheduler.submit, prepared.pixel_values,
-                                                prepared.grid_thw, not prepared.finite)
+            admission = self.pool.submit(self.scheduler.submit, prepared.pixel_values, prepared.grid_thw,
+                                         not prepared.finite)
+            try:
+                future = await asyncio.wrap_future(admission)
+            except asyncio.CancelledError:  # its client left: a request admitted meanwhile is withdrawn once it is
+                if not admission.cancel():
+                    admission.add_done_callback(self._withdraw_admitted)
+                raise
             admitted = time.perf_counter()
             try:
                 result = await asyncio.wrap_future(future)
@@ -426,6 +432,11 @@ class EncoderService:
         self.timed += 1
         return response
 
+    def _withdraw_admitted(self, admission: Any) -> None:
+        """An admission's done callback, its client gone: the request it admitted (if any) is withdrawn."""
+        if admission.exception() is None:
+            self.scheduler.withdraw(admission.result())
+
     async def _read(self, request: web.Request, held: "_Held", timing: dict[str, float], start: float) -> Prepared:
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):  # inflating would take memory and time the body limit does not see
@@ -464,7 +475,13 @@ class EncoderService:
             except WorkerDied as err:
                 raise BadRequest(f"internal error: {err}", 500) from None
             handed = time.perf_counter()
-            rows = await loop.run_in_executor(self.pool, _device_rows, media, self.model.device, self.model.dtype)
+            job = self.pool.submit(_device_rows, media, self.model.device, self.model.dtype)
+            try:
+                rows = await asyncio.wrap_future(job)
+            except asyncio.CancelledError:  # its client left: a job that never ran removes no frames, so here
+                if job.cancel():
+                    media.discard()
+                raise
             prepared = Prepared(rows, torch.from_numpy(media.grid_thw), media.records, finite=True)
             # preprocess: the worker's resizing, then the rows made on the model's device; decode: everything else
             # from the body read to the frames here (the waits for the request's turns in the decode pool, the
@@ -742,7 +759,9 @@ def format_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-CANCEL_AFTER_S = 1.0  # a drain past its timeout: how long handlers still running get before they are cancelled
+CANCEL_AFTER_S = 1.0  # a drain past its timeout: how long handlers still running get before they are cancelled,
+# and then how long the encoder's worker gets to end the batch it holds (a worker thread that ends while the
+# interpreter exits, having used torch, aborts the process)
 
 
 async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int = 0, shutdown_timeout: float = 60.0,
@@ -750,8 +769,9 @@ async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int
                      handle_signals: bool = False) -> bool:
     """Serve ``service`` until ``stop`` is set (or SIGINT/SIGTERM with ``handle_signals``), then drain (module
     docstring); True if the drain answered every request within ``shutdown_timeout``. Otherwise it logs one line
-    of how many requests it abandoned (``service.abandoned``), cancels their handlers and stops without waiting
-    for the scheduler. ``on_ready`` gets the URL once the socket listens (port 0: an ephemeral port)."""
+    of how many requests it abandoned (``service.abandoned``), cancels their handlers and stops, waiting for the
+    scheduler only for the batch it holds (:data:`CANCEL_AFTER_S` at most). ``on_ready`` gets the URL once the
+    socket listens (port 0: an ephemeral port)."""
     # the drain below waits for the handlers itself: aiohttp's own wait, after it, only for what outlived it
     # a client that leaves cancels its handler: a request of it still queued is withdrawn from the scheduler
     runner = web.AppRunner(service.app, handle_signals=False, shutdown_timeout=min(shutdown_timeout, CANCEL_AFTER_S),
@@ -788,7 +808,8 @@ async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int
             log.warning("the drain ran out of time (%g s): %d request(s) in flight abandoned", shutdown_timeout,
                         service.abandoned)
         await runner.cleanup()  # close idle connections, cancel the handlers still in flight
-        closed = await loop.run_in_executor(None, service.close, 0.0 if service.abandoned else shutdown_timeout)
+        closed = await loop.run_in_executor(None, service.close,
+                                            CANCEL_AFTER_S if service.abandoned else shutdown_timeout)
     return closed and not service.abandoned
 
 
