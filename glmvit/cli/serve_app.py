@@ -34,11 +34,12 @@ than the decode timeout), 415 another content type or a compressed body (any ``C
 refused before it is read), 429 past a bound of what the server holds: requests, body bytes
 (``max_held_bytes``), requests waiting for a decoder, or the scheduler's requests, tokens and bytes (with
 ``Retry-After``), 503 shutting down or past ``max_connections`` open connections, 500 an internal error (its
-traceback goes to the server's log, never to the client). A refused body's connection is closed rather than
-drained. A connection whose request headers take longer than ``header_timeout_s`` is closed. ``GET /health``: a
-little JSON (status, mode, limits); ``GET /v1/info``: that and the model, the floor, the capture, the decoders,
-the media bounds, the provenance and the code's fingerprint. ``GET /metrics``: Prometheus text (each family's
-HELP and TYPE once; seconds, ``_total`` counters), or JSON with ``?format=json``. A request whose client closes
+traceback goes to the server's log, never to the client). A refused body is never kept: after the error is
+sent, what the client still sends is read and discarded for at most aiohttp's lingering time (10 s), then the
+connection is closed. A connection whose request headers take longer than ``header_timeout_s`` is closed.
+``GET /health``: a little JSON (status, mode, limits); ``GET /v1/info``: that and the model, the floor, the capture,
+the decoders, the media bounds, the provenance and the code's fingerprint. ``GET /metrics``: Prometheus text (each
+family's HELP and TYPE once; seconds, ``_total`` counters), or JSON with ``?format=json``. A request whose client closes
 its connection before the answer is written gets none and is counted apart from the answered ones
 (``glmvit_http_clients_left_total``, ``http.clients_left``), never as an error; its answer is not serialised, and
 if no batch has taken its items yet they are dropped unencoded (``glmvit_scheduler_withdrawn_total``).
