@@ -88,11 +88,11 @@ def test_a_worker_whose_server_is_gone_ends_quietly(tmp_path, capfd):
     started) ends with status 0 and prints nothing: it printed a BrokenPipeError traceback into the server's log."""
     import multiprocessing
 
-    from glmvit.cli.decode_pool import _worker_main
+    from glmvit.cli.decode_pool import worker_main
 
     context = multiprocessing.get_context("spawn")
     ours, theirs = context.Pipe()
-    worker = context.Process(target=_worker_main, args=(theirs, (), str(tmp_path)), daemon=True)
+    worker = context.Process(target=worker_main, args=(theirs, (), str(tmp_path)), daemon=True)
     worker.start()
     theirs.close()
     ours.close()  # the server is gone before the worker says it is ready

@@ -57,7 +57,7 @@ class DecodeClosed(RuntimeError):
     """The pool is closed: it takes no new request or task."""
 
 
-def _worker_main(conn: Connection, preload: tuple[str, ...], scratch: str) -> None:
+def worker_main(conn: Connection, preload: tuple[str, ...], scratch: str) -> None:
     """A worker: imports ``preload``, says it is ready, then answers ("ok", result) or ("error", exception) for
     each (function, args) it receives; None, or a server that is gone (its pipe closed), ends it. Its temporary
     files go under ``scratch``."""
@@ -97,7 +97,7 @@ class _Worker:
     def __init__(self, context: Any, preload: tuple[str, ...]):
         self.conn, child = context.Pipe()
         self.scratch = tempfile.mkdtemp(prefix="glmvit-decode-")
-        self.process = context.Process(target=_worker_main, args=(child, preload, self.scratch),
+        self.process = context.Process(target=worker_main, args=(child, preload, self.scratch),
                                        name="glmvit-decode", daemon=True)
         try:
             self.process.start()
