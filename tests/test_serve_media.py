@@ -608,6 +608,24 @@ def test_a_picture_past_pils_own_pixel_bound_is_a_413():
     assert refused.value.status == 413
 
 
+def test_a_sliver_is_a_400_naming_the_item_and_the_size_it_was_sent_at():
+    """A picture under 28 px on a side is scaled up before its aspect ratio is checked; the error named the
+    scaled size (a 3000×10 upload was refused as '28×8400'), which the client never sent."""
+    from glmvit.cli.serve_media import MediaError, prepare_media
+
+    out = io.BytesIO()
+    Image.new("RGB", (3000, 10)).save(out, format="PNG")  # width 3000, height 10
+    fine = data_url(png_of_zeros(32), "png")
+    body = json.dumps({"content": [image_part(fine), image_part(data_url(out.getvalue(), "png"))]}).encode()
+    limit = r"aspect ratio of 10×3,000 \(height×width\) exceeds 200:1$"
+    for kind, payload, label in [("json", body, r"content\[1\]\.image_url"),
+                                 ("files", [("ok.png", png_of_zeros(32)), ("sliver.png", out.getvalue())],
+                                  r"file 1 \(sliver\.png\)")]:
+        with pytest.raises(MediaError, match=f"^{label}: {limit}") as refused:
+            prepare_media(kind, payload, MediaLimits(), 4)
+        assert refused.value.status == 400
+
+
 @pytest.mark.skipif(not mp4_available(), reason="PyAV cannot write MP4 here")
 def test_a_video_past_the_requests_pixel_budget_is_a_413_naming_the_part_once():
     """encode's load turned the video decoder's bound (DecodeLimitError) into a plain ValueError naming the file
