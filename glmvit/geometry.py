@@ -97,11 +97,12 @@ def smart_resize(height: int, width: int, num_frames: int = TEMPORAL_PATCH_SIZE,
                          "more than any decoder gives")
     if min_pixels > max_pixels:
         raise ValueError(f"min_pixels={min_pixels} is larger than max_pixels={max_pixels}")
+    sent = f"{_side(height)}×{_side(width)}"  # an error names the size as given, not as scaled up below
     if height < factor or width < factor:
         scale = max(factor / height, factor / width)
         height, width = int(height * scale), int(width * scale)
     if max(height, width) / min(height, width) > 200:
-        raise ValueError(f"aspect ratio of {height}×{width} exceeds 200")
+        raise ValueError(f"aspect ratio of {sent} (height×width) exceeds 200:1")
     h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
     t_bar = round(num_frames / temporal_factor) * temporal_factor
     if t_bar * h_bar * w_bar > max_pixels:

@@ -98,3 +98,4 @@ def test_a_worker_whose_server_is_gone_ends_quietly(tmp_path, capfd):
     ours.close()  # the server is gone before the worker says it is ready
     worker.join(120)
     assert worker.exitcode == 0 and "Traceback" not in capfd.readouterr().err
+    assert not tmp_path.exists()  # its scratch directory: nobody else is left to remove it

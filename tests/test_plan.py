@@ -141,7 +141,7 @@ def test_json_requests_may_be_numbers_or_strings():
     ("t.csv", b"height,width\n224,224\n224,abc\n", "t.csv line 3: width must be a positive integer, got 'abc'"),
     ("t.csv", b"height,width\n224,0\n", "t.csv line 2: width must be a positive integer, got 0"),
     ("t.csv", b"height,width\n224,\n", "t.csv line 2: width is missing"),
-    ("t.csv", b"height,width\n224,22400000\n", "t.csv line 2: aspect ratio of 224×22400000 exceeds 200"),
+    ("t.csv", b"height,width\n224,22400000\n", "t.csv line 2: aspect ratio of 224×22,400,000 (height×width) exceeds"),
     ("t.csv", f"height,width,frames\n224,224,{MAX_FRAMES + 1}\n".encode(), "t.csv line 2: frames 641 is more"),
     ("t.csv", b"height,width,request\n224,224,\n", "t.csv line 2: request must be a non-empty string"),
     ("t.csv", b"height,width\n1,2,3\n", "t.csv line 2: more values than header columns"),

@@ -553,6 +553,41 @@ def test_health_and_metrics(tiny_model, monkeypatch):
     assert missing[0] == 404 and json.loads(missing[1])["error"] == "Not Found"
 
 
+def half_closed_exchange(url, data):
+    """Send ``data`` over a socket, shut its sending side (a half-close), and read until the server closes."""
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    with socket.create_connection((where.hostname, where.port), timeout=TIMEOUT) as sock:
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_a_client_that_half_closes_after_a_whole_connection_close_request_is_answered(tiny_model):
+    """A client that shuts its sending side once its request is sent got nothing: aiohttp took the FIN as the
+    client leaving and cancelled the encoding. A request that said Connection: close is now answered, then the
+    connection closed; on a keep-alive connection the FIN still means the client left (no answer, counted so)."""
+    pixels, grid = random_request(3)
+    body = pixel_body(pixels, grid)
+    head = (b"POST /v1/encode HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-safetensors\r\n"
+            b"Content-Length: %d\r\n" % len(body))
+    service = service_for(tiny_model)
+    with ServerThread(service) as server:
+        left = half_closed_exchange(server.url, head + b"\r\n" + body)  # keep-alive: the client left
+        wait_until(lambda: service.clients_left == 1 and service.in_server == 0, "the request to end")
+        answer = half_closed_exchange(server.url, head + b"Connection: close\r\n\r\n" + body)
+    assert left == b"" and service.clients_left == 1 and service.responses[200] == 1
+    status, rest = answer.split(b"\r\n", 1)
+    assert status == b"HTTP/1.1 200 OK", answer[:300]
+    embeddings = load(rest.split(b"\r\n\r\n", 1)[1])
+    assert len([k for k in embeddings if k.startswith("item_")]) == len(grid)
+
+
 def test_a_client_that_leaves_before_its_answer_is_counted_apart_not_as_an_error(tiny_model):
     """A client gives up while its request waits in the queue: the server answers nobody, counts no response and no
     internal error, drops the request from the queue unencoded, and says how many left and how many it dropped, in

@@ -531,6 +531,42 @@ def test_after_sigterm_an_idle_keep_alive_connection_gets_a_503_while_a_request_
     assert in_flight[0] == 200
 
 
+def test_a_server_killed_by_sigkill_leaves_its_frames_folder_only_to_the_next_start():
+    """SIGKILL left the server's (empty) folder on /dev/shm and its decode worker's scratch directory for good:
+    the worker, finding its server gone, now removes its scratch, and the folder, which no live process holds any
+    more, is swept by the next server's start (:func:`~glmvit.cli.pixel_rows.sweep_shared_dirs`)."""
+    import glob
+    import subprocess
+    import sys
+    import tempfile
+
+    from test_serve import ROOT
+
+    from glmvit.cli.decode_pool import SCRATCH_PREFIX
+    from glmvit.cli.pixel_rows import MIN_FREE, PREFIX, SHM, sweep_shared_dirs
+
+    if not os.path.isdir(SHM) or os.statvfs(SHM).f_bavail * os.statvfs(SHM).f_frsize < MIN_FREE:
+        pytest.skip("no /dev/shm with room for the frames here: they go through the pipe")
+    child = subprocess.Popen([sys.executable, "-m", "glmvit", "serve", "--device", "cpu", "--port", "0", "--budgets",
+                              "32", "--no-measure-floor", "--quiet", "--decode-workers", "1"], cwd=ROOT,
+                             env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        line = child.stdout.readline()
+        assert "listening on http://127.0.0.1:" in line, line + child.stderr.read()
+        url = line.split("listening on ")[1].split()[0]
+        body = json.dumps({"content": [image_part(data_url(png_of_zeros(32), "png"))]}).encode()
+        assert run(post_json(url, body))[0] == 200
+        frames = glob.glob(os.path.join(SHM, f"{PREFIX}{child.pid}-*"))
+        scratch = glob.glob(os.path.join(tempfile.gettempdir(), f"{SCRATCH_PREFIX}{child.pid}-*"))
+        assert len(frames) == 1 and len(scratch) == 1, (frames, scratch)
+    finally:
+        child.kill()
+        child.wait(60)
+    wait_until(lambda: not os.path.exists(scratch[0]), "the orphaned worker to remove its scratch directory")
+    assert os.listdir(frames[0]) == [] and frames[0] in sweep_shared_dirs() and not os.path.exists(frames[0])
+
+
 def test_decoded_frames_are_handed_over_in_the_shared_folder_given(tmp_path):
     """prepare_media writes the frames under the folder the server names (its temporary directory for the files
     must not take that name's place: the frames then went through the pipe as bytes)."""
@@ -606,6 +642,24 @@ def test_a_picture_past_pils_own_pixel_bound_is_a_413():
     with pytest.raises(MediaError, match="too many pixels") as refused:
         prepare_media("files", [("big.png", png)], MediaLimits(), 4)
     assert refused.value.status == 413
+
+
+def test_a_sliver_is_a_400_naming_the_item_and_the_size_it_was_sent_at():
+    """A picture under 28 px on a side is scaled up before its aspect ratio is checked; the error named the
+    scaled size (a 3000×10 upload was refused as '28×8400'), which the client never sent."""
+    from glmvit.cli.serve_media import MediaError, prepare_media
+
+    out = io.BytesIO()
+    Image.new("RGB", (3000, 10)).save(out, format="PNG")  # width 3000, height 10
+    fine = data_url(png_of_zeros(32), "png")
+    body = json.dumps({"content": [image_part(fine), image_part(data_url(out.getvalue(), "png"))]}).encode()
+    limit = r"aspect ratio of 10×3,000 \(height×width\) exceeds 200:1$"
+    for kind, payload, label in [("json", body, r"content\[1\]\.image_url"),
+                                 ("files", [("ok.png", png_of_zeros(32)), ("sliver.png", out.getvalue())],
+                                  r"file 1 \(sliver\.png\)")]:
+        with pytest.raises(MediaError, match=f"^{label}: {limit}") as refused:
+            prepare_media(kind, payload, MediaLimits(), 4)
+        assert refused.value.status == 400
 
 
 @pytest.mark.skipif(not mp4_available(), reason="PyAV cannot write MP4 here")

@@ -14,7 +14,9 @@ the others. Requests are bounded: past ``workers + max_waiting`` requests open o
 open is never refused a task. A worker that dies (killed from outside, out of memory) fails its task with
 :class:`WorkerDied` and is replaced. Workers ignore SIGINT: a Ctrl-C meant for the server is its to handle.
 Each worker's temporary files go to a directory of its own, removed when the worker ends, killed or stopped (a
-killed worker cannot remove what its task left: a request's media would stay on disk). Each worker computes on one
+killed worker cannot remove what its task left: a request's media would stay on disk); a worker whose server is
+gone (killed) removes its own as it ends, and one whose server and worker were both killed is swept when the next
+pool starts a worker (an owned directory, :mod:`glmvit.cli.owned_dir`). Each worker computes on one
 thread (OpenMP, MKL, OpenBLAS and torch's intra-op pool set to 1): the pool's parallelism is its workers, and
 ``workers`` processes each running a pool of one thread per CPU would oversubscribe the machine many times over.
 
@@ -27,7 +29,6 @@ import collections
 import importlib
 import multiprocessing
 import os
-import shutil
 import signal
 import sys
 import tempfile
@@ -37,7 +38,10 @@ from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any, Callable
 
+from . import owned_dir
+
 ONE_THREAD = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")  # a worker's numerical thread pools
+SCRATCH_PREFIX = "glmvit-worker-"  # a worker's temporary directory under the system's (tempfile.gettempdir())
 STARTUP_TIMEOUT_S = 300.0  # a worker's imports (torch, PIL, the processor) on a loaded machine
 
 
@@ -60,7 +64,15 @@ class DecodeClosed(RuntimeError):
 def worker_main(conn: Connection, preload: tuple[str, ...], scratch: str) -> None:
     """A worker: imports ``preload``, says it is ready, then answers ("ok", result) or ("error", exception) for
     each (function, args) it receives; None, or a server that is gone (its pipe closed), ends it. Its temporary
-    files go under ``scratch``."""
+    files go under ``scratch``, which it owns too (:func:`owned_dir.hold`) and removes as it ends."""
+    try:
+        owned_dir.hold(scratch)
+        _serve(conn, preload, scratch)
+    finally:
+        owned_dir.remove(scratch)
+
+
+def _serve(conn: Connection, preload: tuple[str, ...], scratch: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     tempfile.tempdir = os.environ["TMPDIR"] = scratch
     for variable in ONE_THREAD:  # before any numerical library is imported: they read these once
@@ -96,13 +108,13 @@ def worker_main(conn: Connection, preload: tuple[str, ...], scratch: str) -> Non
 class _Worker:
     def __init__(self, context: Any, preload: tuple[str, ...]):
         self.conn, child = context.Pipe()
-        self.scratch = tempfile.mkdtemp(prefix="glmvit-decode-")
+        self.scratch = owned_dir.make(tempfile.gettempdir(), SCRATCH_PREFIX)
         self.process = context.Process(target=worker_main, args=(child, preload, self.scratch),
                                        name="glmvit-decode", daemon=True)
         try:
             self.process.start()
         except BaseException:
-            shutil.rmtree(self.scratch, ignore_errors=True)
+            owned_dir.remove(self.scratch)
             raise
         child.close()
         if not self.conn.poll(STARTUP_TIMEOUT_S) or self.conn.recv()[0] != "ready":
@@ -123,7 +135,7 @@ class _Worker:
         self.process.kill()
         self.process.join()
         self.conn.close()
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        owned_dir.remove(self.scratch)
 
     def stop(self) -> None:
         try:
@@ -135,7 +147,7 @@ class _Worker:
             self.kill()
         else:
             self.conn.close()
-            shutil.rmtree(self.scratch, ignore_errors=True)
+            owned_dir.remove(self.scratch)
 
 
 class DecodeRequest:

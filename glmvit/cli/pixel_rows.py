@@ -5,20 +5,22 @@ pool's, made by :func:`shared_dir`; memory, not disk) and sends only its name; t
 (copy-on-write: nothing is copied unless written) and unlinks it at once, so the bytes live exactly as long as the
 tensor that views them. Where ``/dev/shm`` is missing or has less than :data:`MIN_FREE` bytes free, or a write
 fails (it filled up), the bytes travel through the pipe instead. :func:`remove_shared_dir` removes what
-a killed worker may have left.
+a killed worker may have left. The directory is an owned one (:mod:`glmvit.cli.owned_dir`): a server killed
+(SIGKILL) cannot remove it, and the next server's start (:func:`sweep_shared_dirs`) or directory removes it.
 """
 from __future__ import annotations
 
 import mmap
 import os
-import shutil
-import tempfile
 import uuid
 from dataclasses import dataclass
 
 import torch
 
+from . import owned_dir
+
 SHM = "/dev/shm"
+PREFIX = "glmvit-frames-"  # a server's directory of hand-offs under SHM (owned_dir's naming: PREFIX<pid>-<random>)
 MIN_FREE = 1 << 30  # /dev/shm must have this much free to be used (a container's default of 64 MiB is not)
 
 
@@ -28,14 +30,19 @@ def shared_dir() -> str | None:
         stat = os.statvfs(SHM)
         if stat.f_bavail * stat.f_frsize < MIN_FREE:
             return None
-        return tempfile.mkdtemp(prefix="glmvit-pixels-", dir=SHM)
+        return owned_dir.make(SHM, PREFIX)
     except OSError:
         return None
 
 
 def remove_shared_dir(folder: str | None) -> None:
     if folder:
-        shutil.rmtree(folder, ignore_errors=True)
+        owned_dir.remove(folder)
+
+
+def sweep_shared_dirs() -> list[str]:
+    """Remove the directories (and frames) servers killed before they could remove their own left (the paths)."""
+    return owned_dir.sweep(SHM, PREFIX)
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ from .common import (
 )
 from .decode_pool import DecodePool
 from .encode import model_metadata
+from .pixel_rows import sweep_shared_dirs
 from .serve_app import DECODE_QUEUE, EncoderService, HttpLimits, default_decode_pool, default_decode_workers, run_server
 from .serve_media import DEFAULT_FRAME_PIXELS, DEFAULT_REQUEST_PIXELS, MediaLimits
 from .session import runner_key
@@ -259,6 +260,7 @@ def build_service(args: argparse.Namespace, command: str, model: GlmVisionEncode
                                                                   args.decode_timeout),
                              own_decode=decode is None)
     service.decode.start()  # its processes start now (their imports take seconds), not with the first upload
+    sweep_shared_dirs()  # the frames' folders of servers killed before they could remove them
     return service
 
 

@@ -42,7 +42,13 @@ the decoders, the media bounds, the provenance and the code's fingerprint. ``GET
 family's HELP and TYPE once; seconds, ``_total`` counters), or JSON with ``?format=json``. A request whose client closes
 its connection before the answer is written gets none and is counted apart from the answered ones
 (``glmvit_http_clients_left_total``, ``http.clients_left``), never as an error; its answer is not serialised, and
-if no batch has taken its items yet they are dropped unencoded (``glmvit_scheduler_withdrawn_total``).
+if no batch has taken its items yet they are dropped unencoded (``glmvit_scheduler_withdrawn_total``). A FIN
+from the client before the answer counts as its leaving, unless its request said ``Connection: close`` (or was
+HTTP/1.0) and arrived whole: such a client may shut only its sending side (``shutdown(SHUT_WR)``), and is answered,
+then the connection closed. TCP cannot tell a half-close from a close until something is written, and a client
+that gives up on a keep-alive connection (a timeout) closes with the same FIN: its request is withdrawn, not encoded
+for nobody. So a client that half-closes a keep-alive connection is taken as gone: what is not answered yet
+never is (send ``Connection: close`` to half-close).
 
 :func:`run_server` serves until asked to stop, then drains: it stops listening; while requests are in flight it
 keeps open connections open and answers a new request on any of them (an idle keep-alive one included) with 503
@@ -694,6 +700,23 @@ class _JsonErrors(web.RequestHandler):
     def __init__(self, manager: web.Server, responses: collections.Counter[int], **kwargs: Any):
         super().__init__(manager, **kwargs)
         self.responses = responses
+        self._last_sent: tuple[Any, Any] | None = None  # the newest request parsed and its body
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._messages:  # aiohttp's queue of parsed requests, not yet handled: the newest is the last one
+            self._last_sent = self._messages[-1]
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio.Protocol's: True keeps it open
+        """The client shut its sending side (a FIN). aiohttp closes the connection, which cancels the request in
+        flight: right for a client that left. A client whose last request said the connection ends with it
+        (``Connection: close``, or HTTP/1.0) and arrived whole may close so, half of it (RFC 9112 §9.6): the
+        connection stays open for the answer, then closes as that request asked."""
+        if self._last_sent is not None:
+            message, payload = self._last_sent  # a request the parser refused has no should_close: answered too
+            if getattr(message, "should_close", True) and payload.is_eof():
+                return True
+        return None
 
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
