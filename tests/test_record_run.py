@@ -113,6 +113,7 @@ def test_the_orchestrator_runs_each_phase_once_and_packs_what_they_wrote(tmp_pat
         "profile": ["[done] startup_warm 9.0 data/bench/capture_h200.json", "[FAIL] kernels 3.0"],
     }
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(record, "install_problem", lambda: None)  # a CPU machine posing as one with CUDA
     monkeypatch.setattr(record.subprocess, "Popen", FakePhase)
     monkeypatch.setattr(record, "job_current", lambda job, run_id=None: False)
     code = main(["record", "--only", "latency,startup_warm,kernels", "--archive", str(archive)])
@@ -134,6 +135,7 @@ def test_an_interrupted_run_ends_the_phases_it_never_told_to_go(tmp_path, monkey
     FakePhase.calls, FakePhase.events = [], []
     FakePhase.script = {"measure": ["[done] latency 1.0 "], "profile": []}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(record, "install_problem", lambda: None)  # a CPU machine posing as one with CUDA
     monkeypatch.setattr(record.subprocess, "Popen", FakePhase)
     monkeypatch.setattr(record, "job_current", lambda job, run_id=None: False)
 
@@ -631,3 +633,23 @@ def test_a_served_mode_takes_the_runner_an_earlier_server_captured(tmp_path):
 def test_without_kept_compiled_state_every_job_compiles_from_nothing(monkeypatch):
     monkeypatch.setattr(recorder, "KEEP_COMPILED_STATE", False)
     assert not any(recorder.keeps_compiled(j) for j in jobs())
+
+
+def test_a_record_refuses_a_hopper_gpu_without_the_cuda_extra(monkeypatch, capsys):
+    """auto attends with cuDNN on Hopper only through the cuda extra: records made without it would measure Triton
+    where a full install runs cuDNN, so the run stops before any job, naming the extra."""
+    from glmvit.kernels import cudnn_attention
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (9, 0))
+    monkeypatch.setattr(cudnn_attention, "frontend_installed", lambda: False)
+    monkeypatch.setattr(record, "job_current", lambda job, run_id=None: False)
+    monkeypatch.setattr(record.subprocess, "Popen", lambda *a, **k: pytest.fail("a phase started"))
+    with pytest.raises(SystemExit) as stop:
+        record.main(["--only", "latency"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "cuda extra" in err and "glmvit[cuda]" in err and "triton" in err
+    # before Hopper auto is triton with or without the extra: nothing to refuse
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (8, 9))
+    assert recorder.install_problem() is None

@@ -29,7 +29,17 @@ from typing import Callable
 
 from ..records import REPO, RUN_ENV, load_any, staleness
 from .common import Parser, atomic_output, float_in
-from .recorder import PHASES, SPAWNED_AT, Job, command_line, expected_seconds, fresh_workdir, jobs, same_command
+from .recorder import (
+    PHASES,
+    SPAWNED_AT,
+    Job,
+    command_line,
+    expected_seconds,
+    fresh_workdir,
+    install_problem,
+    jobs,
+    same_command,
+)
 
 
 def job_current(job: Job, run_id: str | None = None) -> bool:
@@ -179,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if not torch.cuda.is_available():
         parser.error("recording needs a CUDA GPU (the records are GPU results); --dry-run shows the plan")
+    if problem := install_problem():
+        parser.error(f"recording needs the cuda extra on this GPU: {problem}")
     workdir = fresh_workdir()
     env = {**os.environ, RUN_ENV: run_id, "PYTHONUNBUFFERED": "1",
            "TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor"), "TRITON_CACHE_DIR": str(workdir / "triton")}

@@ -519,6 +519,20 @@ def run_phase(phase: str, names: list[str], workdir: Path, deadline: float | Non
     return failures
 
 
+def install_problem(device_index: int = 0) -> str | None:
+    """Why this CUDA machine would record a configuration ``make`` does not install on it (None: it would not):
+    on a GPU where ``auto`` attends with cuDNN (Hopper or newer), the ``cuda`` extra's cuDNN frontend missing or not
+    loading, so that every record would measure the Triton kernel where a full install runs cuDNN's."""
+    import torch
+
+    from ..kernels.cudnn_attention import MIN_CAPABILITY, unavailable_reason
+
+    if torch.cuda.get_device_capability(device_index) < MIN_CAPABILITY:
+        return None  # auto is triton on this GPU, with or without the extra
+    reason = unavailable_reason(device_index, torch.bfloat16, None)
+    return None if reason is None else f"{reason}; without it auto runs triton where a full install runs cudnn"
+
+
 def same_command(recorded: str | None, job: Job) -> bool:
     """Whether a record's provenance command is the job's command now (whatever interpreter ran it: a command run
     through its own ``main`` names ``sys.executable``, the plan names ``python``)."""
