@@ -596,12 +596,20 @@ def test_the_plan_shares_runners_only_between_jobs_that_capture_the_same_ones_an
     assert runner_flags(seed[0]) == runner_flags(seed[1]) and {"--budgets", "--max-items", "--max-segments"} <= set(
         runner_flags(seed[0]))  # the limits given: whatever the workload, the same runners
     assert all(runner_flags(j) == {} for j in groups["serve"])  # the serving defaults, every one
-    assert not any(recorder.keeps_compiled(j) for j in jobs())  # by default every job compiles from nothing
-    monkeypatch.setattr(recorder, "KEEP_COMPILED_STATE", True)
+    assert recorder.KEEP_COMPILED_STATE  # the default: compiled regions are reused from job to job
     keeps = {j.name: recorder.keeps_compiled(j) for j in jobs()}
-    assert not keeps["img1x224"] and not keeps["img8x448"]  # transformers-compiled: its CUDA graphs are freed
+    assert keeps["img1x224"] and keeps["img8x448"]  # transformers-compiled compiles transformers' code, static
     assert keeps["mixed_img"] and keeps["latency_compiled"] and keeps["serve_mixed_av"]
     assert not keeps["startup_cold"] and not keeps["kernels"]
+    assert not any(keeps[j.name] for j in plan if j.command == "notebook")  # what a notebook compiles is its own
+    whole = recorder.Job("w", "measure", "bench", ("--workload", "img1x224", "--modes", "eager,compile"))
+    assert not recorder.keeps_compiled(whole)  # a whole forward compiled per shape: cleared after its job
+    # every notebook result that times runs before the first job that keeps compiled code: it compiles from nothing
+    first_keep = min(names.index(n) for n, kept in keeps.items() if kept and n in names)
+    assert all(names.index(j.name) < first_keep for j in plan if j.command == "notebook"
+               and j.name not in recorder.LAST_IN_PHASE)
+    profile = [j.name for j in jobs() if j.phase == "profile"]
+    assert profile[:2] == ["startup_warm", "kernels"]  # kernels times its replays before any profiler attaches
     for shares, members in groups.items():  # nothing between two sharers clears the compiled state under them
         first, last = names.index(members[0].name), names.index(members[-1].name)
         assert all(keeps[n] for n in names[first:last]), shares

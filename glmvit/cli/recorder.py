@@ -112,10 +112,9 @@ STATIC_JOBS: tuple[Job, ...] = (  # in the order each phase runs them
     _latency("latency_compiled", "--compile", estimate=16),
     # a fixed workload (one shape): 50 requests, then more passes while a median is known worse than ±2 %; a mixed
     # workload: its 300 requests once (another pass over the same requests would narrow the interval without
-    # sampling the workload any better). Between the two jobs that compile transformers (its reduce-overhead
-    # graphs are freed only by clearing torch.compile's state) the graph-compiled captures reuse the compiled code
-    # of the one before; the seed's two workloads share their runners (SEED_CONFIG fixes budgets and limits), so
-    # they run one after the other
+    # sampling the workload any better). Every graph-compiled capture from here on reuses the regions
+    # latency_compiled compiled (KEEP_COMPILED_STATE); the seed's two workloads share their runners (SEED_CONFIG
+    # fixes budgets and limits), so they run one after the other
     _bench("img1x224", "img1x224", 50, modes=PEER_MODES, estimate=35),
     _bench("seed_img1x224", "img1x224", 50, *SEED_CONFIG, modes="eager,graph,graph-compiled", estimate=11,
            shares="seed"),
@@ -150,37 +149,47 @@ STATIC_JOBS: tuple[Job, ...] = (  # in the order each phase runs them
 
 
 def jobs() -> list[Job]:
-    """Every job, phase by phase, in the order it runs: the notebooks' results before the served encoder (whose
-    load generator runs longest) and after the other static jobs of their phase; the warm start opens ``profile``;
+    """Every job, phase by phase, in the order it runs: the phase's start first; then, in ``measure``, the notebooks'
+    timing results (each compiles what it needs on a fresh compile state: no job before them keeps one), the other
+    static jobs and the served encoder (whose load generator runs longest); in ``profile``, the static jobs
+    (``kernels`` times its replays before any profiler has attached) before the notebooks' profiling results;
     :data:`LAST_IN_PHASE` ends its phase."""
     notebook = _notebook_jobs()
     ordered: list[Job] = []
     for phase in PHASES:
         mine = [j for j in STATIC_JOBS if j.phase == phase]
-        first = [j for j in mine if j.command != "bench-serve"]
-        lab = [j for j in notebook if j.phase == phase]
-        ordered += first + [j for j in lab if j.name not in LAST_IN_PHASE]
-        ordered += [j for j in mine if j.command == "bench-serve"] + [j for j in lab if j.name in LAST_IN_PHASE]
+        starts = [j for j in mine if j.command == "startup"]
+        rest = [j for j in mine if j.command not in ("startup", "bench-serve")]
+        serve = [j for j in mine if j.command == "bench-serve"]
+        lab = [j for j in notebook if j.phase == phase and j.name not in LAST_IN_PHASE]
+        last = [j for j in notebook if j.phase == phase and j.name in LAST_IN_PHASE]
+        early, late = ([], lab) if phase == "profile" else (lab, [])
+        ordered += starts + early + rest + late + serve + last
     return ordered
 
 
-# what a job compiles that the next may reuse: only the graph runners' regions (glmvit.graphs). transformers'
-# reduce-overhead compile keeps CUDA graphs of its own that only clearing torch.compile's state frees, and bench's
-# compile mode compiles the whole forward for each shape
-FOREIGN_COMPILES = ("transformers-compiled", "compile")
-# False (the default, so that a compiled record measures the code its command alone compiles): torch.compile's
-# state is cleared after every job, so every compiled capture compiles from nothing, as its
-# command alone does (and replays the code that compile makes: a capture on kept state may reuse an earlier
-# runner's dynamic-shape code where its command alone compiles its first budget for that budget's static shape); a
-# kept compiled runner is then freed after its job (its graphs' kernels live only as long as the compiled code)
-KEEP_COMPILED_STATE = False
+# what a job compiles that the next may not reuse: bench's compile mode compiles the whole forward for each shape.
+# transformers-compiled keeps nothing in the way: it compiles transformers' code, not glmvit's, and with
+# dynamic=False one specialisation per input shape, exactly as its command alone does (its reduce-overhead CUDA
+# graphs stay allocated until the phase ends: a few hundred MB)
+FOREIGN_COMPILES = ("compile",)
+# True: torch.compile's state stays between the jobs keeps_compiled allows, so a graph-compiled capture after the
+# first one reuses the compiled regions (glmvit.graphs) instead of compiling them again (about 50 s of a record run;
+# each record says which jobs compiled the code it replays: runner_source.compiled_after). What it may change: a
+# budget whose command alone compiles it for its static shape (the first of its ladder) may replay the
+# dynamic-shape code an earlier job compiled. On the H200 at 5cbeb87, one process, graph-compiled medians with
+# every budget static (compile_dynamic=False) against torch's default (first budget static, the rest dynamic):
+# img1x224 1.690 vs 1.676 ms, img4x224 3.326 vs 3.360, video8x224 3.480 vs 3.395, img8x448 25.64 vs 25.65,
+# mixed-img 15.40 vs 15.23: within 2.5 %, either way. False: every job compiles from nothing, as its command
+# alone does (a kept compiled runner is then freed after its job: its graphs' kernels live as long as the code)
+KEEP_COMPILED_STATE = True
 
 
 def keeps_compiled(job: Job) -> bool:
     """Whether torch.compile's state may stay after ``job`` for the next (:meth:`Session.end_job
     <glmvit.cli.session.Session.end_job>`): after the latency sweeps, the served encoder and the benchmarks that
-    compile nothing but graph runners; not after any other job (a start, a notebook, the kernels: what they compile
-    is theirs, or unknown); never without :data:`KEEP_COMPILED_STATE`."""
+    compile no whole forward (:data:`FOREIGN_COMPILES`); not after any other job (a start, a notebook, the kernels:
+    what they compile is theirs, or unknown); never without :data:`KEEP_COMPILED_STATE`."""
     if not KEEP_COMPILED_STATE:
         return False
     if job.command in ("latency", "bench-serve"):

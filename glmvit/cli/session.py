@@ -12,7 +12,7 @@ result, is most of what that saves; the rest is capturing and compiling once:
 - torch.compile's state (its compiled regions, :mod:`glmvit.graphs`) stays between jobs that keep it
   (``end_job(keep_compiled=True)``): a later compiled capture reuses what an earlier one compiled, and its record
   names the jobs whose compiled code it found. It is cleared after any other job — one that compiled something
-  else (transformers' reduce-overhead graphs, a notebook's code) —, and never while a kept runner holds compiled
+  else (a whole forward per shape, a notebook's code) —, and never while a kept runner holds compiled
   graphs (their kernels live as long as the compiled code: the runner is freed first).
 """
 from __future__ import annotations
