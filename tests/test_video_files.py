@@ -155,6 +155,25 @@ def test_sampled_frames_equal_transformers_pyav_reader(videos, ext, rule):
     assert torch.equal(ours.pixel_values, reference.pixel_values) and torch.equal(ours.grid_thw, reference.grid_thw)
 
 
+@pytest.mark.parametrize("ext", ["mp4", "webm"])
+def test_pyav_frames_share_one_converter_and_are_pyavs_own_rgb(videos, ext, monkeypatch):
+    """A video's frames go through one swscale converter (one made per frame cost more than the decoding) and come
+    out as PyAV's own rgb24 conversion of each frame, byte for byte."""
+    import av
+
+    made, real = [], av.video.reformatter.VideoReformatter
+
+    def counting():
+        made.append(real())
+        return made[-1]
+
+    monkeypatch.setattr(av.video.reformatter, "VideoReformatter", counting)
+    info = probe(videos[ext])
+    frames = np.stack([np.array(f) for _, f in video_files.decode(videos[ext], info, list(range(info.frames)))])
+    assert len(made) == 1
+    assert np.array_equal(frames, decode_all_pyav(videos[ext])[0])
+
+
 def test_caller_metadata_overrides_the_file():
     frames = np.stack([np.asarray(f.convert("RGB")) for f in ImageSequence.Iterator(Image.open(CLIP))])
     slow = process_video(CLIP, video_fps=5)  # 20 frames at 5 fps: 4 s, 8 frames at 2 fps
