@@ -99,3 +99,25 @@ def test_a_worker_whose_server_is_gone_ends_quietly(tmp_path, capfd):
     worker.join(120)
     assert worker.exitcode == 0 and "Traceback" not in capfd.readouterr().err
     assert not tmp_path.exists()  # its scratch directory: nobody else is left to remove it
+
+
+def threads_here():
+    """What decoding in this process runs on: FFmpeg's frame threads on or off, torch's intra-op threads."""
+    import torch
+
+    from glmvit import video
+
+    return video.frame_threads, torch.get_num_threads()
+
+
+def test_a_worker_decodes_on_one_thread_its_parallelism_being_the_pool():
+    """A worker decodes a video without FFmpeg's frame threads and computes on one torch thread: the pool's workers
+    are its parallelism, and threads on top of them cost throughput once every CPU is busy."""
+    pool = DecodePool(1, 1, 60.0, ("glmvit.video",)).start()
+    try:
+        assert pool.submit(threads_here).result(120) == (False, 1)
+    finally:
+        pool.close(30)
+    from glmvit import video
+
+    assert video.frame_threads  # this process, no worker: a video decodes as fast as it can alone

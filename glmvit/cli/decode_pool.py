@@ -81,6 +81,9 @@ def _serve(conn: Connection, preload: tuple[str, ...], scratch: str) -> None:
         importlib.import_module(module)
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
+    if "glmvit.video" in sys.modules:  # nor FFmpeg's frame threads (glmvit.video.frame_threads)
+        video: Any = sys.modules["glmvit.video"]
+        video.frame_threads = False
     try:
         conn.send(("ready", None))
     except OSError:  # the server is gone (killed while this worker started): nobody to answer
