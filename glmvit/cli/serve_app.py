@@ -704,8 +704,11 @@ class _JsonErrors(web.RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if self._messages:  # aiohttp's queue of parsed requests, not yet handled: the newest is the last one
-            self._last_sent = self._messages[-1]
+        # aiohttp's queue of parsed requests not yet handled, the newest last (a private name: an aiohttp without it
+        # leaves half-closing clients unanswered, as before, rather than failing every request)
+        messages = getattr(self, "_messages", None)
+        if messages:
+            self._last_sent = messages[-1]
 
     def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio.Protocol's: True keeps it open
         """The client shut its sending side (a FIN). aiohttp closes the connection, which cancels the request in
