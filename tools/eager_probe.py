@@ -1,0 +1,138 @@
+"""Why does one eager forward's time swing between records? A diagnostic for the eager baseline every ratio divides by.
+
+The same eager forward of one 224² image (full GLM-4.1V tower, bf16) was timed at medians of 16 and 28 ms minutes
+apart in one record process, with the host's cost of one kernel launch measured beside each at 10 µs. This probe
+times that forward in alternating blocks under four conditions, in one process:
+
+- ``quiet``: as ``bench`` times it (:func:`glmvit.timing.quiet_host`: collector off, the thread moved to the CPU that
+  runs a short loop fastest before each block);
+- ``free``: the thread on every CPU the process may use, the collector on;
+- ``pinned0``: the thread pinned to the first CPU it may use, all block long;
+- ``after_sleep``: as ``quiet``, each request after a 20 ms sleep (a GPU and CPU left idle between requests).
+
+Per request it records the wall time (synchronised), the thread's CPU time, the CPU it ended on and the GPU's SM
+clock (``torch.cuda.clock_rate``, where pynvml answers); per block, the launch cost (:func:`glmvit.timing.launch_us`).
+It prints medians per condition and per CPU, and the correlation of wall time with the SM clock, so that a swing
+shows its cause: a CPU (per-CPU medians apart), the GPU's clock (correlated), or neither (the host as a whole).
+
+    python tools/eager_probe.py --device cuda --blocks 8 --requests 40 --json /tmp/eager_probe.json
+    python tools/eager_probe.py --device cpu --config tiny --blocks 2 --requests 3     # a dry run of the code
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import time
+from contextlib import nullcontext
+from typing import Any
+
+import numpy as np
+import torch
+
+from glmvit.cli.common import vision_config
+from glmvit.random_weights import random_encoder
+from glmvit.timing import launch_us, quiet_host, sync
+from glmvit.workloads import random_batch
+
+CONDITIONS = ("quiet", "free", "pinned0", "after_sleep")
+
+
+def current_cpu() -> int:
+    """The CPU this thread last ran on (field 39 of /proc/thread-self/stat); -1 where Linux does not say."""
+    try:
+        with open("/proc/thread-self/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def sm_clock(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    try:
+        return float(torch.cuda.clock_rate(device))
+    except Exception:  # noqa: BLE001 - pynvml missing or refusing: no clock, the rest still measured
+        return None
+
+
+def block(condition: str, forward, device: torch.device, requests: int, cpus: set[int]) -> list[dict[str, Any]]:
+    """``requests`` timed forwards under ``condition``; the thread's CPUs restored after."""
+    rows = []
+    context = quiet_host() if condition in ("quiet", "after_sleep") else nullcontext()
+    try:
+        if condition == "pinned0":
+            os.sched_setaffinity(0, {min(cpus)})
+        elif condition == "free":
+            os.sched_setaffinity(0, cpus)
+            gc.enable()
+        with context:
+            launch = launch_us(device)
+            for _ in range(requests):
+                if condition == "after_sleep":
+                    time.sleep(0.02)
+                sync(device)
+                c0, t0 = time.thread_time(), time.perf_counter()
+                forward()
+                sync(device)
+                rows.append({"condition": condition, "wall_ms": (time.perf_counter() - t0) * 1e3,
+                             "cpu_ms": (time.thread_time() - c0) * 1e3, "cpu": current_cpu(),
+                             "sm_mhz": sm_clock(device), "launch_us": launch})
+    finally:
+        os.sched_setaffinity(0, cpus)
+    return rows
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    wall = np.array([r["wall_ms"] for r in rows])
+    out: dict[str, Any] = {"by_condition": {}, "by_cpu": {}}
+    for c in CONDITIONS:
+        w = [r["wall_ms"] for r in rows if r["condition"] == c]
+        if w:
+            launches = [r["launch_us"] for r in rows if r["condition"] == c and r["launch_us"] is not None]
+            out["by_condition"][c] = {"median_ms": float(np.median(w)), "min_ms": float(np.min(w)),
+                                      "p90_ms": float(np.percentile(w, 90)), "requests": len(w),
+                                      "launch_us_median": float(np.median(launches)) if launches else None}
+    for cpu in sorted({r["cpu"] for r in rows}):
+        w = [r["wall_ms"] for r in rows if r["cpu"] == cpu]
+        out["by_cpu"][str(cpu)] = {"median_ms": float(np.median(w)), "requests": len(w)}
+    clocks = np.array([r["sm_mhz"] if r["sm_mhz"] is not None else np.nan for r in rows], dtype=float)
+    if np.isfinite(clocks).all() and clocks.std() > 0:
+        out["corr_wall_sm_clock"] = float(np.corrcoef(wall, clocks)[0, 1])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--config", default="full", choices=("full", "tiny"))
+    parser.add_argument("--blocks", type=int, default=8, help="rounds of the four conditions")
+    parser.add_argument("--requests", type=int, default=40, help="forwards per block")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    config = vision_config(args.config)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = random_encoder(config, device, dtype)
+    pixels, grid = random_batch([[1, 16, 16]], config, seed=0)
+    pixels = pixels.to(device, dtype)
+    cpus = set(os.sched_getaffinity(0))
+    rows: list[dict[str, Any]] = []
+    with torch.inference_mode():
+        for _ in range(5):
+            model(pixels, grid)
+        for _ in range(args.blocks):
+            for condition in CONDITIONS:
+                rows += block(condition, lambda: model(pixels, grid), device, args.requests, cpus)
+    result = {"summary": summary(rows), "rows": rows,
+              "settings": {"device": str(device), "config": args.config, "blocks": args.blocks,
+                           "requests": args.requests, "cpus": sorted(cpus)}}
+    print(json.dumps(result["summary"], indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
