@@ -1,10 +1,13 @@
 """Owned temporary directories: a sweep removes those whose every owner has ended, however it ended, and never
 one a live process holds, whoever made it."""
+import errno
 import os
 import signal
 import subprocess
 import sys
 import time
+
+import pytest
 
 from glmvit.cli import owned_dir
 
@@ -68,3 +71,19 @@ def test_a_sweep_leaves_other_names_and_young_staging_directories_alone(tmp_path
     os.utime(old, (past, past))
     assert owned_dir.sweep(str(tmp_path), PREFIX) == [str(old)]
     assert sorted(os.listdir(tmp_path)) == [f".{PREFIX}young", "other"]
+
+
+def test_a_hold_that_cannot_lock_closes_what_it_opened(tmp_path, monkeypatch):
+    path = owned_dir.make(str(tmp_path), PREFIX)
+    try:
+        def refuse(fd, operation):
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(owned_dir.fcntl, "flock", refuse)
+        before = len(os.listdir("/proc/self/fd"))
+        with pytest.raises(OSError):
+            owned_dir.hold(path)
+        assert len(os.listdir("/proc/self/fd")) == before
+    finally:
+        monkeypatch.undo()
+        owned_dir.remove(path)

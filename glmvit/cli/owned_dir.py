@@ -55,7 +55,11 @@ def make(parent: str, prefix: str) -> str:
 def hold(path: str) -> None:
     """Own ``path`` (made by another process's :func:`make`) too, until :func:`remove` or this process's end."""
     fd = _open_dir(path)
-    fcntl.flock(fd, fcntl.LOCK_SH)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except BaseException:
+        os.close(fd)
+        raise
     with _lock:
         old = _held.pop(path, None)
         _held[path] = fd
