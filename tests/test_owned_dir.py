@@ -1,10 +1,13 @@
 """Owned temporary directories: a sweep removes those whose every owner has ended, however it ended, and never
 one a live process holds, whoever made it."""
+import errno
 import os
 import signal
 import subprocess
 import sys
 import time
+
+import pytest
 
 from glmvit.cli import owned_dir
 
@@ -68,3 +71,36 @@ def test_a_sweep_leaves_other_names_and_young_staging_directories_alone(tmp_path
     os.utime(old, (past, past))
     assert owned_dir.sweep(str(tmp_path), PREFIX) == [str(old)]
     assert sorted(os.listdir(tmp_path)) == [f".{PREFIX}young", "other"]
+
+
+def _no_flock(monkeypatch):
+    def refuse(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(owned_dir.fcntl, "flock", refuse)
+
+
+def test_a_filesystem_without_flock_still_gets_a_directory_no_sweep_removes(tmp_path, monkeypatch):
+    _no_flock(monkeypatch)  # an NFS mount whose lock daemon is not running, a FUSE filesystem without locks
+    path = owned_dir.make(str(tmp_path), PREFIX)  # a decode worker's scratch: the pool must still start
+    owned_dir.hold(path)  # as the worker does
+    monkeypatch.undo()
+    assert owned_dir.sweep(str(tmp_path), PREFIX) == [] and os.path.isdir(path)  # unowned: never swept
+    owned_dir.remove(path)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_hold_that_cannot_lock_closes_what_it_opened(tmp_path, monkeypatch):
+    path = owned_dir.make(str(tmp_path), PREFIX)
+    try:
+        def refuse(fd, operation):
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(owned_dir.fcntl, "flock", refuse)
+        before = len(os.listdir("/proc/self/fd"))
+        with pytest.raises(OSError):
+            owned_dir.hold(path)
+        assert len(os.listdir("/proc/self/fd")) == before
+    finally:
+        monkeypatch.undo()
+        owned_dir.remove(path)

@@ -8,10 +8,14 @@ however it ends. :func:`sweep` removes a directory of the prefix only when it ca
 when no process holds it. No pid is read, so neither a reused pid nor a parent shared across pid namespaces
 (``/dev/shm`` of containers run with ``--ipc=host``) can make it remove a live one. A directory is made under a
 hidden staging name, locked, then renamed to its own name, so a sweep never meets one not yet locked (a staging
-directory is swept only once it is a minute old). Only directories of this user's are swept.
+directory is swept only once it is a minute old). Only directories of this user's are swept. On a filesystem that
+refuses ``flock`` (NFS without its lock daemon, some FUSE mounts) a directory is still made, unowned: named
+``unowned-<prefix>…`` so that no sweep ever matches it, it is removed only by :func:`remove`, as a plain temporary
+directory is.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import shutil
@@ -23,6 +27,8 @@ import uuid
 STAGING_AGE_S = 60.0  # a staging directory this old, unlocked, was left by a process killed while it made one
 _held: dict[str, int] = {}  # path → the open descriptor whose lock says this process owns it
 _lock = threading.Lock()
+UNOWNED = "unowned-"  # the name's start for a directory on a filesystem without flock: outside every sweep
+_NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EINVAL}  # flock unsupported here
 
 
 def _open_dir(path: str) -> int:
@@ -40,22 +46,45 @@ def make(parent: str, prefix: str) -> str:
         os.rmdir(staging)
         raise
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        path = os.path.join(parent, f"{prefix}{os.getpid()}-{uuid.uuid4().hex}")
+        owned = _lock_shared(fd)
+        name = f"{prefix}{os.getpid()}-{uuid.uuid4().hex}"
+        path = os.path.join(parent, name if owned else UNOWNED + name)
         os.rename(staging, path)
-    except OSError:
+    except BaseException:
         os.close(fd)
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    if not owned:
+        os.close(fd)
+        return path
     with _lock:
         _held[path] = fd
     return path
 
 
+def _lock_shared(fd: int) -> bool:
+    """Take a shared flock on ``fd``: True, or False where its filesystem has no flock (any other error raises)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except OSError as err:
+        if err.errno in _NO_LOCKS:
+            return False
+        raise
+    return True
+
+
 def hold(path: str) -> None:
-    """Own ``path`` (made by another process's :func:`make`) too, until :func:`remove` or this process's end."""
+    """Own ``path`` (made by another process's :func:`make`) too, until :func:`remove` or this process's end (on a
+    filesystem without flock: nothing to own, nothing done)."""
     fd = _open_dir(path)
-    fcntl.flock(fd, fcntl.LOCK_SH)
+    try:
+        owned = _lock_shared(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not owned:
+        os.close(fd)
+        return
     with _lock:
         old = _held.pop(path, None)
         _held[path] = fd
