@@ -172,7 +172,7 @@ def jobs() -> list[Job]:
 # what a job compiles that the next may not reuse: bench's compile mode compiles the whole forward for each shape.
 # transformers-compiled keeps nothing in the way: it compiles transformers' code, not glmvit's, and with
 # dynamic=False one specialisation per input shape, exactly as its command alone does (its reduce-overhead CUDA
-# graphs stay allocated until the phase ends: a few hundred MB)
+# graphs stay allocated until the phase ends: under 1 GB at 8×448²)
 FOREIGN_COMPILES = ("compile",)
 # True: torch.compile's state stays between the jobs keeps_compiled allows, so a graph-compiled capture after the
 # first one reuses the compiled regions (glmvit.graphs) instead of compiling them again (about 50 s of a record run;
