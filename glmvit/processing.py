@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from . import decode_clock
 from . import video as video_files
 from .files import file_kind
 from .geometry import (
@@ -246,18 +247,19 @@ def _open_image(path: Path, name: str, max_frame_pixels: int) -> Image.Image:
     """The decoded picture of an image file, EXIF orientation applied (as transformers' ``load_image``); its size
     is checked from the header first."""
     _check_regular(path, name)
-    try:
-        im = Image.open(path)
-    except UnidentifiedImageError as err:
-        raise ValueError(f"{name}: cannot decode {path} as an image") from err
-    except PIL_ERRORS as err:
-        raise ValueError(f"{name}: cannot decode {path}: {err}") from err
-    with im:
-        check_frame_pixels(*im.size, f"{name} ({path})", max_frame_pixels)
+    with decode_clock.counting():  # the header read and the pixels' decode: this thread's decoding
         try:
-            return ImageOps.exif_transpose(im)  # a loaded copy
+            im = Image.open(path)
+        except UnidentifiedImageError as err:
+            raise ValueError(f"{name}: cannot decode {path} as an image") from err
         except PIL_ERRORS as err:
             raise ValueError(f"{name}: cannot decode {path}: {err}") from err
+        with im:
+            check_frame_pixels(*im.size, f"{name} ({path})", max_frame_pixels)
+            try:
+                return ImageOps.exif_transpose(im)  # a loaded copy
+            except PIL_ERRORS as err:
+                raise ValueError(f"{name}: cannot decode {path}: {err}") from err
 
 
 def _load_image(item: Any, index: int, max_frame_pixels: int) -> tuple[Image.Image, str | None]:

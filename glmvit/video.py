@@ -35,6 +35,7 @@ from typing import Any, BinaryIO
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from . import decode_clock
 from .geometry import MAX_FRAME_PIXELS, check_frame_pixels
 
 __all__ = ["MAX_DECODED_PIXELS", "DecodeLimitError", "VideoInfo", "probe", "decode"]
@@ -93,7 +94,8 @@ def decode(path: Path, info: VideoInfo, indices: list[int], max_decoded_pixels: 
            max_frame_pixels: int = MAX_FRAME_PIXELS) -> Iterator[tuple[int, Image.Image | np.ndarray]]:
     """(index, frame) for each distinct index in ``indices``, in increasing order, one frame alive at a time.
 
-    PIL frames come as the loaded ``Image`` (valid until the next item); PyAV frames as (H, W, 3) uint8 RGB.
+    PIL frames come as the loaded ``Image`` (valid until the next item); PyAV frames as (H, W, 3) uint8 RGB. The time
+    spent producing them counts as this thread's decoding (:mod:`glmvit.decode_clock`).
     Raises :class:`DecodeLimitError` before decoding when a frame of the stated size exceeds ``max_frame_pixels``
     or the frames up to the last index exceed ``max_decoded_pixels``, and while decoding when a frame does.
     """
@@ -108,7 +110,7 @@ def decode(path: Path, info: VideoInfo, indices: list[int], max_decoded_pixels: 
             f"more than max_decoded_pixels={max_decoded_pixels:,} (raise it for a file you trust)")
     budget = _PixelBudget(path, max_decoded_pixels, max_frame_pixels)
     reader = _decode_animation if info.reader == "pil" else _decode_pyav
-    return reader(path, wanted, budget)
+    return decode_clock.counted(reader(path, wanted, budget))  # the time producing each frame: decoding
 
 
 class _PixelBudget:

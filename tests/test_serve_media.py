@@ -860,3 +860,39 @@ def test_a_client_that_leaves_before_its_frames_become_rows_leaves_no_shared_fil
         run(leave())
         folder = service._pixels[0]
         assert folder is not None and os.listdir(folder) == []
+
+
+def test_an_items_time_splits_into_its_decoding_and_its_resize(monkeypatch):
+    """``decode``: the header's check and the media's decoding into pixels; ``preprocess``: the rest, the resize.
+    Each is measured where it happens: a slow decoder shows in decode, a slow resize in preprocess."""
+    from PIL import Image as PILImage
+
+    from glmvit.cli import serve_media
+
+    resize = PILImage.Image.resize
+
+    def slow_resize(self, *args, **kwargs):
+        time.sleep(0.03)
+        return resize(self, *args, **kwargs)
+
+    clip = encode_clip(np.random.default_rng(0).integers(0, 256, (8, 200, 200, 3), dtype=np.uint8),
+                       "mp4" if mp4_available() else "gif")
+    body = json.dumps({"content": [{"type": "video_url", "video_url": {
+        "url": data_url(clip, "mp4" if mp4_available() else "gif")}}]}).encode()
+    monkeypatch.setattr(PILImage.Image, "resize", slow_resize)  # 8 frames resized 200² → 196²: ≥ 0.24 s
+    split = serve_media.prepare_media("json", body, MediaLimits(), 4).timing
+    assert split["preprocess"] >= 0.24 and split["decode"] < 0.2, split
+    monkeypatch.setattr(PILImage.Image, "resize", resize)
+    from glmvit import video as video_files
+
+    for name in ("_decode_pyav", "_decode_animation"):  # whichever reader the clip takes: frames that come late
+        reader = getattr(video_files, name)
+
+        def late(*args, reader=reader, **kwargs):
+            for frame in reader(*args, **kwargs):
+                time.sleep(0.03)
+                yield frame
+
+        monkeypatch.setattr(video_files, name, late)
+    split = serve_media.prepare_media("json", body, MediaLimits(), 4).timing
+    assert split["decode"] >= 0.24 and split["preprocess"] < 0.2, split

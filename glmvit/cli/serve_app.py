@@ -24,8 +24,9 @@ It answers ``200`` with ``application/x-safetensors`` in
 the bytes in bfloat16), with headers ``X-Request-Id``, ``X-Queue-Delay-Ms`` (admission to the first batch holding
 one of its items), ``X-Encode-Ms`` (admission to its last item encoded), ``X-Prepare-Ms`` (reading and decoding
 before admission), ``X-Batches`` and ``Server-Timing`` (its time by phase, :data:`PHASES` but ``write``, which
-follows the headers; ``/metrics`` sums every phase; ``decode`` counts the waits for a decoder, ``preprocess``
-the processor's work and admission's checks). Every error is JSON ``{"error": one line, "status": code}``:
+follows the headers; ``/metrics`` sums every phase; ``decode`` counts the waits for a decoder and the media's
+decoding into pixels, ``preprocess`` the resize, the rows on the model's device and admission's checks). Every
+error is JSON ``{"error": one line, "status": code}``:
 400 bad input (naming the item, the file or the JSON part) or a request aiohttp's HTTP parser refuses, 403 a
 ``file://`` URL outside the allowed directory, 408 a body that did not arrive within ``read_timeout_s`` (a slow
 client never keeps its place), 413 too large (a body is never read past ``max_body_bytes``, a multipart preamble
@@ -492,7 +493,7 @@ class EncoderService:
             prepared = Prepared(rows, torch.from_numpy(media.grid_thw), media.records, finite=True)
             # preprocess: the worker's resizing, then the rows made on the model's device; decode: everything else
             # from the body read to the frames here (the waits for the request's turns in the decode pool, the
-            # parse, the files' checks and first frames, the hand-overs)
+            # parse, the files' checks, the media decoded into pixels, the hand-overs)
             timing["preprocess"] = media.timing["preprocess"] + time.perf_counter() - handed
             timing["decode"] = handed - read - media.timing["preprocess"]
             return prepared
