@@ -253,7 +253,6 @@ def _decode_animation(path: Path, wanted: list[int], budget: _PixelBudget) -> It
 frame_threads = True
 
 
-
 def _import_av(path: Path) -> Any:
     try:
         import av
