@@ -103,6 +103,45 @@ def _rope_rotate_qk_kernel(qkv_ptr, cos_ptr, sin_ptr, cu_seqlens_ptr, qk_ptr, la
         tl.store(dst + HALF, (x2 * c + x1 * s).to(qk_ptr.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _key_scores(qa, qb, k_ptr, keys, key_ok, cos_ptr, sin_ptr, qk_scale, QK_STRIDE, HALF: tl.constexpr,
+                FULL: tl.constexpr, ROTATE_K: tl.constexpr, MASKED: tl.constexpr):
+    """Scaled scores (BLOCK_M, BLOCK_N) of one key block. ``FULL``: qa holds whole rows of q̃ and the keys are loaded
+    whole from the prerotated scratch, one dot of width d; otherwise qa, qb are q's rotated halves and the keys are
+    rotated here, two dots of width d/2. ``MASKED=False`` is for blocks wholly inside the segment: no masks, no
+    -inf fill (the loads the compiler pipelines best)."""
+    if FULL:
+        ptr = k_ptr + keys.to(tl.int64)[:, None] * QK_STRIDE + tl.arange(0, 2 * HALF)[None, :]
+        if MASKED:
+            k = tl.load(ptr, mask=key_ok[:, None], other=0.0)
+        else:
+            k = tl.load(ptr)
+        scores = tl.dot(qa, tl.trans(k)) * qk_scale
+    else:
+        k1, k2 = _rotate(k_ptr, keys, key_ok, cos_ptr, sin_ptr, QK_STRIDE, HALF, ROTATE_K)
+        scores = (tl.dot(qa, tl.trans(k1)) + tl.dot(qb, tl.trans(k2))) * qk_scale
+    if MASKED:
+        scores = tl.where(key_ok[None, :], scores, float("-inf"))
+    return scores
+
+
+@triton.jit
+def _online_softmax_step(scores, m_i, l_i, acc, v_ptr, keys, key_ok, ROW_STRIDE, D: tl.constexpr,
+                         MASKED: tl.constexpr):
+    """FlashAttention's update of the running max m_i, sum l_i and output acc by one key block's scores and values
+    (exp2: log2 e is folded into the scale). Masked values load as 0, so a key outside the segment adds nothing."""
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    p = tl.exp2(scores - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    ptr = v_ptr + keys.to(tl.int64)[:, None] * ROW_STRIDE + tl.arange(0, D)[None, :]
+    if MASKED:
+        v = tl.load(ptr, mask=key_ok[:, None], other=0.0)
+    else:
+        v = tl.load(ptr)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return m_new, l_i * alpha + tl.sum(p, 1), acc
+
+
 @triton.jit(do_not_specialize=["last_slot", "ROWS"])
 def _rope_varlen_attention_kernel(
     qkv_ptr, cos_ptr, sin_ptr, segment_ids_ptr, cu_seqlens_ptr, out_ptr,
@@ -112,8 +151,9 @@ def _rope_varlen_attention_kernel(
     ROTATE_Q: tl.constexpr = True, ROTATE_K: tl.constexpr = True, SPLIT: tl.constexpr = 1,
 ):
     """q and k are read from qk_ptr (row stride QK_STRIDE): qkv itself, rotated here, or the prerotated scratch;
-    v always from qkv."""
+    v always from qkv. Each segment's keys: the whole key blocks first, unmasked, then the partial last one."""
     D: tl.constexpr = 2 * HALF
+    FULL: tl.constexpr = not ROTATE_Q and not ROTATE_K  # q and k already rotated: whole rows, one dot of width d
     ROW_STRIDE: tl.constexpr = 3 * HEADS * D  # qkv rows are [q heads | k heads | v heads]
     head = tl.program_id(1)
     split = tl.program_id(2)
@@ -124,7 +164,12 @@ def _rope_varlen_attention_kernel(
     rows = first + tl.arange(0, BLOCK_M)
     row_ok = rows < num_rows
     row_seg = tl.load(segment_ids_ptr + rows, mask=row_ok, other=-1)
-    q1, q2 = _rotate(qk_ptr + head * D, rows, row_ok, cos_ptr, sin_ptr, QK_STRIDE, HALF, ROTATE_Q)
+    if FULL:
+        q_ptr = qk_ptr + head * D + rows.to(tl.int64)[:, None] * QK_STRIDE + tl.arange(0, D)[None, :]
+        qa = tl.load(q_ptr, mask=row_ok[:, None], other=0.0)
+        qb = qa  # not read
+    else:
+        qa, qb = _rotate(qk_ptr + head * D, rows, row_ok, cos_ptr, sin_ptr, QK_STRIDE, HALF, ROTATE_Q)
     k_ptr = qk_ptr + (HEADS + head) * D
     v_ptr = qkv_ptr + (2 * HEADS + head) * D
     d = tl.arange(0, D)
@@ -133,22 +178,23 @@ def _rope_varlen_attention_kernel(
     for seg in range(seg_first, seg_last + 1):
         key_start = tl.load(cu_seqlens_ptr + seg)
         key_end = tl.load(cu_seqlens_ptr + seg + 1)
+        whole = (key_end - key_start) // BLOCK_N  # key blocks wholly inside the segment; split s takes s, s + S, …
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
-        for start in range(key_start + split * BLOCK_N, key_end, SPLIT * BLOCK_N):
+        for start in range(key_start + split * BLOCK_N, key_start + whole * BLOCK_N, SPLIT * BLOCK_N):
             keys = start + tl.arange(0, BLOCK_N)
             key_ok = keys < key_end
-            k1, k2 = _rotate(k_ptr, keys, key_ok, cos_ptr, sin_ptr, QK_STRIDE, HALF, ROTATE_K)
-            scores = tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))
-            scores = tl.where(key_ok[None, :], scores * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, 1))
-            p = tl.exp2(scores - m_new[:, None])
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_ptr + keys.to(tl.int64)[:, None] * ROW_STRIDE + d[None, :], mask=key_ok[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
+            scores = _key_scores(qa, qb, k_ptr, keys, key_ok, cos_ptr, sin_ptr, qk_scale, QK_STRIDE, HALF,
+                                 FULL, ROTATE_K, False)
+            m_i, l_i, acc = _online_softmax_step(scores, m_i, l_i, acc, v_ptr, keys, key_ok, ROW_STRIDE, D, False)
+        tail = key_start + whole * BLOCK_N
+        if (tail < key_end) & (whole % SPLIT == split):  # the partial last block, masked, in the split its index has
+            keys = tail + tl.arange(0, BLOCK_N)
+            key_ok = keys < key_end
+            scores = _key_scores(qa, qb, k_ptr, keys, key_ok, cos_ptr, sin_ptr, qk_scale, QK_STRIDE, HALF,
+                                 FULL, ROTATE_K, True)
+            m_i, l_i, acc = _online_softmax_step(scores, m_i, l_i, acc, v_ptr, keys, key_ok, ROW_STRIDE, D, True)
         store = row_ok & (row_seg == seg)
         if SPLIT == 1:
             dst = out_ptr + rows.to(tl.int64)[:, None] * (HEADS * D) + head * D + d[None, :]
