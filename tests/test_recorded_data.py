@@ -87,14 +87,6 @@ def test_latency_fit_separates_matmuls_from_attention(path):
     assert all(abs(e) <= 0.20 for e in errors.values()), {k: f"{e:+.1%}" for k, e in errors.items() if abs(e) > 0.20}
 
 
-EAGER_OUTSIDE_BAND = pytest.mark.xfail(strict=True, reason=(
-    "not met yet (issue: one-call record, eager's spread controlled): in run s20_e0e0929r1 the mixed-img and mixed-av "
-    "benchmarks' processes ran eager at 28.6 and 30.0 ms means against the sweep's 22.8 and 23.4 ms predictions "
-    "(+26 %, +28 %), their graph modes within 9 %: the host, not the model (one eager forward swings 13-27 ms with "
-    "the CPU it runs on)"))
-
-
-@EAGER_OUTSIDE_BAND
 @pytest.mark.parametrize("path", sorted(BENCH.glob("mixed_*_h200.json")), ids=lambda p: p.name)
 def test_the_cost_model_predicts_every_mode_of_the_mixed_workloads(path):
     """Predicted vs measured mean per request, as the benchmark recorded it: each graph mode from its own sweep of the
@@ -173,10 +165,6 @@ def test_graph_memory_estimate_matches_every_recorded_pool_within_15_percent(pat
         assert 0 <= static - sum(c["buffer_bytes"] for c in capture.values()) <= 12 * len(capture)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "not met yet (issue: one-call record): in run s20_e0e0929r1 the image benchmark, the seed configuration's "
-    "benchmark and the latency sweep give 14.28, 16.30 and 17.15 ms (max/min 1.20), each timed loop started on the "
-    "CPU quietest then; on this host a CPU's eager median swings between 13 and 27 ms from one second to the next"))
 def test_one_eager_forward_times_the_same_in_every_record_of_a_run():
     """One 224² image run eagerly is timed by three records of a record run — the image benchmark, the seed
     configuration's benchmark and the latency sweep's 64-token full layout (the same [1, 16, 16] grid). Timed in
