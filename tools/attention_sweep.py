@@ -15,7 +15,9 @@ Paths, each timed alone:
   cu_seqlens (the op varlen_attn calls when its cuDNN switch is on);
 - ``sdpa_cudnn_dense`` / ``sdpa_flash_dense``: SDPA on (segments, heads, L, d) views of the packed rows, when every
   segment has the same length, under ``sdpa_kernel(CUDNN_ATTENTION)`` / ``sdpa_kernel(FLASH_ATTENTION)``;
-- ``flash_attn@budget`` / ``flash_attn@true``: ``flash_attn_varlen_func`` when the package imports.
+- ``flash_attn@budget`` / ``flash_attn@true``: ``flash_attn_varlen_func`` when the package imports;
+- ``cudnn_chunked@C``: the prototype of ``tools/cudnn_chunked.py``, the ``cudnn`` backend with each segment's
+  queries cut into chunks of at most C rows, each a batch entry of its own (the grid without empty slots).
 
 Timing: ``glmvit.profiling.graph_time_us`` (20 calls captured in one graph, median of 50 replays). A path that cannot
 run here is one line in the table and in the JSON, never a traceback. CUDA only (exit 2 elsewhere)::
@@ -53,6 +55,7 @@ LAYOUTS: dict[str, tuple[int, ...]] = {
     "mixed": (1024, 256, 576, 2304, 256, 64, 1600),  # images of several sizes in one batch
 }
 REPLAYS = 50
+CHUNKS = (128, 256, 1024)  # query rows per batch entry of the chunked cuDNN prototype
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,7 @@ def paths(layout: Layout, qkv, cos, sin, q, k, v, meta) -> dict[str, Callable[[]
 
     for tag, m in bounds.items():
         out[f"cudnn_ragged@{tag}"] = partial(cudnn_ragged, m)
+    out.update(chunked_paths(layout, qkv, cos, sin, cu))
     if layout.equal:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -189,6 +193,33 @@ def paths(layout: Layout, qkv, cos, sin, q, k, v, meta) -> dict[str, Callable[[]
             out[f"flash_attn@{tag}"] = partial(flash_attn_varlen_func, q, k, v, cu, cu, m, m, causal=False)
     except ImportError as err:
         out["flash_attn"] = f"flash_attn not importable: {err}"
+    return out
+
+
+def chunked_paths(layout: Layout, qkv, cos, sin, cu) -> dict[str, Callable[[], torch.Tensor] | str]:
+    """``cudnn_chunked@C``: the prototype in ``tools/cudnn_chunked.py`` (each segment's queries in chunks of C), its
+    chunk table computed and its plan built before timing, as the model would once per forward and per shape."""
+    try:
+        import cudnn
+
+        from tools.cudnn_chunked import ChunkedPlan, chunk_table, cudnn_chunked_attention, max_chunks
+
+        handle = cudnn.create_handle()
+    except Exception as err:  # noqa: BLE001 - no frontend, or one that cannot load its library: one line
+        return {"cudnn_chunked": _one_line(err)}
+    out: dict[str, Callable[[], torch.Tensor] | str] = {}
+    slots = cu.shape[0] - 1
+    for chunk in CHUNKS:
+        try:
+            table = chunk_table(cu, chunk, layout.rows, HEADS, HEAD_DIM)
+            plan = ChunkedPlan(max_chunks(layout.rows, slots, chunk), chunk, layout.rows, HEADS, HEAD_DIM,
+                               qkv.dtype, handle)
+        except Exception as err:  # noqa: BLE001 - a shape this cuDNN refuses: one line
+            out[f"cudnn_chunked@{chunk}"] = _one_line(err)
+            continue
+        out[f"cudnn_chunked@{chunk}"] = partial(
+            lambda t, p: cudnn_chunked_attention(qkv, cos, sin, cu, t, p, handle, HEADS).view(-1, HEADS, HEAD_DIM),
+            table, plan)
     return out
 
 

@@ -1,0 +1,41 @@
+"""tools/cudnn_chunked.py's chunk table (the chunked cuDNN attention prototype of the attention sweep) against a
+plain-Python reading of the same cu_seqlens: every real row in exactly one chunk of at most ``chunk`` queries, each
+chunk's keys its whole segment, offsets in elements of the scratch, qkv and output rows. Device ops only, so it runs
+on the CPU; the attention itself (cuDNN) runs in the sweep on a GPU."""
+import numpy as np
+import pytest
+import torch
+
+from tools.cudnn_chunked import TABLE_ROWS, chunk_table, max_chunks
+
+HEADS, HEAD_DIM = 2, 8
+WIDTH = HEADS * HEAD_DIM
+
+
+def expected(lengths, slots, rows, chunk):
+    entries = []
+    start = 0
+    for n in lengths:
+        for q in range(start, start + n, chunk):
+            q_len = min(chunk, start + n - q)
+            entries.append((q_len, n, q * 2 * WIDTH, start * 2 * WIDTH, start * 3 * WIDTH, q * WIDTH))
+        start += n
+    total = max_chunks(rows, slots, chunk)
+    entries += [(0, 0, 0, 0, 0, 0)] * (total - len(entries)) + [(0, 0, 0, 0, 0, 0)]
+    return np.array(entries, dtype=np.int64).T
+
+
+@pytest.mark.parametrize("lengths, rows, slots, chunk", [
+    ((1024,) * 8, 8192, 66, 128),          # eight 448² images: whole chunks
+    ((5329,), 5332, 66, 256),              # one long segment, a partial last chunk
+    ((1024, 256, 576, 2304, 256, 64, 1600), 6080, 66, 128),  # mixed sizes, one segment shorter than a chunk
+    ((3, 1, 7), 16, 6, 4),                 # tiny, unused slots
+])
+def test_chunk_table_matches_a_plain_reading(lengths, rows, slots, chunk):
+    cu = np.full(slots + 1, sum(lengths), dtype=np.int32)
+    cu[0] = 0
+    cu[1 : len(lengths) + 1] = np.cumsum(lengths)
+    table = chunk_table(torch.from_numpy(cu), chunk, rows, HEADS, HEAD_DIM)
+    assert table.dtype == torch.int32 and table.shape == (len(TABLE_ROWS), max_chunks(rows, slots, chunk) + 1)
+    np.testing.assert_array_equal(table.numpy(), expected(lengths, slots, rows, chunk))
+    assert table[0].sum().item() == sum(lengths)  # every real row is the query of exactly one chunk
