@@ -36,7 +36,9 @@ def run_interpreted(module: str, function: str = "_interpreter_child", timeout: 
 
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed: the kernel cannot run under the interpreter")
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests and tools import as from the root
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
     proc = subprocess.run([sys.executable, "-c", f"import {module}; {module}.{function}()"],
                           cwd=os.path.dirname(__file__), env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]

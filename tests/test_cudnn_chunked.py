@@ -39,3 +39,30 @@ def test_chunk_table_matches_a_plain_reading(lengths, rows, slots, chunk):
     assert table.dtype == torch.int32 and table.shape == (len(TABLE_ROWS), max_chunks(rows, slots, chunk) + 1)
     np.testing.assert_array_equal(table.numpy(), expected(lengths, slots, rows, chunk))
     assert table[0].sum().item() == sum(lengths)  # every real row is the query of exactly one chunk
+
+
+def _interpreter_child() -> None:
+    """Runs with TRITON_INTERPRET=1: the one-pass rotation against the library's launch, real rows only."""
+    import json
+
+    from glmvit.kernels.triton_attention import rotate_qk_triton
+    from glmvit.metadata import BatchShape, build_metadata
+    from glmvit.rotary import inv_freq, rotary_cos_sin
+    from tools.cudnn_chunked import rotate_qk_rows
+
+    torch.set_num_threads(2)
+    meta = build_metadata([(1, 4, 6), (2, 2, 4), (1, 10, 8), (1, 2, 2)], 2, BatchShape(140, 8, 140)).to("cpu")
+    qkv = torch.randn(meta.shape.rows, 3 * HEADS * HEAD_DIM, generator=torch.Generator().manual_seed(0))
+    cos, sin = rotary_cos_sin(meta.h_idx, meta.w_idx, inv_freq(HEAD_DIM))
+    n = meta.host.num_rows
+    ours = rotate_qk_rows(qkv, cos, sin, meta.cu_seqlens, HEADS)[:n]
+    library = rotate_qk_triton(qkv, cos, sin, meta.cu_seqlens, HEADS)[:n]
+    print(json.dumps({"rows": n, "equal": bool(torch.equal(ours, library)),
+                      "max_diff": (ours - library).abs().max().item()}))
+
+
+def test_one_pass_rotation_is_the_library_launch_bitwise():
+    from conftest import run_interpreted
+
+    result = run_interpreted("test_cudnn_chunked")
+    assert result["rows"] == 124 and result["equal"], result

@@ -17,7 +17,9 @@ Paths, each timed alone:
   segment has the same length, under ``sdpa_kernel(CUDNN_ATTENTION)`` / ``sdpa_kernel(FLASH_ATTENTION)``;
 - ``flash_attn@budget`` / ``flash_attn@true``: ``flash_attn_varlen_func`` when the package imports;
 - ``cudnn_chunked@C``: the prototype of ``tools/cudnn_chunked.py``, the ``cudnn`` backend with each segment's
-  queries cut into chunks of at most C rows, each a batch entry of its own (the grid without empty slots).
+  queries cut into chunks of at most C rows, each a batch entry of its own (the grid without empty slots), q and k
+  rotated in one pass over all heads (``/launch``: by the library's rotation launch);
+- ``rotation_launch`` / ``rotation_one_pass``: the two rotations alone.
 
 Timing: ``glmvit.profiling.graph_time_us`` (20 calls captured in one graph, median of 50 replays). A path that cannot
 run here is one line in the table and in the JSON, never a traceback. CUDA only (exit 2 elsewhere)::
@@ -202,12 +204,16 @@ def chunked_paths(layout: Layout, qkv, cos, sin, cu) -> dict[str, Callable[[], t
     try:
         import cudnn
 
-        from tools.cudnn_chunked import ChunkedPlan, chunk_table, cudnn_chunked_attention, max_chunks
+        from tools.cudnn_chunked import ChunkedPlan, chunk_table, cudnn_chunked_attention, max_chunks, rotate_qk_rows
 
         handle = cudnn.create_handle()
     except Exception as err:  # noqa: BLE001 - no frontend, or one that cannot load its library: one line
         return {"cudnn_chunked": _one_line(err)}
-    out: dict[str, Callable[[], torch.Tensor] | str] = {}
+    from glmvit.kernels.triton_attention import rotate_qk_triton
+
+    out: dict[str, Callable[[], torch.Tensor] | str] = {
+        "rotation_launch": lambda: rotate_qk_triton(qkv, cos, sin, cu, HEADS),
+        "rotation_one_pass": lambda: rotate_qk_rows(qkv, cos, sin, cu, HEADS)}
     slots = cu.shape[0] - 1
     for chunk in CHUNKS:
         try:
@@ -217,9 +223,10 @@ def chunked_paths(layout: Layout, qkv, cos, sin, cu) -> dict[str, Callable[[], t
         except Exception as err:  # noqa: BLE001 - a shape this cuDNN refuses: one line
             out[f"cudnn_chunked@{chunk}"] = _one_line(err)
             continue
-        out[f"cudnn_chunked@{chunk}"] = partial(
-            lambda t, p: cudnn_chunked_attention(qkv, cos, sin, cu, t, p, handle, HEADS).view(-1, HEADS, HEAD_DIM),
-            table, plan)
+        for tag, one_pass in (("", True), ("/launch", False)):  # the one-pass rotation, and the library's launch
+            out[f"cudnn_chunked@{chunk}{tag}"] = partial(
+                lambda t, p, o: cudnn_chunked_attention(qkv, cos, sin, cu, t, p, handle, HEADS, o).view(
+                    -1, HEADS, HEAD_DIM), table, plan, one_pass)
     return out
 
 
@@ -254,7 +261,7 @@ def measure(name: str, lengths: tuple[int, ...]) -> dict[str, Any]:
             continue
         try:
             row: dict[str, Any] = {}
-            if path != "rotary":
+            if not path.startswith("rot"):  # the rotations alone return q̃, k̃: timed, not checked here
                 row.update(check(fn()[: layout.real_rows], ref, v[: layout.real_rows]))
             row["us"] = graph_time_us(fn, repeats=20, runs=REPLAYS)
         except Exception as err:  # noqa: BLE001 - a path this GPU, build or layout refuses is one line, not a crash

@@ -11,6 +11,10 @@ queries, each chunk a batch entry of its own whose keys and values are its whole
 :func:`cudnn_chunked_attention` runs q and k through glmvit's rotation launch, then one cuDNN SDPA with separate
 query and key/value lengths and ragged offsets. Keys of one segment are never read for another (each entry's
 key/value window is its own segment), so isolation holds as in the ``cudnn`` backend. CUDA with the cuDNN frontend.
+
+:func:`rotate_qk_rows` is the second half of the prototype: the rotation launch with one program per block of rows
+for every head, so each row's cos/sin are loaded once rather than once per head (the library's launch, one program
+per row block and head, reads the float32 tables twelve times over at twelve heads). Same arithmetic, same output.
 """
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ import math
 from typing import Any
 
 import torch
+import triton
+import triton.language as tl
 
 TABLE_ROWS = ("q_len", "kv_len", "q_offset", "k_offset", "v_offset", "o_offset")
 
@@ -51,6 +57,44 @@ def chunk_table(cu_seqlens: torch.Tensor, chunk: int, rows: int, num_heads: int,
                          q_start * width])
     table = torch.cat([table, table[:, -1:] * 0], 1)  # the (entries + 1)-th offset cuDNN's ragged tensors take
     return table.to(torch.int32)
+
+
+ROTATE_BLOCK = 16  # rows per program of :func:`rotate_qk_rows` (8192 rows: 512 programs)
+
+
+@triton.jit(do_not_specialize=["last_slot"])
+def _rotate_rows_kernel(qkv_ptr, cos_ptr, sin_ptr, cu_seqlens_ptr, qk_ptr, last_slot,
+                        HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
+    """q̃ and k̃ of every head for BLOCK real rows: cos/sin loaded once, then each head's q and k rotated."""
+    D: tl.constexpr = 2 * HALF
+    num_rows = tl.load(cu_seqlens_ptr + last_slot)
+    first = tl.program_id(0) * BLOCK
+    if first >= num_rows:
+        return
+    rows = (first + tl.arange(0, BLOCK)).to(tl.int64)
+    ok = (rows < num_rows)[:, None]
+    cols = tl.arange(0, HALF)[None, :]
+    c = tl.load(cos_ptr + rows[:, None] * D + cols, mask=ok, other=0.0)
+    s = tl.load(sin_ptr + rows[:, None] * D + cols, mask=ok, other=0.0)
+    for column in tl.static_range(0, 2 * HEADS * D, D):  # q heads, then k heads: the first 2·heads·d of a qkv row
+        src = qkv_ptr + rows[:, None] * (3 * HEADS * D) + column + cols
+        dst = qk_ptr + rows[:, None] * (2 * HEADS * D) + column + cols
+        x1 = tl.load(src, mask=ok, other=0.0).to(tl.float32)
+        x2 = tl.load(src + HALF, mask=ok, other=0.0).to(tl.float32)
+        tl.store(dst, (x1 * c - x2 * s).to(qk_ptr.dtype.element_ty), mask=ok)
+        tl.store(dst + HALF, (x2 * c + x1 * s).to(qk_ptr.dtype.element_ty), mask=ok)
+
+
+def rotate_qk_rows(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor,
+                   num_heads: int) -> torch.Tensor:
+    """What ``glmvit.kernels.triton_attention.rotate_qk_triton`` returns, one program per row block for all heads."""
+    rows, width = qkv.shape
+    head_dim = width // (3 * num_heads)
+    qk = torch.empty((rows, 2 * num_heads * head_dim), dtype=qkv.dtype, device=qkv.device)
+    _rotate_rows_kernel[(triton.cdiv(rows, ROTATE_BLOCK),)](
+        qkv, cos, sin, cu_seqlens, qk, cu_seqlens.shape[0] - 1, HEADS=num_heads, HALF=head_dim // 2,
+        BLOCK=ROTATE_BLOCK)
+    return qk
 
 
 class ChunkedPlan:
@@ -95,10 +139,11 @@ class ChunkedPlan:
 
 
 def cudnn_chunked_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor,
-                            table: torch.Tensor, plan: ChunkedPlan, handle: Any, num_heads: int) -> torch.Tensor:
+                            table: torch.Tensor, plan: ChunkedPlan, handle: Any, num_heads: int,
+                            one_pass: bool = True) -> torch.Tensor:
     """Attention output (rows, heads·d) from the packed qkv projection, as the ``cudnn`` backend computes it;
     ``table`` from :func:`chunk_table`, ``plan`` built for its entries (rows outside every segment left as they
-    were)."""
+    were); ``one_pass``: rotate with :func:`rotate_qk_rows`, else with the library's launch."""
     import cudnn
 
     from glmvit.kernels.triton_attention import rotate_qk_triton
@@ -107,7 +152,7 @@ def cudnn_chunked_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
     rows, width = qkv.shape
     hd = width // 3
     out = torch.empty((rows, hd), dtype=qkv.dtype, device=qkv.device)
-    qk = rotate_qk_triton(qkv, cos, sin, cu_seqlens, num_heads)
+    qk = (rotate_qk_rows if one_pass else rotate_qk_triton)(qkv, cos, sin, cu_seqlens, num_heads)
     pack = {plan.q: qk, plan.k: qk[:, hd:], plan.v: qkv[:, 2 * hd:], plan.o: out, plan.q_len: table[0, :-1],
             plan.kv_len: table[1, :-1]}
     pack.update(dict(zip(plan.offsets, table[2:], strict=True)))
