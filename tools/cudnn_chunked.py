@@ -15,6 +15,10 @@ key/value window is its own segment), so isolation holds as in the ``cudnn`` bac
 :func:`rotate_qk_rows` is the second half of the prototype: the rotation launch with one program per block of rows
 for every head, so each row's cos/sin are loaded once rather than once per head (the library's launch, one program
 per row block and head, reads the float32 tables twelve times over at twelve heads). Same arithmetic, same output.
+
+A prototype mirrors the library code it would replace (the cuDNN graph of ``glmvit.kernels.cudnn_attention``, the
+rotation launch of ``glmvit.kernels.triton_attention``) so that the library and its records stay as measured until
+the sweep decides; adopted, it replaces them there and leaves this file.
 """
 from __future__ import annotations
 
