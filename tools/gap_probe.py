@@ -60,14 +60,6 @@ def timed(replay: Callable[[], Any], replays: int) -> dict[str, Any]:
             "power_w": power}
 
 
-def split_replays(kernels: list[tuple[float, float, str]], per_replay: int) -> list[list[tuple[float, float, str]]]:
-    """Kernel events (start µs, end µs, name), sorted by start, cut into consecutive replays of ``per_replay``."""
-    ordered = sorted(kernels)
-    if per_replay <= 0 or len(ordered) % per_replay:
-        raise ValueError(f"{len(ordered)} kernels do not split into replays of {per_replay}")
-    return [ordered[i:i + per_replay] for i in range(0, len(ordered), per_replay)]
-
-
 def idle_intervals(replay: list[tuple[float, float, str]]) -> list[dict[str, Any]]:
     """Idle time between consecutive kernels of one replay (none where they overlap), in µs, with their names."""
     out, last_end, last_name = [], replay[0][1], replay[0][2]
@@ -80,7 +72,8 @@ def idle_intervals(replay: list[tuple[float, float, str]]) -> list[dict[str, Any
 
 
 def summarise_replays(replays: list[list[tuple[float, float, str]]]) -> dict[str, Any]:
-    """Span, busy time and idle time per replay (µs), and the largest idle intervals over all of them."""
+    """Span, busy time and idle time per replay (µs; each replay's kernels sorted by start), and the largest idle
+    intervals over all of them."""
     spans = [max(end for _, end, _ in r) - r[0][0] for r in replays]
     busy = [sum(end - start for start, end, _ in r) for r in replays]
     idles = [idle_intervals(r) for r in replays]
@@ -90,15 +83,17 @@ def summarise_replays(replays: list[list[tuple[float, float, str]]]) -> dict[str
 
 
 def profiled(replay: Callable[[], Any], replays: int) -> dict[str, Any]:
+    """``replays`` replays, each in a profiler session of its own (so no replay's kernels need telling apart)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
+    per_replay = []
+    for _ in range(replays):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
             replay()
-        torch.cuda.synchronize()
-    kernels = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-               if e.device_type == torch.autograd.DeviceType.CUDA]
-    return summarise_replays(split_replays(kernels, len(kernels) // replays))
+            torch.cuda.synchronize()
+        per_replay.append(sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                                 if e.device_type == torch.autograd.DeviceType.CUDA))
+    return summarise_replays(per_replay)
 
 
 def main(argv: list[str] | None = None) -> int:
