@@ -548,6 +548,19 @@ def test_bench_interp_bad_runs_is_one_line(capsys):
     assert err.count("\n") == 1 and "--runs" in err, err
 
 
+@pytest.fixture
+def sigint_default():
+    """SIGINT handled as in an interactive shell, for the tests of the Ctrl-C path and the processes they start: a
+    test run started in the background (``make test &``) inherits SIGINT ignored, and a child would inherit that
+    too (an ignored signal survives exec; a handled one is reset to the default there)."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("sigint_default")
 def test_ctrl_c_is_one_line_and_status_130_with_nothing_written(tmp_path, capsys, monkeypatch):
     import glmvit.cli.encode as encode
 
@@ -604,6 +617,7 @@ def test_the_sweep_schema_bounds_tokens_as_the_table_does():
             assert not ok, tokens
 
 
+@pytest.mark.usefixtures("sigint_default")
 def test_ctrl_c_while_a_command_imports_is_one_line(capsys, monkeypatch):
     import glmvit.cli as cli
 
@@ -637,6 +651,7 @@ def test_a_gif_is_read_block_by_block_as_the_format_says(tmp_path):
         check_file(tmp_path / "stray.gif")
 
 
+@pytest.mark.usefixtures("sigint_default")
 def test_ctrl_c_during_torchs_import_in_a_real_process_is_one_line(tmp_path):
     """``python -m glmvit`` with SIGINT sent while torch is being imported (its library is mapped into the
     process, the command is not yet running): one line and exit 130. ``import glmvit`` itself imports nothing
@@ -658,6 +673,7 @@ def test_ctrl_c_during_torchs_import_in_a_real_process_is_one_line(tmp_path):
     assert (proc.returncode, err) == (130, "glmvit encode: interrupted\n")
 
 
+@pytest.mark.usefixtures("sigint_default")
 @pytest.mark.parametrize("module", ["numpy.lib", "datetime"])
 def test_ctrl_c_while_numpy_loads_is_one_line_not_swallowed(tmp_path, module):
     """torch's C extension imports numpy itself and carries on past a KeyboardInterrupt (numpy then half-loaded,
@@ -719,6 +735,7 @@ def test_an_output_that_is_a_hard_link_to_an_input_is_refused(tmp_path):
     assert code == 2
 
 
+@pytest.mark.usefixtures("sigint_default")
 def test_ctrl_c_inside_one_long_torch_op_stops_the_command_promptly(tmp_path):
     """A SIGINT that lands inside one long C call (a torch op of minutes, where Python cannot run its handler until
     the call returns) still ends ``python -m glmvit latency`` within the grace: one line, status 130. The command's
