@@ -21,7 +21,9 @@ def expected(lengths, slots, rows, chunk):
             entries.append((q_len, n, q * 2 * WIDTH, start * 2 * WIDTH, start * 3 * WIDTH, q * WIDTH))
         start += n
     total = max_chunks(rows, slots, chunk)
-    entries += [(0, 0, 0, 0, 0, 0)] * (total - len(entries)) + [(0, 0, 0, 0, 0, 0)]
+    end = sum(lengths)
+    entries += [(0, 0, 0, 0, 0, 0)] * (total - len(entries)) + [(0, 0, end * 2 * WIDTH, end * 2 * WIDTH,
+                                                                 end * 3 * WIDTH, end * WIDTH)]
     return np.array(entries, dtype=np.int64).T
 
 

@@ -42,7 +42,8 @@ def chunk_table(cu_seqlens: torch.Tensor, chunk: int, rows: int, num_heads: int,
     """int32 (6, entries + 1), rows as ``TABLE_ROWS``: per entry its query rows (≤ ``chunk``), its segment's rows,
     and the element offsets of its first query in the q̃/k̃ scratch (2·heads·d per row), of its segment's first key
     there, of that key's value in qkv (3·heads·d per row) and of its first output row (heads·d per row). Entries
-    past the last chunk have no rows. Device ops on static sizes only."""
+    past the last chunk have no rows; the last column holds the real rows' end, as ``ragged_offsets``' does. Device
+    ops on static sizes only."""
     cu = cu_seqlens.to(torch.int64)
     slots = cu.shape[0] - 1
     entries = max_chunks(rows, slots, chunk)
@@ -59,8 +60,9 @@ def chunk_table(cu_seqlens: torch.Tensor, chunk: int, rows: int, num_heads: int,
     width = num_heads * head_dim
     table = torch.stack([q_len, kv_len, q_start * 2 * width, kv_start * 2 * width, kv_start * 3 * width,
                          q_start * width])
-    table = torch.cat([table, table[:, -1:] * 0], 1)  # the (entries + 1)-th offset cuDNN's ragged tensors take
-    return table.to(torch.int32)
+    end = cu[-1:]  # the (entries + 1)-th offsets cuDNN's ragged tensors take: the real rows' end, as ragged_offsets
+    last = torch.stack([end * 0, end * 0, end * 2 * width, end * 2 * width, end * 3 * width, end * width])
+    return torch.cat([table, last], 1).to(torch.int32)
 
 
 ROTATE_BLOCK = 16  # rows per program of :func:`rotate_qk_rows` (8192 rows: 512 programs)
