@@ -49,14 +49,17 @@ def host_sync_probes(x: torch.Tensor, counts: torch.Tensor) -> dict[str, Callabl
     }
 
 
-def _warm_up(net: nn.Module, *inputs: torch.Tensor) -> None:
-    """Run net on every input on a side stream (lazy initialisation must happen before capture)."""
-    side = torch.cuda.Stream()
+def _warm_up(net: nn.Module, *inputs: torch.Tensor, stream: torch.cuda.Stream | None = None) -> torch.cuda.Stream:
+    """Run net on every input on a side stream (``stream``, or a new one), returned: lazy initialisation must happen
+    before capture, and on the stream that captures, since some of it is per stream (cuBLAS makes a workspace for
+    each stream on that stream's first matmul; made inside a capture, it would stay in the graph's private pool)."""
+    side = stream if stream is not None else torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.no_grad(), torch.cuda.stream(side):
         for x in inputs:
             net(x)
     torch.cuda.current_stream().wait_stream(side)
+    return side
 
 
 def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -65,13 +68,14 @@ def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _capture_memory(net: nn.Module, static_x: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, dict]:
     """Capture net(static_x) and a control capture of elementwise ops alone; what each kept allocated."""
+    side = None
     for _ in range(3):
-        _warm_up(net, static_x)
+        side = _warm_up(net, static_x, stream=side)
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
     graph = torch.cuda.CUDAGraph()
-    with torch.no_grad(), torch.cuda.graph(graph):
+    with torch.no_grad(), torch.cuda.graph(graph, stream=side):
         static_y = net(static_x)  # allocated during capture: from the graph's private pool
     torch.cuda.synchronize()
     out = {"pool_reserved_bytes": torch.cuda.memory_reserved() - reserved,
@@ -79,7 +83,7 @@ def _capture_memory(net: nn.Module, static_x: torch.Tensor) -> tuple[torch.cuda.
            "output_bytes": static_y.numel() * static_y.element_size()}
     allocated = torch.cuda.memory_allocated()  # the control: a capture without matmuls
     elementwise = torch.cuda.CUDAGraph()
-    with torch.no_grad(), torch.cuda.graph(elementwise):
+    with torch.no_grad(), torch.cuda.graph(elementwise, stream=side):
         elementwise_y = torch.relu(static_x) * 2
     torch.cuda.synchronize()
     out["elementwise_allocated_after_capture_bytes"] = torch.cuda.memory_allocated() - allocated
@@ -159,7 +163,7 @@ def graph_basics() -> dict[str, Any]:
 
 
 def _capture_sizes(net: nn.Module, inputs: dict[int, torch.Tensor], expected: dict[int, torch.Tensor],
-                   order: list[int], shared: bool) -> dict[str, Any]:
+                   order: list[int], shared: bool, stream: torch.cuda.Stream) -> dict[str, Any]:
     """Capture one graph per input size in ``order`` (one shared pool or one each); the memory reserved after each
     capture, and the worst replay-vs-eager difference over a scrambled replay order."""
     torch.cuda.synchronize()
@@ -169,7 +173,7 @@ def _capture_sizes(net: nn.Module, inputs: dict[int, torch.Tensor], expected: di
     graphs, steps = {}, []
     for n in order:
         g = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(g, pool=pool):
+        with torch.no_grad(), torch.cuda.graph(g, pool=pool, stream=stream):
             y = net(inputs[n])
         torch.cuda.synchronize()
         graphs[n] = (g, y)
@@ -192,14 +196,14 @@ def pool_strategies() -> dict[str, Any]:
     width, sizes = 2048, [4096, 2048, 1024, 512, 256]
     net = TinyMLP(width=width, depth=4).to(dev).eval()
     inputs = {n: torch.randn(n, width, device=dev) for n in sizes}
-    _warm_up(net, *inputs.values())  # warm-up for every shape
+    side = _warm_up(net, *inputs.values())  # warm-up for every shape, on the stream that captures
     with torch.no_grad():
         expected = {n: net(x) for n, x in inputs.items()}
     result: dict[str, Any] = {"sizes": sizes, "width": width, "activation_bytes": [n * width * 4 for n in sizes],
                               "strategies": {}}
     for name, order, shared in [("own pool per graph", sizes, False), ("shared, largest first", sizes, True),
                                 ("shared, smallest first", sizes[::-1], True)]:
-        result["strategies"][name] = _capture_sizes(net, inputs, expected, order, shared)
+        result["strategies"][name] = _capture_sizes(net, inputs, expected, order, shared, side)
     return result
 
 
@@ -208,10 +212,11 @@ def _timeline_model() -> tuple[TinyMLP, torch.Tensor, torch.cuda.CUDAGraph]:
     dev = torch.device("cuda")
     net = TinyMLP(width=256, depth=8).to(dev).eval()
     static_x = torch.randn(64, 256, device=dev)
+    side = None
     for _ in range(3):
-        _warm_up(net, static_x)
+        side = _warm_up(net, static_x, stream=side)
     graph = torch.cuda.CUDAGraph()
-    with torch.no_grad(), torch.cuda.graph(graph):
+    with torch.no_grad(), torch.cuda.graph(graph, stream=side):
         net(static_x)
     return net, static_x, graph
 
