@@ -16,10 +16,13 @@ Paths, each timed alone:
 - ``sdpa_cudnn_dense`` / ``sdpa_flash_dense``: SDPA on (segments, heads, L, d) views of the packed rows, when every
   segment has the same length, under ``sdpa_kernel(CUDNN_ATTENTION)`` / ``sdpa_kernel(FLASH_ATTENTION)``;
 - ``flash_attn@budget`` / ``flash_attn@true``: ``flash_attn_varlen_func`` when the package imports;
-- ``cudnn_chunked@C``: the prototype of ``tools/cudnn_chunked.py``, the ``cudnn`` backend with each segment's
-  queries cut into chunks of at most C rows, each a batch entry of its own (the grid without empty slots), q and k
-  rotated in one pass over all heads (``/launch``: by the library's rotation launch);
-- ``rotation_launch`` / ``rotation_one_pass``: the two rotations alone.
+- ``rotation_launch``: the ``cudnn`` backend's rotation launch alone (its share of ``cudnn``).
+
+Why ``cudnn`` is slower than ``sdpa_cudnn_dense`` on the same rows is not its grid: a prototype that cut every
+segment's queries into batch entries of at most C rows (no empty slots), run by this sweep on the H200 at commit
+847d36e, took 147.5 µs at C = 1024 against the ``cudnn`` backend's 145.1 at eight 1024-row segments (dense: 95.5),
+and more at C = 128 and 256; rotating q and k in one pass over all heads (cos/sin read once per row) took 33.3 µs
+against the launch's 30.6. Neither was adopted: cuDNN's ragged (padding-mask) kernel is itself the slower one.
 
 Timing: ``glmvit.profiling.graph_time_us`` (20 calls captured in one graph, median of 50 replays). A path that cannot
 run here is one line in the table and in the JSON, never a traceback. CUDA only (exit 2 elsewhere)::
@@ -57,7 +60,6 @@ LAYOUTS: dict[str, tuple[int, ...]] = {
     "mixed": (1024, 256, 576, 2304, 256, 64, 1600),  # images of several sizes in one batch
 }
 REPLAYS = 50
-CHUNKS = (128, 256, 1024)  # query rows per batch entry of the chunked cuDNN prototype
 
 
 @dataclass(frozen=True)
@@ -174,7 +176,7 @@ def paths(layout: Layout, qkv, cos, sin, q, k, v, meta) -> dict[str, Callable[[]
 
     for tag, m in bounds.items():
         out[f"cudnn_ragged@{tag}"] = partial(cudnn_ragged, m)
-    out.update(chunked_paths(layout, qkv, cos, sin, cu))
+    out.update(rotation_path(qkv, cos, sin, cu))
     if layout.equal:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -198,36 +200,11 @@ def paths(layout: Layout, qkv, cos, sin, q, k, v, meta) -> dict[str, Callable[[]
     return out
 
 
-def chunked_paths(layout: Layout, qkv, cos, sin, cu) -> dict[str, Callable[[], torch.Tensor] | str]:
-    """``cudnn_chunked@C``: the prototype in ``tools/cudnn_chunked.py`` (each segment's queries in chunks of C), its
-    chunk table computed and its plan built before timing, as the model would once per forward and per shape."""
-    try:
-        import cudnn
-
-        from tools.cudnn_chunked import ChunkedPlan, chunk_table, cudnn_chunked_attention, max_chunks, rotate_qk_rows
-
-        handle = cudnn.create_handle()
-    except Exception as err:  # noqa: BLE001 - no frontend, or one that cannot load its library: one line
-        return {"cudnn_chunked": _one_line(err)}
+def rotation_path(qkv, cos, sin, cu) -> dict[str, Callable[[], torch.Tensor] | str]:
+    """``rotation_launch``: the ``cudnn`` backend's Triton rotation of q and k alone."""
     from glmvit.kernels.triton_attention import rotate_qk_triton
 
-    out: dict[str, Callable[[], torch.Tensor] | str] = {
-        "rotation_launch": lambda: rotate_qk_triton(qkv, cos, sin, cu, HEADS),
-        "rotation_one_pass": lambda: rotate_qk_rows(qkv, cos, sin, cu, HEADS)}
-    slots = cu.shape[0] - 1
-    for chunk in CHUNKS:
-        try:
-            table = chunk_table(cu, chunk, layout.rows, HEADS, HEAD_DIM)
-            plan = ChunkedPlan(max_chunks(layout.rows, slots, chunk), chunk, layout.rows, HEADS, HEAD_DIM,
-                               qkv.dtype, handle)
-        except Exception as err:  # noqa: BLE001 - a shape this cuDNN refuses: one line
-            out[f"cudnn_chunked@{chunk}"] = _one_line(err)
-            continue
-        for tag, one_pass in (("", True), ("/launch", False)):  # the one-pass rotation, and the library's launch
-            out[f"cudnn_chunked@{chunk}{tag}"] = partial(
-                lambda t, p, o: cudnn_chunked_attention(qkv, cos, sin, cu, t, p, handle, HEADS, o).view(
-                    -1, HEADS, HEAD_DIM), table, plan, one_pass)
-    return out
+    return {"rotation_launch": lambda: rotate_qk_triton(qkv, cos, sin, cu, HEADS)}
 
 
 def _one_line(err: BaseException) -> str:
