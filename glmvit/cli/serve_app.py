@@ -74,7 +74,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from http import HTTPStatus
 from pathlib import PurePosixPath
-from typing import Any, Callable, cast
+from typing import Any, Awaitable, Callable, cast
 from urllib.parse import unquote
 
 import numpy as np
@@ -270,6 +270,13 @@ def prometheus_family(name: str, kind: str, help_text: str, samples: list[tuple[
     return [f"# HELP glmvit_{name} {help_text}", f"# TYPE glmvit_{name} {kind}",
             *(f"glmvit_{name}{labels} {value if isinstance(value, int) else format(value, 'g')}"
               for labels, value in present)]
+
+
+def labelled(sample: str, key: str, value: str) -> str:
+    """A Prometheus sample line with ``key="value"`` first among its labels."""
+    name, rest = sample.split(" ", 1)
+    name, brace, labels = name.partition("{")
+    return f'{name}{{{key}="{value}"{"," + labels if brace else "}"} {rest}'
 
 
 class EncoderService:
@@ -583,7 +590,8 @@ class EncoderService:
                          "held_bytes": self.held_bytes, "max_held_bytes": self.limits.max_held_bytes,
                          "responses": {str(k): v for k, v in sorted(self.responses.items())},
                          "clients_left": self.clients_left,
-                         "timed_requests": self.timed, "phase_s": {k: self.phase_s[k] for k in PHASES}},
+                         "timed_requests": self.timed, "phase_s": {k: self.phase_s[k] for k in PHASES},
+                         **({"frontend": self.frontend} if self.frontend is not None else {})},
                 "decode": self.decode.stats(), "scheduler": self.backend.stats(), "runner": self.backend.runner_stats()}
 
     async def metrics(self, request: web.Request) -> web.Response:
@@ -614,6 +622,8 @@ class EncoderService:
                                    [("", d["busy"])])
         lines += prometheus_family("decode_timeouts_total", "counter", "decodes past the timeout (worker replaced)",
                                    [("", d["timeouts"])])
+        if self.frontend is not None:  # one API server's of several: its own counters, labelled with its name
+            lines = [line if line.startswith("#") else labelled(line, "frontend", self.frontend) for line in lines]
         for key, name, help_text in (("submitted", "submitted", "requests admitted"),
                                      ("completed", "completed", "requests answered"),
                                      ("failed", "failed", "requests failed"), ("batches", "batches", "batches run"),
@@ -763,12 +773,13 @@ CANCEL_AFTER_S = 1.0  # a drain past its timeout: how long handlers still runnin
 
 async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int = 0, shutdown_timeout: float = 60.0,
                      on_ready: Callable[[str], None] | None = None, stop: asyncio.Event | None = None,
-                     handle_signals: bool = False) -> bool:
+                     handle_signals: bool = False, reuse_port: bool = False) -> bool:
     """Serve ``service`` until ``stop`` is set (or SIGINT/SIGTERM with ``handle_signals``), then drain (module
     docstring); True if the drain answered every request within ``shutdown_timeout``. Otherwise it logs one line
     of how many requests it abandoned (``service.abandoned``), cancels their handlers and stops, waiting for the
     scheduler only for the batch it holds (:data:`CANCEL_AFTER_S` at most). ``on_ready`` gets the URL once the
-    socket listens (port 0: an ephemeral port)."""
+    socket listens (port 0: an ephemeral port). ``reuse_port``: the socket shares ``port`` with other processes'
+    (SO_REUSEPORT: the kernel spreads new connections among them), as API server processes do."""
     # the drain below waits for the handlers itself: aiohttp's own wait, after it, only for what outlived it
     # a client that leaves cancels its handler: a request of it still queued is withdrawn from the scheduler
     runner = web.AppRunner(service.app, handle_signals=False, shutdown_timeout=min(shutdown_timeout, CANCEL_AFTER_S),
@@ -782,7 +793,7 @@ async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int
         assert runner.server is not None
         service.server = runner.server
         factory = _Connections(runner.server, service, connection_limit(service.limits.max_connections))
-        listener = await loop.create_server(factory, host, port, reuse_address=True)
+        listener = await loop.create_server(factory, host, port, reuse_address=True, reuse_port=reuse_port or None)
         service.url = format_url(host, listener.sockets[0].getsockname()[1])
         for sig in signals:
             loop.add_signal_handler(sig, stop.set)
@@ -811,12 +822,14 @@ async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int
 
 
 class ServerThread:
-    """:func:`run_server` in a thread with its own event loop, started with :meth:`start`, drained by
-    :meth:`shutdown` (which returns once every request in flight is answered)."""
+    """:func:`run_server` (or ``serve``, which takes its arguments: :func:`~glmvit.cli.serve_frontends.run_frontends`)
+    in a thread with its own event loop, started with :meth:`start`, drained by :meth:`shutdown` (which returns once
+    every request in flight is answered)."""
 
     def __init__(self, service: EncoderService, host: str = "127.0.0.1", port: int = 0,
-                 shutdown_timeout: float = 60.0):
+                 shutdown_timeout: float = 60.0, serve: Callable[..., Awaitable[bool]] | None = None):
         self.service, self.host, self.port, self.shutdown_timeout = service, host, port, shutdown_timeout
+        self.serve = serve or run_server
         self.url: str | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -839,7 +852,7 @@ class ServerThread:
             self.url = url
             self._ready.set()
 
-        self.drained = await run_server(self.service, self.host, self.port, self.shutdown_timeout, ready, self._stop)
+        self.drained = await self.serve(self.service, self.host, self.port, self.shutdown_timeout, ready, self._stop)
 
     def start(self, timeout: float = 60.0) -> "ServerThread":
         self._thread.start()
