@@ -5,7 +5,8 @@ runner (``graph-emulated`` off CUDA), ``graph-compiled`` the same with ``torch.c
 under the same batch limits. Listens on 127.0.0.1 unless ``--host`` says otherwise and prints its URL once it
 listens; SIGINT or SIGTERM drains (requests in flight finish, new ones get 503) and exits: 0, or 1 if requests
 were still in flight after ``--shutdown-timeout`` (a line says how many were abandoned). Endpoints, bodies and
-status codes: :mod:`glmvit.cli.serve_app`. Examples::
+status codes: :mod:`glmvit.cli.serve_app`. ``--api-servers N`` runs the HTTP side in N processes on the same port in
+front of this one, which encodes (:mod:`glmvit.cli.serve_frontends`). Examples::
 
     python -m glmvit serve --port 8000
     curl -s -F file=@data/images/coffee.jpg -F file=@data/clip.gif http://127.0.0.1:8000/v1/encode -o emb.safetensors

@@ -79,7 +79,9 @@ def split_workers(workers: int, count: int) -> list[int]:
 
 def frontend_main(spec: FrontendSpec, conn: Any) -> int:
     """An API server process: the application over a :class:`RemoteBackend`, until the engine says drain (or is
-    gone, or SIGINT/SIGTERM reach it); exits 0 if its drain answered everything in time."""
+    gone, or SIGTERM reaches it); exits 0 if its drain answered everything in time. It ignores SIGINT: a Ctrl-C
+    reaches every process of the terminal's group, and the engine, which gets it too, drains them in order."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format=f"glmvit serve [api {spec.name}]: %(message)s")
     torch.set_num_threads(1)  # it parses and checks; the engine computes
     drained = asyncio.run(_frontend(spec, conn))
@@ -98,12 +100,12 @@ async def _frontend(spec: FrontendSpec, conn: Any) -> bool:
     decode.start()
     stop = asyncio.Event()
     backend.start(stop.set)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
 
     def ready(url: str) -> None:
         backend.send(("ready", url))
 
-    return await run_server(service, spec.host, spec.port, spec.shutdown_timeout, ready, stop, handle_signals=True,
-                            reuse_port=True)
+    return await run_server(service, spec.host, spec.port, spec.shutdown_timeout, ready, stop, reuse_port=True)
 
 
 def _reserve(host: str, port: int) -> tuple[socket.socket | None, int]:
@@ -162,10 +164,12 @@ async def run_frontends(service: EncoderService, host: str = "127.0.0.1", port: 
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while not all(f.url or f.done for f in link.fronts) and not stop.is_set():
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the API servers did not start listening within {STARTUP_TIMEOUT_S:g} s")
+                log.warning("the API servers did not start listening within %g s: shutting down", STARTUP_TIMEOUT_S)
+                return False  # the drain below ends them
             await _wait(changed, stop, 1.0)
         if any(f.done for f in link.fronts):
-            raise RuntimeError("an API server ended as it started: see its lines above")
+            log.warning("an API server ended as it started (its lines above say why): shutting down")
+            return False
         if reserved is not None:
             reserved.close()
             reserved = None
@@ -201,7 +205,8 @@ async def run_frontends(service: EncoderService, host: str = "127.0.0.1", port: 
             front.conn.close()
         closed = await loop.run_in_executor(None, service.close, shutdown_timeout)
         remove_shared_dir(folder)
-    return ok and closed
+        ok = ok and closed
+    return ok
 
 
 async def _wait(changed: asyncio.Event, stop: asyncio.Event | None, timeout: float) -> None:
