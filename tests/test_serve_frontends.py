@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import aiohttp
 import numpy as np
@@ -346,3 +347,18 @@ def test_an_api_server_that_dies_is_logged_and_the_other_serves_on(tiny_model, c
         finally:
             assert server.shutdown(TIMEOUT)
     assert server.drained is False and "API server exit codes: 0, -9" in caplog.text
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-file", "bytes"])
+def test_an_answer_crosses_in_a_shared_file_or_as_bytes(tmp_path, shared):
+    """The engine serialises an answer into a file it maps (read back, then gone) or, without a folder, a bytearray
+    whose bytes cross the pipe: the same bytes either way."""
+    from glmvit.cli.answer_body import answer_body
+    from glmvit.cli.serve_link import AnswerFile
+
+    outputs = [torch.arange(12.0).reshape(3, 4), torch.ones(2, 4)]
+    answer = AnswerFile(str(tmp_path) if shared else None)
+    rows = answer.rows(answer_body(outputs, torch.float32, {"k": "v"}, answer))
+    assert (rows.path is not None) == shared and list(tmp_path.iterdir()) == ([Path(rows.path)] if shared else [])
+    body = bytes(rows.tensor().numpy().data)
+    assert body == bytes(answer_body(outputs, torch.float32, {"k": "v"})) and not list(tmp_path.iterdir())

@@ -555,10 +555,12 @@ class EncoderService:
             self._pixels.append(shared_dir())
         return self._pixels[0]
 
-    def _pack(self, outputs: list[torch.Tensor], records: list[dict[str, Any]], dtype: str) -> bytearray:
-        """The answer's body, each output copied from the device straight into its place (:mod:`.answer_body`)."""
+    def _pack(self, outputs: list[torch.Tensor], records: list[dict[str, Any]], dtype: str,
+              allocate: Callable[[int], Any] = bytearray) -> Any:
+        """The answer's body, each output copied from the device straight into its place (:mod:`.answer_body`), in
+        ``allocate(size)``."""
         out_dtype = torch.float32 if dtype == "float32" else self.model.dtype
-        return answer_body(outputs, out_dtype, file_metadata(records, self.info, self.provenance))
+        return answer_body(outputs, out_dtype, file_metadata(records, self.info, self.provenance), allocate)
 
     def health_json(self) -> dict[str, Any]:
         """Light: whether it serves, how, and its limits (``/v1/info`` says what the model and its code are)."""

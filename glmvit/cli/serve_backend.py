@@ -70,12 +70,13 @@ def device_rows(media: RequestMedia, device: torch.device, dtype: torch.dtype) -
         media.discard()
 
 
-Pack = Callable[[list[torch.Tensor], list[dict[str, Any]], str], bytearray]
+Pack = Callable[[list[torch.Tensor], list[dict[str, Any]], str, Callable[[int], Any]], Any]
 
 
 class LocalBackend:
     """The scheduler in this process: rows and admission on ``pool``'s threads, answers serialised by ``pack``
-    (outputs, records, the answer's dtype: ``float32`` or ``model``) on ``answers``' threads."""
+    (outputs, records, the answer's dtype: ``float32`` or ``model``, and where to write it: ``allocate(size)``, a
+    writable buffer) on ``answers``' threads."""
 
     fingerprint = None  # the code's fingerprint: the caller takes its own (it runs this process's code)
 
@@ -89,10 +90,10 @@ class LocalBackend:
     def mode(self) -> str:
         return self.scheduler.mode
 
-    async def encode(self, source: RequestMedia | Prepared, dtype: str,
-                     gone: Callable[[], bool] = lambda: False) -> Encoded:
-        """``source`` encoded and its answer serialised in ``dtype``; :class:`ClientLeft` if ``gone()`` says its
-        client left once its outputs are ready (nothing is serialised then)."""
+    async def encode(self, source: RequestMedia | Prepared, dtype: str, gone: Callable[[], bool] = lambda: False,
+                     allocate: Callable[[int], Any] = bytearray) -> Encoded:
+        """``source`` encoded and its answer serialised in ``dtype`` into ``allocate(size)``; :class:`ClientLeft` if
+        ``gone()`` says its client left once its outputs are ready (nothing is serialised then)."""
         start = time.perf_counter()
         if isinstance(source, RequestMedia):
             job = self.pool.submit(device_rows, source, self.model.device, self.model.dtype)
@@ -124,7 +125,7 @@ class LocalBackend:
             raise ClientLeft
         packing = time.perf_counter()
         body = await asyncio.get_running_loop().run_in_executor(self.answers, self.pack, result.outputs,
-                                                                prepared.records, dtype)
+                                                                prepared.records, dtype, allocate)
         return Encoded(body, result.request_id, result.queue_s, result.total_s, result.stage_s, list(result.batches),
                        prepared_at - start, max(0.0, admitted - prepared_at - result.stage_s),
                        time.perf_counter() - packing)

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
+import mmap
+import os
 import threading
+import uuid
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any, Callable
@@ -35,8 +37,6 @@ from ..scheduler import SchedulerClosed
 from .pixel_rows import PixelRows
 from .serve_backend import ClientLeft, Encoded, LocalBackend, Prepared
 from .serve_media import RequestMedia
-
-log = logging.getLogger("glmvit.cli.serve_app")
 
 
 class ModelFacts:
@@ -82,9 +82,57 @@ def _discard(source: Any) -> None:
         source.discard()
 
 
-def _answer_rows(body: bytes | bytearray | memoryview, folder: str | None) -> PixelRows:
-    """An answer's bytes in a new file under ``folder`` (or as bytes)."""
-    return PixelRows.of(torch.frombuffer(body, dtype=torch.uint8), folder)
+class AnswerFile:
+    """Where the engine serialises one answer (``allocate`` of :meth:`LocalBackend.encode
+    <glmvit.cli.serve_backend.LocalBackend.encode>`): a new file of the answer's size under ``folder``, mapped, its
+    space reserved first (a full ``/dev/shm`` is an OSError here, never a SIGBUS mid-write); without a folder, or
+    without room, a bytearray, whose bytes then cross the pipe."""
+
+    def __init__(self, folder: str | None):
+        self.folder = folder
+        self.path: str | None = None
+        self._map: mmap.mmap | None = None
+
+    def __call__(self, size: int) -> mmap.mmap | bytearray:
+        if self.folder is not None:
+            path = os.path.join(self.folder, uuid.uuid4().hex)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                try:
+                    os.posix_fallocate(fd, 0, size)
+                    self._map = mmap.mmap(fd, size)
+                finally:
+                    os.close(fd)
+                self.path = path
+                return self._map
+            except OSError:
+                _unlink(path)
+        return bytearray(size)
+
+    def rows(self, body: Any) -> PixelRows:
+        """The answer as it is handed over: its file (unmapped here), or its bytes."""
+        if self._map is None or self.path is None:
+            return PixelRows((len(body),), "uint8", data=bytes(body))
+        size = len(self._map)
+        try:
+            self._map.close()  # the reader maps the file itself
+        except BufferError:  # a view of it still alive here: unmapped with the last one
+            pass
+        self._map = None
+        return PixelRows((size,), "uint8", path=self.path)
+
+    def discard(self) -> None:
+        """Remove the file of an answer nobody takes (its mapping goes with the last view of it)."""
+        if self.path is not None:
+            _unlink(self.path)
+        self._map = None
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 class RemoteBackend:
@@ -273,16 +321,17 @@ class EngineLink:
 
     async def _encode(self, front: _Front, key: int, source: Any, dtype: str) -> None:
         front.waiting.pop(key, None)
+        answer = AnswerFile(self.folder)
         try:
             if isinstance(source, SharedPrepared):
                 source = source.prepared()
-            encoded = await self.backend.encode(source, dtype)
-            loop = asyncio.get_running_loop()
-            body = await loop.run_in_executor(self.backend.answers, _answer_rows, encoded.body, self.folder)
+            encoded = await self.backend.encode(source, dtype, allocate=answer)
+            body = answer.rows(encoded.body)
             self._send(front, ("done", key, replace(encoded, body=b""), body), body)
         except asyncio.CancelledError:  # withdrawn: nobody waits for it
-            pass
+            answer.discard()
         except Exception as err:  # noqa: BLE001 - handed to the API server, which answers its status
+            answer.discard()
             self._send(front, ("error", key, err))
         finally:
             front.tasks.pop(key, None)
