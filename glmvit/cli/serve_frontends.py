@@ -8,7 +8,10 @@ CUDA nor build the model), each running the same aiohttp application (:class:`~g
 on the same host and port (SO_REUSEPORT: the kernel spreads new connections among them; with port 0 the engine
 binds first to learn the port, and the API servers reuse it), each reading and parsing bodies and running its share
 of ``--decode-workers`` (at least one each). Each hands its requests to the engine over a pipe of its own
-(:mod:`glmvit.cli.serve_link`: what crosses is small, frames and answers stay in shared-memory files).
+(:mod:`glmvit.cli.serve_link`: what crosses is small, frames and answers stay in shared-memory files). Answers,
+headers and statuses are the one-process server's. The HTTP side's bounds (``--max-requests``, ``--max-held-mb``,
+``--max-connections``, ``--decode-queue``) hold per API server; the scheduler's (``--max-queue``, its tokens and
+bytes) for the whole server, as before.
 
 Metrics: ``/health``, ``/v1/info`` and ``/metrics`` work on every API server. The scheduler's and the runner's
 counters (``glmvit_scheduler_*``) come from the engine; the HTTP and decode counters (``glmvit_http_*``,
