@@ -56,7 +56,8 @@ keeps open connections open and answers a new request on any of them (an idle ke
 and closes it; once every request in flight has finished (up to ``shutdown_timeout``) it closes the idle
 connections, then the scheduler and the decoders. A drain that runs out of time says how many requests it
 abandoned, cancels their handlers and returns False (``serve`` exits 1). :class:`ServerThread` runs it in a
-thread of its own (tests, in-process use).
+thread of its own (tests, in-process use). Several processes can serve the same application on one port in front
+of one engine process (``serve --api-servers N``): :mod:`glmvit.cli.serve_frontends`.
 """
 from __future__ import annotations
 

@@ -94,12 +94,10 @@ def frontend_main(spec: FrontendSpec, conn: Any) -> int:
 
 async def _frontend(spec: FrontendSpec, conn: Any) -> bool:
     decode = default_decode_pool(spec.decode_workers, spec.decode_queue, spec.decode_timeout)
-    pixels: list[EncoderService] = []
-    backend = RemoteBackend(conn, spec.mode, lambda: pixels[0]._pixel_dir())
+    backend = RemoteBackend(conn, spec.mode, lambda: service._pixel_dir())  # the service's, made below
     service = EncoderService(None, spec.info, spec.provenance, spec.limits, spec.threads, spec.extra_health,
                              decode=decode, media=spec.media, own_decode=True, backend=backend,
                              model=ModelFacts(spec.config, getattr(torch, spec.dtype)), frontend=spec.name)
-    pixels.append(service)
     decode.start()
     stop = asyncio.Event()
     backend.start(stop.set)
