@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import struct
+from typing import Any, Callable
 
 import torch
 
@@ -24,11 +25,13 @@ DTYPE_NAMES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16
 ALIGN = 8  # the header is padded to this many bytes, as safetensors pads it: the data starts aligned
 
 
-def answer_body(outputs: list[torch.Tensor], dtype: torch.dtype, metadata: dict[str, str] | None = None
-                ) -> bytearray:
+def answer_body(outputs: list[torch.Tensor], dtype: torch.dtype, metadata: dict[str, str] | None = None,
+                allocate: Callable[[int], Any] = bytearray) -> Any:
     """A safetensors file of ``item_<i>`` = ``outputs[i]`` in ``dtype`` (each converted as ``Tensor.to`` converts,
     on the host or on its device), with string ``metadata``. The ``outputs`` must be finished (as the scheduler
-    hands them out): a CUDA tensor is copied on this thread's own stream, finished before this returns."""
+    hands them out): a CUDA tensor is copied on this thread's own stream, finished before this returns. The file
+    is written into ``allocate(size)``: a zeroed bytearray by default, or any writable buffer of that size (a
+    shared-memory file mapped, so that the answer crosses to another process without a copy)."""
     if dtype not in DTYPE_NAMES:
         raise ValueError(f"an answer's dtype must be one of {', '.join(str(d)[6:] for d in DTYPE_NAMES)}, "
                          f"not {str(dtype)[6:]}")
@@ -44,7 +47,7 @@ def answer_body(outputs: list[torch.Tensor], dtype: torch.dtype, metadata: dict[
     head = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
     head += b" " * (-len(head) % ALIGN)
     start = 8 + len(head)
-    body = bytearray(start + end)
+    body = allocate(start + end)
     body[:start] = struct.pack("<Q", len(head)) + head
     device = outputs[0].device if outputs else torch.device("cpu")
     with finished_work(device):

@@ -615,7 +615,8 @@ def serve_argv(args: argparse.Namespace, mode: str, workload: Workload) -> list[
         argv += ["--weights", args.weights]
     for flag, value in (("--budgets", ",".join(map(str, args.budgets)) if args.budgets else None),
                         ("--max-items", args.max_items), ("--max-segments", args.max_segments),
-                        ("--attn-backend", args.attn_backend), ("--decode-workers", args.decode_workers)):
+                        ("--attn-backend", args.attn_backend), ("--decode-workers", args.decode_workers),
+                        ("--api-servers", args.api_servers)):
         if value is not None:
             argv += [flag, str(value)]
     return argv
@@ -699,6 +700,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default graph)")
     t.add_argument("--decode-workers", type=int_in(1, 256), default=None,
                    help="--spawn: the server's processes that decode media (default: the server's, min(8, CPUs − 1))")
+    t.add_argument("--api-servers", type=int_in(1, 64), default=None,
+                   help="--spawn: the server's HTTP processes in front of its engine (default: the server's, 1)")
     t.add_argument("--wait-s", type=float_in(0, 7200), default=0.0,
                    help="--url: seconds to keep trying a server that does not listen yet (default 0: fail at once)")
     t.add_argument("--startup-timeout", type=float_in(1, 7200), default=1800.0,
@@ -759,6 +762,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: 
         parser.error("--modes applies to --spawn and --in-process (a running server has its own mode)")
     if args.decode_workers is not None and not args.spawn:
         parser.error("--decode-workers applies to --spawn (a running server has its own; --in-process decodes nothing)")
+    if args.api_servers is not None and not args.spawn:
+        parser.error("--api-servers applies to --spawn (a running server has its own; --in-process has no HTTP)")
     refuse_preset_flags(parser, args)
     if args.url:
         check_url(parser, args.url)
@@ -807,7 +812,8 @@ def main(argv: list[str] | None = None) -> int:
                                   "switch_interval_ms": args.switch_interval_ms,
                                   "max_queue": queue_requests(args, workload),
                                   "max_queue_tokens": queue_tokens(args, workload), "max_queue_mb": args.max_queue_mb,
-                                  "attn_backend": args.attn_backend, "decode_workers": args.decode_workers},
+                                  "attn_backend": args.attn_backend, "decode_workers": args.decode_workers,
+                                  "api_servers": args.api_servers},
                      "arrivals": "gamma(burstiness, 1/(rate·burstiness)) gaps after each request, all at 0 for inf",
                      "timing": "time to embedding: request sent → whole answer read; queue: the server's "
                                "X-Queue-Delay-Ms; time split: the server's Server-Timing, write the rest"},

@@ -5,7 +5,8 @@ runner (``graph-emulated`` off CUDA), ``graph-compiled`` the same with ``torch.c
 under the same batch limits. Listens on 127.0.0.1 unless ``--host`` says otherwise and prints its URL once it
 listens; SIGINT or SIGTERM drains (requests in flight finish, new ones get 503) and exits: 0, or 1 if requests
 were still in flight after ``--shutdown-timeout`` (a line says how many were abandoned). Endpoints, bodies and
-status codes: :mod:`glmvit.cli.serve_app`. Examples::
+status codes: :mod:`glmvit.cli.serve_app`. ``--api-servers N`` runs the HTTP side in N processes on the same port in
+front of this one, which encodes (:mod:`glmvit.cli.serve_frontends`). Examples::
 
     python -m glmvit serve --port 8000
     curl -s -F file=@data/images/coffee.jpg -F file=@data/clip.gif http://127.0.0.1:8000/v1/encode -o emb.safetensors
@@ -18,11 +19,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 import socket
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Coroutine
 
 import torch
 
@@ -53,6 +55,7 @@ from .decode_pool import DecodePool
 from .encode import model_metadata
 from .pixel_rows import sweep_shared_dirs
 from .serve_app import DECODE_QUEUE, EncoderService, HttpLimits, default_decode_pool, default_decode_workers, run_server
+from .serve_frontends import run_frontends
 from .serve_media import DEFAULT_FRAME_PIXELS, DEFAULT_REQUEST_PIXELS, MediaLimits
 from .session import runner_key
 
@@ -183,6 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 30; then it is closed)")
     h.add_argument("--max-connections", type=int_in(1, 1_000_000), default=1024,
                    help="open connections at once (default 1024, fewer if ulimit -n is lower); more: 503")
+    h.add_argument("--api-servers", type=int_in(1, 64), default=1,
+                   help="processes that run the HTTP server on the same port, each reading, parsing and decoding its "
+                        "requests, in front of this one, which encodes (default 1: this process alone; see "
+                        "glmvit.cli.serve_frontends)")
     h.add_argument("--shutdown-timeout", type=float_in(0, 3600), default=60.0,
                    help="seconds a drain waits for requests in flight (default 60); then they are abandoned, exit 1")
     m = parser.add_argument_group("media (multipart files, JSON content parts)")
@@ -231,13 +238,14 @@ def check_listen(host: str, port: int) -> None:
 
 def build_service(args: argparse.Namespace, command: str, model: GlmVisionEncoder | None = None,
                   floor: dict[str, Any] | None = None, decode: DecodePool | None = None,
-                  session: Session | None = None) -> EncoderService:
+                  session: Session | None = None, start_decode: bool = True) -> EncoderService:
     """Model (``model`` if given: the flags' tower, built by the caller), encoder (captured), scheduler and
     application, as the resolved flags say. A caller that measured the floor on this device and dtype already
     (``floor``: matmul_tflops and copy_gbps) or runs a decode pool (``decode``: started, and closed by the caller)
     lends them; otherwise the floor is measured (with --measure-floor) and a pool is made, owned by the service.
     A ``session`` (a record run) may lend the runner (:func:`make_scheduler`); the service's info then says where
-    it came from (``runner_source``)."""
+    it came from (``runner_source``). ``start_decode=False`` (an engine behind API server processes, which decode)
+    makes the pool without starting a process of it."""
     model = model if model is not None else model_from_args(args)
     scheduler, runner = make_scheduler(model, args.mode, args, progress=not args.quiet, attention=args.attn_backend,
                                        session=session)
@@ -259,7 +267,8 @@ def build_service(args: argparse.Namespace, command: str, model: GlmVisionEncode
                              decode=decode or default_decode_pool(args.decode_workers, args.decode_queue,
                                                                   args.decode_timeout),
                              own_decode=decode is None)
-    service.decode.start()  # its processes start now (their imports take seconds), not with the first upload
+    if start_decode:
+        service.decode.start()  # its processes start now (their imports take seconds), not with the first upload
     sweep_shared_dirs()  # the frames' folders of servers killed before they could remove them
     return service
 
@@ -275,14 +284,21 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     logging.basicConfig(level=logging.WARNING, format="glmvit serve: %(message)s")
-    service = build_service(args, " ".join([sys.executable, "-m", "glmvit", "serve", *argv]))
-    mode = service.scheduler.mode
+    service = build_service(args, " ".join([sys.executable, "-m", "glmvit", "serve", *argv]),
+                            start_decode=args.api_servers == 1)
+    mode = service.backend.mode
+    many = f" ({args.api_servers} API server processes)" if args.api_servers > 1 else ""
 
     def ready(url: str) -> None:
-        print(f"glmvit serve: {mode}, {service.info['description']}; listening on {url} (POST {url}/v1/encode)",
-              flush=True)
+        print(f"glmvit serve: {mode}, {service.info['description']}; listening on {url}{many} (POST "
+              f"{url}/v1/encode)", flush=True)
 
-    if not asyncio.run(run_server(service, args.host, args.port, args.shutdown_timeout, ready, handle_signals=True)):
-        return 1  # the drain ran out of --shutdown-timeout: run_server logged how many requests it abandoned
+    serve: Callable[..., Coroutine[Any, Any, bool]] = run_server
+    if args.api_servers > 1:
+        serve = functools.partial(run_frontends, count=args.api_servers, decode_workers=args.decode_workers,
+                                  decode_queue=args.decode_queue, decode_timeout=args.decode_timeout,
+                                  threads=args.threads)
+    if not asyncio.run(serve(service, args.host, args.port, args.shutdown_timeout, ready, handle_signals=True)):
+        return 1  # the drain ran out of --shutdown-timeout (or an API server failed): the log says why
     print("glmvit serve: stopped", flush=True)
     return 0

@@ -56,7 +56,8 @@ keeps open connections open and answers a new request on any of them (an idle ke
 and closes it; once every request in flight has finished (up to ``shutdown_timeout``) it closes the idle
 connections, then the scheduler and the decoders. A drain that runs out of time says how many requests it
 abandoned, cancels their handlers and returns False (``serve`` exits 1). :class:`ServerThread` runs it in a
-thread of its own (tests, in-process use).
+thread of its own (tests, in-process use). Several processes can serve the same application on one port in front
+of one engine process (``serve --api-servers N``): :mod:`glmvit.cli.serve_frontends`.
 """
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from http import HTTPStatus
 from pathlib import PurePosixPath
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable, cast
 from urllib.parse import unquote
 
 import numpy as np
@@ -92,13 +93,13 @@ from ..scheduler import (
     QueueFull,
     RequestTooLarge,
     SchedulerClosed,
-    finished_work,
 )
 from ..workloads import shown
 from .answer_body import answer_body
 from .decode_pool import DecodeBusy, DecodeClosed, DecodePool, DecodeRequest, DecodeTimeout, WorkerDied
 from .embedding_file import file_metadata, item_record
 from .pixel_rows import remove_shared_dir, shared_dir
+from .serve_backend import ClientLeft, LocalBackend, Prepared
 from .serve_media import (
     MediaError,
     MediaLimits,
@@ -127,8 +128,7 @@ class BadRequest(ValueError):
         self.status = status
 
 
-class _ClientLeft(Exception):
-    """The client closed its connection before its answer was written: nobody to answer, no error of the server."""
+_ClientLeft = ClientLeft
 
 
 def _gone(request: web.Request) -> bool:
@@ -163,14 +163,6 @@ PHASES = ("read", "decode", "preprocess", "queue", "host_to_device", "encode", "
 class Upload:
     name: str
     data: bytes
-
-
-@dataclass(frozen=True)
-class Prepared:
-    pixel_values: torch.Tensor
-    grid_thw: torch.Tensor
-    records: list[dict[str, Any]]
-    finite: bool = False  # True: finite by construction (rows looked up from the processor's finite levels)
 
 
 class _Held:
@@ -229,16 +221,6 @@ def prepare_pixels(body: bytes, check: Callable[[torch.Tensor, Any], np.ndarray]
     return Prepared(pixels, torch.from_numpy(grids), records)
 
 
-def _device_rows(media: RequestMedia, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """A request's rows made on the model's device on this thread's own stream, finished before they are handed
-    to the scheduler (never queued behind the replays). Frames it did not take (it failed) are removed."""
-    try:
-        with finished_work(device):
-            return media.rows(device, dtype)
-    finally:
-        media.discard()
-
-
 def _discard_rows(future: Any) -> None:
     if future.cancelled() or future.exception() is not None:
         return
@@ -291,22 +273,40 @@ def prometheus_family(name: str, kind: str, help_text: str, samples: list[tuple[
               for labels, value in present)]
 
 
+def labelled(sample: str, key: str, value: str) -> str:
+    """A Prometheus sample line with ``key="value"`` first among its labels."""
+    name, rest = sample.split(" ", 1)
+    name, brace, labels = name.partition("{")
+    return f'{name}{{{key}="{value}"{"," + labels if brace else "}"} {rest}'
+
+
 class EncoderService:
     """The application: its handlers, the limits, the counters, the processes that decode media (``decode``,
     default :func:`default_decode_pool`; :meth:`close` closes it if ``own_decode``, by default when it was made
-    here) and the thread pool that checks pixel rows, admits and answers."""
+    here) and the thread pool that checks pixel rows, admits and answers. What takes a request once it is read
+    and decoded is its ``backend`` (:mod:`glmvit.cli.serve_backend`): by default a
+    :class:`~glmvit.cli.serve_backend.LocalBackend` over ``scheduler``; an API server process of several
+    (``frontend``: its name in /metrics) passes no scheduler, a :class:`~glmvit.cli.serve_link.RemoteBackend` and
+    the ``model``'s facts (:class:`~glmvit.cli.serve_link.ModelFacts`: its config, dtype and input checks)."""
 
-    def __init__(self, scheduler: BatchScheduler, info: dict[str, Any], provenance: dict[str, Any],
+    def __init__(self, scheduler: BatchScheduler | None, info: dict[str, Any], provenance: dict[str, Any],
                  limits: HttpLimits = HttpLimits(), threads: int = 4, extra_health: dict[str, Any] | None = None,
                  runner_stats: Callable[[], dict] | None = None, decode: DecodePool | None = None,
-                 media: MediaLimits | None = None, own_decode: bool | None = None):
+                 media: MediaLimits | None = None, own_decode: bool | None = None, backend: Any = None,
+                 model: Any = None, frontend: str | None = None):
         self.scheduler, self.info, self.provenance, self.limits = scheduler, info, provenance, limits
-        self.model = scheduler.model
+        if scheduler is None and (backend is None or model is None):
+            raise ValueError("an EncoderService needs a scheduler, or a backend and the model's facts")
+        self.model = model if model is not None else cast(BatchScheduler, scheduler).model
+        self.frontend = frontend  # which of several API server processes this is (None: the only one)
         self.extra_health = extra_health or {}
         self.runner_stats = runner_stats
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="glmvit-serve")
         # answers are serialised on threads of their own: a burst of answers never delays the next admissions
         self.answers = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="glmvit-answer")
+        # what takes a request once it is read and decoded: the scheduler here, or an engine in another process
+        self.backend = backend if backend is not None else LocalBackend(cast(BatchScheduler, scheduler), self.pool,
+                                                                        self.answers, self._pack, runner_stats)
         self.decode = decode or default_decode_pool()
         self._pixels: list[str | None] = []  # the directory decode workers hand rows over in, once made
         self._owns_decode = decode is None if own_decode is None else own_decode
@@ -377,32 +377,16 @@ class EncoderService:
         self.in_server += 1
         held = _Held(self)
         timing: dict[str, float] = {}
-        loop = asyncio.get_running_loop()
         try:
-            prepared = await self._read(request, held, timing, start)
-            if len(prepared.records) > self.limits.max_items:
-                raise BadRequest(f"{len(prepared.records)} items in one request: at most {self.limits.max_items}",
+            source = await self._read(request, held, timing, start)
+            if len(source.records) > self.limits.max_items:
+                if isinstance(source, RequestMedia):
+                    source.discard()
+                raise BadRequest(f"{len(source.records)} items in one request: at most {self.limits.max_items}",
                                  413)
-            prepared_at = time.perf_counter()
-            admission = self.pool.submit(self.scheduler.submit, prepared.pixel_values, prepared.grid_thw,
-                                         not prepared.finite)
-            try:
-                future = await asyncio.wrap_future(admission)
-            except asyncio.CancelledError:  # its client left: a request admitted meanwhile is withdrawn once it is
-                if not admission.cancel():
-                    admission.add_done_callback(self._withdraw_admitted)
-                raise
-            admitted = time.perf_counter()
-            try:
-                result = await asyncio.wrap_future(future)
-            except asyncio.CancelledError:  # nobody waits for it: not encoded, unless a batch has taken it already
-                self.scheduler.withdraw(future)
-                raise
-            if _gone(request):  # its client left while it waited: nothing to serialise, nobody to answer
-                raise _ClientLeft
-            packing = time.perf_counter()
-            body = await loop.run_in_executor(self.answers, self._pack, result.outputs, prepared.records, dtype)
-            timing["serialise"] = time.perf_counter() - packing
+            handed = time.perf_counter()
+            result = await self.backend.encode(source, dtype, lambda: _gone(request))
+            timing["serialise"] = result.serialise_s
         except BadRequest as err:
             response = error_response(err.status, str(err))
             if not request.content.is_eof():  # the rest of a refused body is never read (nor inflated): close
@@ -419,14 +403,16 @@ class EncoderService:
         finally:
             self.in_server -= 1
             held.release()
-        # admission's own checks (grids, NaN/Inf) count as preprocessing; its copy to the device apart
-        timing["preprocess"] = timing.get("preprocess", 0.0) + max(0.0, admitted - prepared_at - result.stage_s)
+        # preprocess: the media's rows made on the model's device, and admission's own checks (grids, NaN/Inf);
+        # its copy to the device apart
+        timing["preprocess"] = timing.get("preprocess", 0.0) + result.rows_s + result.admit_s
         timing.update(host_to_device=result.stage_s, queue=result.queue_s, encode=result.total_s - result.queue_s)
+        prepared_ms = (handed - start + result.rows_s) * 1e3
         headers = {"X-Request-Id": str(result.request_id), "X-Queue-Delay-Ms": f"{result.queue_s * 1e3:.3f}",
-                   "X-Encode-Ms": f"{result.total_s * 1e3:.3f}", "X-Prepare-Ms": f"{(prepared_at - start) * 1e3:.3f}",
+                   "X-Encode-Ms": f"{result.total_s * 1e3:.3f}", "X-Prepare-Ms": f"{prepared_ms:.3f}",
                    "X-Batches": ",".join(map(str, result.batches)),
                    "Server-Timing": ", ".join(f"{k};dur={timing[k] * 1e3:.3f}" for k in PHASES if k in timing)}
-        response = web.Response(body=body, content_type=SAFETENSORS, headers=headers)
+        response = web.Response(body=result.body, content_type=SAFETENSORS, headers=headers)
         if self.draining:
             response.force_close()
         writing = time.perf_counter()
@@ -440,12 +426,9 @@ class EncoderService:
         self.timed += 1
         return response
 
-    def _withdraw_admitted(self, admission: Any) -> None:
-        """An admission's done callback, its client gone: the request it admitted (if any) is withdrawn."""
-        if admission.exception() is None:
-            self.scheduler.withdraw(admission.result())
-
-    async def _read(self, request: web.Request, held: "_Held", timing: dict[str, float], start: float) -> Prepared:
+    async def _read(self, request: web.Request, held: "_Held", timing: dict[str, float], start: float
+                    ) -> RequestMedia | Prepared:
+        """The body read and parsed: decoded media (the backend makes its rows), or pixel rows checked."""
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):  # inflating would take memory and time the body limit does not see
             raise BadRequest(f"Content-Encoding {shown(encoding, 40)}: send the body uncompressed (identity)", 415)
@@ -482,21 +465,12 @@ class EncoderService:
                 raise BadRequest(f"the request's media: {err} (--decode-timeout)", 413) from None
             except WorkerDied as err:
                 raise BadRequest(f"internal error: {err}", 500) from None
-            handed = time.perf_counter()
-            job = self.pool.submit(_device_rows, media, self.model.device, self.model.dtype)
-            try:
-                rows = await asyncio.wrap_future(job)
-            except asyncio.CancelledError:  # its client left: a job that never ran removes no frames, so here
-                if job.cancel():
-                    media.discard()
-                raise
-            prepared = Prepared(rows, torch.from_numpy(media.grid_thw), media.records, finite=True)
-            # preprocess: the worker's resizing, then the rows made on the model's device; decode: everything else
-            # from the body read to the frames here (the waits for the request's turns in the decode pool, the
-            # parse, the files' checks, the media decoded into pixels, the hand-overs)
-            timing["preprocess"] = media.timing["preprocess"] + time.perf_counter() - handed
-            timing["decode"] = handed - read - media.timing["preprocess"]
-            return prepared
+            # preprocess: the worker's resizing (the rows made on the model's device are the backend's); decode:
+            # everything else from the body read to the frames here (the waits for the request's turns in the
+            # decode pool, the parse, the files' checks, the media decoded into pixels, the hand-overs)
+            timing["preprocess"] = media.timing["preprocess"]
+            timing["decode"] = time.perf_counter() - read - media.timing["preprocess"]
+            return media
         check = lambda pixels, grids: self.model.check_inputs(pixels, grids, check_finite=False)  # noqa: E731
         prepared = await loop.run_in_executor(self.pool, prepare_pixels, body, check, merge_area)
         timing["decode"] = time.perf_counter() - read  # the safetensors body parsed and checked
@@ -582,30 +556,35 @@ class EncoderService:
             self._pixels.append(shared_dir())
         return self._pixels[0]
 
-    def _pack(self, outputs: list[torch.Tensor], records: list[dict[str, Any]], dtype: str) -> bytearray:
-        """The answer's body, each output copied from the device straight into its place (:mod:`.answer_body`)."""
+    def _pack(self, outputs: list[torch.Tensor], records: list[dict[str, Any]], dtype: str,
+              allocate: Callable[[int], Any] = bytearray) -> Any:
+        """The answer's body, each output copied from the device straight into its place (:mod:`.answer_body`), in
+        ``allocate(size)``."""
         out_dtype = torch.float32 if dtype == "float32" else self.model.dtype
-        return answer_body(outputs, out_dtype, file_metadata(records, self.info, self.provenance))
+        return answer_body(outputs, out_dtype, file_metadata(records, self.info, self.provenance), allocate)
 
     def health_json(self) -> dict[str, Any]:
         """Light: whether it serves, how, and its limits (``/v1/info`` says what the model and its code are)."""
-        scheduler = {k: v for k, v in self.scheduler.stats().items()
+        scheduler = {k: v for k, v in self.backend.stats().items()
                      if k in ("limits", "max_requests", "max_tokens", "max_bytes", "max_wait_s")}
-        return {"status": "draining" if self.draining else "ok", "mode": self.scheduler.mode, "url": self.url,
+        return {"status": "draining" if self.draining else "ok", "mode": self.backend.mode, "url": self.url,
                 "description": self.info.get("description"), "in_server": self.in_server,
                 "limits": asdict(self.limits), "scheduler": scheduler}
 
     async def health(self, request: web.Request) -> web.Response:
+        await self.backend.refresh()
         return web.json_response(self.health_json())
 
     async def describe(self, request: web.Request) -> web.Response:
         """All /health says, with the model, the floor, the capture, the provenance and the code's fingerprint."""
+        await self.backend.refresh(fingerprint=True)
         return web.json_response({
             **self.health_json(), "vision_config": vars(self.model.config), **self.info, **self.extra_health,
             "decode": self.decode.stats(), "media": asdict(self.media), "provenance": self.provenance,
             # the code this server runs, what a benchmark of it measures: taken now, so that it names the modules
             # loaded on first use (the Triton kernels, imported by the capture) as well as those of the start-up
-            "fingerprint": fingerprint_now().model_dump(mode="json"),
+            # (an engine in another process takes its own)
+            "fingerprint": self.backend.fingerprint or fingerprint_now().model_dump(mode="json"),
         })
 
     def metrics_json(self) -> dict[str, Any]:
@@ -614,11 +593,12 @@ class EncoderService:
                          "held_bytes": self.held_bytes, "max_held_bytes": self.limits.max_held_bytes,
                          "responses": {str(k): v for k, v in sorted(self.responses.items())},
                          "clients_left": self.clients_left,
-                         "timed_requests": self.timed, "phase_s": {k: self.phase_s[k] for k in PHASES}},
-                "decode": self.decode.stats(), "scheduler": self.scheduler.stats(),
-                "runner": self.runner_stats() if self.runner_stats else None}
+                         "timed_requests": self.timed, "phase_s": {k: self.phase_s[k] for k in PHASES},
+                         **({"frontend": self.frontend} if self.frontend is not None else {})},
+                "decode": self.decode.stats(), "scheduler": self.backend.stats(), "runner": self.backend.runner_stats()}
 
     async def metrics(self, request: web.Request) -> web.Response:
+        await self.backend.refresh()
         data = self.metrics_json()
         if request.query.get("format") == "json":
             return web.json_response(data)
@@ -645,6 +625,8 @@ class EncoderService:
                                    [("", d["busy"])])
         lines += prometheus_family("decode_timeouts_total", "counter", "decodes past the timeout (worker replaced)",
                                    [("", d["timeouts"])])
+        if self.frontend is not None:  # one API server's of several: its own counters, labelled with its name
+            lines = [line if line.startswith("#") else labelled(line, "frontend", self.frontend) for line in lines]
         for key, name, help_text in (("submitted", "submitted", "requests admitted"),
                                      ("completed", "completed", "requests answered"),
                                      ("failed", "failed", "requests failed"), ("batches", "batches", "batches run"),
@@ -683,7 +665,7 @@ class EncoderService:
     def close(self, timeout: float | None = None) -> bool:
         """Drain the scheduler (within ``timeout``), stop the threads and the decoders; True if the scheduler
         answered every request it had admitted within ``timeout``."""
-        drained = self.scheduler.close(timeout)
+        drained = self.backend.close(timeout)
         self.pool.shutdown(wait=True)
         self.answers.shutdown(wait=True)
         if self._owns_decode:
@@ -794,12 +776,13 @@ CANCEL_AFTER_S = 1.0  # a drain past its timeout: how long handlers still runnin
 
 async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int = 0, shutdown_timeout: float = 60.0,
                      on_ready: Callable[[str], None] | None = None, stop: asyncio.Event | None = None,
-                     handle_signals: bool = False) -> bool:
+                     handle_signals: bool = False, reuse_port: bool = False) -> bool:
     """Serve ``service`` until ``stop`` is set (or SIGINT/SIGTERM with ``handle_signals``), then drain (module
     docstring); True if the drain answered every request within ``shutdown_timeout``. Otherwise it logs one line
     of how many requests it abandoned (``service.abandoned``), cancels their handlers and stops, waiting for the
     scheduler only for the batch it holds (:data:`CANCEL_AFTER_S` at most). ``on_ready`` gets the URL once the
-    socket listens (port 0: an ephemeral port)."""
+    socket listens (port 0: an ephemeral port). ``reuse_port``: the socket shares ``port`` with other processes'
+    (SO_REUSEPORT: the kernel spreads new connections among them), as API server processes do."""
     # the drain below waits for the handlers itself: aiohttp's own wait, after it, only for what outlived it
     # a client that leaves cancels its handler: a request of it still queued is withdrawn from the scheduler
     runner = web.AppRunner(service.app, handle_signals=False, shutdown_timeout=min(shutdown_timeout, CANCEL_AFTER_S),
@@ -813,7 +796,7 @@ async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int
         assert runner.server is not None
         service.server = runner.server
         factory = _Connections(runner.server, service, connection_limit(service.limits.max_connections))
-        listener = await loop.create_server(factory, host, port, reuse_address=True)
+        listener = await loop.create_server(factory, host, port, reuse_address=True, reuse_port=reuse_port or None)
         service.url = format_url(host, listener.sockets[0].getsockname()[1])
         for sig in signals:
             loop.add_signal_handler(sig, stop.set)
@@ -842,12 +825,14 @@ async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int
 
 
 class ServerThread:
-    """:func:`run_server` in a thread with its own event loop, started with :meth:`start`, drained by
-    :meth:`shutdown` (which returns once every request in flight is answered)."""
+    """:func:`run_server` (or ``serve``, which takes its arguments: :func:`~glmvit.cli.serve_frontends.run_frontends`)
+    in a thread with its own event loop, started with :meth:`start`, drained by :meth:`shutdown` (which returns once
+    every request in flight is answered)."""
 
     def __init__(self, service: EncoderService, host: str = "127.0.0.1", port: int = 0,
-                 shutdown_timeout: float = 60.0):
+                 shutdown_timeout: float = 60.0, serve: Callable[..., Awaitable[bool]] | None = None):
         self.service, self.host, self.port, self.shutdown_timeout = service, host, port, shutdown_timeout
+        self.serve = serve or run_server
         self.url: str | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -870,7 +855,7 @@ class ServerThread:
             self.url = url
             self._ready.set()
 
-        self.drained = await run_server(self.service, self.host, self.port, self.shutdown_timeout, ready, self._stop)
+        self.drained = await self.serve(self.service, self.host, self.port, self.shutdown_timeout, ready, self._stop)
 
     def start(self, timeout: float = 60.0) -> "ServerThread":
         self._thread.start()

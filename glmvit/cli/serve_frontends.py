@@ -1,0 +1,239 @@
+"""``glmvit serve --api-servers N``: N API server processes in front of one engine process.
+
+One Python process's HTTP handling (reading bodies, parsing them, writing answers of megabytes) is the bound of a
+one-process server well before the GPU is. With N > 1 the process ``serve`` started is the engine: it holds the
+model, the captured runner, the scheduler, the rows-on-device step and the answers' serialisation (a
+:class:`~glmvit.cli.serve_backend.LocalBackend`). It starts N API server processes (``spawn``: they never initialise
+CUDA nor build the model), each running the same aiohttp application (:class:`~glmvit.cli.serve_app.EncoderService`)
+on the same host and port (SO_REUSEPORT: the kernel spreads new connections among them; with port 0 the engine
+binds first to learn the port, and the API servers reuse it), each reading and parsing bodies and running its share
+of ``--decode-workers`` (at least one each). Each hands its requests to the engine over a pipe of its own
+(:mod:`glmvit.cli.serve_link`: what crosses is small, frames and answers stay in shared-memory files). Answers,
+headers and statuses are the one-process server's. The HTTP side's bounds (``--max-requests``, ``--max-held-mb``,
+``--max-connections``, ``--decode-queue``) hold per API server; the scheduler's (``--max-queue``, its tokens and
+bytes) for the whole server, as before.
+
+Metrics: ``/health``, ``/v1/info`` and ``/metrics`` work on every API server. The scheduler's and the runner's
+counters (``glmvit_scheduler_*``) come from the engine; the HTTP and decode counters (``glmvit_http_*``,
+``glmvit_decode_*``) are those of the API server that answered, labelled with its name (``frontend="1"`` of
+``0`` … N−1): a scraper that wants the whole server sums them over the labels it has seen (each API server's
+counters only ever grow, as one process's do).
+
+Lifetime: SIGINT or SIGTERM to the engine drains: it asks every API server to drain (each stops listening, answers
+what it holds, as the one-process server does, closes its decode workers and exits), waits for them (up to
+``--shutdown-timeout`` and a little), then closes the scheduler and removes its answers' shared-memory folder. An
+API server that dies (killed, out of memory) is logged and the engine keeps serving with the others (its requests
+in the engine are withdrawn; its clients' connections are lost); once none is left, the engine drains and exits 1.
+Exit status: 0 if every API server drained in time and exited 0 and the scheduler answered everything it admitted,
+else 1.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ..config import VisionConfig
+from ..records import fingerprint_now
+from .pixel_rows import remove_shared_dir, shared_dir
+from .serve_app import EncoderService, HttpLimits, default_decode_pool, format_url, run_server
+from .serve_backend import LocalBackend
+from .serve_link import EngineLink, ModelFacts, RemoteBackend
+from .serve_media import MediaLimits
+
+log = logging.getLogger("glmvit.cli.serve_app")
+STARTUP_TIMEOUT_S = 300.0  # an API server's imports and its decode workers' start on a loaded machine
+EXIT_GRACE_S = 10.0  # after the drain's timeout: how long an API server gets to close its decoders and exit
+
+
+@dataclass(frozen=True)
+class FrontendSpec:
+    """What an API server process needs: picklable, no tensors, nothing of the device."""
+
+    name: str
+    host: str
+    port: int
+    limits: HttpLimits
+    media: MediaLimits
+    threads: int
+    decode_workers: int
+    decode_queue: int
+    decode_timeout: float
+    shutdown_timeout: float
+    info: dict[str, Any]
+    provenance: dict[str, Any]
+    extra_health: dict[str, Any]
+    config: VisionConfig
+    dtype: str
+    mode: str
+
+
+def split_workers(workers: int, count: int) -> list[int]:
+    """``workers`` decode processes shared among ``count`` API servers as evenly as may be, at least one each."""
+    return [max(1, workers // count + (k < workers % count)) for k in range(count)]
+
+
+def frontend_main(spec: FrontendSpec, conn: Any) -> int:
+    """An API server process: the application over a :class:`RemoteBackend`, until the engine says drain (or is
+    gone, or SIGTERM reaches it); exits 0 if its drain answered everything in time. It ignores SIGINT: a Ctrl-C
+    reaches every process of the terminal's group, and the engine, which gets it too, drains them in order."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.WARNING, format=f"glmvit serve [api {spec.name}]: %(message)s")
+    torch.set_num_threads(1)  # it parses and checks; the engine computes
+    drained = asyncio.run(_frontend(spec, conn))
+    conn.close()
+    raise SystemExit(0 if drained else 1)
+
+
+async def _frontend(spec: FrontendSpec, conn: Any) -> bool:
+    decode = default_decode_pool(spec.decode_workers, spec.decode_queue, spec.decode_timeout)
+    backend = RemoteBackend(conn, spec.mode, lambda: service._pixel_dir())  # the service's, made below
+    service = EncoderService(None, spec.info, spec.provenance, spec.limits, spec.threads, spec.extra_health,
+                             decode=decode, media=spec.media, own_decode=True, backend=backend,
+                             model=ModelFacts(spec.config, getattr(torch, spec.dtype)), frontend=spec.name)
+    decode.start()
+    stop = asyncio.Event()
+    backend.start(stop.set)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+
+    def ready(url: str) -> None:
+        backend.send(("ready", url))
+
+    return await run_server(service, spec.host, spec.port, spec.shutdown_timeout, ready, stop, reuse_port=True)
+
+
+def _reserve(host: str, port: int) -> tuple[socket.socket | None, int]:
+    """For port 0: a socket bound (not listening) to a free port, with SO_REUSEPORT, so that the API servers can
+    bind it too; the port. Any other port: nothing to reserve."""
+    if port != 0:
+        return None, port
+    family, kind, proto, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+    except BaseException:
+        sock.close()
+        raise
+    return sock, sock.getsockname()[1]
+
+
+async def run_frontends(service: EncoderService, host: str = "127.0.0.1", port: int = 0,
+                        shutdown_timeout: float = 60.0, on_ready: Callable[[str], None] | None = None,
+                        stop: asyncio.Event | None = None, handle_signals: bool = False, *, count: int = 2,
+                        decode_workers: int = 2, decode_queue: int = 1024, decode_timeout: float = 30.0,
+                        threads: int = 4) -> bool:
+    """Serve ``service``'s backend (a :class:`LocalBackend`) through ``count`` API server processes until ``stop``
+    is set (or SIGINT/SIGTERM with ``handle_signals``), then drain (the module docstring); True if everything was
+    answered in time and every API server exited 0. ``on_ready`` gets the URL once every API server listens.
+    :func:`~glmvit.cli.serve_app.run_server`'s arguments first, so that :class:`~glmvit.cli.serve_app.ServerThread`
+    can run it."""
+    assert isinstance(service.backend, LocalBackend), "the engine's service encodes itself"
+    loop = asyncio.get_running_loop()
+    stop = stop or asyncio.Event()
+    changed = asyncio.Event()
+    reserved, port = _reserve(host, port)
+    folder = shared_dir()
+    link = EngineLink(service.backend, folder, lambda: fingerprint_now().model_dump(mode="json"), changed.set)
+    context = multiprocessing.get_context("spawn")
+    processes: list[Any] = []
+    signals = (signal.SIGINT, signal.SIGTERM) if handle_signals else ()
+    ok = True
+    try:
+        for sig in signals:
+            loop.add_signal_handler(sig, stop.set)
+        model = service.model
+        for k, workers in enumerate(split_workers(decode_workers, count)):
+            spec = FrontendSpec(str(k), host, port, service.limits, service.media, threads, workers, decode_queue,
+                                decode_timeout, shutdown_timeout, service.info, service.provenance,
+                                service.extra_health, model.config, str(model.dtype).removeprefix("torch."),
+                                service.backend.mode)
+            parent, child = context.Pipe()
+            process = context.Process(target=frontend_main, args=(spec, child), name=f"glmvit-api-{k}")
+            process.start()
+            child.close()
+            processes.append(process)
+            link.attach(spec.name, parent)
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not all(f.url or f.done for f in link.fronts) and not stop.is_set():
+            if time.monotonic() > deadline:
+                log.warning("the API servers did not start listening within %g s: shutting down", STARTUP_TIMEOUT_S)
+                return False  # the drain below ends them
+            await _wait(changed, stop, 1.0)
+        if any(f.done for f in link.fronts):
+            log.warning("an API server ended as it started (its lines above say why): shutting down")
+            return False
+        if reserved is not None:
+            reserved.close()
+            reserved = None
+        service.url = format_url(host, port)
+        if on_ready and not stop.is_set():
+            on_ready(service.url)
+        seen = 0
+        while not stop.is_set():
+            await _wait(changed, stop, 1.0)
+            ended = [f for f in link.fronts if f.done]
+            for front in ended[seen:]:
+                code = await loop.run_in_executor(None, _exit_code, processes[int(front.name)])
+                log.warning("API server %s ended (exit code %s); %d left", front.name, code, link.live)
+            seen = len(ended)
+            if not link.live:
+                log.warning("no API server is left: shutting down")
+                ok = False
+                break
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+        if reserved is not None:
+            reserved.close()
+        link.drain()
+        deadline = time.monotonic() + shutdown_timeout + EXIT_GRACE_S
+        while link.live and time.monotonic() < deadline:
+            await _wait(changed, None, 0.05)
+        codes = await loop.run_in_executor(None, _ended, processes, max(1.0, deadline - time.monotonic()))
+        if any(code != 0 for code in codes):
+            log.warning("API server exit codes: %s", ", ".join(map(str, codes)))
+            ok = False
+        for front in link.fronts:
+            front.conn.close()
+        closed = await loop.run_in_executor(None, service.close, shutdown_timeout)
+        remove_shared_dir(folder)
+        ok = ok and closed
+    return ok
+
+
+async def _wait(changed: asyncio.Event, stop: asyncio.Event | None, timeout: float) -> None:
+    """Until ``changed`` (cleared then) or ``stop`` is set, or ``timeout`` seconds pass."""
+    waits = [asyncio.ensure_future(changed.wait())] + ([asyncio.ensure_future(stop.wait())] if stop else [])
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+    changed.clear()
+
+
+def _exit_code(process: Any) -> int | None:
+    process.join(5)
+    return process.exitcode
+
+
+def _ended(processes: list[Any], timeout: float) -> list[int | None]:
+    """Each process's exit code once it ends (within ``timeout`` in all; killed past it: a negative code)."""
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in processes:
+        if process.is_alive():
+            log.warning("API server %s did not exit in time: killed", process.name)
+            process.kill()
+            process.join()
+    return [process.exitcode for process in processes]

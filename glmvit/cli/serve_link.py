@@ -1,0 +1,368 @@
+"""The pipe between an API server process of ``glmvit serve --api-servers N`` and the engine process.
+
+What crosses is small: a request's decoded media as :class:`~glmvit.cli.serve_media.RequestMedia` (its uint8 frames
+stay in the shared-memory files the decode workers wrote, :mod:`glmvit.cli.pixel_rows`), or pixel rows parsed from
+a safetensors body (:class:`SharedPrepared`: the rows written to such a file by the API server); the answer comes
+back as an :class:`~glmvit.cli.serve_backend.Encoded` whose body is a file the engine wrote in its own
+shared-memory directory (mapped and unlinked by the API server: the bytes live as long as the response that sends
+them). Where ``/dev/shm`` cannot hold them, the bytes travel through the pipe instead (:class:`PixelRows`).
+
+Messages, each a tuple, the API server's first: ``("encode", key, source, dtype)``, ``("withdraw", key)`` (its
+client left: the engine cancels the request's task, which withdraws it as the one-process server does),
+``("stats", key, fingerprint)``, ``("ready", url)``, ``("bye",)``; the engine's: ``("done", key, encoded,
+body)``, ``("error", key, exception)`` (the scheduler's and the model's exceptions pickle as they are, so each
+keeps its status), ``("stats", key, snapshot)``, ``("drain",)``. :class:`RemoteBackend` is the API server's end
+(a backend as :mod:`glmvit.cli.serve_backend` defines it); :class:`EngineLink` serves the engine's ends with the
+engine's :class:`~glmvit.cli.serve_backend.LocalBackend`, on the engine's event loop. An engine that is gone
+fails what waits on it with :class:`~glmvit.scheduler.SchedulerClosed` (503).
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import mmap
+import os
+import threading
+import uuid
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ..config import VisionConfig
+from ..model import GlmVisionEncoder
+from ..scheduler import SchedulerClosed
+from .pixel_rows import PixelRows
+from .serve_backend import ClientLeft, Encoded, LocalBackend, Prepared
+from .serve_media import RequestMedia
+
+
+class ModelFacts:
+    """What an API server needs of the model, without building it (no weights, no device): its config, dtype and
+    the model's own input checks (:meth:`GlmVisionEncoder.check_inputs <glmvit.model.GlmVisionEncoder.check_inputs>`,
+    which read only the config)."""
+
+    def __init__(self, config: VisionConfig, dtype: torch.dtype):
+        self.config, self.dtype = config, dtype
+
+    def request_of(self, grid_thw: Any) -> Any:
+        return GlmVisionEncoder.request_of(self, grid_thw)  # type: ignore[arg-type]
+
+    def check_request(self, pixel_values: torch.Tensor, grid_thw: Any, check_finite: bool = True) -> Any:
+        return GlmVisionEncoder.check_request(self, pixel_values, grid_thw, check_finite)  # type: ignore[arg-type]
+
+    def check_inputs(self, pixel_values: torch.Tensor, grid_thw: Any, check_finite: bool = True) -> np.ndarray:
+        return GlmVisionEncoder.check_inputs(self, pixel_values, grid_thw, check_finite)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class SharedPrepared:
+    """A :class:`~glmvit.cli.serve_backend.Prepared` whose pixel rows are in a shared file (or bytes)."""
+
+    rows: PixelRows
+    grid_thw: np.ndarray
+    records: list[dict[str, Any]]
+
+    @classmethod
+    def of(cls, prepared: Prepared, folder: str | None) -> "SharedPrepared":
+        return cls(PixelRows.of(prepared.pixel_values, folder), prepared.grid_thw.numpy(), prepared.records)
+
+    def prepared(self) -> Prepared:
+        """The rows mapped (their file unlinked) as a Prepared, not checked for NaN/Inf (admission does that)."""
+        return Prepared(self.rows.tensor(), torch.from_numpy(self.grid_thw), self.records)
+
+    def discard(self) -> None:
+        self.rows.discard()
+
+
+def _discard(source: Any) -> None:
+    if isinstance(source, (RequestMedia, SharedPrepared)):
+        source.discard()
+
+
+class AnswerFile:
+    """Where the engine serialises one answer (``allocate`` of :meth:`LocalBackend.encode
+    <glmvit.cli.serve_backend.LocalBackend.encode>`): a new file of the answer's size under ``folder``, mapped, its
+    space reserved first (a full ``/dev/shm`` is an OSError here, never a SIGBUS mid-write); without a folder, or
+    without room, a bytearray, whose bytes then cross the pipe."""
+
+    def __init__(self, folder: str | None):
+        self.folder = folder
+        self.path: str | None = None
+        self._map: mmap.mmap | None = None
+
+    def __call__(self, size: int) -> mmap.mmap | bytearray:
+        if self.folder is not None:
+            path = os.path.join(self.folder, uuid.uuid4().hex)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                try:
+                    os.posix_fallocate(fd, 0, size)
+                    self._map = mmap.mmap(fd, size)
+                finally:
+                    os.close(fd)
+                self.path = path
+                return self._map
+            except OSError:
+                _unlink(path)
+        return bytearray(size)
+
+    def rows(self, body: Any) -> PixelRows:
+        """The answer as it is handed over: its file (unmapped here), or its bytes."""
+        if self._map is None or self.path is None:
+            return PixelRows((len(body),), "uint8", data=bytes(body))
+        size = len(self._map)
+        try:
+            self._map.close()  # the reader maps the file itself
+        except BufferError:  # a view of it still alive here: unmapped with the last one
+            pass
+        self._map = None
+        return PixelRows((size,), "uint8", path=self.path)
+
+    def discard(self) -> None:
+        """Remove the file of an answer nobody takes (its mapping goes with the last view of it)."""
+        if self.path is not None:
+            _unlink(self.path)
+        self._map = None
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+class RemoteBackend:
+    """An API server's backend: each request handed to the engine over ``conn``, its answer read from the file the
+    engine wrote. :meth:`start` on the server's event loop before the first request; ``on_drain`` is called when the
+    engine asks the server to drain, or is gone. ``folder``: where safetensors bodies' pixel rows are written."""
+
+    def __init__(self, conn: Connection, mode: str, folder: Callable[[], str | None]):
+        self.conn, self.mode, self._folder = conn, mode, folder
+        self.fingerprint: dict[str, Any] | None = None
+        self._snapshot: dict[str, Any] = {"scheduler": {}, "runner": None}
+        self._keys = itertools.count()
+        self._waiting: dict[int, asyncio.Future] = {}
+        self._send_lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_drain: Callable[[], None] = lambda: None
+        self.gone = False
+
+    def start(self, on_drain: Callable[[], None]) -> None:
+        self._loop, self._on_drain = asyncio.get_running_loop(), on_drain
+        self._loop.add_reader(self.conn.fileno(), self._readable)
+
+    def send(self, message: tuple) -> None:
+        """``message`` to the engine; SchedulerClosed once the engine is gone."""
+        try:
+            with self._send_lock:
+                self.conn.send(message)
+        except (OSError, ValueError):
+            self._lost()
+            raise SchedulerClosed("the engine is gone: it takes no new requests") from None
+
+    def _readable(self) -> None:
+        try:
+            while self.conn.poll():
+                self._received(self.conn.recv())
+        except (EOFError, OSError):
+            self._lost()
+
+    def _received(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "drain":
+            self._on_drain()
+            return
+        future = self._waiting.pop(message[1], None)
+        if future is None or future.done():  # its client left: nobody takes the answer
+            if kind == "done":
+                message[3].discard()
+            return
+        future.set_result(message)
+
+    def _lost(self) -> None:
+        """The engine closed its end: every request waiting on it fails (503), the server drains."""
+        if self.gone:
+            return
+        self.gone = True
+        if self._loop is not None:
+            self._loop.remove_reader(self.conn.fileno())
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(SchedulerClosed("the engine is gone: the request was not answered"))
+        self._waiting.clear()
+        self._on_drain()
+
+    async def _ask(self, message: tuple) -> tuple:
+        assert self._loop is not None, "RemoteBackend.start was not called"
+        key = message[1]
+        future = self._loop.create_future()
+        self._waiting[key] = future
+        try:
+            self.send(message)
+        except SchedulerClosed:
+            self._waiting.pop(key, None)
+            raise
+        try:
+            return await future
+        except asyncio.CancelledError:  # its client left: the engine withdraws the request
+            if self._waiting.pop(key, None) is not None and message[0] == "encode" and not self.gone:
+                try:
+                    self.send(("withdraw", key))
+                except SchedulerClosed:
+                    pass
+            raise
+
+    async def encode(self, source: RequestMedia | Prepared, dtype: str,
+                     gone: Callable[[], bool] = lambda: False) -> Encoded:
+        """As :meth:`LocalBackend.encode <glmvit.cli.serve_backend.LocalBackend.encode>`, in the engine."""
+        if isinstance(source, Prepared):
+            shared: RequestMedia | SharedPrepared = await asyncio.to_thread(SharedPrepared.of, source, self._folder())
+        else:
+            shared = source
+        try:
+            reply = await self._ask(("encode", next(self._keys), shared, dtype))
+        except SchedulerClosed:
+            _discard(shared)  # never sent (a sent source is the engine's to remove)
+            raise
+        if reply[0] == "error":
+            raise reply[2]
+        encoded, body = reply[2], reply[3]
+        if gone():
+            body.discard()
+            raise ClientLeft
+        return replace(encoded, body=body.tensor().numpy().data)
+
+    async def refresh(self, fingerprint: bool = False) -> None:
+        """The engine's scheduler and runner counters (and the code's fingerprint), fetched now."""
+        reply = await self._ask(("stats", next(self._keys), fingerprint))
+        self._snapshot = reply[2]
+        if fingerprint:
+            self.fingerprint = reply[2]["fingerprint"]
+
+    def stats(self) -> dict[str, Any]:
+        return self._snapshot["scheduler"]
+
+    def runner_stats(self) -> dict[str, Any] | None:
+        return self._snapshot["runner"]
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Tell the engine this server is done (its requests were answered by the drain)."""
+        try:
+            self.send(("bye",))
+        except SchedulerClosed:
+            pass
+        return True
+
+
+@dataclass
+class _Front:
+    name: str
+    conn: Connection
+    tasks: dict[int, asyncio.Task]
+    waiting: dict[int, Any]  # sources of tasks not started yet (removed if withdrawn before they start)
+    url: str | None = None
+    done: bool = False  # it said bye, or its pipe closed
+
+
+class EngineLink:
+    """The engine's ends of the API servers' pipes, served on the running event loop by ``backend``; answers are
+    written under ``folder`` (None: sent as bytes). ``fingerprint()`` is the code's fingerprint (``/v1/info``).
+    ``on_change`` is called when an API server is ready or done."""
+
+    def __init__(self, backend: LocalBackend, folder: str | None, fingerprint: Callable[[], dict[str, Any]],
+                 on_change: Callable[[], None] = lambda: None):
+        self.backend, self.folder, self.fingerprint, self.on_change = backend, folder, fingerprint, on_change
+        self.fronts: list[_Front] = []
+
+    def attach(self, name: str, conn: Connection) -> None:
+        front = _Front(name, conn, {}, {})
+        self.fronts.append(front)
+        asyncio.get_running_loop().add_reader(conn.fileno(), self._readable, front)
+
+    def drain(self) -> None:
+        """Ask every API server still there to drain."""
+        for front in self.fronts:
+            if not front.done:
+                self._send(front, ("drain",))
+
+    def _readable(self, front: _Front) -> None:
+        try:
+            while not front.done and front.conn.poll():
+                self._received(front, front.conn.recv())
+        except (EOFError, OSError):
+            self._lost(front)
+
+    def _received(self, front: _Front, message: tuple) -> None:
+        kind = message[0]
+        if kind == "encode":
+            _, key, source, dtype = message
+            front.waiting[key] = source
+            front.tasks[key] = asyncio.get_running_loop().create_task(self._encode(front, key, source, dtype))
+        elif kind == "withdraw":
+            source = front.waiting.pop(message[1], None)
+            if source is not None:
+                _discard(source)
+            task = front.tasks.get(message[1])
+            if task is not None:
+                task.cancel()
+        elif kind == "stats":
+            snapshot = {"scheduler": self.backend.stats(), "runner": self.backend.runner_stats(),
+                        "fingerprint": self.fingerprint() if message[2] else None}
+            self._send(front, ("stats", message[1], snapshot))
+        elif kind == "ready":
+            front.url = message[1]
+            self.on_change()
+        elif kind == "bye":
+            self._lost(front)
+
+    async def _encode(self, front: _Front, key: int, source: Any, dtype: str) -> None:
+        front.waiting.pop(key, None)
+        answer = AnswerFile(self.folder)
+        try:
+            if isinstance(source, SharedPrepared):
+                source = source.prepared()
+            encoded = await self.backend.encode(source, dtype, allocate=answer)
+            body = answer.rows(encoded.body)
+            self._send(front, ("done", key, replace(encoded, body=b""), body), body)
+        except asyncio.CancelledError:  # withdrawn: nobody waits for it
+            answer.discard()
+        except Exception as err:  # noqa: BLE001 - handed to the API server, which answers its status
+            answer.discard()
+            self._send(front, ("error", key, err))
+        finally:
+            front.tasks.pop(key, None)
+
+    def _send(self, front: _Front, message: tuple, body: PixelRows | None = None) -> None:
+        if front.done:
+            if body is not None:
+                body.discard()
+            return
+        try:
+            front.conn.send(message)
+        except (OSError, ValueError):
+            if body is not None:
+                body.discard()
+            self._lost(front)
+        except Exception as err:  # noqa: BLE001 - an exception that does not pickle: its name and message
+            front.conn.send(("error", message[1], RuntimeError(f"{type(message[2]).__name__}: {message[2]}"
+                                                                f" ({type(err).__name__})")))
+
+    def _lost(self, front: _Front) -> None:
+        """``front`` said bye or its pipe closed: its requests still here are withdrawn."""
+        if front.done:
+            return
+        front.done = True
+        asyncio.get_running_loop().remove_reader(front.conn.fileno())
+        for source in front.waiting.values():
+            _discard(source)
+        for task in list(front.tasks.values()):
+            task.cancel()
+        self.on_change()
+
+    @property
+    def live(self) -> int:
+        return sum(not f.done for f in self.fronts)

@@ -1,0 +1,364 @@
+"""glmvit serve with several API server processes (``--api-servers``) in front of one engine: the real aiohttp
+servers (spawned processes sharing one port) on 127.0.0.1, the engine's scheduler in this process, compared answer
+for answer with the one-process server; overload, bad input, a client that leaves, and a SIGINT drain of the
+command itself. One engine and its two API servers are shared by the module (each process's start imports torch)."""
+import asyncio
+import functools
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load
+from test_serve import (
+    ONE_BUDGET,
+    ROOT,
+    TIMEOUT,
+    TINY,
+    error_of,
+    pixel_body,
+    post,
+    random_request,
+    run,
+    strict_prometheus,
+    wait_until,
+)
+
+from glmvit.cli.bench_serve import build_parser as bench_parser
+from glmvit.cli.bench_serve import build_workload, check_args, serve_argv
+from glmvit.cli.decode_pool import DecodePool
+from glmvit.cli.media_files import data_url, encode_clip, encode_image
+from glmvit.cli.serve_app import MEDIA_MODULES, EncoderService, HttpLimits, ServerThread
+from glmvit.cli.serve_frontends import run_frontends, split_workers
+from glmvit.cli.serve_media import MediaError
+from glmvit.graphs import EncoderGraphRunner
+from glmvit.scheduler import BatchScheduler, QueueFull, RequestTooLarge, SchedulerClosed
+from glmvit.workloads import random_batch
+
+pytestmark = pytest.mark.timeout(600)
+JSON = {"Content-Type": "application/json"}
+INFO, PROVENANCE = {"description": "tiny test tower"}, {"command": "test"}
+TINY_DTYPE = torch.float32  # the tiny test tower's dtype (?dtype=model)
+
+
+def service(model, decode, **scheduler_args):
+    runner = EncoderGraphRunner(model, ONE_BUDGET, mode="emulate").capture()
+    return EncoderService(BatchScheduler(runner, **scheduler_args), INFO, PROVENANCE, HttpLimits(), threads=2,
+                          decode=decode, own_decode=True)
+
+
+class Servers:
+    """The one-process server (``one``) and an engine behind two API servers (``many``, its encoder gated: clear
+    ``gate`` to hold the batch it runs, ``entered`` says one came in)."""
+
+    def __init__(self, model):
+        self.one_service = service(model, DecodePool(1, 8, 60.0, MEDIA_MODULES).start())
+        # the engine's own pool is never started: its API servers decode
+        self.engine = service(model, DecodePool(1, 8, 60.0, MEDIA_MODULES), max_requests=2)
+        self.gate, self.entered = threading.Event(), threading.Event()
+        self.gate.set()
+        encode = self.engine.scheduler._encode
+
+        def gated(pixels, grids):
+            self.entered.set()
+            assert self.gate.wait(TIMEOUT)
+            return encode(pixels, grids)
+
+        self.engine.scheduler._encode = gated
+        self.one = ServerThread(self.one_service).start()
+        serve = functools.partial(run_frontends, count=2, decode_workers=2, threads=2)
+        self.many = ServerThread(self.engine, serve=serve).start(timeout=300)
+
+    def close(self):
+        self.gate.set()
+        assert self.many.shutdown(TIMEOUT) and self.many.drained
+        self.one.shutdown(TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_model):
+    both = Servers(tiny_model)
+    yield both
+    both.close()
+
+
+def media_bodies():
+    """A JSON body of data: URLs (a picture, a clip) and a multipart body of the same files."""
+    rng = np.random.default_rng(5)
+    image = encode_image(rng.integers(0, 256, (40, 56, 3), dtype=np.uint8), "png")
+    clip = encode_clip(rng.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8), "gif")
+    json_body = json.dumps({"content": [
+        {"type": "image_url", "image_url": {"url": data_url(image, "png")}},
+        {"type": "text", "text": "and"},
+        {"type": "video_url", "video_url": {"url": data_url(clip, "gif")}}]}).encode()
+    form = aiohttp.FormData()
+    form.add_field("file", image, filename="a.png")
+    form.add_field("file", clip, filename="b.gif")
+    return json_body, form
+
+
+def test_answers_are_the_one_process_servers_bitwise(servers):
+    """JSON data: URLs, multipart files and safetensors pixel rows, in float32 and the model's dtype: each answer,
+    its body and its headers' names, is the one-process server's; and the answers spread over both API servers."""
+    pixels = pixel_body(*random_request(4))
+
+    async def ask(url):
+        out = []
+        for dtype in ("", "?dtype=model"):
+            json_body, form = media_bodies()
+            async with aiohttp.ClientSession() as session:
+                async with session.post(url + "/v1/encode" + dtype, data=json_body, headers=JSON) as response:
+                    out.append((response.status, sorted(response.headers), await response.read()))
+                async with session.post(url + "/v1/encode" + dtype, data=form) as response:
+                    out.append((response.status, sorted(response.headers), await response.read()))
+                async with session.post(url + "/v1/encode" + dtype, data=pixels,
+                                        headers={"Content-Type": "application/x-safetensors"}) as response:
+                    out.append((response.status, sorted(response.headers), await response.read()))
+        return out
+
+    one, many = run(ask(servers.one.url)), run(ask(servers.many.url))
+    assert [s for s, _, _ in many] == [200] * 6
+    for (_, names_one, body_one), (_, names_many, body_many) in zip(one, many, strict=True):
+        assert names_many == names_one and body_many == body_one
+    assert len(load(many[0][2])) == 2 and load(many[3][2])["item_0"].dtype == TINY_DTYPE
+
+    async def frontends():  # a fresh connection each: SO_REUSEPORT spreads them
+        seen = set()
+        for _ in range(40):
+            async with aiohttp.ClientSession() as session:
+                async with session.get(servers.many.url + "/metrics?format=json") as response:
+                    seen.add((await response.json())["http"]["frontend"])
+            if len(seen) == 2:
+                break
+        return seen
+    assert run(frontends()) == {"0", "1"}
+
+
+def test_a_nan_pixel_row_is_a_400_naming_the_item(servers):
+    pixels, grid = random_batch([[1, 4, 4], [1, 2, 2]], TINY)
+    pixels[-1, 0] = float("nan")
+
+    async def send():
+        async with aiohttp.ClientSession() as session:
+            return await post(session, servers.many.url, pixel_body(pixels, grid))
+    status, error = error_of(run(send()))
+    assert status == 400 and "item(s) [1]" in error and "NaN" in error
+
+
+def test_the_queue_bound_is_a_429_and_the_queued_are_answered(servers):
+    """The engine's scheduler holds two requests (one in the encoder, held; one queued): a third is refused with
+    the scheduler's reason, from whichever API server took it."""
+    small = pixel_body(*random_batch([[1, 2, 2]], TINY))
+    servers.gate.clear()
+    servers.entered.clear()
+
+    async def overfill():
+        async with aiohttp.ClientSession() as session:
+            first = asyncio.create_task(post(session, servers.many.url, small))
+            await asyncio.to_thread(servers.entered.wait, TIMEOUT)
+            second = asyncio.create_task(post(session, servers.many.url, small))
+            await asyncio.to_thread(wait_until, lambda: servers.engine.scheduler.stats()["outstanding_requests"] == 2,
+                                    "two requests in the engine")
+            refused = await post(session, servers.many.url, small)
+            servers.gate.set()
+            return refused, await asyncio.gather(first, second)
+    (status, headers, body), done = run(overfill())
+    assert status == 429 and headers["Retry-After"] == "1" and "queue is full" in json.loads(body)["error"]
+    assert [s for s, _, _ in done] == [200, 200]
+
+
+def test_a_client_that_leaves_has_its_request_withdrawn(servers):
+    """A request queued in the engine whose client gives up is dropped unencoded, as in the one-process server."""
+    small = pixel_body(*random_batch([[1, 2, 2]], TINY))
+    before = servers.engine.scheduler.stats()
+    servers.gate.clear()
+    servers.entered.clear()
+
+    async def leave():
+        async with aiohttp.ClientSession() as session:
+            held = asyncio.create_task(post(session, servers.many.url, small))
+            await asyncio.to_thread(servers.entered.wait, TIMEOUT)
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0)) as impatient:
+                with pytest.raises(asyncio.TimeoutError):
+                    await post(impatient, servers.many.url, small)
+            await asyncio.to_thread(wait_until, lambda: servers.engine.scheduler.stats()["withdrawn"]
+                                    == before["withdrawn"] + 1, "the request to be withdrawn")
+            servers.gate.set()
+            return await held
+    assert run(leave())[0] == 200
+    after = servers.engine.scheduler.stats()
+    assert after["submitted"] - before["submitted"] == 2 and after["completed"] - before["completed"] == 1
+
+
+def test_health_info_and_metrics_from_an_api_server(servers):
+    async def read():
+        async with aiohttp.ClientSession() as session:
+            out = []
+            for path in ("/health", "/v1/info", "/metrics"):
+                async with session.get(servers.many.url + path) as response:
+                    out.append((response.status, await response.text()))
+            return out
+    (s1, health), (s2, info), (s3, text) = run(read())
+    assert (s1, s2, s3) == (200, 200, 200)
+    assert json.loads(health)["mode"] == "graph-emulated" and json.loads(health)["scheduler"]["max_requests"] == 2
+    info = json.loads(info)
+    assert info["vision_config"]["out_hidden_size"] == TINY.out_hidden_size and info["fingerprint"]["modules"]
+    families = strict_prometheus(text)
+    (sample,) = families["glmvit_http_clients_left_total"]  # any API server's: the label names the one that answered
+    assert sample.startswith('glmvit_http_clients_left_total{frontend="')
+    assert families["glmvit_scheduler_submitted_total"] == {  # the engine's, unlabelled
+        "glmvit_scheduler_submitted_total": servers.engine.scheduler.stats()["submitted"]}
+
+
+def test_exceptions_keep_their_class_and_message_across_the_pipe():
+    for err in (QueueFull("full"), SchedulerClosed("closed"), RequestTooLarge("large"), ValueError("item 1"),
+                MediaError("content[0]: bad", 413)):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and str(back) == str(err)
+    assert pickle.loads(pickle.dumps(MediaError("x", 413))).status == 413
+
+
+def test_decode_workers_are_shared_among_api_servers_at_least_one_each():
+    assert split_workers(12, 4) == [3, 3, 3, 3] and split_workers(5, 2) == [3, 2] and split_workers(1, 3) == [1, 1, 1]
+
+
+def test_bench_serve_spawns_the_server_with_its_api_servers():
+    argv = ["--spawn", "--workload", "img1x224", "--num-prompts", "2", "--api-servers", "4"]
+    parser = bench_parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args, argv)
+    argv = serve_argv(args, "graph", build_workload(args))
+    assert argv[argv.index("--api-servers") + 1] == "4"
+
+
+CHILD = """
+import os, sys, threading
+import glmvit.cli.serve as serve, glmvit.cli.serve_link as link
+drain = threading.Event()
+begin = link.EngineLink.drain
+def drain_all(self):
+    drain.set()
+    begin(self)
+link.EngineLink.drain = drain_all
+make = serve.make_scheduler
+def make_scheduler(*a, **k):  # the encoder holds its batch until the drain has begun: SIGINT lands mid-request
+    scheduler, runner = make(*a, **k)
+    encode = scheduler._encode
+    def held(pixels, grids):
+        print("encoding", flush=True)
+        assert drain.wait(60)
+        return encode(pixels, grids)
+    scheduler._encode = held
+    return scheduler, runner
+serve.make_scheduler = make_scheduler
+sys.exit(serve.main(sys.argv[1:]))
+"""
+
+
+def glmvit_shm():
+    return {name for name in os.listdir("/dev/shm") if name.startswith("glmvit-frames-")} \
+        if os.path.isdir("/dev/shm") else set()
+
+
+def test_sigint_drains_the_api_servers_answers_what_they_hold_and_exits_0():
+    """``serve --api-servers 2`` under SIGINT mid-request: the request (media, decoded by an API server) is
+    answered, every process exits, the command exits 0, and no shared-memory folder of its is left."""
+    before = glmvit_shm()
+    child = subprocess.Popen([sys.executable, "-c", CHILD, "--device", "cpu", "--port", "0", "--budgets", "32",
+                              "--no-measure-floor", "--quiet", "--api-servers", "2", "--decode-workers", "2"],
+                             cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        line = child.stdout.readline()
+        assert "listening on http://127.0.0.1:" in line and "2 API server processes" in line, line + child.stderr.read()
+        url = line.split("listening on ")[1].split()[0]
+        json_body, _ = media_bodies()
+        pids = descendants(child.pid)  # the engine, its API servers and their decoders
+
+        async def scenario():
+            async with aiohttp.ClientSession() as session:
+                in_flight = asyncio.create_task(post(session, url, json_body, JSON))
+                assert await asyncio.to_thread(child.stdout.readline) == "encoding\n"
+                child.send_signal(signal.SIGINT)
+                return await in_flight
+        status, _, body = run(scenario())
+        assert child.wait(TIMEOUT) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(TIMEOUT)
+    out, err = child.stdout.read(), child.stderr.read()
+    assert status == 200 and len(load(body)) == 2 and "stopped" in out, err
+    assert err.count("request(s) in the server will finish") == 2  # each API server drained
+    left = {name for name in glmvit_shm() - before if int(name.split("-")[2]) in pids}  # not other servers'
+    assert not left, f"left in /dev/shm: {left}"
+
+
+def descendants(pid):
+    """``pid`` and the processes it started, and theirs (from /proc)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    found, grew = {pid}, True
+    while grew:
+        more = {p for p, parent in parents.items() if parent in found} - found
+        found |= more
+        grew = bool(more)
+    return found
+
+
+def test_an_api_server_that_dies_is_logged_and_the_other_serves_on(tiny_model, caplog):
+    """SIGKILL to one of two API servers: the engine says so and serves through the other; its drain then exits
+    non-zero (an API server did not end cleanly)."""
+    import multiprocessing
+
+    engine = service(tiny_model, DecodePool(1, 8, 60.0, MEDIA_MODULES))
+    body = pixel_body(*random_request(2))
+    serve = functools.partial(run_frontends, count=2, decode_workers=2, threads=2)
+    others = {p.pid for p in multiprocessing.active_children()}  # the module's servers' among them
+    with caplog.at_level("WARNING", logger="glmvit.cli.serve_app"):
+        server = ServerThread(engine, serve=serve).start(timeout=300)
+        try:
+            (victim,) = [p for p in multiprocessing.active_children() if p.name == "glmvit-api-1"
+                         and p.pid not in others]
+            os.kill(victim.pid, signal.SIGKILL)
+            wait_until(lambda: "API server 1 ended (exit code -9); 1 left" in caplog.text, "the death to be logged")
+
+            async def ask():
+                out = []
+                for _ in range(6):  # a fresh connection each: every one reaches the API server left
+                    async with aiohttp.ClientSession() as session:
+                        out.append((await post(session, server.url, body))[0])
+                return out
+            assert run(ask()) == [200] * 6
+        finally:
+            assert server.shutdown(TIMEOUT)
+    assert server.drained is False and "API server exit codes: 0, -9" in caplog.text
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-file", "bytes"])
+def test_an_answer_crosses_in_a_shared_file_or_as_bytes(tmp_path, shared):
+    """The engine serialises an answer into a file it maps (read back, then gone) or, without a folder, a bytearray
+    whose bytes cross the pipe: the same bytes either way."""
+    from glmvit.cli.answer_body import answer_body
+    from glmvit.cli.serve_link import AnswerFile
+
+    outputs = [torch.arange(12.0).reshape(3, 4), torch.ones(2, 4)]
+    answer = AnswerFile(str(tmp_path) if shared else None)
+    rows = answer.rows(answer_body(outputs, torch.float32, {"k": "v"}, answer))
+    assert (rows.path is not None) == shared and list(tmp_path.iterdir()) == ([Path(rows.path)] if shared else [])
+    body = bytes(rows.tensor().numpy().data)
+    assert body == bytes(answer_body(outputs, torch.float32, {"k": "v"})) and not list(tmp_path.iterdir())
