@@ -115,12 +115,12 @@ def _softmax_step(q, k_src, v_src, key, key_end, m_i, l_i, acc, qk_scale, ROWS,
     """One key block at ``key``: scores, the online-softmax update, acc += p·v. ``TAIL``: the block runs past the
     segment's end (``key_end``): its foreign keys score −inf and its foreign v rows become zeros (module docstring)."""
     k = _tile(k_src, key, K_COL, ROWS, QK_STRIDE, BLOCK_N, D, DESC, TAIL)
-    scores = tl.dot(q, tl.trans(k)) * qk_scale
+    qk = tl.dot(q, tl.trans(k))  # unscaled: the scale goes into the max and into one multiply-add per score
     if TAIL:
         inside = (key + tl.arange(0, BLOCK_N)) < key_end
-        scores = tl.where(inside[None, :], scores, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(scores, 1))
-    p = tl.exp2(scores - m_new[:, None])
+        qk = tl.where(inside[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    p = tl.exp2(qk * qk_scale - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
