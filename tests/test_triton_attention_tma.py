@@ -145,3 +145,93 @@ def test_config_names_and_refusals():
         TmaConfig(descriptors="tma")
     with pytest.raises(ValueError, match="block_n=48"):
         TmaConfig(block_n=48)
+
+
+# ---------------------------------------------------------------------------------------------- real GPU
+
+def _sweep_configs():
+    try:
+        from glmvit.kernels.triton_attention_tma import SWEEP_CONFIGS
+    except ImportError:  # no Triton: the GPU tests skip anyway
+        return {}
+    return {config.name: config for config in SWEEP_CONFIGS}
+
+
+GPU_CONFIGS = _sweep_configs()
+
+
+def _gpu_attend(qkv, scratch, cu, config, out=None):
+    """The kernel on the GPU; a configuration this Triton refuses to compile for warp specialisation is a skip (a
+    refusal is not a wrong answer), every other failure a failure."""
+    from glmvit.kernels.triton_attention_tma import attend_prerotated_tma
+
+    try:
+        return attend_prerotated_tma(qkv, scratch, cu, 12, config, out)
+    except Exception as err:  # raised by the launch: compiling (a fault on the device surfaces later, at a sync)
+        if not config.warp_specialize:
+            raise
+        pytest.skip(f"this Triton does not compile {config.name}: {type(err).__name__}: "
+                    f"{(str(err).strip().splitlines() or [''])[0][:160]}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", GPU_CONFIGS)
+@pytest.mark.parametrize("layout", ["1x224", "4x224+video", "mixed"])
+def test_gpu_bf16_within_rounding_of_float32_reference(layout, name):
+    """bf16 on the GPU: the readable kernel's band (tests/test_triton_attention.py: 2⁻⁶·max|v| against a float32
+    reference on the same rotated inputs), on its layouts with 512 padding rows and spare segment slots."""
+    from test_triton_attention import GPU_LAYOUTS
+
+    from glmvit.attention import attend
+    from glmvit.kernels.triton_attention import rotate_qk_triton
+    from glmvit.metadata import BatchShape
+    from glmvit.rotary import apply_rotary
+
+    heads, head_dim = 12, 128
+    grids = GPU_LAYOUTS[layout]
+    rows = sum(t * h * w for t, h, w in grids)
+    qkv, cos, sin, meta = case(grids, BatchShape(rows + 512, len(grids) * 8 + 4, rows + 512), heads, head_dim,
+                               torch.bfloat16, "cuda")
+    n = meta.host.num_rows
+    q, k, v = qkv.view(-1, 3, heads, head_dim).unbind(1)
+    ref = attend(apply_rotary(q, cos, sin).float(), apply_rotary(k, cos, sin).float(), v.float(), meta, "segments")
+    scratch = rotate_qk_triton(qkv, cos, sin, meta.cu_seqlens, heads)
+    out = torch.full((qkv.shape[0], heads * head_dim), 7.0, dtype=qkv.dtype, device="cuda")
+    got = _gpu_attend(qkv, scratch, meta.cu_seqlens, GPU_CONFIGS[name], out)
+    band = 2**-6 * v[:n].float().abs().max().item()
+    assert (got[:n].float() - ref.reshape(-1, heads * head_dim)[:n]).abs().max().item() <= band
+    assert bool((got[n:] == 7.0).all())  # padding rows untouched
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", GPU_CONFIGS)
+def test_gpu_nan_stays_in_its_segment(name):
+    """On the hardware's own tensor-memory loads: NaN in the first row of every other segment's v (inside the tail
+    key block of the short segment before it) and in every padding row of qkv and the scratch leaves each segment
+    bitwise as it was."""
+    from test_triton_attention import GPU_LAYOUTS
+
+    from glmvit.kernels.triton_attention import rotate_qk_triton
+    from glmvit.metadata import BatchShape
+
+    heads, head_dim = 12, 128
+    grids = GPU_LAYOUTS["mixed"]
+    rows = sum(t * h * w for t, h, w in grids)
+    qkv, cos, sin, meta = case(grids, BatchShape(rows + 512, len(grids) * 8 + 4, rows + 512), heads, head_dim,
+                               torch.bfloat16, "cuda")
+    n = meta.host.num_rows
+    cu = meta.cu_seqlens.tolist()
+    scratch = rotate_qk_triton(qkv, cos, sin, meta.cu_seqlens, heads)
+    clean = _gpu_attend(qkv, scratch, meta.cu_seqlens, GPU_CONFIGS[name])[:n].clone()
+    segments = [(a, b) for a, b in zip(cu[:-1], cu[1:], strict=True) if b > a]
+    for parity in (0, 1):  # poison segments 1, 3, … and check 0, 2, …; then the other way round
+        bad_qkv, bad_scratch = qkv.clone(), scratch.clone()
+        bad_qkv[n:], bad_scratch[n:] = float("nan"), float("nan")
+        poisoned = segments[1 - parity::2]
+        keep = torch.ones(n, dtype=torch.bool, device="cuda")
+        for a, b in poisoned:
+            bad_qkv[a, 2 * heads * head_dim:] = float("nan")
+            keep[a:b] = False
+        got = _gpu_attend(bad_qkv, bad_scratch, meta.cu_seqlens, GPU_CONFIGS[name])[:n]
+        assert torch.equal(got[keep], clean[keep])
+        assert not bool(torch.isfinite(got[~keep]).all())
