@@ -80,8 +80,10 @@ class TmaConfig:
 
 
 # What the sweep and the A/B time: the tutorial's Hopper shapes (128×128 with 8 warps, 128×64 with 4; 128×64 with 8
-# is what the readable kernel measured best), pipelined 2 or 3 deep, and warp-specialised through device descriptors.
+# is what the readable kernel measured best), pipelined 2 or 3 deep, and warp-specialised through device descriptors;
+# and the pointer path at the readable kernel's best shape: the work list without TMA, to tell the two gains apart.
 SWEEP_CONFIGS = (
+    TmaConfig(128, 64, 8, 3, "pointer"),
     TmaConfig(128, 64, 8, 3),
     TmaConfig(128, 64, 4, 3),
     TmaConfig(128, 128, 8, 2),
