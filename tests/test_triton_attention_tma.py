@@ -1,7 +1,8 @@
 """The Hopper-shaped prerotated attention (``glmvit.kernels.triton_attention_tma``) against the unfused reference:
 ``apply_rotary``, then one SDPA call per segment (``attend(..., "segments")``). On the CPU through the Triton
 interpreter (fp32, tiny sizes, a fresh process: the interpreter is chosen at import), for every load path: host
-descriptors, device descriptors and the pointer path (the interpreter runs all three).
+descriptors, device descriptors and the pointer path (the interpreter runs all three), and the loop shaped for warp
+specialisation.
 
 Tolerance. Both sides compute the same float32 quantities in another order: the kernel sums the q̃·k̃ dot in
 blocks and the softmax online (each key block's rescale by 2^(m_old − m_new) is one more rounding), the reference
@@ -31,13 +32,16 @@ HEADS, HEAD_DIM = 2, 32
 TOLERANCE = 2.0**-16  # × max|v|: see the module docstring
 # block_m ≥ block_n and block_m < block_n: 32-row blocks with 16-key steps, 16-row blocks with 32-key steps.
 SHAPES = ((32, 16), (16, 32))
-DESCRIPTORS = ("host", "device", "pointer")
+# Load paths, and the warp-specialised variant (one loop, every block masked: the kernel's docstring) on two of them.
+PATHS = ("host", "device", "pointer", "device-ws", "pointer-ws")
+ISOLATION_PATHS = ("host", "pointer", "pointer-ws")
 
 
-def config(block_m, block_n, descriptors):
+def config(block_m, block_n, path):
     from glmvit.kernels.triton_attention_tma import TmaConfig
 
-    return TmaConfig(block_m, block_n, 4, 2, descriptors)
+    descriptors, _, ws = path.partition("-")
+    return TmaConfig(block_m, block_n, 4, 2, descriptors, warp_specialize=bool(ws))
 
 
 def _inputs(grids, shape):
@@ -65,11 +69,11 @@ def _interpreter_child() -> None:
         scale = qkv[:n, 2 * HEADS * HEAD_DIM:].abs().max().item()  # max|v|
         for block_m, block_n in SHAPES:
             outs = {}
-            for descriptors in DESCRIPTORS:
+            for path in PATHS:
                 out = torch.full((qkv.shape[0], HEADS * HEAD_DIM), sentinel)
-                attend_prerotated_tma(qkv, scratch, meta.cu_seqlens, HEADS, config(block_m, block_n, descriptors), out)
-                outs[descriptors] = out
-                key = f"{name}/{block_m}x{block_n}/{descriptors}"
+                attend_prerotated_tma(qkv, scratch, meta.cu_seqlens, HEADS, config(block_m, block_n, path), out)
+                outs[path] = out
+                key = f"{name}/{block_m}x{block_n}/{path}"
                 results[key] = (out[:n] - expected).abs().max().item() / scale
                 results[key + "/padding-untouched"] = bool((out[n:] == sentinel).all())
             results[f"{name}/{block_m}x{block_n}/paths-equal"] = all(
@@ -82,8 +86,8 @@ def _interpreter_child() -> None:
     qkv, cos, sin, meta, scratch = _inputs(grids, shape)
     n = meta.host.num_rows
     cu = meta.cu_seqlens.tolist()
-    for descriptors in ("host", "pointer"):
-        cfg = config(32, 16, descriptors)
+    for path in ISOLATION_PATHS:
+        cfg = config(32, 16, path)
         fresh = torch.full((qkv.shape[0], HEADS * HEAD_DIM), sentinel)
         clean = attend_prerotated_tma(qkv, scratch, meta.cu_seqlens, HEADS, cfg, fresh)
         isolated = bool(torch.isfinite(clean[:n]).all())
@@ -103,7 +107,7 @@ def _interpreter_child() -> None:
                     others[a:b] = False
                     isolated &= bool(torch.equal(out[others], clean[others]))
                     isolated &= not bool(torch.isfinite(out[a]).all())  # the poisoned row is: the test bites
-        results[f"isolated/{descriptors}"] = isolated
+        results[f"isolated/{path}"] = isolated
     print(json.dumps(results))
 
 
@@ -112,12 +116,13 @@ def interpreted():
     return run_interpreted("test_triton_attention_tma")
 
 
-@pytest.mark.parametrize("descriptors", DESCRIPTORS)
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_interpreted_matches_reference(interpreted, layout, shape, descriptors):
-    """Every layout, both tile shapes, every load path: the reference's attention to float32 rounding."""
-    key = f"{layout}/{shape[0]}x{shape[1]}/{descriptors}"
+def test_interpreted_matches_reference(interpreted, layout, shape, path):
+    """Every layout, both tile shapes, every load path and both loop shapes: the reference's attention to float32
+    rounding."""
+    key = f"{layout}/{shape[0]}x{shape[1]}/{path}"
     assert interpreted[key] <= TOLERANCE
     assert interpreted[key + "/padding-untouched"]
 
@@ -126,13 +131,14 @@ def test_interpreted_matches_reference(interpreted, layout, shape, descriptors):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_load_paths_compute_the_same_bits(interpreted, layout, shape):
     """Descriptors change how tiles are addressed, not what is computed: host, device and pointer agree bitwise,
-    so the pointer path (which runs wherever Triton does) checks the descriptor paths' index arithmetic."""
+    so the pointer path (which runs wherever Triton does) checks the descriptor paths' index arithmetic. So does the
+    warp-specialised loop: masking a whole block selects every score and v row as it is."""
     assert interpreted[f"{layout}/{shape[0]}x{shape[1]}/paths-equal"]
 
 
-@pytest.mark.parametrize("descriptors", ["host", "pointer"])
-def test_nonfinite_input_stays_in_its_segment(interpreted, descriptors):
-    assert interpreted[f"isolated/{descriptors}"]
+@pytest.mark.parametrize("path", ISOLATION_PATHS)
+def test_nonfinite_input_stays_in_its_segment(interpreted, path):
+    assert interpreted[f"isolated/{path}"]
 
 
 def test_config_names_and_refusals():

@@ -21,16 +21,22 @@ Loads. ``descriptors`` picks how tiles are read: ``host`` (``triton.tools.tensor
 built on the host at each call from the tensors' pointers, so a CUDA graph captures it by value: graph-safe while
 the pointers are the graph's static buffers), ``device`` (``tl.make_tensor_descriptor`` in the kernel; needs a
 global-memory scratch for the descriptors, so this module registers a torch allocator with ``triton.set_allocator``
-on first use; the tutorial's route for warp specialisation on Hopper), or ``pointer`` (plain ``tl.load``; the same
-index arithmetic with a TMA's semantics: rows past the tensor's end read as zero, rows inside it read as they are,
-whichever segment they belong to). q̃ and k̃ tiles come from the scratch at column (head, heads + head)·d, v tiles
-from qkv at column (2·heads + head)·d.
+on first use; the tutorial's route for warp specialisation on Hopper, where host descriptors fail to compile), or
+``pointer`` (plain ``tl.load``; the same index arithmetic with a TMA's semantics: rows past the tensor's end read
+as zero, rows inside it read as they are, whichever segment they belong to). q̃ and k̃ tiles come from the scratch
+at column (head, heads + head)·d, v tiles from qkv at column (2·heads + head)·d.
 
 Keys of a segment: its whole key blocks first, unmasked (no masks, no selects: the loop the compiler pipelines),
 then the partial last block once. That tail block is loaded whole, so its rows past the segment's end are another
 segment's (or padding) rows, possibly NaN or Inf: their scores are replaced (``tl.where``, a select, not arithmetic)
 by −inf, giving p = 0, AND their v rows are replaced by zeros, because p·v with p = 0 is NaN for a NaN v. So nothing
 of one segment reaches another, as in the readable kernel.
+
+Warp specialisation (``warp_specialize=True``) needs a kernel the compiler's Hopper specialiser can split (checked by
+compiling for sm_90 with Triton 3.6 and 3.9): one loop and nothing around it, so that variant masks every key block
+in its single loop instead of only a tail step after it (the specialiser fails on a step after the loop and leaves
+the loop whole with a tail ``if``), gives a spare program an empty key range instead of returning early, and the
+work list avoids ``tl.cumsum`` (the specialiser cannot place a scan's body) in every variant.
 
 Softmax: the online one (running max and sum per row), exp2 with log2 e and 1/√d folded into one scale, float32
 statistics and accumulator, the accumulator carried through the dot (``tl.dot(p, v, acc)``), p rounded to v's dtype
@@ -80,16 +86,18 @@ class TmaConfig:
 
 
 # What the sweep and the A/B time: the tutorial's Hopper shapes (128×128 with 8 warps, 128×64 with 4; 128×64 with 8
-# is what the readable kernel measured best), pipelined 2 or 3 deep, and warp-specialised through device descriptors;
-# and the pointer path at the readable kernel's best shape: the work list without TMA, to tell the two gains apart.
+# is what the readable kernel measured best), pipelined 2 or 3 deep; warp-specialised through device descriptors with
+# 4 warps (compiled for sm_90 by Triton 3.6, the specialiser split the tutorial's own loop into 12 warps only so: with
+# 8 it left it whole, with host descriptors it failed); and the pointer path at the readable kernel's best shape: the
+# work list without TMA, to tell the two gains apart.
 SWEEP_CONFIGS = (
     TmaConfig(128, 64, 8, 3, "pointer"),
     TmaConfig(128, 64, 8, 3),
     TmaConfig(128, 64, 4, 3),
     TmaConfig(128, 128, 8, 2),
     TmaConfig(128, 128, 8, 3),
-    TmaConfig(128, 64, 8, 3, "device", warp_specialize=True),
-    TmaConfig(128, 128, 8, 2, "device", warp_specialize=True),
+    TmaConfig(128, 64, 4, 3, "device", warp_specialize=True),
+    TmaConfig(128, 128, 4, 2, "device", warp_specialize=True),
 )
 
 
@@ -112,11 +120,11 @@ def _tile(src, row, col, ROWS, STRIDE: tl.constexpr, R: tl.constexpr, C: tl.cons
 
 @triton.jit
 def _softmax_step(q, k_src, v_src, key, key_end, m_i, l_i, acc, qk_scale, ROWS,
-                  QK_STRIDE: tl.constexpr, V_STRIDE: tl.constexpr, K_COL: tl.constexpr, V_COL: tl.constexpr,
+                  QK_STRIDE: tl.constexpr, V_STRIDE: tl.constexpr, k_col, v_col,
                   D: tl.constexpr, BLOCK_N: tl.constexpr, DESC: tl.constexpr, TAIL: tl.constexpr):
     """One key block at ``key``: scores, the online-softmax update, acc += p·v. ``TAIL``: the block runs past the
     segment's end (``key_end``): its foreign keys score −inf and its foreign v rows become zeros (module docstring)."""
-    k = _tile(k_src, key, K_COL, ROWS, QK_STRIDE, BLOCK_N, D, DESC, TAIL)
+    k = _tile(k_src, key, k_col, ROWS, QK_STRIDE, BLOCK_N, D, DESC, TAIL)
     qk = tl.dot(q, tl.trans(k))  # unscaled: the scale goes into the max and into one multiply-add per score
     if TAIL:
         inside = (key + tl.arange(0, BLOCK_N)) < key_end
@@ -126,7 +134,7 @@ def _softmax_step(q, k_src, v_src, key, key_end, m_i, l_i, acc, qk_scale, ROWS,
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
-    v = _tile(v_src, key, V_COL, ROWS, V_STRIDE, BLOCK_N, D, DESC, TAIL)
+    v = _tile(v_src, key, v_col, ROWS, V_STRIDE, BLOCK_N, D, DESC, TAIL)
     if TAIL:
         v = tl.where(inside[:, None], v, 0.0)  # 0·NaN is NaN: p = 0 alone does not keep a foreign NaN out
     acc = tl.dot(p.to(v.dtype), v, acc)
@@ -154,13 +162,21 @@ def _varlen_attention_tma_kernel(
     seg_start = tl.load(cu_seqlens_ptr + slot, mask=slot < SEGMENTS, other=0)
     seg_end = tl.load(cu_seqlens_ptr + slot + 1, mask=slot < SEGMENTS, other=0)
     blocks = (seg_end - seg_start + BLOCK_M - 1) // BLOCK_M
-    blocks_through = tl.cumsum(blocks, 0)  # row blocks of segments 0..s
+    # Row blocks of segments 0..s, as a (SLOTS, SLOTS) masked sum rather than tl.cumsum: the warp specialiser cannot
+    # place a scan's body.
+    blocks_through = tl.sum(tl.where(slot[None, :] <= slot[:, None], blocks[None, :], 0), 1)
     seg = tl.sum((blocks_through <= work).to(tl.int32), 0)  # the first segment whose blocks reach past `work`
-    if seg >= SEGMENTS:
-        return  # past the real row blocks: padding rows and the grid's spare programs
+    if WARP_SPECIALIZE:  # no branch around the loop (the specialiser takes none): a spare program gets no keys
+        live = seg < SEGMENTS
+        seg = tl.minimum(seg, SEGMENTS - 1)
+    else:
+        if seg >= SEGMENTS:
+            return  # past the real row blocks: padding rows and the grid's spare programs
     this = slot == seg
     key_start = tl.sum(tl.where(this, seg_start, 0), 0)
     key_end = tl.sum(tl.where(this, seg_end, 0), 0)
+    if WARP_SPECIALIZE:
+        key_end = tl.where(live, key_end, key_start)
     first = key_start + (work - tl.sum(tl.where(this, blocks_through - blocks, 0), 0)) * BLOCK_M
 
     if DESCRIPTORS == "device":
@@ -176,16 +192,23 @@ def _varlen_attention_tma_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    whole = (key_end - key_start) // BLOCK_N
-    for block in tl.range(0, whole, num_stages=NUM_STAGES, warp_specialize=WARP_SPECIALIZE):
-        m_i, l_i, acc = _softmax_step(q, k_src, v_src, key_start + block * BLOCK_N, key_end, m_i, l_i, acc,
-                                      qk_scale, ROWS, QK_STRIDE, V_STRIDE, (HEADS + head) * D,
-                                      (2 * HEADS + head) * D, D, BLOCK_N, DESC, False)
-    tail = key_start + whole * BLOCK_N
-    if tail < key_end:
-        m_i, l_i, acc = _softmax_step(q, k_src, v_src, tail, key_end, m_i, l_i, acc,
-                                      qk_scale, ROWS, QK_STRIDE, V_STRIDE, (HEADS + head) * D,
-                                      (2 * HEADS + head) * D, D, BLOCK_N, DESC, True)
+    if WARP_SPECIALIZE:  # one loop over every key block, each masked: the specialiser takes no step after it
+        for block in tl.range(0, (key_end - key_start + BLOCK_N - 1) // BLOCK_N, num_stages=NUM_STAGES,
+                              warp_specialize=True):
+            m_i, l_i, acc = _softmax_step(q, k_src, v_src, key_start + block * BLOCK_N, key_end, m_i, l_i, acc,
+                                          qk_scale, ROWS, QK_STRIDE, V_STRIDE, (HEADS + head) * D,
+                                          (2 * HEADS + head) * D, D, BLOCK_N, DESC, True)
+    else:
+        whole = (key_end - key_start) // BLOCK_N
+        for block in tl.range(0, whole, num_stages=NUM_STAGES):
+            m_i, l_i, acc = _softmax_step(q, k_src, v_src, key_start + block * BLOCK_N, key_end, m_i, l_i, acc,
+                                          qk_scale, ROWS, QK_STRIDE, V_STRIDE, (HEADS + head) * D,
+                                          (2 * HEADS + head) * D, D, BLOCK_N, DESC, False)
+        tail = key_start + whole * BLOCK_N
+        if tail < key_end:
+            m_i, l_i, acc = _softmax_step(q, k_src, v_src, tail, key_end, m_i, l_i, acc,
+                                          qk_scale, ROWS, QK_STRIDE, V_STRIDE, (HEADS + head) * D,
+                                          (2 * HEADS + head) * D, D, BLOCK_N, DESC, True)
     rows = first + tl.arange(0, BLOCK_M)
     dst = out_ptr + rows.to(tl.int64)[:, None] * (HEADS * D) + head * D + tl.arange(0, D)[None, :]
     tl.store(dst, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=(rows < key_end)[:, None])
