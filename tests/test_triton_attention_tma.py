@@ -166,6 +166,29 @@ def _sweep_configs():
 GPU_CONFIGS = _sweep_configs()
 
 
+H200_SHARED_PER_BLOCK = 227 * 1024  # bytes a block may have on the H100/H200
+
+
+@pytest.mark.parametrize("name", GPU_CONFIGS)
+def test_each_configuration_compiles_for_hopper_as_intended(name):
+    """No GPU needed: compiled for sm_90 by the installed Triton (``tools/tma_ab.py --compile-only``), every
+    configuration uses warp-group MMAs, the descriptor ones tensor-memory copies (the pointer one none), the
+    warp-specialised ones are split (more warps than asked: a producer group), and each fits a block's shared memory."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("this process runs the interpreter: nothing is compiled")
+    from tools.tma_ab import compile_report
+
+    config = GPU_CONFIGS[name]
+    report = compile_report(config)
+    assert "unavailable" not in report, report
+    assert report["wgmma"] > 0
+    assert (report["tma_copies"] > 0) == (config.descriptors != "pointer")
+    assert (report["warps"] > config.num_warps) == config.warp_specialize
+    assert report["shared_bytes"] <= H200_SHARED_PER_BLOCK
+
+
 def _gpu_attend(qkv, scratch, cu, config, out=None):
     """The kernel on the GPU; a configuration this Triton refuses to compile for warp specialisation is a skip (a
     refusal is not a wrong answer), every other failure a failure."""

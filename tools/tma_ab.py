@@ -12,6 +12,10 @@ order (A first, then B first), the lower median kept and both recorded. A path t
 traceback. CUDA only (exit 2 elsewhere)::
 
     GLMVIT_GIT_COMMIT=$(git rev-parse HEAD) python tools/tma_ab.py --json data/sweeps/tma_ab_h200.json
+
+``--compile-only`` needs no GPU: it compiles every configuration for sm_90 with the installed Triton (its bundled
+ptxas) at the A/B's sizes and prints what Hopper gets: shared memory, warps (a split loop has more than asked),
+warp-group MMAs (``wgmma``) and tensor-memory copies (``cp.async.bulk.tensor``) in the PTX.
 """
 from __future__ import annotations
 
@@ -93,6 +97,39 @@ def measure(lengths: tuple[int, ...], rounds: int = 2) -> dict[str, Any]:
     return {"lengths": list(lengths), "rows": layout.rows, "paths": rows}
 
 
+def compile_report(config, rows: int = 8192, segments: int = 64) -> dict[str, Any]:
+    """Compile the attention for sm_90 without a GPU (``--compile-only``); what its code holds, or one line why not."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import mangle_type
+
+    from glmvit.kernels.triton_attention_tma import TensorDescriptor, _varlen_attention_tma_kernel
+
+    qkv = torch.empty(rows, 3 * HEADS * HEAD_DIM, dtype=torch.bfloat16)
+    qk = torch.empty(rows, 2 * HEADS * HEAD_DIM, dtype=torch.bfloat16)
+    srcs: list[Any] = [qk, qk, qkv]
+    if config.descriptors == "host":
+        blocks = (config.block_m, config.block_n, config.block_n)
+        srcs = [TensorDescriptor.from_tensor(t, [b, HEAD_DIM]) for t, b in zip(srcs, blocks, strict=True)]
+    cu = torch.zeros(segments + 1, dtype=torch.int32)
+    out = torch.empty(rows, HEADS * HEAD_DIM, dtype=torch.bfloat16)
+    args = dict(q_src=srcs[0], k_src=srcs[1], v_src=srcs[2], cu_seqlens_ptr=cu, out_ptr=out, qk_scale=0.1, ROWS=rows)
+    constants = dict(SEGMENTS=segments, SLOTS=triton.next_power_of_2(segments), HEADS=HEADS, D=HEAD_DIM,
+                     BLOCK_M=config.block_m, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages,
+                     WARP_SPECIALIZE=config.warp_specialize, DESCRIPTORS=config.descriptors)
+    signature = {**{k: mangle_type(v) for k, v in args.items()}, **{k: "constexpr" for k in constants}}
+    try:
+        kernel = triton.compile(ASTSource(_varlen_attention_tma_kernel, signature, constants),
+                                target=GPUTarget("cuda", 90, 32),
+                                options={"num_warps": config.num_warps, "num_stages": config.num_stages})
+    except Exception as err:  # noqa: BLE001 - a configuration this Triton refuses: one line
+        return {"unavailable": _one_line(err)}
+    ptx = kernel.asm["ptx"]
+    return {"shared_bytes": kernel.metadata.shared, "warps": kernel.metadata.num_warps,
+            "wgmma": ptx.count("wgmma.mma_async"), "tma_copies": ptx.count("cp.async.bulk.tensor")}
+
+
 def print_table(layouts: dict[str, Any]) -> None:
     print(f"{'layout':>8} {'path':<32} {'µs':>8} {'vs A':>6} {'max err':>9} {'rms rel':>8}  ok")
     for name, layout in layouts.items():
@@ -112,7 +149,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--json", metavar="PATH", default="tma_ab.json", help="the record (default %(default)s)")
     parser.add_argument("--layouts", default=",".join(AB_LAYOUTS), help=f"comma list of {', '.join(LAYOUTS)}")
+    parser.add_argument("--compile-only", action="store_true", help="compile for sm_90 and report; no GPU needed")
     args = parser.parse_args(argv)
+    if args.compile_only:
+        from glmvit.kernels.triton_attention_tma import SWEEP_CONFIGS
+
+        for config in SWEEP_CONFIGS:
+            print(f"{config.name:<20} {compile_report(config)}")
+        return 0
     names = [n.strip() for n in args.layouts.split(",")]
     unknown = [n for n in names if n not in LAYOUTS]
     if unknown:
