@@ -9,11 +9,12 @@ row r of segment s, out[r] = softmax(q̃_r · K̃_sᵀ / √d) · V_s, where K̃
 
 Work list: one program per (row block of one segment, head). A segment of n rows has ⌈n / BLOCK_M⌉ row blocks, all
 inside it (the last one may run past its end: those rows are computed and not stored). Each program finds its
-segment and block from ``cu_seqlens`` alone (per-segment block counts, their running sum, one vector op over the
-segment slots), so the grid is static: ⌈rows / BLOCK_M⌉ + segment slots programs per head, an upper bound of
-Σ ⌈nₛ / BLOCK_M⌉; the programs past the real blocks return at once. Chosen over the readable kernel's loop over the
-segments a row block straddles: every program then runs exactly one key loop, the shape of the tutorial kernel that
-the compiler pipelines and warp-specialises, and no program does two segments' work while its neighbours do one.
+segment and block from ``cu_seqlens`` alone (per-segment block counts and their running sums, one masked
+slots × slots sum), so the grid is static: ⌈rows / BLOCK_M⌉ + segment slots programs per head, an upper bound of
+Σ ⌈nₛ / BLOCK_M⌉; the programs past the real blocks return at once (warp-specialised: load one q tile and stop).
+Chosen over the readable kernel's loop over the segments a row block straddles: every program then runs exactly one
+key loop, the shape of the tutorial kernel that the compiler pipelines and warp-specialises, and no program does
+two segments' work while its neighbours do one.
 The price is one partial row block per segment instead of per straddle (at most a block's worth of wasted rows per
 segment; none where segments are multiples of BLOCK_M, e.g. 1024-row images at 64 or 128).
 
