@@ -56,3 +56,22 @@ def test_layout_of_eight_448_images():
 def test_layout_refuses_more_segments_than_slots():
     with pytest.raises(ValueError, match="segments exceed"):
         build_layout((4,) * 65)
+
+
+def test_sweep_times_each_tma_configuration_under_its_name():
+    """One ``triton_tma@<name>`` path per configuration of the Hopper-shaped kernel (built here, not run)."""
+    pytest.importorskip("triton")
+    from glmvit.kernels.triton_attention_tma import SWEEP_CONFIGS
+    from tools.attention_sweep import tma_paths
+
+    names = list(tma_paths(None, None, None, None))
+    assert names == [f"triton_tma@{config.name}" for config in SWEEP_CONFIGS]
+
+
+def test_tma_ab_refuses_without_cuda_in_one_line():
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    run = subprocess.run([sys.executable, "tools/tma_ab.py", "--json", os.devnull], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert run.stdout == ""
+    assert len(run.stderr.strip().splitlines()) == 1 and "CUDA" in run.stderr

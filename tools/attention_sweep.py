@@ -16,7 +16,10 @@ Paths, each timed alone:
 - ``sdpa_cudnn_dense`` / ``sdpa_flash_dense``: SDPA on (segments, heads, L, d) views of the packed rows, when every
   segment has the same length, under ``sdpa_kernel(CUDNN_ATTENTION)`` / ``sdpa_kernel(FLASH_ATTENTION)``;
 - ``flash_attn@budget`` / ``flash_attn@true``: ``flash_attn_varlen_func`` when the package imports;
-- ``rotation_launch``: the ``cudnn`` backend's rotation launch alone (its share of ``cudnn``).
+- ``rotation_launch``: the ``cudnn`` backend's rotation launch alone (its share of ``cudnn``);
+- ``triton_tma@<config>``: the same rotation launch, then ``glmvit.kernels.triton_attention_tma``'s Hopper-shaped
+  attention over the rotated scratch (``SWEEP_CONFIGS``, named as ``TmaConfig.name``: e.g. ``128x128w8s2h``, host
+  descriptors; ``…d-ws``, device descriptors and a warp-specialised loop). Not yet used by the model.
 
 Why ``cudnn`` is slower than ``sdpa_cudnn_dense`` on the same rows is not its grid: a prototype that cut every
 segment's queries into batch entries of at most C rows (no empty slots), run by this sweep on the H200 at commit
@@ -197,6 +200,7 @@ def paths(layout: Layout, qkv, cos, sin, q, k, v, meta) -> dict[str, Callable[[]
             out[f"flash_attn@{tag}"] = partial(flash_attn_varlen_func, q, k, v, cu, cu, m, m, causal=False)
     except ImportError as err:
         out["flash_attn"] = f"flash_attn not importable: {err}"
+    out.update(tma_paths(qkv, cos, sin, cu))  # last: should the new kernel fault, the rest are timed
     return out
 
 
@@ -205,6 +209,23 @@ def rotation_path(qkv, cos, sin, cu) -> dict[str, Callable[[], torch.Tensor] | s
     from glmvit.kernels.triton_attention import rotate_qk_triton
 
     return {"rotation_launch": lambda: rotate_qk_triton(qkv, cos, sin, cu, HEADS)}
+
+
+def tma_paths(qkv, cos, sin, cu) -> dict[str, Callable[[], torch.Tensor] | str]:
+    """``triton_tma@<config>``: rotation launch + the Hopper-shaped attention, per configuration; one line if the
+    module does not import (a Triton without what it needs)."""
+    from glmvit.kernels.triton_attention import rotate_qk_triton
+
+    try:
+        from glmvit.kernels.triton_attention_tma import SWEEP_CONFIGS, attend_prerotated_tma
+    except Exception as err:  # noqa: BLE001 - one line in the table, whatever this Triton lacks
+        return {"triton_tma": f"not importable: {_one_line(err)}"}
+
+    def run(config) -> torch.Tensor:
+        scratch = rotate_qk_triton(qkv, cos, sin, cu, HEADS)
+        return attend_prerotated_tma(qkv, scratch, cu, HEADS, config).view(-1, HEADS, HEAD_DIM)
+
+    return {f"triton_tma@{config.name}": partial(run, config) for config in SWEEP_CONFIGS}
 
 
 def _one_line(err: BaseException) -> str:
@@ -250,16 +271,16 @@ def measure(name: str, lengths: tuple[int, ...]) -> dict[str, Any]:
 
 
 def print_table(layouts: dict[str, Any]) -> None:
-    print(f"{'layout':>8} {'path':<20} {'µs':>8} {'max err':>9} {'rms rel':>8}  ok")
+    print(f"{'layout':>8} {'path':<30} {'µs':>8} {'max err':>9} {'rms rel':>8}  ok")
     for name, layout in layouts.items():
         for path, row in layout["paths"].items():
             if "unavailable" in row:
-                print(f"{name:>8} {path:<20} unavailable: {row['unavailable']}")
+                print(f"{name:>8} {path:<30} unavailable: {row['unavailable']}")
             elif "max_abs_err" in row:
-                print(f"{name:>8} {path:<20} {row['us']:8.1f} {row['max_abs_err']:9.2e} {row['rms_rel_err']:8.1e}  "
+                print(f"{name:>8} {path:<30} {row['us']:8.1f} {row['max_abs_err']:9.2e} {row['rms_rel_err']:8.1e}  "
                       f"{'yes' if row['ok'] else 'NO'}")
             else:
-                print(f"{name:>8} {path:<20} {row['us']:8.1f}")
+                print(f"{name:>8} {path:<30} {row['us']:8.1f}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,266 @@
+"""The Hopper-shaped prerotated attention (``glmvit.kernels.triton_attention_tma``) against the unfused reference:
+``apply_rotary``, then one SDPA call per segment (``attend(..., "segments")``). On the CPU through the Triton
+interpreter (fp32, tiny sizes, a fresh process: the interpreter is chosen at import), for every load path: host
+descriptors, device descriptors and the pointer path (the interpreter runs all three), and the loop shaped for warp
+specialisation.
+
+Tolerance. Both sides compute the same float32 quantities in another order: the kernel sums the q̃·k̃ dot in
+blocks and the softmax online (each key block's rescale by 2^(m_old − m_new) is one more rounding), the reference
+in one matmul and one softmax. Each output element is a convex combination of v rows, Σ pⱼ·vⱼ, so an error of ε
+relative in the weights moves it by ≤ ε·max|v|. The weights' error: a score s = q̃·k̃/√d (d = 32, unit-normal
+inputs, |s| ≲ 4) is off by ≲ √d·u·|s|-scale roundings, u = 2⁻²⁴, and exp2 and the rescales add a few u each; the
+sum over ≤ 80 keys adds ≲ √80·u more. Altogether ≈ 50·u ≈ 2⁻¹⁸ relative on the typical element, so we allow
+2⁻¹⁶·max|v| (≈ 1.5e-5·max|v|, ~4× the estimate's worst case over a few hundred elements). A kernel reading the
+wrong key block, skipping a tail or using another scale misses by a sizeable fraction of max|v|, ≫ this.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_triton_attention import LAYOUTS as READABLE_LAYOUTS
+from test_triton_attention import case, reference
+
+from conftest import run_interpreted
+
+# The readable kernel's layouts (several segments; segments of 8 and 24 rows, shorter than one 32-row block; blocks
+# that run from one segment into the next; video frames as segments; padding rows and unused segment slots), and one
+# whose last segment's tail key block runs past the tensor's end (a TMA's zero fill, no padding rows).
+LAYOUTS = {**READABLE_LAYOUTS, "tail-past-tensor-end": ([(1, 6, 6)], None)}
+HEADS, HEAD_DIM = 2, 32
+TOLERANCE = 2.0**-16  # × max|v|: see the module docstring
+# block_m ≥ block_n and block_m < block_n: 32-row blocks with 16-key steps, 16-row blocks with 32-key steps.
+SHAPES = ((32, 16), (16, 32))
+# Load paths, and the warp-specialised variant (one loop, every block masked: the kernel's docstring) on two of them.
+PATHS = ("host", "device", "pointer", "device-ws", "pointer-ws")
+ISOLATION_PATHS = ("host", "pointer", "pointer-ws")
+
+
+def config(block_m, block_n, path):
+    from glmvit.kernels.triton_attention_tma import TmaConfig
+
+    descriptors, _, ws = path.partition("-")
+    return TmaConfig(block_m, block_n, 4, 2, descriptors, warp_specialize=bool(ws))
+
+
+def _inputs(grids, shape):
+    """qkv, cos, sin, meta and the rotated scratch from ``rotate_qk_triton``, its padding rows NaN (what a stale
+    buffer may hold there)."""
+    from glmvit.kernels.triton_attention import rotate_qk_triton
+
+    qkv, cos, sin, meta = case(grids, shape, HEADS, HEAD_DIM)
+    scratch = rotate_qk_triton(qkv, cos, sin, meta.cu_seqlens, HEADS)
+    scratch[meta.host.num_rows:] = float("nan")
+    return qkv, cos, sin, meta, scratch
+
+
+def _interpreter_child() -> None:
+    """Runs with TRITON_INTERPRET=1; prints one JSON dict of results."""
+    from glmvit.kernels.triton_attention_tma import attend_prerotated_tma
+
+    torch.set_num_threads(2)
+    results: dict = {}
+    sentinel = 7.0
+    for name, (grids, shape) in LAYOUTS.items():
+        qkv, cos, sin, meta, scratch = _inputs(grids, shape)
+        n = meta.host.num_rows
+        expected = reference(qkv, cos, sin, meta, HEADS)[:n]
+        scale = qkv[:n, 2 * HEADS * HEAD_DIM:].abs().max().item()  # max|v|
+        for block_m, block_n in SHAPES:
+            outs = {}
+            for path in PATHS:
+                out = torch.full((qkv.shape[0], HEADS * HEAD_DIM), sentinel)
+                attend_prerotated_tma(qkv, scratch, meta.cu_seqlens, HEADS, config(block_m, block_n, path), out)
+                outs[path] = out
+                key = f"{name}/{block_m}x{block_n}/{path}"
+                results[key] = (out[:n] - expected).abs().max().item() / scale
+                results[key + "/padding-untouched"] = bool((out[n:] == sentinel).all())
+            results[f"{name}/{block_m}x{block_n}/paths-equal"] = all(
+                torch.equal(outs["pointer"], other) for other in outs.values())
+
+    # NaN or Inf in one segment's q̃, k̃ or v (its first row: inside the tail key block of the segment before, when
+    # that one is short), and NaN in every padding row (scratch and qkv: the last segment's tail reads them): every
+    # other segment's rows bitwise as without them, padding rows untouched.
+    grids, shape = LAYOUTS["straddling"]
+    qkv, cos, sin, meta, scratch = _inputs(grids, shape)
+    n = meta.host.num_rows
+    cu = meta.cu_seqlens.tolist()
+    for path in ISOLATION_PATHS:
+        cfg = config(32, 16, path)
+        fresh = torch.full((qkv.shape[0], HEADS * HEAD_DIM), sentinel)
+        clean = attend_prerotated_tma(qkv, scratch, meta.cu_seqlens, HEADS, cfg, fresh)
+        isolated = bool(torch.isfinite(clean[:n]).all())
+        for a, b in zip(cu[:-1], cu[1:], strict=True):
+            if b <= a:
+                continue
+            for value in (float("nan"), float("inf")):
+                for part, tensor in (("q", "scratch"), ("k", "scratch"), ("v", "qkv")):
+                    bad_qkv, bad_scratch = qkv.clone(), scratch.clone()
+                    target = bad_qkv if tensor == "qkv" else bad_scratch
+                    column = {"q": 0, "k": HEADS * HEAD_DIM, "v": 2 * HEADS * HEAD_DIM}[part]
+                    target[a, column:column + HEADS * HEAD_DIM] = value  # every head of the row
+                    bad_qkv[n:] = float("nan")
+                    out = attend_prerotated_tma(bad_qkv, bad_scratch, meta.cu_seqlens, HEADS, cfg,
+                                                torch.full_like(clean, sentinel))
+                    others = torch.ones(out.shape[0], dtype=torch.bool)
+                    others[a:b] = False
+                    isolated &= bool(torch.equal(out[others], clean[others]))
+                    isolated &= not bool(torch.isfinite(out[a]).all())  # the poisoned row is: the test bites
+        results[f"isolated/{path}"] = isolated
+    print(json.dumps(results))
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    return run_interpreted("test_triton_attention_tma")
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_interpreted_matches_reference(interpreted, layout, shape, path):
+    """Every layout, both tile shapes, every load path and both loop shapes: the reference's attention to float32
+    rounding."""
+    key = f"{layout}/{shape[0]}x{shape[1]}/{path}"
+    assert interpreted[key] <= TOLERANCE
+    assert interpreted[key + "/padding-untouched"]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_load_paths_compute_the_same_bits(interpreted, layout, shape):
+    """Descriptors change how tiles are addressed, not what is computed: host, device and pointer agree bitwise,
+    so the pointer path (which runs wherever Triton does) checks the descriptor paths' index arithmetic. So does the
+    warp-specialised loop: masking a whole block selects every score and v row as it is."""
+    assert interpreted[f"{layout}/{shape[0]}x{shape[1]}/paths-equal"]
+
+
+@pytest.mark.parametrize("path", ISOLATION_PATHS)
+def test_nonfinite_input_stays_in_its_segment(interpreted, path):
+    assert interpreted[f"isolated/{path}"]
+
+
+def test_config_names_and_refusals():
+    from glmvit.kernels.triton_attention_tma import SWEEP_CONFIGS, TmaConfig
+
+    assert TmaConfig().name == "128x64w8s3h"
+    assert TmaConfig(128, 128, 8, 2, "device", warp_specialize=True).name == "128x128w8s2d-ws"
+    assert len({c.name for c in SWEEP_CONFIGS}) == len(SWEEP_CONFIGS)
+    with pytest.raises(ValueError, match="descriptors='tma'"):
+        TmaConfig(descriptors="tma")
+    with pytest.raises(ValueError, match="block_n=48"):
+        TmaConfig(block_n=48)
+
+
+# ---------------------------------------------------------------------------------------------- real GPU
+
+def _sweep_configs():
+    try:
+        from glmvit.kernels.triton_attention_tma import SWEEP_CONFIGS
+    except ImportError:  # no Triton: the GPU tests skip anyway
+        return {}
+    return {config.name: config for config in SWEEP_CONFIGS}
+
+
+GPU_CONFIGS = _sweep_configs()
+
+
+H200_SHARED_PER_BLOCK = 227 * 1024  # bytes a block may have on the H100/H200
+
+
+@pytest.mark.parametrize("name", GPU_CONFIGS)
+def test_each_configuration_compiles_for_hopper_as_intended(name):
+    """No GPU needed: compiled for sm_90 by the installed Triton (``tools/tma_ab.py --compile-only``), every
+    configuration uses warp-group MMAs, the descriptor ones tensor-memory copies (the pointer one none), the
+    warp-specialised ones are split (more warps than asked: a producer group), and each fits a block's shared memory."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("this process runs the interpreter: nothing is compiled")
+    from tools.tma_ab import compile_report
+
+    config = GPU_CONFIGS[name]
+    report = compile_report(config)
+    assert "unavailable" not in report, report
+    assert report["wgmma"] > 0
+    assert (report["tma_copies"] > 0) == (config.descriptors != "pointer")
+    assert (report["warps"] > config.num_warps) == config.warp_specialize
+    assert report["shared_bytes"] <= H200_SHARED_PER_BLOCK
+
+
+def _gpu_attend(qkv, scratch, cu, config, out=None):
+    """The kernel on the GPU; a configuration this Triton refuses to compile for warp specialisation is a skip (a
+    refusal is not a wrong answer), every other failure a failure."""
+    from glmvit.kernels.triton_attention_tma import attend_prerotated_tma
+
+    try:
+        return attend_prerotated_tma(qkv, scratch, cu, 12, config, out)
+    except Exception as err:  # raised by the launch: compiling (a fault on the device surfaces later, at a sync)
+        if not config.warp_specialize:
+            raise
+        pytest.skip(f"this Triton does not compile {config.name}: {type(err).__name__}: "
+                    f"{(str(err).strip().splitlines() or [''])[0][:160]}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", GPU_CONFIGS)
+@pytest.mark.parametrize("layout", ["1x224", "4x224+video", "mixed"])
+def test_gpu_bf16_within_rounding_of_float32_reference(layout, name):
+    """bf16 on the GPU: the readable kernel's band (tests/test_triton_attention.py: 2⁻⁶·max|v| against a float32
+    reference on the same rotated inputs), on its layouts with 512 padding rows and spare segment slots."""
+    from test_triton_attention import GPU_LAYOUTS
+
+    from glmvit.attention import attend
+    from glmvit.kernels.triton_attention import rotate_qk_triton
+    from glmvit.metadata import BatchShape
+    from glmvit.rotary import apply_rotary
+
+    heads, head_dim = 12, 128
+    grids = GPU_LAYOUTS[layout]
+    rows = sum(t * h * w for t, h, w in grids)
+    qkv, cos, sin, meta = case(grids, BatchShape(rows + 512, len(grids) * 8 + 4, rows + 512), heads, head_dim,
+                               torch.bfloat16, "cuda")
+    n = meta.host.num_rows
+    q, k, v = qkv.view(-1, 3, heads, head_dim).unbind(1)
+    ref = attend(apply_rotary(q, cos, sin).float(), apply_rotary(k, cos, sin).float(), v.float(), meta, "segments")
+    scratch = rotate_qk_triton(qkv, cos, sin, meta.cu_seqlens, heads)
+    out = torch.full((qkv.shape[0], heads * head_dim), 7.0, dtype=qkv.dtype, device="cuda")
+    got = _gpu_attend(qkv, scratch, meta.cu_seqlens, GPU_CONFIGS[name], out)
+    band = 2**-6 * v[:n].float().abs().max().item()
+    assert (got[:n].float() - ref.reshape(-1, heads * head_dim)[:n]).abs().max().item() <= band
+    assert bool((got[n:] == 7.0).all())  # padding rows untouched
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", GPU_CONFIGS)
+def test_gpu_nan_stays_in_its_segment(name):
+    """On the hardware's own tensor-memory loads: NaN in the first row of every other segment's v (inside the tail
+    key block of the short segment before it) and in every padding row of qkv and the scratch leaves each segment
+    bitwise as it was."""
+    from test_triton_attention import GPU_LAYOUTS
+
+    from glmvit.kernels.triton_attention import rotate_qk_triton
+    from glmvit.metadata import BatchShape
+
+    heads, head_dim = 12, 128
+    grids = GPU_LAYOUTS["mixed"]
+    rows = sum(t * h * w for t, h, w in grids)
+    qkv, cos, sin, meta = case(grids, BatchShape(rows + 512, len(grids) * 8 + 4, rows + 512), heads, head_dim,
+                               torch.bfloat16, "cuda")
+    n = meta.host.num_rows
+    cu = meta.cu_seqlens.tolist()
+    scratch = rotate_qk_triton(qkv, cos, sin, meta.cu_seqlens, heads)
+    clean = _gpu_attend(qkv, scratch, meta.cu_seqlens, GPU_CONFIGS[name])[:n].clone()
+    segments = [(a, b) for a, b in zip(cu[:-1], cu[1:], strict=True) if b > a]
+    for parity in (0, 1):  # poison segments 1, 3, … and check 0, 2, …; then the other way round
+        bad_qkv, bad_scratch = qkv.clone(), scratch.clone()
+        bad_qkv[n:], bad_scratch[n:] = float("nan"), float("nan")
+        poisoned = segments[1 - parity::2]
+        keep = torch.ones(n, dtype=torch.bool, device="cuda")
+        for a, b in poisoned:
+            bad_qkv[a, 2 * heads * head_dim:] = float("nan")
+            keep[a:b] = False
+        got = _gpu_attend(bad_qkv, bad_scratch, meta.cu_seqlens, GPU_CONFIGS[name])[:n]
+        assert torch.equal(got[keep], clean[keep])
+        assert not bool(torch.isfinite(got[~keep]).all())
