@@ -283,15 +283,21 @@ def print_table(layouts: dict[str, Any]) -> None:
                 print(f"{name:>8} {path:<30} {row['us']:8.1f}")
 
 
+def layout_names(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    """The comma list of layout names ``text``; an unknown one is the parser's one-line error."""
+    names = [n.strip() for n in text.split(",")]
+    unknown = [n for n in names if n not in LAYOUTS]
+    if unknown:
+        parser.error(f"unknown layouts {unknown}; choose among {list(LAYOUTS)}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--json", metavar="PATH", help="write every number, with provenance, here")
     parser.add_argument("--layouts", default=",".join(LAYOUTS), help=f"comma list of {', '.join(LAYOUTS)}")
     args = parser.parse_args(argv)
-    names = [n.strip() for n in args.layouts.split(",")]
-    unknown = [n for n in names if n not in LAYOUTS]
-    if unknown:
-        parser.error(f"unknown layouts {unknown}; choose among {list(LAYOUTS)}")
+    names = layout_names(parser, args.layouts)
     if not torch.cuda.is_available():
         print("attention_sweep times CUDA kernels: this machine has no CUDA device", file=sys.stderr)
         return 2

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sweep's layouts, reference and error bounds
-from attention_sweep import HEAD_DIM, HEADS, LAYOUTS, REPLAYS, _one_line, build_layout, check, reference  # noqa: E402
+from attention_sweep import HEAD_DIM, HEADS, LAYOUTS, REPLAYS, _one_line, build_layout, check, layout_names, reference  # noqa: E402
 
 AB_LAYOUTS = ("8x1024", "1x5329", "4x256")
 BASELINE = "readable@128x64w8s3r"
@@ -157,10 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         for config in SWEEP_CONFIGS:
             print(f"{config.name:<20} {compile_report(config)}")
         return 0
-    names = [n.strip() for n in args.layouts.split(",")]
-    unknown = [n for n in names if n not in LAYOUTS]
-    if unknown:
-        parser.error(f"unknown layouts {unknown}; choose among {list(LAYOUTS)}")
+    names = layout_names(parser, args.layouts)
     if not torch.cuda.is_available():
         print("tma_ab times CUDA kernels: this machine has no CUDA device", file=sys.stderr)
         return 2
