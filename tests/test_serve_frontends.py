@@ -349,16 +349,129 @@ def test_an_api_server_that_dies_is_logged_and_the_other_serves_on(tiny_model, c
     assert server.drained is False and "API server exit codes: 0, -9" in caplog.text
 
 
-@pytest.mark.parametrize("shared", [True, False], ids=["shared-file", "bytes"])
-def test_an_answer_crosses_in_a_shared_file_or_as_bytes(tmp_path, shared):
-    """The engine serialises an answer into a file it maps (read back, then gone) or, without a folder, a bytearray
-    whose bytes cross the pipe: the same bytes either way."""
+def test_an_answer_crosses_in_a_shared_file(tmp_path):
+    """The engine serialises an answer into a file it maps; the API server reads the same bytes back, then the
+    file is gone."""
     from glmvit.cli.answer_body import answer_body
     from glmvit.cli.serve_link import AnswerFile
 
     outputs = [torch.arange(12.0).reshape(3, 4), torch.ones(2, 4)]
-    answer = AnswerFile(str(tmp_path) if shared else None)
+    answer = AnswerFile(str(tmp_path))
     rows = answer.rows(answer_body(outputs, torch.float32, {"k": "v"}, answer))
-    assert (rows.path is not None) == shared and list(tmp_path.iterdir()) == ([Path(rows.path)] if shared else [])
+    assert rows.path is not None and list(tmp_path.iterdir()) == [Path(rows.path)]
     body = bytes(rows.tensor().numpy().data)
     assert body == bytes(answer_body(outputs, torch.float32, {"k": "v"})) and not list(tmp_path.iterdir())
+
+
+# ---- the pipe, its two ends in this process (an engine's EngineLink on a loop of its own thread) --------------
+class FakeEngineBackend:
+    """A LocalBackend's face: answers of ``size`` bytes written into ``allocate``, after ``delay`` seconds (or
+    ``error`` raised)."""
+
+    mode = "fake"
+
+    def __init__(self, size=1 << 16, delay=0.0, error=None):
+        self.size, self.delay, self.error = size, delay, error
+
+    async def encode(self, source, dtype, gone=lambda: False, allocate=bytearray):
+        from glmvit.cli.serve_backend import Encoded
+
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.error is not None:
+            raise self.error
+        body = allocate(self.size)
+        body[:4] = b"abcd"
+        return Encoded(body, 1, 0.0, 0.0, 0.0, [1], 0.0, 0.0, 0.0)
+
+    def stats(self):
+        return {"limits": {}}
+
+    def runner_stats(self):
+        return None
+
+
+class PipeEngine:
+    """An EngineLink serving ``backend`` on an event loop in a thread, answers under ``folder``."""
+
+    def __init__(self, backend, folder):
+        from glmvit.cli.serve_link import EngineLink
+
+        self.loop = asyncio.new_event_loop()
+        self.link = EngineLink(backend, folder, lambda: {})
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def call(self, fn, *args):
+        async def on_loop():
+            return fn(*args)
+        return asyncio.run_coroutine_threadsafe(on_loop(), self.loop).result(TIMEOUT)
+
+    def close(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(TIMEOUT)
+
+
+@pytest.fixture
+def pipe_pair():
+    import multiprocessing
+
+    engine_end, api_end = multiprocessing.Pipe()
+    yield engine_end, api_end
+    engine_end.close()
+    api_end.close()
+
+
+def small_prepared(nbytes=64):
+    from glmvit.cli.serve_backend import Prepared
+
+    return Prepared(torch.zeros(nbytes // 16, 4), torch.tensor([[1, 2, 2]]), [{}])
+
+
+def test_without_shared_memory_no_rows_cross_the_pipe_the_request_is_507(pipe_pair):
+    """Rows that found no room in shared memory (no folder) fail their request, 507; nothing reaches the engine
+    (megabytes through the pipe, sent on both event loops, deadlock them)."""
+    from glmvit.cli.serve_backend import NO_ROOM, Refused
+    from glmvit.cli.serve_link import RemoteBackend
+
+    engine_end, api_end = pipe_pair
+
+    async def ask():
+        backend = RemoteBackend(api_end, "fake", lambda: None)
+        backend.start(lambda: None)
+        with pytest.raises(Refused) as refused:
+            await asyncio.wait_for(backend.encode(small_prepared(1 << 20), "float32"), 2)
+        return refused.value
+    err = run(ask())
+    assert err.status == NO_ROOM == 507 and "shared memory" in str(err) and not engine_end.poll()
+
+
+def test_an_answer_without_room_in_shared_memory_fails_507(tmp_path):
+    from glmvit.cli.serve_backend import NO_ROOM, Refused
+    from glmvit.cli.serve_link import AnswerFile
+
+    for folder in (None, str(tmp_path / "missing")):
+        with pytest.raises(Refused) as refused:
+            AnswerFile(folder)(1 << 20)
+        assert refused.value.status == NO_ROOM
+
+
+def test_several_api_servers_refuse_to_start_without_a_shared_folder(monkeypatch, capsys):
+    import types
+
+    from glmvit.cli import serve, serve_frontends
+    from glmvit.cli.serve_backend import LocalBackend
+
+    def started(*args):
+        raise AssertionError("it went on to start")
+    monkeypatch.setattr(serve_frontends, "shared_dir", lambda: None)
+    monkeypatch.setattr(serve_frontends, "_reserve", started)
+    engine = types.SimpleNamespace(backend=LocalBackend.__new__(LocalBackend))
+    with pytest.raises(RuntimeError, match="--api-servers 2 needs a shared-memory folder"):
+        run(run_frontends(engine, count=2))
+    monkeypatch.setattr(serve, "no_room", lambda: "/dev/shm has 12 MiB free")
+    monkeypatch.setattr(serve, "build_service", started)
+    with pytest.raises(SystemExit) as exited:
+        serve.main(["--device", "cpu", "--api-servers", "2"])
+    assert exited.value.code == 2
+    assert "--api-servers 2 needs a shared-memory folder: /dev/shm has 12 MiB free" in capsys.readouterr().err

@@ -24,11 +24,22 @@ PREFIX = "glmvit-frames-"  # a server's directory of hand-offs under SHM (owned_
 MIN_FREE = 1 << 30  # /dev/shm must have this much free to be used (a container's default of 64 MiB is not)
 
 
+def no_room() -> str | None:
+    """Why :func:`shared_dir` gives no directory now, in a few words (None: it would give one)."""
+    try:
+        stat = os.statvfs(SHM)
+    except OSError as err:
+        return f"{SHM} cannot be read ({err.strerror})"
+    free = stat.f_bavail * stat.f_frsize
+    if free < MIN_FREE:
+        return f"{SHM} has {free >> 20} MiB free, less than {MIN_FREE >> 20} MiB"
+    return None
+
+
 def shared_dir() -> str | None:
     """A new directory on /dev/shm for one server's hand-offs, or None where /dev/shm cannot hold them."""
     try:
-        stat = os.statvfs(SHM)
-        if stat.f_bavail * stat.f_frsize < MIN_FREE:
+        if no_room() is not None:
             return None
         return owned_dir.make(SHM, PREFIX)
     except OSError:

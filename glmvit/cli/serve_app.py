@@ -32,12 +32,13 @@ error is JSON ``{"error": one line, "status": code}``:
 client never keeps its place), 413 too large (a body is never read past ``max_body_bytes``, a multipart preamble
 counted, and what a refused body held is freed at once; a picture past the pixel bounds; media that took longer
 than the decode timeout), 415 another content type or a compressed body (any ``Content-Encoding`` but identity,
-refused before it is read), 429 past a bound of what the server holds: requests, body bytes
-(``max_held_bytes``), requests waiting for a decoder, or the scheduler's requests, tokens and bytes (with
-``Retry-After``), 503 shutting down or past ``max_connections`` open connections, 500 an internal error (its
-traceback goes to the server's log, never to the client). A refused body is never kept: after the error is
-sent, what the client still sends is read and discarded for at most aiohttp's lingering time (10 s), then the
-connection is closed. A connection whose request headers take longer than ``header_timeout_s`` is closed.
+refused before it is read), 429 past a bound of what the server holds: requests, body bytes (``max_held_bytes``),
+requests waiting for a decoder, or the scheduler's requests, tokens and bytes (with ``Retry-After``), 507 no room in
+shared memory for a request's rows or answer (several API server processes only: :mod:`glmvit.cli.serve_link`), 503
+shutting down or past ``max_connections`` open connections, 500 an internal error (its traceback goes to the server's
+log, never to the client). A refused body is never kept: after the error is sent, what the client still sends is read
+and discarded for at most aiohttp's lingering time (10 s), then the connection is closed. A connection whose request
+headers take longer than ``header_timeout_s`` is closed.
 ``GET /health``: a little JSON (status, mode, limits); ``GET /v1/info``: that and the model, the floor, the capture,
 the decoders, the media bounds, the provenance and the code's fingerprint. ``GET /metrics``: Prometheus text (each
 family's HELP and TYPE once; seconds, ``_total`` counters), or JSON with ``?format=json``. A request whose client closes
@@ -99,7 +100,7 @@ from .answer_body import answer_body
 from .decode_pool import DecodeBusy, DecodeClosed, DecodePool, DecodeRequest, DecodeTimeout, WorkerDied
 from .embedding_file import file_metadata, item_record
 from .pixel_rows import remove_shared_dir, shared_dir
-from .serve_backend import ClientLeft, LocalBackend, Prepared
+from .serve_backend import ClientLeft, LocalBackend, Prepared, Refused
 from .serve_media import (
     MediaError,
     MediaLimits,
@@ -392,6 +393,8 @@ class EncoderService:
             if not request.content.is_eof():  # the rest of a refused body is never read (nor inflated): close
                 response.force_close()
             return response
+        except Refused as err:
+            return error_response(err.status, str(err))
         except RequestTooLarge as err:
             return error_response(413, str(err))
         except ValueError as err:  # the model's checks: grids, rows, NaN/Inf, each naming the item

@@ -29,6 +29,19 @@ import torch
 from ..scheduler import BatchScheduler, finished_work
 from .serve_media import RequestMedia
 
+NO_ROOM = 507  # Insufficient Storage: the shared memory an answer or its rows must be written to is full
+
+
+class Refused(Exception):
+    """A request failed with its HTTP status decided already (``status``); the message is the client's line."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+    def __reduce__(self) -> tuple:
+        return type(self), (str(self), self.status)
+
 
 class ClientLeft(Exception):
     """The client closed its connection before its answer was written: nobody to answer, no error of the server."""

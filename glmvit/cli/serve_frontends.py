@@ -8,7 +8,9 @@ CUDA nor build the model), each running the same aiohttp application (:class:`~g
 on the same host and port (SO_REUSEPORT: the kernel spreads new connections among them; with port 0 the engine
 binds first to learn the port, and the API servers reuse it), each reading and parsing bodies and running its share
 of ``--decode-workers`` (at least one each). Each hands its requests to the engine over a pipe of its own
-(:mod:`glmvit.cli.serve_link`: what crosses is small, frames and answers stay in shared-memory files). Answers,
+(:mod:`glmvit.cli.serve_link`: what crosses is small, frames and answers stay in shared-memory files; without a
+shared-memory folder ``serve`` refuses to start, and a request whose rows or answer find no room there is answered
+507 Insufficient Storage). Answers,
 headers and statuses are the one-process server's. The HTTP side's bounds (``--max-requests``, ``--max-held-mb``,
 ``--max-connections``, ``--decode-queue``) hold per API server; the scheduler's (``--max-queue``, its tokens and
 bytes) for the whole server, as before.
@@ -42,7 +44,7 @@ import torch
 
 from ..config import VisionConfig
 from ..records import fingerprint_now
-from .pixel_rows import remove_shared_dir, shared_dir
+from .pixel_rows import no_room, remove_shared_dir, shared_dir
 from .serve_app import EncoderService, HttpLimits, default_decode_pool, format_url, run_server
 from .serve_backend import LocalBackend
 from .serve_link import EngineLink, ModelFacts, RemoteBackend
@@ -140,8 +142,10 @@ async def run_frontends(service: EncoderService, host: str = "127.0.0.1", port: 
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
     changed = asyncio.Event()
-    reserved, port = _reserve(host, port)
     folder = shared_dir()
+    if folder is None:
+        raise RuntimeError(f"--api-servers {count} needs a shared-memory folder: {no_room() or 'none was made'}")
+    reserved, port = _reserve(host, port)
     link = EngineLink(service.backend, folder, lambda: fingerprint_now().model_dump(mode="json"), changed.set)
     context = multiprocessing.get_context("spawn")
     processes: list[Any] = []

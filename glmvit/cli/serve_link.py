@@ -1,11 +1,13 @@
 """The pipe between an API server process of ``glmvit serve --api-servers N`` and the engine process.
 
-What crosses is small: a request's decoded media as :class:`~glmvit.cli.serve_media.RequestMedia` (its uint8 frames
-stay in the shared-memory files the decode workers wrote, :mod:`glmvit.cli.pixel_rows`), or pixel rows parsed from
-a safetensors body (:class:`SharedPrepared`: the rows written to such a file by the API server); the answer comes
-back as an :class:`~glmvit.cli.serve_backend.Encoded` whose body is a file the engine wrote in its own
-shared-memory directory (mapped and unlinked by the API server: the bytes live as long as the response that sends
-them). Where ``/dev/shm`` cannot hold them, the bytes travel through the pipe instead (:class:`PixelRows`).
+What crosses is small, always: a request's decoded media as :class:`~glmvit.cli.serve_media.RequestMedia` (its uint8
+frames stay in the shared-memory files the decode workers wrote, :mod:`glmvit.cli.pixel_rows`), or pixel rows parsed
+from a safetensors body (:class:`SharedPrepared`: the rows written to such a file by the API server); the answer comes
+back as an :class:`~glmvit.cli.serve_backend.Encoded` whose body is a file the engine wrote in its own shared-memory
+directory (mapped and unlinked by the API server: the bytes live as long as the response that sends them). Bytes never
+travel through the pipe (a blocking send of megabytes on each side's event loop would deadlock them): ``--api-servers
+N`` refuses to start without a shared folder, and a request whose rows or answer find no room in it fails with 507
+(:data:`~glmvit.cli.serve_backend.NO_ROOM`).
 
 Messages, each a tuple, the API server's first: ``("encode", key, source, dtype)``, ``("withdraw", key)`` (its
 client left: the engine cancels the request's task, which withdraws it as the one-process server does),
@@ -35,7 +37,7 @@ from ..config import VisionConfig
 from ..model import GlmVisionEncoder
 from ..scheduler import SchedulerClosed
 from .pixel_rows import PixelRows
-from .serve_backend import ClientLeft, Encoded, LocalBackend, Prepared
+from .serve_backend import NO_ROOM, ClientLeft, Encoded, LocalBackend, Prepared, Refused
 from .serve_media import RequestMedia
 
 
@@ -77,6 +79,12 @@ class SharedPrepared:
         self.rows.discard()
 
 
+def _inline(source: RequestMedia | SharedPrepared) -> bool:
+    """Whether ``source`` holds bytes of its own (a write to shared memory failed): they never cross the pipe."""
+    rows = [source.rows] if isinstance(source, SharedPrepared) else [m.frames for m in source.items]
+    return any(r.path is None and r.data for r in rows)
+
+
 def _discard(source: Any) -> None:
     if isinstance(source, (RequestMedia, SharedPrepared)):
         source.discard()
@@ -85,34 +93,36 @@ def _discard(source: Any) -> None:
 class AnswerFile:
     """Where the engine serialises one answer (``allocate`` of :meth:`LocalBackend.encode
     <glmvit.cli.serve_backend.LocalBackend.encode>`): a new file of the answer's size under ``folder``, mapped, its
-    space reserved first (a full ``/dev/shm`` is an OSError here, never a SIGBUS mid-write); without a folder, or
-    without room, a bytearray, whose bytes then cross the pipe."""
+    space reserved first (a full ``/dev/shm`` is an OSError here, never a SIGBUS mid-write). Without a folder, or
+    without room, the request fails (:class:`~glmvit.cli.serve_backend.Refused`, 507): an answer's bytes never
+    cross the pipe."""
 
     def __init__(self, folder: str | None):
         self.folder = folder
         self.path: str | None = None
         self._map: mmap.mmap | None = None
 
-    def __call__(self, size: int) -> mmap.mmap | bytearray:
-        if self.folder is not None:
-            path = os.path.join(self.folder, uuid.uuid4().hex)
+    def __call__(self, size: int) -> mmap.mmap:
+        if self.folder is None:
+            raise Refused("no shared memory to hand the answer over in", NO_ROOM)
+        path = os.path.join(self.folder, uuid.uuid4().hex)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-                try:
-                    os.posix_fallocate(fd, 0, size)
-                    self._map = mmap.mmap(fd, size)
-                finally:
-                    os.close(fd)
-                self.path = path
-                return self._map
-            except OSError:
-                _unlink(path)
-        return bytearray(size)
+                os.posix_fallocate(fd, 0, size)
+                self._map = mmap.mmap(fd, size)
+            finally:
+                os.close(fd)
+        except OSError as err:
+            _unlink(path)
+            raise Refused(f"no room in shared memory for the answer's {size:,} bytes ({err.strerror}); "
+                          "retry later", NO_ROOM) from None
+        self.path = path
+        return self._map
 
     def rows(self, body: Any) -> PixelRows:
-        """The answer as it is handed over: its file (unmapped here), or its bytes."""
-        if self._map is None or self.path is None:
-            return PixelRows((len(body),), "uint8", data=bytes(body))
+        """The answer as it is handed over: its file (unmapped here)."""
+        assert self._map is not None and self.path is not None, "the answer was not serialised into its file"
         size = len(self._map)
         try:
             self._map.close()  # the reader maps the file itself
@@ -156,7 +166,12 @@ class RemoteBackend:
         self._loop.add_reader(self.conn.fileno(), self._readable)
 
     def send(self, message: tuple) -> None:
-        """``message`` to the engine; SchedulerClosed once the engine is gone."""
+        """``message`` to the engine; SchedulerClosed once the engine is gone.
+
+        A blocking send, on the event loop: every message is small (names of shared files, shapes, grids, the
+        items' records: a few KiB at most; never a frame's nor an answer's bytes, which fail the request instead,
+        507), and the engine reads its pipes whenever they are readable, as this server reads its own, so the
+        socket's buffer (hundreds of KiB each way) cannot fill: neither side can block on the other's send."""
         try:
             with self._send_lock:
                 self.conn.send(message)
@@ -223,6 +238,9 @@ class RemoteBackend:
             shared: RequestMedia | SharedPrepared = await asyncio.to_thread(SharedPrepared.of, source, self._folder())
         else:
             shared = source
+        if _inline(shared):
+            _discard(shared)
+            raise Refused("no room in shared memory for the request's pixels; retry later", NO_ROOM)
         try:
             reply = await self._ask(("encode", next(self._keys), shared, dtype))
         except SchedulerClosed:
@@ -270,8 +288,8 @@ class _Front:
 
 class EngineLink:
     """The engine's ends of the API servers' pipes, served on the running event loop by ``backend``; answers are
-    written under ``folder`` (None: sent as bytes). ``fingerprint()`` is the code's fingerprint (``/v1/info``).
-    ``on_change`` is called when an API server is ready or done."""
+    written under ``folder`` (None: every request fails, 507). ``fingerprint()`` is the code's fingerprint
+    (``/v1/info``). ``on_change`` is called when an API server is ready or done."""
 
     def __init__(self, backend: LocalBackend, folder: str | None, fingerprint: Callable[[], dict[str, Any]],
                  on_change: Callable[[], None] = lambda: None):
@@ -337,6 +355,8 @@ class EngineLink:
             front.tasks.pop(key, None)
 
     def _send(self, front: _Front, message: tuple, body: PixelRows | None = None) -> None:
+        """``message`` to ``front``: a blocking send on the event loop, of a small message only (an answer's file
+        name, never its bytes; :meth:`RemoteBackend.send` says why it cannot fill the pipe)."""
         if front.done:
             if body is not None:
                 body.discard()
