@@ -6,7 +6,6 @@ import asyncio
 import functools
 import json
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -218,12 +217,12 @@ def test_health_info_and_metrics_from_an_api_server(servers):
         "glmvit_scheduler_submitted_total": servers.engine.scheduler.stats()["submitted"]}
 
 
-def test_exceptions_keep_their_class_and_message_across_the_pipe():
-    for err in (QueueFull("full"), SchedulerClosed("closed"), RequestTooLarge("large"), ValueError("item 1"),
-                MediaError("content[0]: bad", 413)):
-        back = pickle.loads(pickle.dumps(err))
-        assert type(back) is type(err) and str(back) == str(err)
-    assert pickle.loads(pickle.dumps(MediaError("x", 413))).status == 413
+def test_statuses_of_errors_are_decided_in_one_place():
+    from glmvit.cli.serve_backend import Refused, status_of
+
+    errors = (QueueFull("full"), SchedulerClosed("closed"), RequestTooLarge("large"), ValueError("item 1"),
+              MediaError("content[0]: bad", 413), Refused("no room", 507), KeyError("x"))
+    assert [status_of(err) for err in errors] == [429, 503, 413, 400, 400, 507, 500]
 
 
 def test_decode_workers_are_shared_among_api_servers_at_least_one_each():
@@ -475,3 +474,73 @@ def test_several_api_servers_refuse_to_start_without_a_shared_folder(monkeypatch
         serve.main(["--device", "cpu", "--api-servers", "2"])
     assert exited.value.code == 2
     assert "--api-servers 2 needs a shared-memory folder: /dev/shm has 12 MiB free" in capsys.readouterr().err
+
+
+class Unpicklable(RuntimeError):
+    """An exception whose pickle does not load (its __init__ takes two arguments)."""
+
+    def __init__(self, message, code):
+        super().__init__(message)
+        self.code = code
+
+
+def remote_encode(api_end, folder, source=None, timeout=5.0):
+    """A RemoteBackend over ``api_end`` (rows written under ``folder``) encodes ``source``: its Encoded, or the
+    exception it raised."""
+    from glmvit.cli.serve_link import RemoteBackend
+
+    async def ask():
+        backend = RemoteBackend(api_end, "fake", lambda: folder)
+        backend.start(lambda: None)
+        try:
+            return await asyncio.wait_for(backend.encode(source or small_prepared(), "float32"), timeout)
+        except Exception as err:  # noqa: BLE001 - what the test looks at
+            return err
+    return run(ask())
+
+
+@pytest.mark.parametrize("error, status, line", [
+    (Unpicklable("boom\nsecond line", 7), 500, "internal error: Unpicklable: boom"),
+    (QueueFull("queue full"), 429, "queue full"), (SchedulerClosed("closed"), 503, "closed"),
+    (RequestTooLarge("too large"), 413, "too large"), (ValueError("item 1: bad\nmore"), 400, "item 1: bad")])
+def test_an_engine_error_crosses_as_its_name_line_and_status(tmp_path, pipe_pair, error, status, line):
+    """The engine sends an error's class name, first line and status, never the exception (one that does not
+    unpickle left its request unanswered)."""
+    from glmvit.cli.serve_backend import Refused
+
+    engine_end, api_end = pipe_pair
+    engine = PipeEngine(FakeEngineBackend(error=error), str(tmp_path))
+    try:
+        engine.call(engine.link.attach, "0", engine_end)
+        err = remote_encode(api_end, str(tmp_path))
+    finally:
+        engine.close()
+    assert isinstance(err, Refused) and (err.status, str(err)) == (status, line)
+
+
+def test_a_message_the_api_server_cannot_handle_fails_only_its_request(tmp_path, pipe_pair):
+    """A malformed answer fails its own request (500); the next message is read and answered as usual."""
+    from glmvit.cli.serve_backend import Refused
+    from glmvit.cli.serve_link import RemoteBackend
+
+    engine_end, api_end = pipe_pair
+
+    def engine():
+        first, second = engine_end.recv(), engine_end.recv()
+        for message in (first, second):
+            message[2].discard()
+        engine_end.send(("done", first[1]))  # malformed
+        engine_end.send(("error", second[1], "QueueFull", "queue full", 429))
+
+    async def ask():
+        backend = RemoteBackend(api_end, "fake", lambda: str(tmp_path))
+        backend.start(lambda: None)
+        peer = asyncio.create_task(asyncio.to_thread(engine))
+        answers = await asyncio.wait_for(asyncio.gather(
+            backend.encode(small_prepared(), "float32"), backend.encode(small_prepared(), "float32"),
+            return_exceptions=True), 5)
+        await peer
+        return answers, backend.gone
+    (first, second), gone = run(ask())
+    assert isinstance(first, Refused) and first.status == 500 and str(first).startswith("internal error:")
+    assert isinstance(second, Refused) and (second.status, str(second)) == (429, "queue full") and not gone

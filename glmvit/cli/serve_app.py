@@ -100,7 +100,7 @@ from .answer_body import answer_body
 from .decode_pool import DecodeBusy, DecodeClosed, DecodePool, DecodeRequest, DecodeTimeout, WorkerDied
 from .embedding_file import file_metadata, item_record
 from .pixel_rows import remove_shared_dir, shared_dir
-from .serve_backend import ClientLeft, LocalBackend, Prepared, Refused
+from .serve_backend import ClientLeft, LocalBackend, Prepared, Refused, status_of
 from .serve_media import (
     MediaError,
     MediaLimits,
@@ -393,16 +393,11 @@ class EncoderService:
             if not request.content.is_eof():  # the rest of a refused body is never read (nor inflated): close
                 response.force_close()
             return response
-        except Refused as err:
-            return error_response(err.status, str(err))
-        except RequestTooLarge as err:
-            return error_response(413, str(err))
-        except ValueError as err:  # the model's checks: grids, rows, NaN/Inf, each naming the item
-            return error_response(400, str(err))
-        except QueueFull as err:
-            return error_response(429, str(err), {"Retry-After": "1"})
-        except SchedulerClosed as err:
-            return error_response(503, str(err))
+        except (Refused, RequestTooLarge, ValueError, QueueFull, SchedulerClosed) as err:
+            # the model's checks (ValueError: grids, rows, NaN/Inf, each naming the item), the scheduler's bounds,
+            # or an engine's error already given its status (several API server processes)
+            status = status_of(err)
+            return error_response(status, str(err), {"Retry-After": "1"} if status == 429 else None)
         finally:
             self.in_server -= 1
             held.release()

@@ -9,19 +9,20 @@ travel through the pipe (a blocking send of megabytes on each side's event loop 
 N`` refuses to start without a shared folder, and a request whose rows or answer find no room in it fails with 507
 (:data:`~glmvit.cli.serve_backend.NO_ROOM`).
 
-Messages, each a tuple, the API server's first: ``("encode", key, source, dtype)``, ``("withdraw", key)`` (its
-client left: the engine cancels the request's task, which withdraws it as the one-process server does),
-``("stats", key, fingerprint)``, ``("ready", url)``, ``("bye",)``; the engine's: ``("done", key, encoded,
-body)``, ``("error", key, exception)`` (the scheduler's and the model's exceptions pickle as they are, so each
-keeps its status), ``("stats", key, snapshot)``, ``("drain",)``. :class:`RemoteBackend` is the API server's end
-(a backend as :mod:`glmvit.cli.serve_backend` defines it); :class:`EngineLink` serves the engine's ends with the
-engine's :class:`~glmvit.cli.serve_backend.LocalBackend`, on the engine's event loop. An engine that is gone
-fails what waits on it with :class:`~glmvit.scheduler.SchedulerClosed` (503).
+Messages, each a tuple, the API server's first: ``("encode", key, source, dtype)``, ``("withdraw", key)`` (its client
+left: the engine cancels the request's task, which withdraws it as the one-process server does), ``("stats", key,
+fingerprint)``, ``("ready", url)``, ``("bye",)``; the engine's: ``("done", key, encoded, body)``, ``("error", key,
+class name, one line, status)`` (never a live exception, which may not unpickle: its status decided by the engine,
+:func:`~glmvit.cli.serve_backend.status_of`), ``("stats", key, snapshot)``, ``("drain",)``. :class:`RemoteBackend` is
+the API server's end (a backend as :mod:`glmvit.cli.serve_backend` defines it); :class:`EngineLink` serves the
+engine's ends with the engine's :class:`~glmvit.cli.serve_backend.LocalBackend`, on the engine's event loop. An engine
+that is gone fails what waits on it with :class:`~glmvit.scheduler.SchedulerClosed` (503).
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import mmap
 import os
 import threading
@@ -37,8 +38,10 @@ from ..config import VisionConfig
 from ..model import GlmVisionEncoder
 from ..scheduler import SchedulerClosed
 from .pixel_rows import PixelRows
-from .serve_backend import NO_ROOM, ClientLeft, Encoded, LocalBackend, Prepared, Refused
+from .serve_backend import NO_ROOM, ClientLeft, Encoded, LocalBackend, Prepared, Refused, one_line, status_of
 from .serve_media import RequestMedia
+
+log = logging.getLogger("glmvit.cli.serve_app")
 
 
 class ModelFacts:
@@ -180,17 +183,42 @@ class RemoteBackend:
             raise SchedulerClosed("the engine is gone: it takes no new requests") from None
 
     def _readable(self) -> None:
-        try:
-            while self.conn.poll():
-                self._received(self.conn.recv())
-        except (EOFError, OSError):
-            self._lost()
+        """Each message the engine sent, in turn; one that cannot be read or handled fails only its request
+        (500, logged): never a request left unanswered, never the pipe."""
+        while not self.gone:
+            try:
+                if not self.conn.poll():
+                    return
+                message = self.conn.recv()
+            except (EOFError, OSError):
+                self._lost()
+                return
+            except Exception:  # noqa: BLE001 - a message that does not unpickle: no key to fail, the rest read on
+                log.exception("a message from the engine could not be read")
+                continue
+            try:
+                self._received(message)
+            except Exception as err:  # noqa: BLE001 - its request fails, the others go on
+                log.exception("a message from the engine could not be handled")
+                self._fail(message, err)
+
+    def _fail(self, message: Any, err: Exception) -> None:
+        key = message[1] if isinstance(message, tuple) and len(message) > 1 else None
+        future = self._waiting.pop(key, None) if isinstance(key, int) else None
+        if future is not None and not future.done():
+            future.set_exception(Refused(f"internal error: {type(err).__name__}: {one_line(err)}", 500))
 
     def _received(self, message: tuple) -> None:
         kind = message[0]
         if kind == "drain":
             self._on_drain()
             return
+        if kind == "done":
+            _, _, encoded, body = message
+            if not isinstance(encoded, Encoded) or not isinstance(body, PixelRows) or body.path is None:
+                raise ValueError(f"an answer of {type(encoded).__name__} and {type(body).__name__}")
+        elif kind not in ("error", "stats"):
+            raise ValueError(f"a message of kind {kind!r}")
         future = self._waiting.pop(message[1], None)
         if future is None or future.done():  # its client left: nobody takes the answer
             if kind == "done":
@@ -247,7 +275,8 @@ class RemoteBackend:
             _discard(shared)  # never sent (a sent source is the engine's to remove)
             raise
         if reply[0] == "error":
-            raise reply[2]
+            _, _, name, line, status = reply
+            raise Refused(f"internal error: {name}: {line}" if status == 500 else line, status)
         encoded, body = reply[2], reply[3]
         if gone():
             body.discard()
@@ -308,11 +337,25 @@ class EngineLink:
                 self._send(front, ("drain",))
 
     def _readable(self, front: _Front) -> None:
-        try:
-            while not front.done and front.conn.poll():
-                self._received(front, front.conn.recv())
-        except (EOFError, OSError):
-            self._lost(front)
+        """Each message ``front`` sent, in turn; one that cannot be read or handled is logged (its request, if
+        it names one, fails: 500), the others go on."""
+        while not front.done:
+            try:
+                if not front.conn.poll():
+                    return
+                message = front.conn.recv()
+            except (EOFError, OSError):
+                self._lost(front)
+                return
+            except Exception:  # noqa: BLE001 - a message that does not unpickle
+                log.exception("a message from API server %s could not be read", front.name)
+                continue
+            try:
+                self._received(front, message)
+            except Exception as err:  # noqa: BLE001 - logged; its request fails, the others go on
+                log.exception("a message from API server %s could not be handled", front.name)
+                if isinstance(message, tuple) and len(message) > 1 and message[0] == "encode":
+                    self._send(front, ("error", message[1], type(err).__name__, one_line(err), 500))
 
     def _received(self, front: _Front, message: tuple) -> None:
         kind = message[0]
@@ -350,7 +393,10 @@ class EngineLink:
             answer.discard()
         except Exception as err:  # noqa: BLE001 - handed to the API server, which answers its status
             answer.discard()
-            self._send(front, ("error", key, err))
+            status = status_of(err)
+            if status == 500:
+                log.exception("request %d of API server %s failed", key, front.name)
+            self._send(front, ("error", key, type(err).__name__, one_line(err), status))
         finally:
             front.tasks.pop(key, None)
 
@@ -367,9 +413,11 @@ class EngineLink:
             if body is not None:
                 body.discard()
             self._lost(front)
-        except Exception as err:  # noqa: BLE001 - an exception that does not pickle: its name and message
-            front.conn.send(("error", message[1], RuntimeError(f"{type(message[2]).__name__}: {message[2]}"
-                                                                f" ({type(err).__name__})")))
+        except Exception as err:  # noqa: BLE001 - a message that does not pickle: its request fails, 500
+            if body is not None:
+                body.discard()
+            log.exception("a message to API server %s could not be sent", front.name)
+            self._send(front, ("error", message[1], type(err).__name__, one_line(err), 500))
 
     def _lost(self, front: _Front) -> None:
         """``front`` said bye or its pipe closed: its requests still here are withdrawn."""
