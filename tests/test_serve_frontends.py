@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import aiohttp
@@ -544,3 +545,135 @@ def test_a_message_the_api_server_cannot_handle_fails_only_its_request(tmp_path,
     (first, second), gone = run(ask())
     assert isinstance(first, Refused) and first.status == 500 and str(first).startswith("internal error:")
     assert isinstance(second, Refused) and (second.status, str(second)) == (429, "queue full") and not gone
+
+
+def engine_at(backend, folder, engine_end):
+    engine = PipeEngine(backend, folder)
+    engine.call(engine.link.attach, "0", engine_end)
+    return engine
+
+
+def within(condition, seconds=2.0):
+    """Whether ``condition()`` holds now or comes to within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def emptied(folder):
+    return within(lambda: not os.listdir(folder))
+
+
+def test_an_answer_that_comes_as_its_client_leaves_is_removed(tmp_path, pipe_pair):
+    """The engine's answer and the client's leaving land in the same pass of the API server's loop: the answer's
+    file is removed, not left in shared memory."""
+    from glmvit.cli.serve_link import RemoteBackend
+
+    engine_end, api_end = pipe_pair
+    engine = engine_at(FakeEngineBackend(), str(tmp_path), engine_end)
+
+    async def ask():
+        backend = RemoteBackend(api_end, "fake", lambda: str(tmp_path))
+        backend.start(lambda: None)
+        task = asyncio.create_task(backend.encode(small_prepared(), "float32"))
+        loop = asyncio.get_running_loop()
+
+        def readable():  # the answer is read, then the client leaves before the request's task resumes
+            backend._readable()
+            if not backend._waiting:
+                task.cancel()
+        loop.remove_reader(api_end.fileno())
+        loop.add_reader(api_end.fileno(), readable)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    try:
+        run(ask())
+        assert emptied(tmp_path), os.listdir(tmp_path)
+    finally:
+        engine.close()
+
+
+def test_rows_written_as_their_client_leaves_are_removed(tmp_path, pipe_pair, monkeypatch):
+    """A safetensors body's rows still being written to shared memory when its client leaves: removed once
+    written, never sent."""
+    from glmvit.cli.serve_link import RemoteBackend, SharedPrepared
+
+    engine_end, api_end = pipe_pair
+    entered, gate, real = threading.Event(), threading.Event(), SharedPrepared.of
+
+    def slow(prepared, folder):
+        entered.set()
+        assert gate.wait(TIMEOUT)
+        return real(prepared, folder)
+    monkeypatch.setattr(SharedPrepared, "of", staticmethod(slow))
+
+    async def ask():
+        backend = RemoteBackend(api_end, "fake", lambda: str(tmp_path))
+        backend.start(lambda: None)
+        task = asyncio.create_task(backend.encode(small_prepared(1 << 16), "float32"))
+        assert await asyncio.to_thread(entered.wait, TIMEOUT)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        gate.set()
+    run(ask())
+    assert emptied(tmp_path), os.listdir(tmp_path)
+    assert not engine_end.poll()
+
+
+class GatedPack(FakeEngineBackend):
+    """Its answer serialised on a thread that allocates only once ``gate`` is set (``entered``: it waits)."""
+
+    def __init__(self):
+        super().__init__()
+        self.entered, self.gate, self.allocated = threading.Event(), threading.Event(), threading.Event()
+
+    async def encode(self, source, dtype, gone=lambda: False, allocate=bytearray):
+        from glmvit.cli.serve_backend import Encoded
+
+        def pack():
+            self.entered.set()
+            assert self.gate.wait(TIMEOUT)
+            body = allocate(self.size)
+            self.allocated.set()
+            return body
+        body = await asyncio.get_running_loop().run_in_executor(None, pack)
+        return Encoded(body, 1, 0.0, 0.0, 0.0, [1], 0.0, 0.0, 0.0)
+
+
+def test_a_withdraw_while_the_answer_is_allocated_leaves_no_file(tmp_path, pipe_pair):
+    from glmvit.cli.serve_link import SharedPrepared
+
+    engine_end, api_end = pipe_pair
+    backend = GatedPack()
+    engine = engine_at(backend, str(tmp_path), engine_end)
+    try:
+        api_end.send(("encode", 0, SharedPrepared.of(small_prepared(), str(tmp_path)), "float32"))
+        assert backend.entered.wait(TIMEOUT)
+        api_end.send(("withdraw", 0))
+        assert within(lambda: not engine.call(lambda: dict(engine.link.fronts[0].tasks)))
+        backend.gate.set()
+        assert backend.allocated.wait(TIMEOUT)
+        assert emptied(tmp_path), os.listdir(tmp_path)
+    finally:
+        backend.gate.set()
+        engine.close()
+
+
+def test_a_request_withdrawn_before_its_task_starts_leaves_nothing(tmp_path, pipe_pair):
+    """An encode and its withdraw read in the same pass: its task, cancelled before it ran, is forgotten and its
+    rows removed."""
+    from glmvit.cli.serve_link import SharedPrepared
+
+    engine_end, api_end = pipe_pair
+    api_end.send(("encode", 0, SharedPrepared.of(small_prepared(), str(tmp_path)), "float32"))
+    api_end.send(("withdraw", 0))
+    engine = engine_at(FakeEngineBackend(delay=0.05), str(tmp_path), engine_end)
+    try:
+        assert emptied(tmp_path)
+        assert within(lambda: not engine.call(lambda: dict(engine.link.fronts[0].tasks)))
+    finally:
+        engine.close()

@@ -27,6 +27,7 @@ import mmap
 import os
 import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any, Callable
@@ -88,6 +89,12 @@ def _inline(source: RequestMedia | SharedPrepared) -> bool:
     return any(r.path is None and r.data for r in rows)
 
 
+def _discard_written(job: Any) -> None:
+    """A rows write's done callback, its client gone: the file it wrote (if any) is removed."""
+    if not job.cancelled() and job.exception() is None:
+        job.result().discard()
+
+
 def _discard(source: Any) -> None:
     if isinstance(source, (RequestMedia, SharedPrepared)):
         source.discard()
@@ -104,6 +111,8 @@ class AnswerFile:
         self.folder = folder
         self.path: str | None = None
         self._map: mmap.mmap | None = None
+        self._lock = threading.Lock()  # allocation (a serialising thread) against discard (the event loop)
+        self._discarded = False
 
     def __call__(self, size: int) -> mmap.mmap:
         if self.folder is None:
@@ -120,7 +129,11 @@ class AnswerFile:
             _unlink(path)
             raise Refused(f"no room in shared memory for the answer's {size:,} bytes ({err.strerror}); "
                           "retry later", NO_ROOM) from None
-        self.path = path
+        with self._lock:
+            if self._discarded:  # withdrawn while it was being allocated: written for nobody, its file gone now
+                _unlink(path)
+            else:
+                self.path = path
         return self._map
 
     def rows(self, body: Any) -> PixelRows:
@@ -135,9 +148,12 @@ class AnswerFile:
         return PixelRows((size,), "uint8", path=self.path)
 
     def discard(self) -> None:
-        """Remove the file of an answer nobody takes (its mapping goes with the last view of it)."""
-        if self.path is not None:
-            _unlink(self.path)
+        """Remove the file of an answer nobody takes (its mapping goes with the last view of it); an allocation
+        still to come removes its own."""
+        with self._lock:
+            self._discarded = True
+            if self.path is not None:
+                _unlink(self.path)
         self._map = None
 
 
@@ -160,6 +176,7 @@ class RemoteBackend:
         self._keys = itertools.count()
         self._waiting: dict[int, asyncio.Future] = {}
         self._send_lock = threading.Lock()
+        self._rows = ThreadPoolExecutor(max_workers=2, thread_name_prefix="glmvit-rows")  # safetensors rows' writes
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_drain: Callable[[], None] = lambda: None
         self.gone = False
@@ -257,13 +274,22 @@ class RemoteBackend:
                     self.send(("withdraw", key))
                 except SchedulerClosed:
                     pass
+            elif future.done() and not future.cancelled() and future.exception() is None:
+                reply = future.result()  # its answer came in the same pass of the loop: nobody takes it
+                if reply[0] == "done":
+                    reply[3].discard()
             raise
 
     async def encode(self, source: RequestMedia | Prepared, dtype: str,
                      gone: Callable[[], bool] = lambda: False) -> Encoded:
         """As :meth:`LocalBackend.encode <glmvit.cli.serve_backend.LocalBackend.encode>`, in the engine."""
         if isinstance(source, Prepared):
-            shared: RequestMedia | SharedPrepared = await asyncio.to_thread(SharedPrepared.of, source, self._folder())
+            job = self._rows.submit(SharedPrepared.of, source, self._folder())
+            try:
+                shared: RequestMedia | SharedPrepared = await asyncio.wrap_future(job)
+            except asyncio.CancelledError:  # its client left: the rows written meanwhile are removed when written
+                job.add_done_callback(_discard_written)
+                raise
         else:
             shared = source
         if _inline(shared):
@@ -302,6 +328,7 @@ class RemoteBackend:
             self.send(("bye",))
         except SchedulerClosed:
             pass
+        self._rows.shutdown(wait=False)
         return True
 
 
@@ -362,7 +389,9 @@ class EngineLink:
         if kind == "encode":
             _, key, source, dtype = message
             front.waiting[key] = source
-            front.tasks[key] = asyncio.get_running_loop().create_task(self._encode(front, key, source, dtype))
+            task = asyncio.get_running_loop().create_task(self._encode(front, key, source, dtype))
+            front.tasks[key] = task
+            task.add_done_callback(lambda _: front.tasks.pop(key, None))  # a task cancelled before it started too
         elif kind == "withdraw":
             source = front.waiting.pop(message[1], None)
             if source is not None:
@@ -397,8 +426,6 @@ class EngineLink:
             if status == 500:
                 log.exception("request %d of API server %s failed", key, front.name)
             self._send(front, ("error", key, type(err).__name__, one_line(err), status))
-        finally:
-            front.tasks.pop(key, None)
 
     def _send(self, front: _Front, message: tuple, body: PixelRows | None = None) -> None:
         """``message`` to ``front``: a blocking send on the event loop, of a small message only (an answer's file
