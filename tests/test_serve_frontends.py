@@ -677,3 +677,60 @@ def test_a_request_withdrawn_before_its_task_starts_leaves_nothing(tmp_path, pip
         assert within(lambda: not engine.call(lambda: dict(engine.link.fronts[0].tasks)))
     finally:
         engine.close()
+
+
+def api_service(backend):
+    """An API server's application over ``backend`` (no HTTP server: its handlers called as they are)."""
+    from glmvit.cli.serve_link import ModelFacts
+
+    return EncoderService(None, INFO, PROVENANCE, HttpLimits(), threads=1,
+                          decode=DecodePool(1, 8, 60.0, MEDIA_MODULES), own_decode=False, backend=backend,
+                          model=ModelFacts(TINY, TINY_DTYPE), frontend="0")
+
+
+async def health_and_metrics(service):
+    import types
+
+    request = types.SimpleNamespace(query={})
+    out = []
+    for handler in (service.health, service.describe, service.metrics):
+        response = await handler(request)
+        out.append((response.status, response.text))
+    (health_status, health), (info_status, info), (metrics_status, text) = out
+    assert (health_status, info_status, metrics_status) == (200, 200, 200)
+    return json.loads(health), json.loads(info), strict_prometheus(text)
+
+
+def test_health_info_and_metrics_with_an_engine_gone_or_silent(pipe_pair, monkeypatch):
+    """/health, /v1/info and /metrics answer within about a second whatever the engine does: its last counters,
+    and its state; an engine gone reads as the one-process server draining."""
+    from glmvit.cli import serve_link
+    from glmvit.cli.serve_link import RemoteBackend
+
+    engine_end, api_end = pipe_pair
+    monkeypatch.setattr(serve_link, "REFRESH_TIMEOUT_S", 0.2, raising=False)
+    backend = RemoteBackend(api_end, "fake", lambda: None)
+    service = api_service(backend)
+
+    async def scenario():
+        backend.start(lambda: None)
+        silent = await health_and_metrics(service)  # nobody answers: unresponsive, no counters yet
+        engine_end.close()
+        gone = await health_and_metrics(service)
+        return silent, gone
+    try:
+        (health, info, families), (gone, _, _) = run(scenario())
+    finally:
+        service.close(1.0)
+    assert (health["status"], health["engine"]) == ("ok", "unresponsive") and info["engine"] == "unresponsive"
+    assert "glmvit_scheduler_submitted_total" not in families and "glmvit_http_connections" in families
+    assert (gone["status"], gone["engine"]) == ("draining", "gone")
+
+
+def test_requests_in_flight_when_the_engine_goes_are_answered_503(tmp_path, pipe_pair):
+    from glmvit.cli.serve_backend import status_of
+
+    engine_end, api_end = pipe_pair
+    threading.Timer(0.2, engine_end.close).start()
+    err = remote_encode(api_end, str(tmp_path))
+    assert status_of(err) == 503 and "engine is gone" in str(err)

@@ -281,6 +281,39 @@ def labelled(sample: str, key: str, value: str) -> str:
     return f'{name}{{{key}="{value}"{"," + labels if brace else "}"} {rest}'
 
 
+def scheduler_lines(s: dict[str, Any]) -> list[str]:
+    """The scheduler's families of /metrics, from its ``stats()``."""
+    lines: list[str] = []
+    for key, name, help_text in (("submitted", "submitted", "requests admitted"),
+                                 ("completed", "completed", "requests answered"),
+                                 ("failed", "failed", "requests failed"), ("batches", "batches", "batches run"),
+                                 ("items", "items", "items encoded"), ("tokens", "tokens", "output tokens encoded"),
+                                 ("mixed_batches", "mixed_batches", "batches of several requests"),
+                                 ("busy_s", "busy_seconds", "seconds inside the encoder")):
+        lines += prometheus_family(f"scheduler_{name}_total", "counter", help_text, [("", s[key])])
+    lines += prometheus_family("scheduler_withdrawn_total", "counter",
+                               "requests dropped from the queue unencoded: their client left",
+                               [("", s["withdrawn"])])
+    lines += prometheus_family("scheduler_rejected_total", "counter", "requests refused, by reason",
+                               [(f'{{reason="{r}"}}', s[f"rejected_{r}"]) for r in ("full", "closed")])
+    lines += prometheus_family("scheduler_outstanding_requests", "gauge", "admitted, not answered",
+                               [("", s["outstanding_requests"])])
+    for key, help_text in (("tokens", "output tokens"), ("bytes", "pixel bytes on the model's device")):
+        lines += prometheus_family(f"scheduler_outstanding_{key}", "gauge", f"{help_text} admitted, not answered",
+                                   [("", s[f"outstanding_{key}"])])
+        lines += prometheus_family(f"scheduler_max_{key}", "gauge", f"{help_text} admitted at most; then 429",
+                                   [("", s[f"max_{key}"])])
+    lines += prometheus_family("scheduler_padding_ratio", "gauge", "padded share of budget tokens",
+                               [("", s["padding_fraction"])])
+    delays = s["queue_ms"]
+    lines += prometheus_family("scheduler_recent_queue_delay_seconds", "gauge", "recent queue delays",
+                               [(f'{{stat="{k}"}}', None if delays[k] is None else delays[k] / 1e3)
+                                for k in ("median", "p99")])
+    lines += prometheus_family("scheduler_recent_batch_items", "gauge", "recent batch sizes",
+                               [(f'{{stat="{k}"}}', s["batch_items"][k]) for k in ("median", "p99")])
+    return lines
+
+
 class EncoderService:
     """The application: its handlers, the limits, the counters, the processes that decode media (``decode``,
     default :func:`default_decode_pool`; :meth:`close` closes it if ``own_decode``, by default when it was made
@@ -565,9 +598,11 @@ class EncoderService:
         """Light: whether it serves, how, and its limits (``/v1/info`` says what the model and its code are)."""
         scheduler = {k: v for k, v in self.backend.stats().items()
                      if k in ("limits", "max_requests", "max_tokens", "max_bytes", "max_wait_s")}
-        return {"status": "draining" if self.draining else "ok", "mode": self.backend.mode, "url": self.url,
+        engine = getattr(self.backend, "engine_state", None)  # an engine in another process: its state
+        draining = self.draining or engine in ("draining", "gone")
+        return {"status": "draining" if draining else "ok", "mode": self.backend.mode, "url": self.url,
                 "description": self.info.get("description"), "in_server": self.in_server,
-                "limits": asdict(self.limits), "scheduler": scheduler}
+                "limits": asdict(self.limits), "scheduler": scheduler, **({"engine": engine} if engine else {})}
 
     async def health(self, request: web.Request) -> web.Response:
         await self.backend.refresh()
@@ -592,7 +627,8 @@ class EncoderService:
                          "responses": {str(k): v for k, v in sorted(self.responses.items())},
                          "clients_left": self.clients_left,
                          "timed_requests": self.timed, "phase_s": {k: self.phase_s[k] for k in PHASES},
-                         **({"frontend": self.frontend} if self.frontend is not None else {})},
+                         **({"frontend": self.frontend} if self.frontend is not None else {}),
+                         **({"engine": self.backend.engine_state} if hasattr(self.backend, "engine_state") else {})},
                 "decode": self.decode.stats(), "scheduler": self.backend.stats(), "runner": self.backend.runner_stats()}
 
     async def metrics(self, request: web.Request) -> web.Response:
@@ -625,33 +661,8 @@ class EncoderService:
                                    [("", d["timeouts"])])
         if self.frontend is not None:  # one API server's of several: its own counters, labelled with its name
             lines = [line if line.startswith("#") else labelled(line, "frontend", self.frontend) for line in lines]
-        for key, name, help_text in (("submitted", "submitted", "requests admitted"),
-                                     ("completed", "completed", "requests answered"),
-                                     ("failed", "failed", "requests failed"), ("batches", "batches", "batches run"),
-                                     ("items", "items", "items encoded"), ("tokens", "tokens", "output tokens encoded"),
-                                     ("mixed_batches", "mixed_batches", "batches of several requests"),
-                                     ("busy_s", "busy_seconds", "seconds inside the encoder")):
-            lines += prometheus_family(f"scheduler_{name}_total", "counter", help_text, [("", s[key])])
-        lines += prometheus_family("scheduler_withdrawn_total", "counter",
-                                   "requests dropped from the queue unencoded: their client left",
-                                   [("", s["withdrawn"])])
-        lines += prometheus_family("scheduler_rejected_total", "counter", "requests refused, by reason",
-                                   [(f'{{reason="{r}"}}', s[f"rejected_{r}"]) for r in ("full", "closed")])
-        lines += prometheus_family("scheduler_outstanding_requests", "gauge", "admitted, not answered",
-                                   [("", s["outstanding_requests"])])
-        for key, help_text in (("tokens", "output tokens"), ("bytes", "pixel bytes on the model's device")):
-            lines += prometheus_family(f"scheduler_outstanding_{key}", "gauge", f"{help_text} admitted, not answered",
-                                       [("", s[f"outstanding_{key}"])])
-            lines += prometheus_family(f"scheduler_max_{key}", "gauge", f"{help_text} admitted at most; then 429",
-                                       [("", s[f"max_{key}"])])
-        lines += prometheus_family("scheduler_padding_ratio", "gauge", "padded share of budget tokens",
-                                   [("", s["padding_fraction"])])
-        delays = s["queue_ms"]
-        lines += prometheus_family("scheduler_recent_queue_delay_seconds", "gauge", "recent queue delays",
-                                   [(f'{{stat="{k}"}}', None if delays[k] is None else delays[k] / 1e3)
-                                    for k in ("median", "p99")])
-        lines += prometheus_family("scheduler_recent_batch_items", "gauge", "recent batch sizes",
-                                   [(f'{{stat="{k}"}}', s["batch_items"][k]) for k in ("median", "p99")])
+        if s:  # an engine in another process that never answered has no counters to give yet
+            lines += scheduler_lines(s)
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     # ---- lifetime ------------------------------------------------------------------------------------------

@@ -19,7 +19,10 @@ Metrics: ``/health``, ``/v1/info`` and ``/metrics`` work on every API server. Th
 counters (``glmvit_scheduler_*``) come from the engine; the HTTP and decode counters (``glmvit_http_*``,
 ``glmvit_decode_*``) are those of the API server that answered, labelled with its name (``frontend="1"`` of
 ``0`` … N−1): a scraper that wants the whole server sums them over the labels it has seen (each API server's
-counters only ever grow, as one process's do).
+counters only ever grow, as one process's do). They wait at most a second for the engine's counters, then give
+its last ones; ``/health``'s and ``/metrics``' JSON say the engine's state (``"engine"``: ``ok``, ``draining``,
+``unresponsive``, ``gone``), and an engine draining or gone reads as a draining server (``"status":
+"draining"``). Requests an engine that is gone held are answered 503.
 
 Lifetime: SIGINT or SIGTERM to the engine drains: it asks every API server to drain (each stops listening, answers
 what it holds, as the one-process server does, closes its decode workers and exits), waits for them (up to

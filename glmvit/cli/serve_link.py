@@ -43,6 +43,7 @@ from .serve_backend import NO_ROOM, ClientLeft, Encoded, LocalBackend, Prepared,
 from .serve_media import RequestMedia
 
 log = logging.getLogger("glmvit.cli.serve_app")
+REFRESH_TIMEOUT_S = 1.0  # /health, /v1/info and /metrics wait this long for the engine's counters, then use the last
 
 
 class ModelFacts:
@@ -180,6 +181,7 @@ class RemoteBackend:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_drain: Callable[[], None] = lambda: None
         self.gone = False
+        self._state = "ok"  # the engine's, as /health says it: ok, draining, unresponsive (gone: self.gone)
 
     def start(self, on_drain: Callable[[], None]) -> None:
         self._loop, self._on_drain = asyncio.get_running_loop(), on_drain
@@ -228,6 +230,7 @@ class RemoteBackend:
     def _received(self, message: tuple) -> None:
         kind = message[0]
         if kind == "drain":
+            self._state = "draining"
             self._on_drain()
             return
         if kind == "done":
@@ -309,9 +312,25 @@ class RemoteBackend:
             raise ClientLeft
         return replace(encoded, body=body.tensor().numpy().data)
 
+    @property
+    def engine_state(self) -> str:
+        """``ok``, ``draining`` (it asked this server to drain), ``unresponsive`` (its last refresh went
+        unanswered) or ``gone`` (its pipe closed)."""
+        return "gone" if self.gone else self._state
+
     async def refresh(self, fingerprint: bool = False) -> None:
-        """The engine's scheduler and runner counters (and the code's fingerprint), fetched now."""
-        reply = await self._ask(("stats", next(self._keys), fingerprint))
+        """The engine's scheduler and runner counters (and the code's fingerprint), fetched now; an engine gone,
+        or silent for :data:`REFRESH_TIMEOUT_S`, leaves the last ones (:attr:`engine_state` says which)."""
+        try:
+            reply = await asyncio.wait_for(self._ask(("stats", next(self._keys), fingerprint)), REFRESH_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            if not self.gone:
+                self._state = "unresponsive"
+            return
+        except SchedulerClosed:
+            return
+        if self._state == "unresponsive":
+            self._state = "ok"
         self._snapshot = reply[2]
         if fingerprint:
             self.fingerprint = reply[2]["fingerprint"]
