@@ -734,3 +734,48 @@ def test_requests_in_flight_when_the_engine_goes_are_answered_503(tmp_path, pipe
     threading.Timer(0.2, engine_end.close).start()
     err = remote_encode(api_end, str(tmp_path))
     assert status_of(err) == 503 and "engine is gone" in str(err)
+
+
+def test_api_servers_share_the_whole_servers_http_bounds(monkeypatch):
+    """N API servers hold what one process would: each is started with max_requests, max_held_bytes and the
+    decode queue divided by N (at least 1); connections and the decode workers as before."""
+    import multiprocessing
+    import types
+
+    from glmvit.cli import serve_frontends
+    from glmvit.cli.serve_backend import LocalBackend
+    from glmvit.cli.serve_media import MediaLimits
+
+    started = []
+
+    class Process:  # records what it would start, and starts nothing
+        def __init__(self, target, args, name):
+            started.append(args[0])
+
+        def start(self):
+            if len(started) == count:
+                raise RuntimeError("recorded")
+
+        def join(self, timeout=None):
+            pass
+
+        def is_alive(self):
+            return False
+        exitcode = 0
+    context = types.SimpleNamespace(Pipe=multiprocessing.Pipe, Process=Process)
+    monkeypatch.setattr(serve_frontends.multiprocessing, "get_context", lambda kind: context)
+    backend = LocalBackend.__new__(LocalBackend)
+    backend.scheduler = types.SimpleNamespace(mode="fake")
+    engine = types.SimpleNamespace(limits=HttpLimits(max_requests=10, max_held_bytes=1000, max_connections=64),
+                                   media=MediaLimits(), info={}, provenance={}, extra_health={},
+                                   model=types.SimpleNamespace(config=TINY, dtype=torch.float32), backend=backend,
+                                   close=lambda timeout: True)
+    shares = []
+    for count, workers, queue in ((4, 5, 1024), (16, 16, 8)):
+        started.clear()
+        with pytest.raises(RuntimeError, match="recorded"):
+            run(run_frontends(engine, count=count, decode_workers=workers, decode_queue=queue, shutdown_timeout=0))
+        shares.append([(s.limits.max_requests, s.limits.max_held_bytes, s.limits.max_connections, s.decode_queue,
+                        s.decode_workers) for s in started])
+    assert shares[0] == [(2, 250, 64, 256, 2)] + [(2, 250, 64, 256, 1)] * 3
+    assert shares[1] == [(1, 62, 64, 1, 1)] * 16

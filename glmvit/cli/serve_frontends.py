@@ -1,19 +1,20 @@
 """``glmvit serve --api-servers N``: N API server processes in front of one engine process.
 
 One Python process's HTTP handling (reading bodies, parsing them, writing answers of megabytes) is the bound of a
-one-process server well before the GPU is. With N > 1 the process ``serve`` started is the engine: it holds the
-model, the captured runner, the scheduler, the rows-on-device step and the answers' serialisation (a
+one-process server well before the GPU is. With N > 1 the process ``serve`` started is the engine: it holds the model,
+the captured runner, the scheduler, the rows-on-device step and the answers' serialisation (a
 :class:`~glmvit.cli.serve_backend.LocalBackend`). It starts N API server processes (``spawn``: they never initialise
 CUDA nor build the model), each running the same aiohttp application (:class:`~glmvit.cli.serve_app.EncoderService`)
-on the same host and port (SO_REUSEPORT: the kernel spreads new connections among them; with port 0 the engine
-binds first to learn the port, and the API servers reuse it), each reading and parsing bodies and running its share
-of ``--decode-workers`` (at least one each). Each hands its requests to the engine over a pipe of its own
-(:mod:`glmvit.cli.serve_link`: what crosses is small, frames and answers stay in shared-memory files; without a
-shared-memory folder ``serve`` refuses to start, and a request whose rows or answer find no room there is answered
-507 Insufficient Storage). Answers,
-headers and statuses are the one-process server's. The HTTP side's bounds (``--max-requests``, ``--max-held-mb``,
-``--max-connections``, ``--decode-queue``) hold per API server; the scheduler's (``--max-queue``, its tokens and
-bytes) for the whole server, as before.
+on the same host and port (SO_REUSEPORT: the kernel spreads new connections among them; with port 0 the engine binds
+first to learn the port, and the API servers reuse it), each reading and parsing bodies and running its share of
+``--decode-workers`` (at least one each) and of the HTTP side's bounds. Each hands its requests to the engine over a
+pipe of its own (:mod:`glmvit.cli.serve_link`: what crosses is small, frames and answers stay in shared-memory files;
+without a shared-memory folder ``serve`` refuses to start, and a request whose rows or answer find no room there is
+answered 507 Insufficient Storage). Answers, headers and statuses are the one-process server's. The HTTP side's bounds
+of what the server holds (``--max-requests``, ``--max-held-mb``, ``--decode-queue``) are the whole server's: each API
+server takes its share, the bound divided by N (at least 1; :func:`share_bounds`), so N API servers hold what one
+process would; ``--max-connections`` holds per API server (a connection holds no request); the scheduler's bounds
+(``--max-queue``, its tokens and bytes) are the engine's, for the whole server, as before.
 
 Metrics: ``/health``, ``/v1/info`` and ``/metrics`` work on every API server. The scheduler's and the runner's
 counters (``glmvit_scheduler_*``) come from the engine; the HTTP and decode counters (``glmvit_http_*``,
@@ -40,7 +41,7 @@ import multiprocessing
 import signal
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -78,6 +79,13 @@ class FrontendSpec:
     config: VisionConfig
     dtype: str
     mode: str
+
+
+def share_bounds(limits: HttpLimits, decode_queue: int, count: int) -> tuple[HttpLimits, int]:
+    """One of ``count`` API servers' share of the whole server's bounds of what it holds: ``max_requests``,
+    ``max_held_bytes`` and ``decode_queue`` divided by ``count``, at least 1 each."""
+    return replace(limits, max_requests=max(1, limits.max_requests // count),
+                   max_held_bytes=max(1, limits.max_held_bytes // count)), max(1, decode_queue // count)
 
 
 def split_workers(workers: int, count: int) -> list[int]:
@@ -131,6 +139,19 @@ def _reserve(host: str, port: int) -> tuple[socket.socket | None, int]:
     return sock, sock.getsockname()[1]
 
 
+def frontend_specs(service: EncoderService, host: str, port: int, count: int, decode_workers: int,
+                   decode_queue: int, decode_timeout: float, threads: int, shutdown_timeout: float
+                   ) -> list[FrontendSpec]:
+    """What each of ``count`` API servers in front of ``service`` (the engine's) is started with: its share of the
+    decode workers and of the bounds (:func:`share_bounds`)."""
+    model = service.model
+    limits, queue = share_bounds(service.limits, decode_queue, count)
+    return [FrontendSpec(str(k), host, port, limits, service.media, threads, workers, queue, decode_timeout,
+                         shutdown_timeout, service.info, service.provenance, service.extra_health, model.config,
+                         str(model.dtype).removeprefix("torch."), service.backend.mode)
+            for k, workers in enumerate(split_workers(decode_workers, count))]
+
+
 async def run_frontends(service: EncoderService, host: str = "127.0.0.1", port: int = 0,
                         shutdown_timeout: float = 60.0, on_ready: Callable[[str], None] | None = None,
                         stop: asyncio.Event | None = None, handle_signals: bool = False, *, count: int = 2,
@@ -157,14 +178,10 @@ async def run_frontends(service: EncoderService, host: str = "127.0.0.1", port: 
     try:
         for sig in signals:
             loop.add_signal_handler(sig, stop.set)
-        model = service.model
-        for k, workers in enumerate(split_workers(decode_workers, count)):
-            spec = FrontendSpec(str(k), host, port, service.limits, service.media, threads, workers, decode_queue,
-                                decode_timeout, shutdown_timeout, service.info, service.provenance,
-                                service.extra_health, model.config, str(model.dtype).removeprefix("torch."),
-                                service.backend.mode)
+        for spec in frontend_specs(service, host, port, count, decode_workers, decode_queue, decode_timeout,
+                                   threads, shutdown_timeout):
             parent, child = context.Pipe()
-            process = context.Process(target=frontend_main, args=(spec, child), name=f"glmvit-api-{k}")
+            process = context.Process(target=frontend_main, args=(spec, child), name=f"glmvit-api-{spec.name}")
             process.start()
             child.close()
             processes.append(process)
