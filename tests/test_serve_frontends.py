@@ -779,3 +779,70 @@ def test_api_servers_share_the_whole_servers_http_bounds(monkeypatch):
                         s.decode_workers) for s in started])
     assert shares[0] == [(2, 250, 64, 256, 2)] + [(2, 250, 64, 256, 1)] * 3
     assert shares[1] == [(1, 62, 64, 1, 1)] * 16
+
+
+def test_each_api_server_that_ends_is_logged_once_whatever_the_order(monkeypatch, caplog):
+    """API server 1 ends, then 0: each is joined and logged once (then none is left: the engine stops)."""
+    import multiprocessing
+    import types
+
+    from glmvit.cli import serve_frontends
+    from glmvit.cli.serve_backend import LocalBackend
+    from glmvit.cli.serve_media import MediaLimits
+
+    links, joined = [], []
+
+    class Link:  # the API servers' ends, each ready at once
+        def __init__(self, backend, folder, fingerprint, on_change):
+            self.fronts, self.on_change = [], on_change
+            links.append(self)
+
+        def attach(self, name, conn):
+            self.fronts.append(types.SimpleNamespace(name=name, conn=conn, url="http://x", done=False))
+
+        def drain(self):
+            pass
+
+        @property
+        def live(self):
+            return sum(not f.done for f in self.fronts)
+
+    class Process:
+        def __init__(self, target, args, name):
+            self.name, self.exitcode = name, -9 if name.endswith("1") else 0
+
+        def start(self):
+            pass
+
+        def join(self, timeout=None):
+            joined.append(self.name)
+
+        def is_alive(self):
+            return False
+    context = types.SimpleNamespace(Pipe=multiprocessing.Pipe, Process=Process)
+    monkeypatch.setattr(serve_frontends.multiprocessing, "get_context", lambda kind: context)
+    monkeypatch.setattr(serve_frontends, "EngineLink", Link)
+    backend = LocalBackend.__new__(LocalBackend)
+    backend.scheduler = types.SimpleNamespace(mode="fake")
+    engine = types.SimpleNamespace(limits=HttpLimits(), media=MediaLimits(), info={}, provenance={}, extra_health={},
+                                   model=types.SimpleNamespace(config=TINY, dtype=torch.float32), backend=backend,
+                                   close=lambda timeout: True)
+
+    async def scenario():
+        ready = asyncio.Event()
+        serving = asyncio.create_task(run_frontends(engine, count=2, shutdown_timeout=0,
+                                                    on_ready=lambda url: ready.set()))
+        await asyncio.wait_for(ready.wait(), 5)
+        for name in (1, 0):
+            links[0].fronts[name].done = True
+            links[0].on_change()
+            for _ in range(50):
+                if f"API server {name} ended" in caplog.text:
+                    break
+                await asyncio.sleep(0.01)
+        return await asyncio.wait_for(serving, 5)
+    with caplog.at_level("WARNING", logger="glmvit.cli.serve_app"):
+        assert run(scenario()) is False
+    assert caplog.text.count("API server 1 ended (exit code -9); 1 left") == 1
+    assert caplog.text.count("API server 0 ended (exit code 0); 0 left") == 1
+    assert "glmvit-api-0" in joined and "glmvit-api-1" in joined

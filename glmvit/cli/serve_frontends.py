@@ -201,14 +201,10 @@ async def run_frontends(service: EncoderService, host: str = "127.0.0.1", port: 
         service.url = format_url(host, port)
         if on_ready and not stop.is_set():
             on_ready(service.url)
-        seen = 0
+        reaped: set[str] = set()
         while not stop.is_set():
             await _wait(changed, stop, 1.0)
-            ended = [f for f in link.fronts if f.done]
-            for front in ended[seen:]:
-                code = await loop.run_in_executor(None, _exit_code, processes[int(front.name)])
-                log.warning("API server %s ended (exit code %s); %d left", front.name, code, link.live)
-            seen = len(ended)
+            await _reap(link, processes, reaped)
             if not link.live:
                 log.warning("no API server is left: shutting down")
                 ok = False
@@ -243,6 +239,15 @@ async def _wait(changed: asyncio.Event, stop: asyncio.Event | None, timeout: flo
         for w in waits:
             w.cancel()
     changed.clear()
+
+
+async def _reap(link: EngineLink, processes: list[Any], reaped: set[str]) -> None:
+    """Each API server that ended and is not in ``reaped`` (their names) yet: joined, logged once, added."""
+    for front in link.fronts:
+        if front.done and front.name not in reaped:
+            reaped.add(front.name)
+            code = await asyncio.get_running_loop().run_in_executor(None, _exit_code, processes[int(front.name)])
+            log.warning("API server %s ended (exit code %s); %d left", front.name, code, link.live)
 
 
 def _exit_code(process: Any) -> int | None:
