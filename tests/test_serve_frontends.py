@@ -729,10 +729,19 @@ def test_health_info_and_metrics_with_an_engine_gone_or_silent(pipe_pair, monkey
 
 def test_requests_in_flight_when_the_engine_goes_are_answered_503(tmp_path, pipe_pair):
     from glmvit.cli.serve_backend import status_of
+    from glmvit.cli.serve_link import RemoteBackend
 
     engine_end, api_end = pipe_pair
-    threading.Timer(0.2, engine_end.close).start()
-    err = remote_encode(api_end, str(tmp_path))
+
+    async def ask():
+        backend = RemoteBackend(api_end, "fake", lambda: str(tmp_path))
+        backend.start(lambda: None)
+        asyncio.get_running_loop().call_later(0.2, engine_end.close)
+        try:
+            await asyncio.wait_for(backend.encode(small_prepared(), "float32"), 5)
+        except Exception as err:  # noqa: BLE001 - what the test looks at
+            return err
+    err = run(ask())
     assert status_of(err) == 503 and "engine is gone" in str(err)
 
 
@@ -846,3 +855,34 @@ def test_each_api_server_that_ends_is_logged_once_whatever_the_order(monkeypatch
     assert caplog.text.count("API server 1 ended (exit code -9); 1 left") == 1
     assert caplog.text.count("API server 0 ended (exit code 0); 0 left") == 1
     assert "glmvit-api-0" in joined and "glmvit-api-1" in joined
+
+
+@pytest.mark.parametrize("where", ["outside", "symlink", "bytes"])
+def test_the_engine_opens_only_its_own_shared_files(tmp_path, pipe_pair, caplog, where):
+    """Rows named outside the engine's folder, or a symbolic link in it, or bytes through the pipe: the request
+    fails (500), logged, and the file named is neither read nor removed."""
+    from glmvit.cli.pixel_rows import PixelRows
+    from glmvit.cli.serve_link import SharedPrepared
+
+    engine_end, api_end = pipe_pair
+    folder, other = tmp_path / "shared", tmp_path / "other"
+    folder.mkdir()
+    other.mkdir()
+    victim = other / "precious"
+    victim.write_bytes(bytes(256))
+    if where == "symlink":
+        (folder / "link").symlink_to(victim)
+    rows = {"outside": PixelRows((16, 4), "float32", path=str(victim)),
+            "symlink": PixelRows((16, 4), "float32", path=str(folder / "link")),
+            "bytes": PixelRows((16, 4), "float32", data=bytes(256))}[where]
+    engine = engine_at(FakeEngineBackend(), str(folder), engine_end)
+    try:
+        with caplog.at_level("WARNING", logger="glmvit.cli.serve_app"):
+            api_end.send(("encode", 0, SharedPrepared(rows, np.array([[1, 2, 2]]), [{}]), "float32"))
+            assert api_end.poll(TIMEOUT)
+            reply = api_end.recv()
+    finally:
+        engine.close()
+    assert reply[0] == "error" and reply[-1] == 500, reply
+    assert victim.read_bytes() == bytes(256)
+    assert ("not a file of this server's" if where != "symlink" else "failed") in caplog.text

@@ -93,15 +93,19 @@ class PixelRows:
                 pass
 
     def tensor(self) -> torch.Tensor:
-        """The rows as a tensor (a shared file is mapped, then unlinked: it is gone once the tensor is)."""
+        """The rows as a tensor (a shared file is mapped, then unlinked: it is gone once the tensor is; a symbolic
+        link is refused, OSError)."""
         dtype = getattr(torch, self.dtype)
         if self.path is None:
             buffer = bytearray(self.data or b"")
             return torch.frombuffer(buffer, dtype=dtype).reshape(self.shape) if buffer else \
                 torch.empty(self.shape, dtype=dtype)
-        try:
-            with open(self.path, "rb") as f:
-                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        try:  # never through a symbolic link: only the file that was written is read
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+            finally:
+                os.close(fd)
         finally:
             os.unlink(self.path)
         return torch.frombuffer(mapped, dtype=dtype).reshape(self.shape)

@@ -321,13 +321,14 @@ class EncoderService:
     and decoded is its ``backend`` (:mod:`glmvit.cli.serve_backend`): by default a
     :class:`~glmvit.cli.serve_backend.LocalBackend` over ``scheduler``; an API server process of several
     (``frontend``: its name in /metrics) passes no scheduler, a :class:`~glmvit.cli.serve_link.RemoteBackend` and
-    the ``model``'s facts (:class:`~glmvit.cli.serve_link.ModelFacts`: its config, dtype and input checks)."""
+    the ``model``'s facts (:class:`~glmvit.cli.serve_link.ModelFacts`: its config, dtype and input checks), and the
+    engine's shared-memory folder (``pixel_dir``), where its frames and rows go, the only one the engine reads."""
 
     def __init__(self, scheduler: BatchScheduler | None, info: dict[str, Any], provenance: dict[str, Any],
                  limits: HttpLimits = HttpLimits(), threads: int = 4, extra_health: dict[str, Any] | None = None,
                  runner_stats: Callable[[], dict] | None = None, decode: DecodePool | None = None,
                  media: MediaLimits | None = None, own_decode: bool | None = None, backend: Any = None,
-                 model: Any = None, frontend: str | None = None):
+                 model: Any = None, frontend: str | None = None, pixel_dir: str | None = None):
         self.scheduler, self.info, self.provenance, self.limits = scheduler, info, provenance, limits
         if scheduler is None and (backend is None or model is None):
             raise ValueError("an EncoderService needs a scheduler, or a backend and the model's facts")
@@ -343,6 +344,7 @@ class EncoderService:
                                                                         self.answers, self._pack, runner_stats)
         self.decode = decode or default_decode_pool()
         self._pixels: list[str | None] = []  # the directory decode workers hand rows over in, once made
+        self._given_pixels = pixel_dir  # or the engine's (several API server processes): not this one's to remove
         self._owns_decode = decode is None if own_decode is None else own_decode
         self.media = media or MediaLimits()
         self.draining = False
@@ -583,6 +585,8 @@ class EncoderService:
 
     def _pixel_dir(self) -> str | None:
         """Where decode workers write frames for this service (:mod:`glmvit.cli.pixel_rows`), made on first use."""
+        if self._given_pixels is not None:
+            return self._given_pixels
         if not self._pixels:
             self._pixels.append(shared_dir())
         return self._pixels[0]

@@ -8,13 +8,14 @@ CUDA nor build the model), each running the same aiohttp application (:class:`~g
 on the same host and port (SO_REUSEPORT: the kernel spreads new connections among them; with port 0 the engine binds
 first to learn the port, and the API servers reuse it), each reading and parsing bodies and running its share of
 ``--decode-workers`` (at least one each) and of the HTTP side's bounds. Each hands its requests to the engine over a
-pipe of its own (:mod:`glmvit.cli.serve_link`: what crosses is small, frames and answers stay in shared-memory files;
-without a shared-memory folder ``serve`` refuses to start, and a request whose rows or answer find no room there is
-answered 507 Insufficient Storage). Answers, headers and statuses are the one-process server's. The HTTP side's bounds
-of what the server holds (``--max-requests``, ``--max-held-mb``, ``--decode-queue``) are the whole server's: each API
-server takes its share, the bound divided by N (at least 1; :func:`share_bounds`), so N API servers hold what one
-process would; ``--max-connections`` holds per API server (a connection holds no request); the scheduler's bounds
-(``--max-queue``, its tokens and bytes) are the engine's, for the whole server, as before.
+pipe of its own (:mod:`glmvit.cli.serve_link`: what crosses is small, frames and answers stay in files of the engine's
+shared-memory folder, the only files it opens; without a shared-memory folder ``serve`` refuses to start, and a
+request whose rows or answer find no room there is answered 507 Insufficient Storage). Answers, headers and statuses
+are the one-process server's. The HTTP side's bounds of what the server holds (``--max-requests``, ``--max-held-mb``,
+``--decode-queue``) are the whole server's: each API server takes its share, the bound divided by N (at least 1;
+:func:`share_bounds`), so N API servers hold what one process would; ``--max-connections`` holds per API server (a
+connection holds no request); the scheduler's bounds (``--max-queue``, its tokens and bytes) are the engine's, for the
+whole server, as before.
 
 Metrics: ``/health``, ``/v1/info`` and ``/metrics`` work on every API server. The scheduler's and the runner's
 counters (``glmvit_scheduler_*``) come from the engine; the HTTP and decode counters (``glmvit_http_*``,
@@ -79,6 +80,7 @@ class FrontendSpec:
     config: VisionConfig
     dtype: str
     mode: str
+    shared: str  # the engine's shared-memory folder: frames and rows are written there, answers read from there
 
 
 def share_bounds(limits: HttpLimits, decode_queue: int, count: int) -> tuple[HttpLimits, int]:
@@ -110,7 +112,8 @@ async def _frontend(spec: FrontendSpec, conn: Any) -> bool:
     backend = RemoteBackend(conn, spec.mode, lambda: service._pixel_dir())  # the service's, made below
     service = EncoderService(None, spec.info, spec.provenance, spec.limits, spec.threads, spec.extra_health,
                              decode=decode, media=spec.media, own_decode=True, backend=backend,
-                             model=ModelFacts(spec.config, getattr(torch, spec.dtype)), frontend=spec.name)
+                             model=ModelFacts(spec.config, getattr(torch, spec.dtype)), frontend=spec.name,
+                             pixel_dir=spec.shared)
     decode.start()
     stop = asyncio.Event()
     backend.start(stop.set)
@@ -140,7 +143,7 @@ def _reserve(host: str, port: int) -> tuple[socket.socket | None, int]:
 
 
 def frontend_specs(service: EncoderService, host: str, port: int, count: int, decode_workers: int,
-                   decode_queue: int, decode_timeout: float, threads: int, shutdown_timeout: float
+                   decode_queue: int, decode_timeout: float, threads: int, shutdown_timeout: float, shared: str
                    ) -> list[FrontendSpec]:
     """What each of ``count`` API servers in front of ``service`` (the engine's) is started with: its share of the
     decode workers and of the bounds (:func:`share_bounds`)."""
@@ -148,7 +151,7 @@ def frontend_specs(service: EncoderService, host: str, port: int, count: int, de
     limits, queue = share_bounds(service.limits, decode_queue, count)
     return [FrontendSpec(str(k), host, port, limits, service.media, threads, workers, queue, decode_timeout,
                          shutdown_timeout, service.info, service.provenance, service.extra_health, model.config,
-                         str(model.dtype).removeprefix("torch."), service.backend.mode)
+                         str(model.dtype).removeprefix("torch."), service.backend.mode, shared)
             for k, workers in enumerate(split_workers(decode_workers, count))]
 
 
@@ -179,7 +182,7 @@ async def run_frontends(service: EncoderService, host: str = "127.0.0.1", port: 
         for sig in signals:
             loop.add_signal_handler(sig, stop.set)
         for spec in frontend_specs(service, host, port, count, decode_workers, decode_queue, decode_timeout,
-                                   threads, shutdown_timeout):
+                                   threads, shutdown_timeout, folder):
             parent, child = context.Pipe()
             process = context.Process(target=frontend_main, args=(spec, child), name=f"glmvit-api-{spec.name}")
             process.start()

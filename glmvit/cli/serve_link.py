@@ -363,7 +363,9 @@ class _Front:
 
 class EngineLink:
     """The engine's ends of the API servers' pipes, served on the running event loop by ``backend``; answers are
-    written under ``folder`` (None: every request fails, 507). ``fingerprint()`` is the code's fingerprint
+    written under ``folder`` (None: every request fails, 507), the only folder whose files (direct children, never
+    through a symbolic link) the engine opens or removes for an API server: a request naming another fails, 500,
+    logged. ``fingerprint()`` is the code's fingerprint
     (``/v1/info``). ``on_change`` is called when an API server is ready or done."""
 
     def __init__(self, backend: LocalBackend, folder: str | None, fingerprint: Callable[[], dict[str, Any]],
@@ -407,6 +409,12 @@ class EngineLink:
         kind = message[0]
         if kind == "encode":
             _, key, source, dtype = message
+            foreign = self._foreign(source)
+            if foreign is not None:  # nothing of it is opened, nor removed
+                log.warning("API server %s named %s for request %s: not a file of this server's; refused",
+                            front.name, foreign, key)
+                self._send(front, ("error", key, "ValueError", "a file not of this server's", 500))
+                return
             front.waiting[key] = source
             task = asyncio.get_running_loop().create_task(self._encode(front, key, source, dtype))
             front.tasks[key] = task
@@ -415,9 +423,9 @@ class EngineLink:
             source = front.waiting.pop(message[1], None)
             if source is not None:
                 _discard(source)
-            task = front.tasks.get(message[1])
-            if task is not None:
-                task.cancel()
+            running = front.tasks.get(message[1])
+            if running is not None:
+                running.cancel()
         elif kind == "stats":
             snapshot = {"scheduler": self.backend.stats(), "runner": self.backend.runner_stats(),
                         "fingerprint": self.fingerprint() if message[2] else None}
@@ -427,6 +435,24 @@ class EngineLink:
             self.on_change()
         elif kind == "bye":
             self._lost(front)
+
+    def _foreign(self, source: Any) -> str | None:
+        """What in ``source`` (from an API server) is not a file the engine expects, in a few words (None: all
+        is): a request's rows and frames are direct children of :attr:`folder`, or empty."""
+        if not isinstance(source, (RequestMedia, SharedPrepared)):
+            return f"a {type(source).__name__}"
+        rows = [source.rows] if isinstance(source, SharedPrepared) else [m.frames for m in source.items]
+        for r in rows:
+            if not isinstance(r, PixelRows):
+                return f"rows of {type(r).__name__}"
+            if r.path is None:
+                if r.data:
+                    return f"{len(r.data):,} bytes through the pipe"
+            elif not (isinstance(r.path, str) and self.folder is not None
+                      and os.path.dirname(r.path) == self.folder
+                      and os.path.basename(r.path) not in ("", ".", "..")):
+                return repr(r.path)
+        return None
 
     async def _encode(self, front: _Front, key: int, source: Any, dtype: str) -> None:
         front.waiting.pop(key, None)
