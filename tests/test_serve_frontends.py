@@ -130,7 +130,7 @@ def test_answers_are_the_one_process_servers_bitwise(servers):
         assert names_many == names_one and body_many == body_one
     assert len(load(many[0][2])) == 2 and load(many[3][2])["item_0"].dtype == TINY_DTYPE
 
-    async def frontends():  # a fresh connection each: SO_REUSEPORT spreads them
+    async def frontends():  # a fresh connection each: the API servers accept on the same sockets
         seen = set()
         for _ in range(40):
             async with aiohttp.ClientSession() as session:
@@ -465,7 +465,7 @@ def test_several_api_servers_refuse_to_start_without_a_shared_folder(monkeypatch
     def started(*args):
         raise AssertionError("it went on to start")
     monkeypatch.setattr(serve_frontends, "shared_dir", lambda: None)
-    monkeypatch.setattr(serve_frontends, "_reserve", started)
+    monkeypatch.setattr(serve_frontends, "listen", started)
     engine = types.SimpleNamespace(backend=LocalBackend.__new__(LocalBackend))
     with pytest.raises(RuntimeError, match="--api-servers 2 needs a shared-memory folder"):
         run(run_frontends(engine, count=2))
@@ -886,3 +886,45 @@ def test_the_engine_opens_only_its_own_shared_files(tmp_path, pipe_pair, caplog,
     assert reply[0] == "error" and reply[-1] == 500, reply
     assert victim.read_bytes() == bytes(256)
     assert ("not a file of this server's" if where != "symlink" else "failed") in caplog.text
+
+
+def test_a_port_in_use_fails_the_start_as_the_one_process_servers_does(monkeypatch):
+    """The engine binds and listens itself (never SO_REUSEPORT): a port another server listens on (even one that
+    allows port sharing) is EADDRINUSE before any API server starts."""
+    import errno
+    import socket
+    import types
+
+    from glmvit.cli import serve_frontends
+    from glmvit.cli.serve_backend import LocalBackend
+
+    def started(*args, **kwargs):
+        raise AssertionError("an API server was started")
+    context = types.SimpleNamespace(Pipe=started, Process=started)
+    monkeypatch.setattr(serve_frontends.multiprocessing, "get_context", lambda kind: context)
+    backend = LocalBackend.__new__(LocalBackend)
+    backend.scheduler = types.SimpleNamespace(mode="fake")
+    engine = types.SimpleNamespace(backend=backend)
+    other = socket.socket()
+    try:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        with pytest.raises(OSError) as refused:
+            run(run_frontends(engine, "127.0.0.1", other.getsockname()[1], count=2))
+    finally:
+        other.close()
+    assert refused.value.errno == errno.EADDRINUSE
+
+
+def test_port_0_is_one_port_on_every_address():
+    from glmvit.cli.serve_frontends import listen
+
+    for host in ("127.0.0.1", "localhost", ""):
+        sockets = listen(host, 0)
+        try:
+            assert len({s.getsockname()[1] for s in sockets}) == 1 and all(s.getsockname()[1] for s in sockets)
+        finally:
+            for s in sockets:
+                s.close()

@@ -70,6 +70,7 @@ import logging
 import os
 import resource
 import signal
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -789,13 +790,13 @@ CANCEL_AFTER_S = 1.0  # a drain past its timeout: how long handlers still runnin
 
 async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int = 0, shutdown_timeout: float = 60.0,
                      on_ready: Callable[[str], None] | None = None, stop: asyncio.Event | None = None,
-                     handle_signals: bool = False, reuse_port: bool = False) -> bool:
+                     handle_signals: bool = False, sockets: list[socket.socket] | None = None) -> bool:
     """Serve ``service`` until ``stop`` is set (or SIGINT/SIGTERM with ``handle_signals``), then drain (module
     docstring); True if the drain answered every request within ``shutdown_timeout``. Otherwise it logs one line
     of how many requests it abandoned (``service.abandoned``), cancels their handlers and stops, waiting for the
     scheduler only for the batch it holds (:data:`CANCEL_AFTER_S` at most). ``on_ready`` gets the URL once the
-    socket listens (port 0: an ephemeral port). ``reuse_port``: the socket shares ``port`` with other processes'
-    (SO_REUSEPORT: the kernel spreads new connections among them), as API server processes do."""
+    socket listens (port 0: an ephemeral port). ``sockets``: listening sockets to accept on instead of binding
+    ``host``:``port`` (an API server process's, from the engine, which other API servers accept on too)."""
     # the drain below waits for the handlers itself: aiohttp's own wait, after it, only for what outlived it
     # a client that leaves cancels its handler: a request of it still queued is withdrawn from the scheduler
     runner = web.AppRunner(service.app, handle_signals=False, shutdown_timeout=min(shutdown_timeout, CANCEL_AFTER_S),
@@ -804,13 +805,17 @@ async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
     signals = (signal.SIGINT, signal.SIGTERM) if handle_signals else ()
-    listener: asyncio.Server | None = None
+    listeners: list[asyncio.Server] = []
     try:
         assert runner.server is not None
         service.server = runner.server
         factory = _Connections(runner.server, service, connection_limit(service.limits.max_connections))
-        listener = await loop.create_server(factory, host, port, reuse_address=True, reuse_port=reuse_port or None)
-        service.url = format_url(host, listener.sockets[0].getsockname()[1])
+        if sockets is None:
+            listeners.append(await loop.create_server(factory, host, port, reuse_address=True))
+        else:
+            for sock in sockets:
+                listeners.append(await loop.create_server(factory, sock=sock))
+        service.url = format_url(host, listeners[0].sockets[0].getsockname()[1])
         for sig in signals:
             loop.add_signal_handler(sig, stop.set)
         if on_ready:
@@ -820,7 +825,7 @@ async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int
         for sig in signals:  # a second signal acts as usual (ends the process)
             loop.remove_signal_handler(sig)
         service.begin_drain()
-        if listener is not None:
+        for listener in listeners:
             listener.close()  # stop listening
         # open connections stay open while requests are in flight: a request on one (an idle keep-alive one
         # included) gets a 503 and its connection closed; then the idle ones are closed

@@ -5,17 +5,17 @@ one-process server well before the GPU is. With N > 1 the process ``serve`` star
 the captured runner, the scheduler, the rows-on-device step and the answers' serialisation (a
 :class:`~glmvit.cli.serve_backend.LocalBackend`). It starts N API server processes (``spawn``: they never initialise
 CUDA nor build the model), each running the same aiohttp application (:class:`~glmvit.cli.serve_app.EncoderService`)
-on the same host and port (SO_REUSEPORT: the kernel spreads new connections among them; with port 0 the engine binds
-first to learn the port, and the API servers reuse it), each reading and parsing bodies and running its share of
-``--decode-workers`` (at least one each) and of the HTTP side's bounds. Each hands its requests to the engine over a
-pipe of its own (:mod:`glmvit.cli.serve_link`: what crosses is small, frames and answers stay in files of the engine's
-shared-memory folder, the only files it opens; without a shared-memory folder ``serve`` refuses to start, and a
-request whose rows or answer find no room there is answered 507 Insufficient Storage). Answers, headers and statuses
-are the one-process server's. The HTTP side's bounds of what the server holds (``--max-requests``, ``--max-held-mb``,
-``--decode-queue``) are the whole server's: each API server takes its share, the bound divided by N (at least 1;
-:func:`share_bounds`), so N API servers hold what one process would; ``--max-connections`` holds per API server (a
-connection holds no request); the scheduler's bounds (``--max-queue``, its tokens and bytes) are the engine's, for the
-whole server, as before.
+on the same listening sockets (the engine binds and listens, as the one-process server would: a port in use fails the
+start, port 0 is one ephemeral port for every address; :func:`listen`; it hands them to the API servers, which accept
+on them), each reading and parsing bodies and running its share of ``--decode-workers`` (at least one each) and of the
+HTTP side's bounds. Each hands its requests to the engine over a pipe of its own (:mod:`glmvit.cli.serve_link`: what
+crosses is small, frames and answers stay in files of the engine's shared-memory folder, the only files it opens;
+without a shared-memory folder ``serve`` refuses to start, and a request whose rows or answer find no room there is
+answered 507 Insufficient Storage). Answers, headers and statuses are the one-process server's. The HTTP side's bounds
+of what the server holds (``--max-requests``, ``--max-held-mb``, ``--decode-queue``) are the whole server's: each API
+server takes its share, the bound divided by N (at least 1; :func:`share_bounds`), so N API servers hold what one
+process would; ``--max-connections`` holds per API server (a connection holds no request); the scheduler's bounds
+(``--max-queue``, its tokens and bytes) are the engine's, for the whole server, as before.
 
 Metrics: ``/health``, ``/v1/info`` and ``/metrics`` work on every API server. The scheduler's and the runner's
 counters (``glmvit_scheduler_*``) come from the engine; the HTTP and decode counters (``glmvit_http_*``,
@@ -95,19 +95,19 @@ def split_workers(workers: int, count: int) -> list[int]:
     return [max(1, workers // count + (k < workers % count)) for k in range(count)]
 
 
-def frontend_main(spec: FrontendSpec, conn: Any) -> int:
+def frontend_main(spec: FrontendSpec, conn: Any, sockets: list[socket.socket]) -> int:
     """An API server process: the application over a :class:`RemoteBackend`, until the engine says drain (or is
     gone, or SIGTERM reaches it); exits 0 if its drain answered everything in time. It ignores SIGINT: a Ctrl-C
     reaches every process of the terminal's group, and the engine, which gets it too, drains them in order."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format=f"glmvit serve [api {spec.name}]: %(message)s")
     torch.set_num_threads(1)  # it parses and checks; the engine computes
-    drained = asyncio.run(_frontend(spec, conn))
+    drained = asyncio.run(_frontend(spec, conn, sockets))
     conn.close()
     raise SystemExit(0 if drained else 1)
 
 
-async def _frontend(spec: FrontendSpec, conn: Any) -> bool:
+async def _frontend(spec: FrontendSpec, conn: Any, sockets: list[socket.socket]) -> bool:
     decode = default_decode_pool(spec.decode_workers, spec.decode_queue, spec.decode_timeout)
     backend = RemoteBackend(conn, spec.mode, lambda: service._pixel_dir())  # the service's, made below
     service = EncoderService(None, spec.info, spec.provenance, spec.limits, spec.threads, spec.extra_health,
@@ -122,24 +122,33 @@ async def _frontend(spec: FrontendSpec, conn: Any) -> bool:
     def ready(url: str) -> None:
         backend.send(("ready", url))
 
-    return await run_server(service, spec.host, spec.port, spec.shutdown_timeout, ready, stop, reuse_port=True)
+    return await run_server(service, spec.host, spec.port, spec.shutdown_timeout, ready, stop, sockets=sockets)
 
 
-def _reserve(host: str, port: int) -> tuple[socket.socket | None, int]:
-    """For port 0: a socket bound (not listening) to a free port, with SO_REUSEPORT, so that the API servers can
-    bind it too; the port. Any other port: nothing to reserve."""
-    if port != 0:
-        return None, port
-    family, kind, proto, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    sock = socket.socket(family, kind, proto)
+def listen(host: str, port: int, backlog: int = 128) -> list[socket.socket]:
+    """Listening sockets on ``host``:``port``, one an address ``host`` has (as the one-process server's: address
+    reuse, an IPv6 socket IPv6 only), never SO_REUSEPORT: a port in use is EADDRINUSE. Port 0: the ephemeral port
+    the first one gets, for every address. The API servers accept on them (each process's loop takes the
+    connections it is free to take)."""
+    sockets: list[socket.socket] = []
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind(address)
+        for family, kind, proto, _, address in socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                                  flags=socket.AI_PASSIVE):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(sockets) > 1:
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            sock.bind(address)
+            sock.listen(backlog)
+            sock.setblocking(False)
     except BaseException:
-        sock.close()
+        for sock in sockets:
+            sock.close()
         raise
-    return sock, sock.getsockname()[1]
+    return sockets
 
 
 def frontend_specs(service: EncoderService, host: str, port: int, count: int, decode_workers: int,
@@ -172,7 +181,12 @@ async def run_frontends(service: EncoderService, host: str = "127.0.0.1", port: 
     folder = shared_dir()
     if folder is None:
         raise RuntimeError(f"--api-servers {count} needs a shared-memory folder: {no_room() or 'none was made'}")
-    reserved, port = _reserve(host, port)
+    try:
+        sockets = listen(host, port)  # here: a port in use fails the start, as the one-process server's does
+    except BaseException:
+        remove_shared_dir(folder)
+        raise
+    port = sockets[0].getsockname()[1]
     link = EngineLink(service.backend, folder, lambda: fingerprint_now().model_dump(mode="json"), changed.set)
     context = multiprocessing.get_context("spawn")
     processes: list[Any] = []
@@ -184,7 +198,8 @@ async def run_frontends(service: EncoderService, host: str = "127.0.0.1", port: 
         for spec in frontend_specs(service, host, port, count, decode_workers, decode_queue, decode_timeout,
                                    threads, shutdown_timeout, folder):
             parent, child = context.Pipe()
-            process = context.Process(target=frontend_main, args=(spec, child), name=f"glmvit-api-{spec.name}")
+            process = context.Process(target=frontend_main, args=(spec, child, sockets),
+                                      name=f"glmvit-api-{spec.name}")
             process.start()
             child.close()
             processes.append(process)
@@ -198,9 +213,7 @@ async def run_frontends(service: EncoderService, host: str = "127.0.0.1", port: 
         if any(f.done for f in link.fronts):
             log.warning("an API server ended as it started (its lines above say why): shutting down")
             return False
-        if reserved is not None:
-            reserved.close()
-            reserved = None
+        _close(sockets)  # the API servers' copies listen on: a drained API server's leaves no queue behind
         service.url = format_url(host, port)
         if on_ready and not stop.is_set():
             on_ready(service.url)
@@ -215,8 +228,7 @@ async def run_frontends(service: EncoderService, host: str = "127.0.0.1", port: 
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
-        if reserved is not None:
-            reserved.close()
+        _close(sockets)
         link.drain()
         deadline = time.monotonic() + shutdown_timeout + EXIT_GRACE_S
         while link.live and time.monotonic() < deadline:
@@ -231,6 +243,11 @@ async def run_frontends(service: EncoderService, host: str = "127.0.0.1", port: 
         remove_shared_dir(folder)
         ok = ok and closed
     return ok
+
+
+def _close(sockets: list[socket.socket]) -> None:
+    for sock in sockets:
+        sock.close()
 
 
 async def _wait(changed: asyncio.Event, stop: asyncio.Event | None, timeout: float) -> None:
