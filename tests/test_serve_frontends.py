@@ -6,11 +6,11 @@ import asyncio
 import functools
 import json
 import os
-import pickle
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import aiohttp
@@ -130,7 +130,7 @@ def test_answers_are_the_one_process_servers_bitwise(servers):
         assert names_many == names_one and body_many == body_one
     assert len(load(many[0][2])) == 2 and load(many[3][2])["item_0"].dtype == TINY_DTYPE
 
-    async def frontends():  # a fresh connection each: SO_REUSEPORT spreads them
+    async def frontends():  # a fresh connection each: the API servers accept on the same sockets
         seen = set()
         for _ in range(40):
             async with aiohttp.ClientSession() as session:
@@ -218,12 +218,12 @@ def test_health_info_and_metrics_from_an_api_server(servers):
         "glmvit_scheduler_submitted_total": servers.engine.scheduler.stats()["submitted"]}
 
 
-def test_exceptions_keep_their_class_and_message_across_the_pipe():
-    for err in (QueueFull("full"), SchedulerClosed("closed"), RequestTooLarge("large"), ValueError("item 1"),
-                MediaError("content[0]: bad", 413)):
-        back = pickle.loads(pickle.dumps(err))
-        assert type(back) is type(err) and str(back) == str(err)
-    assert pickle.loads(pickle.dumps(MediaError("x", 413))).status == 413
+def test_statuses_of_errors_are_decided_in_one_place():
+    from glmvit.cli.serve_backend import Refused, status_of
+
+    errors = (QueueFull("full"), SchedulerClosed("closed"), RequestTooLarge("large"), ValueError("item 1"),
+              MediaError("content[0]: bad", 413), Refused("no room", 507), KeyError("x"))
+    assert [status_of(err) for err in errors] == [429, 503, 413, 400, 400, 507, 500]
 
 
 def test_decode_workers_are_shared_among_api_servers_at_least_one_each():
@@ -349,16 +349,582 @@ def test_an_api_server_that_dies_is_logged_and_the_other_serves_on(tiny_model, c
     assert server.drained is False and "API server exit codes: 0, -9" in caplog.text
 
 
-@pytest.mark.parametrize("shared", [True, False], ids=["shared-file", "bytes"])
-def test_an_answer_crosses_in_a_shared_file_or_as_bytes(tmp_path, shared):
-    """The engine serialises an answer into a file it maps (read back, then gone) or, without a folder, a bytearray
-    whose bytes cross the pipe: the same bytes either way."""
+def test_an_answer_crosses_in_a_shared_file(tmp_path):
+    """The engine serialises an answer into a file it maps; the API server reads the same bytes back, then the
+    file is gone."""
     from glmvit.cli.answer_body import answer_body
     from glmvit.cli.serve_link import AnswerFile
 
     outputs = [torch.arange(12.0).reshape(3, 4), torch.ones(2, 4)]
-    answer = AnswerFile(str(tmp_path) if shared else None)
+    answer = AnswerFile(str(tmp_path))
     rows = answer.rows(answer_body(outputs, torch.float32, {"k": "v"}, answer))
-    assert (rows.path is not None) == shared and list(tmp_path.iterdir()) == ([Path(rows.path)] if shared else [])
+    assert rows.path is not None and list(tmp_path.iterdir()) == [Path(rows.path)]
     body = bytes(rows.tensor().numpy().data)
     assert body == bytes(answer_body(outputs, torch.float32, {"k": "v"})) and not list(tmp_path.iterdir())
+
+
+# ---- the pipe, its two ends in this process (an engine's EngineLink on a loop of its own thread) --------------
+class FakeEngineBackend:
+    """A LocalBackend's face: answers of ``size`` bytes written into ``allocate``, after ``delay`` seconds (or
+    ``error`` raised)."""
+
+    mode = "fake"
+
+    def __init__(self, size=1 << 16, delay=0.0, error=None):
+        self.size, self.delay, self.error = size, delay, error
+
+    async def encode(self, source, dtype, gone=lambda: False, allocate=bytearray):
+        from glmvit.cli.serve_backend import Encoded
+
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.error is not None:
+            raise self.error
+        body = allocate(self.size)
+        body[:4] = b"abcd"
+        return Encoded(body, 1, 0.0, 0.0, 0.0, [1], 0.0, 0.0, 0.0)
+
+    def stats(self):
+        return {"limits": {}}
+
+    def runner_stats(self):
+        return None
+
+
+class PipeEngine:
+    """An EngineLink serving ``backend`` on an event loop in a thread, answers under ``folder``."""
+
+    def __init__(self, backend, folder):
+        from glmvit.cli.serve_link import EngineLink
+
+        self.loop = asyncio.new_event_loop()
+        self.link = EngineLink(backend, folder, lambda: {})
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def call(self, fn, *args):
+        async def on_loop():
+            return fn(*args)
+        return asyncio.run_coroutine_threadsafe(on_loop(), self.loop).result(TIMEOUT)
+
+    def close(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(TIMEOUT)
+
+
+@pytest.fixture
+def pipe_pair():
+    import multiprocessing
+
+    engine_end, api_end = multiprocessing.Pipe()
+    yield engine_end, api_end
+    engine_end.close()
+    api_end.close()
+
+
+def small_prepared(nbytes=64):
+    from glmvit.cli.serve_backend import Prepared
+
+    return Prepared(torch.zeros(nbytes // 16, 4), torch.tensor([[1, 2, 2]]), [{}])
+
+
+def test_without_shared_memory_no_rows_cross_the_pipe_the_request_is_507(pipe_pair):
+    """Rows that found no room in shared memory (no folder) fail their request, 507; nothing reaches the engine
+    (megabytes through the pipe, sent on both event loops, deadlock them)."""
+    from glmvit.cli.serve_backend import NO_ROOM, Refused
+    from glmvit.cli.serve_link import RemoteBackend
+
+    engine_end, api_end = pipe_pair
+
+    async def ask():
+        backend = RemoteBackend(api_end, "fake", lambda: None)
+        backend.start(lambda: None)
+        with pytest.raises(Refused) as refused:
+            await asyncio.wait_for(backend.encode(small_prepared(1 << 20), "float32"), 2)
+        return refused.value
+    err = run(ask())
+    assert err.status == NO_ROOM == 507 and "shared memory" in str(err) and not engine_end.poll()
+
+
+def test_an_answer_without_room_in_shared_memory_fails_507(tmp_path):
+    from glmvit.cli.serve_backend import NO_ROOM, Refused
+    from glmvit.cli.serve_link import AnswerFile
+
+    for folder in (None, str(tmp_path / "missing")):
+        with pytest.raises(Refused) as refused:
+            AnswerFile(folder)(1 << 20)
+        assert refused.value.status == NO_ROOM
+
+
+def test_several_api_servers_refuse_to_start_without_a_shared_folder(monkeypatch, capsys):
+    import types
+
+    from glmvit.cli import serve, serve_frontends
+    from glmvit.cli.serve_backend import LocalBackend
+
+    def started(*args):
+        raise AssertionError("it went on to start")
+    monkeypatch.setattr(serve_frontends, "shared_dir", lambda: None)
+    monkeypatch.setattr(serve_frontends, "listen", started)
+    engine = types.SimpleNamespace(backend=LocalBackend.__new__(LocalBackend))
+    with pytest.raises(RuntimeError, match="--api-servers 2 needs a shared-memory folder"):
+        run(run_frontends(engine, count=2))
+    monkeypatch.setattr(serve, "no_room", lambda: "/dev/shm has 12 MiB free")
+    monkeypatch.setattr(serve, "build_service", started)
+    with pytest.raises(SystemExit) as exited:
+        serve.main(["--device", "cpu", "--api-servers", "2"])
+    assert exited.value.code == 2
+    assert "--api-servers 2 needs a shared-memory folder: /dev/shm has 12 MiB free" in capsys.readouterr().err
+
+
+class Unpicklable(RuntimeError):
+    """An exception whose pickle does not load (its __init__ takes two arguments)."""
+
+    def __init__(self, message, code):
+        super().__init__(message)
+        self.code = code
+
+
+def remote_encode(api_end, folder, source=None, timeout=5.0):
+    """A RemoteBackend over ``api_end`` (rows written under ``folder``) encodes ``source``: its Encoded, or the
+    exception it raised."""
+    from glmvit.cli.serve_link import RemoteBackend
+
+    async def ask():
+        backend = RemoteBackend(api_end, "fake", lambda: folder)
+        backend.start(lambda: None)
+        try:
+            return await asyncio.wait_for(backend.encode(source or small_prepared(), "float32"), timeout)
+        except Exception as err:  # noqa: BLE001 - what the test looks at
+            return err
+    return run(ask())
+
+
+@pytest.mark.parametrize("error, status, line", [
+    (Unpicklable("boom\nsecond line", 7), 500, "internal error: Unpicklable: boom"),
+    (QueueFull("queue full"), 429, "queue full"), (SchedulerClosed("closed"), 503, "closed"),
+    (RequestTooLarge("too large"), 413, "too large"), (ValueError("item 1: bad\nmore"), 400, "item 1: bad")])
+def test_an_engine_error_crosses_as_its_name_line_and_status(tmp_path, pipe_pair, error, status, line):
+    """The engine sends an error's class name, first line and status, never the exception (one that does not
+    unpickle left its request unanswered)."""
+    from glmvit.cli.serve_backend import Refused
+
+    engine_end, api_end = pipe_pair
+    engine = PipeEngine(FakeEngineBackend(error=error), str(tmp_path))
+    try:
+        engine.call(engine.link.attach, "0", engine_end)
+        err = remote_encode(api_end, str(tmp_path))
+    finally:
+        engine.close()
+    assert isinstance(err, Refused) and (err.status, str(err)) == (status, line)
+
+
+def test_a_message_the_api_server_cannot_handle_fails_only_its_request(tmp_path, pipe_pair):
+    """A malformed answer fails its own request (500); the next message is read and answered as usual."""
+    from glmvit.cli.serve_backend import Refused
+    from glmvit.cli.serve_link import RemoteBackend
+
+    engine_end, api_end = pipe_pair
+
+    def engine():
+        first, second = engine_end.recv(), engine_end.recv()
+        for message in (first, second):
+            message[2].discard()
+        engine_end.send(("done", first[1]))  # malformed
+        engine_end.send(("error", second[1], "QueueFull", "queue full", 429))
+
+    async def ask():
+        backend = RemoteBackend(api_end, "fake", lambda: str(tmp_path))
+        backend.start(lambda: None)
+        peer = asyncio.create_task(asyncio.to_thread(engine))
+        answers = await asyncio.wait_for(asyncio.gather(
+            backend.encode(small_prepared(), "float32"), backend.encode(small_prepared(), "float32"),
+            return_exceptions=True), 5)
+        await peer
+        return answers, backend.gone
+    (first, second), gone = run(ask())
+    assert isinstance(first, Refused) and first.status == 500 and str(first).startswith("internal error:")
+    assert isinstance(second, Refused) and (second.status, str(second)) == (429, "queue full") and not gone
+
+
+def engine_at(backend, folder, engine_end):
+    engine = PipeEngine(backend, folder)
+    engine.call(engine.link.attach, "0", engine_end)
+    return engine
+
+
+def within(condition, seconds=2.0):
+    """Whether ``condition()`` holds now or comes to within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def emptied(folder):
+    return within(lambda: not os.listdir(folder))
+
+
+def test_an_answer_that_comes_as_its_client_leaves_is_removed(tmp_path, pipe_pair):
+    """The engine's answer and the client's leaving land in the same pass of the API server's loop: the answer's
+    file is removed, not left in shared memory."""
+    from glmvit.cli.serve_link import RemoteBackend
+
+    engine_end, api_end = pipe_pair
+    engine = engine_at(FakeEngineBackend(), str(tmp_path), engine_end)
+
+    async def ask():
+        backend = RemoteBackend(api_end, "fake", lambda: str(tmp_path))
+        backend.start(lambda: None)
+        task = asyncio.create_task(backend.encode(small_prepared(), "float32"))
+        loop = asyncio.get_running_loop()
+
+        def readable():  # the answer is read, then the client leaves before the request's task resumes
+            backend._readable()
+            if not backend._waiting:
+                task.cancel()
+        loop.remove_reader(api_end.fileno())
+        loop.add_reader(api_end.fileno(), readable)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    try:
+        run(ask())
+        assert emptied(tmp_path), os.listdir(tmp_path)
+    finally:
+        engine.close()
+
+
+def test_rows_written_as_their_client_leaves_are_removed(tmp_path, pipe_pair, monkeypatch):
+    """A safetensors body's rows still being written to shared memory when its client leaves: removed once
+    written, never sent."""
+    from glmvit.cli.serve_link import RemoteBackend, SharedPrepared
+
+    engine_end, api_end = pipe_pair
+    entered, gate, real = threading.Event(), threading.Event(), SharedPrepared.of
+
+    def slow(prepared, folder):
+        entered.set()
+        assert gate.wait(TIMEOUT)
+        return real(prepared, folder)
+    monkeypatch.setattr(SharedPrepared, "of", staticmethod(slow))
+
+    async def ask():
+        backend = RemoteBackend(api_end, "fake", lambda: str(tmp_path))
+        backend.start(lambda: None)
+        task = asyncio.create_task(backend.encode(small_prepared(1 << 16), "float32"))
+        assert await asyncio.to_thread(entered.wait, TIMEOUT)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        gate.set()
+    run(ask())
+    assert emptied(tmp_path), os.listdir(tmp_path)
+    assert not engine_end.poll()
+
+
+class GatedPack(FakeEngineBackend):
+    """Its answer serialised on a thread that allocates only once ``gate`` is set (``entered``: it waits)."""
+
+    def __init__(self):
+        super().__init__()
+        self.entered, self.gate, self.allocated = threading.Event(), threading.Event(), threading.Event()
+
+    async def encode(self, source, dtype, gone=lambda: False, allocate=bytearray):
+        from glmvit.cli.serve_backend import Encoded
+
+        def pack():
+            self.entered.set()
+            assert self.gate.wait(TIMEOUT)
+            body = allocate(self.size)
+            self.allocated.set()
+            return body
+        body = await asyncio.get_running_loop().run_in_executor(None, pack)
+        return Encoded(body, 1, 0.0, 0.0, 0.0, [1], 0.0, 0.0, 0.0)
+
+
+def test_a_withdraw_while_the_answer_is_allocated_leaves_no_file(tmp_path, pipe_pair):
+    from glmvit.cli.serve_link import SharedPrepared
+
+    engine_end, api_end = pipe_pair
+    backend = GatedPack()
+    engine = engine_at(backend, str(tmp_path), engine_end)
+    try:
+        api_end.send(("encode", 0, SharedPrepared.of(small_prepared(), str(tmp_path)), "float32"))
+        assert backend.entered.wait(TIMEOUT)
+        api_end.send(("withdraw", 0))
+        assert within(lambda: not engine.call(lambda: dict(engine.link.fronts[0].tasks)))
+        backend.gate.set()
+        assert backend.allocated.wait(TIMEOUT)
+        assert emptied(tmp_path), os.listdir(tmp_path)
+    finally:
+        backend.gate.set()
+        engine.close()
+
+
+def test_a_request_withdrawn_before_its_task_starts_leaves_nothing(tmp_path, pipe_pair):
+    """An encode and its withdraw read in the same pass: its task, cancelled before it ran, is forgotten and its
+    rows removed."""
+    from glmvit.cli.serve_link import SharedPrepared
+
+    engine_end, api_end = pipe_pair
+    api_end.send(("encode", 0, SharedPrepared.of(small_prepared(), str(tmp_path)), "float32"))
+    api_end.send(("withdraw", 0))
+    engine = engine_at(FakeEngineBackend(delay=0.05), str(tmp_path), engine_end)
+    try:
+        assert emptied(tmp_path)
+        assert within(lambda: not engine.call(lambda: dict(engine.link.fronts[0].tasks)))
+    finally:
+        engine.close()
+
+
+def api_service(backend):
+    """An API server's application over ``backend`` (no HTTP server: its handlers called as they are)."""
+    from glmvit.cli.serve_link import ModelFacts
+
+    return EncoderService(None, INFO, PROVENANCE, HttpLimits(), threads=1,
+                          decode=DecodePool(1, 8, 60.0, MEDIA_MODULES), own_decode=False, backend=backend,
+                          model=ModelFacts(TINY, TINY_DTYPE), frontend="0")
+
+
+async def health_and_metrics(service):
+    import types
+
+    request = types.SimpleNamespace(query={})
+    out = []
+    for handler in (service.health, service.describe, service.metrics):
+        response = await handler(request)
+        out.append((response.status, response.text))
+    (health_status, health), (info_status, info), (metrics_status, text) = out
+    assert (health_status, info_status, metrics_status) == (200, 200, 200)
+    return json.loads(health), json.loads(info), strict_prometheus(text)
+
+
+def test_health_info_and_metrics_with_an_engine_gone_or_silent(pipe_pair, monkeypatch):
+    """/health, /v1/info and /metrics answer within about a second whatever the engine does: its last counters,
+    and its state; an engine gone reads as the one-process server draining."""
+    from glmvit.cli import serve_link
+    from glmvit.cli.serve_link import RemoteBackend
+
+    engine_end, api_end = pipe_pair
+    monkeypatch.setattr(serve_link, "REFRESH_TIMEOUT_S", 0.2, raising=False)
+    backend = RemoteBackend(api_end, "fake", lambda: None)
+    service = api_service(backend)
+
+    async def scenario():
+        backend.start(lambda: None)
+        silent = await health_and_metrics(service)  # nobody answers: unresponsive, no counters yet
+        engine_end.close()
+        gone = await health_and_metrics(service)
+        return silent, gone
+    try:
+        (health, info, families), (gone, _, _) = run(scenario())
+    finally:
+        service.close(1.0)
+    assert (health["status"], health["engine"]) == ("ok", "unresponsive") and info["engine"] == "unresponsive"
+    assert "glmvit_scheduler_submitted_total" not in families and "glmvit_http_connections" in families
+    assert (gone["status"], gone["engine"]) == ("draining", "gone")
+
+
+def test_requests_in_flight_when_the_engine_goes_are_answered_503(tmp_path, pipe_pair):
+    from glmvit.cli.serve_backend import status_of
+    from glmvit.cli.serve_link import RemoteBackend
+
+    engine_end, api_end = pipe_pair
+
+    async def ask():
+        backend = RemoteBackend(api_end, "fake", lambda: str(tmp_path))
+        backend.start(lambda: None)
+        asyncio.get_running_loop().call_later(0.2, engine_end.close)
+        try:
+            await asyncio.wait_for(backend.encode(small_prepared(), "float32"), 5)
+        except Exception as err:  # noqa: BLE001 - what the test looks at
+            return err
+    err = run(ask())
+    assert status_of(err) == 503 and "engine is gone" in str(err)
+
+
+def test_api_servers_share_the_whole_servers_http_bounds(monkeypatch):
+    """N API servers hold what one process would: each is started with max_requests, max_held_bytes and the
+    decode queue divided by N (at least 1); connections and the decode workers as before."""
+    import multiprocessing
+    import types
+
+    from glmvit.cli import serve_frontends
+    from glmvit.cli.serve_backend import LocalBackend
+    from glmvit.cli.serve_media import MediaLimits
+
+    started = []
+
+    class Process:  # records what it would start, and starts nothing
+        def __init__(self, target, args, name):
+            started.append(args[0])
+
+        def start(self):
+            if len(started) == count:
+                raise RuntimeError("recorded")
+
+        def join(self, timeout=None):
+            pass
+
+        def is_alive(self):
+            return False
+        exitcode = 0
+    context = types.SimpleNamespace(Pipe=multiprocessing.Pipe, Process=Process)
+    monkeypatch.setattr(serve_frontends.multiprocessing, "get_context", lambda kind: context)
+    backend = LocalBackend.__new__(LocalBackend)
+    backend.scheduler = types.SimpleNamespace(mode="fake")
+    engine = types.SimpleNamespace(limits=HttpLimits(max_requests=10, max_held_bytes=1000, max_connections=64),
+                                   media=MediaLimits(), info={}, provenance={}, extra_health={},
+                                   model=types.SimpleNamespace(config=TINY, dtype=torch.float32), backend=backend,
+                                   close=lambda timeout: True)
+    shares = []
+    for count, workers, queue in ((4, 5, 1024), (16, 16, 8)):
+        started.clear()
+        with pytest.raises(RuntimeError, match="recorded"):
+            run(run_frontends(engine, count=count, decode_workers=workers, decode_queue=queue, shutdown_timeout=0))
+        shares.append([(s.limits.max_requests, s.limits.max_held_bytes, s.limits.max_connections, s.decode_queue,
+                        s.decode_workers) for s in started])
+    assert shares[0] == [(2, 250, 64, 256, 2)] + [(2, 250, 64, 256, 1)] * 3
+    assert shares[1] == [(1, 62, 64, 1, 1)] * 16
+
+
+def test_each_api_server_that_ends_is_logged_once_whatever_the_order(monkeypatch, caplog):
+    """API server 1 ends, then 0: each is joined and logged once (then none is left: the engine stops)."""
+    import multiprocessing
+    import types
+
+    from glmvit.cli import serve_frontends
+    from glmvit.cli.serve_backend import LocalBackend
+    from glmvit.cli.serve_media import MediaLimits
+
+    links, joined = [], []
+
+    class Link:  # the API servers' ends, each ready at once
+        def __init__(self, backend, folder, fingerprint, on_change):
+            self.fronts, self.on_change = [], on_change
+            links.append(self)
+
+        def attach(self, name, conn):
+            self.fronts.append(types.SimpleNamespace(name=name, conn=conn, url="http://x", done=False))
+
+        def drain(self):
+            pass
+
+        @property
+        def live(self):
+            return sum(not f.done for f in self.fronts)
+
+    class Process:
+        def __init__(self, target, args, name):
+            self.name, self.exitcode = name, -9 if name.endswith("1") else 0
+
+        def start(self):
+            pass
+
+        def join(self, timeout=None):
+            joined.append(self.name)
+
+        def is_alive(self):
+            return False
+    context = types.SimpleNamespace(Pipe=multiprocessing.Pipe, Process=Process)
+    monkeypatch.setattr(serve_frontends.multiprocessing, "get_context", lambda kind: context)
+    monkeypatch.setattr(serve_frontends, "EngineLink", Link)
+    backend = LocalBackend.__new__(LocalBackend)
+    backend.scheduler = types.SimpleNamespace(mode="fake")
+    engine = types.SimpleNamespace(limits=HttpLimits(), media=MediaLimits(), info={}, provenance={}, extra_health={},
+                                   model=types.SimpleNamespace(config=TINY, dtype=torch.float32), backend=backend,
+                                   close=lambda timeout: True)
+
+    async def scenario():
+        ready = asyncio.Event()
+        serving = asyncio.create_task(run_frontends(engine, count=2, shutdown_timeout=0,
+                                                    on_ready=lambda url: ready.set()))
+        await asyncio.wait_for(ready.wait(), 5)
+        for name in (1, 0):
+            links[0].fronts[name].done = True
+            links[0].on_change()
+            for _ in range(50):
+                if f"API server {name} ended" in caplog.text:
+                    break
+                await asyncio.sleep(0.01)
+        return await asyncio.wait_for(serving, 5)
+    with caplog.at_level("WARNING", logger="glmvit.cli.serve_app"):
+        assert run(scenario()) is False
+    assert caplog.text.count("API server 1 ended (exit code -9); 1 left") == 1
+    assert caplog.text.count("API server 0 ended (exit code 0); 0 left") == 1
+    assert "glmvit-api-0" in joined and "glmvit-api-1" in joined
+
+
+@pytest.mark.parametrize("where", ["outside", "symlink", "bytes"])
+def test_the_engine_opens_only_its_own_shared_files(tmp_path, pipe_pair, caplog, where):
+    """Rows named outside the engine's folder, or a symbolic link in it, or bytes through the pipe: the request
+    fails (500), logged, and the file named is neither read nor removed."""
+    from glmvit.cli.pixel_rows import PixelRows
+    from glmvit.cli.serve_link import SharedPrepared
+
+    engine_end, api_end = pipe_pair
+    folder, other = tmp_path / "shared", tmp_path / "other"
+    folder.mkdir()
+    other.mkdir()
+    victim = other / "precious"
+    victim.write_bytes(bytes(256))
+    if where == "symlink":
+        (folder / "link").symlink_to(victim)
+    rows = {"outside": PixelRows((16, 4), "float32", path=str(victim)),
+            "symlink": PixelRows((16, 4), "float32", path=str(folder / "link")),
+            "bytes": PixelRows((16, 4), "float32", data=bytes(256))}[where]
+    engine = engine_at(FakeEngineBackend(), str(folder), engine_end)
+    try:
+        with caplog.at_level("WARNING", logger="glmvit.cli.serve_app"):
+            api_end.send(("encode", 0, SharedPrepared(rows, np.array([[1, 2, 2]]), [{}]), "float32"))
+            assert api_end.poll(TIMEOUT)
+            reply = api_end.recv()
+    finally:
+        engine.close()
+    assert reply[0] == "error" and reply[-1] == 500, reply
+    assert victim.read_bytes() == bytes(256)
+    assert ("not a file of this server's" if where != "symlink" else "failed") in caplog.text
+
+
+def test_a_port_in_use_fails_the_start_as_the_one_process_servers_does(monkeypatch):
+    """The engine binds and listens itself (never SO_REUSEPORT): a port another server listens on (even one that
+    allows port sharing) is EADDRINUSE before any API server starts."""
+    import errno
+    import socket
+    import types
+
+    from glmvit.cli import serve_frontends
+    from glmvit.cli.serve_backend import LocalBackend
+
+    def started(*args, **kwargs):
+        raise AssertionError("an API server was started")
+    context = types.SimpleNamespace(Pipe=started, Process=started)
+    monkeypatch.setattr(serve_frontends.multiprocessing, "get_context", lambda kind: context)
+    backend = LocalBackend.__new__(LocalBackend)
+    backend.scheduler = types.SimpleNamespace(mode="fake")
+    engine = types.SimpleNamespace(backend=backend)
+    other = socket.socket()
+    try:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        with pytest.raises(OSError) as refused:
+            run(run_frontends(engine, "127.0.0.1", other.getsockname()[1], count=2))
+    finally:
+        other.close()
+    assert refused.value.errno == errno.EADDRINUSE
+
+
+def test_port_0_is_one_port_on_every_address():
+    from glmvit.cli.serve_frontends import listen
+
+    for host in ("127.0.0.1", "localhost", ""):
+        sockets = listen(host, 0)
+        try:
+            assert len({s.getsockname()[1] for s in sockets}) == 1 and all(s.getsockname()[1] for s in sockets)
+        finally:
+            for s in sockets:
+                s.close()

@@ -24,11 +24,22 @@ PREFIX = "glmvit-frames-"  # a server's directory of hand-offs under SHM (owned_
 MIN_FREE = 1 << 30  # /dev/shm must have this much free to be used (a container's default of 64 MiB is not)
 
 
+def no_room() -> str | None:
+    """Why :func:`shared_dir` gives no directory now, in a few words (None: it would give one)."""
+    try:
+        stat = os.statvfs(SHM)
+    except OSError as err:
+        return f"{SHM} cannot be read ({err.strerror})"
+    free = stat.f_bavail * stat.f_frsize
+    if free < MIN_FREE:
+        return f"{SHM} has {free >> 20} MiB free, less than {MIN_FREE >> 20} MiB"
+    return None
+
+
 def shared_dir() -> str | None:
     """A new directory on /dev/shm for one server's hand-offs, or None where /dev/shm cannot hold them."""
     try:
-        stat = os.statvfs(SHM)
-        if stat.f_bavail * stat.f_frsize < MIN_FREE:
+        if no_room() is not None:
             return None
         return owned_dir.make(SHM, PREFIX)
     except OSError:
@@ -82,15 +93,19 @@ class PixelRows:
                 pass
 
     def tensor(self) -> torch.Tensor:
-        """The rows as a tensor (a shared file is mapped, then unlinked: it is gone once the tensor is)."""
+        """The rows as a tensor (a shared file is mapped, then unlinked: it is gone once the tensor is; a symbolic
+        link is refused, OSError)."""
         dtype = getattr(torch, self.dtype)
         if self.path is None:
             buffer = bytearray(self.data or b"")
             return torch.frombuffer(buffer, dtype=dtype).reshape(self.shape) if buffer else \
                 torch.empty(self.shape, dtype=dtype)
-        try:
-            with open(self.path, "rb") as f:
-                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        try:  # never through a symbolic link: only the file that was written is read
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+            finally:
+                os.close(fd)
         finally:
             os.unlink(self.path)
         return torch.frombuffer(mapped, dtype=dtype).reshape(self.shape)

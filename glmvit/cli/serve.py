@@ -53,7 +53,7 @@ from .common import (
 )
 from .decode_pool import DecodePool
 from .encode import model_metadata
-from .pixel_rows import sweep_shared_dirs
+from .pixel_rows import no_room, sweep_shared_dirs
 from .serve_app import DECODE_QUEUE, EncoderService, HttpLimits, default_decode_pool, default_decode_workers, run_server
 from .serve_frontends import run_frontends
 from .serve_media import DEFAULT_FRAME_PIXELS, DEFAULT_REQUEST_PIXELS, MediaLimits
@@ -283,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         check_listen(args.host, args.port)
     except ValueError as err:
         parser.error(str(err))
+    if args.api_servers > 1 and (why := no_room()):
+        parser.error(f"--api-servers {args.api_servers} needs a shared-memory folder: {why}")
     logging.basicConfig(level=logging.WARNING, format="glmvit serve: %(message)s")
     service = build_service(args, " ".join([sys.executable, "-m", "glmvit", "serve", *argv]),
                             start_decode=args.api_servers == 1)

@@ -32,12 +32,13 @@ error is JSON ``{"error": one line, "status": code}``:
 client never keeps its place), 413 too large (a body is never read past ``max_body_bytes``, a multipart preamble
 counted, and what a refused body held is freed at once; a picture past the pixel bounds; media that took longer
 than the decode timeout), 415 another content type or a compressed body (any ``Content-Encoding`` but identity,
-refused before it is read), 429 past a bound of what the server holds: requests, body bytes
-(``max_held_bytes``), requests waiting for a decoder, or the scheduler's requests, tokens and bytes (with
-``Retry-After``), 503 shutting down or past ``max_connections`` open connections, 500 an internal error (its
-traceback goes to the server's log, never to the client). A refused body is never kept: after the error is
-sent, what the client still sends is read and discarded for at most aiohttp's lingering time (10 s), then the
-connection is closed. A connection whose request headers take longer than ``header_timeout_s`` is closed.
+refused before it is read), 429 past a bound of what the server holds: requests, body bytes (``max_held_bytes``),
+requests waiting for a decoder, or the scheduler's requests, tokens and bytes (with ``Retry-After``), 507 no room in
+shared memory for a request's rows or answer (several API server processes only: :mod:`glmvit.cli.serve_link`), 503
+shutting down or past ``max_connections`` open connections, 500 an internal error (its traceback goes to the server's
+log, never to the client). A refused body is never kept: after the error is sent, what the client still sends is read
+and discarded for at most aiohttp's lingering time (10 s), then the connection is closed. A connection whose request
+headers take longer than ``header_timeout_s`` is closed.
 ``GET /health``: a little JSON (status, mode, limits); ``GET /v1/info``: that and the model, the floor, the capture,
 the decoders, the media bounds, the provenance and the code's fingerprint. ``GET /metrics``: Prometheus text (each
 family's HELP and TYPE once; seconds, ``_total`` counters), or JSON with ``?format=json``. A request whose client closes
@@ -69,6 +70,7 @@ import logging
 import os
 import resource
 import signal
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -99,7 +101,7 @@ from .answer_body import answer_body
 from .decode_pool import DecodeBusy, DecodeClosed, DecodePool, DecodeRequest, DecodeTimeout, WorkerDied
 from .embedding_file import file_metadata, item_record
 from .pixel_rows import remove_shared_dir, shared_dir
-from .serve_backend import ClientLeft, LocalBackend, Prepared
+from .serve_backend import ClientLeft, LocalBackend, Prepared, Refused, status_of
 from .serve_media import (
     MediaError,
     MediaLimits,
@@ -280,6 +282,39 @@ def labelled(sample: str, key: str, value: str) -> str:
     return f'{name}{{{key}="{value}"{"," + labels if brace else "}"} {rest}'
 
 
+def scheduler_lines(s: dict[str, Any]) -> list[str]:
+    """The scheduler's families of /metrics, from its ``stats()``."""
+    lines: list[str] = []
+    for key, name, help_text in (("submitted", "submitted", "requests admitted"),
+                                 ("completed", "completed", "requests answered"),
+                                 ("failed", "failed", "requests failed"), ("batches", "batches", "batches run"),
+                                 ("items", "items", "items encoded"), ("tokens", "tokens", "output tokens encoded"),
+                                 ("mixed_batches", "mixed_batches", "batches of several requests"),
+                                 ("busy_s", "busy_seconds", "seconds inside the encoder")):
+        lines += prometheus_family(f"scheduler_{name}_total", "counter", help_text, [("", s[key])])
+    lines += prometheus_family("scheduler_withdrawn_total", "counter",
+                               "requests dropped from the queue unencoded: their client left",
+                               [("", s["withdrawn"])])
+    lines += prometheus_family("scheduler_rejected_total", "counter", "requests refused, by reason",
+                               [(f'{{reason="{r}"}}', s[f"rejected_{r}"]) for r in ("full", "closed")])
+    lines += prometheus_family("scheduler_outstanding_requests", "gauge", "admitted, not answered",
+                               [("", s["outstanding_requests"])])
+    for key, help_text in (("tokens", "output tokens"), ("bytes", "pixel bytes on the model's device")):
+        lines += prometheus_family(f"scheduler_outstanding_{key}", "gauge", f"{help_text} admitted, not answered",
+                                   [("", s[f"outstanding_{key}"])])
+        lines += prometheus_family(f"scheduler_max_{key}", "gauge", f"{help_text} admitted at most; then 429",
+                                   [("", s[f"max_{key}"])])
+    lines += prometheus_family("scheduler_padding_ratio", "gauge", "padded share of budget tokens",
+                               [("", s["padding_fraction"])])
+    delays = s["queue_ms"]
+    lines += prometheus_family("scheduler_recent_queue_delay_seconds", "gauge", "recent queue delays",
+                               [(f'{{stat="{k}"}}', None if delays[k] is None else delays[k] / 1e3)
+                                for k in ("median", "p99")])
+    lines += prometheus_family("scheduler_recent_batch_items", "gauge", "recent batch sizes",
+                               [(f'{{stat="{k}"}}', s["batch_items"][k]) for k in ("median", "p99")])
+    return lines
+
+
 class EncoderService:
     """The application: its handlers, the limits, the counters, the processes that decode media (``decode``,
     default :func:`default_decode_pool`; :meth:`close` closes it if ``own_decode``, by default when it was made
@@ -287,13 +322,14 @@ class EncoderService:
     and decoded is its ``backend`` (:mod:`glmvit.cli.serve_backend`): by default a
     :class:`~glmvit.cli.serve_backend.LocalBackend` over ``scheduler``; an API server process of several
     (``frontend``: its name in /metrics) passes no scheduler, a :class:`~glmvit.cli.serve_link.RemoteBackend` and
-    the ``model``'s facts (:class:`~glmvit.cli.serve_link.ModelFacts`: its config, dtype and input checks)."""
+    the ``model``'s facts (:class:`~glmvit.cli.serve_link.ModelFacts`: its config, dtype and input checks), and the
+    engine's shared-memory folder (``pixel_dir``), where its frames and rows go, the only one the engine reads."""
 
     def __init__(self, scheduler: BatchScheduler | None, info: dict[str, Any], provenance: dict[str, Any],
                  limits: HttpLimits = HttpLimits(), threads: int = 4, extra_health: dict[str, Any] | None = None,
                  runner_stats: Callable[[], dict] | None = None, decode: DecodePool | None = None,
                  media: MediaLimits | None = None, own_decode: bool | None = None, backend: Any = None,
-                 model: Any = None, frontend: str | None = None):
+                 model: Any = None, frontend: str | None = None, pixel_dir: str | None = None):
         self.scheduler, self.info, self.provenance, self.limits = scheduler, info, provenance, limits
         if scheduler is None and (backend is None or model is None):
             raise ValueError("an EncoderService needs a scheduler, or a backend and the model's facts")
@@ -309,6 +345,7 @@ class EncoderService:
                                                                         self.answers, self._pack, runner_stats)
         self.decode = decode or default_decode_pool()
         self._pixels: list[str | None] = []  # the directory decode workers hand rows over in, once made
+        self._given_pixels = pixel_dir  # or the engine's (several API server processes): not this one's to remove
         self._owns_decode = decode is None if own_decode is None else own_decode
         self.media = media or MediaLimits()
         self.draining = False
@@ -392,14 +429,11 @@ class EncoderService:
             if not request.content.is_eof():  # the rest of a refused body is never read (nor inflated): close
                 response.force_close()
             return response
-        except RequestTooLarge as err:
-            return error_response(413, str(err))
-        except ValueError as err:  # the model's checks: grids, rows, NaN/Inf, each naming the item
-            return error_response(400, str(err))
-        except QueueFull as err:
-            return error_response(429, str(err), {"Retry-After": "1"})
-        except SchedulerClosed as err:
-            return error_response(503, str(err))
+        except (Refused, RequestTooLarge, ValueError, QueueFull, SchedulerClosed) as err:
+            # the model's checks (ValueError: grids, rows, NaN/Inf, each naming the item), the scheduler's bounds,
+            # or an engine's error already given its status (several API server processes)
+            status = status_of(err)
+            return error_response(status, str(err), {"Retry-After": "1"} if status == 429 else None)
         finally:
             self.in_server -= 1
             held.release()
@@ -552,6 +586,8 @@ class EncoderService:
 
     def _pixel_dir(self) -> str | None:
         """Where decode workers write frames for this service (:mod:`glmvit.cli.pixel_rows`), made on first use."""
+        if self._given_pixels is not None:
+            return self._given_pixels
         if not self._pixels:
             self._pixels.append(shared_dir())
         return self._pixels[0]
@@ -567,9 +603,11 @@ class EncoderService:
         """Light: whether it serves, how, and its limits (``/v1/info`` says what the model and its code are)."""
         scheduler = {k: v for k, v in self.backend.stats().items()
                      if k in ("limits", "max_requests", "max_tokens", "max_bytes", "max_wait_s")}
-        return {"status": "draining" if self.draining else "ok", "mode": self.backend.mode, "url": self.url,
+        engine = getattr(self.backend, "engine_state", None)  # an engine in another process: its state
+        draining = self.draining or engine in ("draining", "gone")
+        return {"status": "draining" if draining else "ok", "mode": self.backend.mode, "url": self.url,
                 "description": self.info.get("description"), "in_server": self.in_server,
-                "limits": asdict(self.limits), "scheduler": scheduler}
+                "limits": asdict(self.limits), "scheduler": scheduler, **({"engine": engine} if engine else {})}
 
     async def health(self, request: web.Request) -> web.Response:
         await self.backend.refresh()
@@ -594,7 +632,8 @@ class EncoderService:
                          "responses": {str(k): v for k, v in sorted(self.responses.items())},
                          "clients_left": self.clients_left,
                          "timed_requests": self.timed, "phase_s": {k: self.phase_s[k] for k in PHASES},
-                         **({"frontend": self.frontend} if self.frontend is not None else {})},
+                         **({"frontend": self.frontend} if self.frontend is not None else {}),
+                         **({"engine": self.backend.engine_state} if hasattr(self.backend, "engine_state") else {})},
                 "decode": self.decode.stats(), "scheduler": self.backend.stats(), "runner": self.backend.runner_stats()}
 
     async def metrics(self, request: web.Request) -> web.Response:
@@ -627,33 +666,8 @@ class EncoderService:
                                    [("", d["timeouts"])])
         if self.frontend is not None:  # one API server's of several: its own counters, labelled with its name
             lines = [line if line.startswith("#") else labelled(line, "frontend", self.frontend) for line in lines]
-        for key, name, help_text in (("submitted", "submitted", "requests admitted"),
-                                     ("completed", "completed", "requests answered"),
-                                     ("failed", "failed", "requests failed"), ("batches", "batches", "batches run"),
-                                     ("items", "items", "items encoded"), ("tokens", "tokens", "output tokens encoded"),
-                                     ("mixed_batches", "mixed_batches", "batches of several requests"),
-                                     ("busy_s", "busy_seconds", "seconds inside the encoder")):
-            lines += prometheus_family(f"scheduler_{name}_total", "counter", help_text, [("", s[key])])
-        lines += prometheus_family("scheduler_withdrawn_total", "counter",
-                                   "requests dropped from the queue unencoded: their client left",
-                                   [("", s["withdrawn"])])
-        lines += prometheus_family("scheduler_rejected_total", "counter", "requests refused, by reason",
-                                   [(f'{{reason="{r}"}}', s[f"rejected_{r}"]) for r in ("full", "closed")])
-        lines += prometheus_family("scheduler_outstanding_requests", "gauge", "admitted, not answered",
-                                   [("", s["outstanding_requests"])])
-        for key, help_text in (("tokens", "output tokens"), ("bytes", "pixel bytes on the model's device")):
-            lines += prometheus_family(f"scheduler_outstanding_{key}", "gauge", f"{help_text} admitted, not answered",
-                                       [("", s[f"outstanding_{key}"])])
-            lines += prometheus_family(f"scheduler_max_{key}", "gauge", f"{help_text} admitted at most; then 429",
-                                       [("", s[f"max_{key}"])])
-        lines += prometheus_family("scheduler_padding_ratio", "gauge", "padded share of budget tokens",
-                                   [("", s["padding_fraction"])])
-        delays = s["queue_ms"]
-        lines += prometheus_family("scheduler_recent_queue_delay_seconds", "gauge", "recent queue delays",
-                                   [(f'{{stat="{k}"}}', None if delays[k] is None else delays[k] / 1e3)
-                                    for k in ("median", "p99")])
-        lines += prometheus_family("scheduler_recent_batch_items", "gauge", "recent batch sizes",
-                                   [(f'{{stat="{k}"}}', s["batch_items"][k]) for k in ("median", "p99")])
+        if s:  # an engine in another process that never answered has no counters to give yet
+            lines += scheduler_lines(s)
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     # ---- lifetime ------------------------------------------------------------------------------------------
@@ -776,13 +790,13 @@ CANCEL_AFTER_S = 1.0  # a drain past its timeout: how long handlers still runnin
 
 async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int = 0, shutdown_timeout: float = 60.0,
                      on_ready: Callable[[str], None] | None = None, stop: asyncio.Event | None = None,
-                     handle_signals: bool = False, reuse_port: bool = False) -> bool:
+                     handle_signals: bool = False, sockets: list[socket.socket] | None = None) -> bool:
     """Serve ``service`` until ``stop`` is set (or SIGINT/SIGTERM with ``handle_signals``), then drain (module
     docstring); True if the drain answered every request within ``shutdown_timeout``. Otherwise it logs one line
     of how many requests it abandoned (``service.abandoned``), cancels their handlers and stops, waiting for the
     scheduler only for the batch it holds (:data:`CANCEL_AFTER_S` at most). ``on_ready`` gets the URL once the
-    socket listens (port 0: an ephemeral port). ``reuse_port``: the socket shares ``port`` with other processes'
-    (SO_REUSEPORT: the kernel spreads new connections among them), as API server processes do."""
+    socket listens (port 0: an ephemeral port). ``sockets``: listening sockets to accept on instead of binding
+    ``host``:``port`` (an API server process's, from the engine, which other API servers accept on too)."""
     # the drain below waits for the handlers itself: aiohttp's own wait, after it, only for what outlived it
     # a client that leaves cancels its handler: a request of it still queued is withdrawn from the scheduler
     runner = web.AppRunner(service.app, handle_signals=False, shutdown_timeout=min(shutdown_timeout, CANCEL_AFTER_S),
@@ -791,13 +805,17 @@ async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
     signals = (signal.SIGINT, signal.SIGTERM) if handle_signals else ()
-    listener: asyncio.Server | None = None
+    listeners: list[asyncio.Server] = []
     try:
         assert runner.server is not None
         service.server = runner.server
         factory = _Connections(runner.server, service, connection_limit(service.limits.max_connections))
-        listener = await loop.create_server(factory, host, port, reuse_address=True, reuse_port=reuse_port or None)
-        service.url = format_url(host, listener.sockets[0].getsockname()[1])
+        if sockets is None:
+            listeners.append(await loop.create_server(factory, host, port, reuse_address=True))
+        else:
+            for sock in sockets:
+                listeners.append(await loop.create_server(factory, sock=sock))
+        service.url = format_url(host, listeners[0].sockets[0].getsockname()[1])
         for sig in signals:
             loop.add_signal_handler(sig, stop.set)
         if on_ready:
@@ -807,7 +825,7 @@ async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int
         for sig in signals:  # a second signal acts as usual (ends the process)
             loop.remove_signal_handler(sig)
         service.begin_drain()
-        if listener is not None:
+        for listener in listeners:
             listener.close()  # stop listening
         # open connections stay open while requests are in flight: a request on one (an idle keep-alive one
         # included) gets a 503 and its connection closed; then the idle ones are closed

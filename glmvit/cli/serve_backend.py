@@ -4,12 +4,12 @@ A request reaches a backend as a :class:`~glmvit.cli.serve_media.RequestMedia` (
 shared-memory files) or a :class:`Prepared` (pixel rows parsed from a safetensors body, checked but for NaN/Inf);
 :meth:`LocalBackend.encode` makes the media's pixel rows on the model's device (on a thread of its own, on that
 thread's stream), admits the request to the :class:`~glmvit.scheduler.BatchScheduler`, waits for its outputs and
-serialises the answer (:mod:`glmvit.cli.answer_body`), returning an :class:`Encoded`. Its errors are the
-scheduler's and the model's (:class:`~glmvit.scheduler.QueueFull`, :class:`~glmvit.scheduler.SchedulerClosed`,
-:class:`~glmvit.scheduler.RequestTooLarge`, ValueError naming the item), raised as they are; the handler maps them to
-statuses. A caller that stops waiting (its task cancelled: the client left) withdraws the request, as
-:meth:`BatchScheduler.withdraw <glmvit.scheduler.BatchScheduler.withdraw>` says: unencoded unless a batch has taken
-it, its answer never serialised.
+serialises the answer (:mod:`glmvit.cli.answer_body`), returning an :class:`Encoded`. Its errors are the scheduler's
+and the model's (:class:`~glmvit.scheduler.QueueFull`, :class:`~glmvit.scheduler.SchedulerClosed`,
+:class:`~glmvit.scheduler.RequestTooLarge`, ValueError naming the item), raised as they are; :func:`status_of` maps
+them to statuses (for the handler, and for the engine that answers an API server). A caller that stops waiting (its
+task cancelled: the client left) withdraws the request, as :meth:`BatchScheduler.withdraw
+<glmvit.scheduler.BatchScheduler.withdraw>` says: unencoded unless a batch has taken it, its answer never serialised.
 
 The one process server (``--api-servers 1``) calls a :class:`LocalBackend` from its event loop; with several API
 server processes each calls a :class:`~glmvit.cli.serve_link.RemoteBackend`, which hands the same inputs to the
@@ -26,8 +26,39 @@ from typing import Any, Callable
 
 import torch
 
-from ..scheduler import BatchScheduler, finished_work
+from ..scheduler import BatchScheduler, QueueFull, RequestTooLarge, SchedulerClosed, finished_work
 from .serve_media import RequestMedia
+
+NO_ROOM = 507  # Insufficient Storage: the shared memory an answer or its rows must be written to is full
+
+
+class Refused(Exception):
+    """A request failed with its HTTP status decided already (``status``); the message is the client's line."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+    def __reduce__(self) -> tuple:
+        return type(self), (str(self), self.status)
+
+
+STATUSES: tuple[tuple[type[BaseException], int], ...] = (
+    (QueueFull, 429), (SchedulerClosed, 503), (RequestTooLarge, 413), (ValueError, 400))
+
+
+def status_of(err: BaseException) -> int:
+    """The HTTP status of a backend's error, decided here for the one-process server and the engine alike: a
+    :class:`Refused`'s own, :data:`STATUSES`' (the first class ``err`` is an instance of), else 500."""
+    if isinstance(err, Refused):
+        return err.status
+    return next((status for kind, status in STATUSES if isinstance(err, kind)), 500)
+
+
+def one_line(err: BaseException) -> str:
+    """``err``'s message, its first line."""
+    text = str(err)
+    return text.splitlines()[0] if text else ""
 
 
 class ClientLeft(Exception):

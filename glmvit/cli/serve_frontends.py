@@ -1,23 +1,30 @@
 """``glmvit serve --api-servers N``: N API server processes in front of one engine process.
 
 One Python process's HTTP handling (reading bodies, parsing them, writing answers of megabytes) is the bound of a
-one-process server well before the GPU is. With N > 1 the process ``serve`` started is the engine: it holds the
-model, the captured runner, the scheduler, the rows-on-device step and the answers' serialisation (a
+one-process server well before the GPU is. With N > 1 the process ``serve`` started is the engine: it holds the model,
+the captured runner, the scheduler, the rows-on-device step and the answers' serialisation (a
 :class:`~glmvit.cli.serve_backend.LocalBackend`). It starts N API server processes (``spawn``: they never initialise
 CUDA nor build the model), each running the same aiohttp application (:class:`~glmvit.cli.serve_app.EncoderService`)
-on the same host and port (SO_REUSEPORT: the kernel spreads new connections among them; with port 0 the engine
-binds first to learn the port, and the API servers reuse it), each reading and parsing bodies and running its share
-of ``--decode-workers`` (at least one each). Each hands its requests to the engine over a pipe of its own
-(:mod:`glmvit.cli.serve_link`: what crosses is small, frames and answers stay in shared-memory files). Answers,
-headers and statuses are the one-process server's. The HTTP side's bounds (``--max-requests``, ``--max-held-mb``,
-``--max-connections``, ``--decode-queue``) hold per API server; the scheduler's (``--max-queue``, its tokens and
-bytes) for the whole server, as before.
+on the same listening sockets (the engine binds and listens, as the one-process server would: a port in use fails the
+start, port 0 is one ephemeral port for every address; :func:`listen`; it hands them to the API servers, which accept
+on them), each reading and parsing bodies and running its share of ``--decode-workers`` (at least one each) and of the
+HTTP side's bounds. Each hands its requests to the engine over a pipe of its own (:mod:`glmvit.cli.serve_link`: what
+crosses is small, frames and answers stay in files of the engine's shared-memory folder, the only files it opens;
+without a shared-memory folder ``serve`` refuses to start, and a request whose rows or answer find no room there is
+answered 507 Insufficient Storage). Answers, headers and statuses are the one-process server's. The HTTP side's bounds
+of what the server holds (``--max-requests``, ``--max-held-mb``, ``--decode-queue``) are the whole server's: each API
+server takes its share, the bound divided by N (at least 1; :func:`share_bounds`), so N API servers hold what one
+process would; ``--max-connections`` holds per API server (a connection holds no request); the scheduler's bounds
+(``--max-queue``, its tokens and bytes) are the engine's, for the whole server, as before.
 
 Metrics: ``/health``, ``/v1/info`` and ``/metrics`` work on every API server. The scheduler's and the runner's
 counters (``glmvit_scheduler_*``) come from the engine; the HTTP and decode counters (``glmvit_http_*``,
 ``glmvit_decode_*``) are those of the API server that answered, labelled with its name (``frontend="1"`` of
 ``0`` … N−1): a scraper that wants the whole server sums them over the labels it has seen (each API server's
-counters only ever grow, as one process's do).
+counters only ever grow, as one process's do). They wait at most a second for the engine's counters, then give
+its last ones; ``/health``'s and ``/metrics``' JSON say the engine's state (``"engine"``: ``ok``, ``draining``,
+``unresponsive``, ``gone``), and an engine draining or gone reads as a draining server (``"status":
+"draining"``). Requests an engine that is gone held are answered 503.
 
 Lifetime: SIGINT or SIGTERM to the engine drains: it asks every API server to drain (each stops listening, answers
 what it holds, as the one-process server does, closes its decode workers and exits), waits for them (up to
@@ -35,14 +42,14 @@ import multiprocessing
 import signal
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
 
 from ..config import VisionConfig
 from ..records import fingerprint_now
-from .pixel_rows import remove_shared_dir, shared_dir
+from .pixel_rows import no_room, remove_shared_dir, shared_dir
 from .serve_app import EncoderService, HttpLimits, default_decode_pool, format_url, run_server
 from .serve_backend import LocalBackend
 from .serve_link import EngineLink, ModelFacts, RemoteBackend
@@ -73,6 +80,14 @@ class FrontendSpec:
     config: VisionConfig
     dtype: str
     mode: str
+    shared: str  # the engine's shared-memory folder: frames and rows are written there, answers read from there
+
+
+def share_bounds(limits: HttpLimits, decode_queue: int, count: int) -> tuple[HttpLimits, int]:
+    """One of ``count`` API servers' share of the whole server's bounds of what it holds: ``max_requests``,
+    ``max_held_bytes`` and ``decode_queue`` divided by ``count``, at least 1 each."""
+    return replace(limits, max_requests=max(1, limits.max_requests // count),
+                   max_held_bytes=max(1, limits.max_held_bytes // count)), max(1, decode_queue // count)
 
 
 def split_workers(workers: int, count: int) -> list[int]:
@@ -80,24 +95,25 @@ def split_workers(workers: int, count: int) -> list[int]:
     return [max(1, workers // count + (k < workers % count)) for k in range(count)]
 
 
-def frontend_main(spec: FrontendSpec, conn: Any) -> int:
+def frontend_main(spec: FrontendSpec, conn: Any, sockets: list[socket.socket]) -> int:
     """An API server process: the application over a :class:`RemoteBackend`, until the engine says drain (or is
     gone, or SIGTERM reaches it); exits 0 if its drain answered everything in time. It ignores SIGINT: a Ctrl-C
     reaches every process of the terminal's group, and the engine, which gets it too, drains them in order."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format=f"glmvit serve [api {spec.name}]: %(message)s")
     torch.set_num_threads(1)  # it parses and checks; the engine computes
-    drained = asyncio.run(_frontend(spec, conn))
+    drained = asyncio.run(_frontend(spec, conn, sockets))
     conn.close()
     raise SystemExit(0 if drained else 1)
 
 
-async def _frontend(spec: FrontendSpec, conn: Any) -> bool:
+async def _frontend(spec: FrontendSpec, conn: Any, sockets: list[socket.socket]) -> bool:
     decode = default_decode_pool(spec.decode_workers, spec.decode_queue, spec.decode_timeout)
     backend = RemoteBackend(conn, spec.mode, lambda: service._pixel_dir())  # the service's, made below
     service = EncoderService(None, spec.info, spec.provenance, spec.limits, spec.threads, spec.extra_health,
                              decode=decode, media=spec.media, own_decode=True, backend=backend,
-                             model=ModelFacts(spec.config, getattr(torch, spec.dtype)), frontend=spec.name)
+                             model=ModelFacts(spec.config, getattr(torch, spec.dtype)), frontend=spec.name,
+                             pixel_dir=spec.shared)
     decode.start()
     stop = asyncio.Event()
     backend.start(stop.set)
@@ -106,24 +122,46 @@ async def _frontend(spec: FrontendSpec, conn: Any) -> bool:
     def ready(url: str) -> None:
         backend.send(("ready", url))
 
-    return await run_server(service, spec.host, spec.port, spec.shutdown_timeout, ready, stop, reuse_port=True)
+    return await run_server(service, spec.host, spec.port, spec.shutdown_timeout, ready, stop, sockets=sockets)
 
 
-def _reserve(host: str, port: int) -> tuple[socket.socket | None, int]:
-    """For port 0: a socket bound (not listening) to a free port, with SO_REUSEPORT, so that the API servers can
-    bind it too; the port. Any other port: nothing to reserve."""
-    if port != 0:
-        return None, port
-    family, kind, proto, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    sock = socket.socket(family, kind, proto)
+def listen(host: str, port: int, backlog: int = 128) -> list[socket.socket]:
+    """Listening sockets on ``host``:``port``, one an address ``host`` has (as the one-process server's: address
+    reuse, an IPv6 socket IPv6 only), never SO_REUSEPORT: a port in use is EADDRINUSE. Port 0: the ephemeral port
+    the first one gets, for every address. The API servers accept on them (each process's loop takes the
+    connections it is free to take)."""
+    sockets: list[socket.socket] = []
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind(address)
+        for family, kind, proto, _, address in socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                                  flags=socket.AI_PASSIVE):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(sockets) > 1:
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            sock.bind(address)
+            sock.listen(backlog)
+            sock.setblocking(False)
     except BaseException:
-        sock.close()
+        for sock in sockets:
+            sock.close()
         raise
-    return sock, sock.getsockname()[1]
+    return sockets
+
+
+def frontend_specs(service: EncoderService, host: str, port: int, count: int, decode_workers: int,
+                   decode_queue: int, decode_timeout: float, threads: int, shutdown_timeout: float, shared: str
+                   ) -> list[FrontendSpec]:
+    """What each of ``count`` API servers in front of ``service`` (the engine's) is started with: its share of the
+    decode workers and of the bounds (:func:`share_bounds`)."""
+    model = service.model
+    limits, queue = share_bounds(service.limits, decode_queue, count)
+    return [FrontendSpec(str(k), host, port, limits, service.media, threads, workers, queue, decode_timeout,
+                         shutdown_timeout, service.info, service.provenance, service.extra_health, model.config,
+                         str(model.dtype).removeprefix("torch."), service.backend.mode, shared)
+            for k, workers in enumerate(split_workers(decode_workers, count))]
 
 
 async def run_frontends(service: EncoderService, host: str = "127.0.0.1", port: int = 0,
@@ -140,8 +178,15 @@ async def run_frontends(service: EncoderService, host: str = "127.0.0.1", port: 
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
     changed = asyncio.Event()
-    reserved, port = _reserve(host, port)
     folder = shared_dir()
+    if folder is None:
+        raise RuntimeError(f"--api-servers {count} needs a shared-memory folder: {no_room() or 'none was made'}")
+    try:
+        sockets = listen(host, port)  # here: a port in use fails the start, as the one-process server's does
+    except BaseException:
+        remove_shared_dir(folder)
+        raise
+    port = sockets[0].getsockname()[1]
     link = EngineLink(service.backend, folder, lambda: fingerprint_now().model_dump(mode="json"), changed.set)
     context = multiprocessing.get_context("spawn")
     processes: list[Any] = []
@@ -150,14 +195,11 @@ async def run_frontends(service: EncoderService, host: str = "127.0.0.1", port: 
     try:
         for sig in signals:
             loop.add_signal_handler(sig, stop.set)
-        model = service.model
-        for k, workers in enumerate(split_workers(decode_workers, count)):
-            spec = FrontendSpec(str(k), host, port, service.limits, service.media, threads, workers, decode_queue,
-                                decode_timeout, shutdown_timeout, service.info, service.provenance,
-                                service.extra_health, model.config, str(model.dtype).removeprefix("torch."),
-                                service.backend.mode)
+        for spec in frontend_specs(service, host, port, count, decode_workers, decode_queue, decode_timeout,
+                                   threads, shutdown_timeout, folder):
             parent, child = context.Pipe()
-            process = context.Process(target=frontend_main, args=(spec, child), name=f"glmvit-api-{k}")
+            process = context.Process(target=frontend_main, args=(spec, child, sockets),
+                                      name=f"glmvit-api-{spec.name}")
             process.start()
             child.close()
             processes.append(process)
@@ -171,20 +213,14 @@ async def run_frontends(service: EncoderService, host: str = "127.0.0.1", port: 
         if any(f.done for f in link.fronts):
             log.warning("an API server ended as it started (its lines above say why): shutting down")
             return False
-        if reserved is not None:
-            reserved.close()
-            reserved = None
+        _close(sockets)  # the API servers' copies listen on: a drained API server's leaves no queue behind
         service.url = format_url(host, port)
         if on_ready and not stop.is_set():
             on_ready(service.url)
-        seen = 0
+        reaped: set[str] = set()
         while not stop.is_set():
             await _wait(changed, stop, 1.0)
-            ended = [f for f in link.fronts if f.done]
-            for front in ended[seen:]:
-                code = await loop.run_in_executor(None, _exit_code, processes[int(front.name)])
-                log.warning("API server %s ended (exit code %s); %d left", front.name, code, link.live)
-            seen = len(ended)
+            await _reap(link, processes, reaped)
             if not link.live:
                 log.warning("no API server is left: shutting down")
                 ok = False
@@ -192,8 +228,7 @@ async def run_frontends(service: EncoderService, host: str = "127.0.0.1", port: 
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
-        if reserved is not None:
-            reserved.close()
+        _close(sockets)
         link.drain()
         deadline = time.monotonic() + shutdown_timeout + EXIT_GRACE_S
         while link.live and time.monotonic() < deadline:
@@ -210,6 +245,11 @@ async def run_frontends(service: EncoderService, host: str = "127.0.0.1", port: 
     return ok
 
 
+def _close(sockets: list[socket.socket]) -> None:
+    for sock in sockets:
+        sock.close()
+
+
 async def _wait(changed: asyncio.Event, stop: asyncio.Event | None, timeout: float) -> None:
     """Until ``changed`` (cleared then) or ``stop`` is set, or ``timeout`` seconds pass."""
     waits = [asyncio.ensure_future(changed.wait())] + ([asyncio.ensure_future(stop.wait())] if stop else [])
@@ -219,6 +259,15 @@ async def _wait(changed: asyncio.Event, stop: asyncio.Event | None, timeout: flo
         for w in waits:
             w.cancel()
     changed.clear()
+
+
+async def _reap(link: EngineLink, processes: list[Any], reaped: set[str]) -> None:
+    """Each API server that ended and is not in ``reaped`` (their names) yet: joined, logged once, added."""
+    for front in link.fronts:
+        if front.done and front.name not in reaped:
+            reaped.add(front.name)
+            code = await asyncio.get_running_loop().run_in_executor(None, _exit_code, processes[int(front.name)])
+            log.warning("API server %s ended (exit code %s); %d left", front.name, code, link.live)
 
 
 def _exit_code(process: Any) -> int | None:
