@@ -2,11 +2,11 @@
 
 One Python process's HTTP handling (reading bodies, parsing them, writing answers of megabytes) is the bound of a
 one-process server well before the GPU is. vLLM splits the same way: ``vllm serve --api-server-count N`` runs N API
-server processes in front of its engine core processes (``run_multi_api_server`` in
-``vllm/entrypoints/cli/serve.py`` at vLLM commit 00a5fdd20935: the parent binds the listening socket and hands it to
-``APIServerProcessManager``; requests reach the engine over ZMQ). With N > 1 the process ``serve`` started is the
-engine: it holds the model, the captured runner, the scheduler, the rows-on-device step and the answers'
-serialisation (a :class:`~glmvit.cli.serve_backend.LocalBackend`). It starts N API server processes (``spawn``: they never initialise
+server processes in front of its engine core processes (``run_multi_api_server`` in ``vllm/entrypoints/cli/serve.py``
+at vLLM commit 00a5fdd20935: the parent binds the listening socket and hands it to ``APIServerProcessManager``;
+requests reach the engine over ZMQ). With N > 1 the process ``serve`` started is the engine: it holds the model, the
+captured runner, the scheduler, the rows-on-device step and the answers' serialisation (a
+:class:`~glmvit.cli.serve_backend.LocalBackend`). It starts N API server processes (``spawn``: they never initialise
 CUDA nor build the model), each running the same aiohttp application (:class:`~glmvit.cli.serve_app.EncoderService`)
 on the same listening sockets (the engine binds and listens, as the one-process server would: a port in use fails the
 start, port 0 is one ephemeral port for every address; :func:`listen`; it hands them to the API servers, which accept
