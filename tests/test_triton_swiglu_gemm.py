@@ -183,6 +183,28 @@ def test_refusals_before_any_launch():
     assert module.swiglu_linear_triton(torch.zeros(0, 8), torch.zeros(12, 8), config).shape == (0, 6)
 
 
+def test_ab_check_tells_one_rounding_from_more():
+    """tools/swiglu_ab.py's check: one bf16 rounding of the float32 result passes both marks; a 2⁻⁷ relative error
+    is inside the max band but not one rounding; an offset of 2⁻⁵·max|ref| fails the band."""
+    from tools.swiglu_ab import check
+
+    ref = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+    assert check(ref.bfloat16(), ref)["ok"] and check(ref.bfloat16(), ref)["one_rounding"]
+    loose = check(ref * (1 + 2**-7), ref)
+    assert loose["ok"] and not loose["one_rounding"]
+    assert not check(ref + 2**-5 * ref.abs().max(), ref)["ok"]
+
+
+def test_ab_tool_refuses_without_cuda_and_bad_rows(capsys):
+    from tools.swiglu_ab import main
+
+    with pytest.raises(SystemExit):
+        main(["--rows", "256,x"])
+    assert "--rows '256,x'" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main([]) == 2
+
+
 # ---------------------------------------------------------------------------------------------- real GPU
 
 def _sweep_configs():

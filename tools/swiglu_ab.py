@@ -10,8 +10,8 @@ For M rows of the model's shapes (K = 1536 in, H = 4096 out of a [2·4096, 1536]
 - ``gate_up_only``: the cuBLAS matmul alone, the floor a fused kernel's matmul has to stay near;
 - ``triton@NAME``: ``glmvit.kernels.triton_swiglu_gemm.swiglu_linear_triton`` for each of its ``SWEEP_CONFIGS``.
 
-Every output is checked against the float32 SwiGLU of the same bf16 inputs (max abs error, and whether every
-element is within 2⁻⁷·|ref| + 2⁻¹²·max|ref|: a few bf16 roundings); timing is ``glmvit.profiling.graph_time_us`` (20
+Every output is checked against the float32 SwiGLU of the same bf16 inputs (max abs error within 2⁻⁶·max|ref|, and
+whether every element is within one bf16 rounding: :func:`check`); timing is ``glmvit.profiling.graph_time_us`` (20
 calls in one CUDA graph, median of 50 replays), two rounds in alternating order, the lower median kept and both
 recorded. A path that fails is one line, never a traceback. CUDA only (exit 2 elsewhere)::
 
@@ -43,10 +43,14 @@ def _one_line(err: BaseException) -> str:
 
 
 def check(out: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
-    """Max abs error, and whether every element is within a few bf16 roundings of the float32 reference."""
+    """Max abs error; ``ok``: within 2⁻⁶·max|ref| (the band every path meets); ``one_rounding``: every element within
+    2⁻⁸·|ref| + 2⁻¹²·max|ref|, one bf16 rounding of the float32 result (the fused kernel's contract; the unfused
+    path's rounded gate need not meet it, tests/test_triton_swiglu_gemm.py says why)."""
     err = (out.float() - ref).abs()
-    bound = 2**-7 * ref.abs() + 2**-12 * ref.abs().max()
-    return {"max_abs_err": err.max().item(), "ok": bool((err <= bound).all())}
+    peak = ref.abs().max()
+    max_err = err.max().item()
+    return {"max_abs_err": max_err, "ok": max_err <= 2**-6 * peak.item(),
+            "one_rounding": bool((err <= 2**-8 * ref.abs() + 2**-12 * peak).all())}
 
 
 def ab_paths(x: torch.Tensor, weight: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
@@ -156,7 +160,7 @@ def compile_report(config, rows: int = 8192) -> dict[str, Any]:
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
-    print(f"{'rows':>6} {'path':<26} {'µs':>8} {'vs ' + BASELINE:>11} {'max err':>9}  ok")
+    print(f"{'rows':>6} {'path':<26} {'µs':>8} {'vs ' + BASELINE:>11} {'max err':>9}  ok  one rounding")
     for result in results:
         paths = result["paths"]
         base = paths.get(BASELINE, {}).get("us")
@@ -165,7 +169,8 @@ def print_table(results: list[dict[str, Any]]) -> None:
                 print(f"{result['rows']:>6} {path:<26} unavailable: {row['unavailable']}")
                 continue
             ratio = f"{row['us'] / base:11.2f}" if base else " " * 11
-            errors = f"{row['max_abs_err']:9.2e}  {'yes' if row['ok'] else 'NO'}" if "max_abs_err" in row else ""
+            errors = (f"{row['max_abs_err']:9.2e}  {'yes' if row['ok'] else 'NO':<3} "
+                      f"{'yes' if row['one_rounding'] else 'no'}" if "max_abs_err" in row else "")
             print(f"{result['rows']:>6} {path:<26} {row['us']:8.1f} {ratio} {errors}")
 
 

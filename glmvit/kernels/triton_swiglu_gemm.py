@@ -80,14 +80,17 @@ class SwigluConfig:
 
 
 # What tools/swiglu_ab.py times. Shared memory in bf16 (H100/H200 allow 227 KiB a block): 128x128x64 is 48 KiB a
-# stage, so 3 stages (144 KiB) or 4 (192 KiB); 128x64x64 32 KiB and 64x128x64 40 KiB a stage, 4 stages (checked by
-# compiling for sm_90: tools/swiglu_ab.py --compile-only). The pointer twin of the first shows what TMA buys.
+# stage, so 3 stages (144 KiB) or 4 (192 KiB); 128x64x64 32 KiB, 64x128x64 40 KiB and 64x64x64 24 KiB a stage, 4
+# stages (checked by compiling for sm_90: tools/swiglu_ab.py --compile-only). The smaller tiles are for few rows:
+# 256 rows by H = 4096 are 64 tiles of 128x128 for 132 multiprocessors, 256 of 64x64. The pointer twin of the first
+# shows what TMA buys.
 SWEEP_CONFIGS = (
     SwigluConfig(128, 128, 64, 8, 3),
     SwigluConfig(128, 128, 64, 8, 4),
     SwigluConfig(128, 64, 64, 4, 4),
     SwigluConfig(128, 64, 64, 8, 4),
     SwigluConfig(64, 128, 64, 4, 4),
+    SwigluConfig(64, 64, 64, 4, 4),
     SwigluConfig(128, 128, 64, 8, 3, tma=False),
 )
 
