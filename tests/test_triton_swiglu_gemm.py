@@ -35,13 +35,20 @@ TMA_SHAPES = [(37, 44, 20), (1, 44, 20), (7, 36, 52), (16, 16, 16)]
 
 
 def configs():
-    """Tiny tiles: many programs, partial groups (3 row tiles of 37 rows in groups of 2), tails in every direction."""
+    """Tiny tiles: many tiles, partial groups (3 row tiles of 37 rows in groups of 2), tails in every direction."""
     from glmvit.kernels.triton_swiglu_gemm import SwigluConfig
 
     return {"pointer": SwigluConfig(16, 16, 16, 4, 1, group_m=2, tma=False),
             "pointer-wide": SwigluConfig(16, 32, 16, 4, 2, group_m=3, tma=False),
             "tma": SwigluConfig(16, 16, 16, 4, 1, group_m=2),
-            "tma-wide": SwigluConfig(16, 32, 16, 4, 2, group_m=3)}
+            "tma-wide": SwigluConfig(16, 32, 16, 4, 2, group_m=3),
+            # 3 programs on the CPU, each walking several tiles (an uneven share where the tiles are not 3k)
+            "pointer-persistent": SwigluConfig(16, 16, 16, 4, 1, group_m=2, tma=False, persistent=True),
+            "tma-persistent": SwigluConfig(16, 16, 16, 4, 1, group_m=2, persistent=True)}
+
+
+# Configurations that compute the same tiles (another load path or grid) and the one they must match bit for bit.
+TWINS = {"tma": "pointer", "tma-wide": "pointer-wide", "tma-persistent": "pointer", "pointer-persistent": "pointer"}
 
 
 def case(m, k, h, seed=0):
@@ -80,10 +87,10 @@ def _interpreter_child() -> None:
             outputs[key] = got
             results[key] = {"shape": list(got.shape),
                             "ratio": ((got - reference(x, weight)).abs() / fp32_bound(x, weight)).max().item()}
-    for m, k, h in TMA_SHAPES:  # the same zero-padded tiles through either load path: the same bits
-        for width in ("", "-wide"):
-            results[f"same-bits{width}/{m}x{k}x{h}"] = bool(torch.equal(outputs[f"tma{width}/{m}x{k}x{h}"],
-                                                                        outputs[f"pointer{width}/{m}x{k}x{h}"]))
+    for m, k, h in TMA_SHAPES:  # the same zero-padded tiles through either load path or grid: the same bits
+        for name, twin in TWINS.items():
+            results[f"same-bits/{name}/{m}x{k}x{h}"] = bool(torch.equal(outputs[f"{name}/{m}x{k}x{h}"],
+                                                                        outputs[f"{twin}/{m}x{k}x{h}"]))
     x, weight = case(*TMA_SHAPES[0])
     gate, up = (x @ weight.T).chunk(2, dim=-1)
     results["swapped-ratio"] = ((F.silu(up) * gate - reference(x, weight)).abs() / fp32_bound(x, weight)).max().item()
@@ -114,7 +121,7 @@ def interpreted():
     return run_interpreted("test_triton_swiglu_gemm")
 
 
-@pytest.mark.parametrize("name", ["pointer", "pointer-wide"])
+@pytest.mark.parametrize("name", ["pointer", "pointer-wide", "pointer-persistent"])
 @pytest.mark.parametrize("shape", list(dict.fromkeys(POINTER_SHAPES + TMA_SHAPES)), ids=lambda s: "x".join(map(str, s)))
 def test_interpreted_pointer_path_matches_reference(interpreted, name, shape):
     row = interpreted[f"{name}/{'x'.join(map(str, shape))}"]
@@ -122,7 +129,7 @@ def test_interpreted_pointer_path_matches_reference(interpreted, name, shape):
     assert row["ratio"] <= 1.0
 
 
-@pytest.mark.parametrize("name", ["tma", "tma-wide"])
+@pytest.mark.parametrize("name", ["tma", "tma-wide", "tma-persistent"])
 @pytest.mark.parametrize("shape", TMA_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_interpreted_descriptor_path_matches_reference(interpreted, name, shape):
     row = interpreted[f"{name}/{'x'.join(map(str, shape))}"]
@@ -130,10 +137,11 @@ def test_interpreted_descriptor_path_matches_reference(interpreted, name, shape)
     assert row["ratio"] <= 1.0
 
 
-@pytest.mark.parametrize("width", ["", "-wide"])
+@pytest.mark.parametrize("name", TWINS)
 @pytest.mark.parametrize("shape", TMA_SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_load_paths_compute_the_same_bits(interpreted, width, shape):
-    assert interpreted[f"same-bits{width}/{'x'.join(map(str, shape))}"]
+def test_load_paths_and_grids_compute_the_same_bits(interpreted, name, shape):
+    """Descriptor or pointer loads, one program per tile or a persistent grid: the same tiles, the same bits."""
+    assert interpreted[f"same-bits/{name}/{'x'.join(map(str, shape))}"]
 
 
 def test_the_bound_catches_gate_and_up_swapped(interpreted):
@@ -158,6 +166,7 @@ def test_config_names_and_refusals():
     module = _module()
     assert module.SwigluConfig().name == "128x128x64w8s3t"
     assert module.SwigluConfig(64, 128, 64, 4, 4, tma=False).name == "64x128x64w4s4p"
+    assert module.SwigluConfig(persistent=True).name == "128x128x64w8s3t-persistent"
     assert len({c.name for c in module.SWEEP_CONFIGS}) == len(module.SWEEP_CONFIGS)
     assert module.SwigluConfig().shared_bytes() == 3 * 48 * 1024
     with pytest.raises(ValueError, match="block_n=48"):

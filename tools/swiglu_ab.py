@@ -141,7 +141,7 @@ def compile_report(config, rows: int = 8192) -> dict[str, Any]:
     args = dict(x_ptr=x, w_ptr=weight, y_ptr=y, x_desc=descs[0], wg_desc=descs[1], wu_desc=descs[2],
                 y_desc=descs[3], M=rows, H=HIDDEN, K=DIM)
     constants = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
-                     TMA=config.tma)
+                     TMA=config.tma, PERSISTENT=config.persistent)
     signature = {**{k: mangle_type(v) for k, v in args.items()}, **{k: "constexpr" for k in constants}}
     # What a launch's specialisation tells the compiler: 16-byte aligned pointers, sizes that are multiples of 16
     # (without it the pointer loads are neither vectorised nor pipelined).
@@ -160,18 +160,18 @@ def compile_report(config, rows: int = 8192) -> dict[str, Any]:
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
-    print(f"{'rows':>6} {'path':<26} {'µs':>8} {'vs ' + BASELINE:>11} {'max err':>9}  ok  one rounding")
+    print(f"{'rows':>6} {'path':<36} {'µs':>8} {'vs ' + BASELINE:>11} {'max err':>9}  ok  one rounding")
     for result in results:
         paths = result["paths"]
         base = paths.get(BASELINE, {}).get("us")
         for path, row in paths.items():
             if "unavailable" in row:
-                print(f"{result['rows']:>6} {path:<26} unavailable: {row['unavailable']}")
+                print(f"{result['rows']:>6} {path:<36} unavailable: {row['unavailable']}")
                 continue
             ratio = f"{row['us'] / base:11.2f}" if base else " " * 11
             errors = (f"{row['max_abs_err']:9.2e}  {'yes' if row['ok'] else 'NO':<3} "
                       f"{'yes' if row['one_rounding'] else 'no'}" if "max_abs_err" in row else "")
-            print(f"{result['rows']:>6} {path:<26} {row['us']:8.1f} {ratio} {errors}")
+            print(f"{result['rows']:>6} {path:<36} {row['us']:8.1f} {ratio} {errors}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"glmvit.kernels.triton_swiglu_gemm: {_one_line(err)}", file=sys.stderr)
             return 1
         for config in SWEEP_CONFIGS:
-            print(f"{config.name:<18} {compile_report(config)}")
+            print(f"{config.name:<27} {compile_report(config)}")
         return 0
     if not torch.cuda.is_available():
         print("swiglu_ab times CUDA kernels: this machine has no CUDA device", file=sys.stderr)

@@ -13,14 +13,16 @@ gate tile AND the matching up tile (two float32 accumulators fed by the same x t
 half the bytes written, the second kernel gone — worth it only if the matmul stays as fast as cuBLAS's.
 
 How (Triton's matmul tutorials, shaped for Hopper): one program per BLOCK_M × BLOCK_N output tile, programs ordered
-in groups of GROUP_M row tiles (a group's programs share x rows and W columns in L2); a K loop of BLOCK_K steps,
-software-pipelined ``num_stages`` deep. ``tma=True`` loads x, Wg and Wu tiles and stores the output tile through
-host-built tensor descriptors (``triton.tools.tensor_descriptor.TensorDescriptor``: one TMA copy per tile on
-Hopper, zero-filled past the tensors' edges; rows must be a multiple of 16 bytes, so K and H a multiple of 8 in
-bf16); the gate and up descriptors are views of the two halves, so a gate tile never reads up rows. ``tma=False``
+in groups of GROUP_M row tiles (a group's programs share x rows and W columns in L2), or with ``persistent=True``
+one program per multiprocessor walking the tiles of that order pid, pid + grid, … (tutorial 09's grid); a K loop of
+BLOCK_K steps, software-pipelined ``num_stages`` deep. ``tma=True`` loads x, Wg and Wu tiles and stores the output
+tile through host-built tensor descriptors (``triton.tools.tensor_descriptor.TensorDescriptor``: one TMA copy per
+tile on Hopper, zero-filled past the tensors' edges; rows must be a multiple of 16 bytes, so K and H a multiple of 8
+in bf16); the gate and up descriptors are views of the two halves, so a gate tile never reads up rows. ``tma=False``
 loads through masked pointers (any shape). The descriptors hold the tensors' addresses by value, so a CUDA graph
 that captures a launch keeps them, as it keeps the tensors. Shared memory per stage: one x tile and TWO weight
-tiles, (BLOCK_M + 2·BLOCK_N)·BLOCK_K elements (the TMA store's output tile reuses them after the loop).
+tiles, (BLOCK_M + 2·BLOCK_N)·BLOCK_K elements (the TMA store's output tile reuses them after the loop; a persistent
+program keeps its own).
 
 Numerics (matters for adoption): both accumulators are float32, silu is computed in float32 on the float32 gate
 (g / (1 + e⁻ᵍ), torch's formula) and multiplied by the float32 up, and the product is rounded ONCE, to the output
@@ -49,7 +51,8 @@ except ImportError:  # Triton before 3.4 has no host-side tensor descriptors: on
 class SwigluConfig:
     """One launch configuration: a BLOCK_M × BLOCK_N output tile (so BLOCK_N gate and BLOCK_N up columns), K steps
     of BLOCK_K, ``num_stages`` deep, GROUP_M row tiles per group, TMA or pointer loads (module docstring). ``name``
-    spells it for tables, e.g. ``128x128x64w8s3t`` (``t`` TMA, ``p`` pointers)."""
+    spells it for tables, e.g. ``128x128x64w8s3t`` (``t`` TMA, ``p`` pointers; ``-persistent`` for a persistent
+    grid)."""
 
     block_m: int = 128
     block_n: int = 128
@@ -58,6 +61,7 @@ class SwigluConfig:
     num_stages: int = 3
     group_m: int = 8
     tma: bool = True
+    persistent: bool = False  # one program per multiprocessor walking the tiles (tutorial 09) instead of one per tile
 
     def __post_init__(self) -> None:
         for field in ("block_m", "block_n", "block_k"):
@@ -71,11 +75,12 @@ class SwigluConfig:
     @property
     def name(self) -> str:
         return (f"{self.block_m}x{self.block_n}x{self.block_k}w{self.num_warps}s{self.num_stages}"
-                f"{'t' if self.tma else 'p'}")
+                f"{'t' if self.tma else 'p'}{'-persistent' if self.persistent else ''}")
 
     def shared_bytes(self, element_size: int = 2) -> int:
         """The pipeline's shared memory: ``num_stages`` × (x tile + gate tile + up tile). The compiler adds its
-        barriers and stages the TMA store's output tile in these buffers once the loop is done."""
+        barriers, and stages the TMA store's output tile in these buffers once the loop is done (a persistent
+        program, whose next tile's loads may be in flight, in a buffer of its own)."""
         return self.num_stages * (self.block_m + 2 * self.block_n) * self.block_k * element_size
 
 
@@ -83,7 +88,7 @@ class SwigluConfig:
 # stage, so 3 stages (144 KiB) or 4 (192 KiB); 128x64x64 32 KiB, 64x128x64 40 KiB and 64x64x64 24 KiB a stage, 4
 # stages (checked by compiling for sm_90: tools/swiglu_ab.py --compile-only). The smaller tiles are for few rows:
 # 256 rows by H = 4096 are 64 tiles of 128x128 for 132 multiprocessors, 256 of 64x64. The pointer twin of the first
-# shows what TMA buys.
+# shows what TMA buys; its persistent twin (144 KiB + its own 32 KiB output tile) what tutorial 09's grid does.
 SWEEP_CONFIGS = (
     SwigluConfig(128, 128, 64, 8, 3),
     SwigluConfig(128, 128, 64, 8, 4),
@@ -92,15 +97,30 @@ SWEEP_CONFIGS = (
     SwigluConfig(64, 128, 64, 4, 4),
     SwigluConfig(64, 64, 64, 4, 4),
     SwigluConfig(128, 128, 64, 8, 3, tma=False),
+    SwigluConfig(128, 128, 64, 8, 3, persistent=True),
 )
 
 
 @triton.jit
 def _swiglu_gemm_kernel(x_ptr, w_ptr, y_ptr, x_desc, wg_desc, wu_desc, y_desc, M, H, K,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                        TMA: tl.constexpr):
+                        TMA: tl.constexpr, PERSISTENT: tl.constexpr = False):
+    if PERSISTENT:  # a grid of at most one program per multiprocessor, each walking tiles pid, pid + grid, …
+        tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(H, BLOCK_N)
+        for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0)):
+            _swiglu_tile(tile, x_ptr, w_ptr, y_ptr, x_desc, wg_desc, wu_desc, y_desc, M, H, K,
+                         BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA)
+    else:
+        _swiglu_tile(tl.program_id(0), x_ptr, w_ptr, y_ptr, x_desc, wg_desc, wu_desc, y_desc, M, H, K,
+                     BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA)
+
+
+@triton.jit
+def _swiglu_tile(pid, x_ptr, w_ptr, y_ptr, x_desc, wg_desc, wu_desc, y_desc, M, H, K,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                 TMA: tl.constexpr):
+    """Output tile number ``pid`` of the grouped order."""
     # Grouped order (tutorial 03): GROUP_M row tiles walk the column tiles together, so their W tiles stay in L2.
-    pid = tl.program_id(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(H, BLOCK_N)
     in_group = GROUP_M * tiles_n
@@ -138,6 +158,15 @@ def _swiglu_gemm_kernel(x_ptr, w_ptr, y_ptr, x_desc, wg_desc, wu_desc, y_desc, M
                  mask=(rows[:, None] < M) & (cols[None, :] < H))
 
 
+INTERPRETER_PROGRAMS = 3  # a persistent grid on the CPU: few enough that every program walks several tiles
+
+
+def _multiprocessors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return INTERPRETER_PROGRAMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _descriptors(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, config: SwigluConfig) -> tuple:
     """Host tensor descriptors for x, the gate half, the up half and y; one-line errors for what TMA cannot take."""
     if TensorDescriptor is None:
@@ -173,10 +202,12 @@ def swiglu_linear_triton(x: torch.Tensor, weight: torch.Tensor, config: SwigluCo
     descs: tuple = (x, weight, weight, y)  # not read without TMA
     if config.tma:
         descs = _descriptors(x, weight, y, config)
-    grid = (triton.cdiv(m, config.block_m) * triton.cdiv(hidden, config.block_n),)
-    _swiglu_gemm_kernel[grid](
+    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(hidden, config.block_n)
+    if config.persistent:
+        tiles = min(tiles, _multiprocessors(x.device))
+    _swiglu_gemm_kernel[(tiles,)](
         x, weight, y, *descs, m, hidden, k,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
-        TMA=config.tma, num_warps=config.num_warps, num_stages=config.num_stages,
+        TMA=config.tma, PERSISTENT=config.persistent, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return y
