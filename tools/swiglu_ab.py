@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from typing import Any, Callable
 
 import torch
@@ -71,7 +72,7 @@ def ab_paths(x: torch.Tensor, weight: torch.Tensor) -> dict[str, Callable[[], to
     except Exception:  # noqa: BLE001 - no Triton, or one without what the module needs: the caller says so
         return out
     for config in SWEEP_CONFIGS:
-        out[f"triton@{config.name}"] = lambda c=config: swiglu_linear_triton(x, weight, c)
+        out[f"triton@{config.name}"] = partial(swiglu_linear_triton, x, weight, config)
     return out
 
 

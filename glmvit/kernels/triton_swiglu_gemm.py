@@ -29,9 +29,11 @@ Numerics (matters for adoption): both accumulators are float32, silu is computed
 dtype. The model's unfused bf16 path rounds three times: g and u to bf16 when cuBLAS writes gate_up, silu(g) to bf16
 (eager ``F.silu`` on a bf16 tensor), and the product to bf16; under torch.compile inductor computes silu(g)·u in
 float32 from the rounded g and u, so two roundings. So this kernel's output is closer to the float32 SwiGLU than
-either path, and differs from both by up to a few bf16 units in the last place: adopting it changes the model's
-bf16 output bitwise (recorded results and their error bands must be re-read), not its float32 contract.
-Under ``TRITON_INTERPRET=1`` it runs on CPU tensors (fp32), both load paths included.
+either path (every element within one bf16 rounding of it, which the unfused paths are not: a rounded negative gate
+moves silu by up to |g| times its own relative error), and differs from both by about the roundings it skips
+(within 2⁻⁶·max|out| in tests/test_triton_swiglu_gemm.py): adopting it changes the model's bf16 output bitwise
+(recorded results and their error bands must be re-read), not its float32 contract.
+Under ``TRITON_INTERPRET=1`` it runs on CPU tensors (fp32), both load paths and both grids included.
 """
 from __future__ import annotations
 
