@@ -1,0 +1,215 @@
+"""Triton kernel: the MLP's first half, silu(x · Wgᵀ) · (x · Wuᵀ), in one matmul whose epilogue is the SwiGLU.
+A candidate beside the model's path (cuBLAS ``gate_up_proj``, then a separate SwiGLU kernel); timed by
+``tools/swiglu_ab.py``; the model does not run it.
+
+Spec: ``swiglu_linear_triton(x, weight, config)`` with x (M, K) and ``weight`` (2·H, K) laid out as
+``glmvit.model.fuse_gate_up`` makes it (gate rows 0 … H−1, then up rows H … 2H−1, each row one output column):
+out[m, j] = silu(g) · u with g = Σₖ x[m, k]·W[j, k], u = Σₖ x[m, k]·W[H + j, k]; out is (M, H) in x's dtype.
+Both tensors contiguous, same dtype, same device; M = 0 gives an empty output.
+
+Why: the unfused path writes the (M, 2H) gate_up product and a second kernel reads it back and writes (M, H): at
+8×448² rows (8192 × 8192 bf16) that round trip is a DRAM-bound kernel of its own. Here each program computes the
+gate tile AND the matching up tile (two float32 accumulators fed by the same x tile) and stores only their SwiGLU:
+half the bytes written, the second kernel gone — worth it only if the matmul stays as fast as cuBLAS's.
+
+How (Triton's matmul tutorials, shaped for Hopper): one program per BLOCK_M × BLOCK_N output tile, programs ordered
+in groups of GROUP_M row tiles (a group's programs share x rows and W columns in L2), or with ``persistent=True``
+one program per multiprocessor walking the tiles of that order pid, pid + grid, … (tutorial 09's grid); a K loop of
+BLOCK_K steps, software-pipelined ``num_stages`` deep. ``tma=True`` loads x, Wg and Wu tiles and stores the output
+tile through host-built tensor descriptors (``triton.tools.tensor_descriptor.TensorDescriptor``: one TMA copy per
+tile on Hopper, zero-filled past the tensors' edges; rows must be a multiple of 16 bytes, so K and H a multiple of 8
+in bf16); the gate and up descriptors are views of the two halves, so a gate tile never reads up rows. ``tma=False``
+loads through masked pointers (any shape). The descriptors hold the tensors' addresses by value, so a CUDA graph
+that captures a launch keeps them, as it keeps the tensors. Shared memory per stage: one x tile and TWO weight
+tiles, (BLOCK_M + 2·BLOCK_N)·BLOCK_K elements (the TMA store's output tile reuses them after the loop; a persistent
+program keeps its own).
+
+Numerics (matters for adoption): both accumulators are float32, silu is computed in float32 on the float32 gate
+(g / (1 + e⁻ᵍ), torch's formula) and multiplied by the float32 up, and the product is rounded ONCE, to the output
+dtype. The model's unfused bf16 path rounds three times: g and u to bf16 when cuBLAS writes gate_up, silu(g) to bf16
+(eager ``F.silu`` on a bf16 tensor), and the product to bf16; under torch.compile inductor computes silu(g)·u in
+float32 from the rounded g and u, so two roundings. So this kernel's output is closer to the float32 SwiGLU than
+either path (every element within one bf16 rounding of it, which the unfused paths are not: a rounded negative gate
+moves silu by up to |g| times its own relative error), and differs from both by about the roundings it skips
+(within 2⁻⁶·max|out| in tests/test_triton_swiglu_gemm.py): adopting it changes the model's bf16 output bitwise
+(recorded results and their error bands must be re-read), not its float32 contract.
+Under ``TRITON_INTERPRET=1`` it runs on CPU tensors (fp32), both load paths and both grids included.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # Triton before 3.4 has no host-side tensor descriptors: only ``tma=False`` configs run
+    TensorDescriptor = None
+
+
+@dataclass(frozen=True)
+class SwigluConfig:
+    """One launch configuration: a BLOCK_M × BLOCK_N output tile (so BLOCK_N gate and BLOCK_N up columns), K steps
+    of BLOCK_K, ``num_stages`` deep, GROUP_M row tiles per group, TMA or pointer loads (module docstring). ``name``
+    spells it for tables, e.g. ``128x128x64w8s3t`` (``t`` TMA, ``p`` pointers; ``-persistent`` for a persistent
+    grid)."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+    group_m: int = 8
+    tma: bool = True
+    persistent: bool = False  # one program per multiprocessor walking the tiles (tutorial 09) instead of one per tile
+
+    def __post_init__(self) -> None:
+        for field in ("block_m", "block_n", "block_k"):
+            value = getattr(self, field)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"{field}={value}: a tile side must be a power of two, at least 16")
+        for field in ("num_warps", "num_stages", "group_m"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"{field}={getattr(self, field)}: must be at least 1")
+
+    @property
+    def name(self) -> str:
+        return (f"{self.block_m}x{self.block_n}x{self.block_k}w{self.num_warps}s{self.num_stages}"
+                f"{'t' if self.tma else 'p'}{'-persistent' if self.persistent else ''}")
+
+    def shared_bytes(self, element_size: int = 2) -> int:
+        """The pipeline's shared memory: ``num_stages`` × (x tile + gate tile + up tile). The compiler adds its
+        barriers, and stages the TMA store's output tile in these buffers once the loop is done (a persistent
+        program, whose next tile's loads may be in flight, in a buffer of its own)."""
+        return self.num_stages * (self.block_m + 2 * self.block_n) * self.block_k * element_size
+
+
+# What tools/swiglu_ab.py times. Shared memory in bf16 (H100/H200 allow 227 KiB a block): 128x128x64 is 48 KiB a
+# stage, so 3 stages (144 KiB) or 4 (192 KiB); 128x64x64 32 KiB, 64x128x64 40 KiB and 64x64x64 24 KiB a stage, 4
+# stages (checked by compiling for sm_90: tools/swiglu_ab.py --compile-only). The smaller tiles are for few rows:
+# 256 rows by H = 4096 are 64 tiles of 128x128 for 132 multiprocessors, 256 of 64x64. The pointer twin of the first
+# shows what TMA buys; its persistent twin (144 KiB + its own 32 KiB output tile) what tutorial 09's grid does.
+SWEEP_CONFIGS = (
+    SwigluConfig(128, 128, 64, 8, 3),
+    SwigluConfig(128, 128, 64, 8, 4),
+    SwigluConfig(128, 64, 64, 4, 4),
+    SwigluConfig(128, 64, 64, 8, 4),
+    SwigluConfig(64, 128, 64, 4, 4),
+    SwigluConfig(64, 64, 64, 4, 4),
+    SwigluConfig(128, 128, 64, 8, 3, tma=False),
+    SwigluConfig(128, 128, 64, 8, 3, persistent=True),
+)
+
+
+@triton.jit
+def _swiglu_gemm_kernel(x_ptr, w_ptr, y_ptr, x_desc, wg_desc, wu_desc, y_desc, M, H, K,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                        TMA: tl.constexpr, PERSISTENT: tl.constexpr = False):
+    if PERSISTENT:  # a grid of at most one program per multiprocessor, each walking tiles pid, pid + grid, …
+        tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(H, BLOCK_N)
+        for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0)):
+            _swiglu_tile(tile, x_ptr, w_ptr, y_ptr, x_desc, wg_desc, wu_desc, y_desc, M, H, K,
+                         BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA)
+    else:
+        _swiglu_tile(tl.program_id(0), x_ptr, w_ptr, y_ptr, x_desc, wg_desc, wu_desc, y_desc, M, H, K,
+                     BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA)
+
+
+@triton.jit
+def _swiglu_tile(pid, x_ptr, w_ptr, y_ptr, x_desc, wg_desc, wu_desc, y_desc, M, H, K,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                 TMA: tl.constexpr):
+    """Output tile number ``pid`` of the grouped order."""
+    # Grouped order (tutorial 03): GROUP_M row tiles walk the column tiles together, so their W tiles stay in L2.
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(H, BLOCK_N)
+    in_group = GROUP_M * tiles_n
+    first_m = (pid // in_group) * GROUP_M
+    group_size = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % group_size
+    pid_n = (pid % in_group) // group_size
+    row0 = pid_m * BLOCK_M
+    col0 = pid_n * BLOCK_N
+
+    rows = row0 + tl.arange(0, BLOCK_M)
+    cols = col0 + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k in range(0, K, BLOCK_K):
+        if TMA:  # one copy per tile; rows, columns and K past a tensor's edge read as zeros
+            x = x_desc.load([row0, k])
+            wg = wg_desc.load([col0, k])
+            wu = wu_desc.load([col0, k])
+        else:
+            kk = k + ks
+            x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + kk[None, :],
+                        mask=(rows[:, None] < M) & (kk[None, :] < K), other=0.0)
+            w_mask = (cols[:, None] < H) & (kk[None, :] < K)
+            wg = tl.load(w_ptr + cols.to(tl.int64)[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
+            wu = tl.load(w_ptr + (cols + H).to(tl.int64)[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
+        gate = tl.dot(x, tl.trans(wg), gate)
+        up = tl.dot(x, tl.trans(wu), up)
+    out = (gate / (1.0 + tl.exp(-gate)) * up).to(y_ptr.dtype.element_ty)  # silu in float32, one rounding
+    if TMA:
+        y_desc.store([row0, col0], out)  # clipped at the tensor's edge
+    else:
+        tl.store(y_ptr + rows.to(tl.int64)[:, None] * H + cols[None, :], out,
+                 mask=(rows[:, None] < M) & (cols[None, :] < H))
+
+
+INTERPRETER_PROGRAMS = 3  # a persistent grid on the CPU: few enough that every program walks several tiles
+
+
+def _multiprocessors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return INTERPRETER_PROGRAMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _descriptors(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, config: SwigluConfig) -> tuple:
+    """Host tensor descriptors for x, the gate half, the up half and y; one-line errors for what TMA cannot take."""
+    if TensorDescriptor is None:
+        raise RuntimeError(f"{config.name}: this Triton has no triton.tools.tensor_descriptor; use tma=False")
+    for label, t in (("x", x), ("weight", weight), ("out", y)):
+        if (t.shape[1] * t.element_size()) % 16:
+            raise ValueError(f"{config.name}: TMA needs rows of a multiple of 16 bytes: {label} rows of "
+                             f"{t.shape[1]} {t.dtype} are {t.shape[1] * t.element_size()} bytes")
+        if t.data_ptr() % 16:
+            raise ValueError(f"{config.name}: TMA needs 16-byte aligned tensors: {label} is not")
+    hidden = y.shape[1]
+    bm, bn, bk = config.block_m, config.block_n, config.block_k
+    return (TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight[:hidden], [bn, bk]),
+            TensorDescriptor.from_tensor(weight[hidden:], [bn, bk]), TensorDescriptor.from_tensor(y, [bm, bn]))
+
+
+def swiglu_linear_triton(x: torch.Tensor, weight: torch.Tensor, config: SwigluConfig | None = None) -> torch.Tensor:
+    """silu(x · Wgᵀ) · (x · Wuᵀ) → (M, H) in x's dtype, for x (M, K) and weight (2·H, K) = [Wg; Wu] (module
+    docstring: float32 accumulation and silu, one rounding). None: ``SWEEP_CONFIGS[0]``."""
+    config = SWEEP_CONFIGS[0] if config is None else config
+    if x.dim() != 2 or weight.dim() != 2 or weight.shape[1] != x.shape[1] or weight.shape[0] % 2:
+        raise ValueError(f"swiglu_linear_triton needs x (M, K) and weight (2·H, K): got x {tuple(x.shape)}, "
+                         f"weight {tuple(weight.shape)}")
+    if x.dtype != weight.dtype or x.device != weight.device:
+        raise ValueError(f"x and weight differ: x {x.dtype} on {x.device}, weight {weight.dtype} on {weight.device}")
+    if not (x.is_contiguous() and weight.is_contiguous()):
+        raise ValueError("swiglu_linear_triton needs contiguous x and weight")
+    m, k = x.shape
+    hidden = weight.shape[0] // 2
+    y = torch.empty((m, hidden), dtype=x.dtype, device=x.device)
+    if m == 0 or hidden == 0:
+        return y
+    descs: tuple = (x, weight, weight, y)  # not read without TMA
+    if config.tma:
+        descs = _descriptors(x, weight, y, config)
+    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(hidden, config.block_n)
+    if config.persistent:
+        tiles = min(tiles, _multiprocessors(x.device))
+    _swiglu_gemm_kernel[(tiles,)](
+        x, weight, y, *descs, m, hidden, k,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+        TMA=config.tma, PERSISTENT=config.persistent, num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return y
