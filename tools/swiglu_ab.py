@@ -28,19 +28,18 @@ import argparse
 import json
 import sys
 from functools import partial
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the A/B tools' shared loop
+from ab_common import check_and_time, compile_sm90, one_line  # noqa: E402
 
 ROWS = (256, 1024, 8192)
 DIM, HIDDEN = 1536, 4096
 REPLAYS = 50
 BASELINE = "compiled"
-
-
-def _one_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0][:160] if text else ''}"
 
 
 def check(out: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
@@ -77,8 +76,6 @@ def ab_paths(x: torch.Tensor, weight: torch.Tensor) -> dict[str, Callable[[], to
 
 
 def measure(rows: int, rounds: int = 2) -> dict[str, Any]:
-    from glmvit.profiling import graph_time_us
-
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     x = torch.randn(rows, DIM, device=dev, dtype=torch.bfloat16, generator=gen)
@@ -91,42 +88,17 @@ def measure(rows: int, rounds: int = 2) -> dict[str, Any]:
     try:
         fns = ab_paths(x, weight)
     except Exception as err:  # noqa: BLE001
-        paths["all"] = {"unavailable": _one_line(err)}
+        paths["all"] = {"unavailable": one_line(err)}
     if fns and not any(p.startswith("triton@") for p in fns):
         paths["triton"] = {"unavailable": "glmvit.kernels.triton_swiglu_gemm does not import here"}
-    for path, fn in fns.items():
-        try:
-            row: dict[str, Any] = {"us_rounds": []}
-            if path != "gate_up_only":
-                row.update(check(fn(), ref))
-            torch.cuda.synchronize()
-            paths[path] = row
-        except Exception as err:  # noqa: BLE001 - a configuration this GPU or Triton refuses is one line
-            paths[path] = {"unavailable": _one_line(err)}
-    timed = [p for p in fns if "unavailable" not in paths[p]]
-    for round_ in range(rounds):
-        for path in timed if round_ % 2 == 0 else timed[::-1]:
-            if "unavailable" in paths[path]:
-                continue
-            try:
-                paths[path]["us_rounds"].append(graph_time_us(fns[path], repeats=20, runs=REPLAYS))
-            except Exception as err:  # noqa: BLE001
-                paths[path] = {"unavailable": _one_line(err)}
-    for row in paths.values():
-        if row.get("us_rounds"):
-            row["us"] = min(row["us_rounds"])
-    del ref
+    paths.update(check_and_time(fns, lambda path, out: None if path == "gate_up_only" else check(out, ref),
+                                rounds, REPLAYS))
     torch.cuda.empty_cache()
     return {"rows": rows, "dim": DIM, "hidden": HIDDEN, "paths": paths}
 
 
 def compile_report(config, rows: int = 8192) -> dict[str, Any]:
     """Compile the kernel for sm_90 without a GPU (``--compile-only``); what its code holds, or one line why not."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import mangle_type
-
     from glmvit.kernels.triton_swiglu_gemm import TensorDescriptor, _swiglu_gemm_kernel
 
     x = torch.empty(rows, DIM, dtype=torch.bfloat16)
@@ -143,21 +115,11 @@ def compile_report(config, rows: int = 8192) -> dict[str, Any]:
                 y_desc=descs[3], M=rows, H=HIDDEN, K=DIM)
     constants = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
                      TMA=config.tma, PERSISTENT=config.persistent)
-    signature = {**{k: mangle_type(v) for k, v in args.items()}, **{k: "constexpr" for k in constants}}
     # What a launch's specialisation tells the compiler: 16-byte aligned pointers, sizes that are multiples of 16
     # (without it the pointer loads are neither vectorised nor pipelined).
     aligned = {(i,): [["tt.divisibility", 16]] for i, v in enumerate(args.values())
                if isinstance(v, torch.Tensor) or (isinstance(v, int) and v % 16 == 0)}
-    try:
-        kernel = triton.compile(ASTSource(_swiglu_gemm_kernel, signature, constants, attrs=aligned),
-                                target=GPUTarget("cuda", 90, 32),
-                                options={"num_warps": config.num_warps, "num_stages": config.num_stages})
-    except Exception as err:  # noqa: BLE001 - a configuration this Triton refuses: one line
-        return {"unavailable": _one_line(err)}
-    ptx = kernel.asm["ptx"]
-    return {"shared_bytes": kernel.metadata.shared, "warps": kernel.metadata.num_warps,
-            "wgmma": ptx.count("wgmma.mma_async"), "tma_copies": ptx.count("cp.async.bulk.tensor"),
-            "async_copies": ptx.count("cp.async.cg") + ptx.count("cp.async.ca")}
+    return compile_sm90(_swiglu_gemm_kernel, args, constants, config.num_warps, config.num_stages, aligned)
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
@@ -191,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             from glmvit.kernels.triton_swiglu_gemm import SWEEP_CONFIGS
         except Exception as err:  # noqa: BLE001
-            print(f"glmvit.kernels.triton_swiglu_gemm: {_one_line(err)}", file=sys.stderr)
+            print(f"glmvit.kernels.triton_swiglu_gemm: {one_line(err)}", file=sys.stderr)
             return 1
         for config in SWEEP_CONFIGS:
             print(f"{config.name:<27} {compile_report(config)}")

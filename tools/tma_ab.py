@@ -28,7 +28,8 @@ from typing import Any, Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sweep's layouts, reference and error bounds
-from attention_sweep import HEAD_DIM, HEADS, LAYOUTS, REPLAYS, _one_line, build_layout, check, layout_names, reference  # noqa: E402
+from ab_common import check_and_time, compile_sm90, one_line  # noqa: E402
+from attention_sweep import HEAD_DIM, HEADS, LAYOUTS, REPLAYS, build_layout, check, layout_names, reference  # noqa: E402
 
 AB_LAYOUTS = ("8x1024", "1x5329", "4x256")
 BASELINE = "readable@128x64w8s3r"
@@ -52,7 +53,6 @@ def ab_paths(qkv, cos, sin, segment_ids, cu) -> dict[str, Callable[[], torch.Ten
 
 
 def measure(lengths: tuple[int, ...], rounds: int = 2) -> dict[str, Any]:
-    from glmvit.profiling import graph_time_us
     from glmvit.rotary import apply_rotary, inv_freq, rotary_cos_sin
 
     layout = build_layout(lengths)
@@ -71,28 +71,11 @@ def measure(lengths: tuple[int, ...], rounds: int = 2) -> dict[str, Any]:
     try:
         fns = ab_paths(qkv, cos, sin, segment_ids, cu)
     except Exception as err:  # noqa: BLE001 - e.g. a Triton without what the new module needs: one line
-        rows["tma"] = {"unavailable": _one_line(err)}
-    for path, fn in fns.items():
-        try:
-            row: dict[str, Any] = {"us_rounds": []}
-            if path != "rotation_launch":
-                row.update(check(fn()[:n].view(n, HEADS, HEAD_DIM), ref, v[:n]))
-            rows[path] = row
-        except Exception as err:  # noqa: BLE001 - a configuration this GPU or Triton refuses is one line
-            rows[path] = {"unavailable": _one_line(err)}
-    timed = [p for p in fns if "unavailable" not in rows[p]]
-    for round_ in range(rounds):
-        for path in timed if round_ % 2 == 0 else timed[::-1]:
-            if "unavailable" in rows[path]:
-                continue
-            try:
-                rows[path]["us_rounds"].append(graph_time_us(fns[path], repeats=20, runs=REPLAYS))
-            except Exception as err:  # noqa: BLE001
-                rows[path] = {"unavailable": _one_line(err)}
-    for row in rows.values():
-        if row.get("us_rounds"):
-            row["us"] = min(row["us_rounds"])
-    del ref
+        rows["tma"] = {"unavailable": one_line(err)}
+    def checked(path: str, out: torch.Tensor) -> dict | None:
+        return None if path == "rotation_launch" else check(out[:n].view(n, HEADS, HEAD_DIM), ref, v[:n])
+
+    rows.update(check_and_time(fns, checked, rounds, REPLAYS))
     torch.cuda.empty_cache()
     return {"lengths": list(lengths), "rows": layout.rows, "paths": rows}
 
@@ -100,9 +83,6 @@ def measure(lengths: tuple[int, ...], rounds: int = 2) -> dict[str, Any]:
 def compile_report(config, rows: int = 8192, segments: int = 64) -> dict[str, Any]:
     """Compile the attention for sm_90 without a GPU (``--compile-only``); what its code holds, or one line why not."""
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import mangle_type
 
     from glmvit.kernels.triton_attention_tma import TensorDescriptor, _varlen_attention_tma_kernel
 
@@ -118,16 +98,7 @@ def compile_report(config, rows: int = 8192, segments: int = 64) -> dict[str, An
     constants = dict(SEGMENTS=segments, SLOTS=triton.next_power_of_2(segments), HEADS=HEADS, D=HEAD_DIM,
                      BLOCK_M=config.block_m, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages,
                      WARP_SPECIALIZE=config.warp_specialize, DESCRIPTORS=config.descriptors)
-    signature = {**{k: mangle_type(v) for k, v in args.items()}, **{k: "constexpr" for k in constants}}
-    try:
-        kernel = triton.compile(ASTSource(_varlen_attention_tma_kernel, signature, constants),
-                                target=GPUTarget("cuda", 90, 32),
-                                options={"num_warps": config.num_warps, "num_stages": config.num_stages})
-    except Exception as err:  # noqa: BLE001 - a configuration this Triton refuses: one line
-        return {"unavailable": _one_line(err)}
-    ptx = kernel.asm["ptx"]
-    return {"shared_bytes": kernel.metadata.shared, "warps": kernel.metadata.num_warps,
-            "wgmma": ptx.count("wgmma.mma_async"), "tma_copies": ptx.count("cp.async.bulk.tensor")}
+    return compile_sm90(_varlen_attention_tma_kernel, args, constants, config.num_warps, config.num_stages)
 
 
 def print_table(layouts: dict[str, Any]) -> None:
