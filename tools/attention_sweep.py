@@ -40,6 +40,7 @@ import math
 import sys
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -49,6 +50,9 @@ import torch.nn.functional as F
 
 from glmvit.kernels.cudnn_attention import ragged_offsets
 from glmvit.metadata import BatchShape
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the A/B tools' shared helpers
+from ab_common import one_line  # noqa: E402
 
 HEADS, HEAD_DIM = 12, 128
 MAX_SEGMENTS = 64  # the graphs' segment slots (BudgetConfig.max_segments)
@@ -219,18 +223,13 @@ def tma_paths(qkv, cos, sin, cu) -> dict[str, Callable[[], torch.Tensor] | str]:
     try:
         from glmvit.kernels.triton_attention_tma import SWEEP_CONFIGS, attend_prerotated_tma
     except Exception as err:  # noqa: BLE001 - one line in the table, whatever this Triton lacks
-        return {"triton_tma": f"not importable: {_one_line(err)}"}
+        return {"triton_tma": f"not importable: {one_line(err)}"}
 
     def run(config) -> torch.Tensor:
         scratch = rotate_qk_triton(qkv, cos, sin, cu, HEADS)
         return attend_prerotated_tma(qkv, scratch, cu, HEADS, config).view(-1, HEADS, HEAD_DIM)
 
     return {f"triton_tma@{config.name}": partial(run, config) for config in SWEEP_CONFIGS}
-
-
-def _one_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0][:160] if text else ''}"
 
 
 def measure(name: str, lengths: tuple[int, ...]) -> dict[str, Any]:
@@ -263,7 +262,7 @@ def measure(name: str, lengths: tuple[int, ...]) -> dict[str, Any]:
                 row.update(check(fn()[: layout.real_rows], ref, v[: layout.real_rows]))
             row["us"] = graph_time_us(fn, repeats=20, runs=REPLAYS)
         except Exception as err:  # noqa: BLE001 - a path this GPU, build or layout refuses is one line, not a crash
-            row = {"unavailable": _one_line(err)}
+            row = {"unavailable": one_line(err)}
         result["paths"][path] = row
     del ref
     torch.cuda.empty_cache()

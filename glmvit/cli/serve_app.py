@@ -130,8 +130,6 @@ class BadRequest(ValueError):
         self.status = status
 
 
-_ClientLeft = ClientLeft
-
 
 def _gone(request: web.Request) -> bool:
     """Whether ``request``'s client has closed its connection."""
@@ -373,7 +371,7 @@ class EncoderService:
         self.handling += 1
         try:
             response = await handler(request)
-        except _ClientLeft:
+        except ClientLeft:
             self.clients_left += 1
             return web.Response(status=499)  # nobody reads it: aiohttp's write to the closed connection is dropped
         except asyncio.CancelledError:  # the client left (aiohttp cancels its handler), or a drain gave up on it
@@ -454,7 +452,7 @@ class EncoderService:
             await response.prepare(request)
             await response.write_eof()
         except ConnectionError:  # the client left as its answer was written
-            raise _ClientLeft from None
+            raise ClientLeft from None
         timing["write"] = time.perf_counter() - writing
         self.phase_s.update(timing)
         self.timed += 1
@@ -479,7 +477,7 @@ class EncoderService:
             why = " ".join(str(err.message).split()) or type(err).__name__
             raise BadRequest(f"the multipart body is malformed ({why})") from None
         except ConnectionError:  # the client left mid-body: nobody to answer, no error
-            raise _ClientLeft from None
+            raise ClientLeft from None
         read = time.perf_counter()
         timing["read"] = read - start
         loop = asyncio.get_running_loop()

@@ -55,7 +55,7 @@ def status_of(err: BaseException) -> int:
     return next((status for kind, status in STATUSES if isinstance(err, kind)), 500)
 
 
-def one_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
     """``err``'s message, its first line."""
     text = str(err)
     return text.splitlines()[0] if text else ""

@@ -39,7 +39,7 @@ from ..config import VisionConfig
 from ..model import GlmVisionEncoder
 from ..scheduler import SchedulerClosed
 from .pixel_rows import PixelRows
-from .serve_backend import NO_ROOM, ClientLeft, Encoded, LocalBackend, Prepared, Refused, one_line, status_of
+from .serve_backend import NO_ROOM, ClientLeft, Encoded, LocalBackend, Prepared, Refused, first_line, status_of
 from .serve_media import RequestMedia
 
 log = logging.getLogger("glmvit.cli.serve_app")
@@ -225,7 +225,7 @@ class RemoteBackend:
         key = message[1] if isinstance(message, tuple) and len(message) > 1 else None
         future = self._waiting.pop(key, None) if isinstance(key, int) else None
         if future is not None and not future.done():
-            future.set_exception(Refused(f"internal error: {type(err).__name__}: {one_line(err)}", 500))
+            future.set_exception(Refused(f"internal error: {type(err).__name__}: {first_line(err)}", 500))
 
     def _received(self, message: tuple) -> None:
         kind = message[0]
@@ -403,7 +403,7 @@ class EngineLink:
             except Exception as err:  # noqa: BLE001 - logged; its request fails, the others go on
                 log.exception("a message from API server %s could not be handled", front.name)
                 if isinstance(message, tuple) and len(message) > 1 and message[0] == "encode":
-                    self._send(front, ("error", message[1], type(err).__name__, one_line(err), 500))
+                    self._send(front, ("error", message[1], type(err).__name__, first_line(err), 500))
 
     def _received(self, front: _Front, message: tuple) -> None:
         kind = message[0]
@@ -470,7 +470,7 @@ class EngineLink:
             status = status_of(err)
             if status == 500:
                 log.exception("request %d of API server %s failed", key, front.name)
-            self._send(front, ("error", key, type(err).__name__, one_line(err), status))
+            self._send(front, ("error", key, type(err).__name__, first_line(err), status))
 
     def _send(self, front: _Front, message: tuple, body: PixelRows | None = None) -> None:
         """``message`` to ``front``: a blocking send on the event loop, of a small message only (an answer's file
@@ -489,7 +489,7 @@ class EngineLink:
             if body is not None:
                 body.discard()
             log.exception("a message to API server %s could not be sent", front.name)
-            self._send(front, ("error", message[1], type(err).__name__, one_line(err), 500))
+            self._send(front, ("error", message[1], type(err).__name__, first_line(err), 500))
 
     def _lost(self, front: _Front) -> None:
         """``front`` said bye or its pipe closed: its requests still here are withdrawn."""
