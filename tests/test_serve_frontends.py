@@ -542,9 +542,12 @@ def test_a_message_the_api_server_cannot_handle_fails_only_its_request(tmp_path,
             return_exceptions=True), 5)
         await peer
         return answers, backend.gone
-    (first, second), gone = run(ask())
-    assert isinstance(first, Refused) and first.status == 500 and str(first).startswith("internal error:")
-    assert isinstance(second, Refused) and (second.status, str(second)) == (429, "queue full") and not gone
+    answers, gone = run(ask())
+    # The two requests race to the pipe, so which one the engine reads first is not fixed: one answer each.
+    assert all(isinstance(answer, Refused) for answer in answers) and not gone
+    broken, refused = sorted(answers, key=lambda answer: -answer.status)
+    assert broken.status == 500 and str(broken).startswith("internal error:")
+    assert (refused.status, str(refused)) == (429, "queue full")
 
 
 def engine_at(backend, folder, engine_end):
