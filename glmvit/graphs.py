@@ -281,6 +281,7 @@ class EncoderGraphRunner:
         self.captures: dict[int, Capture] = {}
         self.failed: dict[int, str] = {}
         self.pool: Any = None  # the shared memory pool handle, from the first capture on
+        self._capture_stream: Any = None  # the side stream every warm-up and capture runs on (_capture_one)
         self.stats = RunnerStats()
         self._layouts: dict[bytes, list[BatchStep]] = {}  # plans by the request's grids; reset by capture()
         self._requests = RequestCache(LAYOUT_CACHE_SIZE)  # run()'s requests by the grids given: validated once
@@ -340,7 +341,13 @@ class EncoderGraphRunner:
             return 0.0, 0
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream()
+        if self._capture_stream is None:
+            # One side stream for every warm-up and every capture of this runner. Library state made per stream on
+            # a stream's first use (cuBLAS's workspace: aten/src/ATen/cuda/CublasHandlePool.cpp) is then made in
+            # the first warm-up, outside every graph and its pool, and each capture finds it made: not once per
+            # budget, and never inside a capture, where it would stay in the pool for good.
+            self._capture_stream = torch.cuda.Stream()
+        stream = self._capture_stream
         stream.wait_stream(torch.cuda.current_stream())
         start = time.perf_counter()
         with torch.cuda.stream(stream):
@@ -355,7 +362,8 @@ class EncoderGraphRunner:
         try:
             # The outer stream context restores the caller's stream even if torch.cuda.graph's __exit__ fails in
             # capture_end() (it would then skip restoring the stream and leave the capture stream current).
-            with torch.cuda.stream(torch.cuda.current_stream()), torch.cuda.graph(graph, pool=self.pool):
+            with torch.cuda.stream(torch.cuda.current_stream()), torch.cuda.graph(graph, pool=self.pool,
+                                                                                  stream=stream):
                 cb.output.copy_(self.forward_static(cb.pixels, cb.meta))
         except BaseException:
             # A failure mid-capture (e.g. out of memory) leaves a partial graph holding a share of the pool: drop it

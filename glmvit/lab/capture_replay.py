@@ -39,9 +39,14 @@ class HandRunner:
             with torch.cuda.stream(side):
                 self.model.forward_static(self.pixels, self.meta)  # warm-up, outside the capture
             torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()  # as EncoderGraphRunner measures: what the capture adds is its pool
+            before = torch.cuda.memory_reserved()
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
+            with torch.cuda.graph(self.graph, stream=side):  # the warmed-up stream: notebook 03 §6 says why
                 self.output = self.model.forward_static(self.pixels, self.meta)
+            torch.cuda.synchronize()
+            self.graph_bytes = torch.cuda.memory_reserved() - before
         elif tape is None:
             raise ValueError("HandRunner.capture on a CPU needs tape, the class of an emulated capture")
         else:
@@ -243,7 +248,9 @@ def hand_vs_runner() -> dict[str, Any]:
 
 def one_pool_or_three() -> dict[str, Any]:
     """Budgets 64, 256, 1024 of the full tower: EncoderGraphRunner's one shared pool (and scrambled replays against
-    eager) against three HandRunners with a private pool each; memory reserved."""
+    eager) against three HandRunners with a private pool each. Reserved memory after each side (it counts static
+    buffers and whatever the allocator caches) and, the comparable number, each capture's pool growth: the memory
+    reserved across the capture alone, warmed up and with the cache emptied first, on both sides."""
     full = full_model()
     budgets, sides = (64, 256, 1024), {64: 16, 256: 32, 1024: 64}  # one square image fills each budget
     torch.cuda.synchronize()
@@ -269,6 +276,8 @@ def one_pool_or_three() -> dict[str, Any]:
     hands = [HandRunner(full, b, 8).capture() for b in sorted(budgets, reverse=True)]
     torch.cuda.synchronize()
     result["own_pools_reserved_bytes"] = torch.cuda.memory_reserved() - before
+    result["own_growth_per_capture"] = {str(hand.shape.rows // full.config.merge_area): hand.graph_bytes
+                                        for hand in hands}
     del hands
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
