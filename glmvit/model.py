@@ -80,7 +80,9 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 class SwiGLU(nn.Module):
-    """down(silu(gate(x)) · up(x)), no biases; gate and up are one matmul (:func:`fuse_gate_up`)."""
+    """down(silu(gate(x)) · up(x)), no biases; gate and up are one matmul (:func:`fuse_gate_up`). On CUDA in
+    fp16/bf16, for the row counts ``glmvit.kernels.swiglu_table`` names, that matmul and the SwiGLU are one Triton
+    GEMM (:func:`swiglu_linear`: one rounding instead of two or three)."""
 
     gate_up_proj: nn.Linear
 
@@ -90,7 +92,27 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and x.dim() == 2 and x.dtype in (torch.float16, torch.bfloat16):
+            from .kernels.swiglu_table import fused_for  # imports Triton: on CUDA only
+
+            if fused_for(x.shape[0]):
+                return self.down_proj(swiglu_linear(x, self.gate_up_proj.weight))
         return self.down_proj(swiglu(self.gate_up_proj(x)))
+
+
+@torch.library.custom_op("glmvit::swiglu_linear", mutates_args=())
+def swiglu_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """silu(x·Wgᵀ)·(x·Wuᵀ) of a fused [2·hidden, dim] weight in one Triton GEMM (``glmvit.kernels.swiglu_table``
+    picks where and how), as one opaque op: torch.compile traces around it, a CUDA graph captures it."""
+    from .kernels.swiglu_table import config_for
+    from .kernels.triton_swiglu_gemm import swiglu_linear_triton
+
+    return swiglu_linear_triton(x, weight, config_for(x.shape[0]))
+
+
+@swiglu_linear.register_fake
+def _(x, weight):
+    return x.new_empty((x.shape[0], weight.shape[0] // 2))
 
 
 class Attention(nn.Module):

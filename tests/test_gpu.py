@@ -623,3 +623,47 @@ def test_out_of_memory_in_the_middle_of_capture(full, monkeypatch):
     finally:
         del run
         free_cuda()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the launch tables' Hopper candidates, forced on for every row count
+# ---------------------------------------------------------------------------------------------------------------
+def test_the_tables_candidates_keep_the_encoder_contract(full, monkeypatch):
+    """The Hopper-shaped attention (``triton_attention_tma``) and the SwiGLU GEMM (``triton_swiglu_gemm``) put in
+    every entry of their launch tables, through a captured runner: replays equal the same batch eagerly, bitwise; a
+    poisoned item leaves the others bitwise unchanged; and each item is as close to the default kernels' answer as
+    bf16 allows: |candidate − default| ≤ 3E + 1 ulp with E = |default − fp32| on that item (``assert_per_item``'s
+    bound: the candidates round differently, one rounding in the SwiGLU instead of two or three, never by more
+    than the default path's own error twice over)."""
+    from glmvit.kernels import attention_table, swiglu_table
+    from glmvit.kernels.triton_attention_tma import TmaConfig
+
+    grids = [[1, 32, 32], [2, 16, 16], [1, 16, 24]]  # 256 + 128 + 96 tokens: the 1024 budget, three segments' kinds
+    pixels, grid = random_pixels(grids, torch.bfloat16, seed=31)
+    with torch.inference_mode():
+        exact = per_item(fp32_twin(full), pixels.float(), grid)
+    saved = full.attn_backend
+    full.attn_backend = "triton"  # the backend whose launch table holds the attention candidate
+    try:
+        with torch.inference_mode():
+            default = per_item(full, pixels, grid)
+        monkeypatch.setattr(attention_table, "CONFIGS", ((None, TmaConfig(128, 64, 8, 3)),))
+        monkeypatch.setattr(swiglu_table, "MIN_ROWS", 0)
+        run = EncoderGraphRunner(full, BudgetConfig((1024,), max_items=4, max_segments=32), mode="cuda",
+                                 progress=False).capture()
+        outs = run.run(pixels, grid)
+        bg = run.graphs[1024]
+        with torch.inference_mode():
+            torch.testing.assert_close(bg.output, full.forward_static(bg.pixels, bg.meta), atol=0, rtol=0)
+        for out, ref, truth in zip(outs, default, exact, strict=True):
+            e = (ref.float() - truth).abs().max().item()
+            err = (out.float() - ref.float()).abs().max().item()
+            assert err <= 3 * e + bf16_ulp(ref.abs().max()).item(), f"candidates vs default {err:.3g}, E = {e:.3g}"
+        clean = torch.cat(outs)
+        for item in range(len(grids)):
+            dirty = torch.cat(run.run(poisoned(pixels, grids, item, "nan"), grid, check_finite=False))
+            keep = other_tokens(dirty.shape[0], grids, item)
+            assert torch.equal(dirty[keep], clean[keep]), f"NaN in item {item} reached another item"
+    finally:
+        full.attn_backend = saved
+        free_cuda()

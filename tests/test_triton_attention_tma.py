@@ -57,6 +57,7 @@ def _inputs(grids, shape):
 
 def _interpreter_child() -> None:
     """Runs with TRITON_INTERPRET=1; prints one JSON dict of results."""
+    from glmvit.kernels.triton_attention import rotate_qk_triton
     from glmvit.kernels.triton_attention_tma import attend_prerotated_tma
 
     torch.set_num_threads(2)
@@ -108,6 +109,18 @@ def _interpreter_child() -> None:
                     isolated &= bool(torch.equal(out[others], clean[others]))
                     isolated &= not bool(torch.isfinite(out[a]).all())  # the poisoned row is: the test bites
         results[f"isolated/{path}"] = isolated
+
+    # The readable kernel's entry point given a TmaConfig (what the launch table may name): the same rotation launch,
+    # then this kernel; bitwise what the two calls give.
+    from glmvit.kernels.triton_attention import rope_varlen_attention_triton
+
+    qkv, cos, sin, meta, _ = _inputs(*LAYOUTS["straddling"])
+    n = meta.host.num_rows
+    cfg = config(32, 16, "pointer")
+    via_table = rope_varlen_attention_triton(qkv, cos, sin, meta.segment_ids, meta.cu_seqlens, HEADS, cfg)
+    direct = attend_prerotated_tma(qkv, rotate_qk_triton(qkv, cos, sin, meta.cu_seqlens, HEADS), meta.cu_seqlens,
+                                   HEADS, cfg)
+    results["dispatch/tma-config"] = bool(torch.equal(via_table[:n], direct[:n]))
     print(json.dumps(results))
 
 
@@ -139,6 +152,12 @@ def test_load_paths_compute_the_same_bits(interpreted, layout, shape):
 @pytest.mark.parametrize("path", ISOLATION_PATHS)
 def test_nonfinite_input_stays_in_its_segment(interpreted, path):
     assert interpreted[f"isolated/{path}"]
+
+
+def test_the_readable_entry_point_runs_a_table_s_tma_config(interpreted):
+    """``rope_varlen_attention_triton`` given a TmaConfig (a launch-table entry) runs the rotation launch, then
+    this kernel: bitwise the two calls."""
+    assert interpreted["dispatch/tma-config"]
 
 
 def test_config_names_and_refusals():

@@ -15,6 +15,7 @@ images it took a quarter off the best in-loop kernel, at one 1036² image a thir
 from __future__ import annotations
 
 from .triton_attention import AttnConfig
+from .triton_attention_tma import TmaConfig
 
 # The ``auto`` attention backend's one choice: cuDNN's ragged kernel from this many packed rows on, glmvit's Triton
 # kernel below. Measured per attention call in ``data/sweeps/attention_sweep_h200.json`` (``tools/attention_sweep.py``,
@@ -24,7 +25,10 @@ from .triton_attention import AttnConfig
 CUDNN_MIN_ROWS = 5120
 
 PREROTATED = AttnConfig(64, 64, 4, 3, prerotate=True)
-CONFIGS = ((256, PREROTATED), (1024, AttnConfig(64, 64, 4, 1)), (None, PREROTATED))
+# An entry may also be a TmaConfig: the same rotation launch, then the Hopper-shaped kernel of
+# ``glmvit.kernels.triton_attention_tma`` (chosen where ``tools/tma_ab.py`` measured it faster).
+CONFIGS: tuple[tuple[int | None, AttnConfig | TmaConfig], ...] = (
+    (256, PREROTATED), (1024, AttnConfig(64, 64, 4, 1)), (None, PREROTATED))
 
 
 def attention_for(rows: int) -> str:
@@ -32,6 +36,6 @@ def attention_for(rows: int) -> str:
     return "cudnn" if rows >= CUDNN_MIN_ROWS else "triton"
 
 
-def config_for(rows: int) -> AttnConfig:
+def config_for(rows: int) -> AttnConfig | TmaConfig:
     """The launch configuration for a batch of ``rows`` packed rows (``CONFIGS``)."""
     return next(config for limit, config in CONFIGS if limit is None or rows <= limit)

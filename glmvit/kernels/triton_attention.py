@@ -37,10 +37,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
+
+if TYPE_CHECKING:
+    from .triton_attention_tma import TmaConfig
 
 
 @dataclass(frozen=True)
@@ -248,12 +252,13 @@ def rotate_qk_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu
 
 def rope_varlen_attention_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segment_ids: torch.Tensor,
                                  cu_seqlens: torch.Tensor, num_heads: int,
-                                 config: AttnConfig | None = None) -> torch.Tensor:
+                                 config: AttnConfig | TmaConfig | None = None) -> torch.Tensor:
     """Attention output (rows, heads·d) from the packed qkv projection (rows, 3·heads·d); see the module docstring.
 
     cos, sin: (rows, d) float32 from ``rotary_cos_sin``; segment_ids, cu_seqlens: int32 from the metadata. Rows
     outside every segment are left uninitialised. ``config=None``: the launch table's choice for the row count
-    (:func:`glmvit.kernels.attention_table.config_for`).
+    (:func:`glmvit.kernels.attention_table.config_for`); a ``TmaConfig`` runs the rotation launch, then
+    ``glmvit.kernels.triton_attention_tma``'s kernel.
     """
     rows, width = qkv.shape
     head_dim = width // (3 * num_heads)
@@ -264,6 +269,11 @@ def rope_varlen_attention_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torc
         from .attention_table import config_for  # the table imports AttnConfig from here
 
         config = config_for(rows)
+    if not isinstance(config, AttnConfig):  # a TmaConfig: the rotation launch, then the Hopper-shaped kernel
+        from .triton_attention_tma import attend_prerotated_tma
+
+        qk = rotate_qk_triton(qkv, cos, sin, cu_seqlens, num_heads)
+        return attend_prerotated_tma(qkv, qk, cu_seqlens, num_heads, config, out=out)
     split = config.split_k
     if split > 1:  # every real row of every split is written (its max −∞ where a split has no keys of its segment)
         part = torch.empty((split, rows, num_heads, head_dim), dtype=torch.float32, device=qkv.device)

@@ -1,6 +1,7 @@
 """Triton kernel: the prerotated varlen attention shaped for Hopper (tensor-memory-accelerator loads, a software
 pipelined or warp-specialised key loop), beside ``glmvit.kernels.triton_attention``'s readable one. Timed by
-``tools/attention_sweep.py`` and ``tools/tma_ab.py``; the model does not run it.
+``tools/attention_sweep.py`` and ``tools/tma_ab.py``; the model runs it for the row counts where the launch table
+(``glmvit.kernels.attention_table.CONFIGS``) names a :class:`TmaConfig`.
 
 Spec: the same as ``triton_attention``'s ``prerotate=True`` path. Given the packed qkv projection (rows, 3·heads·d)
 and the scratch of rotated q̃, k̃ that ``rotate_qk_triton`` writes (rows, 2·heads·d), for every head and every real
