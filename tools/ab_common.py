@@ -1,5 +1,5 @@
-"""What the kernel A/B tools (``tools/tma_ab.py``, ``tools/swiglu_ab.py``) share: a failure as one line, every path
-checked then timed in alternating rounds, and a kernel compiled for sm_90 without a GPU.
+"""What the kernel A/B tools (``tools/tma_ab.py``, ``tools/swiglu_ab.py``, ``tools/qkv_rope_ab.py``) share: a failure
+as one line, every path checked then timed in alternating rounds, and a kernel compiled for sm_90 without a GPU.
 
 Timing: ``glmvit.profiling.graph_time_us`` (``repeats`` calls captured in one CUDA graph, median of ``replays``
 replays), in ``rounds`` rounds whose order alternates (first to last, then last to first), so no path always runs

@@ -102,36 +102,37 @@ def _check_file(path: Path, max_frame_pixels: int) -> CheckedFile:
         raise ValueError(f"{path}: empty file")
     if suffix in VIDEO_SUFFIXES:  # container metadata only; decoding (bounded) comes with processing
         return CheckedFile("video", video.probe(path, max_frame_pixels))
-    frames, (width, height), fmt = _first_frame(path, max_frame_pixels)
+    animated, (width, height), fmt = _first_frame(path, max_frame_pixels)
     check_frame_pixels(width, height, str(path), max_frame_pixels)
     try:
         smart_resize(height, width)
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
-    if suffix in ANIMATION_SUFFIXES and frames > 1:
+    if suffix in ANIMATION_SUFFIXES and animated:
         return CheckedFile("video", video.probe(path, max_frame_pixels))
     if fmt in video.ANIMATIONS:  # its block structure whole, so that a cut animation is refused, never shortened
         video.probe(path, max_frame_pixels)
     return CheckedFile("image")
 
 
-def _first_frame(path: Path, max_frame_pixels: int) -> tuple[int, tuple[int, int], str | None]:
+def _first_frame(path: Path, max_frame_pixels: int) -> tuple[bool, tuple[int, int], str | None]:
     """Decode the first frame (a truncated or corrupt image fails here), once its stated size is known to be within
-    ``max_frame_pixels``; the frame count, the size and PIL's format. An animation's other frames are decoded, within a
-    pixel budget, only when sampled (glmvit.video)."""
+    ``max_frame_pixels``; whether a second frame follows, the size and PIL's format. An animation's blocks are
+    checked whole by :func:`glmvit.video.probe` (not by counting its frames here: for a GIF that is a pass over the
+    whole file), and its frames decoded, within a pixel budget, only when sampled."""
     try:
         with Image.open(path) as im:
             size = im.size
             if size[0] * size[1] <= max_frame_pixels:
                 im.load()
-            return getattr(im, "n_frames", 1), size, im.format
+            return bool(getattr(im, "is_animated", False)), size, im.format
     except PermissionError:
         raise ValueError(f"{path}: cannot read it (permission denied)") from None
     except UnidentifiedImageError:
         raise ValueError(f"{path}: not an image or animation that PIL can decode") from None
     except Image.DecompressionBombError as err:
         raise ValueError(f"{path}: too many pixels ({err})") from None
-    except video.PIL_ERRORS as err:  # truncated or corrupt data, PIL counting an animation's frames included
+    except video.PIL_ERRORS as err:  # truncated or corrupt data, PIL looking for an animation's second frame included
         raise ValueError(f"{path}: cannot decode it ({type(err).__name__}: {err})") from None
 
 

@@ -187,6 +187,13 @@ def data_url(where: str, url: str) -> tuple[str, bytes]:
     return suffix, data
 
 
+def _scheme(url: str) -> str:
+    """A URL's scheme, lower-cased ("" without one), read from its first bytes: a data URL is megabytes long, and
+    lower-casing or splitting it whole would copy it."""
+    head, colon, _ = url[:16].partition(":")
+    return head.lower() if colon else ""
+
+
 def file_url(where: str, url: str, allowed: str | None) -> Path:
     """The file a ``file://`` URL names, if it resolves under ``allowed``."""
     if allowed is None:
@@ -328,14 +335,15 @@ def _load(k: int, item: Item, scratch: str, limits: MediaLimits, budget: _Budget
           ) -> tuple[VisionFrames, dict[str, Any]]:
     """The ``k``-th item of its request decoded and resized (its files under ``scratch``), and its record."""
     label, name, want, source = item
-    if isinstance(source, str) and source.lower().startswith("file:"):
+    scheme = _scheme(source) if isinstance(source, str) else None
+    if scheme == "file":
         origin = file_url(f"{label}.url", source, limits.allowed_media_dir)
         name = str(origin)
         path = Path(scratch).resolve() / f"{k}{origin.suffix.lower()}"
         data = snapshot(label, origin, path)
     else:
         if isinstance(source, str):
-            if source.split(":", 1)[0].lower() in ("http", "https"):
+            if scheme in ("http", "https"):
                 raise MediaError(f"{label}.url: http(s) URLs are not fetched (the server has no network "
                                  "access): send the media as a data: URL")
             suffix, data = data_url(f"{label}.url", source)
