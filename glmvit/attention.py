@@ -155,29 +155,30 @@ def _per_segment(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: 
 
 @torch.library.custom_op("glmvit::rope_varlen_attention", mutates_args=())
 def rope_varlen_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segment_ids: torch.Tensor,
-                          cu_seqlens: torch.Tensor, num_heads: int) -> torch.Tensor:
+                          cu_seqlens: torch.Tensor, num_heads: int, rotated: bool = False) -> torch.Tensor:
     """The ``triton`` backend as one opaque op (torch.compile traces around it; a CUDA graph captures it)."""
     from .kernels.triton_attention import rope_varlen_attention_triton
 
-    return rope_varlen_attention_triton(qkv, cos, sin, segment_ids, cu_seqlens, num_heads)
+    return rope_varlen_attention_triton(qkv, cos, sin, segment_ids, cu_seqlens, num_heads, rotated=rotated)
 
 
 @rope_varlen_attention.register_fake
-def _(qkv, cos, sin, segment_ids, cu_seqlens, num_heads):
+def _(qkv, cos, sin, segment_ids, cu_seqlens, num_heads, rotated=False):
     return qkv.new_empty((qkv.shape[0], qkv.shape[1] // 3))
 
 
 @torch.library.custom_op("glmvit::cudnn_varlen_attention", mutates_args=())
 def cudnn_varlen_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor,
-                           ragged: torch.Tensor, num_heads: int, max_seqlen: int) -> torch.Tensor:
+                           ragged: torch.Tensor, num_heads: int, max_seqlen: int,
+                           rotated: bool = False) -> torch.Tensor:
     """The ``cudnn`` backend as one opaque op (torch.compile traces around it; a CUDA graph captures it)."""
     from .kernels.cudnn_attention import cudnn_varlen_attention as run
 
-    return run(qkv, cos, sin, cu_seqlens, ragged, num_heads, max_seqlen)
+    return run(qkv, cos, sin, cu_seqlens, ragged, num_heads, max_seqlen, rotated=rotated)
 
 
 @cudnn_varlen_attention.register_fake
-def _(qkv, cos, sin, cu_seqlens, ragged, num_heads, max_seqlen):
+def _(qkv, cos, sin, cu_seqlens, ragged, num_heads, max_seqlen, rotated=False):
     return qkv.new_empty((qkv.shape[0], qkv.shape[1] // 3))
 
 
@@ -206,26 +207,28 @@ def prepare_attention(meta, backend: str, num_heads: int, head_dim: int):
 
 
 def attend_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta, backend: str,
-               num_heads: int) -> torch.Tensor:
+               num_heads: int, rotated: bool = False) -> torch.Tensor:
     """Rotary + attention from the packed qkv projection (rows, 3·heads·d); returns (rows, heads·d).
 
     ``triton`` does it in one kernel, ``cudnn`` in two (rotation, then cuDNN, its offsets from
     :func:`prepare_attention`'s metadata or, when ``meta`` has none, computed here); the others split q, k, v,
-    rotate q and k (``apply_rotary``) and ``attend``.
+    rotate q and k (``apply_rotary``) and ``attend``. ``rotated``: q and k of ``qkv`` are rotated already (the
+    fused rotary qkv GEMM, ``glmvit.kernels.triton_qkv_rope_gemm``): every backend attends without rotating.
     """
     rows = qkv.shape[0]
     backend = resolve(backend, rows, qkv.shape[1])
     if backend == "triton":
-        return rope_varlen_attention(qkv, cos, sin, meta.segment_ids, meta.cu_seqlens, num_heads)
+        return rope_varlen_attention(qkv, cos, sin, meta.segment_ids, meta.cu_seqlens, num_heads, rotated)
     if backend == "cudnn":
         ragged = getattr(meta, "ragged", None)
         if ragged is None:
             from .kernels.cudnn_attention import ragged_offsets
 
             ragged = ragged_offsets(meta.cu_seqlens, num_heads, qkv.shape[1] // (3 * num_heads))
-        return cudnn_varlen_attention(qkv, cos, sin, meta.cu_seqlens, ragged, num_heads, meta.max_seqlen)
+        return cudnn_varlen_attention(qkv, cos, sin, meta.cu_seqlens, ragged, num_heads, meta.max_seqlen, rotated)
     q, k, v = qkv.view(rows, 3, num_heads, -1).unbind(1)
-    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    if not rotated:
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     return attend(q, k, v, meta, backend).reshape(rows, -1)
 
 

@@ -81,7 +81,7 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 
 class SwiGLU(nn.Module):
     """down(silu(gate(x)) · up(x)), no biases; gate and up are one matmul (:func:`fuse_gate_up`). On CUDA in
-    fp16/bf16, for the row counts ``glmvit.kernels.swiglu_table`` names, that matmul and the SwiGLU are one Triton
+    fp16/bf16, for the row counts ``glmvit.kernels.fused_gemm_table`` names, that matmul and the SwiGLU are one Triton
     GEMM (:func:`swiglu_linear`: one rounding instead of two or three)."""
 
     gate_up_proj: nn.Linear
@@ -92,22 +92,28 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and x.dim() == 2 and x.dtype in (torch.float16, torch.bfloat16):
-            from .kernels.swiglu_table import fused_for  # imports Triton: on CUDA only
+        if _half_on_cuda(x):
+            from .kernels.fused_gemm_table import swiglu_fused  # imports nothing heavy; the kernel, on CUDA only
 
-            if fused_for(x.shape[0]):
+            if swiglu_fused(x.shape[0]):
                 return self.down_proj(swiglu_linear(x, self.gate_up_proj.weight))
         return self.down_proj(swiglu(self.gate_up_proj(x)))
 
 
+def _half_on_cuda(x: torch.Tensor) -> bool:
+    """Whether ``x`` is (rows, features) fp16/bf16 on CUDA: where the fused GEMMs of
+    ``glmvit.kernels.fused_gemm_table`` may run."""
+    return x.is_cuda and x.dim() == 2 and x.dtype in (torch.float16, torch.bfloat16)
+
+
 @torch.library.custom_op("glmvit::swiglu_linear", mutates_args=())
 def swiglu_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """silu(x·Wgᵀ)·(x·Wuᵀ) of a fused [2·hidden, dim] weight in one Triton GEMM (``glmvit.kernels.swiglu_table``
+    """silu(x·Wgᵀ)·(x·Wuᵀ) of a fused [2·hidden, dim] weight in one Triton GEMM (``glmvit.kernels.fused_gemm_table``
     picks where and how), as one opaque op: torch.compile traces around it, a CUDA graph captures it."""
-    from .kernels.swiglu_table import config_for
+    from .kernels.fused_gemm_table import swiglu_config
     from .kernels.triton_swiglu_gemm import swiglu_linear_triton
 
-    return swiglu_linear_triton(x, weight, config_for(x.shape[0]))
+    return swiglu_linear_triton(x, weight, swiglu_config(x.shape[0]))
 
 
 @swiglu_linear.register_fake
@@ -123,7 +129,29 @@ class Attention(nn.Module):
         self.proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
 
     def forward(self, x, cos, sin, meta: EncoderMetadata, backend: str) -> torch.Tensor:
+        if _half_on_cuda(x):
+            from .kernels.fused_gemm_table import qkv_rope_fused
+
+            if qkv_rope_fused(x.shape[0]):  # q and k leave the matmul rotated: the attention must not rotate again
+                qkv = qkv_rope_linear(x, self.qkv.weight, cos, sin, self.num_heads)
+                return self.proj(attend_qkv(qkv, cos, sin, meta, backend, self.num_heads, rotated=True))
         return self.proj(attend_qkv(self.qkv(x), cos, sin, meta, backend, self.num_heads))
+
+
+@torch.library.custom_op("glmvit::qkv_rope_linear", mutates_args=())
+def qkv_rope_linear(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    num_heads: int) -> torch.Tensor:
+    """x·Wᵀ with q and k of every head rotated by cos, sin, in one Triton GEMM (``glmvit.kernels.fused_gemm_table``
+    picks where and how), as one opaque op: torch.compile traces around it, a CUDA graph captures it."""
+    from .kernels.fused_gemm_table import qkv_rope_config
+    from .kernels.triton_qkv_rope_gemm import qkv_rope_linear_triton
+
+    return qkv_rope_linear_triton(x, weight, cos, sin, num_heads, qkv_rope_config(x.shape[0]))
+
+
+@qkv_rope_linear.register_fake
+def _(x, weight, cos, sin, num_heads):
+    return x.new_empty((x.shape[0], weight.shape[0]))
 
 
 def residual_add(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:

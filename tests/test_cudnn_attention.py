@@ -115,6 +115,24 @@ def test_gpu_bf16_within_rounding_of_float32_reference(layout):
 
 @pytest.mark.gpu
 @needs_cudnn
+@pytest.mark.parametrize("layout", GPU_LAYOUTS)
+def test_gpu_q_and_k_rotated_in_qkv_itself_give_the_scratch_s_bits(layout):
+    """``rotated=True`` (q̃, k̃ in qkv's own columns, as the fused rotary qkv GEMM leaves them): a plan of row stride
+    3·heads·d and the qkv offsets, bitwise the result of the same q̃, k̃ from the rotation's scratch."""
+    from glmvit.attention import attend_qkv
+    from glmvit.kernels.triton_attention import rotate_qk_triton
+
+    qkv, cos, sin, meta, rows = _case(GPU_LAYOUTS[layout])
+    ready = prepare_attention(meta, "cudnn", 12, 128)
+    rotated = qkv.clone()
+    rotated[:, :2 * 12 * 128] = rotate_qk_triton(qkv, cos, sin, meta.cu_seqlens, 12)
+    expected = attend_qkv(qkv, cos, sin, ready, "cudnn", 12)
+    got = attend_qkv(rotated, cos, sin, ready, "cudnn", 12, rotated=True)
+    assert torch.equal(got[:rows], expected[:rows])
+
+
+@pytest.mark.gpu
+@needs_cudnn
 def test_gpu_a_graph_captured_on_one_batch_replays_another():
     """The plan's dims are the shape's (slots, max_seqlen); lengths and offsets are read from the device at replay:
     a graph captured on one batch gives, replayed on another of the same shape, that batch's eager answer."""

@@ -305,9 +305,9 @@ def test_nothing_left_in_padded_attention_rows_reaches_a_real_row(full, backend,
     assert meta.cu_seqlens[-1].item() == pixels.shape[0]  # no segment reaches into the padding
     real_attend = model_module.attend_qkv
 
-    def leaves_nan(qkv, cos, sin, meta, backend, heads):
+    def leaves_nan(qkv, cos, sin, meta, backend, heads, **kwargs):
         pad = meta.token_valid.repeat_interleave(4) == 0
-        return real_attend(qkv, cos, sin, meta, backend, heads).masked_fill(pad[:, None], float("nan"))
+        return real_attend(qkv, cos, sin, meta, backend, heads, **kwargs).masked_fill(pad[:, None], float("nan"))
 
     with torch.inference_mode():
         clean = full.forward_static(buf, meta)
@@ -628,27 +628,33 @@ def test_out_of_memory_in_the_middle_of_capture(full, monkeypatch):
 # ---------------------------------------------------------------------------------------------------------------
 # the launch tables' Hopper candidates, forced on for every row count
 # ---------------------------------------------------------------------------------------------------------------
-def test_the_tables_candidates_keep_the_encoder_contract(full, monkeypatch):
-    """The Hopper-shaped attention (``triton_attention_tma``) and the SwiGLU GEMM (``triton_swiglu_gemm``) put in
-    every entry of their launch tables, through a captured runner: replays equal the same batch eagerly, bitwise; a
-    poisoned item leaves the others bitwise unchanged; and each item is as close to the default kernels' answer as
-    bf16 allows: |candidate − default| ≤ 3E + 1 ulp with E = |default − fp32| on that item (``assert_per_item``'s
-    bound: the candidates round differently, one rounding in the SwiGLU instead of two or three, never by more
+@pytest.mark.parametrize("attn", ["triton", "cudnn"])
+def test_the_tables_candidates_keep_the_encoder_contract(full, monkeypatch, attn):
+    """The Hopper candidates forced on for every row count — the attention of ``triton_attention_tma`` (the
+    ``triton`` backend's table), the SwiGLU GEMM and the rotary qkv GEMM (``fused_gemm_table``: q and k reach the
+    attention rotated) — through a captured runner: replays equal the same batch eagerly, bitwise; a poisoned item
+    leaves the others bitwise unchanged; and each item is as close to the default kernels' answer as bf16 allows:
+    |candidate − default| ≤ 3E + 1 ulp with E = |default − fp32| on that item (``assert_per_item``'s bound: the
+    candidates round differently, one rounding where the default path rounds two or three times, never by more
     than the default path's own error twice over)."""
-    from glmvit.kernels import attention_table, swiglu_table
+    from glmvit.kernels import attention_table, fused_gemm_table
     from glmvit.kernels.triton_attention_tma import TmaConfig
+
+    if attn not in available_backends("cuda", torch.bfloat16):
+        pytest.skip(f"the {attn} backend does not run here")
 
     grids = [[1, 32, 32], [2, 16, 16], [1, 16, 24]]  # 256 + 128 + 96 tokens: the 1024 budget, three segments' kinds
     pixels, grid = random_pixels(grids, torch.bfloat16, seed=31)
     with torch.inference_mode():
         exact = per_item(fp32_twin(full), pixels.float(), grid)
     saved = full.attn_backend
-    full.attn_backend = "triton"  # the backend whose launch table holds the attention candidate
+    full.attn_backend = attn
     try:
         with torch.inference_mode():
             default = per_item(full, pixels, grid)
         monkeypatch.setattr(attention_table, "CONFIGS", ((None, TmaConfig(128, 64, 8, 3)),))
-        monkeypatch.setattr(swiglu_table, "MIN_ROWS", 0)
+        monkeypatch.setattr(fused_gemm_table, "SWIGLU_MIN_ROWS", 0)
+        monkeypatch.setattr(fused_gemm_table, "QKV_ROPE_MIN_ROWS", 0)
         run = EncoderGraphRunner(full, BudgetConfig((1024,), max_items=4, max_segments=32), mode="cuda",
                                  progress=False).capture()
         outs = run.run(pixels, grid)

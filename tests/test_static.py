@@ -98,3 +98,24 @@ def test_forward_static_makes_no_host_sync(tiny_model, tiny_config, backend):
     finally:
         tiny_model.attn_backend = None
 
+
+
+@pytest.mark.parametrize("backend", ["segments", "sdpa_masked"])
+def test_attention_given_q_and_k_rotated_does_not_rotate_them_again(backend):
+    """``attend_qkv(..., rotated=True)`` on the torch backends: the attention of qkv whose q and k were rotated
+    before the call equals the attention that rotates them itself (float32, the same rotation: bitwise), and it
+    is not the attention of rotating twice."""
+    from glmvit.attention import attend_qkv
+    from glmvit.rotary import apply_rotary, inv_freq, rotary_cos_sin
+
+    heads, head_dim, grids = 2, 16, [[1, 4, 6], [2, 2, 4]]
+    meta = build_metadata(grids, 2, BatchShape(64, 4, 64)).to("cpu")
+    qkv = torch.randn(64, 3 * heads * head_dim, generator=torch.Generator().manual_seed(5))
+    cos, sin = rotary_cos_sin(meta.h_idx, meta.w_idx, inv_freq(head_dim))
+    q, k, _ = qkv.view(64, 3, heads, head_dim).unbind(1)
+    rotated = qkv.clone()
+    rotated[:, :2 * heads * head_dim] = torch.cat([apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)], 1).flatten(1)
+    n = meta.host.num_rows
+    expected = attend_qkv(qkv, cos, sin, meta, backend, heads)[:n]
+    assert torch.equal(attend_qkv(rotated, cos, sin, meta, backend, heads, rotated=True)[:n], expected)
+    assert not torch.allclose(attend_qkv(rotated, cos, sin, meta, backend, heads)[:n], expected, atol=1e-3)

@@ -70,7 +70,7 @@ def _interpreter_child() -> None:
     """Runs with TRITON_INTERPRET=1; prints one JSON dict of results."""
     from glmvit import VisionConfig
     from glmvit.attention import available_backends
-    from glmvit.kernels.triton_attention import rope_varlen_attention_triton
+    from glmvit.kernels.triton_attention import rope_varlen_attention_triton, rotate_qk_triton
     from glmvit.oracle import encoder_like, flatten_video_grids, hf_vision_model
     from glmvit.workloads import random_batch
 
@@ -91,6 +91,14 @@ def _interpreter_child() -> None:
         pre = rope_varlen_attention_triton(qkv, cos, sin, meta.segment_ids, meta.cu_seqlens, heads,
                                            prerotated_config())
         results[f"{name}-prerotated"] = (pre[:n] - expected).abs().max().item()
+        # q and k rotated before the call (as the fused rotary qkv GEMM leaves them), rotated=True: no config rotates
+        rotated = qkv.clone()
+        rotated[:, :2 * heads * head_dim] = rotate_qk_triton(qkv, cos, sin, meta.cu_seqlens, heads)
+        for label, config in (("inloop", None), ("prerotated", prerotated_config())):
+            given = rope_varlen_attention_triton(rotated, cos, sin, meta.segment_ids, meta.cu_seqlens, heads, config,
+                                                 rotated=True)
+            results[f"{name}-given-rotated-{label}"] = (given[:n] - expected).abs().max().item()
+        results[f"{name}-given-rotated-bitwise"] = bool(torch.equal(given[:n], pre[:n]))
         if shape is not None:  # the same batch unpadded: every real row bitwise the same
             exact = case(grids, None, heads, head_dim)
             alone = rope_varlen_attention_triton(*exact[:3], exact[3].segment_ids, exact[3].cu_seqlens, heads)
@@ -157,6 +165,16 @@ def test_interpreted_split_keys_match_reference(interpreted, layout, split):
 def test_interpreted_prerotated_path_matches_reference(interpreted, layout):
     """Rotating q and k once in a first launch and attending on the rotated copy: the same attention."""
     assert interpreted[f"{layout}-prerotated"] <= 1e-5
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_interpreted_kernel_takes_q_and_k_rotated_already(interpreted, layout):
+    """``rotated=True`` (q and k rotated before the call, as the fused rotary qkv GEMM leaves them): the in-loop and
+    the prerotated configuration both attend without rotating again, the same attention to float32 rounding, and
+    the prerotated one bitwise the call that rotated in its own launch (the same q̃, k̃ read at another stride)."""
+    assert interpreted[f"{layout}-given-rotated-inloop"] <= 1e-5
+    assert interpreted[f"{layout}-given-rotated-prerotated"] <= 1e-5
+    assert interpreted[f"{layout}-given-rotated-bitwise"]
 
 
 @pytest.mark.parametrize("path", ["isolated", "isolated-split", "isolated-prerotated"])

@@ -121,6 +121,19 @@ def _interpreter_child() -> None:
     direct = attend_prerotated_tma(qkv, rotate_qk_triton(qkv, cos, sin, meta.cu_seqlens, HEADS), meta.cu_seqlens,
                                    HEADS, cfg)
     results["dispatch/tma-config"] = bool(torch.equal(via_table[:n], direct[:n]))
+    # q̃, k̃ given in qkv's own columns (qk_scratch=None, as the fused rotary qkv GEMM leaves them), every load path:
+    # bitwise the scratch's result, the same values read at row stride 3·heads·d
+    scratch = rotate_qk_triton(qkv, cos, sin, meta.cu_seqlens, HEADS)
+    rotated = qkv.clone()
+    rotated[:, :2 * HEADS * HEAD_DIM] = scratch
+    for path in PATHS:
+        cfg = config(32, 16, path)
+        with_scratch = attend_prerotated_tma(qkv, scratch, meta.cu_seqlens, HEADS, cfg)
+        in_qkv = attend_prerotated_tma(rotated, None, meta.cu_seqlens, HEADS, cfg)
+        results[f"rotated-in-qkv/{path}"] = bool(torch.equal(with_scratch[:n], in_qkv[:n]))
+    via_entry = rope_varlen_attention_triton(rotated, cos, sin, meta.segment_ids, meta.cu_seqlens, HEADS,
+                                             config(32, 16, "pointer"), rotated=True)
+    results["rotated-in-qkv/entry-point"] = bool(torch.equal(via_entry[:n], direct[:n]))
     print(json.dumps(results))
 
 
@@ -158,6 +171,15 @@ def test_the_readable_entry_point_runs_a_table_s_tma_config(interpreted):
     """``rope_varlen_attention_triton`` given a TmaConfig (a launch-table entry) runs the rotation launch, then
     this kernel: bitwise the two calls."""
     assert interpreted["dispatch/tma-config"]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_q_and_k_rotated_in_qkv_itself_give_the_scratch_s_bits(interpreted, path):
+    """``qk_scratch=None``: q̃ and k̃ read from qkv's own q and k columns (row stride 3·heads·d), rotated before the
+    call; bitwise the result of the same values in the (rows, 2·heads·d) scratch, on every load path, and through
+    the readable entry point's ``rotated=True``."""
+    assert interpreted[f"rotated-in-qkv/{path}"]
+    assert interpreted["rotated-in-qkv/entry-point"]
 
 
 def test_config_names_and_refusals():

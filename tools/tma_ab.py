@@ -96,7 +96,8 @@ def compile_report(config, rows: int = 8192, segments: int = 64) -> dict[str, An
     out = torch.empty(rows, HEADS * HEAD_DIM, dtype=torch.bfloat16)
     args = dict(q_src=srcs[0], k_src=srcs[1], v_src=srcs[2], cu_seqlens_ptr=cu, out_ptr=out, qk_scale=0.1, ROWS=rows)
     constants = dict(SEGMENTS=segments, SLOTS=triton.next_power_of_2(segments), HEADS=HEADS, D=HEAD_DIM,
-                     BLOCK_M=config.block_m, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages,
+                     QK_STRIDE=2 * HEADS * HEAD_DIM, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                     NUM_STAGES=config.num_stages,
                      WARP_SPECIALIZE=config.warp_specialize, DESCRIPTORS=config.descriptors)
     return compile_sm90(_varlen_attention_tma_kernel, args, constants, config.num_warps, config.num_stages)
 

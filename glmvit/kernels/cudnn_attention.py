@@ -95,6 +95,7 @@ class _Key:
     max_seqlen: int
     num_heads: int
     head_dim: int
+    qk_row_heads: int = 2  # q̃, k̃ rows hold 2·heads·d (the rotation's scratch) or 3·heads·d (qkv, rotated already)
 
 
 class _Plan:
@@ -114,7 +115,7 @@ class _Plan:
         def index(name: str, n: int) -> Any:
             return tensor(name, [n, 1, 1, 1], [1, 1, 1, 1], cudnn.data_type.INT32)
 
-        qk_row, v_row = 2 * h * d, 3 * h * d
+        qk_row, v_row = key.qk_row_heads * h * d, 3 * h * d
         self.q = tensor("q", [b, h, s, d], [s * qk_row, d, qk_row, 1])
         self.k = tensor("k", [b, h, s, d], [s * qk_row, d, qk_row, 1])
         self.v = tensor("v", [b, h, s, d], [s * v_row, d, v_row, 1])
@@ -169,11 +170,14 @@ def plan_bound(max_seqlen: int) -> int:
 
 
 def cudnn_varlen_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor,
-                           ragged: torch.Tensor, num_heads: int, max_seqlen: int) -> torch.Tensor:
+                           ragged: torch.Tensor, num_heads: int, max_seqlen: int,
+                           rotated: bool = False) -> torch.Tensor:
     """Attention output (rows, heads·d) from the packed qkv projection (rows, 3·heads·d): the module docstring.
 
     ``ragged``: :func:`ragged_offsets` of ``cu_seqlens``; ``max_seqlen``: the batch shape's static bound on a
-    segment's rows (a longer segment is cut short by cuDNN: the caller's shape guarantees none is).
+    segment's rows (a longer segment is cut short by cuDNN: the caller's shape guarantees none is). ``rotated``: q
+    and k in ``qkv`` are rotated already (the fused rotary qkv GEMM): no rotation launch, cuDNN reads q̃, k̃ from
+    qkv's own columns (a plan of row stride 3·heads·d for them, offsets ``ragged[2]``).
     """
     from .triton_attention import rotate_qk_triton
 
@@ -188,12 +192,14 @@ def cudnn_varlen_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     slots = cu_seqlens.shape[0] - 1
     with torch.cuda.device(qkv.device):
         handle = _handle(qkv.device)
-        key = _Key(qkv.device.index or 0, qkv.dtype, slots, plan_bound(max_seqlen), num_heads, head_dim)
+        key = _Key(qkv.device.index or 0, qkv.dtype, slots, plan_bound(max_seqlen), num_heads, head_dim,
+                   3 if rotated else 2)
         plan = _plan(key, handle)
-        qk = rotate_qk_triton(qkv, cos, sin, cu_seqlens, num_heads)
+        qk = qkv if rotated else rotate_qk_triton(qkv, cos, sin, cu_seqlens, num_heads)
         hd = num_heads * head_dim
         pack = {plan.q: qk, plan.k: qk[:, hd:], plan.v: qkv[:, 2 * hd:], plan.o: out, plan.lengths: ragged[0],
-                plan.qk_offset: ragged[1], plan.v_offset: ragged[2], plan.o_offset: ragged[3]}
+                plan.qk_offset: ragged[2] if rotated else ragged[1], plan.v_offset: ragged[2],
+                plan.o_offset: ragged[3]}
         workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=qkv.device)
         plan.graph.execute(pack, workspace, handle=handle)
     return out

@@ -252,13 +252,15 @@ def rotate_qk_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu
 
 def rope_varlen_attention_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segment_ids: torch.Tensor,
                                  cu_seqlens: torch.Tensor, num_heads: int,
-                                 config: AttnConfig | TmaConfig | None = None) -> torch.Tensor:
+                                 config: AttnConfig | TmaConfig | None = None,
+                                 rotated: bool = False) -> torch.Tensor:
     """Attention output (rows, heads·d) from the packed qkv projection (rows, 3·heads·d); see the module docstring.
 
     cos, sin: (rows, d) float32 from ``rotary_cos_sin``; segment_ids, cu_seqlens: int32 from the metadata. Rows
     outside every segment are left uninitialised. ``config=None``: the launch table's choice for the row count
     (:func:`glmvit.kernels.attention_table.config_for`); a ``TmaConfig`` runs the rotation launch, then
-    ``glmvit.kernels.triton_attention_tma``'s kernel.
+    ``glmvit.kernels.triton_attention_tma``'s kernel. ``rotated``: q and k in ``qkv`` are rotated already, so no
+    configuration rotates (no rotation launch, no rotation in the loop): q̃ and k̃ are read from ``qkv`` itself.
     """
     rows, width = qkv.shape
     head_dim = width // (3 * num_heads)
@@ -272,8 +274,8 @@ def rope_varlen_attention_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torc
     if not isinstance(config, AttnConfig):  # a TmaConfig: the rotation launch, then the Hopper-shaped kernel
         from .triton_attention_tma import attend_prerotated_tma
 
-        qk = rotate_qk_triton(qkv, cos, sin, cu_seqlens, num_heads)
-        return attend_prerotated_tma(qkv, qk, cu_seqlens, num_heads, config, out=out)
+        qk_tma = None if rotated else rotate_qk_triton(qkv, cos, sin, cu_seqlens, num_heads)
+        return attend_prerotated_tma(qkv, qk_tma, cu_seqlens, num_heads, config, out=out)
     split = config.split_k
     if split > 1:  # every real row of every split is written (its max −∞ where a split has no keys of its segment)
         part = torch.empty((split, rows, num_heads, head_dim), dtype=torch.float32, device=qkv.device)
@@ -281,13 +283,14 @@ def rope_varlen_attention_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torc
     else:
         part = stats = out  # not read
     last_slot = cu_seqlens.shape[0] - 1
-    qk = rotate_qk_triton(qkv, cos, sin, cu_seqlens, num_heads) if config.prerotate else qkv
+    prerotated = config.prerotate or rotated  # q̃, k̃ read as they are: from the scratch, or from qkv when rotated
+    qk = rotate_qk_triton(qkv, cos, sin, cu_seqlens, num_heads) if config.prerotate and not rotated else qkv
     blocks = triton.cdiv(rows, config.block_m)
     _rope_varlen_attention_kernel[(blocks, num_heads, split)](
         qkv, cos, sin, segment_ids, cu_seqlens, out,
         last_slot, math.log2(math.e) / math.sqrt(head_dim), part, stats, rows, qk,
         HEADS=num_heads, HALF=head_dim // 2, BLOCK_M=config.block_m, BLOCK_N=config.block_n, QK_STRIDE=qk.shape[1],
-        ROTATE_Q=not config.prerotate, ROTATE_K=config.rotate_k and not config.prerotate, SPLIT=split,
+        ROTATE_Q=not prerotated, ROTATE_K=config.rotate_k and not prerotated, SPLIT=split,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if split > 1:

@@ -146,14 +146,14 @@ def _softmax_step(q, k_src, v_src, key, key_end, m_i, l_i, acc, qk_scale, ROWS,
 @triton.jit(do_not_specialize=["ROWS"])
 def _varlen_attention_tma_kernel(
     q_src, k_src, v_src, cu_seqlens_ptr, out_ptr, qk_scale, ROWS,
-    SEGMENTS: tl.constexpr, SLOTS: tl.constexpr, HEADS: tl.constexpr, D: tl.constexpr,
+    SEGMENTS: tl.constexpr, SLOTS: tl.constexpr, HEADS: tl.constexpr, D: tl.constexpr, QK_STRIDE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
     DESCRIPTORS: tl.constexpr,
 ):
     """One (row block of one segment, head) per program (module docstring). q_src, k_src: the rotated scratch
-    (ROWS, 2·HEADS·D), v_src: qkv (ROWS, 3·HEADS·D), each a host descriptor or a pointer. SEGMENTS: segment slots
-    (``cu_seqlens`` has SEGMENTS + 1 entries), SLOTS: a power of two ≥ SEGMENTS."""
-    QK_STRIDE: tl.constexpr = 2 * HEADS * D
+    (ROWS, QK_STRIDE = 2·HEADS·D) or qkv rotated already (QK_STRIDE = 3·HEADS·D: q̃, k̃ in the same columns),
+    v_src: qkv (ROWS, 3·HEADS·D), each a host descriptor or a pointer. SEGMENTS: segment slots (``cu_seqlens`` has
+    SEGMENTS + 1 entries), SLOTS: a power of two ≥ SEGMENTS."""
     V_STRIDE: tl.constexpr = 3 * HEADS * D
     DESC: tl.constexpr = DESCRIPTORS != "pointer"
     head = tl.program_id(1)
@@ -232,24 +232,29 @@ def _ensure_allocator() -> None:
         _ALLOCATOR_SET = True
 
 
-def attend_prerotated_tma(qkv: torch.Tensor, qk_scratch: torch.Tensor, cu_seqlens: torch.Tensor, num_heads: int,
-                          config: TmaConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def attend_prerotated_tma(qkv: torch.Tensor, qk_scratch: torch.Tensor | None, cu_seqlens: torch.Tensor,
+                          num_heads: int, config: TmaConfig | None = None,
+                          out: torch.Tensor | None = None) -> torch.Tensor:
     """Attention output (rows, heads·d) from the packed qkv projection (rows, 3·heads·d) and the rotated scratch
-    (rows, 2·heads·d) of ``rotate_qk_triton``; see the module docstring. ``out``: written in place when given (its
-    padding rows keep what they held), else a fresh uninitialised tensor. cu_seqlens: int32, segment slots + 1."""
+    (rows, 2·heads·d) of ``rotate_qk_triton``; see the module docstring. ``qk_scratch=None``: q̃ and k̃ are qkv's
+    own q and k columns, rotated already (the fused rotary qkv GEMM), read at row stride 3·heads·d. ``out``: written
+    in place when given (its padding rows keep what they held), else a fresh uninitialised tensor. cu_seqlens:
+    int32, segment slots + 1."""
     config = config or TmaConfig()
     rows, width = qkv.shape
     head_dim = width // (3 * num_heads)
-    if qk_scratch.shape != (rows, 2 * num_heads * head_dim) or not qk_scratch.is_contiguous():
+    if qk_scratch is not None and (qk_scratch.shape != (rows, 2 * num_heads * head_dim)
+                                   or not qk_scratch.is_contiguous()):
         want = (rows, 2 * num_heads * head_dim)
         raise ValueError(f"qk_scratch {tuple(qk_scratch.shape)}: want a contiguous {want}")
     if not qkv.is_contiguous():
         raise ValueError("qkv must be contiguous: its tiles are read by row stride 3·heads·d")
+    qk = qkv if qk_scratch is None else qk_scratch
     if out is None:
         out = torch.empty((rows, num_heads * head_dim), dtype=qkv.dtype, device=qkv.device)
     if rows == 0:
         return out
-    srcs: tuple = (qk_scratch, qk_scratch, qkv)
+    srcs: tuple = (qk, qk, qkv)
     if config.descriptors == "host":
         if TensorDescriptor is None:
             raise RuntimeError("host descriptors need triton.tools.tensor_descriptor (Triton 3.4 or newer)")
@@ -262,6 +267,7 @@ def attend_prerotated_tma(qkv: torch.Tensor, qk_scratch: torch.Tensor, cu_seqlen
     _varlen_attention_tma_kernel[grid](
         *srcs, cu_seqlens, out, math.log2(math.e) / math.sqrt(head_dim), rows,
         SEGMENTS=segments, SLOTS=triton.next_power_of_2(max(segments, 2)), HEADS=num_heads, D=head_dim,
+        QK_STRIDE=qk.shape[1],
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages,
         WARP_SPECIALIZE=config.warp_specialize, DESCRIPTORS=config.descriptors,
         num_warps=config.num_warps, num_stages=config.num_stages,
