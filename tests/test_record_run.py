@@ -402,7 +402,7 @@ def test_a_serve_job_starts_every_modes_client_before_its_first_server(tmp_path,
     """A later mode's load generator imports beside the first one's, not after the first mode has been served:
     no server waits for its client to start. Each client is waited for by its own mode, and a failed mode ends the
     clients still waiting."""
-    from glmvit.cli import serve, serve_app
+    from glmvit.cli import serve, serve_app, serve_frontends
 
     events = []
 
@@ -427,8 +427,9 @@ def test_a_serve_job_starts_every_modes_client_before_its_first_server(tmp_path,
             events.append(("killed", self.url))
 
     class Thread:
-        def __init__(self, service, port):
+        def __init__(self, service, port, serve=None):
             self.port = port
+            served.append(serve)
 
         def __enter__(self):
             events.append(("listening", f"http://127.0.0.1:{self.port}"))
@@ -440,6 +441,7 @@ def test_a_serve_job_starts_every_modes_client_before_its_first_server(tmp_path,
         ready = 0
 
         def start(self):
+            events.append(("pool started", None))
             return self
 
         def close(self, timeout=None):
@@ -450,7 +452,13 @@ def test_a_serve_job_starts_every_modes_client_before_its_first_server(tmp_path,
     monkeypatch.setattr(recorder.subprocess, "Popen", Client)
     monkeypatch.setattr(serve_app, "ServerThread", Thread)
     monkeypatch.setattr(serve_app, "default_decode_pool", lambda *a: Pool())
-    monkeypatch.setattr(serve, "build_service", lambda args, *a: events.append(("built", args.mode)))
+    served, built = [], []
+
+    def build_service(args, command, model, floor, decode, session, start_decode=True):
+        events.append(("built", args.mode))
+        built.append((decode is not None, start_decode))
+
+    monkeypatch.setattr(serve, "build_service", build_service)
     written = []
     monkeypatch.setattr(recorder, "merge_serve", lambda parts, job: parts)
     monkeypatch.setattr(recorder, "_write", lambda path, parts: written.append(parts))
@@ -458,16 +466,30 @@ def test_a_serve_job_starts_every_modes_client_before_its_first_server(tmp_path,
               ("bench/serve_x.json",), modes=("eager", "graph"))
     recorder.run_serve(job, session, tmp_path)
     kinds = [kind for kind, _ in events]
-    assert kinds == ["client", "client", "built", "listening", "answered", "built", "listening", "answered", "closed"]
+    assert kinds == ["client", "client", "pool started", "built", "listening", "answered", "built", "listening",
+                     "answered", "closed"]
     urls = [url for kind, url in events if kind == "client"]
     assert [url for kind, url in events if kind == "listening"] == urls  # each mode's server at its client's URL
     assert written == [[{"url": u} for u in urls]]
+    assert served == [serve_app.run_server] * 2 and built == [(True, True)] * 2  # one process, the shared pool
+
+    # --api-servers 2: the servers the record runs are what `glmvit serve --api-servers 2` runs: API server
+    # processes with their own decode pools (the record's shared pool is never made)
+    events.clear()
+    served.clear()
+    built.clear()
+    many = Job("serve_x", "measure", "bench-serve", ("--workload", "img1x224", "--num-prompts", "2",
+                                                     "--api-servers", "2"), ("bench/serve_x.json",), modes=("graph",))
+    recorder.run_serve(many, session, tmp_path)
+    assert [kind for kind, _ in events] == ["client", "built", "listening", "answered"]
+    assert served[0].func is serve_frontends.run_frontends and served[0].keywords["count"] == 2
+    assert built == [(False, False)]
 
     events.clear()
-    monkeypatch.setattr(serve, "build_service", lambda args, *a: (_ for _ in ()).throw(RuntimeError("no graphs")))
+    monkeypatch.setattr(serve, "build_service", lambda args, *a, **k: (_ for _ in ()).throw(RuntimeError("no graphs")))
     with pytest.raises(RuntimeError, match="no graphs"):
         recorder.run_serve(job, session, tmp_path)
-    assert sorted(kind for kind, _ in events) == ["client", "client", "closed", "killed", "killed"]
+    assert sorted(kind for kind, _ in events) == ["client", "client", "closed", "killed", "killed", "pool started"]
 
 
 @pytest.fixture(scope="module")

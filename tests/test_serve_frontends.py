@@ -36,7 +36,9 @@ from glmvit.cli.bench_serve import build_parser as bench_parser
 from glmvit.cli.bench_serve import build_workload, check_args, serve_argv
 from glmvit.cli.decode_pool import DecodePool
 from glmvit.cli.media_files import data_url, encode_clip, encode_image
-from glmvit.cli.serve_app import MEDIA_MODULES, EncoderService, HttpLimits, ServerThread
+from glmvit.cli.serve import build_parser as serve_parser
+from glmvit.cli.serve import serve_function
+from glmvit.cli.serve_app import MEDIA_MODULES, EncoderService, HttpLimits, ServerThread, run_server
 from glmvit.cli.serve_frontends import run_frontends, split_workers
 from glmvit.cli.serve_media import MediaError
 from glmvit.graphs import EncoderGraphRunner
@@ -54,6 +56,21 @@ def service(model, decode, **scheduler_args):
     return EncoderService(BatchScheduler(runner, **scheduler_args), INFO, PROVENANCE, HttpLimits(), threads=2,
                           decode=decode, own_decode=True)
 
+
+
+def one_server_args(api_servers):
+    """``glmvit serve``'s flags for ``api_servers`` processes with two decode workers and two threads."""
+    return serve_parser().parse_args(["--api-servers", str(api_servers), "--decode-workers", "2", "--threads", "2"])
+
+
+def test_the_flags_pick_the_one_process_server_or_the_api_servers():
+    """One decision, the same for ``glmvit serve`` and the record run's servers: --api-servers 1 is run_server;
+    N > 1 is run_frontends with N processes and the flags' decode workers, queue, timeout and threads."""
+    assert serve_function(one_server_args(1)) is run_server
+    many = serve_function(one_server_args(3))
+    assert isinstance(many, functools.partial) and many.func is run_frontends
+    assert {k: many.keywords[k] for k in ("count", "decode_workers", "threads")} == {
+        "count": 3, "decode_workers": 2, "threads": 2}
 
 class Servers:
     """The one-process server (``one``) and an engine behind two API servers (``many``, its encoder gated: clear
@@ -73,9 +90,8 @@ class Servers:
             return encode(pixels, grids)
 
         self.engine.scheduler._encode = gated
-        self.one = ServerThread(self.one_service).start()
-        serve = functools.partial(run_frontends, count=2, decode_workers=2, threads=2)
-        self.many = ServerThread(self.engine, serve=serve).start(timeout=300)
+        self.one = ServerThread(self.one_service, serve=serve_function(one_server_args(1))).start()
+        self.many = ServerThread(self.engine, serve=serve_function(one_server_args(2))).start(timeout=300)
 
     def close(self):
         self.gate.set()

@@ -374,20 +374,23 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
             sargs = sparser.parse_args(server_argv)
             resolve_model_args(sparser, sargs)
             start = time.perf_counter()
-            if decode is None:
+            one_process = sargs.api_servers == 1  # else the API server processes decode, each with its own pool
+            if decode is None and one_process:
                 decode = default_decode_pool(sargs.decode_workers, sargs.decode_queue, sargs.decode_timeout).start()
             model = session.model(sargs)
             floor = session.floor(model.device, DTYPES[sargs.dtype], None)
             service = serve.build_service(sargs, f"python -m glmvit serve {' '.join(server_argv)}", model, floor,
-                                          decode, session)
+                                          decode if one_process else None, session, start_decode=one_process)
             built = time.perf_counter() - start
-            with ServerThread(service, port=int(url.rsplit(":", 1)[1])):
+            with ServerThread(service, port=int(url.rsplit(":", 1)[1]), serve=serve.serve_function(sargs)):
                 listening = time.perf_counter() - start
                 code = client.wait()
                 answered = time.perf_counter() - start
+            decoders = f"{decode.ready} decoders ready" if one_process and decode is not None else (
+                f"{sargs.api_servers} API server processes")
             print(f"[serve] {mode}: server built {built:.1f} s, listening {listening:.1f} s, client done "
                   f"{answered:.1f} s, server drained {time.perf_counter() - start:.1f} s after this server's start "
-                  f"({decode.ready} decoders ready)", flush=True)
+                  f"({decoders})", flush=True)
             if code != 0:
                 raise subprocess.CalledProcessError(code, argv)
             parts.append(json.loads(out.read_text()))

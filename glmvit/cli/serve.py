@@ -273,6 +273,17 @@ def build_service(args: argparse.Namespace, command: str, model: GlmVisionEncode
     return service
 
 
+def serve_function(args: argparse.Namespace) -> Callable[..., Coroutine[Any, Any, bool]]:
+    """The coroutine that serves a service built from ``args`` (:func:`build_service`, with ``start_decode`` False
+    when ``--api-servers`` is above 1): :func:`~glmvit.cli.serve_app.run_server`, or for ``--api-servers N > 1``
+    :func:`~glmvit.cli.serve_frontends.run_frontends` with the flags' decode pool split among the N processes.
+    Both take run_server's arguments (so a ``ServerThread`` runs either)."""
+    if args.api_servers == 1:
+        return run_server
+    return functools.partial(run_frontends, count=args.api_servers, decode_workers=args.decode_workers,
+                             decode_queue=args.decode_queue, decode_timeout=args.decode_timeout, threads=args.threads)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
@@ -295,11 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"glmvit serve: {mode}, {service.info['description']}; listening on {url}{many} (POST "
               f"{url}/v1/encode)", flush=True)
 
-    serve: Callable[..., Coroutine[Any, Any, bool]] = run_server
-    if args.api_servers > 1:
-        serve = functools.partial(run_frontends, count=args.api_servers, decode_workers=args.decode_workers,
-                                  decode_queue=args.decode_queue, decode_timeout=args.decode_timeout,
-                                  threads=args.threads)
+    serve = serve_function(args)
     if not asyncio.run(serve(service, args.host, args.port, args.shutdown_timeout, ready, handle_signals=True)):
         return 1  # the drain ran out of --shutdown-timeout (or an API server failed): the log says why
     print("glmvit serve: stopped", flush=True)
