@@ -24,6 +24,9 @@ each).
 """
 from __future__ import annotations
 
+import io
+import mmap
+import os
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -153,10 +156,10 @@ def _pil_format(path: Path) -> str | None:
 
 
 def _probe_animation(path: Path, fmt: str) -> VideoInfo:
-    """An animation's metadata from its blocks. A GIF's frames are counted by :func:`_gif_delays`, which walks every
-    block PIL's own count would walk (PIL's ``n_frames`` is a second pass over the whole file in Python, and
-    stricter blocks mean PIL reads every file this accepts alike); a WebP's count, from its header, is checked
-    against its ``ANMF`` chunks."""
+    """An animation's metadata from its blocks. A GIF's frames are counted by :func:`_gif_delays`, which refuses
+    every block structure that PIL's own walk would read otherwise (so PIL's ``n_frames``, a second pass over the
+    whole file in Python, would say the same); a WebP's count, from its header, is checked against its ``ANMF``
+    chunks."""
     with _decode_errors(path, PIL_ERRORS):
         with Image.open(path) as im:
             width, height = im.size
@@ -176,11 +179,18 @@ def _gif_delays(fp: BinaryIO) -> list[int]:
     """Each GIF frame's delay in ms (0 without a graphic control extension), as PIL sets ``info["duration"]``.
 
     Stricter than PIL, which skips bytes it does not know: every block must start with an introducer (``!``, ``,``)
-    and the file must reach its trailer (``;``), so a cut or corrupt file is refused, never read in part. The file
-    is read whole and walked by offset (a clip's data is thousands of 255-byte sub-blocks: one read each would
-    cost more than the walk)."""
-    data = fp.read()
-    if len(data) < 13 or not data.startswith(b"GIF"):
+    and the file must reach its trailer (``;``), so a cut or corrupt file is refused, never read in part. Refused
+    too, since PIL's walk (``GifImageFile._seek`` in Pillow 13) would lose its place in them and count other frames
+    than these blocks describe: an extension of no data sub-block other than a comment (PIL reads the block after
+    it as a length), a NETSCAPE2.0 extension before the first image without its loop sub-block (PIL reads one
+    sub-block more there), and a graphic control block of fewer than its 4 bytes (PIL indexes byte 3). The file is
+    mapped, not read, and walked by offset (a clip's data is thousands of 255-byte sub-blocks)."""
+    with _mapped(fp) as data:
+        return _walk_gif(data)
+
+
+def _walk_gif(data: Any) -> list[int]:
+    if len(data) < 13 or data[:3] != b"GIF":
         raise ValueError("not a GIF header")
     pos = 13 + _color_table_bytes(data[10])
     delays: list[int] = []
@@ -193,33 +203,56 @@ def _gif_delays(fp: BinaryIO) -> list[int]:
         if byte == 0x3B:  # ";" the trailer
             return delays
         if byte == 0x21:  # "!" extension: label, then data sub-blocks
-            label = data[pos:pos + 1]
-            block, pos = _sub_blocks(data, pos + 1)
-            if label == b"\xf9" and len(block) >= 3:
-                delay = int.from_bytes(block[1:3], "little") * 10
+            at, label = pos - 1, data[pos] if pos < len(data) else None
+            first, blocks, pos = _sub_blocks(data, pos + 1)
+            if blocks == 0 and label != 0xFE:
+                raise ValueError(f"corrupt: the extension at offset {at:,} holds no data")
+            if label == 0xF9:
+                if len(first) < 4:
+                    raise ValueError(f"corrupt: the graphic control block at offset {at:,} has {len(first)} of "
+                                     f"its 4 bytes")
+                delay = int.from_bytes(first[1:3], "little") * 10
+            elif label == 0xFF and not delays and first.startswith(b"NETSCAPE2.0") and blocks < 2:
+                raise ValueError(f"corrupt: the NETSCAPE2.0 extension at offset {at:,} has no loop sub-block")
         elif byte == 0x2C:  # "," image descriptor, local colour table, LZW code size, image data
             descriptor = data[pos:pos + 9]
             pos += 9 + _color_table_bytes(descriptor[8] if len(descriptor) == 9 else 0) + 1
-            _, pos = _sub_blocks(data, pos)
+            _, _, pos = _sub_blocks(data, pos)
             delays.append(delay)
             delay = 0
         else:
             raise ValueError(f"corrupt: byte {byte:#04x} at offset {pos - 1:,} starts no GIF block")
 
 
+@contextmanager
+def _mapped(fp: BinaryIO) -> Iterator[Any]:
+    """``fp``'s bytes from where it stands: a file at its start mapped read-only (a multi-gigabyte GIF is not read
+    into memory), anything else read."""
+    try:
+        fd = fp.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        fd = None
+    if fd is None or fp.tell() != 0 or os.fstat(fd).st_size == 0:
+        yield fp.read()
+        return
+    with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as data:
+        yield data
+
+
 def _color_table_bytes(flags: int) -> int:
     return 3 << ((flags & 7) + 1) if flags & 0x80 else 0
 
 
-def _sub_blocks(data: bytes, pos: int) -> tuple[bytes, int]:
+def _sub_blocks(data: Any, pos: int) -> tuple[bytes, int, int]:
     """The chain of data sub-blocks at ``pos`` up to its terminator (or the end of the data): its first block's
-    bytes and the offset after the terminator."""
-    first = None
+    bytes, how many blocks it holds, and the offset after the terminator."""
+    first, blocks = b"", 0
     while pos < len(data) and (size := data[pos]):
-        if first is None:
+        if not blocks:
             first = data[pos + 1:pos + 1 + size]
+        blocks += 1
         pos += 1 + size
-    return first or b"", pos + 1
+    return first, blocks, pos + 1
 
 
 def _webp_delays(fp: BinaryIO) -> list[int]:

@@ -524,3 +524,62 @@ def test_process_video_samples_by_the_callers_probe_without_probing_again(tmp_pa
         process_video(path, info=info, max_frame_pixels=10)
     with pytest.raises(ValueError, match="info describes a video file"):
         process_video(moving_frames(4), video_fps=10, info=info)
+
+
+def pil_gif(frames: int = 4) -> bytes:
+    """An animated GIF as PIL writes it: a NETSCAPE2.0 loop extension, then per frame a graphic control block."""
+    out = io.BytesIO()
+    images = [Image.fromarray(f) for f in moving_frames(frames)]
+    images[0].save(out, format="GIF", save_all=True, append_images=images[1:], duration=100, loop=0)
+    return out.getvalue()
+
+
+def pil_frames(path: Path) -> int | str:
+    """PIL's own frame count of ``path``, or the name of what it raises counting."""
+    try:
+        with Image.open(path) as im:
+            return im.n_frames
+    except Exception as err:  # noqa: BLE001 - what PIL raises is the point
+        return type(err).__name__
+
+
+def _second_frame_gce(gif: bytes) -> int:
+    first = gif.index(b"\x21\xf9\x04")
+    return gif.index(b"\x21\xf9\x04", first + 1)
+
+
+@pytest.mark.parametrize("cut, message", [
+    ("netscape-without-loop", "NETSCAPE2.0 extension at offset .* has no loop sub-block"),
+    ("empty-extension", "the extension at offset .* holds no data"),
+    ("short-graphic-control", "graphic control block at offset .* has 2 of its 4 bytes"),
+])
+def test_a_gif_pil_would_misread_is_refused_in_one_line(tmp_path, cut, message):
+    """Blocks that make PIL's walk lose its place (it counts other frames than the blocks describe, or raises):
+    refused by the probe's own walk, which stands in for PIL's count, in one line naming the file."""
+    gif = pil_gif()
+    if cut == "netscape-without-loop":  # the name sub-block only: PIL reads one sub-block more
+        at = gif.index(b"\x21\xff\x0bNETSCAPE2.0") + 14
+        gif = gif[:at] + gif[at + 4:]  # drop "03 01 00 00", keep the terminator
+    elif cut == "empty-extension":  # a plain-text extension of no data before the second frame
+        at = _second_frame_gce(gif)
+        gif = gif[:at] + b"\x21\x01\x00" + gif[at:]
+    else:  # the second frame's graphic control block cut to 2 bytes
+        at = _second_frame_gce(gif)
+        gif = gif[:at] + b"\x21\xf9\x02" + gif[at + 3:at + 5] + gif[at + 7:]
+    path = tmp_path / f"{cut}.gif"
+    path.write_bytes(gif)
+    assert pil_frames(path) != 4  # PIL misreads it: the refusal is not over caution
+    with pytest.raises(ValueError, match=f"^video {path}: .*{message}") as err:
+        probe(path)
+    assert "\n" not in str(err.value)
+
+
+def test_an_empty_comment_is_a_gif_pil_reads_alike(tmp_path):
+    """A comment extension of no data is the one empty extension PIL skips correctly: accepted, 4 frames both ways."""
+    gif = pil_gif()
+    at = _second_frame_gce(gif)
+    path = tmp_path / "comment.gif"
+    path.write_bytes(gif[:at] + b"\x21\xfe\x00" + gif[at:])
+    assert pil_frames(path) == 4 and probe(path).frames == 4
+    with io.BytesIO(path.read_bytes()) as fp:  # a file object without a descriptor: read, not mapped
+        assert video_files._gif_delays(fp) == [100] * 4
