@@ -8,6 +8,7 @@ Runner tests use the full GLM-4.1V tower in bfloat16 with random weights (``glmv
 oracle comparisons that need exactness run in float32 with the ``sdpa_masked`` backend
 (the flash kernels take bf16 only).
 """
+import collections
 import copy
 import dataclasses
 import functools
@@ -628,6 +629,20 @@ def test_out_of_memory_in_the_middle_of_capture(full, monkeypatch):
 # ---------------------------------------------------------------------------------------------------------------
 # the launch tables' Hopper candidates, forced on for every row count
 # ---------------------------------------------------------------------------------------------------------------
+def count_calls(monkeypatch, *targets) -> collections.Counter:
+    """Wrap each (module, function name) so that calls through the module's attribute are counted by name."""
+    ran: collections.Counter = collections.Counter()
+    for module, name in targets:
+        real = getattr(module, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            ran[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+    return ran
+
+
 @pytest.mark.parametrize("attn", ["triton", "cudnn"])
 def test_the_tables_candidates_keep_the_encoder_contract(full, monkeypatch, attn):
     """The Hopper candidates forced on for every row count — the attention of ``triton_attention_tma`` (the
@@ -637,7 +652,13 @@ def test_the_tables_candidates_keep_the_encoder_contract(full, monkeypatch, attn
     |candidate − default| ≤ 3E + 1 ulp with E = |default − fp32| on that item (``assert_per_item``'s bound: the
     candidates round differently, one rounding where the default path rounds two or three times, never by more
     than the default path's own error twice over)."""
-    from glmvit.kernels import attention_table, fused_gemm_table
+    from glmvit.kernels import (
+        attention_table,
+        fused_gemm_table,
+        triton_attention_tma,
+        triton_qkv_rope_gemm,
+        triton_swiglu_gemm,
+    )
     from glmvit.kernels.triton_attention_tma import TmaConfig
 
     if attn not in available_backends("cuda", torch.bfloat16):
@@ -655,9 +676,15 @@ def test_the_tables_candidates_keep_the_encoder_contract(full, monkeypatch, attn
         monkeypatch.setattr(attention_table, "CONFIGS", ((None, TmaConfig(128, 64, 8, 3)),))
         monkeypatch.setattr(fused_gemm_table, "SWIGLU_MIN_ROWS", 0)
         monkeypatch.setattr(fused_gemm_table, "QKV_ROPE_MIN_ROWS", 0)
+        ran = count_calls(monkeypatch, (triton_swiglu_gemm, "swiglu_linear_triton"),
+                          (triton_qkv_rope_gemm, "qkv_rope_linear_triton"),
+                          (triton_attention_tma, "attend_prerotated_tma"))
         run = EncoderGraphRunner(full, BudgetConfig((1024,), max_items=4, max_segments=32), mode="cuda",
                                  progress=False).capture()
         outs = run.run(pixels, grid)
+        # the candidates ran (in the warm-up and the capture): the bound below is theirs, not the default kernels'
+        assert ran["swiglu_linear_triton"] and ran["qkv_rope_linear_triton"]
+        assert bool(ran["attend_prerotated_tma"]) == (attn == "triton"), dict(ran)
         bg = run.graphs[1024]
         with torch.inference_mode():
             torch.testing.assert_close(bg.output, full.forward_static(bg.pixels, bg.meta), atol=0, rtol=0)

@@ -222,12 +222,13 @@ def test_each_configuration_compiles_for_hopper_as_intended(name):
     from tools.tma_ab import compile_report
 
     config = GPU_CONFIGS[name]
-    report = compile_report(config)
-    assert "unavailable" not in report, report
-    assert report["wgmma"] > 0
-    assert (report["tma_copies"] > 0) == (config.descriptors != "pointer")
-    assert (report["warps"] > config.num_warps) == config.warp_specialize
-    assert report["shared_bytes"] <= H200_SHARED_PER_BLOCK
+    for rotated in (False, True):  # q̃, k̃ from the rotation's scratch, or from qkv itself (row stride 3·heads·d)
+        report = compile_report(config, rotated=rotated)
+        assert "unavailable" not in report, report
+        assert report["wgmma"] > 0
+        assert (report["tma_copies"] > 0) == (config.descriptors != "pointer")
+        assert (report["warps"] > config.num_warps) == config.warp_specialize
+        assert report["shared_bytes"] <= H200_SHARED_PER_BLOCK
 
 
 def _gpu_attend(qkv, scratch, cu, config, out=None):
@@ -305,3 +306,36 @@ def test_gpu_nan_stays_in_its_segment(name):
         got = _gpu_attend(bad_qkv, bad_scratch, meta.cu_seqlens, GPU_CONFIGS[name])[:n]
         assert torch.equal(got[keep], clean[keep])
         assert not bool(torch.isfinite(got[~keep]).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", GPU_CONFIGS)
+def test_gpu_q_and_k_rotated_in_qkv_and_another_thread_give_the_same_bits(name):
+    """On the GPU, every configuration: q̃, k̃ read from qkv's own columns (``qk_scratch=None``, row stride
+    3·heads·d: what the fused rotary qkv GEMM hands over) give the scratch's bits; and a launch from a thread that
+    never launched before gives them too (device descriptors need Triton's allocator, a per-thread setting)."""
+    import threading
+
+    from test_triton_attention import GPU_LAYOUTS
+
+    from glmvit.kernels.triton_attention import rotate_qk_triton
+    from glmvit.metadata import BatchShape
+
+    heads, head_dim = 12, 128
+    grids = GPU_LAYOUTS["mixed"]
+    rows = sum(t * h * w for t, h, w in grids)
+    qkv, cos, sin, meta = case(grids, BatchShape(rows + 512, len(grids) * 8 + 4, rows + 512), heads, head_dim,
+                               torch.bfloat16, "cuda")
+    n = meta.host.num_rows
+    scratch = rotate_qk_triton(qkv, cos, sin, meta.cu_seqlens, heads)
+    rotated = qkv.clone()
+    rotated[:, :2 * heads * head_dim] = scratch
+    expected = _gpu_attend(qkv, scratch, meta.cu_seqlens, GPU_CONFIGS[name])[:n]
+    assert torch.equal(_gpu_attend(rotated, None, meta.cu_seqlens, GPU_CONFIGS[name])[:n], expected)
+    got: list = []
+    worker = threading.Thread(target=lambda: got.append(_gpu_attend(qkv, scratch, meta.cu_seqlens,
+                                                                    GPU_CONFIGS[name])[:n].clone()))
+    worker.start()
+    worker.join()
+    torch.cuda.synchronize()
+    assert len(got) == 1 and torch.equal(got[0], expected)

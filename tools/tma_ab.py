@@ -80,14 +80,15 @@ def measure(lengths: tuple[int, ...], rounds: int = 2) -> dict[str, Any]:
     return {"lengths": list(lengths), "rows": layout.rows, "paths": rows}
 
 
-def compile_report(config, rows: int = 8192, segments: int = 64) -> dict[str, Any]:
-    """Compile the attention for sm_90 without a GPU (``--compile-only``); what its code holds, or one line why not."""
+def compile_report(config, rows: int = 8192, segments: int = 64, rotated: bool = False) -> dict[str, Any]:
+    """Compile the attention for sm_90 without a GPU (``--compile-only``); what its code holds, or one line why not.
+    ``rotated``: q̃, k̃ read from qkv itself (row stride 3·heads·d), as after the fused rotary qkv GEMM."""
     import triton
 
     from glmvit.kernels.triton_attention_tma import TensorDescriptor, _varlen_attention_tma_kernel
 
     qkv = torch.empty(rows, 3 * HEADS * HEAD_DIM, dtype=torch.bfloat16)
-    qk = torch.empty(rows, 2 * HEADS * HEAD_DIM, dtype=torch.bfloat16)
+    qk = qkv if rotated else torch.empty(rows, 2 * HEADS * HEAD_DIM, dtype=torch.bfloat16)
     srcs: list[Any] = [qk, qk, qkv]
     if config.descriptors == "host":
         blocks = (config.block_m, config.block_n, config.block_n)
@@ -96,7 +97,7 @@ def compile_report(config, rows: int = 8192, segments: int = 64) -> dict[str, An
     out = torch.empty(rows, HEADS * HEAD_DIM, dtype=torch.bfloat16)
     args = dict(q_src=srcs[0], k_src=srcs[1], v_src=srcs[2], cu_seqlens_ptr=cu, out_ptr=out, qk_scale=0.1, ROWS=rows)
     constants = dict(SEGMENTS=segments, SLOTS=triton.next_power_of_2(segments), HEADS=HEADS, D=HEAD_DIM,
-                     QK_STRIDE=2 * HEADS * HEAD_DIM, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                     QK_STRIDE=qk.shape[1], BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                      NUM_STAGES=config.num_stages,
                      WARP_SPECIALIZE=config.warp_specialize, DESCRIPTORS=config.descriptors)
     return compile_sm90(_varlen_attention_tma_kernel, args, constants, config.num_warps, config.num_stages)
@@ -128,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 
         for config in SWEEP_CONFIGS:
             print(f"{config.name:<20} {compile_report(config)}")
+            print(f"{config.name + ' @qkv':<20} {compile_report(config, rotated=True)}")
         return 0
     names = layout_names(parser, args.layouts)
     if not torch.cuda.is_available():

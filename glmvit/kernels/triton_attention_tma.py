@@ -216,20 +216,16 @@ def _varlen_attention_tma_kernel(
     tl.store(dst, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=(rows < key_end)[:, None])
 
 
-_ALLOCATOR_SET = False
-
-
 def _scratch_for_descriptors(size: int, alignment: int, stream) -> torch.Tensor:
     """Global memory that device-side ``tl.make_tensor_descriptor`` writes its descriptors into (one launch's)."""
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
 def _ensure_allocator() -> None:
-    """``device`` descriptors need a Triton allocator; a process-wide setting, made once, only when one is used."""
-    global _ALLOCATOR_SET
-    if not _ALLOCATOR_SET:
-        triton.set_allocator(_scratch_for_descriptors)
-        _ALLOCATOR_SET = True
+    """``device`` descriptors need a Triton allocator. Triton keeps it in a context variable, so a thread that did
+    not set it has none: set before every such launch (a context variable's set, nanoseconds), in the launching
+    thread."""
+    triton.set_allocator(_scratch_for_descriptors)
 
 
 def attend_prerotated_tma(qkv: torch.Tensor, qk_scratch: torch.Tensor | None, cu_seqlens: torch.Tensor,
