@@ -116,3 +116,37 @@ def test_auto_attention_picks_the_faster_kernel_on_every_swept_layout():
         if chosen > 1.05 * min(times.values()):
             worse[name] = times
     assert not worse, worse
+
+
+FUSED = {  # fused_gemm_table's rules: (threshold name, configuration function, A/B record)
+    "swiglu": ("SWIGLU_MIN_ROWS", "swiglu_config", "swiglu_ab_h200.json"),
+    "qkv_rope": ("QKV_ROPE_MIN_ROWS", "qkv_rope_config", "qkv_rope_ab_h200.json"),
+}
+
+
+def _fused_rules() -> list[str]:
+    from glmvit.kernels import fused_gemm_table
+
+    return [name for name, (threshold, _, _) in FUSED.items() if getattr(fused_gemm_table, threshold) is not None]
+
+
+@pytest.mark.parametrize("rule", _fused_rules())
+def test_a_fused_gemm_threshold_is_where_its_ab_says_the_fused_kernel_wins(rule):
+    """A fused GEMM switched on from MIN_ROWS rows is backed by its A/B record: at every row count of the A/B from
+    MIN_ROWS on, the configuration the table picks is faster than both unfused paths (eager torch and compiled, the
+    modes it replaces), and below MIN_ROWS it does not win by more than 2 % (the threshold leaves no clear win)."""
+    from glmvit.kernels import fused_gemm_table
+
+    threshold, config_fn, record = FUSED[rule]
+    path = Path(__file__).parents[1] / "data" / "sweeps" / record
+    assert path.exists(), f"{rule} is switched on but its A/B record {path} is missing"
+    min_rows = getattr(fused_gemm_table, threshold)
+    for result in json.loads(path.read_text())["results"]:
+        paths, rows = result["paths"], result["rows"]
+        fused = paths[f"triton@{getattr(fused_gemm_table, config_fn)(rows).name}"]
+        unfused = min(paths["torch"]["us"], paths["compiled"]["us"])
+        assert fused["ok"], (rows, fused)
+        if rows >= min_rows:
+            assert fused["us"] < unfused, (rule, rows, fused["us"], unfused)
+        else:
+            assert fused["us"] >= 0.98 * unfused, (rule, rows, fused["us"], unfused)
