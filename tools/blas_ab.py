@@ -1,11 +1,13 @@
-"""A/B: the encoder's matmuls through cuBLAS (torch's default) against cuBLASLt, per shape and per forward.
+"""A/B: the encoder's matmuls through cuBLAS (what torch runs by default) against cuBLASLt, per shape and per forward.
 
 torch routes every bf16 ``F.linear`` through ``at::cuda::blas::gemm``; ``torch.backends.cuda.preferred_blas_library``
-picks the library behind it: ``cublas`` (the default) or ``cublaslt``, whose heuristics choose among other kernels
-(split-K and stream-K ones included) for skinny shapes. At one 224² image the encoder's matmuls are
-parallelism-bound (a few tens of tiles for 132 multiprocessors), where such kernels may win; at 8192 rows they
-should not matter. The choice is a process-wide switch read when a matmul is launched, so a CUDA graph keeps the
-library it was captured with.
+picks the library behind it: ``cublas`` (what torch's ``default`` setting uses on CUDA unless
+``TORCH_BLAS_PREFER_CUBLASLT`` says otherwise) or ``cublaslt``, whose heuristics choose among other kernels (split-K
+and stream-K ones included) for skinny shapes. A matmul with a bias (the patch embedding's and the downsample's) may
+take cuBLASLt's bias epilogue whatever the setting; those two are timed with their bias, as the model runs them.
+At one 224² image the encoder's matmuls are parallelism-bound (a few tens of tiles for 132 multiprocessors), where
+such kernels may win; at 8192 rows they should not matter. The choice is a process-wide switch read when a matmul is
+launched, so a CUDA graph keeps the library it was captured with.
 
 Paths, per row count M (256, 1024, 8192: 1×224², 4×224², 8×448²):
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -36,6 +39,8 @@ from ab_common import check_and_time, one_line  # noqa: E402
 
 ROWS = (256, 1024, 8192)
 LIBRARIES = ("cublas", "cublaslt")
+BIASED = ("patch_embed", "downsample")  # the model's matmuls with a bias (glmvit.model: embed, head)
+ENVIRONMENT = ("TORCH_BLAS_PREFER_CUBLASLT", "CUBLASLT_WORKSPACE_SIZE", "CUBLAS_WORKSPACE_CONFIG")
 REPLAYS = 50
 
 
@@ -69,9 +74,10 @@ def gemm_paths(rows: int, gen: torch.Generator) -> tuple[dict[str, Callable[[], 
     for name, m, k, n, _ in encoder_gemms(VisionConfig.glm41v(), rows):
         x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
         w = (torch.randn(n, k, device="cuda", generator=gen) / k**0.5).to(torch.bfloat16)
-        refs[name] = x.float() @ w.float().T
+        b = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16) if name in BIASED else None
+        refs[name] = x.float() @ w.float().T + (b.float() if b is not None else 0.0)
         for library in LIBRARIES:
-            fns[f"gemm@{name}/{library}"] = with_library(library, lambda x=x, w=w: F.linear(x, w))
+            fns[f"gemm@{name}/{library}"] = with_library(library, lambda x=x, w=w, b=b: F.linear(x, w, b))
     return fns, refs
 
 
@@ -107,6 +113,8 @@ def measure(rows: int, model: Any, rounds: int = 2) -> dict[str, Any]:
         if path == "forward/cublas":
             baseline_out["forward"] = out.float().clone()
             return {"max_abs_err": 0.0, "ok": True}
+        if "forward" not in baseline_out:
+            raise RuntimeError("no cuBLAS forward to check against (forward/cublas did not run)")
         ref = baseline_out["forward"]
         err = (out.float() - ref).abs().max().item()
         return {"max_abs_err": err, "ok": err <= 2**-4 * ref.abs().max().item()}
@@ -118,7 +126,10 @@ def measure(rows: int, model: Any, rounds: int = 2) -> dict[str, Any]:
         times = {name: paths.get(f"gemm@{name}/{library}", {}).get("us") for name, *_ in gemms}
         sums[library] = per_forward_us(times, gemms) if all(t is not None for t in times.values()) else None
     torch.cuda.empty_cache()
-    return {"rows": rows, "paths": paths, "matmuls_per_forward_us": sums}
+    from glmvit.attention import resolve
+
+    return {"rows": rows, "attention": resolve(model.attention_backend(), rows), "paths": paths,
+            "matmuls_per_forward_us": sums}
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
@@ -155,12 +166,14 @@ def main(argv: list[str] | None = None) -> int:
     from glmvit.random_weights import random_encoder
 
     torch.backends.cuda.matmul.allow_tf32 = False  # the float32 references stay float32
+    before = torch.backends.cuda.preferred_blas_library()
     model = random_encoder(VisionConfig.glm41v(), torch.device("cuda"), torch.bfloat16)
     with torch.inference_mode():
         results = [measure(r, model) for r in rows]
     print_table(results)
     record = {"provenance": collect("cuda", " ".join([sys.executable, *sys.argv])), "replays": REPLAYS,
-              "libraries": list(LIBRARIES), "attention": model.attn_backend, "results": results}
+              "libraries": list(LIBRARIES), "preferred_at_start": str(before), "attention": model.attention_backend(),
+              "environment": {name: os.environ.get(name) for name in ENVIRONMENT}, "results": results}
     with open(args.json, "w") as f:
         json.dump(record, f, indent=1)
         f.write("\n")
