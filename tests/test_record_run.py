@@ -402,12 +402,13 @@ def test_a_serve_job_starts_every_modes_client_before_its_first_server(tmp_path,
     """A later mode's load generator imports beside the first one's, not after the first mode has been served:
     no server waits for its client to start. Each client is waited for by its own mode, and a failed mode ends the
     clients still waiting."""
-    from glmvit.cli import serve, serve_app, serve_frontends
+    from glmvit.cli import bench_serve, serve, serve_app, serve_frontends
 
     events = []
 
     class Client:
         def __init__(self, argv, cwd=None):
+            clients.append(argv)
             self.url, self.out = argv[argv.index("--url") + 1], Path(argv[argv.index("--json") + 1])
             self.mode, self.code = None, None
             events.append(("client", self.url))
@@ -427,9 +428,15 @@ def test_a_serve_job_starts_every_modes_client_before_its_first_server(tmp_path,
             events.append(("killed", self.url))
 
     class Thread:
+        drained = True
+
         def __init__(self, service, port, serve=None):
             self.port = port
             served.append(serve)
+
+        def start(self, timeout):
+            timeouts.append(timeout)
+            return self
 
         def __enter__(self):
             events.append(("listening", f"http://127.0.0.1:{self.port}"))
@@ -452,7 +459,7 @@ def test_a_serve_job_starts_every_modes_client_before_its_first_server(tmp_path,
     monkeypatch.setattr(recorder.subprocess, "Popen", Client)
     monkeypatch.setattr(serve_app, "ServerThread", Thread)
     monkeypatch.setattr(serve_app, "default_decode_pool", lambda *a: Pool())
-    served, built = [], []
+    served, built, timeouts, clients = [], [], [], []
 
     def build_service(args, command, model, floor, decode, session, start_decode=True):
         events.append(("built", args.mode))
@@ -460,7 +467,7 @@ def test_a_serve_job_starts_every_modes_client_before_its_first_server(tmp_path,
 
     monkeypatch.setattr(serve, "build_service", build_service)
     written = []
-    monkeypatch.setattr(recorder, "merge_serve", lambda parts, job: parts)
+    monkeypatch.setattr(recorder, "merge_serve", lambda parts, job, served: parts)
     monkeypatch.setattr(recorder, "_write", lambda path, parts: written.append(parts))
     job = Job("serve_x", "measure", "bench-serve", ("--workload", "img1x224", "--num-prompts", "2"),
               ("bench/serve_x.json",), modes=("eager", "graph"))
@@ -483,7 +490,13 @@ def test_a_serve_job_starts_every_modes_client_before_its_first_server(tmp_path,
     recorder.run_serve(many, session, tmp_path)
     assert [kind for kind, _ in events] == ["client", "built", "listening", "answered"]
     assert served[0].func is serve_frontends.run_frontends and served[0].keywords["count"] == 2
-    assert built == [(False, False)]
+    assert built == [(False, False)] and timeouts[-1] > 60  # N processes import torch before they listen
+    # the load generator is sent at the server's URL: the server-only flags stay with the server, and what it is
+    # given passes bench-serve's own checks
+    client = clients[-1][clients[-1].index("bench-serve") + 1:]
+    assert "--api-servers" not in client
+    parser = bench_serve.build_parser()
+    bench_serve.check_args(parser, parser.parse_args(client), client)
 
     events.clear()
     monkeypatch.setattr(serve, "build_service", lambda args, *a, **k: (_ for _ in ()).throw(RuntimeError("no graphs")))
@@ -683,3 +696,18 @@ def test_a_record_refuses_a_hopper_gpu_without_the_cuda_extra(monkeypatch, capsy
     # before Hopper auto is triton with or without the extra: nothing to refuse
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (8, 9))
     assert recorder.install_problem() is None
+
+
+def test_a_serve_record_says_how_many_api_server_processes_served():
+    """The clients are sent at a URL, so their records cannot know the server's processes: the merged record takes
+    them from the servers the record run built (and says one process where there was one)."""
+    part = json.loads((recorder.REPO / "data" / "bench" / "serve_video8x224_h200.json").read_text())
+    job = Job("serve_x", "measure", "bench-serve", ("--workload", "video8x224"), ("bench/serve_x.json",),
+              modes=tuple(part["settings"]["modes"]))
+    many = recorder.merge_serve([part], job, {"api_servers": 4, "decode_workers": 12})
+    settings = many.settings if isinstance(many.settings, dict) else many.settings.model_dump()
+    assert settings["batching"]["api_servers"] == 4 and settings["batching"]["decode_workers"] == 12
+    assert "4 API server processes" in settings["servers"]
+    one = recorder.merge_serve([part], job, {"api_servers": 1, "decode_workers": 12})
+    settings = one.settings if isinstance(one.settings, dict) else one.settings.model_dump()
+    assert settings["batching"]["api_servers"] == 1 and "API server" not in settings["servers"]

@@ -839,3 +839,25 @@ def test_a_drain_past_its_timeout_lets_the_encoders_batch_end_before_it_returns(
     run(scenario())
     assert server.drained is False and service.abandoned == 1
     assert not service.scheduler._worker.is_alive()
+
+
+def test_a_server_that_does_not_start_is_stopped_before_its_error():
+    """ServerThread.start: a serve coroutine that fails, or never listens within the timeout, leaves no thread
+    serving behind the error (a record run would otherwise hang on it)."""
+    from glmvit.cli.serve_app import ServerThread
+
+    async def never_listens(service, host, port, shutdown_timeout, on_ready, stop):
+        await stop.wait()
+        return True
+
+    async def fails(service, host, port, shutdown_timeout, on_ready, stop):
+        raise OSError("address in use")
+
+    slow = ServerThread(None, serve=never_listens)
+    with pytest.raises(TimeoutError, match="did not start listening within 0.2 s"):
+        slow.start(timeout=0.2)
+    assert not slow._thread.is_alive() and slow.drained is True
+    broken = ServerThread(None, serve=fails)
+    with pytest.raises(OSError, match="address in use"):
+        broken.start(timeout=5)
+    assert not broken._thread.is_alive()

@@ -109,7 +109,8 @@ def sweep_line() -> str:
     alone = [t["one-small"] / t["many-small"] for t in times if "many-small" in t]
     single = max(t["full"] / t["one-small"] for t in times if "one-small" in t)
     return (f"A replay costs its budget, not its batch: over {len(alone)} budgets, one 224² image alone replays in "
-            f"{min(alone):.2f}–{max(alone):.2f}× the time of the same budget holding sixteen of them, so a padded row "
+            f"{min(alone):.2f}–{max(alone):.2f}× the time of the same budget filled with small images (as many as fit, "
+            f"up to sixteen), so a padded row "
             f"costs what a real one does. Only attention changes with the layout: one image filling the budget (a "
             f"single long segment) is the slowest, up to {single:.1f}× one small image "
             f"(`latency_h200.json` @ {sweep.provenance.short_commit}{mark(sweep)}).")
@@ -184,8 +185,8 @@ def host_line() -> str:
     return (f"One 224² image, graph-compiled: {ms(wall)} wall per request (`img1x224_h200.json`, median), of which "
             f"`runner.run` spends {host:.3f} ms of host time before its one wait. Its kernels sum to {ms(busy)} under "
             f"the profiler and its replays, timed back to back, take {ms(device)} (`kernels_h200.json`); the "
-            f"difference is not all idle time between kernels: `tools/gap_probe.py` profiles a replay's own idle time "
-            f"and reads the SM clock beside it.")
+            f"difference is idle time between kernels or the unprofiled replays' slower clock: `tools/gap_probe.py` "
+            f"tells the two apart, profiling a replay's own idle time and reading the SM clock beside it.")
 
 
 def seed_lines() -> list[str]:

@@ -1,10 +1,9 @@
-"""Where does the runner's latency tail come from? A GPU diagnostic behind the README's "Tails" paragraph.
+"""Where does the runner's latency tail come from? A GPU diagnostic of the P99/median ratios the records show.
 
 For one 224² image through the compiled runner (full GLM-4.1V tower, bf16, budget 64), it records per request:
 the wall time (synchronised), the host time before the replay (``RunnerStats.host_s``), the GPU time of the
 replay (CUDA events around ``graph.replay()``) and the SM clock, then prints percentiles, the means over the
-slowest 2% vs the rest, and the correlation of wall time with host and with GPU time. The README's numbers came
-from its first version, which took the same measurements (plus a torch.cat of the output per request).
+slowest 2% vs the rest, and the correlation of wall time with host and with GPU time.
 
     GLMVIT_GIT_COMMIT=$(git rev-parse HEAD) python tools/tail_probe.py --requests 3000 --json tail.json
 """

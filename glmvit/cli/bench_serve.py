@@ -756,6 +756,23 @@ def check_url(parser: argparse.ArgumentParser, url: str) -> None:
         parser.error(f"--url {shown(url)}: expected http://HOST:PORT")
 
 
+SPAWN_ONLY = ("--decode-workers", "--api-servers")  # the spawned server's flags: a client of a running one has none
+
+
+def client_argv(argv: list[str]) -> list[str]:
+    """``argv`` without the flags that configure a spawned server (:data:`SPAWN_ONLY`, as ``--flag value`` or
+    ``--flag=value``): what a load generator sent at a server someone else started takes."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in SPAWN_ONLY:
+            skip = True
+        elif not arg.startswith(tuple(f"{flag}=" for flag in SPAWN_ONLY)):
+            out.append(arg)
+    return out
+
+
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]) -> None:
     args.max_queue_set = any(a == "--max-queue" or a.startswith("--max-queue=") for a in argv)
     if args.url and args.modes is not None:

@@ -345,11 +345,14 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
     modes' records merged into one. Every mode's client starts first, at once: their starts (imports, encoding the
     workload's media) overlap each other and the first server's (capture, compilation), before any load is sent;
     each waits for its own server to listen before it sends anything, so a later mode's server never waits for its
-    client to start. The modes' servers share one decode pool (its processes import torch: seconds each) and the
+    client to start. One-process servers share one decode pool (its processes import torch: seconds each); with
+    ``--api-servers N`` the API server processes decode, as ``glmvit serve`` runs them. Every server shares the
     session's floor."""
     from . import bench_serve, serve
     from .common import DTYPES, resolve_model_args
+    from .pixel_rows import no_room
     from .serve_app import ServerThread, default_decode_pool
+    from .serve_frontends import STARTUP_TIMEOUT_S
 
     parser = bench_serve.build_parser()
     spawn_argv = [*job.argv, "--spawn", "--modes", ",".join(job.modes)]
@@ -358,13 +361,14 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
     workload = bench_serve.build_workload(cargs)
     parts = []
     decode = None
+    served: dict[str, Any] = {}
     clients: dict[str, tuple[str, Path, list[str], subprocess.Popen[bytes]]] = {}
     try:
         for mode in job.modes:
             out = workdir / f"{job.name}_{mode}.json"
             url = f"http://127.0.0.1:{_free_port()}"
-            argv = [sys.executable, "-m", "glmvit", "bench-serve", "--url", url, "--wait-s", "900", *job.argv,
-                    "--json", str(out)]
+            argv = [sys.executable, "-m", "glmvit", "bench-serve", "--url", url, "--wait-s", "900",
+                    *bench_serve.client_argv(list(job.argv)), "--json", str(out)]
             print(f"[serve] {mode}: {' '.join(argv[1:])}", flush=True)
             clients[mode] = (url, out, argv, subprocess.Popen(argv, cwd=REPO))
         for mode in job.modes:
@@ -375,6 +379,9 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
             resolve_model_args(sparser, sargs)
             start = time.perf_counter()
             one_process = sargs.api_servers == 1  # else the API server processes decode, each with its own pool
+            if not one_process and (why := no_room()):
+                raise RuntimeError(f"--api-servers {sargs.api_servers} needs a shared-memory folder: {why}")
+            served = {"api_servers": sargs.api_servers, "decode_workers": sargs.decode_workers}
             if decode is None and one_process:
                 decode = default_decode_pool(sargs.decode_workers, sargs.decode_queue, sargs.decode_timeout).start()
             model = session.model(sargs)
@@ -382,10 +389,15 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
             service = serve.build_service(sargs, f"python -m glmvit serve {' '.join(server_argv)}", model, floor,
                                           decode if one_process else None, session, start_decode=one_process)
             built = time.perf_counter() - start
-            with ServerThread(service, port=int(url.rsplit(":", 1)[1]), serve=serve.serve_function(sargs)):
+            server = ServerThread(service, port=int(url.rsplit(":", 1)[1]), serve=serve.serve_function(sargs))
+            # N API server processes each import torch and start their decode workers before they listen
+            with server.start(timeout=60.0 if one_process else STARTUP_TIMEOUT_S + 30):
                 listening = time.perf_counter() - start
                 code = client.wait()
                 answered = time.perf_counter() - start
+            if server.drained is False:
+                raise RuntimeError(f"[serve] {mode}: the server's drain did not answer every request in time, or an "
+                                   "API server failed (its log lines say which)")
             decoders = f"{decode.ready} decoders ready" if one_process and decode is not None else (
                 f"{sargs.api_servers} API server processes")
             print(f"[serve] {mode}: server built {built:.1f} s, listening {listening:.1f} s, client done "
@@ -403,12 +415,13 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
                 client.wait()
         if decode is not None:
             decode.close(60)
-    _write(job.output_paths()[0], merge_serve(parts, job))
+    _write(job.output_paths()[0], merge_serve(parts, job, served))
 
 
-def merge_serve(parts: list[dict[str, Any]], job: Job) -> Any:
+def merge_serve(parts: list[dict[str, Any]], job: Job, served: dict[str, Any] | None = None) -> Any:
     """One serve record from one client record per mode: their servers, floors and runs together; the code that
-    ran is the clients' and this process's (the servers')."""
+    ran is the clients' and this process's (the servers'). ``served``: the servers' own process settings
+    (``api_servers``, ``decode_workers``), which the clients, sent at a URL, cannot know."""
     from ..records import Fingerprint, ServeRecord, fingerprint_now, make
 
     first = parts[0]
@@ -426,9 +439,14 @@ def merge_serve(parts: list[dict[str, Any]], job: Job) -> Any:
     for key, value in fingerprint_now().model_dump().items():
         if isinstance(value, dict):
             merged.setdefault(key, {}).update(value)
+    served = served or {}
+    many = served.get("api_servers", 1) > 1
     body["settings"] = {**body["settings"], "target": "record", "modes": list(job.modes),
+                        "batching": {**body["settings"].get("batching", {}), **served},
                         "servers": "glmvit serve in the record run's process, one per mode, configured as --spawn "
-                                   "configures its child; this load generator in a process of its own"}
+                                   "configures its child" + (f", its HTTP side in {served['api_servers']} API server "
+                                                             "processes" if many else "")
+                                   + "; this load generator in a process of its own"}
     provenance = {**first["provenance"], "command": command_line(job)}
     return make(ServeRecord, provenance=provenance, fingerprint=Fingerprint.model_validate(merged), **body)
 

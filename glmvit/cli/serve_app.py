@@ -855,6 +855,7 @@ class ServerThread:
         self.drained: bool | None = None  # once stopped: whether the drain answered every request in time
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
+        self._stop_requested = False
         self._thread = threading.Thread(target=self._main, name="glmvit-serve-loop", daemon=True)
 
     def _main(self) -> None:
@@ -866,6 +867,8 @@ class ServerThread:
 
     async def _serve(self) -> None:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        if self._stop_requested:  # shutdown() ran before this loop existed: serve nothing, drain at once
+            self._stop.set()
 
         def ready(url: str) -> None:
             self.url = url
@@ -874,15 +877,20 @@ class ServerThread:
         self.drained = await self.serve(self.service, self.host, self.port, self.shutdown_timeout, ready, self._stop)
 
     def start(self, timeout: float = 60.0) -> "ServerThread":
+        """Start the server's thread and return once it listens; a server that fails, or does not listen within
+        ``timeout``, is stopped (its thread joined, whatever it started drained) before the error is raised."""
         self._thread.start()
         if not self._ready.wait(timeout):
+            self.shutdown()
             raise TimeoutError(f"the server did not start listening within {timeout:g} s")
         if self._error is not None:
+            self.shutdown()
             raise self._error
         return self
 
     def shutdown(self, timeout: float | None = None) -> bool:
         """Drain and stop; True if the server thread ended within ``timeout``."""
+        self._stop_requested = True  # seen by _serve if its loop does not exist yet
         if self._loop is not None and self._stop is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout)
