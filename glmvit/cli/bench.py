@@ -553,8 +553,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="attention segments (temporal patches) per graph batch (default: the most any request has; "
                         "with the varlen and flash_attn backends every slot is a column of the launch grid, so unused "
                         "slots cost time; the triton backend launches nothing for them)")
-    m.add_argument("--attn-backend", default=None, help="triton, varlen, flash_attn, sdpa_masked (default: the "
-                   "device's: triton on CUDA)")
+    m.add_argument("--attn-backend", default=None, help="one of glmvit.attention.BACKENDS: auto, triton, cudnn, "
+                   "varlen, flash_attn, sdpa_masked, segments (default: the device's; on CUDA auto where the cuDNN "
+                   "frontend runs, else triton)")
     m.add_argument("--threads", type=int_in(1, os.cpu_count() or 1), default=None, help="torch.set_num_threads(N) "
                    "first (CPU runs; on a busy machine 1 is the least noisy)")
     m.add_argument("--precision", type=float_in(0, 1), default=PRECISION,
