@@ -43,3 +43,27 @@ def run_interpreted(module: str, function: str = "_interpreter_child", timeout: 
                           cwd=os.path.dirname(__file__), env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+H200_SHARED_PER_BLOCK = 227 * 1024  # bytes of shared memory a block may have on the H100/H200
+
+
+def sweep_configs(module: str) -> dict:
+    """A kernel module's ``SWEEP_CONFIGS`` by name (empty without Triton: the tests over them skip anyway)."""
+    import importlib
+
+    try:
+        return {config.name: config for config in importlib.import_module(module).SWEEP_CONFIGS}
+    except ImportError:
+        return {}
+
+
+def skip_unless_sm90_compiler() -> None:
+    """Skip a test that compiles for sm_90 without a GPU where it cannot: under the interpreter (nothing compiles)
+    or with a Triton that has no NVIDIA backend."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("this process runs the interpreter: nothing is compiled")
+    from triton.backends import backends
+
+    if "nvidia" not in backends:
+        pytest.skip("this Triton has no NVIDIA backend: it cannot target sm_90")

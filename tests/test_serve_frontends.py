@@ -57,7 +57,6 @@ def service(model, decode, **scheduler_args):
                           decode=decode, own_decode=True)
 
 
-
 def one_server_args(api_servers):
     """``glmvit serve``'s flags for ``api_servers`` processes with two decode workers and two threads."""
     return serve_parser().parse_args(["--api-servers", str(api_servers), "--decode-workers", "2", "--threads", "2"])
@@ -71,6 +70,7 @@ def test_the_flags_pick_the_one_process_server_or_the_api_servers():
     assert isinstance(many, functools.partial) and many.func is run_frontends
     assert {k: many.keywords[k] for k in ("count", "decode_workers", "threads")} == {
         "count": 3, "decode_workers": 2, "threads": 2}
+
 
 class Servers:
     """The one-process server (``one``) and an engine behind two API servers (``many``, its encoder gated: clear

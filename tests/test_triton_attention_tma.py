@@ -22,7 +22,7 @@ import torch
 from test_triton_attention import LAYOUTS as READABLE_LAYOUTS
 from test_triton_attention import case, reference
 
-from conftest import run_interpreted
+from conftest import H200_SHARED_PER_BLOCK, run_interpreted, skip_unless_sm90_compiler, sweep_configs
 
 # The readable kernel's layouts (several segments; segments of 8 and 24 rows, shorter than one 32-row block; blocks
 # that run from one segment into the next; video frames as segments; padding rows and unused segment slots), and one
@@ -196,18 +196,7 @@ def test_config_names_and_refusals():
 
 # ---------------------------------------------------------------------------------------------- real GPU
 
-def _sweep_configs():
-    try:
-        from glmvit.kernels.triton_attention_tma import SWEEP_CONFIGS
-    except ImportError:  # no Triton: the GPU tests skip anyway
-        return {}
-    return {config.name: config for config in SWEEP_CONFIGS}
-
-
-GPU_CONFIGS = _sweep_configs()
-
-
-H200_SHARED_PER_BLOCK = 227 * 1024  # bytes a block may have on the H100/H200
+GPU_CONFIGS = sweep_configs("glmvit.kernels.triton_attention_tma")
 
 
 @pytest.mark.parametrize("name", GPU_CONFIGS)
@@ -215,10 +204,7 @@ def test_each_configuration_compiles_for_hopper_as_intended(name):
     """No GPU needed: compiled for sm_90 by the installed Triton (``tools/tma_ab.py --compile-only``), every
     configuration uses warp-group MMAs, the descriptor ones tensor-memory copies (the pointer one none), the
     warp-specialised ones are split (more warps than asked: a producer group), and each fits a block's shared memory."""
-    import os
-
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.skip("this process runs the interpreter: nothing is compiled")
+    skip_unless_sm90_compiler()
     from tools.tma_ab import compile_report
 
     config = GPU_CONFIGS[name]

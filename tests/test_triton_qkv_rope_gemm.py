@@ -28,7 +28,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import run_interpreted
+from conftest import H200_SHARED_PER_BLOCK, run_interpreted, skip_unless_sm90_compiler, sweep_configs
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
@@ -285,28 +285,9 @@ def test_ab_check_tells_one_rounding_from_two():
     assert not check(ref + 2**-5 * ref.abs().max(), ref)["ok"]
 
 
-def test_ab_tool_refuses_without_cuda_and_bad_rows(capsys):
-    from tools.qkv_rope_ab import main
-
-    with pytest.raises(SystemExit):
-        main(["--rows", "256,x"])
-    assert "--rows '256,x'" in capsys.readouterr().err
-    if not torch.cuda.is_available():
-        assert main([]) == 2
-
-
 # ---------------------------------------------------------------------------------------------- real GPU
 
-def _sweep_configs():
-    try:
-        from glmvit.kernels.triton_qkv_rope_gemm import SWEEP_CONFIGS
-    except ImportError:  # no Triton: the GPU tests skip anyway
-        return {}
-    return {config.name: config for config in SWEEP_CONFIGS}
-
-
-GPU_CONFIGS = _sweep_configs()
-H200_SHARED_PER_BLOCK = 227 * 1024  # bytes a block may have on the H100/H200
+GPU_CONFIGS = sweep_configs("glmvit.kernels.triton_qkv_rope_gemm")
 
 
 @pytest.mark.parametrize("name", GPU_CONFIGS)
@@ -314,14 +295,7 @@ def test_each_configuration_compiles_for_hopper_as_intended(name):
     """No GPU needed: compiled for sm_90 by the installed Triton (``tools/qkv_rope_ab.py --compile-only``) at the
     model's shapes, every configuration uses warp-group MMAs, loads through TMA (descriptor configs) or pipelined
     asynchronous copies (pointer configs), holds ``num_stages`` buffers of x and weight tiles, and fits a block."""
-    import os
-
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.skip("this process runs the interpreter: nothing is compiled")
-    from triton.backends import backends
-
-    if "nvidia" not in backends:
-        pytest.skip("this Triton has no NVIDIA backend: it cannot target sm_90")
+    skip_unless_sm90_compiler()
     from tools.qkv_rope_ab import HEAD_DIM, compile_report
 
     config = GPU_CONFIGS[name]

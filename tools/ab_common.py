@@ -1,5 +1,6 @@
-"""What the kernel A/B tools (``tools/tma_ab.py``, ``tools/swiglu_ab.py``, ``tools/qkv_rope_ab.py``) share: a failure
-as one line, every path checked then timed in alternating rounds, and a kernel compiled for sm_90 without a GPU.
+"""What the A/B tools (``tools/tma_ab.py``, ``tools/swiglu_ab.py``, ``tools/qkv_rope_ab.py``, ``tools/blas_ab.py``)
+share: a failure as one line, every path checked then timed in alternating rounds, a kernel compiled for sm_90
+without a GPU, the ``--rows`` list, the record written with its provenance, and the two GEMM A/Bs' whole command.
 
 Timing: ``glmvit.profiling.graph_time_us`` (``repeats`` calls captured in one CUDA graph, median of ``replays``
 replays), in ``rounds`` rounds whose order alternates (first to last, then last to first), so no path always runs
@@ -7,6 +8,10 @@ first; each path keeps every round's median (``us_rounds``) and the lowest (``us
 """
 from __future__ import annotations
 
+import argparse
+import importlib
+import json
+import sys
 from typing import Any, Callable
 
 import torch
@@ -70,3 +75,79 @@ def compile_sm90(kernel: Any, args: dict[str, Any], constants: dict[str, Any], n
     return {"shared_bytes": compiled.metadata.shared, "warps": compiled.metadata.num_warps,
             "wgmma": ptx.count("wgmma.mma_async"), "tma_copies": ptx.count("cp.async.bulk.tensor"),
             "async_copies": ptx.count("cp.async.cg") + ptx.count("cp.async.ca")}
+
+
+def aligned_attrs(args: dict[str, Any]) -> dict:
+    """What a launch's specialisation tells the compiler about ``args``: 16-byte aligned pointers and sizes that are
+    multiples of 16 (without it a pointer path's loads are neither vectorised nor pipelined)."""
+    return {(i,): [["tt.divisibility", 16]] for i, v in enumerate(args.values())
+            if isinstance(v, torch.Tensor) or (isinstance(v, int) and v % 16 == 0)}
+
+
+def parse_rows(parser: argparse.ArgumentParser, text: str, multiple: int = 1, why: str = "") -> list[int]:
+    """``--rows``'s comma list of M, each a positive multiple of ``multiple``; else ``parser.error`` in one line."""
+    try:
+        rows = [int(r) for r in text.split(",")]
+    except ValueError:
+        parser.error(f"--rows {text!r}: a comma list of integers")
+    if any(r < multiple or r % multiple for r in rows):
+        parser.error(f"--rows {text!r}: every M must be " + (
+            f"a positive multiple of {multiple}{why}" if multiple > 1 else "at least 1"))
+    return rows
+
+
+def write_record(path: str, body: dict[str, Any]) -> None:
+    """The A/B's JSON at ``path``: ``body`` after the provenance of this run (the GPU, versions, commit, command)."""
+    from glmvit.provenance import collect
+
+    record = {"provenance": collect("cuda", " ".join([sys.executable, *sys.argv])), **body}
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+        f.write("\n")
+
+
+def print_gemm_table(results: list[dict[str, Any]], baseline: str) -> None:
+    """A GEMM A/B's rows: per M and path, µs, the ratio to ``baseline``, the max error, ok and one rounding."""
+    print(f"{'rows':>6} {'path':<36} {'µs':>8} {'vs ' + baseline:>11} {'max err':>9}  ok  one rounding")
+    for result in results:
+        paths = result["paths"]
+        base = paths.get(baseline, {}).get("us")
+        for path, row in paths.items():
+            if "unavailable" in row:
+                print(f"{result['rows']:>6} {path:<36} unavailable: {row['unavailable']}")
+                continue
+            ratio = f"{row['us'] / base:11.2f}" if base else " " * 11
+            errors = (f"{row['max_abs_err']:9.2e}  {'yes' if row['ok'] else 'NO':<3} "
+                      f"{'yes' if row['one_rounding'] else 'no'}" if "max_abs_err" in row else "")
+            print(f"{result['rows']:>6} {path:<36} {row['us']:8.1f} {ratio} {errors}")
+
+
+def gemm_ab_main(argv: list[str] | None, *, tool: str, doc: str | None, rows: tuple[int, ...], module: str,
+                 compile_report: Callable[[Any], dict[str, Any]], measure: Callable[[int], dict[str, Any]],
+                 baseline: str, replays: int) -> int:
+    """The whole command of a fused-GEMM A/B (``tools/swiglu_ab.py``, ``tools/qkv_rope_ab.py``): ``--rows``,
+    ``--json``, ``--compile-only`` (every ``SWEEP_CONFIGS`` entry of ``module`` compiled for sm_90, no GPU needed);
+    on CUDA ``measure`` per M, the table, the record. Exit 2 without CUDA, 1 if ``module`` does not import."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    parser.add_argument("--json", metavar="PATH", default=f"{tool}.json", help="the record (default %(default)s)")
+    parser.add_argument("--rows", default=",".join(map(str, rows)), help="comma list of M (default %(default)s)")
+    parser.add_argument("--compile-only", action="store_true", help="compile for sm_90 and report; no GPU needed")
+    args = parser.parse_args(argv)
+    chosen = parse_rows(parser, args.rows)
+    if args.compile_only:
+        try:
+            configs = importlib.import_module(module).SWEEP_CONFIGS
+        except Exception as err:  # noqa: BLE001
+            print(f"{module}: {one_line(err)}", file=sys.stderr)
+            return 1
+        for config in configs:
+            print(f"{config.name:<27} {compile_report(config)}")
+        return 0
+    if not torch.cuda.is_available():
+        print(f"{tool} times CUDA kernels: this machine has no CUDA device", file=sys.stderr)
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = False  # the float32 reference stays float32
+    results = [measure(r) for r in chosen]
+    print_gemm_table(results, baseline)
+    write_record(args.json, {"replays": replays, "baseline": baseline, "results": results})
+    return 0

@@ -26,7 +26,6 @@ one forward (each shape × how many times the forward runs it). CUDA only (exit 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -35,7 +34,7 @@ from typing import Any, Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the A/B tools' shared loop
-from ab_common import check_and_time, one_line  # noqa: E402
+from ab_common import check_and_time, one_line, parse_rows, write_record  # noqa: E402
 
 ROWS = (256, 1024, 8192)
 LIBRARIES = ("cublas", "cublaslt")
@@ -76,8 +75,11 @@ def gemm_paths(rows: int, gen: torch.Generator) -> tuple[dict[str, Callable[[], 
         w = (torch.randn(n, k, device="cuda", generator=gen) / k**0.5).to(torch.bfloat16)
         b = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16) if name in BIASED else None
         refs[name] = x.float() @ w.float().T + (b.float() if b is not None else 0.0)
+        def linear(x: torch.Tensor = x, w: torch.Tensor = w, b: torch.Tensor | None = b) -> torch.Tensor:
+            return F.linear(x, w, b)
+
         for library in LIBRARIES:
-            fns[f"gemm@{name}/{library}"] = with_library(library, lambda x=x, w=w, b=b: F.linear(x, w, b))
+            fns[f"gemm@{name}/{library}"] = with_library(library, linear)
     return fns, refs
 
 
@@ -121,10 +123,11 @@ def measure(rows: int, model: Any, rounds: int = 2) -> dict[str, Any]:
 
     paths.update(check_and_time({**fns, **forwards}, checked, rounds, REPLAYS))
     gemms = encoder_gemms(VisionConfig.glm41v(), rows)
-    sums = {}
+    sums: dict[str, float | None] = {}
     for library in LIBRARIES:
         times = {name: paths.get(f"gemm@{name}/{library}", {}).get("us") for name, *_ in gemms}
-        sums[library] = per_forward_us(times, gemms) if all(t is not None for t in times.values()) else None
+        timed = {name: t for name, t in times.items() if t is not None}
+        sums[library] = per_forward_us(timed, gemms) if len(timed) == len(times) else None
     torch.cuda.empty_cache()
     from glmvit.attention import resolve
 
@@ -152,17 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default=",".join(map(str, ROWS)),
                         help="comma list of M, multiples of 256 (default %(default)s)")
     args = parser.parse_args(argv)
-    try:
-        rows = [int(r) for r in args.rows.split(",")]
-    except ValueError:
-        parser.error(f"--rows {args.rows!r}: a comma list of integers")
-    if any(r < 256 or r % 256 for r in rows):
-        parser.error(f"--rows {args.rows!r}: every M must be a positive multiple of 256 (whole 224² images)")
+    rows = parse_rows(parser, args.rows, 256, " (whole 224² images)")
     if not torch.cuda.is_available():
         print("blas_ab times CUDA matmuls: this machine has no CUDA device", file=sys.stderr)
         return 2
     from glmvit.config import VisionConfig
-    from glmvit.provenance import collect
     from glmvit.random_weights import random_encoder
 
     torch.backends.cuda.matmul.allow_tf32 = False  # the float32 references stay float32
@@ -171,12 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     with torch.inference_mode():
         results = [measure(r, model) for r in rows]
     print_table(results)
-    record = {"provenance": collect("cuda", " ".join([sys.executable, *sys.argv])), "replays": REPLAYS,
-              "libraries": list(LIBRARIES), "preferred_at_start": str(before), "attention": model.attention_backend(),
-              "environment": {name: os.environ.get(name) for name in ENVIRONMENT}, "results": results}
-    with open(args.json, "w") as f:
-        json.dump(record, f, indent=1)
-        f.write("\n")
+    write_record(args.json, {"replays": REPLAYS, "libraries": list(LIBRARIES), "preferred_at_start": str(before),
+                             "attention": model.attention_backend(),
+                             "environment": {name: os.environ.get(name) for name in ENVIRONMENT}, "results": results})
     return 0
 
 

@@ -26,8 +26,6 @@ the pointer path's pipelined copies (``cp.async``) in the PTX.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from functools import partial
 from pathlib import Path
@@ -36,7 +34,7 @@ from typing import Any, Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the A/B tools' shared loop
-from ab_common import check_and_time, compile_sm90, one_line  # noqa: E402
+from ab_common import aligned_attrs, check_and_time, compile_sm90, gemm_ab_main, one_line  # noqa: E402
 
 ROWS = (256, 1024, 8192)
 DIM, HEADS, HEAD_DIM = 1536, 12, 128
@@ -149,63 +147,13 @@ def compile_report(config, rows: int = 8192) -> dict[str, Any]:
                 y_desc=descs[2], M=rows, K=DIM)
     constants = dict(HEADS=HEADS, HALF=HEAD_DIM // 2, BLOCK_M=config.block_m, BLOCK_K=config.block_k,
                      GROUP_M=config.group_m, TMA=config.tma, ONE_DOT=config.one_dot, PERSISTENT=config.persistent)
-    # What a launch's specialisation tells the compiler: 16-byte aligned pointers, sizes that are multiples of 16
-    # (without it the pointer loads are neither vectorised nor pipelined).
-    aligned = {(i,): [["tt.divisibility", 16]] for i, v in enumerate(args.values())
-               if isinstance(v, torch.Tensor) or (isinstance(v, int) and v % 16 == 0)}
-    return compile_sm90(_qkv_rope_gemm_kernel, args, constants, config.num_warps, config.num_stages, aligned)
-
-
-def print_table(results: list[dict[str, Any]]) -> None:
-    print(f"{'rows':>6} {'path':<36} {'µs':>8} {'vs ' + BASELINE:>11} {'max err':>9}  ok  one rounding")
-    for result in results:
-        paths = result["paths"]
-        base = paths.get(BASELINE, {}).get("us")
-        for path, row in paths.items():
-            if "unavailable" in row:
-                print(f"{result['rows']:>6} {path:<36} unavailable: {row['unavailable']}")
-                continue
-            ratio = f"{row['us'] / base:11.2f}" if base else " " * 11
-            errors = (f"{row['max_abs_err']:9.2e}  {'yes' if row['ok'] else 'NO':<3} "
-                      f"{'yes' if row['one_rounding'] else 'no'}" if "max_abs_err" in row else "")
-            print(f"{result['rows']:>6} {path:<36} {row['us']:8.1f} {ratio} {errors}")
+    return compile_sm90(_qkv_rope_gemm_kernel, args, constants, config.num_warps, config.num_stages,
+                        aligned_attrs(args))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--json", metavar="PATH", default="qkv_rope_ab.json", help="the record (default %(default)s)")
-    parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma list of M (default %(default)s)")
-    parser.add_argument("--compile-only", action="store_true", help="compile for sm_90 and report; no GPU needed")
-    args = parser.parse_args(argv)
-    try:
-        rows = [int(r) for r in args.rows.split(",")]
-    except ValueError:
-        parser.error(f"--rows {args.rows!r}: a comma list of integers")
-    if any(r < 1 for r in rows):
-        parser.error(f"--rows {args.rows!r}: every M must be at least 1")
-    if args.compile_only:
-        try:
-            from glmvit.kernels.triton_qkv_rope_gemm import SWEEP_CONFIGS
-        except Exception as err:  # noqa: BLE001
-            print(f"glmvit.kernels.triton_qkv_rope_gemm: {one_line(err)}", file=sys.stderr)
-            return 1
-        for config in SWEEP_CONFIGS:
-            print(f"{config.name:<27} {compile_report(config)}")
-        return 0
-    if not torch.cuda.is_available():
-        print("qkv_rope_ab times CUDA kernels: this machine has no CUDA device", file=sys.stderr)
-        return 2
-    from glmvit.provenance import collect
-
-    torch.backends.cuda.matmul.allow_tf32 = False  # the float32 reference stays float32
-    results = [measure(r) for r in rows]
-    print_table(results)
-    record = {"provenance": collect("cuda", " ".join([sys.executable, *sys.argv])), "replays": REPLAYS,
-              "baseline": BASELINE, "results": results}
-    with open(args.json, "w") as f:
-        json.dump(record, f, indent=1)
-        f.write("\n")
-    return 0
+    return gemm_ab_main(argv, tool="qkv_rope_ab", doc=__doc__, rows=ROWS, module="glmvit.kernels.triton_qkv_rope_gemm",
+                        compile_report=compile_report, measure=measure, baseline=BASELINE, replays=REPLAYS)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ warp-group MMAs (``wgmma``) and tensor-memory copies (``cp.async.bulk.tensor``) 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -28,7 +27,7 @@ from typing import Any, Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sweep's layouts, reference and error bounds
-from ab_common import check_and_time, compile_sm90, one_line  # noqa: E402
+from ab_common import check_and_time, compile_sm90, one_line, write_record  # noqa: E402
 from attention_sweep import HEAD_DIM, HEADS, LAYOUTS, REPLAYS, build_layout, check, layout_names, reference  # noqa: E402
 
 AB_LAYOUTS = ("8x1024", "1x5329", "4x256")
@@ -135,18 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("tma_ab times CUDA kernels: this machine has no CUDA device", file=sys.stderr)
         return 2
-    from glmvit.provenance import collect
-
     torch.backends.cuda.matmul.allow_tf32 = False  # the float32 reference stays float32
     import triton
 
     layouts = {n: measure(LAYOUTS[n]) for n in names}
     print_table(layouts)
-    record = {"provenance": collect("cuda", " ".join([sys.executable, *sys.argv])), "triton": triton.__version__,
-              "heads": HEADS, "head_dim": HEAD_DIM, "replays": REPLAYS, "baseline": BASELINE, "layouts": layouts}
-    with open(args.json, "w") as f:
-        json.dump(record, f, indent=1)
-        f.write("\n")
+    write_record(args.json, {"triton": triton.__version__, "heads": HEADS, "head_dim": HEAD_DIM, "replays": REPLAYS,
+                             "baseline": BASELINE, "layouts": layouts})
     return 0
 
 

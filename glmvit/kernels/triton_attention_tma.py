@@ -53,6 +53,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch_checks import check_launch
+
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # Triton before 3.4 has no host-side tensor descriptors: only ``device``/``pointer`` configs run
@@ -77,9 +79,7 @@ class TmaConfig:
     def __post_init__(self) -> None:
         if self.descriptors not in DESCRIPTORS:
             raise ValueError(f"descriptors={self.descriptors!r}: choose one of {DESCRIPTORS}")
-        for field, value in (("block_m", self.block_m), ("block_n", self.block_n)):
-            if value < 16 or value & (value - 1):
-                raise ValueError(f"{field}={value}: a power of two of at least 16 (a tl.dot tile)")
+        check_launch(self, ("block_m", "block_n"), ("num_warps", "num_stages"))
 
     @property
     def name(self) -> str:

@@ -59,6 +59,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch_checks import check_launch
+from .tile_order import grouped_tile
+
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # Triton before 3.4 has no host-side tensor descriptors: only ``tma=False`` configs run
@@ -82,13 +85,7 @@ class QkvRopeConfig:
     one_dot: bool = False  # one accumulator of width d split in registers, instead of one per half
 
     def __post_init__(self) -> None:
-        for field in ("block_m", "block_k"):
-            value = getattr(self, field)
-            if value < 16 or value & (value - 1):
-                raise ValueError(f"{field}={value}: a tile side must be a power of two, at least 16")
-        for field in ("num_warps", "num_stages", "group_m"):
-            if getattr(self, field) < 1:
-                raise ValueError(f"{field}={getattr(self, field)}: must be at least 1")
+        check_launch(self, ("block_m", "block_k"), ("num_warps", "num_stages", "group_m"))
 
     @property
     def name(self) -> str:
@@ -143,13 +140,7 @@ def _qkv_rope_tile(pid, x_ptr, w_ptr, y_ptr, cos_ptr, sin_ptr, x_desc, w_desc, y
     D: tl.constexpr = 2 * HALF
     N: tl.constexpr = 3 * HEADS * D
     # Grouped order (tutorial 03): GROUP_M row tiles walk the column tiles together, so their W tiles stay in L2.
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = 3 * HEADS
-    in_group = GROUP_M * tiles_n
-    first_m = (pid // in_group) * GROUP_M
-    group_size = tl.minimum(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % group_size
-    pid_n = (pid % in_group) // group_size
+    pid_m, pid_n = grouped_tile(pid, tl.cdiv(M, BLOCK_M), 3 * HEADS, GROUP_M)
     row0 = pid_m * BLOCK_M
     col0 = pid_n * D
 
