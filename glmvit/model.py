@@ -24,6 +24,7 @@ from torch import nn
 from .attention import attend_qkv, check_backend, default_backend, prepare_attention
 from .config import VisionConfig
 from .kernels import interpolate_pos_embed
+from .kernels.fused_gemm_table import qkv_rope_fused, swiglu_fused  # no Triton import: thresholds only
 from .metadata import EncoderMetadata, build_metadata, nonfinite_items
 from .request import EncoderRequest
 from .rotary import inv_freq, rotary_cos_sin
@@ -92,11 +93,8 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _half_on_cuda(x):
-            from .kernels.fused_gemm_table import swiglu_fused  # imports nothing heavy; the kernel, on CUDA only
-
-            if swiglu_fused(x.shape[0]):
-                return self.down_proj(swiglu_linear(x, self.gate_up_proj.weight))
+        if _half_on_cuda(x) and swiglu_fused(x.shape[0]):
+            return self.down_proj(swiglu_linear(x, self.gate_up_proj.weight))
         return self.down_proj(swiglu(self.gate_up_proj(x)))
 
 
@@ -110,7 +108,7 @@ def _half_on_cuda(x: torch.Tensor) -> bool:
 def swiglu_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """silu(x·Wgᵀ)·(x·Wuᵀ) of a fused [2·hidden, dim] weight in one Triton GEMM (``glmvit.kernels.fused_gemm_table``
     picks where and how), as one opaque op: torch.compile traces around it, a CUDA graph captures it."""
-    from .kernels.fused_gemm_table import swiglu_config
+    from .kernels.fused_gemm_table import swiglu_config  # the kernel modules import Triton: on CUDA only
     from .kernels.triton_swiglu_gemm import swiglu_linear_triton
 
     return swiglu_linear_triton(x, weight, swiglu_config(x.shape[0]))
@@ -129,12 +127,9 @@ class Attention(nn.Module):
         self.proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
 
     def forward(self, x, cos, sin, meta: EncoderMetadata, backend: str) -> torch.Tensor:
-        if _half_on_cuda(x):
-            from .kernels.fused_gemm_table import qkv_rope_fused
-
-            if qkv_rope_fused(x.shape[0]):  # q and k leave the matmul rotated: the attention must not rotate again
-                qkv = qkv_rope_linear(x, self.qkv.weight, cos, sin, self.num_heads)
-                return self.proj(attend_qkv(qkv, cos, sin, meta, backend, self.num_heads, rotated=True))
+        if _half_on_cuda(x) and qkv_rope_fused(x.shape[0]):  # q and k leave the matmul rotated: not again in attention
+            qkv = qkv_rope_linear(x, self.qkv.weight, cos, sin, self.num_heads)
+            return self.proj(attend_qkv(qkv, cos, sin, meta, backend, self.num_heads, rotated=True))
         return self.proj(attend_qkv(self.qkv(x), cos, sin, meta, backend, self.num_heads))
 
 
