@@ -55,7 +55,7 @@ from .decode_pool import DecodePool
 from .encode import model_metadata
 from .pixel_rows import no_room, sweep_shared_dirs
 from .serve_app import DECODE_QUEUE, EncoderService, HttpLimits, default_decode_pool, default_decode_workers, run_server
-from .serve_frontends import run_frontends
+from .serve_frontends import default_api_servers, run_frontends
 from .serve_media import DEFAULT_FRAME_PIXELS, DEFAULT_REQUEST_PIXELS, MediaLimits
 from .session import runner_key
 
@@ -186,10 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 30; then it is closed)")
     h.add_argument("--max-connections", type=int_in(1, 1_000_000), default=1024,
                    help="open connections at once (default 1024, fewer if ulimit -n is lower); more: 503")
-    h.add_argument("--api-servers", type=int_in(1, 64), default=1,
+    h.add_argument("--api-servers", type=int_in(1, 64), default=default_api_servers(),
                    help="processes that run the HTTP server on the same port, each reading, parsing and decoding its "
-                        "requests, in front of this one, which encodes (default 1: this process alone; see "
-                        "glmvit.cli.serve_frontends)")
+                        "requests, in front of this one, which encodes; 1: this process alone (default: one per "
+                        "four CPUs, at most 4, here %(default)s; see glmvit.cli.serve_frontends)")
     h.add_argument("--shutdown-timeout", type=float_in(0, 3600), default=60.0,
                    help="seconds a drain waits for requests in flight (default 60); then they are abandoned, exit 1")
     m = parser.add_argument_group("media (multipart files, JSON content parts)")

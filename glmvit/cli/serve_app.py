@@ -244,11 +244,15 @@ async def _turn(turns: DecodeRequest, fn: Callable, *args: Any) -> Any:
 DECODE_QUEUE = 1024  # requests waiting for a decoder; their bodies are bounded in bytes (max_held_bytes) as well
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the platform has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+
+
 def default_decode_workers() -> int:
     """Decode processes for this machine: one per CPU this process may use, less four (the event loop, the
     scheduler's worker, the answers' serialisation and a client on the same host), at least one, at most 32."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
-    return max(1, min(32, usable - 4))
+    return max(1, min(32, usable_cpus() - 4))
 
 
 def default_decode_pool(workers: int | None = None, waiting: int = DECODE_QUEUE,

@@ -53,10 +53,24 @@ import torch
 from ..config import VisionConfig
 from ..records import fingerprint_now
 from .pixel_rows import no_room, remove_shared_dir, shared_dir
-from .serve_app import EncoderService, HttpLimits, default_decode_pool, format_url, run_server
+from .serve_app import EncoderService, HttpLimits, default_decode_pool, format_url, run_server, usable_cpus
 from .serve_backend import LocalBackend
 from .serve_link import EngineLink, ModelFacts, RemoteBackend
 from .serve_media import MediaLimits
+
+# API server processes per usable CPU, and the most the default runs: on the H200 host (16 CPUs), 4 API servers
+# answered 203 video8x224 requests a second against one process's 102, graph-compiled, 500 requests at an unbounded
+# rate (data/sweeps/api_servers_h200.json); more than 4 were not measured.
+CPUS_PER_API_SERVER = 4
+MAX_DEFAULT_API_SERVERS = 4
+
+
+def default_api_servers() -> int:
+    """API server processes for this machine: one per ``CPUS_PER_API_SERVER`` CPUs this process may use, at least 1,
+    at most ``MAX_DEFAULT_API_SERVERS``; 1 where there is no shared-memory folder (the API servers hand the engine
+    their pixels through it)."""
+    count = max(1, min(MAX_DEFAULT_API_SERVERS, usable_cpus() // CPUS_PER_API_SERVER))
+    return 1 if count > 1 and no_room() else count
 
 log = logging.getLogger("glmvit.cli.serve_app")
 STARTUP_TIMEOUT_S = 300.0  # an API server's imports and its decode workers' start on a loaded machine

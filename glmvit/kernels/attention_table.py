@@ -14,8 +14,12 @@ images it took a quarter off the best in-loop kernel, at one 1036² image a thir
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .triton_attention import AttnConfig
-from .triton_attention_tma import TmaConfig
+
+if TYPE_CHECKING:  # no entry holds one (data/sweeps/tma_ab_h200.json: slower on every layout); adopting one imports it
+    from .triton_attention_tma import TmaConfig
 
 # The ``auto`` attention backend's one choice: cuDNN's ragged kernel from this many packed rows on, glmvit's Triton
 # kernel below. Measured per attention call in ``data/sweeps/attention_sweep_h200.json`` (``tools/attention_sweep.py``,

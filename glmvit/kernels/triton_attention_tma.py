@@ -88,18 +88,16 @@ class TmaConfig:
 
 
 # What the sweep and the A/B time: the tutorial's Hopper shapes (128×128 with 8 warps, 128×64 with 4; 128×64 with 8
-# is what the readable kernel measured best), pipelined 2 or 3 deep; warp-specialised through device descriptors with
-# 4 warps (compiled for sm_90 by Triton 3.6, the specialiser split the tutorial's own loop into 12 warps only so: with
-# 8 it left it whole, with host descriptors it failed); and the pointer path at the readable kernel's best shape: the
-# work list without TMA, to tell the two gains apart.
+# is what the readable kernel measured best), pipelined 2 or 3 deep, and the pointer path at the readable kernel's
+# best shape: the work list without TMA, to tell the two gains apart. The warp-specialised variants are left out: on
+# the H200, Triton 3.6 failed to build both (128x64w4s3d-ws, 128x128w4s2d-ws) at launch ("PassManager::run failed",
+# data/sweeps/tma_ab_h200.json); the interpreter tests keep their arithmetic checked.
 SWEEP_CONFIGS = (
     TmaConfig(128, 64, 8, 3, "pointer"),
     TmaConfig(128, 64, 8, 3),
     TmaConfig(128, 64, 4, 3),
     TmaConfig(128, 128, 8, 2),
     TmaConfig(128, 128, 8, 3),
-    TmaConfig(128, 64, 4, 3, "device", warp_specialize=True),
-    TmaConfig(128, 128, 4, 2, "device", warp_specialize=True),
 )
 
 
