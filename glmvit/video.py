@@ -305,9 +305,13 @@ def _import_av(path: Path) -> Any:
 
 def _open_pyav(av: Any, path: Path, frame_limit: int) -> Any:
     """``av.open(path)``, FFmpeg told the per-frame bound (its ``max_pixels``, twice ours: it counts rows padded to
-    its alignment) for every stream, so the frames it decodes while probing the streams are bounded too. Formats that
-    state no streams before probing (raw streams, MPEG-TS) cannot take per-stream options: opened without."""
+    its alignment) for every stream, so the frames it decodes while probing the streams are bounded too. PyAV 19 and
+    later hand ``options`` to every stream known before probing (and none where no stream is known); before 19 they
+    are per-stream ``stream_options``, which formats that state no streams before probing (raw streams, MPEG-TS)
+    refuse: opened without."""
     bound = {"max_pixels": str(2 * frame_limit)}
+    if int(av.__version__.split(".")[0]) >= 19:
+        return av.open(str(path), options=bound)
     try:
         return av.open(str(path), stream_options=[bound] * _MAX_STREAMS)
     except ValueError as err:

@@ -861,3 +861,20 @@ def test_a_server_that_does_not_start_is_stopped_before_its_error():
     with pytest.raises(OSError, match="address in use"):
         broken.start(timeout=5)
     assert not broken._thread.is_alive()
+
+
+def test_a_server_started_with_a_timeout_is_entered_once_and_drained_on_exit():
+    """``with ServerThread(...).start(timeout=…):`` (how the record run waits longer for API servers) enters the
+    server already started instead of starting its thread a second time, and the block's end drains it."""
+    calls = []
+
+    async def serve(service, host, port, shutdown_timeout, ready, stop):
+        calls.append(port)
+        ready(f"http://{host}:{port}")
+        await stop.wait()
+        return True
+
+    server = ServerThread(None, port=1234, serve=serve)  # type: ignore[arg-type]
+    with server.start(timeout=10.0) as entered:
+        assert entered is server and server.url == "http://127.0.0.1:1234"
+    assert calls == [1234] and server.drained is True and not server._thread.is_alive()

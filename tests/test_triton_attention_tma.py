@@ -294,14 +294,9 @@ def test_gpu_nan_stays_in_its_segment(name):
         assert not bool(torch.isfinite(got[~keep]).all())
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", GPU_CONFIGS)
-def test_gpu_q_and_k_rotated_in_qkv_and_another_thread_give_the_same_bits(name):
-    """On the GPU, every configuration: q̃, k̃ read from qkv's own columns (``qk_scratch=None``, row stride
-    3·heads·d: what the fused rotary qkv GEMM hands over) give the scratch's bits; and a launch from a thread that
-    never launched before gives them too (device descriptors need Triton's allocator, a per-thread setting)."""
-    import threading
-
+def _rotated_case(name):
+    """The mixed layout on the GPU: qkv, the same qkv with q and k rotated in place, cu_seqlens, the real rows, and
+    the output through the scratch (the expected bits)."""
     from test_triton_attention import GPU_LAYOUTS
 
     from glmvit.kernels.triton_attention import rotate_qk_triton
@@ -316,10 +311,35 @@ def test_gpu_q_and_k_rotated_in_qkv_and_another_thread_give_the_same_bits(name):
     scratch = rotate_qk_triton(qkv, cos, sin, meta.cu_seqlens, heads)
     rotated = qkv.clone()
     rotated[:, :2 * heads * head_dim] = scratch
-    expected = _gpu_attend(qkv, scratch, meta.cu_seqlens, GPU_CONFIGS[name])[:n]
-    assert torch.equal(_gpu_attend(rotated, None, meta.cu_seqlens, GPU_CONFIGS[name])[:n], expected)
+    return qkv, scratch, rotated, meta.cu_seqlens, n, _gpu_attend(qkv, scratch, meta.cu_seqlens, GPU_CONFIGS[name])[:n]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", GPU_CONFIGS)
+def test_gpu_q_and_k_rotated_in_qkv_give_the_scratchs_bits(name):
+    """On the GPU, every configuration: q̃, k̃ read from qkv's own columns (``qk_scratch=None``, row stride
+    3·heads·d: what the fused rotary qkv GEMM hands over) give the scratch's bits."""
+    qkv, scratch, rotated, cu_seqlens, n, expected = _rotated_case(name)
+    assert torch.equal(_gpu_attend(rotated, None, cu_seqlens, GPU_CONFIGS[name])[:n], expected)
+
+
+# Host descriptors: Triton 3.6 fills them at launch with the driver API (cuTensorMapEncodeTiled), which needs the
+# thread's CUDA context current; in a thread whose first CUDA work is this launch it is not ("Failed to create
+# tensor map descriptor: invalid device context", on the H200). Known, not fixed: no launch table holds a TmaConfig.
+HOST_IN_A_FRESH_THREAD = pytest.mark.xfail(strict=True, reason="host TMA descriptors need a current CUDA context")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", [pytest.param(name, marks=HOST_IN_A_FRESH_THREAD) if config.descriptors == "host"
+                                  else name for name, config in GPU_CONFIGS.items()])
+def test_gpu_a_launch_from_a_fresh_thread_gives_the_same_bits(name):
+    """A launch from a thread that never launched before gives the same bits (device descriptors need Triton's
+    allocator, a per-thread setting)."""
+    import threading
+
+    qkv, scratch, _, cu_seqlens, n, expected = _rotated_case(name)
     got: list = []
-    worker = threading.Thread(target=lambda: got.append(_gpu_attend(qkv, scratch, meta.cu_seqlens,
+    worker = threading.Thread(target=lambda: got.append(_gpu_attend(qkv, scratch, cu_seqlens,
                                                                     GPU_CONFIGS[name])[:n].clone()))
     worker.start()
     worker.join()

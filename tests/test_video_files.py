@@ -583,3 +583,24 @@ def test_an_empty_comment_is_a_gif_pil_reads_alike(tmp_path):
     assert pil_frames(path) == 4 and probe(path).frames == 4
     with io.BytesIO(path.read_bytes()) as fp:  # a file object without a descriptor: read, not mapped
         assert video_files._gif_delays(fp) == [100] * 4
+
+
+@pytest.mark.parametrize("version, want", [("19.0.2", {"options"}), ("18.1.0", {"stream_options"})])
+def test_pyav_gets_the_frame_bound_the_way_its_version_takes_it(version, want):
+    """PyAV 19 dropped ``stream_options`` (``options`` reach every stream known before probing); before 19 the bound
+    goes per stream. Either way FFmpeg is told max_pixels, twice the frame limit."""
+    seen: list[dict] = []
+
+    class FakeAv:
+        __version__ = version
+
+        @staticmethod
+        def open(path, **kwargs):
+            seen.append(kwargs)
+            return path
+
+    video_files._open_pyav(FakeAv, Path("clip.mp4"), 1000)
+    (kwargs,) = seen
+    assert set(kwargs) == want
+    bound = kwargs["options"] if "options" in kwargs else kwargs["stream_options"][0]
+    assert bound == {"max_pixels": "2000"}

@@ -901,7 +901,8 @@ class ServerThread:
         return not self._thread.is_alive()
 
     def __enter__(self) -> "ServerThread":
-        return self.start()
+        """``with server:`` starts it; ``with server.start(timeout=…):`` enters the one already started."""
+        return self if self._thread.ident is not None else self.start()
 
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
