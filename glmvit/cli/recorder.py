@@ -82,13 +82,15 @@ def _latency(name: str, *extra: str, estimate: float = 30) -> Job:
                                             "--json", f"data/{out}"), (out,), estimate)
 
 
-def _serve(name: str, workload: str, prompts: int, rates: str, modes: tuple[str, ...], estimate: float) -> Job:
+def _serve(name: str, workload: str, prompts: int, rates: str, modes: tuple[str, ...], estimate: float,
+           server: tuple[str, ...] = ()) -> Job:
     # answers in the model's dtype (bfloat16): what an engine consuming embeddings keeps, half float32's bytes;
-    # every server has the serving defaults: one runner per mode for all of them
+    # every server has the serving defaults (``server``: flags of the spawned server's that differ): one runner per
+    # mode for all of them
     out = f"bench/{name}_h200.json"
     return Job(name, "measure", "bench-serve", ("--workload", workload, "--num-prompts", str(prompts),
-                                                "--request-rate", rates, "--response-dtype", "model"), (out,),
-               estimate, modes, shares="serve")
+                                                "--request-rate", rates, "--response-dtype", "model", *server),
+               (out,), estimate, modes, shares="serve")
 
 
 # its capture fails on purpose, which leaves the CUDA generator in capture mode: nothing may run after it
@@ -133,6 +135,10 @@ STATIC_JOBS: tuple[Job, ...] = (  # in the order each phase runs them
     # that the rate is the steady state's, not the first decodes' and last answers' (100 take about half a second):
     # eager, and the fastest mode (graph alone adds a server start and nothing the two do not bound)
     _serve("serve_video8x224", "video8x224", 400, "inf", ("eager", "graph-compiled"), 24),
+    # the same load on one process (HTTP, decoding and the engine in one), beside the default API servers above:
+    # what the HTTP side's processes buy (notebook 11)
+    _serve("serve_video8x224_one_process", "video8x224", 400, "inf", ("graph-compiled",), 16,
+           server=("--api-servers", "1")),
     # the serving target (P99 time to embedding at half the saturated rate ≤ 2× the unloaded median) on one shape,
     # where the unloaded spread is the server's, not the items' sizes' (mixed-av's unloaded P99 is several times its
     # median). A job of its own: a job's rates apply to every mode, and eager needs no sweep; 200 requests keep it
