@@ -671,8 +671,11 @@ def test_the_tables_candidates_keep_the_encoder_contract(full, monkeypatch, attn
     saved = full.attn_backend
     full.attn_backend = attn
     try:
-        with torch.inference_mode():
-            default = per_item(full, pixels, grid)
+        with monkeypatch.context() as off:  # the default kernels: cuBLAS and the table's attention, nothing fused
+            off.setattr(fused_gemm_table, "SWIGLU_MIN_ROWS", None)
+            off.setattr(fused_gemm_table, "QKV_ROPE_MIN_ROWS", None)
+            with torch.inference_mode():
+                default = per_item(full, pixels, grid)
         monkeypatch.setattr(attention_table, "CONFIGS", ((None, TmaConfig(128, 64, 8, 3)),))
         monkeypatch.setattr(fused_gemm_table, "SWIGLU_MIN_ROWS", 0)
         monkeypatch.setattr(fused_gemm_table, "QKV_ROPE_MIN_ROWS", 0)

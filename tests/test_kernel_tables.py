@@ -134,14 +134,17 @@ def _fused_rules() -> list[str]:
 def test_a_fused_gemm_threshold_is_where_its_ab_says_the_fused_kernel_wins(rule):
     """A fused GEMM switched on from MIN_ROWS rows is backed by its A/B record: at every row count of the A/B from
     MIN_ROWS on, the configuration the table picks is faster than both unfused paths (eager torch and compiled, the
-    modes it replaces), and below MIN_ROWS it does not win by more than 2 % (the threshold leaves no clear win)."""
+    modes it replaces), and below MIN_ROWS it does not win by more than 2 % (the threshold leaves no clear win); and
+    MIN_ROWS is no smaller than the smallest row count the A/B measured (no row count is switched on unmeasured)."""
     from glmvit.kernels import fused_gemm_table
 
     threshold, config_fn, record = FUSED[rule]
     path = Path(__file__).parents[1] / "data" / "sweeps" / record
     assert path.exists(), f"{rule} is switched on but its A/B record {path} is missing"
     min_rows = getattr(fused_gemm_table, threshold)
-    for result in json.loads(path.read_text())["results"]:
+    results = json.loads(path.read_text())["results"]
+    assert min_rows >= min(result["rows"] for result in results), (rule, min_rows)
+    for result in results:
         paths, rows = result["paths"], result["rows"]
         fused = paths[f"triton@{getattr(fused_gemm_table, config_fn)(rows).name}"]
         unfused = min(paths["torch"]["us"], paths["compiled"]["us"])

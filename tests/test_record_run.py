@@ -469,8 +469,9 @@ def test_a_serve_job_starts_every_modes_client_before_its_first_server(tmp_path,
     written = []
     monkeypatch.setattr(recorder, "merge_serve", lambda parts, job, served: parts)
     monkeypatch.setattr(recorder, "_write", lambda path, parts: written.append(parts))
-    job = Job("serve_x", "measure", "bench-serve", ("--workload", "img1x224", "--num-prompts", "2"),
-              ("bench/serve_x.json",), modes=("eager", "graph"))
+    # --api-servers 1 (the default on a host of fewer than 8 CPUs): one process, the record's shared decode pool
+    job = Job("serve_x", "measure", "bench-serve", ("--workload", "img1x224", "--num-prompts", "2", "--api-servers",
+                                                    "1"), ("bench/serve_x.json",), modes=("eager", "graph"))
     recorder.run_serve(job, session, tmp_path)
     kinds = [kind for kind, _ in events]
     assert kinds == ["client", "client", "pool started", "built", "listening", "answered", "built", "listening",

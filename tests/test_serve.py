@@ -461,7 +461,8 @@ def test_sigterm_lets_the_request_in_flight_finish(tmp_path, late):
     --shutdown-timeout, the server says in one line that it abandoned it and exits 1."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", HOLD_S="30" if late else "0")
     child = subprocess.Popen([sys.executable, "-c", CHILD, "--device", "cpu", "--port", "0", "--budgets", "32",
-                              "--no-measure-floor", "--quiet", "--shutdown-timeout", "1" if late else "60"], cwd=ROOT,
+                              "--no-measure-floor", "--quiet", "--api-servers", "1", "--shutdown-timeout",
+                              "1" if late else "60"], cwd=ROOT,
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = child.stdout.readline()

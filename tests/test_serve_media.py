@@ -504,7 +504,8 @@ def test_after_sigterm_an_idle_keep_alive_connection_gets_a_503_while_a_request_
     from test_serve import ROOT
 
     child = subprocess.Popen([sys.executable, "-c", SIGTERM_CHILD, "--device", "cpu", "--port", "0", "--budgets",
-                              "32", "--no-measure-floor", "--quiet", "--decode-workers", "1"], cwd=ROOT,
+                              "32", "--no-measure-floor", "--quiet", "--decode-workers", "1", "--api-servers", "1"],
+                             cwd=ROOT,
                              env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     body = pixel_body(*random_request(3))
@@ -548,7 +549,8 @@ def test_a_server_killed_by_sigkill_leaves_its_frames_folder_only_to_the_next_st
     if not os.path.isdir(SHM) or os.statvfs(SHM).f_bavail * os.statvfs(SHM).f_frsize < MIN_FREE:
         pytest.skip("no /dev/shm with room for the frames here: they go through the pipe")
     child = subprocess.Popen([sys.executable, "-m", "glmvit", "serve", "--device", "cpu", "--port", "0", "--budgets",
-                              "32", "--no-measure-floor", "--quiet", "--decode-workers", "1"], cwd=ROOT,
+                              "32", "--no-measure-floor", "--quiet", "--decode-workers", "1", "--api-servers", "1"],
+                             cwd=ROOT,
                              env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     try:

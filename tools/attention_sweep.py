@@ -19,7 +19,7 @@ Paths, each timed alone:
 - ``rotation_launch``: the ``cudnn`` backend's rotation launch alone (its share of ``cudnn``);
 - ``triton_tma@<config>``: the same rotation launch, then ``glmvit.kernels.triton_attention_tma``'s Hopper-shaped
   attention over the rotated scratch (``SWEEP_CONFIGS``, named as ``TmaConfig.name``: e.g. ``128x128w8s2h``, host
-  descriptors; ``…d-ws``, device descriptors and a warp-specialised loop). Not yet used by the model.
+  descriptors; ``…p``, plain pointer loads). Not used by the model: no launch table names one.
 
 Why ``cudnn`` is slower than ``sdpa_cudnn_dense`` on the same rows is not its grid: a prototype that cut every
 segment's queries into batch entries of at most C rows (no empty slots), run by this sweep on the H200 at commit

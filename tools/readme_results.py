@@ -184,7 +184,8 @@ def host_line() -> str:
     host = runner["host_s"] / runner["runs"] * 1e3
     return (f"One 224² image, graph-compiled: {ms(wall)} wall per request (`img1x224_h200.json`, median), of which "
             f"`runner.run` spends {host:.3f} ms of host time before its one wait. Its kernels sum to {ms(busy)} under "
-            f"the profiler and its replays, timed back to back, take {ms(device)} (`kernels_h200.json`); the "
+            f"the profiler and its replays, timed back to back, take {ms(device)} (`kernels_h200.json` @ "
+            f"{kernels.provenance.short_commit}{mark(kernels)}); the "
             f"difference is idle time between kernels or the unprofiled replays' slower clock: `tools/gap_probe.py` "
             f"tells the two apart, profiling a replay's own idle time and reading the SM clock beside it.")
 
@@ -218,7 +219,8 @@ SERVE_RECORDS = ("serve_video8x224", "serve_video8x224_one_process", "serve_vide
 
 def serve_lines() -> list[str]:
     """The served encoder under load (``python -m glmvit bench-serve``): the seed's serve workload, and rate sweeps."""
-    lines = ["**Served under load** (`python -m glmvit bench-serve --spawn`, one H200, over HTTP on loopback; "
+    lines = ["**Served under load** (the record run's serve jobs: `bench-serve`'s load against the server `--spawn` "
+             "would start, its HTTP side in the default API servers; one H200, over HTTP on loopback; "
              "time to embedding from request sent to answer read):", "",
              "| workload | mode | rate sent, req/s (share of saturation) | req/s | items/s | of floor rate | "
              "TTE median (P99) | queue median | items per batch |", "|---|---|---|---|---|---|---|---|---|"]
