@@ -81,3 +81,50 @@ def describe_dp_run(name: str, rec: dict[str, Any]) -> str:
         line += f"; one GPU {s['mean_ms']:.2f} ms: " + (f"speed-up {ratio:.2f}×" if ratio >= 1 else
                                                        f"slow-down {1 / ratio:.2f}×")
     return line
+
+
+def two_gpu_runs(path: Path = REPO / "data" / "notebooks" / "09_dp_2gpu.json") -> dict[str, dict[str, Any]]:
+    """The two-GPU ``dp_bench`` runs notebook 09 shows, by name, each with its ``provenance``: ``"measured now"``
+    where this machine has two CUDA GPUs or more (:func:`two_gpu_run`; with ``GLMVIT_RECORD=1`` it is saved whole as
+    the :class:`~glmvit.records.NotebookResult` at ``path``, its result under ``dp_bench``), and the run recorded at
+    ``path`` if any, under its file name. Prints a line per recorded run, or why there is none."""
+    import torch
+
+    from ..records import NotebookResult, describe, find, make, to_json
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    runs: dict[str, dict[str, Any]] = {}
+    if gpus >= 2:
+        runs["measured now"] = now = two_gpu_run()
+        if os.environ.get("GLMVIT_RECORD") == "1":
+            result = {k: v for k, v in now.items() if k != "provenance"}
+            saved = make(NotebookResult, provenance=now["provenance"], name=path.stem, dp_bench=result)
+            partial = path.with_suffix(".json.tmp")
+            partial.write_text(to_json(saved))
+            os.replace(partial, path)  # whole or not at all
+    for found, record in find(NotebookResult, (path.parent,), name=path.stem):
+        print(describe(record, found))
+        runs[found.name] = {**(record.model_extra or {})["dp_bench"], "provenance": record.provenance.model_dump()}
+    if not runs:
+        print(f"this machine has {gpus} CUDA GPU(s) and no two-GPU run is recorded: the run needs two")
+    return runs
+
+
+def draw_gathered(gathered: Any, world: int, pad_to: int) -> None:
+    """Section 3's picture: the gathered buffer as one row of token rows, each coloured by its item index (column
+    0 of ``gathered``), padding (-1) grey, a line between ranks' blocks of ``pad_to`` rows."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 1.6))
+    ids = gathered[:, 0].numpy()[None, :]
+    ax.imshow(np.ma.masked_equal(ids, -1), cmap="tab10", vmin=0, vmax=9, aspect="auto")
+    ax.imshow(np.ma.masked_not_equal(ids, -1), cmap="Greys", vmin=-2, vmax=0, aspect="auto")
+    for x, v in enumerate(ids[0]):
+        ax.text(x, 0, "·" if v < 0 else str(int(v)), ha="center", va="center", fontsize=8)
+    for r in range(1, world):
+        ax.axvline(r * pad_to - 0.5, color="black", lw=2)
+    ax.set_yticks([])
+    ax.set_xticks([r * pad_to + pad_to / 2 - 0.5 for r in range(world)], [f"rank {r}" for r in range(world)])
+    ax.set_title("the gathered buffer: item index per token row, · = padding")
+    plt.show()
+    plt.close(fig)
