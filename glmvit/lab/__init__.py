@@ -44,8 +44,6 @@ def _registry() -> dict[str, LabResult]:
         LabResult("02_interp_kernels", interpolation.interp_kernels, profiles=True),
         LabResult("03_capture_basics", cuda_graphs.graph_basics, profiles=False),
         LabResult("03_pools", cuda_graphs.pool_strategies, profiles=False),
-        LabResult("03_launch_times", cuda_graphs.launch_times, profiles=False),
-        LabResult("03_launch_timeline", cuda_graphs.launch_timeline, profiles=True),
         LabResult("03_host_syncs", cuda_graphs.host_syncs_on_gpu, profiles=False),
         LabResult("04_sync_checks", static_forward.sync_checks, profiles=False),
         LabResult("04_capture_on_a_replay_b", static_forward.capture_on_a_replay_b, profiles=False),
