@@ -3,13 +3,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import numpy as np
 import torch
 from torch import nn
 
-from ..profiling import traced_spans
 from ..testing import forbid_host_syncs
-from ..timing import time_calls
 
 
 class TinyMLP(nn.Module):
@@ -204,95 +201,6 @@ def pool_strategies() -> dict[str, Any]:
     for name, order, shared in [("own pool per graph", sizes, False), ("shared, largest first", sizes, True),
                                 ("shared, smallest first", sizes[::-1], True)]:
         result["strategies"][name] = _capture_sizes(net, inputs, expected, order, shared, side)
-    return result
-
-
-def _timeline_model() -> tuple[TinyMLP, torch.Tensor, torch.cuda.CUDAGraph]:
-    """Notebook 03 section 8's model: TinyMLP(256, depth 8) on 64 rows, warmed up, and its captured graph."""
-    dev = torch.device("cuda")
-    net = TinyMLP(width=256, depth=8).to(dev).eval()
-    static_x = torch.randn(64, 256, device=dev)
-    side = None
-    for _ in range(3):
-        side = _warm_up(net, static_x, stream=side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.no_grad(), torch.cuda.graph(graph, stream=side):
-        net(static_x)
-    return net, static_x, graph
-
-
-def _span_us(fn: Callable[[], Any], calls: int = 50) -> float:
-    """GPU time from an event before one call to an event after it (median): the GPU idle, so the start is now."""
-    spans = []
-    for _ in range(calls):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        spans.append(1e3 * start.elapsed_time(end))
-    return float(np.median(spans))
-
-
-def _layer_ends_us(net: TinyMLP, static_x: torch.Tensor, calls: int = 50) -> list[float]:
-    """The eager forward written out, with an event after each layer: µs from the start event (median)."""
-    ends = []
-    for _ in range(calls):
-        start = torch.cuda.Event(enable_timing=True)
-        marks = [torch.cuda.Event(enable_timing=True) for _ in net.layers]
-        torch.cuda.synchronize()
-        start.record()
-        with torch.no_grad():
-            x = static_x
-            for layer, mark in zip(net.layers, marks, strict=True):
-                x = torch.relu(layer(x))
-                mark.record()
-        torch.cuda.synchronize()
-        ends.append([1e3 * start.elapsed_time(mark) for mark in marks])
-    return np.median(np.array(ends), axis=0).tolist()
-
-
-def launch_times() -> dict[str, Any]:
-    """One forward of TinyMLP(256, depth 8) on 64 rows, eager and replayed, timed with no profiler: the wall time of
-    200 synchronised calls, CUDA events around one call, and after each layer of an eager one."""
-    net, static_x, graph = _timeline_model()
-
-    def eager():
-        with torch.no_grad():
-            net(static_x)
-
-    result: dict[str, Any] = {"width": 256, "depth": 8, "rows": 64}
-    for label, fn in (("eager", eager), ("replay", graph.replay)):
-        wall = time_calls(fn, static_x.device, runs=200, warmup=10)
-        result[label] = {"wall_us_median": 1e3 * float(np.median(wall)), "span_us": _span_us(fn)}
-    result["eager"]["layer_end_us"] = _layer_ends_us(net, static_x)
-    return result
-
-
-def _profiled_lanes(fn: Callable[[], Any]) -> dict[str, list]:
-    """Host CUDA API calls and GPU kernels of one call under torch.profiler, as [name, start_us, dur_us] rows from
-    its first CUDA call."""
-    spans = traced_spans(fn, warmup=5)
-    host = [e for e in spans if e.get("cat") in ("cuda_runtime", "cuda_driver") and "Synchronize" not in e["name"]]
-    gpu = [e for e in spans if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    t0 = min(e["ts"] for e in host)
-    return {lane: sorted([e["name"][:60], round(e["ts"] - t0, 3), round(e["dur"], 3)] for e in events)
-            for lane, events in (("host", host), ("gpu", gpu))}
-
-
-def launch_timeline() -> dict[str, Any]:
-    """The same forward as :func:`launch_times`, eager and replayed, under torch.profiler (CPU and CUDA activity):
-    what runs where. No timing here: the profiler slows what it watches, and launches after it."""
-    net, static_x, graph = _timeline_model()
-
-    def eager():
-        with torch.no_grad():
-            net(static_x)
-
-    result: dict[str, Any] = {"width": 256, "depth": 8, "rows": 64}
-    for label, fn in (("eager", eager), ("replay", graph.replay)):
-        result[label] = _profiled_lanes(fn)
     return result
 
 
