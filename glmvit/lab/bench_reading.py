@@ -28,7 +28,7 @@ def runner_batches(record: Any, mode: str, tables: dict[str, LatencyTable]) -> l
 SEED_CONFIG = {"budgets": [128, 256, 512, 1024, 1536, 2048], "max_items": 4, "max_segments": 32}  # PR 40576's
 ORDER = ["transformers", "eager", "graph", "graph-compiled"]  # the modes of every run
 MODES = [*ORDER, "transformers-compiled"]  # every mode a run may record
-SHORT = dict(zip(MODES, ["hf", "eager", "graph", "g+comp", "hf+comp"]))
+SHORT = dict(zip(MODES, ["hf", "eager", "graph", "g+comp", "hf+comp"], strict=True))
 GRAPH_MODES = ("graph", "graph-compiled")
 
 
@@ -43,7 +43,7 @@ def workload_name(record: Any) -> str:
     return s.workload or f"{s.items_per_request}× {next(iter(s.bucket_config))}"
 
 
-def load_benches(bench_dir: Any) -> tuple[list[Any], dict[str, Any], list[str]]:
+def load_benches(bench_dir: Any) -> tuple[list[Any], dict[Any, Any], list[str]]:
     """``(runs, seed_runs, lines)`` from every :class:`BenchRecord` in ``bench_dir`` (sorted by file name): the runs
     in glmvit's own configuration, the runs in the seed's keyed by workload, and one ``describe`` line per record."""
     from pathlib import Path
@@ -86,7 +86,7 @@ def plot_latency(runs: list[Any]) -> Any:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(runs), figsize=(3.2 * len(runs), 3.4), squeeze=False)
-    for ax, r in zip(axes[0], runs):
+    for ax, r in zip(axes[0], runs, strict=True):
         modes = [m for m in MODES if m in r.modes]
         ax.boxplot([r.modes[m].ms for m in modes], showfliers=True, flierprops={"markersize": 2})
         ax.set_xticks(range(1, len(modes) + 1), [SHORT[m] for m in modes], fontsize=7)
@@ -255,7 +255,7 @@ def plot_per_request(record: Any) -> tuple[Any, dict[str, Any]]:
     tokens, eager = request_tokens(record), first_pass(record.modes["eager"])
     ratios = {m: first_pass(record.modes[m]) / eager for m in GRAPH_MODES}
     fig, ax = plt.subplots(figsize=(7, 3.6))
-    for (m, ratio), colour in zip(ratios.items(), ("C1", "C2")):
+    for (m, ratio), colour in zip(ratios.items(), ("C1", "C2"), strict=True):
         ax.scatter(tokens, ratio, s=8, alpha=0.6, color=colour, label=f"{m} / eager")
     ax.axhline(1, color="gray", lw=0.8)
     ax.set_xscale("log")
@@ -279,7 +279,7 @@ def request_classes(per_request: list[list[tuple[Batch, bool]]]) -> dict[str, An
     import numpy as np
 
     routed = np.array([any(not ok for _, ok in batches) for batches in per_request])
-    pad = np.array([sum(b.budget - b.tokens for b, ok in batches if ok) for batches in per_request])
+    pad = np.array([sum(b.padding for b, ok in batches if ok) for batches in per_request])
     return {"routed to eager": routed, "replayed, no padding": ~routed & (pad == 0),
             "replayed, padded": ~routed & (pad > 0)}
 
@@ -294,9 +294,9 @@ def size_classes(record: Any, tables: dict[str, LatencyTable], edges: tuple[int,
     ms = {m: first_pass(record.modes[m]) for m in ("eager", *GRAPH_MODES)}
     batches = runner_batches(record, "graph-compiled", tables)
     rows = []
-    for lo, hi in zip(edges, (*edges[1:], int(tokens.max()))):
+    for lo, hi in zip(edges, (*edges[1:], int(tokens.max())), strict=True):
         sel = (tokens > lo) & (tokens <= hi)
-        padded = sum(b.budget - b.tokens for i in np.flatnonzero(sel) for b, ok in batches[i] if ok)
+        padded = sum(b.padding for i in np.flatnonzero(sel) for b, ok in batches[i] if ok)
         rows.append({"lo": lo, "hi": hi, "n": int(sel.sum()), "floor": floor[sel].mean(),
                      "ms": {m: v[sel].mean() for m, v in ms.items()}, "padding": padded / tokens[sel].sum()})
     return rows
@@ -371,10 +371,9 @@ def padding_by_budget(made: list[list[tuple[Batch, bool]]], table: LatencyTable)
     out: dict[int, tuple[int, int, float]] = {}
     for batches in made:
         for b, replayed in batches:
-            if replayed:
+            if replayed and b.budget is not None:
                 n, pad, ms = out.get(b.budget, (0, 0, 0.0))
-                out[b.budget] = (n + 1, pad + b.budget - b.tokens,
-                                 ms + (b.budget - b.tokens) * table.graph_time(b.budget) / b.budget)
+                out[b.budget] = (n + 1, pad + b.padding, ms + b.padding * table.graph_time(b.budget) / b.budget)
     return out
 
 
@@ -411,7 +410,7 @@ def accuracy_lines(sources: list[str], grids: list[Any], ref: list[Any], eager: 
 
     lines = [f"{'item':<14}{'grid':<14}{'pair':<24}{'max |Δ|':>10}{'mean |Δ|':>10}{'min cos':>12}"]
     worst = 0.0
-    for src, g, r, e, q in zip(sources, grids, ref, eager, graph):
+    for src, g, r, e, q in zip(sources, grids, ref, eager, graph, strict=True):
         for pair, a, b in [("eager vs transformers", e, r), ("graph vs eager", q, e), ("graph vs transformers", q, r)]:
             mx, mean, cmin = diff_stats(a, b)
             worst = max(worst, mx / max(1.0, b.abs().max().item()))
