@@ -8,9 +8,9 @@ process, so no timing is taken in a function that profiles, and a recorder runs 
 
 The CPU code a notebook shows rather than inlines lives here too, one module per concept: the tape (``tape``), the
 staging race and the two-thread interleaving (``staging``, ``threads``), the frame-sampling oracle
-(``frame_oracle``), the seed's published numbers (``seed``), a benchmark record's rebuilt batches
-(``bench_reading``), the data-parallel runs (``data_parallel``, ``dp_checks``, ``dp_hang``) and the serving pieces
-(``serving``).
+(``frame_oracle``), the seed's published numbers (``seed``), a benchmark record's tables, figures and rebuilt
+batches (``bench_reading``), the kernel records' readings (``kernel_views``), the data-parallel runs
+(``data_parallel``, ``dp_checks``, ``dp_hang``) and the serving pieces (``serving``).
 """
 from __future__ import annotations
 
