@@ -147,7 +147,7 @@ def _profile_cases(calls: int, cases: dict[str, list[list[int]]]) -> dict[str, A
 # ---- notebook 02's CPU helpers: the oracle, the Keys kernel, the tolerance, the tables and the records' views ----
 
 
-def patch_indices(grids: list[tuple[int, int]]) -> tuple[torch.Tensor, ...]:
+def patch_indices(grids: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """int32 ``(h_idx, w_idx, target_h, target_w)`` of every patch of every ``(h, w)`` target, raster order within a
     target, the targets packed one after another."""
     cols: list[list[torch.Tensor]] = [[], [], [], []]
@@ -155,7 +155,8 @@ def patch_indices(grids: list[tuple[int, int]]) -> tuple[torch.Tensor, ...]:
         hh, ww = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
         for col, values in zip(cols, (hh, ww, torch.full((h, w), h), torch.full((h, w), w)), strict=True):
             col.append(values.flatten())
-    return tuple(torch.cat(c).int() for c in cols)
+    h_idx, w_idx, target_h, target_w = (torch.cat(c).int() for c in cols)
+    return h_idx, w_idx, target_h, target_w
 
 
 def grid_sample_oracle(table: torch.Tensor, h_idx: torch.Tensor, w_idx: torch.Tensor, target_h: torch.Tensor,
