@@ -1,0 +1,76 @@
+"""The notebooks' CPU helpers for notebooks 06, 07, 09, 10b and 11: comparisons, record readers, tables and figures
+moved out of the cells. Each test holds a case the helper must get right and one it must refuse or tell apart."""
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from glmvit.lab import capture_replay as cr  # noqa: E402
+from glmvit.lab.staging import serve  # noqa: E402
+
+
+def test_fp32_close_allows_rounding_and_refuses_a_wrong_value():
+    ref = torch.tensor([1.0, -2.0, 50.0])
+    assert cr.fp32_close(ref + 1e-4, ref)  # 2e-6 of the scale
+    assert not cr.fp32_close(ref + torch.tensor([0.0, 0.0, 0.01]), ref)  # 2e-4 of the scale
+
+
+def test_eager_items_runs_each_item_alone():
+    class Echo:  # a "model" that returns its rows' first column and the grid it was given
+        def __call__(self, rows, grid):
+            return torch.cat([rows[:, :1], grid.float().repeat(rows.shape[0], 1)], 1)
+
+    pixels = torch.arange(12.0).reshape(6, 2)
+    out = cr.eager_items(Echo(), pixels, [[1, 2, 2], [1, 1, 2]])
+    assert [o.shape[0] for o in out] == [4, 2]
+    assert out[1][:, 0].tolist() == [8.0, 10.0] and out[1][0, 1:].tolist() == [1.0, 1.0, 2.0]
+
+
+def test_refusals_names_the_runners_that_raised():
+    class Ok:
+        def run(self, *args):
+            return []
+
+    class Refuses:
+        def run(self, *args):
+            raise ValueError("NaN in item(s) [1]")
+
+    assert cr.refusals({"ok": Ok(), "no": Refuses()}, None, None) == {"ok": None, "no": "NaN in item(s) [1]"}
+
+
+def test_staging_figure_has_a_panel_per_case_and_the_lines_follow_the_record():
+    batches = [np.full(4, k) for k in (1, 2, 3)]
+    fig = cr.plot_staging(serve, batches, [(1, False), (2, True)])
+    assert len(fig.axes) == 2 and "[3, 3, 3]" in fig.axes[0].get_title() and "[1, 2, 3]" in fig.axes[1].get_title()
+    case = {"host_ms": 1.0, "items_correct": [True]}
+    staged = {"plans": {"two": [{"items": [0], "budget": 64}]}, "three_with_events": case,
+              "three_without_events": {**case, "first_batch_is_the_signature": True}, "two_with_two_buffers": case,
+              "two_with_one_buffer": case}
+    lines = cr.staging_lines(staged)
+    assert lines[0] == "two-batch request: items [0] → budget 64" and len(lines) == 5
+    assert "batch 1 saw batch 3's metadata: True" in lines[2] and "saw" not in lines[1]
+
+
+def test_bf16_ulp_and_the_item_bound():
+    assert cr.bf16_ulp(1.0) == 2**-7 and cr.bf16_ulp(3.0) == 2**-6 and cr.bf16_ulp(0.5) == 2**-8
+    assert cr.item_bound({"eager_vs_fp32": 0.01, "scale": 1.0}) == pytest.approx(0.03 + 2**-7)
+
+
+def test_graph_launch_finds_the_one_launch_and_refuses_two():
+    lane = {"host": [[0.0, 5.0, "cudaMemcpyAsync"], [10.0, 20.0, "cudaGraphLaunch_v10000"]], "gpu": []}
+    assert cr.graph_launch(lane) == (10.0, 20.0, "cudaGraphLaunch_v10000")
+    with pytest.raises(ValueError, match="found 2"):
+        cr.graph_launch({"host": lane["host"] + [[40.0, 1.0, "cudaGraphLaunch"]]})
+
+
+def test_tower_timeline_figure_titles_carry_the_unprofiled_times():
+    lane = {"host": [[0.0, 5.0, "cudaLaunchKernel"], [10.0, 20.0, "cudaGraphLaunch"]], "gpu": [[12.0, 30.0, "k"]]}
+    times = {"eager": {"wall_ms_median": 2.5}, "run": {"wall_ms_median": 0.75}}
+    fig = cr.plot_tower_timeline({"eager": lane, "run": lane}, times)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert "2.50 ms per call" in titles[0] and "0.75 ms per call" in titles[1] and "2 host calls" in titles[1]
