@@ -74,3 +74,50 @@ def test_tower_timeline_figure_titles_carry_the_unprofiled_times():
     fig = cr.plot_tower_timeline({"eager": lane, "run": lane}, times)
     titles = [ax.get_title() for ax in fig.axes]
     assert "2.50 ms per call" in titles[0] and "0.75 ms per call" in titles[1] and "2 host calls" in titles[1]
+
+
+def test_load_gif_reads_frames_and_rate(tmp_path):
+    from PIL import Image
+
+    from glmvit.lab.frame_oracle import load_gif
+
+    pictures = [Image.new("RGB", (6, 4), (40 * k, 0, 0)) for k in range(4)]
+    path = tmp_path / "c.gif"
+    pictures[0].save(path, save_all=True, append_images=pictures[1:], duration=250, loop=0)
+    frames, fps = load_gif(path)
+    assert frames.shape == (4, 4, 6, 3) and fps == 4.0
+
+
+def test_block_mask_is_block_diagonal_and_padding_attends_nothing():
+    from glmvit.lab.frame_oracle import block_mask
+
+    mask = block_mask([0, 2, 5, 5])
+    assert mask.shape == (5, 5) and mask[:2, :2].all() and mask[2:, 2:].all() and not mask[:2, 2:].any()
+    assert mask.sum() == 2 * 2 + 3 * 3
+
+
+def test_graph_capacity_slots_bytes_and_grids():
+    from glmvit import VisionConfig
+    from glmvit.lab.frame_oracle import graph_capacity
+    from glmvit.metadata import BatchShape
+
+    full = VisionConfig.glm41v()
+    four, sixteen = graph_capacity(full, 1024, 4), graph_capacity(full, 1024, 16)
+    assert (four["slots"], sixteen["slots"], graph_capacity(full, 64, 1000)["slots"]) == (4, 16, 64)
+    assert sixteen["meta_bytes"] - four["meta_bytes"] == 48  # 12 more int32 (cu_seqlens slots, 16-byte aligned)
+    assert four["meta_bytes"] == BatchShape(4096, 4, 4096).packed_size(4) * 4
+    assert sixteen["fa2_programs"] == 4 * four["fa2_programs"] == 4 * 32 * 4 * full.num_heads
+    assert sixteen["triton_programs"] == four["triton_programs"]  # no slot term
+
+
+def test_frame_figures_have_their_panels():
+    import torch
+
+    from glmvit.lab.frame_oracle import plot_frame_pairs, plot_sampled_frames, plot_slot_limits
+
+    frames = np.zeros((7, 8, 8, 3), np.uint8)
+    fig = plot_sampled_frames(frames, {"a": [0, 2], "b": [2]})
+    assert len(fig.axes) == 10 and fig.axes[2].get_title() == "2: a b" and fig.axes[1].get_title() == "1: "
+    fig = plot_frame_pairs(frames, [0, 1, 2, 3], torch.zeros(2 * 4, 1176), [2, 2, 2], patch=1)
+    assert len(fig.axes) == 8 and fig.axes[5].get_title() == "frame 3"
+    assert len(plot_slot_limits([4, 16]).axes[0].lines) == 2
