@@ -121,3 +121,53 @@ def test_frame_figures_have_their_panels():
     fig = plot_frame_pairs(frames, [0, 1, 2, 3], torch.zeros(2 * 4, 1176), [2, 2, 2], patch=1)
     assert len(fig.axes) == 8 and fig.axes[5].get_title() == "frame 3"
     assert len(plot_slot_limits([4, 16]).axes[0].lines) == 2
+
+
+def test_patches_and_the_assignment_figure():
+    from glmvit.lab import data_parallel as dp
+    from glmvit.parallel import balance_items, round_robin_items
+    from glmvit.workloads import make_item
+
+    assert dp.patches(make_item(224, 224, 8)) == 4 * 16 * 16 and dp.patches(make_item(448, 448)) == 32 * 32
+    sizes = [5, 1, 4]
+    fig = dp.plot_assignments(sizes, {"rr": round_robin_items(sizes, 2), "lpt": balance_items(sizes, 2)})
+    assert [ax.get_title() for ax in fig.axes] == ["rr: imbalance 1.80", "lpt: imbalance 1.00"]
+
+
+def test_mean_imbalance_one_item_cannot_balance_and_lpt_never_loses():
+    from glmvit.lab.data_parallel import mean_imbalance
+
+    table = mean_imbalance({(224, 224, 1): 0.5, (448, 448, 1): 0.5}, worlds=(2,), counts=(1, 4), requests=20)
+    assert table[2, 1] == (2.0, 2.0) and table[2, 4][1] <= table[2, 4][0]
+
+
+def test_shares_plan_each_rank_and_preset_views_sum_them():
+    from glmvit.costmodel import ladder_split
+    from glmvit.lab import data_parallel as dp
+    from glmvit.packing import BudgetConfig, default_ladder
+    from glmvit.recorded import recorded_table
+    from glmvit.workloads import make_item
+
+    latency = recorded_table("graph-compiled")
+    ladder = BudgetConfig.resolve(default_ladder(4096, split=ladder_split(latency)))
+    items = [make_item(448, 448), make_item(224, 224, 8), make_item(224, 224)]
+    assignment, ranks = dp.shares(items, 2, ladder, latency)
+    assert sorted(i for r in ranks for i in r["items"]) == [0, 1, 2] and tuple(r["patches"] for r in ranks) == assignment.loads
+    assert all(r["tokens"] * 4 == r["patches"] and r["tokens"] + r["padding"] == sum(r["budgets"]) for r in ranks)
+    views = dp.preset_views([items, items[:1]], ladder, latency, worlds=(1, 2))
+    assert views[1]["patches"] == 2304 + 1024 and views[2]["patches"] == 1280 + 1024
+    assert views[2]["ms"] < views[1]["ms"] and 0 <= views[2]["padding"] < 1
+    assert len(dp.plot_shares(ranks).axes) == 2
+
+
+def test_check_cost_lines_and_hash_shares():
+    from glmvit.lab.data_parallel import check_cost_lines, hash_shares
+
+    costs = {"med": {"glmvit": 12.0, "gather-only": 10.0}, "gap": 2.0, "check_phase": 1.5, "requests": 5,
+             "hash_ms": 1.0, "hash_rate": 2e9, "inputs_ms": 0.25, "exchanges": [(8, 0.1)], "parts": 1.35}
+    ranks_out = [{"pixel_bytes": 2**21, "gather_only_wrong_items": [1]}, {"glmvit_raised": "different requests"}]
+    lines = check_cost_lines(costs, ranks_out)
+    assert "the checks cost 2.0 ms" in lines[0] and "2.0 MiB" in lines[1] and "[1]" in lines[2]
+    shares = hash_shares(1e9, {"w": 2.0}, {"w": 3 * 2**20 + 1})
+    assert shares["w"]["pieces"] == 4 and shares["w"]["hash_ms"] == pytest.approx((3 * 2**20 + 1) / 1e6)
+    assert shares["w"]["threads"] == 16  # ⌈3.15 ms / 0.2 ms⌉
