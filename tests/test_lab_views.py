@@ -171,3 +171,79 @@ def test_check_cost_lines_and_hash_shares():
     shares = hash_shares(1e9, {"w": 2.0}, {"w": 3 * 2**20 + 1})
     assert shares["w"]["pieces"] == 4 and shares["w"]["hash_ms"] == pytest.approx((3 * 2**20 + 1) / 1e6)
     assert shares["w"]["threads"] == 16  # ⌈3.15 ms / 0.2 ms⌉
+
+
+def test_poison_segments_passes_segment_attention_and_catches_a_leak():
+    from glmvit.lab import attention_kernel as ak
+
+    qkv, cos, sin, meta = ak.attention_case([(1, 2, 4), (2, 2, 2)], heads=2, head_dim=8)
+    assert qkv.shape == (meta.shape.rows, 3 * 2 * 8) and cos.shape[0] == meta.shape.rows
+    assert ak.unfused_reference(qkv, cos, sin, meta, 2).shape == (meta.shape.rows, 2 * 8)
+
+    def per_segment(qkv, c, s, segment_ids, cu_seqlens, heads):  # plain attention within each segment, no rotary
+        q, k, v = qkv.view(qkv.shape[0], 3, heads, -1).unbind(1)
+        out = torch.zeros_like(q)
+        bounds = cu_seqlens.tolist()
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            out[a:b] = torch.einsum("qhk,khd->qhd", torch.softmax(torch.einsum("qhd,khd->qhk", q[a:b], k[a:b]), -1),
+                                    v[a:b])
+        return out.reshape(qkv.shape[0], -1)
+
+    assert ak.poison_segments(per_segment, qkv, cos, sin, meta, 2) == 3 * 3  # q, k, v of 3 segments
+
+    def leaky(q, c, s, segment_ids, cu_seqlens, heads):  # every row attends every row: a NaN crosses segments
+        out = per_segment(q, c, s, segment_ids, cu_seqlens, heads)
+        return out + 0 * q[:, : out.shape[1]].sum()
+
+    with pytest.raises(AssertionError, match="left them"):
+        ak.poison_segments(leaky, qkv, cos, sin, meta, 2)
+
+
+def test_work_list_finds_the_straddling_blocks():
+    from glmvit.lab.attention_kernel import plot_work_list
+
+    assert plot_work_list([196, 120], 64)[1] == [3]
+    assert plot_work_list([64, 64], 64)[1] == [] and plot_work_list([10, 10, 10], 32)[1] == [0]
+
+
+def _tune():
+    from types import SimpleNamespace
+
+    def entry(rows, configs, best_in_loop, best_prerotated, rotation):
+        return {"rows": rows, "configs": configs, "best_in_loop": best_in_loop, "best_prerotated": best_prerotated,
+                "rotation_launch_us": rotation, "best_us": min(v for v in configs.values() if isinstance(v, float))}
+
+    return SimpleNamespace(attention={
+        "a": entry(256, {"64x64w4s1": 10.0, "64x64w4s1r": 8.0, "64x64w4s1k2": 12.0, "32x64w4s1": "failed"},
+                   "64x64w4s1", "64x64w4s1r", 2.0),
+        "b": entry(256, {"64x64w4s1": 20.0, "64x64w4s1r": 30.0, "64x64w4s1k2": 25.0, "32x64w4s1": 40.0},
+                   "64x64w4s1", "64x64w4s1r", 2.0)})
+
+
+def test_rotation_rows_and_best_by_variant_read_the_sweep():
+    from types import SimpleNamespace
+
+    from glmvit.lab import attention_kernel as ak
+
+    tune = _tune()
+    rows = ak.rotation_rows(tune, lambda r: SimpleNamespace(prerotate=True))
+    assert rows["a"]["gain"] == pytest.approx(0.2) and rows["a"]["saves"] == pytest.approx(4.0)
+    assert rows["b"]["gain"] == pytest.approx(-0.5) and rows["b"]["table_prerotates"]
+    assert len(ak.plot_paths(rows).axes[0].patches) == 4
+    best = ak.best_by_variant(tune, {"split": lambda k: k.endswith("k2"), "any": lambda k: True})
+    assert best["a"] == {"split": 12.0, "any": 8.0}  # the failed configuration is skipped
+
+
+def test_sweep_grid_attn_key_and_table_fit():
+    from glmvit.kernels.triton_attention import AttnConfig
+    from glmvit.lab import attention_kernel as ak
+
+    tune = _tune()
+    grid = ak.sweep_grid(tune.attention["a"], [32, 64], [64], "w4s1")
+    assert np.isnan(grid[0, 0]) and grid[1, 0] == 10.0
+    assert ak.attn_key(AttnConfig(64, 64, 4, 1)) == "64x64w4s1"
+    assert ak.attn_key(AttnConfig(64, 32, 8, 3, split_k=2, prerotate=True)) == "64x32w8s3k2r"
+    fit = ak.table_fit(tune, lambda rows: AttnConfig(64, 64, 4, 1))  # the in-loop entry: 1.25× on "a"
+    assert fit[256]["layouts"] == ["a", "b"] and fit[256]["chosen"] == pytest.approx(1.25)
+    assert fit[256]["least"] == pytest.approx(1.25)  # "r" is 1.5× on "b"; k2 1.5× on "a"; the failed one is not timed
+    assert len(ak.plot_sweep_slices(tune, [("a", [32, 64], [64], "w4s1", "x")]).axes) == 1
