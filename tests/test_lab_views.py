@@ -152,7 +152,8 @@ def test_shares_plan_each_rank_and_preset_views_sum_them():
     ladder = BudgetConfig.resolve(default_ladder(4096, split=ladder_split(latency)))
     items = [make_item(448, 448), make_item(224, 224, 8), make_item(224, 224)]
     assignment, ranks = dp.shares(items, 2, ladder, latency)
-    assert sorted(i for r in ranks for i in r["items"]) == [0, 1, 2] and tuple(r["patches"] for r in ranks) == assignment.loads
+    assert sorted(i for r in ranks for i in r["items"]) == [0, 1, 2]
+    assert tuple(r["patches"] for r in ranks) == assignment.loads
     assert all(r["tokens"] * 4 == r["patches"] and r["tokens"] + r["padding"] == sum(r["budgets"]) for r in ranks)
     views = dp.preset_views([items, items[:1]], ladder, latency, worlds=(1, 2))
     assert views[1]["patches"] == 2304 + 1024 and views[2]["patches"] == 1280 + 1024
@@ -184,7 +185,7 @@ def test_poison_segments_passes_segment_attention_and_catches_a_leak():
         q, k, v = qkv.view(qkv.shape[0], 3, heads, -1).unbind(1)
         out = torch.zeros_like(q)
         bounds = cu_seqlens.tolist()
-        for a, b in zip(bounds[:-1], bounds[1:]):
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
             out[a:b] = torch.einsum("qhk,khd->qhd", torch.softmax(torch.einsum("qhd,khd->qhk", q[a:b], k[a:b]), -1),
                                     v[a:b])
         return out.reshape(qkv.shape[0], -1)
@@ -247,3 +248,88 @@ def test_sweep_grid_attn_key_and_table_fit():
     assert fit[256]["layouts"] == ["a", "b"] and fit[256]["chosen"] == pytest.approx(1.25)
     assert fit[256]["least"] == pytest.approx(1.25)  # "r" is 1.5× on "b"; k2 1.5× on "a"; the failed one is not timed
     assert len(ak.plot_sweep_slices(tune, [("a", [32, 64], [64], "w4s1", "x")]).axes) == 1
+
+
+def test_submit_all_reports_each_refusal_by_name():
+    from glmvit.lab.serving import submit_all
+    from glmvit.scheduler import QueueFull
+
+    class Scheduler:
+        def __init__(self):
+            self.n = 0
+
+        def submit(self, pixels, grid):
+            self.n += 1
+            if self.n > 1:
+                raise QueueFull("the queue is full")
+            return "future"
+
+    outcomes, futures = submit_all(Scheduler(), [(None, None)] * 2)
+    assert outcomes == ["admitted", "QueueFull: the queue is full"] and futures == ["future"]
+
+
+def test_own_items_tells_own_outputs_from_others():
+    from glmvit.lab.serving import own_items
+
+    a, b = torch.ones(2, 3), torch.full((2, 3), 5.0)
+    check = own_items([[a.clone()], [b + 1e-3]], [[a], [b]])
+    assert check["same_count"] and check["bitwise"] == 1 and check["items"] == 2
+    assert check["own_gap"] == pytest.approx(2e-4, rel=1e-2) and check["other_gap"] == pytest.approx(4 / 5)
+    assert own_items([[b], [a]], [[a], [b]])["own_gap"] == pytest.approx(4.0)  # swapped: |5 − 1| / 1
+    assert not own_items([[a], []], [[a], [b]])["same_count"]
+
+
+def test_one_vs_many_skips_budgets_without_many_small():
+    from types import SimpleNamespace as NS
+
+    from glmvit.lab.serving import one_vs_many
+
+    def budget(tokens, names):
+        return NS(tokens=tokens, layouts=[NS(name=n, graph_ms=float(k + 1)) for k, n in enumerate(names)])
+
+    sweep = NS(budgets=[budget(64, ["one-small", "full"]),
+                        budget(128, ["one-small", "many-small", "full", "full-many"])])
+    assert one_vs_many(sweep) == {128: {"one-small": 1.0, "many-small": 2.0, "full": 3.0, "full-many": 4.0,
+                                        "ratio": 0.5}}
+
+
+def test_rate_of_and_the_serve_lines():
+    from types import SimpleNamespace as NS
+
+    from glmvit.lab.serving import rate_of, serve_lines
+
+    assert rate_of({"request_rate": "inf"}) == float("inf") and rate_of({"request_rate": "2.5"}) == 2.5
+    run = {"mode": "eager", "requests_per_s": 3.0, "items_per_s": 6.0, "vs_floor": None,
+           "tte_ms": {"median": 10.0, "p99": 20.0}, "queue_ms": {"median": 1.0, "p99": 2.0},
+           "server": {"items_per_batch": 2.0, "padding_fraction": 0.1, "utilisation": 0.5}}
+    record = NS(settings={"workload": "w", "requests": 4, "request_rates": ["inf", "2"], "modes": ["eager"],
+                          "batching": {"max_wait_ms": 0.0}}, workload={"items": 8},
+                runs=[{**run, "request_rate": "inf"}, {**run, "request_rate": "2"}])
+    lines = serve_lines(record)
+    assert len(lines) == 3 and "workload w: 4 requests, 8 items" in lines[0]
+    assert "2.0:" in lines[1] and "inf:" in lines[2] and "(- of floor)" in lines[1] and "busy 50%" in lines[2]
+
+
+def test_serving_figures():
+    from glmvit.lab.serving import plot_latency_sweep, plot_phases, plot_rates, plot_wait
+
+    fig = plot_wait({0.0: [1.0, 2.0], 0.001: [2.0, 3.0]}, [10.0, 100.0], 300.0, 200.0)
+    assert len(fig.axes[0].lines) == 4  # two waits, two markers
+    runs = {"a": {"time_split_ms": {"read": 1.0, "encode": 2.0}}, "b": {"time_split_ms": {"read": 3.0, "encode": 1.0}}}
+    assert len(plot_phases(runs).axes[0].patches) == 4
+    run = {"items_per_s": 5.0, "tte_ms": {"median": 1.0, "p99": 2.0}, "queue_ms": {"median": 0.5}}
+    assert plot_latency_sweep([run, {**run, "saturation_share": 0.2}], 9.0, "t").axes[0].get_title() == "t"
+    assert len(plot_rates({"eager": 3.0}, {"eager": 4.0}, 10.0).axes[0].patches) == 2
+
+
+def test_read_answer_returns_tensors_and_item_metadata():
+    import json
+
+    from safetensors.torch import save
+
+    from glmvit.lab.serving import read_answer
+
+    body = save({"item_0": torch.ones(2, 3), "item_1": torch.zeros(1, 3)},
+                metadata={"item_0": json.dumps({"source": "a.jpg"}), "item_1": json.dumps({"source": "b.gif"})})
+    tensors, items = read_answer(body)
+    assert [i["source"] for i in items] == ["a.jpg", "b.gif"] and tensors["item_0"].shape == (2, 3)

@@ -95,7 +95,7 @@ def poison_segments(attn: Callable[..., torch.Tensor], qkv: torch.Tensor, cos: t
     cu = meta.cu_seqlens.tolist()
     real = cu[-1]
     checked = 0
-    for a, b in zip(cu[:-1], cu[1:]):
+    for a, b in zip(cu[:-1], cu[1:], strict=True):
         if b <= a:
             continue
         for part in range(3):
@@ -166,7 +166,7 @@ def plot_sweep_slices(tune: Any, panels: list[tuple[str, list[int], list[int], s
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.6), squeeze=False)
-    for ax, (lay, bms, bns, suffix, what) in zip(axes[0], panels):
+    for ax, (lay, bms, bns, suffix, what) in zip(axes[0], panels, strict=True):
         g = sweep_grid(tune.attention[lay], bms, bns, suffix)
         ax.imshow(g, cmap="viridis_r")
         for i in range(len(bms)):

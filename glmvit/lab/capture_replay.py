@@ -384,7 +384,7 @@ def plot_staging(serve: Callable[..., Any], batches: list[Any], cases: list[tupl
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(cases), 1, figsize=(10, 1.55 * len(cases)), sharex=True, squeeze=False)
-    for ax, (buffers, guard) in zip(axes[:, 0], cases):
+    for ax, (buffers, guard) in zip(axes[:, 0], cases, strict=True):
         seen, log, waits = serve(batches, buffers, guard)
         for x, (lane, k, value, what) in enumerate(log):
             y = 1 if lane == "host" else 0
@@ -443,7 +443,7 @@ def plot_tower_timeline(timeline: dict[str, Any], times: dict[str, Any]) -> Any:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 1, figsize=(10, 4.2))
-    for ax, label in zip(axes, ("eager", "run")):
+    for ax, label in zip(axes, ("eager", "run"), strict=True):
         r = timeline[label]
         for s, d, name in r["host"]:
             launch = name.startswith("cudaGraphLaunch")

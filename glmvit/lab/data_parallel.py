@@ -145,7 +145,7 @@ def plot_assignments(sizes: list[int], assignments: dict[str, Any]) -> Any:
 
     fig, axes = plt.subplots(1, len(assignments), figsize=(5 * len(assignments), 3.6), sharey=True, squeeze=False)
     colours = plt.cm.tab20(np.linspace(0, 1, 20))
-    for ax, (title, a) in zip(axes[0], assignments.items()):
+    for ax, (title, a) in zip(axes[0], assignments.items(), strict=True):
         for r, items in enumerate(a.ranks):
             bottom = 0
             for i in items:
@@ -248,7 +248,8 @@ def check_cost_lines(costs: dict[str, Any], ranks_out: list[dict[str, Any]]) -> 
             f"silently; glmvit raised on every rank: {ranks_out[1]['glmvit_raised']}"]
 
 
-def hash_shares(hash_rate: float, encode_ms: dict[str, float], pixel_bytes: dict[str, int]) -> dict[str, dict[str, Any]]:
+def hash_shares(hash_rate: float, encode_ms: dict[str, float],
+                pixel_bytes: dict[str, int]) -> dict[str, dict[str, Any]]:
     """Per workload: the one-thread SHA-256 time of its pixel bytes at ``hash_rate`` (bytes/s), its share of the
     encode, the threads that would bring it to ≤ 10 % of the encode, and its 1 MiB pieces (glmvit hashes one piece
     per thread at most)."""

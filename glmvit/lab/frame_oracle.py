@@ -85,7 +85,7 @@ def block_mask(cu_seqlens: Any) -> np.ndarray:
     ``cu_seqlens[-1]`` attend nothing."""
     cu = np.asarray(cu_seqlens).tolist()
     mask = np.zeros((cu[-1], cu[-1]), bool)
-    for a, b in zip(cu[:-1], cu[1:]):
+    for a, b in zip(cu[:-1], cu[1:], strict=True):
         mask[a:b, a:b] = True
     return mask
 
@@ -141,7 +141,7 @@ def plot_frame_pairs(frames: np.ndarray, idx: list[int], pixel_values: Any, grid
         pictures = [(frames[idx[2 * k + s]], f"frame {idx[2 * k + s]}") for s in (0, 1)]
         pictures += [((rows[k, patch, :, s] * std + mean).clamp(0, 1).permute(1, 2, 0).numpy(),
                       f"patch {patch}, slot {s}") for s in (0, 1)]
-        for ax, (picture, title) in zip(axes[k], pictures):
+        for ax, (picture, title) in zip(axes[k], pictures, strict=True):
             ax.imshow(picture)
             ax.set_title(title, fontsize=8)
             ax.set_xticks([])
