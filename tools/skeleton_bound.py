@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from statistics import median
-from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
@@ -175,34 +174,18 @@ def attention_candidates(lengths: tuple[int, ...]) -> tuple[dict[str, Callable[[
     and why each other path is not a candidate."""
     import attention_sweep as sweep
 
-    from glmvit.kernels.cudnn_attention import ragged_offsets
-    from glmvit.rotary import apply_rotary, inv_freq, rotary_cos_sin
-
-    layout = sweep.build_layout(lengths)
-    dev = torch.device("cuda")
-    gen = torch.Generator(device=dev).manual_seed(0)
-    heads, dim = sweep.HEADS, sweep.HEAD_DIM
-    qkv = torch.randn(layout.rows, 3 * heads * dim, device=dev, dtype=torch.bfloat16, generator=gen)
-    cos, sin = rotary_cos_sin(torch.from_numpy(layout.h_idx).to(dev), torch.from_numpy(layout.w_idx).to(dev),
-                              inv_freq(dim).to(dev))
-    cu = torch.from_numpy(layout.cu_seqlens).to(dev)
-    meta = SimpleNamespace(cu_seqlens=cu, max_seqlen=layout.rows,
-                           segment_ids=torch.from_numpy(layout.segment_ids).to(dev),
-                           ragged=ragged_offsets(cu, heads, dim))
-    q_raw, k_raw, v = qkv.view(layout.rows, 3, heads, dim).unbind(1)
-    q, k = apply_rotary(q_raw, cos, sin), apply_rotary(k_raw, cos, sin)
-    ref = sweep.reference(apply_rotary(q_raw.float(), cos, sin), apply_rotary(k_raw.float(), cos, sin), v.float(),
-                          layout)
+    inputs = sweep.layout_inputs(lengths)
+    real = inputs.layout.real_rows
     ok: dict[str, Callable[[], Any]] = {}
     refused: dict[str, str] = {}
-    for path, fn in sweep.paths(layout, qkv, cos, sin, q, k, v, meta).items():
+    for path, fn in sweep.layout_paths(inputs).items():
         if path.startswith(NOT_CANDIDATES):
             continue
         if isinstance(fn, str):
             refused[path] = fn
             continue
         try:
-            check = sweep.check(fn()[: layout.real_rows], ref, v[: layout.real_rows])
+            check = sweep.check(fn()[:real], inputs.ref, inputs.v[:real])
         except Exception as err:  # noqa: BLE001
             refused[path] = one_line(err)
             continue
@@ -257,13 +240,9 @@ def build_skeleton(config: VisionConfig, grids: list[list[int]], seed: int = 0) 
 
 
 def capture(fn: Callable[[], Any]) -> Callable[[], None]:
-    """``fn`` captured in a CUDA graph after three warm-up calls on a side stream; returns the graph's replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
+    """``fn`` captured in a CUDA graph after one eager call (plans built, kernels compiled); the graph's replay."""
+    fn()
+    torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
