@@ -20,8 +20,9 @@ rounds in other places, 24 blocks carry the difference), ``compiled+pdl`` agains
 the same kernels, launched otherwise; a broken wait reads stale data and misses by the output's scale), and whether
 the two are bitwise equal is recorded (PDL changes when a kernel starts, not what it computes). Each stage is
 compiled for each row count's own shape (``dynamic=False``), where the runner compiles its second budget on with
-symbolic sizes: the kernels' launches, not their shapes, are what this A/B compares. Timing: ``glmvit.profiling.graph_time_us`` through ``tools/ab_common.check_and_time`` (forwards
-captured in one CUDA graph, median of replays, rounds in alternating order). A path this torch refuses (an Inductor
+symbolic sizes: the kernels' launches, not their shapes, are what this A/B compares. Timing:
+``glmvit.profiling.graph_time_us`` through ``tools/ab_common.check_and_time`` (forwards captured in one CUDA graph,
+median of replays, rounds in alternating order). A path this torch refuses (an Inductor
 without the option) is one line. CUDA only (exit 2 elsewhere)::
 
     GLMVIT_GIT_COMMIT=$(git rev-parse HEAD) python tools/pdl_ab.py --json data/sweeps/pdl_ab_h200.json
