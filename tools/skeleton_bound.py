@@ -5,7 +5,8 @@ The **skeleton** of one forward over a workload's grids is every matmul the mode
 bytes) and every block's attention over the workload's segments (each temporal patch of each item), and nothing
 else: no norms, residual adds, SwiGLU, rotation (unless the attention kernel that wins does it), interpolation,
 host work. Each op runs the fastest kernel this machine has for its shape, chosen by timing every candidate alone
-(``glmvit.profiling.graph_time_us``) and keeping only candidates whose output checks:
+(``glmvit.profiling.graph_time_us``: one weight, so warm in L2, where the skeleton streams a weight per block; where
+two libraries tie, the pick may not be the faster one streaming) and keeping only candidates whose output checks:
 
 - a matmul: cuBLAS or cuBLASLt behind ``F.linear`` (``tools/blas_ab.py``'s switch; a bias where the model has one),
   and for the blocks' gate_up the fused SwiGLU GEMM (``glmvit.model.swiglu_linear``: it does more work, so it may
@@ -220,8 +221,9 @@ def build_skeleton(config: VisionConfig, grids: list[list[int]], seed: int = 0) 
     winner, times = fastest(attention)
     chosen["attention"] = {"segments": list(ops[2].shape), "kernel": winner, "us": times, "refused": refused}
     run_attention = attention[winner]
-    inputs = {op.gemm: torch.randn(op.shape[0], op.shape[1], device="cuda", generator=gen).to(torch.bfloat16)
-              for op in ops if op.kind == "matmul"}
+    shapes = {op.gemm: op.shape for op in ops if op.kind == "matmul"}  # one input per shape, read by every block
+    inputs = {gemm: torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+              for gemm, (m, k, _) in shapes.items()}
     calls: list[Callable[[], Any]] = []
     for op in ops:
         if op.kind == "attention":
