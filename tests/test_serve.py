@@ -879,3 +879,33 @@ def test_a_server_started_with_a_timeout_is_entered_once_and_drained_on_exit():
     with server.start(timeout=10.0) as entered:
         assert entered is server and server.url == "http://127.0.0.1:1234"
     assert calls == [1234] and server.drained is True and not server._thread.is_alive()
+
+
+def test_a_stopped_server_is_not_entered():
+    """``with server:`` after ``start(); shutdown()`` raises instead of entering a server that no longer listens."""
+
+    async def serve(service, host, port, shutdown_timeout, ready, stop):
+        ready(f"http://{host}:{port}")
+        await stop.wait()
+        return True
+
+    server = ServerThread(None, port=1234, serve=serve)  # type: ignore[arg-type]
+    server.start(timeout=10.0)
+    assert server.shutdown(timeout=10.0)
+    with pytest.raises(RuntimeError, match="already stopped or failed to start"):
+        with server:
+            pass
+
+
+def test_a_server_that_failed_to_start_is_not_entered():
+    """``with server:`` after a ``start()`` that raised raises instead of entering the dead server."""
+
+    async def serve(service, host, port, shutdown_timeout, ready, stop):
+        raise OSError("address in use")
+
+    server = ServerThread(None, port=1234, serve=serve)  # type: ignore[arg-type]
+    with pytest.raises(OSError, match="address in use"):
+        server.start(timeout=10.0)
+    with pytest.raises(RuntimeError, match="already stopped or failed to start"):
+        with server:
+            pass

@@ -901,8 +901,13 @@ class ServerThread:
         return not self._thread.is_alive()
 
     def __enter__(self) -> "ServerThread":
-        """``with server:`` starts it; ``with server.start(timeout=…):`` enters the one already started."""
-        return self if self._thread.ident is not None else self.start()
+        """``with server:`` starts it; ``with server.start(timeout=…):`` enters the one already started; a server
+        whose thread was started but is not up (stopped, or failed to start) raises RuntimeError."""
+        if self._thread.ident is None:
+            return self.start()
+        if self._ready.is_set() and self._error is None and self._thread.is_alive():
+            return self
+        raise RuntimeError("the server already stopped or failed to start")
 
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
