@@ -505,6 +505,15 @@ def test_a_serve_job_starts_every_modes_client_before_its_first_server(tmp_path,
         recorder.run_serve(job, session, tmp_path)
     assert sorted(kind for kind, _ in events) == ["client", "client", "closed", "killed", "killed", "pool started"]
 
+    # one record names one server configuration: a mode whose server ran other processes than an earlier mode's
+    # is refused, not recorded as the last mode's
+    monkeypatch.setattr(serve, "build_service", build_service)
+    real = bench_serve.serve_argv
+    monkeypatch.setattr(bench_serve, "serve_argv", lambda args, mode, workload: [
+        *real(args, mode, workload), "--decode-workers", "1" if mode == "eager" else "2"])
+    with pytest.raises(RuntimeError, match="graph: its server's processes"):
+        recorder.run_serve(job, session, tmp_path)
+
 
 @pytest.fixture(scope="module")
 def planned():

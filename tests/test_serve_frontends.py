@@ -32,6 +32,7 @@ from test_serve import (
     wait_until,
 )
 
+from glmvit.cli import serve
 from glmvit.cli.bench_serve import build_parser as bench_parser
 from glmvit.cli.bench_serve import build_workload, check_args, serve_argv
 from glmvit.cli.decode_pool import DecodePool
@@ -59,7 +60,8 @@ def service(model, decode, **scheduler_args):
 
 def one_server_args(api_servers):
     """``glmvit serve``'s flags for ``api_servers`` processes with two decode workers and two threads."""
-    return serve_parser().parse_args(["--api-servers", str(api_servers), "--decode-workers", "2", "--threads", "2"])
+    return serve.parse_args(["--device", "cpu", "--api-servers", str(api_servers), "--decode-workers", "2",
+                             "--threads", "2"])[1]
 
 
 def test_the_flags_pick_the_one_process_server_or_the_api_servers():
@@ -253,6 +255,24 @@ def test_bench_serve_spawns_the_server_with_its_api_servers():
     check_args(parser, args, argv)
     argv = serve_argv(args, "graph", build_workload(args))
     assert argv[argv.index("--api-servers") + 1] == "4"
+
+
+def test_the_api_servers_default_is_resolved_after_parsing_not_when_the_parser_is_built(monkeypatch):
+    """``--help`` and a parse read the same on every host; whoever runs a server resolves the count once
+    (``serve.parse_args``) and names it: ``bench-serve --spawn`` passes it to its child and its record."""
+    monkeypatch.setattr(serve, "default_api_servers", lambda: 3)
+    parser = serve_parser()
+    assert parser.parse_args([]).api_servers is None and "here 3" not in parser.format_help()
+    assert serve.parse_args(["--device", "cpu"])[1].api_servers == 3
+    assert serve.parse_args(["--device", "cpu", "--api-servers", "1"])[1].api_servers == 1
+    with pytest.raises(ValueError, match="--api-servers is unresolved"):
+        serve_function(parser.parse_args([]))
+    argv = ["--spawn", "--workload", "img1x224", "--num-prompts", "2"]
+    parser = bench_parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args, argv)
+    child = serve_argv(args, "graph", build_workload(args))
+    assert args.api_servers == 3 and child[child.index("--api-servers") + 1] == "3"
 
 
 CHILD = """

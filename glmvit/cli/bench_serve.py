@@ -84,7 +84,7 @@ from .common import (
     write_record,
 )
 from .media_files import data_url, encode_clip, encode_image, mp4_available
-from .serve import MODES, add_serving_args, check_serving_args, make_scheduler, measure_floor
+from .serve import MODES, add_serving_args, check_serving_args, make_scheduler, measure_floor, resolve_api_servers
 
 MAX_PROMPTS = 100_000
 MIN_RATE = 0.01  # requests per second: one every 100 s; slower, 100 prompts would take hours
@@ -701,7 +701,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--decode-workers", type=int_in(1, 256), default=None,
                    help="--spawn: the server's processes that decode media (default: the server's, min(8, CPUs − 1))")
     t.add_argument("--api-servers", type=int_in(1, 64), default=None,
-                   help="--spawn: the server's HTTP processes in front of its engine (default: the server's, 1)")
+                   help="--spawn: the server's HTTP processes in front of its engine (default: the server's: "
+                        "glmvit.cli.serve_frontends.default_api_servers)")
     t.add_argument("--wait-s", type=float_in(0, 7200), default=0.0,
                    help="--url: seconds to keep trying a server that does not listen yet (default 0: fail at once)")
     t.add_argument("--startup-timeout", type=float_in(1, 7200), default=1800.0,
@@ -799,6 +800,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: 
     resolve_model_args(parser, args)
     if not args.url:
         check_serving_args(parser, args, args.modes)
+    if args.spawn:  # the count the child runs, passed to it and named in the record (not the server's unsaid default)
+        resolve_api_servers(args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -355,7 +355,7 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
     ``--api-servers N`` the API server processes decode, as ``glmvit serve`` runs them. Every server shares the
     session's floor."""
     from . import bench_serve, serve
-    from .common import DTYPES, resolve_model_args
+    from .common import DTYPES
     from .pixel_rows import no_room
     from .serve_app import ServerThread, default_decode_pool
     from .serve_frontends import STARTUP_TIMEOUT_S
@@ -380,14 +380,16 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
         for mode in job.modes:
             url, out, argv, client = clients[mode]
             server_argv = bench_serve.serve_argv(cargs, mode, workload)[4:]  # after: python -m glmvit serve
-            sparser = serve.build_parser()
-            sargs = sparser.parse_args(server_argv)
-            resolve_model_args(sparser, sargs)
+            _, sargs = serve.parse_args(server_argv)
             start = time.perf_counter()
             one_process = sargs.api_servers == 1  # else the API server processes decode, each with its own pool
             if not one_process and (why := no_room()):
                 raise RuntimeError(f"--api-servers {sargs.api_servers} needs a shared-memory folder: {why}")
-            served = {"api_servers": sargs.api_servers, "decode_workers": sargs.decode_workers}
+            this = {"api_servers": sargs.api_servers, "decode_workers": sargs.decode_workers}
+            if served and this != served:  # one record names one server configuration: every mode's
+                raise RuntimeError(f"[serve] {mode}: its server's processes {this} differ from the job's earlier "
+                                   f"modes' {served}")
+            served = this
             if decode is None and one_process:
                 decode = default_decode_pool(sargs.decode_workers, sargs.decode_queue, sargs.decode_timeout).start()
             model = session.model(sargs)

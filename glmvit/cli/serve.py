@@ -186,10 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 30; then it is closed)")
     h.add_argument("--max-connections", type=int_in(1, 1_000_000), default=1024,
                    help="open connections at once (default 1024, fewer if ulimit -n is lower); more: 503")
-    h.add_argument("--api-servers", type=int_in(1, 64), default=default_api_servers(),
+    h.add_argument("--api-servers", type=int_in(1, 64), default=None,
                    help="processes that run the HTTP server on the same port, each reading, parsing and decoding its "
                         "requests, in front of this one, which encodes; 1: this process alone (default: one per "
-                        "four CPUs, at most 4, here %(default)s; see glmvit.cli.serve_frontends)")
+                        "four CPUs, at most 4, 1 without a shared-memory folder: "
+                        "glmvit.cli.serve_frontends.default_api_servers)")
     h.add_argument("--shutdown-timeout", type=float_in(0, 3600), default=60.0,
                    help="seconds a drain waits for requests in flight (default 60); then they are abandoned, exit 1")
     m = parser.add_argument_group("media (multipart files, JSON content parts)")
@@ -273,11 +274,32 @@ def build_service(args: argparse.Namespace, command: str, model: GlmVisionEncode
     return service
 
 
+def resolve_api_servers(args: argparse.Namespace) -> None:
+    """``--api-servers`` left out: this machine's :func:`~glmvit.cli.serve_frontends.default_api_servers`, set in
+    place. Resolved here, after parsing, not as the parser's default: ``--help`` and a parse then read the same on
+    every host, and whoever runs a server (``serve``, the record run, ``bench-serve --spawn``) names the count it
+    ran."""
+    if args.api_servers is None:
+        args.api_servers = default_api_servers()
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """``glmvit serve``'s parser and its flags from ``argv``, every default resolved (:func:`resolve_model_args`,
+    :func:`resolve_api_servers`): the one way a server's flags are read, by ``serve`` and by the record run."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    resolve_model_args(parser, args)
+    resolve_api_servers(args)
+    return parser, args
+
+
 def serve_function(args: argparse.Namespace) -> Callable[..., Coroutine[Any, Any, bool]]:
     """The coroutine that serves a service built from ``args`` (:func:`build_service`, with ``start_decode`` False
     when ``--api-servers`` is above 1): :func:`~glmvit.cli.serve_app.run_server`, or for ``--api-servers N > 1``
     :func:`~glmvit.cli.serve_frontends.run_frontends` with the flags' decode pool split among the N processes.
-    Both take run_server's arguments (so a ``ServerThread`` runs either)."""
+    Both take run_server's arguments (so a ``ServerThread`` runs either). ``args`` come from :func:`parse_args`."""
+    if args.api_servers is None:
+        raise ValueError("--api-servers is unresolved: read the flags with glmvit.cli.serve.parse_args")
     if args.api_servers == 1:
         return run_server
     return functools.partial(run_frontends, count=args.api_servers, decode_workers=args.decode_workers,
@@ -286,9 +308,7 @@ def serve_function(args: argparse.Namespace) -> Callable[..., Coroutine[Any, Any
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    resolve_model_args(parser, args)
+    parser, args = parse_args(argv)
     check_serving_args(parser, args, [args.mode])
     try:
         check_listen(args.host, args.port)
