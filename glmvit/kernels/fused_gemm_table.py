@@ -8,13 +8,18 @@ this table (the choice depends on the A/B, not the other way round):
   instead of cuBLAS's matmul, then the attention's own rotation: ``tools/qkv_rope_ab.py``,
   ``data/sweeps/qkv_rope_ab_h200.json``.
 
-CUDA, fp16/bf16 only: on the CPU, and in float32, the model keeps transformers' arithmetic. Each rule is one row
-threshold rather than a choice per row range, so that a forward compiled with symbolic sizes guards on one
-comparison; the configuration is chosen inside the op, from the batch's real rows.
+CUDA, fp16/bf16 only: on the CPU, and in float32, the model keeps transformers' arithmetic. Hopper (sm_90) or newer
+only (:func:`measured_gpu`): the kernels are tuned for Hopper (TMA descriptors, its shared memory) and were measured on
+the H200 alone; an older GPU keeps the unfused path. Each rule is one row threshold rather than a choice per row
+range, so that a forward compiled with symbolic sizes guards on one comparison; the configuration is chosen inside
+the op, from the batch's real rows.
 """
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
+
+import torch
 
 if TYPE_CHECKING:
     from .triton_qkv_rope_gemm import QkvRopeConfig
@@ -32,14 +37,31 @@ SWIGLU_PERSISTENT_MIN_ROWS = 1024
 QKV_ROPE_MIN_ROWS: int | None = None
 
 
-def swiglu_fused(rows: int) -> bool:
-    """Whether a batch of ``rows`` rows runs the MLP's fused SwiGLU GEMM (on CUDA, in fp16/bf16)."""
-    return SWIGLU_MIN_ROWS is not None and rows >= SWIGLU_MIN_ROWS
+# The oldest GPU the fused GEMMs run on: Hopper, the one they were tuned and measured on.
+MIN_CAPABILITY = (9, 0)
 
 
-def qkv_rope_fused(rows: int) -> bool:
-    """Whether a batch of ``rows`` rows runs the attention's fused rotary qkv GEMM (on CUDA, in fp16/bf16)."""
-    return QKV_ROPE_MIN_ROWS is not None and rows >= QKV_ROPE_MIN_ROWS
+@functools.cache
+def _capability(device_index: int) -> tuple[int, int]:
+    """CUDA device ``device_index``'s compute capability, asked of the driver once per device."""
+    return torch.cuda.get_device_capability(device_index)
+
+
+@torch.compiler.assume_constant_result  # torch.compile takes the answer as a constant rather than tracing the query
+def measured_gpu(device: torch.device) -> bool:
+    """Whether CUDA ``device`` is sm_90 or newer, where the fused GEMMs may run (cached per device)."""
+    return _capability(torch.cuda.current_device() if device.index is None else device.index) >= MIN_CAPABILITY
+
+
+def swiglu_fused(rows: int, device: torch.device) -> bool:
+    """Whether a batch of ``rows`` rows on CUDA ``device`` runs the MLP's fused SwiGLU GEMM (in fp16/bf16)."""
+    return SWIGLU_MIN_ROWS is not None and rows >= SWIGLU_MIN_ROWS and measured_gpu(device)
+
+
+def qkv_rope_fused(rows: int, device: torch.device) -> bool:
+    """Whether a batch of ``rows`` rows on CUDA ``device`` runs the attention's fused rotary qkv GEMM (in
+    fp16/bf16)."""
+    return QKV_ROPE_MIN_ROWS is not None and rows >= QKV_ROPE_MIN_ROWS and measured_gpu(device)
 
 
 def swiglu_config(rows: int) -> SwigluConfig:

@@ -1,6 +1,7 @@
 """Triton kernel: the MLP's first half, silu(x · Wgᵀ) · (x · Wuᵀ), in one matmul whose epilogue is the SwiGLU.
-A candidate beside the model's path (cuBLAS ``gate_up_proj``, then a separate SwiGLU kernel); timed by
-``tools/swiglu_ab.py``; the model does not run it.
+The model runs it (``glmvit.model.SwiGLU``) on sm_90+ CUDA in fp16/bf16 from ``fused_gemm_table.SWIGLU_MIN_ROWS``
+rows on, in place of cuBLAS's ``gate_up_proj`` then a separate SwiGLU kernel; timed against that path by
+``tools/swiglu_ab.py``.
 
 Spec: ``swiglu_linear_triton(x, weight, config)`` with x (M, K) and ``weight`` (2·H, K) laid out as
 ``glmvit.model.fuse_gate_up`` makes it (gate rows 0 … H−1, then up rows H … 2H−1, each row one output column):
