@@ -47,10 +47,15 @@ def _capability(device_index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device_index)
 
 
-@torch.compiler.assume_constant_result  # torch.compile takes the answer as a constant rather than tracing the query
 def measured_gpu(device: torch.device) -> bool:
-    """Whether CUDA ``device`` is sm_90 or newer, where the fused GEMMs may run (cached per device)."""
+    """Whether CUDA ``device`` is sm_90 or newer, where the fused GEMMs may run (cached per device). torch.compile
+    takes the answer as a constant rather than tracing the query."""
     return _capability(torch.cuda.current_device() if device.index is None else device.index) >= MIN_CAPABILITY
+
+
+# What torch.compiler.assume_constant_result(measured_gpu) sets, set here without importing torch._dynamo, which
+# the HTTP client's imports of the model do not load (tests/test_kernel_tables.py checks the two agree).
+measured_gpu._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def swiglu_fused(rows: int, device: torch.device) -> bool:
