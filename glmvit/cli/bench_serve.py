@@ -699,7 +699,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--modes", default=None, help=f"with --spawn / --in-process: comma list of {', '.join(MODES)} "
                    "(default graph)")
     t.add_argument("--decode-workers", type=int_in(1, 256), default=None,
-                   help="--spawn: the server's processes that decode media (default: the server's, min(8, CPUs − 1))")
+                   help="--spawn: the server's processes that decode media (default: the server's: "
+                        "glmvit.cli.serve_app.default_decode_workers)")
     t.add_argument("--api-servers", type=int_in(1, 64), default=None,
                    help="--spawn: the server's HTTP processes in front of its engine (default: the server's: "
                         "glmvit.cli.serve_frontends.default_api_servers)")
