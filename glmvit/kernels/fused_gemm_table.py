@@ -72,12 +72,17 @@ def qkv_rope_fused(rows: int, device: torch.device) -> bool:
 def swiglu_config(rows: int) -> SwigluConfig:
     """The fused SwiGLU GEMM's configuration for a batch of ``rows`` rows: 64×128 tiles with 4 warps below
     ``SWIGLU_PERSISTENT_MIN_ROWS`` (more tiles for the multiprocessors when rows are few), else 128×128 tiles in a
-    persistent grid (tutorial 09's: one program per multiprocessor walking the tiles)."""
-    from .triton_swiglu_gemm import SwigluConfig
+    persistent grid (tutorial 09's: one program per multiprocessor walking the tiles). Built once: the op asks on
+    every call."""
+    small, persistent = _swiglu_configs()
+    return small if rows < SWIGLU_PERSISTENT_MIN_ROWS else persistent
 
-    if rows < SWIGLU_PERSISTENT_MIN_ROWS:
-        return SwigluConfig(64, 128, 64, 4, 4)
-    return SwigluConfig(128, 128, 64, 8, 3, persistent=True)
+
+@functools.cache
+def _swiglu_configs() -> tuple[SwigluConfig, SwigluConfig]:
+    from .triton_swiglu_gemm import SwigluConfig  # the kernel module imports Triton: on first use only
+
+    return SwigluConfig(64, 128, 64, 4, 4), SwigluConfig(128, 128, 64, 8, 3, persistent=True)
 
 
 def qkv_rope_config(rows: int) -> QkvRopeConfig:
