@@ -19,7 +19,8 @@ from glmvit.recorded import load_latency_table, recorded_table
 from glmvit.records import BenchRecord, LatencySweep, Record, find, load, load_any, record_files, staleness
 
 pytestmark = pytest.mark.records
-BENCH = Path(__file__).resolve().parents[1] / "data" / "bench"
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "data" / "bench"
 
 
 def current(record: Record, path: Path) -> None:
@@ -34,21 +35,29 @@ def test_every_record_reads_as_its_type(path):
     assert record.provenance.command and record.provenance.date_utc
 
 
-def test_the_current_results_are_one_record_run_per_group_they_are_read_in():
-    """The results read side by side were made by one `python -m glmvit record` run (one machine, one code): every
-    current benchmark record (the README and the notebooks set them against each other), and each notebook's own
-    records. A notebook whose records stayed current is not re-run, so two notebooks may come from two runs. An ncu
+def test_the_current_results_read_side_by_side_are_one_code_on_one_gpu_and_name_their_runs():
+    """The results read side by side (every benchmark record, which the README and the notebooks set against each
+    other, and each notebook's own records) were measured at the code here, on one GPU model, by record runs the
+    README names: one `python -m glmvit record` run, or one and the later run that re-measured what it left stale or
+    failed (`record` without `--force`). Every record names its run and commit, so two runs read as two. An ncu
     profile is a group of its own: it is read for counters (fractions of peak, stall reasons), whose kernels ran alone
     under Nsight Compute, and no time of it is set against a benchmark's."""
-    groups: dict[str, set] = {}
+    readme = (REPO / "README.md").read_text()
+    groups: dict[str, dict[str, set]] = {}
     for path in record_files():
         record = load_any(path)
-        if record.kind != "tune" and not staleness(record):
+        if record.kind != "tune" and not staleness(record):  # current: measured at the code here
             group = record.kind if record.kind == "ncu" else "bench" if path.parent.name == "bench" else \
                 path.name.split("_")[0]
-            groups.setdefault(group, set()).add(record.record_run)
-    for group, runs in groups.items():
-        assert len(runs - {None}) <= 1 and (None not in runs or len(runs) == 1), (group, runs)
+            runs = groups.setdefault(group, {"runs": set(), "gpus": set()})
+            runs["runs"].add(record.record_run)
+            runs["gpus"].add(record.provenance.gpu)
+    for group, seen in groups.items():
+        assert len(seen["gpus"]) == 1, (group, seen["gpus"])
+        assert None not in seen["runs"] or len(seen["runs"]) == 1, (group, seen["runs"])
+        if group == "ncu":
+            assert len(seen["runs"]) == 1, seen["runs"]
+        assert all(run is None or run in readme for run in seen["runs"]), (group, seen["runs"])
 
 
 @pytest.mark.parametrize("path", sorted(BENCH.glob("mixed_*_h200.json")), ids=lambda p: p.name)

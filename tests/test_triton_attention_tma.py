@@ -228,11 +228,29 @@ def test_each_configuration_compiles_for_hopper_as_intended(name):
         assert report["shared_bytes"] <= H200_SHARED_PER_BLOCK
 
 
+GPU_HEADS, GPU_HEAD_DIM = 12, 128
+
+
+def _gpu_case(layout="mixed"):
+    """One of the readable kernel's GPU layouts in bf16, 512 padding rows and spare segment slots: qkv, cos, sin,
+    its metadata, the real rows, and the rotated scratch ``rotate_qk_triton`` writes."""
+    from test_triton_attention import GPU_LAYOUTS
+
+    from glmvit.kernels.triton_attention import rotate_qk_triton
+    from glmvit.metadata import BatchShape
+
+    grids = GPU_LAYOUTS[layout]
+    rows = sum(t * h * w for t, h, w in grids)
+    qkv, cos, sin, meta = case(grids, BatchShape(rows + 512, len(grids) * 8 + 4, rows + 512), GPU_HEADS,
+                               GPU_HEAD_DIM, torch.bfloat16, "cuda")
+    return qkv, cos, sin, meta, meta.host.num_rows, rotate_qk_triton(qkv, cos, sin, meta.cu_seqlens, GPU_HEADS)
+
+
 def _gpu_attend(qkv, scratch, cu, config, out=None):
     """The kernel on the GPU, 12 heads."""
     from glmvit.kernels.triton_attention_tma import attend_prerotated_tma
 
-    return attend_prerotated_tma(qkv, scratch, cu, 12, config, out)
+    return attend_prerotated_tma(qkv, scratch, cu, GPU_HEADS, config, out)
 
 
 @pytest.mark.gpu
@@ -241,22 +259,13 @@ def _gpu_attend(qkv, scratch, cu, config, out=None):
 def test_gpu_bf16_within_rounding_of_float32_reference(layout, name):
     """bf16 on the GPU: the readable kernel's band (tests/test_triton_attention.py: 2⁻⁶·max|v| against a float32
     reference on the same rotated inputs), on its layouts with 512 padding rows and spare segment slots."""
-    from test_triton_attention import GPU_LAYOUTS
-
     from glmvit.attention import attend
-    from glmvit.kernels.triton_attention import rotate_qk_triton
-    from glmvit.metadata import BatchShape
     from glmvit.rotary import apply_rotary
 
-    heads, head_dim = 12, 128
-    grids = GPU_LAYOUTS[layout]
-    rows = sum(t * h * w for t, h, w in grids)
-    qkv, cos, sin, meta = case(grids, BatchShape(rows + 512, len(grids) * 8 + 4, rows + 512), heads, head_dim,
-                               torch.bfloat16, "cuda")
-    n = meta.host.num_rows
+    heads, head_dim = GPU_HEADS, GPU_HEAD_DIM
+    qkv, cos, sin, meta, n, scratch = _gpu_case(layout)
     q, k, v = qkv.view(-1, 3, heads, head_dim).unbind(1)
     ref = attend(apply_rotary(q, cos, sin).float(), apply_rotary(k, cos, sin).float(), v.float(), meta, "segments")
-    scratch = rotate_qk_triton(qkv, cos, sin, meta.cu_seqlens, heads)
     out = torch.full((qkv.shape[0], heads * head_dim), 7.0, dtype=qkv.dtype, device="cuda")
     got = _gpu_attend(qkv, scratch, meta.cu_seqlens, GPU_CONFIGS[name], out)
     band = 2**-6 * v[:n].float().abs().max().item()
@@ -270,19 +279,9 @@ def test_gpu_nan_stays_in_its_segment(name):
     """On the hardware's own tensor-memory loads: NaN in the first row of every other segment's v (inside the tail
     key block of the short segment before it) and in every padding row of qkv and the scratch leaves each segment
     bitwise as it was."""
-    from test_triton_attention import GPU_LAYOUTS
-
-    from glmvit.kernels.triton_attention import rotate_qk_triton
-    from glmvit.metadata import BatchShape
-
-    heads, head_dim = 12, 128
-    grids = GPU_LAYOUTS["mixed"]
-    rows = sum(t * h * w for t, h, w in grids)
-    qkv, cos, sin, meta = case(grids, BatchShape(rows + 512, len(grids) * 8 + 4, rows + 512), heads, head_dim,
-                               torch.bfloat16, "cuda")
-    n = meta.host.num_rows
+    qkv, _, _, meta, n, scratch = _gpu_case()
+    heads, head_dim = GPU_HEADS, GPU_HEAD_DIM
     cu = meta.cu_seqlens.tolist()
-    scratch = rotate_qk_triton(qkv, cos, sin, meta.cu_seqlens, heads)
     clean = _gpu_attend(qkv, scratch, meta.cu_seqlens, GPU_CONFIGS[name])[:n].clone()
     segments = [(a, b) for a, b in zip(cu[:-1], cu[1:], strict=True) if b > a]
     for parity in (0, 1):  # poison segments 1, 3, … and check 0, 2, …; then the other way round
@@ -301,20 +300,9 @@ def test_gpu_nan_stays_in_its_segment(name):
 def _rotated_case(name):
     """The mixed layout on the GPU: qkv, the same qkv with q and k rotated in place, cu_seqlens, the real rows, and
     the output through the scratch (the expected bits)."""
-    from test_triton_attention import GPU_LAYOUTS
-
-    from glmvit.kernels.triton_attention import rotate_qk_triton
-    from glmvit.metadata import BatchShape
-
-    heads, head_dim = 12, 128
-    grids = GPU_LAYOUTS["mixed"]
-    rows = sum(t * h * w for t, h, w in grids)
-    qkv, cos, sin, meta = case(grids, BatchShape(rows + 512, len(grids) * 8 + 4, rows + 512), heads, head_dim,
-                               torch.bfloat16, "cuda")
-    n = meta.host.num_rows
-    scratch = rotate_qk_triton(qkv, cos, sin, meta.cu_seqlens, heads)
+    qkv, _, _, meta, n, scratch = _gpu_case()
     rotated = qkv.clone()
-    rotated[:, :2 * heads * head_dim] = scratch
+    rotated[:, :2 * GPU_HEADS * GPU_HEAD_DIM] = scratch
     return qkv, scratch, rotated, meta.cu_seqlens, n, _gpu_attend(qkv, scratch, meta.cu_seqlens, GPU_CONFIGS[name])[:n]
 
 
