@@ -214,7 +214,8 @@ def seed_lines() -> list[str]:
 
 
 # every bench-serve job's record
-SERVE_RECORDS = ("serve_video8x224", "serve_video8x224_one_process", "serve_video8x224_sweep", "serve_mixed_av")
+SERVE_RECORDS = ("serve_video8x224", "serve_video8x224_one_process", "serve_video8x224_in_process",
+                 "serve_video8x224_sweep", "serve_mixed_av")
 
 
 def serve_lines() -> list[str]:

@@ -53,7 +53,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -85,6 +85,9 @@ from .common import (
 )
 from .media_files import data_url, encode_clip, encode_image, mp4_available
 from .serve import MODES, add_serving_args, check_serving_args, make_scheduler, measure_floor, resolve_api_servers
+
+if TYPE_CHECKING:
+    from .session import Session
 
 MAX_PROMPTS = 100_000
 MIN_RATE = 0.01  # requests per second: one every 100 s; slower, 100 prompts would take hours
@@ -657,13 +660,17 @@ async def bench_http(url: str, workload: Workload, args: argparse.Namespace, rec
         record["runs"] += await run_rates(target, workload, args, mode, floor["items_per_s"] if floor else None)
 
 
-async def bench_in_process(workload: Workload, args: argparse.Namespace, record: dict[str, Any]) -> None:
-    model = model_from_args(args)
+async def bench_in_process(workload: Workload, args: argparse.Namespace, record: dict[str, Any],
+                           session: Session | None = None) -> None:
+    """Each mode's scheduler driven in this process (no HTTP); a ``session`` (a record run) lends its tower, its
+    measured floor and the runners earlier jobs captured."""
+    model = model_from_args(args) if session is None else session.model(args)
     attention = model.attention_backend(args.attn_backend)  # a clear error if it cannot run here
-    floor = measure_floor(model)
+    floor = measure_floor(model, None if session is None else session.floor(model.device, model.dtype, None))
     health = {"vision_config": vars(model.config), "floor": floor}
     for mode in args.modes:
-        scheduler, runner = make_scheduler(model, mode, _queue_args(args, workload), attention=attention)
+        scheduler, runner = make_scheduler(model, mode, _queue_args(args, workload), attention=attention,
+                                           session=session)
         label = scheduler.mode
         record["servers"][label] = {"mode": label, "attn_backend": scheduler.encoder.attention,
                                     "limits": scheduler.stats()["limits"],
@@ -805,7 +812,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: 
         resolve_api_servers(args)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, session: Session | None = None) -> int:
+    """The command; with ``--in-process``, a ``session`` (a record run) lends its tower, floor and runners."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -851,7 +859,7 @@ def main(argv: list[str] | None = None) -> int:
                 assert server.url is not None
                 asyncio.run(bench_http(server.url, workload, args, record))
     else:
-        asyncio.run(bench_in_process(workload, args, record))
+        asyncio.run(bench_in_process(workload, args, record, session))
     provenance = bench_provenance(record, args, command)
     fingerprint = fingerprint_now()  # this process's code, and each server's (it measured theirs)
     for server in record["servers"].values():

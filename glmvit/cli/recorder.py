@@ -93,6 +93,15 @@ def _serve(name: str, workload: str, prompts: int, rates: str, modes: tuple[str,
                (out,), estimate, modes, shares="serve")
 
 
+def _serve_in_process(name: str, workload: str, prompts: int, estimate: float) -> Job:
+    # the same load as a serve job, graph-compiled, with no HTTP and no decoding: what the scheduler and the encoder
+    # alone sustain (bench-serve --in-process), on the session's tower and the runner the serve jobs captured
+    out = f"bench/{name}_h200.json"
+    return Job(name, "measure", "bench-serve", ("--in-process", "--workload", workload, "--num-prompts", str(prompts),
+                                                "--request-rate", "inf", "--response-dtype", "model", "--json",
+                                                f"data/{out}"), (out,), estimate, ("graph-compiled",), shares="serve")
+
+
 # its capture fails on purpose, which leaves the CUDA generator in capture mode: nothing may run after it
 LAST_IN_PHASE = ("03_host_syncs",)
 
@@ -143,6 +152,8 @@ STATIC_JOBS: tuple[Job, ...] = (  # in the order each phase runs them
     # where the unloaded spread is the server's, not the items' sizes' (mixed-av's unloaded P99 is several times its
     # median). A job of its own: a job's rates apply to every mode, and eager needs no sweep; 200 requests keep it
     # short (at ~235 req/s saturated: under a second, 20 % ≈ 4 s, 50 % ≈ 2 s)
+    # the same load with no HTTP (the scheduler driven in this process): the serving target's in-process half
+    _serve_in_process("serve_video8x224_in_process", "video8x224", 400, 8),
     _serve("serve_video8x224_sweep", "video8x224", 200, "inf,20%,50%", ("graph-compiled",), 22),
     # latency against throughput on mixed traffic, graph-compiled: all at once (saturation), then Poisson arrivals
     # at shares of the rate that achieved
@@ -353,12 +364,18 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
     each waits for its own server to listen before it sends anything, so a later mode's server never waits for its
     client to start. One-process servers share one decode pool (its processes import torch: seconds each); with
     ``--api-servers N`` the API server processes decode, as ``glmvit serve`` runs them. Every server shares the
-    session's floor."""
+    session's floor. A job with ``--in-process`` starts no server: ``bench-serve --in-process`` drives the scheduler
+    in this process, on the session's tower, floor and runners, and writes the record itself."""
     from . import bench_serve, serve
     from .common import DTYPES
     from .pixel_rows import no_room
     from .serve_app import ServerThread, default_decode_pool
     from .serve_frontends import STARTUP_TIMEOUT_S
+
+    if "--in-process" in job.argv:  # no server: the scheduler in this process, on the session's tower and runners
+        if bench_serve.main([*job.argv, "--modes", ",".join(job.modes)], session) != 0:
+            raise RuntimeError(f"[serve] {job.name}: bench-serve --in-process exited non-zero")
+        return
 
     parser = bench_serve.build_parser()
     spawn_argv = [*job.argv, "--spawn", "--modes", ",".join(job.modes)]

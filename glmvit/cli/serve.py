@@ -153,11 +153,13 @@ def make_scheduler(model: GlmVisionEncoder, mode: RunMode | str, args: argparse.
     return scheduler, encoder if isinstance(encoder, EncoderGraphRunner) else None
 
 
-def measure_floor(model: GlmVisionEncoder) -> dict[str, Any]:
-    """The measured matmul rate and copy bandwidth on the model's device (glmvit.floor), and its weight bytes."""
-    return {"matmul_tflops": measure_matmul_tflops(model.device, model.dtype),
-            "matmul_dtype": str(model.dtype).removeprefix("torch."),
-            "copy_gbps": measure_copy_bandwidth(model.device), "weight_bytes": weight_bytes(model)}
+def measure_floor(model: GlmVisionEncoder, measured: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The matmul rate and copy bandwidth on the model's device (glmvit.floor), and its weight bytes: ``measured``'s
+    rates (matmul_tflops and copy_gbps, on this device and dtype) where a caller has them, else measured here."""
+    rates = measured or {"matmul_tflops": measure_matmul_tflops(model.device, model.dtype),
+                         "copy_gbps": measure_copy_bandwidth(model.device)}
+    return {"matmul_tflops": rates["matmul_tflops"], "matmul_dtype": str(model.dtype).removeprefix("torch."),
+            "copy_gbps": rates["copy_gbps"], "weight_bytes": weight_bytes(model)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -252,8 +254,7 @@ def build_service(args: argparse.Namespace, command: str, model: GlmVisionEncode
                                        session=session)
     source = session.source_of(runner) if session is not None and runner is not None else None
     extra = {"attn_backend": scheduler.encoder.attention,
-             "floor": None if not args.measure_floor else measure_floor(model) if floor is None else {
-                 **floor, "matmul_dtype": str(model.dtype).removeprefix("torch."), "weight_bytes": weight_bytes(model)},
+             "floor": measure_floor(model, floor) if args.measure_floor else None,
              "capture": {str(k): v.as_dict() for k, v in runner.captures.items()} if runner else None,
              "capture_failed": {str(k): v for k, v in runner.failed.items()} if runner else None,
              "routing": (runner.latency_table.describe() if runner.latency_table else "off: no recorded table for "
