@@ -66,3 +66,28 @@ def interpolate_pos_embed_torch(table, h_idx, w_idx, target_h, target_w, mode: s
             acc = acc + t[r + cols[j]] * wx[j][:, None]
         out = out + acc * wy[i][:, None]
     return out.to(table.dtype)
+
+
+def vllm_bilinear(table: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """vLLM's bilinear resampling of a (G·G, D) position table to an h × w grid: (h·w, D) rows in raster order.
+
+    The arithmetic of ``fast_pos_embed_interpolate`` in ``vllm/model_executor/models/qwen3_vl.py`` (vllm-project/vllm
+    at 4f5768c74b6f; in the PR's fork grYe99/vllm at 311c7e6b534e the same steps as ``pos_embed_interpolate_native``
+    and its Triton twin): **corner-aligned** coordinates ``linspace(0, G − 1, n)`` (the first and last patch sit on
+    the table's edge cells), taps ``floor`` and ``min(floor + 1, G − 1)``, float32 weights w11 = dh·dw, w10 = dh − w11,
+    w01 = dw − w11, w00 = 1 − dh − w01, rounded to the table's dtype; the four products are summed in that dtype.
+    vLLM then reorders the rows into spatial-merge blocks and repeats them t times; this keeps raster order.
+    """
+    grid = int(round(table.shape[0] ** 0.5))
+    ys = torch.linspace(0, grid - 1, h, dtype=torch.float32, device=table.device)
+    xs = torch.linspace(0, grid - 1, w, dtype=torch.float32, device=table.device)
+    y0, x0 = ys.long(), xs.long()
+    y1, x1 = (y0 + 1).clamp(max=grid - 1), (x0 + 1).clamp(max=grid - 1)
+    dh, dw = torch.meshgrid(ys - y0, xs - x0, indexing="ij")
+    w11 = dh * dw
+    w10, w01 = dh - w11, dw - w11
+    w00 = 1 - dh - w01
+    top, bottom = (y0 * grid)[:, None], (y1 * grid)[:, None]
+    index = torch.stack([top + x0, top + x1, bottom + x0, bottom + x1]).reshape(4, -1)
+    weights = torch.stack([w00, w01, w10, w11]).reshape(4, -1, 1).to(table.dtype)
+    return (table[index] * weights).sum(0)

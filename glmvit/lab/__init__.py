@@ -8,9 +8,9 @@ process, so no timing is taken in a function that profiles, and a recorder runs 
 
 The CPU code a notebook shows rather than inlines lives here too, one module per concept: the tape (``tape``), the
 staging race and the two-thread interleaving (``staging``, ``threads``), the frame-sampling oracle
-(``frame_oracle``), the seed's published numbers (``seed``), a benchmark record's rebuilt batches
-(``bench_reading``), the data-parallel runs (``data_parallel``, ``dp_checks``, ``dp_hang``) and the serving pieces
-(``serving``).
+(``frame_oracle``), the seed's published numbers (``seed``), a benchmark record's tables, figures and rebuilt
+batches (``bench_reading``), the kernel records' readings (``kernel_views``), the data-parallel runs
+(``data_parallel``, ``dp_checks``, ``dp_hang``) and the serving pieces (``serving``).
 """
 from __future__ import annotations
 
@@ -44,8 +44,6 @@ def _registry() -> dict[str, LabResult]:
         LabResult("02_interp_kernels", interpolation.interp_kernels, profiles=True),
         LabResult("03_capture_basics", cuda_graphs.graph_basics, profiles=False),
         LabResult("03_pools", cuda_graphs.pool_strategies, profiles=False),
-        LabResult("03_launch_times", cuda_graphs.launch_times, profiles=False),
-        LabResult("03_launch_timeline", cuda_graphs.launch_timeline, profiles=True),
         LabResult("03_host_syncs", cuda_graphs.host_syncs_on_gpu, profiles=False),
         LabResult("04_sync_checks", static_forward.sync_checks, profiles=False),
         LabResult("04_capture_on_a_replay_b", static_forward.capture_on_a_replay_b, profiles=False),

@@ -348,3 +348,117 @@ def tower_timeline() -> dict[str, Any]:
     GPU work on a timeline. Nothing timed here (:func:`tower_times` times them with no profiler attached)."""
     eager, run, _ = _tower_calls()
     return {label: profile_once(fn, label) for label, fn in (("eager", eager), ("run", run))}
+
+
+# ---- notebook 06's CPU helpers: comparisons, printed lines and figures (no GPU work) ----
+
+def fp32_close(got: torch.Tensor, ref: torch.Tensor) -> bool:
+    """max |got − ref| ≤ 1e-4 · max(1, max |ref|). float32 rounds each operation by ≤ 2⁻²⁴ ≈ 6e-8 and another batch
+    shape differs by a few such roundings per operation, far below 1e-4 over a tiny tower; a wrong layout or a stale
+    buffer is off by O(1)."""
+    return (got - ref).abs().max().item() <= 1e-4 * max(1.0, ref.abs().max().item())
+
+
+@torch.no_grad()
+def eager_items(model: Any, pixels: torch.Tensor, grid: Any) -> list[torch.Tensor]:
+    """``model.forward`` on each item of a packed batch alone: the per-item eager answer a runner is checked against."""
+    grid = torch.as_tensor(np.asarray(grid), dtype=torch.long).reshape(-1, 3)
+    return [model(rows, grid[i : i + 1]) for i, rows in enumerate(_items(pixels, grid))]
+
+
+def refusals(runners: dict[str, Any], pixels: torch.Tensor, grid: Any) -> dict[str, str | None]:
+    """``runner.run(pixels, grid)`` for each named runner: the ValueError's message where it refused, else None."""
+    out: dict[str, str | None] = {}
+    for name, runner in runners.items():
+        try:
+            runner.run(pixels, grid)
+            out[name] = None
+        except ValueError as err:
+            out[name] = str(err)
+    return out
+
+
+def plot_staging(serve: Callable[..., Any], batches: list[Any], cases: list[tuple[int, bool]]) -> Any:
+    """One lane chart per ``(buffers, guard)`` case of ``serve(batches, buffers, guard)``: host writes above, stream
+    reads below, green where a replay saw its own batch's metadata, red where it saw another's. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(cases), 1, figsize=(10, 1.55 * len(cases)), sharex=True, squeeze=False)
+    for ax, (buffers, guard) in zip(axes[:, 0], cases, strict=True):
+        seen, log, waits = serve(batches, buffers, guard)
+        for x, (lane, k, value, what) in enumerate(log):
+            y = 1 if lane == "host" else 0
+            colour = "C0" if lane == "host" else ("C2" if value == k + 1 else "C3")
+            ax.add_patch(plt.Rectangle((x + 0.05, y + 0.1), 0.9, 0.8, color=colour))
+            ax.text(x + 0.5, y + 0.5, f"batch {k + 1}\n{what} {value}", ha="center", va="center", fontsize=6.5,
+                    color="white")
+        ax.set_xlim(0, len(log))
+        ax.set_ylim(0, 2)
+        ax.set_yticks([0.5, 1.5], ["stream", "host"])
+        ax.set_title(f"{buffers} staging buffer{'s' if buffers > 1 else ''}, {'with' if guard else 'without'} the "
+                     f"guard: the replays saw {[v[0] for v in seen]}; the host waited {waits}×", fontsize=9)
+    axes[-1, 0].set_xlabel("order in which things happen (green: the batch's own metadata, red: another batch's)")
+    fig.tight_layout()
+    return fig
+
+
+def staging_lines(staged: dict[str, Any]) -> list[str]:
+    """The ``06_staging_double`` record as lines: each request's batches as ``runner.plan`` packed them, then per
+    case the host's time in ``run()`` and which items came out correct."""
+    lines = [f"{name}-batch request: " + "; ".join(f"items {s['items']} → budget {s['budget']}" for s in plan)
+             for name, plan in staged["plans"].items()]
+    for key in ("three_with_events", "three_without_events", "two_with_two_buffers", "two_with_one_buffer"):
+        r = staged[key]
+        extra = (f"; batch 1 saw batch 3's metadata: {r['first_batch_is_the_signature']}"
+                 if "first_batch_is_the_signature" in r else "")
+        lines.append(f"{key:<21}: host {r['host_ms']:6.1f} ms in run(); items correct {r['items_correct']}{extra}")
+    return lines
+
+
+def bf16_ulp(scale: float) -> float:
+    """Spacing of bf16 numbers at magnitude ``scale``: 2^(floor(log2 scale) − 7) (8 significant bits)."""
+    return float(2.0 ** (np.floor(np.log2(scale)) - 7))
+
+
+def item_bound(item: dict[str, Any]) -> float:
+    """A bf16 runner's allowance on one item of the ``06_hand_vs_runner`` record: 3E + 1 ulp at the item's scale,
+    E = max |eager − fp32| on that item (a runner at most twice as wrong as eager is within 3E of eager)."""
+    return 3 * item["eager_vs_fp32"] + bf16_ulp(item["scale"])
+
+
+def graph_launch(lane: dict[str, Any]) -> tuple[float, float, str]:
+    """The one ``cudaGraphLaunch`` host call of a profiled lane of ``06_timeline_launch``: (start µs, µs, name).
+    Raises ValueError unless there is exactly one."""
+    found = [tuple(h) for h in lane["host"] if h[2].startswith("cudaGraphLaunch")]
+    if len(found) != 1:
+        raise ValueError(f"expected one cudaGraphLaunch in the lane, found {len(found)}")
+    start, us, name = found[0]
+    return float(start), float(us), str(name)
+
+
+def plot_tower_timeline(timeline: dict[str, Any], times: dict[str, Any]) -> Any:
+    """Two lanes per call (host CUDA calls above, GPU kernels and copies below) for the ``eager`` and ``run`` entries
+    of ``06_timeline_launch``, ``cudaGraphLaunch`` in red; titles give ``06_timeline_times``' median wall time.
+    Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 1, figsize=(10, 4.2))
+    for ax, label in zip(axes, ("eager", "run"), strict=True):
+        r = timeline[label]
+        for s, d, name in r["host"]:
+            launch = name.startswith("cudaGraphLaunch")
+            ax.broken_barh([(s / 1e3, d / 1e3)], (1.1, 0.8), color="C3" if launch else "C1")
+            if launch:
+                ax.annotate(f"{name}: {d:.0f} µs", (s / 1e3 + d / 2e3, 1.95), ha="center", va="bottom", fontsize=8,
+                            color="C3")
+        ax.broken_barh([(s / 1e3, d / 1e3) for s, d, _ in r["gpu"]], (0.1, 0.8), color="C0")
+        ax.set_yticks([0.5, 1.5], ["GPU kernels, copies", "host CUDA calls"])
+        ax.set_ylim(0, 2.4)
+        busy = sum(d for _, d, _ in r["gpu"]) / 1e3
+        ax.set_title(f"{'model.forward' if label == 'eager' else 'runner.run'}: {len(r['host'])} host calls, "
+                     f"{len(r['gpu'])} kernels and copies ({busy:.2f} ms busy); "
+                     f"{times[label]['wall_ms_median']:.2f} ms per call (median of 50, no profiler)", fontsize=9)
+        ax.set_xlabel("ms from the start of the call, under the profiler")
+    fig.suptitle("full GLM-4.1V tower, bf16, one 224² image", fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -3,13 +3,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import numpy as np
 import torch
 from torch import nn
 
-from ..profiling import traced_spans
 from ..testing import forbid_host_syncs
-from ..timing import time_calls
 
 
 class TinyMLP(nn.Module):
@@ -207,95 +204,6 @@ def pool_strategies() -> dict[str, Any]:
     return result
 
 
-def _timeline_model() -> tuple[TinyMLP, torch.Tensor, torch.cuda.CUDAGraph]:
-    """Notebook 03 section 8's model: TinyMLP(256, depth 8) on 64 rows, warmed up, and its captured graph."""
-    dev = torch.device("cuda")
-    net = TinyMLP(width=256, depth=8).to(dev).eval()
-    static_x = torch.randn(64, 256, device=dev)
-    side = None
-    for _ in range(3):
-        side = _warm_up(net, static_x, stream=side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.no_grad(), torch.cuda.graph(graph, stream=side):
-        net(static_x)
-    return net, static_x, graph
-
-
-def _span_us(fn: Callable[[], Any], calls: int = 50) -> float:
-    """GPU time from an event before one call to an event after it (median): the GPU idle, so the start is now."""
-    spans = []
-    for _ in range(calls):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        spans.append(1e3 * start.elapsed_time(end))
-    return float(np.median(spans))
-
-
-def _layer_ends_us(net: TinyMLP, static_x: torch.Tensor, calls: int = 50) -> list[float]:
-    """The eager forward written out, with an event after each layer: µs from the start event (median)."""
-    ends = []
-    for _ in range(calls):
-        start = torch.cuda.Event(enable_timing=True)
-        marks = [torch.cuda.Event(enable_timing=True) for _ in net.layers]
-        torch.cuda.synchronize()
-        start.record()
-        with torch.no_grad():
-            x = static_x
-            for layer, mark in zip(net.layers, marks, strict=True):
-                x = torch.relu(layer(x))
-                mark.record()
-        torch.cuda.synchronize()
-        ends.append([1e3 * start.elapsed_time(mark) for mark in marks])
-    return np.median(np.array(ends), axis=0).tolist()
-
-
-def launch_times() -> dict[str, Any]:
-    """One forward of TinyMLP(256, depth 8) on 64 rows, eager and replayed, timed with no profiler: the wall time of
-    200 synchronised calls, CUDA events around one call, and after each layer of an eager one."""
-    net, static_x, graph = _timeline_model()
-
-    def eager():
-        with torch.no_grad():
-            net(static_x)
-
-    result: dict[str, Any] = {"width": 256, "depth": 8, "rows": 64}
-    for label, fn in (("eager", eager), ("replay", graph.replay)):
-        wall = time_calls(fn, static_x.device, runs=200, warmup=10)
-        result[label] = {"wall_us_median": 1e3 * float(np.median(wall)), "span_us": _span_us(fn)}
-    result["eager"]["layer_end_us"] = _layer_ends_us(net, static_x)
-    return result
-
-
-def _profiled_lanes(fn: Callable[[], Any]) -> dict[str, list]:
-    """Host CUDA API calls and GPU kernels of one call under torch.profiler, as [name, start_us, dur_us] rows from
-    its first CUDA call."""
-    spans = traced_spans(fn, warmup=5)
-    host = [e for e in spans if e.get("cat") in ("cuda_runtime", "cuda_driver") and "Synchronize" not in e["name"]]
-    gpu = [e for e in spans if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    t0 = min(e["ts"] for e in host)
-    return {lane: sorted([e["name"][:60], round(e["ts"] - t0, 3), round(e["dur"], 3)] for e in events)
-            for lane, events in (("host", host), ("gpu", gpu))}
-
-
-def launch_timeline() -> dict[str, Any]:
-    """The same forward as :func:`launch_times`, eager and replayed, under torch.profiler (CPU and CUDA activity):
-    what runs where. No timing here: the profiler slows what it watches, and launches after it."""
-    net, static_x, graph = _timeline_model()
-
-    def eager():
-        with torch.no_grad():
-            net(static_x)
-
-    result: dict[str, Any] = {"width": 256, "depth": 8, "rows": 64}
-    for label, fn in (("eager", eager), ("replay", graph.replay)):
-        result[label] = _profiled_lanes(fn)
-    return result
-
-
 def _raises_under(guard: Callable[[], Any], fn: Callable[[], Any]) -> bool:
     try:
         with guard():
@@ -339,3 +247,102 @@ def host_syncs_on_gpu() -> dict[str, Any]:
         result["forbid_host_syncs"][name] = _raises_under(forbid_host_syncs, fn)
     result["capture"] = _failed_capture()
     return result
+
+
+# ---- notebook 03's CPU views: the tape's listing and memory, the verdict table, the pool pictures ----
+
+
+def tape_listing(tape: Any, names: dict[int, str]) -> list[str]:
+    """One line per taped operator: what it read and wrote, tensors named by ``names`` (``data_ptr() → name``, for
+    the inputs and weights). An output at a named address is a view ("nothing"); any other gets the name ``t{i}``,
+    added to ``names``."""
+    lines = []
+    for i, (func, args, _kwargs, out) in enumerate(tape.ops):
+        reads = ", ".join(names.get(a.data_ptr(), "?") for a in args if isinstance(a, torch.Tensor))
+        if out.data_ptr() in names:
+            writes = f"nothing: a view of {names[out.data_ptr()]}"
+        else:
+            writes = names[out.data_ptr()] = f"t{i}"
+        lines.append(f"{i:>2}  {str(func):<18} reads {reads:<34} writes {writes}")
+    return lines
+
+
+def capture_allocations(tape: Any, outside: set[int]) -> dict[int, int]:
+    """The tensors the capture created (``data_ptr() → bytes``): every taped output at an address not in ``outside``
+    (the inputs' and weights'; a view of a weight shares its address and makes nothing)."""
+    return {out.data_ptr(): out.numel() * out.element_size() for _f, _a, _k, out in tape.ops
+            if out.data_ptr() not in outside}
+
+
+def peak_alive(tape: Any, outside: set[int]) -> int:
+    """Most tensors the capture created that are alive at once: one lives from the op that makes it to the last op
+    that reads it; the output lives on past the capture."""
+    from torch.utils._pytree import tree_leaves
+
+    made: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i, (_func, args, kwargs, out) in enumerate(tape.ops):
+        for a in tree_leaves((args, kwargs)):
+            if isinstance(a, torch.Tensor) and a.data_ptr() in made:
+                last[a.data_ptr()] = i
+        if out.data_ptr() not in outside and out.data_ptr() not in made:
+            made[out.data_ptr()] = i
+    end = len(tape.ops)
+    last[tape.ops[-1][3].data_ptr()] = end
+    return max(sum(made[p] <= i <= last.get(p, made[p]) for p in made) for i in range(end + 1))
+
+
+def raises_under(guard: Callable[[], Any], fn: Callable[[], Any]) -> bool:
+    """Whether ``fn()`` raises inside ``with guard():`` an ``AssertionError`` (``forbid_host_syncs``) or a
+    ``CaptureError`` (the tape); any other exception propagates."""
+    from .tape import CaptureError
+
+    try:
+        with guard():
+            fn()
+    except (AssertionError, CaptureError):
+        return True
+    return False
+
+
+def sync_table(caught: dict[str, tuple[bool, bool]], on_gpu: dict[str, bool]) -> str:
+    """The host-sync verdicts side by side: per call, whether ``forbid_host_syncs`` and the tape raise (``caught``)
+    and whether CUDA's sync debug mode did (``on_gpu``, a record's ``sync_debug_mode``)."""
+    def mark(flag: bool) -> str:
+        return "raises" if flag else "-"
+
+    lines = [f"{'call':<30}{'forbid_host_syncs':>19}{'tape':>8}{'sync debug mode':>17}"]
+    lines += [f"{name:<30}{mark(g):>19}{mark(t):>8}{mark(on_gpu[name]):>17}" for name, (g, t) in caught.items()]
+    return "\n".join(lines)
+
+
+def pool_growth(sweep: Any) -> dict[int, int]:
+    """Bytes the memory pool grew by during each budget's capture in a latency sweep (``records.LatencySweep``)."""
+    return {int(b): c["graph_bytes"] for b, c in sweep.capture.items()}
+
+
+def plot_pool_growth(growth: dict[int, int], commit: str) -> Any:
+    """Bars of :func:`pool_growth` in MiB, budgets in capture order (largest first). Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    order = sorted(growth, reverse=True)
+    fig, ax = plt.subplots(figsize=(6.4, 2.8))
+    ax.bar([str(b) for b in order], [growth[b] / 2**20 for b in order])
+    ax.set_xlabel("budget (tokens), in capture order"), ax.set_ylabel("pool growth during capture (MiB)")
+    ax.set_title(f"one shared pool, largest first: later captures reuse its blocks ({commit})")
+    fig.tight_layout()
+    return fig
+
+
+def plot_pool_strategies(pools: dict[str, Any]) -> Any:
+    """Memory reserved after each capture, one line per strategy of :func:`pool_strategies`. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3))
+    for name, s in pools["strategies"].items():
+        ax.plot(range(1, len(s["order"]) + 1), [r / 2**20 for r in s["reserved_after_each"]], "o-",
+                label=f"{name} ({' → '.join(map(str, s['order']))})")
+    ax.set_xlabel("graphs captured"), ax.set_ylabel("memory reserved (MiB)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

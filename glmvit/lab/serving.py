@@ -140,3 +140,152 @@ def serve_child(args: list[str], timeout: float = 60) -> Iterator[dict[str, Any]
         server.send_signal(signal.SIGTERM)  # drains: a request in flight would finish
         out, _ = server.communicate(timeout=timeout)
         state["returncode"], state["stdout"] = server.returncode, out
+
+
+# ---- notebook 11's helpers: submissions, comparisons, the records' readers and the figures ----
+
+def submit_all(scheduler: Any, requests: list[tuple[Any, Any]]) -> tuple[list[str], list[Any]]:
+    """Submit each (pixels, grid) in turn: per request ``"admitted"`` or the refusal as ``"QueueFull: message"``
+    (``RequestTooLarge``, ``SchedulerClosed`` likewise), and the admitted requests' futures."""
+    from ..scheduler import QueueFull, RequestTooLarge, SchedulerClosed
+
+    outcomes, futures = [], []
+    for pixels, grid in requests:
+        try:
+            futures.append(scheduler.submit(pixels, grid))
+            outcomes.append("admitted")
+        except (QueueFull, RequestTooLarge, SchedulerClosed) as err:
+            outcomes.append(f"{type(err).__name__}: {err}")
+    return outcomes, futures
+
+
+def own_items(got: list[list[Any]], alone: list[list[Any]]) -> dict[str, Any]:
+    """Each request's outputs ``got`` against the same request encoded alone: ``same_count`` (every request got as
+    many items), ``own_gap`` (the largest difference over the output's scale, scale at least 1), ``bitwise`` (items
+    equal bit for bit), ``items``, and ``other_gap``: the least gap from an output to any other item's of its shape
+    (inf where no other item has its shape)."""
+    def gap(x: Any, y: Any) -> float:
+        return float(((x - y).abs().max() / y.abs().max().clamp(min=1)).item())
+
+    pairs = [(x, y) for g, a in zip(got, alone, strict=True) for x, y in zip(g, a, strict=False)]
+    everyone = [y for _, y in pairs]
+    return {"same_count": all(len(g) == len(a) for g, a in zip(got, alone, strict=True)),
+            "own_gap": max(gap(x, y) for x, y in pairs), "bitwise": sum(bool((x == y).all()) for x, y in pairs),
+            "items": len(pairs),
+            "other_gap": min((gap(x, z) for x, y in pairs for z in everyone if z.shape == y.shape and z is not y),
+                             default=math.inf)}
+
+
+def one_vs_many(sweep: Any) -> dict[int, dict[str, float]]:
+    """Per budget of a ``LatencySweep`` holding a ``many-small`` layout: graph ms of ``one-small``, ``many-small``,
+    ``full`` and ``full-many``, and ``ratio`` = one-small / many-small."""
+    out = {}
+    for b in sweep.budgets:
+        by_name = {layout.name: layout for layout in b.layouts}
+        if "many-small" in by_name:  # the smallest budget holds one small image and nothing else
+            row = {n: by_name[n].graph_ms for n in ("one-small", "many-small", "full", "full-many")}
+            out[b.tokens] = {**row, "ratio": row["one-small"] / row["many-small"]}
+    return out
+
+
+def plot_wait(median_ms: dict[float, list[float]], rates: list[float], pay_rate: float, saturation: float) -> Any:
+    """Median time to embedding against arrival rate, one line per wait (s), the rate 1 / (T − w) where a wait
+    could pay and the saturation rate marked; log-log. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.5))
+    for wait, ys in median_ms.items():
+        ax.plot(rates, ys, "o-", label=f"wait {wait * 1e3:.0f} ms")
+    ax.axvline(pay_rate, color="grey", ls="--", lw=1, label="1 / (T − w)")
+    ax.axvline(saturation, color="k", ls=":", lw=1, label="saturation")
+    ax.set(xscale="log", yscale="log", xlabel="arrivals per second (one clip each)",
+           ylabel="median time to embedding, ms")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def rate_of(run: dict[str, Any]) -> float:
+    """A serve run's request rate: ``inf`` for all at once, else the number."""
+    return math.inf if run["request_rate"] == "inf" else float(run["request_rate"])
+
+
+def serve_lines(record: Any) -> list[str]:
+    """A ``ServeRecord``'s settings and one line per run (sorted by mode and rate): throughput, share of the
+    floor-limited rate, time to embedding and queueing delay (median, P99), items per batch, padding, worker busy."""
+    st = record.settings
+    lines = [f"  workload {st['workload']}: {st['requests']} requests, {record.workload['items']} items; rates "
+             f"{st['request_rates']}; modes {st['modes']}; max wait {st['batching']['max_wait_ms']} ms"]
+    for r in sorted(record.runs, key=lambda r: (r["mode"], rate_of(r))):
+        sv, floor = r["server"], r["vs_floor"]
+        lines.append(f"  {r['mode']:<15}{rate_of(r):>6.1f}: {r['requests_per_s']:.1f} req/s, {r['items_per_s']:.1f} "
+                     f"items/s ({'-' if floor is None else f'{floor:.0%}'} of floor); TTE {r['tte_ms']['median']:.1f}"
+                     f" (P99 {r['tte_ms']['p99']:.1f}) ms, queue {r['queue_ms']['median']:.1f} (P99 "
+                     f"{r['queue_ms']['p99']:.1f}) ms; {sv['items_per_batch']:.2f} items/batch, pad "
+                     f"{sv['padding_fraction']:.0%}, busy {sv['utilisation']:.0%}")
+    return lines
+
+
+def plot_phases(runs: dict[str, dict[str, Any]]) -> Any:
+    """One stacked bar per named serve run: the mean ms of each phase of a request (``time_split_ms``). Returns the
+    figure."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 0.5 + 0.85 * len(runs)))
+    for y, r in enumerate(runs.values()):
+        left = 0.0
+        for k, (phase, t) in enumerate(r["time_split_ms"].items()):
+            ax.barh(y, t, left=left, color=f"C{k}", label=phase if y == 0 else None)
+            left += t
+    ax.set(yticks=range(len(runs)), yticklabels=list(runs), xlabel="ms per request (mean of each phase)")
+    ax.legend(fontsize=7, ncol=4, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def plot_latency_sweep(sweep: list[dict[str, Any]], floor_items_per_s: float, title: str) -> Any:
+    """Time to embedding (median, P99) and queueing delay (median) against achieved items/s for a rate sweep's runs,
+    each labelled with its share of saturation, the floor-limited rate dotted. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    xs = [r["items_per_s"] for r in sweep]
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    ax.plot(xs, [r["tte_ms"]["median"] for r in sweep], "o-", label="time to embedding, median")
+    ax.plot(xs, [r["tte_ms"]["p99"] for r in sweep], "x--", label="time to embedding, P99")
+    ax.plot(xs, [r["queue_ms"]["median"] for r in sweep], "s:", label="queueing delay, median")
+    for r, x in zip(sweep, xs, strict=True):
+        share = r.get("saturation_share")
+        ax.annotate("inf" if share is None else f"{share:.0%}", (x, r["tte_ms"]["median"]),
+                    textcoords="offset points", xytext=(4, 6), fontsize=7)
+    ax.axvline(floor_items_per_s, color="k", ls=":", lw=1, label="floor-limited rate")
+    ax.set(yscale="log", xlabel="items/s achieved", ylabel="ms", title=title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def read_answer(answer: bytes) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A ``/v1/encode`` safetensors answer: its tensors by name and each ``item_i``'s JSON metadata, in order."""
+    import json
+
+    from safetensors.torch import load as load_safetensors
+
+    tensors = load_safetensors(answer)
+    size = int.from_bytes(answer[:8], "little")
+    metadata = json.loads(answer[8 : 8 + size])["__metadata__"]
+    return tensors, [json.loads(metadata[f"item_{i}"]) for i in range(len(tensors))]
+
+
+def plot_rates(under_load: dict[str, float], one_at_a_time: dict[str, float], floor: float) -> Any:
+    """Items per second per mode under load (wide bars) and one request at a time (narrow bars), the floor-limited
+    rate dotted. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3))
+    ax.bar(list(under_load), list(under_load.values()), color="C0", label="under load (rate inf)")
+    ax.bar(list(one_at_a_time), list(one_at_a_time.values()), color="C1", width=0.4, label="one request at a time")
+    ax.axhline(floor, color="k", ls=":", lw=1, label="floor-limited rate")
+    ax.set_ylabel("clips per second")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

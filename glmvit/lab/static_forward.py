@@ -1,5 +1,7 @@
 """Notebook 04's GPU measurements on its tiny tower (2 heads of 32, transformers' random weights, seed 0): which
-calls sync the host, a graph captured on batch A and replayed on batch B, and the attention backends' accuracy."""
+calls sync the host, a graph captured on batch A and replayed on batch B, and the attention backends' accuracy.
+Then the notebook's CPU views (the layout and padding-work figures, the latency sweep's reading, the records' tables)
+and its exercises' solutions (a switchable input guard, a plain masked SDPA, a graph-safe attention in fixed slots)."""
 from __future__ import annotations
 
 import contextlib
@@ -212,3 +214,250 @@ def attention_backends() -> dict[str, Any]:
             out = gpu_model.forward_static(big_buf.to(gpu, torch.bfloat16), cuda_meta)[: rows // 4].float().cpu()
             encoder_errors[backend] = (out - expected_big).abs().max().item()
     return {**result, "encoder_vs_transformers_fp32": encoder_errors, "output_scale": expected_big.abs().max().item()}
+
+
+# ---- notebook 04's CPU views: the layout picture, the padding work, the latency sweep, the backend tables ----
+
+EPS32 = torch.finfo(torch.float32).eps
+
+
+def ulps(got: torch.Tensor, expected: torch.Tensor) -> float:
+    """The largest ``|got − expected|`` in units of float32 rounding at ``expected``'s largest magnitude."""
+    return ((got - expected).abs().max() / (EPS32 * expected.abs().max())).item()
+
+
+def padded(pixels: torch.Tensor, rows: int) -> torch.Tensor:
+    """A zero buffer of ``rows`` pixel rows with ``pixels`` copied into its head: a captured input buffer."""
+    if pixels.shape[0] > rows:
+        raise ValueError(f"{pixels.shape[0]} pixel rows do not fit a buffer of {rows}")
+    buf = pixels.new_zeros(rows, pixels.shape[1])
+    buf[: pixels.shape[0]] = pixels
+    return buf
+
+
+def sync_message(fn: Any) -> str | None:
+    """None if ``fn()`` runs under ``torch.no_grad()`` inside ``forbid_host_syncs()``, else the guard's message."""
+    from ..testing import forbid_host_syncs
+
+    try:
+        with torch.no_grad(), forbid_host_syncs():
+            fn()
+    except AssertionError as err:
+        return str(err)
+    return None
+
+
+def value_error(fn: Any) -> str | None:
+    """The message of the ``ValueError`` that ``fn()`` raises, None if it returns; other exceptions propagate."""
+    try:
+        fn()
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def plot_packed_layout(meta: Any) -> tuple[Any, torch.Tensor]:
+    """Left, the packed rows of device metadata ``meta`` by segment (its ``cu_seqlens``), the padded rows past the
+    last boundary hatched; right, the mask ``sdpa_masked`` builds from ``segment_ids`` (rows of one id attend to each
+    other). Returns (the figure, that boolean rows × rows mask)."""
+    import matplotlib.pyplot as plt
+
+    seg, cu = meta.segment_ids, meta.cu_seqlens.tolist()
+    rows, real = seg.shape[0], cu[-1]
+    mask = seg[:, None] == seg[None, :]
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(10, 4.6), gridspec_kw={"width_ratios": [1, 4]})
+    colours = plt.get_cmap("tab10")
+    for s, (a, b) in enumerate(zip(cu[:-1], cu[1:], strict=True)):
+        if b > a:
+            ax0.add_patch(plt.Rectangle((0, a), 1, b - a, color=colours(s), ec="black"))
+            ax0.text(0.5, (a + b) / 2, f"seg {s}\n{b - a} rows", ha="center", va="center")
+    ax0.add_patch(plt.Rectangle((0, real), 1, rows - real, color="lightgray", hatch="//", ec="black"))
+    ax0.text(0.5, (real + rows) / 2, "padding:\nno segment", ha="center", va="center")
+    ax0.set_xlim(0, 1), ax0.set_ylim(rows, 0), ax0.set_xticks([])
+    ax0.set_ylabel("packed row"), ax0.set_title("packed layout")
+    ax1.imshow(mask.numpy(), cmap="Greys", interpolation="nearest")
+    ax1.set_title("attention mask of sdpa_masked (black = may attend)")
+    ax1.set_xlabel("key row"), ax1.set_ylabel("query row")
+    fig.tight_layout()
+    return fig, mask
+
+
+def dummy_segment_work(grids: list[list[int]], shape: BatchShape) -> int:
+    """The attention work Σ L² of ``grids`` in ``shape`` had every padded row gone into one dummy segment: the
+    work of :func:`glmvit.metadata.attention_work` plus the padded rows squared."""
+    from ..metadata import attention_work
+
+    padding = shape.rows - sum(t * h * w for t, h, w in grids)
+    return attention_work(build_metadata(grids, 2, shape)) + padding**2
+
+
+def plot_padding_work(shape: BatchShape) -> tuple[Any, dict[str, list[int]]]:
+    """Attention work of one square image of s × s patches (s even, every size that fits ``shape``) plus padding:
+    padding outside every segment (``build_metadata``) and in one dummy segment. Returns (the figure,
+    ``{"sides", "padded_rows", "outside", "dummy"}``)."""
+    import matplotlib.pyplot as plt
+
+    from ..metadata import attention_work
+
+    sides = list(range(2, int(shape.rows**0.5) + 1, 2))
+    work = {"sides": sides, "padded_rows": [shape.rows - s * s for s in sides],
+            "outside": [attention_work(build_metadata([[1, s, s]], 2, shape)) for s in sides],
+            "dummy": [dummy_segment_work([[1, s, s]], shape) for s in sides]}
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.plot(work["padded_rows"], [w / 1e6 for w in work["dummy"]], label="padding in one dummy segment")
+    ax.plot(work["padded_rows"], [w / 1e6 for w in work["outside"]],
+            label="padding outside every segment (build_metadata)")
+    ax.set(xlabel=f"padded rows in a budget of {shape.rows} rows", ylabel="attention work Σ L² (10⁶ rows²)",
+           title="one image plus padding: what a varlen kernel computes")
+    ax.legend()
+    fig.tight_layout()
+    return fig, work
+
+
+def sweep_layouts(sweep: Any) -> dict[int, dict[str, Any]]:
+    """A latency sweep's (``records.LatencySweep``) layouts: budget tokens → layout name → ``LatencyLayout``."""
+    return {b.tokens: {x.name: x for x in b.layouts} for b in sweep.budgets}
+
+
+def dummy_segment_ms(sweep: Any, attention_ms: float) -> dict[int, float]:
+    """Per budget with a ``one-small`` layout: its replay time plus its padded rows squared at ``attention_ms`` per
+    10⁶ rows², a prediction for the same batch with its padding in one dummy segment (4 rows per token)."""
+    return {t: lay["one-small"].graph_ms + attention_ms * (4 * t - 4 * lay["one-small"].real_tokens) ** 2 / 1e6
+            for t, lay in sweep_layouts(sweep).items() if "one-small" in lay}
+
+
+LAYOUTS = ["full", "full-many", "half", "one-small", "many-small", "video"]
+
+
+def plot_latency_sweep(sweep: Any, predicted: dict[int, float]) -> Any:
+    """Replay time per budget, one line per layout of :data:`LAYOUTS`, ``one-small`` run eagerly, and ``predicted``
+    (:func:`dummy_segment_ms`) dashed, on log axes. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    layout = sweep_layouts(sweep)
+    budgets = list(layout)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for n in LAYOUTS:
+        ax.plot(budgets, [layout[t][n].graph_ms if n in layout[t] else float("nan") for t in budgets],
+                "o-" if n == "full" else ".-", label=f"replay: {n}", lw=2 if n == "full" else 1)
+    small = {t: lay["one-small"] for t, lay in layout.items() if "one-small" in lay}
+    ax.plot(list(small), [x.eager_ms for x in small.values()], "k^:", label="eager: one-small")
+    ax.plot(list(predicted), list(predicted.values()), "r--", label="one-small with a dummy segment (predicted)")
+    ax.set(xscale="log", yscale="log", xlabel="captured budget (tokens)", ylabel="ms (median)",
+           title=f"replaying one budget with different batches ({sweep.provenance.gpu}, {sweep.attn_backend})")
+    ax.set_xticks(budgets, [str(b) for b in budgets], rotation=45)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def latency_lines(sweep: Any, predicted: dict[int, float]) -> list[str]:
+    """One line per budget: the full layout's and the slowest layout's replay; for ``one-small``, its replay, its
+    eager run and ``predicted`` (:func:`dummy_segment_ms`)."""
+    layout, lines = sweep_layouts(sweep), []
+    for b in sweep.budgets:
+        x = layout[b.tokens].get("one-small")
+        line = (f"budget {b.tokens:>5}: full {b.full_graph_ms:7.2f} ms, slowest layout {b.graph_ms:7.2f} ms "
+                f"({b.worst_layout_vs_full:.2f}× full)")
+        if x is not None:
+            line += (f"; one 224² image {x.graph_ms:6.2f} ms replayed, {x.eager_ms:6.2f} ms eager, "
+                     f"{predicted[b.tokens]:6.1f} ms predicted with a dummy segment")
+        lines.append(line)
+    return lines
+
+
+def capture_lines(captured: dict[str, Any]) -> list[str]:
+    """The record of :func:`capture_on_a_replay_b` as lines: per backend, max |replay − eager B|; then the
+    ``segments`` capture's outcome."""
+    return [f"captured on A, replayed on B, {name:<15}: max |replay − eager B| = {diff:.3g} "
+            f"(outputs up to {captured['output_scale']:.2f})" for name, diff in captured["max_abs_diff"].items()] + [
+        f"capturing the shipped segments backend: {captured['segments_capture']}"]
+
+
+def backend_lines(ab: dict[str, Any]) -> list[str]:
+    """The record of :func:`attention_backends` as lines: attention alone against fp32 (error, time per call), then
+    the tiny tower against transformers in fp32."""
+    lines = [f"attention, bf16, 12 heads × 128, {b:<11}: max |out − fp32 reference| = {err:.2e} "
+             f"(|v| up to {ab['v_scale']:.2f}); {ab['attention_us'][b]:5.0f} µs per call"
+             for b, err in ab["attention_vs_fp32"].items()]
+    encoder = ab["encoder_vs_transformers_fp32"]
+    return lines + [f"tiny encoder, bf16 ({b:<11}) vs transformers fp32: max abs diff {err:.2e} "
+                    f"(outputs up to {ab['output_scale']:.2f})" for b, err in encoder.items()]
+
+
+def time_forward_static(net: Any, buf: torch.Tensor, meta: Any, backends: list[str]) -> dict[str, Any]:
+    """``net.forward_static(buf, meta)`` with each backend: backend → (output, best seconds per forward of 3 × 3
+    calls). Restores the net's default backend."""
+    import timeit
+
+    results = {}
+    with torch.no_grad():
+        for backend in backends:
+            net.attn_backend = backend
+            out = net.forward_static(buf, meta)
+            results[backend] = (out, min(timeit.repeat(lambda: net.forward_static(buf, meta), number=3, repeat=3)) / 3)
+    net.attn_backend = None
+    return results
+
+
+# ---- notebook 04's exercise 2: the input guard and the mask, each switchable ----
+
+
+def plain_masked(q, k, v, meta, backend):
+    """One SDPA call masked by ``segment_ids`` on (rows, heads, d) tensors, nothing else: no guard against NaN."""
+    m = meta.segment_ids[:, None] == meta.segment_ids[None, :]
+    qh, kh, vh = (t.transpose(0, 1)[None] for t in (q, k, v))
+    return F.scaled_dot_product_attention(qh, kh, vh, attn_mask=m)[0].transpose(0, 1)
+
+
+def forward_static_with(net: Any, pixels: torch.Tensor, meta: Any, guard: str) -> torch.Tensor:
+    """``net.forward_static(pixels, meta)`` rewritten step by step with a switchable input guard: ``"where"``
+    replaces invalid pixel rows by zeros (as glmvit does), ``"multiply"`` multiplies them by 0 (NaN stays NaN)."""
+    from ..kernels import interpolate_pos_embed
+    from ..rotary import rotary_cos_sin
+
+    if guard not in ("where", "multiply"):
+        raise ValueError(f"guard {guard!r}: expected 'where' or 'multiply'")
+    cfg = net.config
+    valid_rows = meta.token_valid[:, None].expand(-1, cfg.merge_area).reshape(-1, 1) != 0
+    pixels = torch.where(valid_rows, pixels, 0) if guard == "where" else pixels * valid_rows
+    conv = net.patch_embed.proj
+    x = net.post_conv_layernorm(F.linear(pixels, conv.weight.view(cfg.hidden_size, -1), conv.bias))
+    cos, sin = rotary_cos_sin(meta.h_idx, meta.w_idx, net.rotary_pos_emb.inv_freq)
+    x = x + interpolate_pos_embed(net.embeddings.position_embedding.weight, meta.h_idx, meta.w_idx,
+                                  meta.target_h, meta.target_w, check_values=False)
+    for block in net.blocks:
+        x = block(x, cos, sin, meta, net.attention_backend())
+    x = net.post_layernorm(x)
+    x = x.view(-1, cfg.merge_area, cfg.hidden_size).transpose(1, 2).reshape(-1, cfg.merge_area * cfg.hidden_size)
+    x = net.merger(F.linear(x, net.downsample.weight.view(cfg.out_hidden_size, -1), net.downsample.bias))
+    return x.masked_fill(meta.token_valid[:, None] == 0, 0)
+
+
+# ---- notebook 04's exercise 3: a graph-safe attention in fixed slots ----
+
+
+def sdpa_blocks(q, k, v, meta, backend=None):
+    """Attention on (rows, heads, d) tensors with device tensors only (no host sync): every segment of ``meta``
+    scattered into a ``[segments + 1, max_seqlen]`` slot layout (the spare slot holds rows outside every segment),
+    one batched SDPA with a key mask, gathered back; rows outside every segment give 0. Work: segments ×
+    max_seqlen² scores per head, whatever the segments' lengths."""
+    rows, heads, d = q.shape
+    slots, width = meta.shape.segments, meta.shape.max_seqlen
+    cu = meta.cu_seqlens.long()
+    pos = torch.arange(rows, device=q.device)
+    inside = pos < cu[-1]  # the last entry is the number of real rows
+    slot = torch.where(inside, meta.segment_ids.long(), slots)  # outside rows → the spare slot
+    offset = torch.where(inside, pos - cu[slot.clamp(max=slots)], 0)
+    lengths = cu[1: slots + 1] - cu[:slots]
+    key_ok = torch.arange(width, device=q.device)[None, :] < lengths[:, None]  # [slots, width]
+    key_ok = torch.cat([key_ok, torch.zeros(1, width, dtype=torch.bool, device=q.device)])
+    key_ok[:, 0] |= ~key_ok.any(1)  # an empty slot attends to its first (zero) key rather than to nothing
+
+    def scatter(t):
+        out = t.new_zeros(slots + 1, width, heads, d)
+        out[slot, offset] = t
+        return out.permute(0, 2, 1, 3)  # [slots + 1, heads, width, d]
+
+    o = F.scaled_dot_product_attention(scatter(q), scatter(k), scatter(v), attn_mask=key_ok[:, None, None, :])
+    return torch.where(inside[:, None, None], o.permute(0, 2, 1, 3)[slot, offset], 0)
