@@ -8,11 +8,12 @@ this table (the choice depends on the A/B, not the other way round):
   instead of cuBLAS's matmul, then the attention's own rotation: ``tools/qkv_rope_ab.py``,
   ``data/sweeps/qkv_rope_ab_h200.json``.
 
-CUDA, fp16/bf16 only: on the CPU, and in float32, the model keeps transformers' arithmetic. Hopper (sm_90) or newer
-only (:func:`measured_gpu`): the kernels are tuned for Hopper (TMA descriptors, its shared memory) and were measured on
-the H200 alone; an older GPU keeps the unfused path. Each rule is one row threshold rather than a choice per row
-range, so that a forward compiled with symbolic sizes guards on one comparison; the configuration is chosen inside
-the op, from the batch's real rows.
+CUDA, fp16/bf16 only: on the CPU, and in float32, the model keeps transformers' arithmetic. Hopper (sm_9x) only
+(:func:`measured_gpu`): the kernels are tuned for Hopper (TMA descriptors, its 227 KiB of shared memory a block) and
+were measured on the H200 alone; another GPU keeps the unfused path (Ada has no TMA, and the consumer Blackwell GPUs,
+sm_12x, give a block 99 KiB: less than the 144-160 KiB these configurations stage). Each rule is one row threshold
+rather than a choice per row range, so that a forward compiled with symbolic sizes guards on one comparison; the
+configuration is chosen inside the op, from the batch's real rows.
 """
 from __future__ import annotations
 
@@ -37,8 +38,8 @@ SWIGLU_PERSISTENT_MIN_ROWS = 1024
 QKV_ROPE_MIN_ROWS: int | None = None
 
 
-# The oldest GPU the fused GEMMs run on: Hopper, the one they were tuned and measured on.
-MIN_CAPABILITY = (9, 0)
+# The GPU generation the fused GEMMs run on (compute capability major): Hopper, where they were tuned and measured.
+MEASURED_MAJOR = 9
 
 
 @functools.cache
@@ -48,9 +49,10 @@ def _capability(device_index: int) -> tuple[int, int]:
 
 
 def measured_gpu(device: torch.device) -> bool:
-    """Whether CUDA ``device`` is sm_90 or newer, where the fused GEMMs may run (cached per device). torch.compile
-    takes the answer as a constant rather than tracing the query."""
-    return _capability(torch.cuda.current_device() if device.index is None else device.index) >= MIN_CAPABILITY
+    """Whether CUDA ``device`` is a Hopper GPU (sm_9x), where the fused GEMMs may run (cached per device).
+    torch.compile takes the answer as a constant rather than tracing the query."""
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return _capability(index)[0] == MEASURED_MAJOR
 
 
 # What torch.compiler.assume_constant_result(measured_gpu) sets, set here without importing torch._dynamo, which
