@@ -892,7 +892,7 @@ def test_a_stopped_server_is_not_entered():
     server = ServerThread(None, port=1234, serve=serve)  # type: ignore[arg-type]
     server.start(timeout=10.0)
     assert server.shutdown(timeout=10.0)
-    with pytest.raises(RuntimeError, match="already stopped or failed to start"):
+    with pytest.raises(RuntimeError, match="already stopped, is draining, or failed to start"):
         with server:
             pass
 
@@ -906,6 +906,46 @@ def test_a_server_that_failed_to_start_is_not_entered():
     server = ServerThread(None, port=1234, serve=serve)  # type: ignore[arg-type]
     with pytest.raises(OSError, match="address in use"):
         server.start(timeout=10.0)
-    with pytest.raises(RuntimeError, match="already stopped or failed to start"):
+    with pytest.raises(RuntimeError, match="already stopped, is draining, or failed to start"):
         with server:
             pass
+
+
+def test_a_server_that_ends_before_it_listens_fails_its_start_at_once():
+    """A serve function that returns without calling ``ready`` (API servers that did not start) wakes ``start`` at
+    once with an error, rather than after its whole timeout with a misleading one."""
+    import time
+
+    async def serve(service, host, port, shutdown_timeout, ready, stop):
+        return False
+
+    server = ServerThread(None, port=1234, serve=serve)  # type: ignore[arg-type]
+    began = time.monotonic()
+    with pytest.raises(RuntimeError, match="ended before it listened"):
+        server.start(timeout=60.0)
+    assert time.monotonic() - began < 10.0 and not server._thread.is_alive()
+
+
+def test_a_draining_server_is_not_entered():
+    """``with server:`` after a ``shutdown`` that timed out (the thread still drains) raises instead of entering."""
+    import threading
+
+    release = threading.Event()
+
+    async def serve(service, host, port, shutdown_timeout, ready, stop):
+        ready(f"http://{host}:{port}")
+        await stop.wait()
+        while not release.is_set():  # a drain that takes a while
+            await asyncio.sleep(0.01)
+        return True
+
+    server = ServerThread(None, port=1234, serve=serve)  # type: ignore[arg-type]
+    server.start(timeout=10.0)
+    assert not server.shutdown(timeout=0.05)  # still draining
+    try:
+        with pytest.raises(RuntimeError, match="is draining"):
+            with server:
+                pass
+    finally:
+        release.set()
+        assert server.shutdown(timeout=10.0)

@@ -928,8 +928,8 @@ def test_the_engine_opens_only_its_own_shared_files(tmp_path, pipe_pair, caplog,
 
 
 def test_a_port_in_use_fails_the_start_as_the_one_process_servers_does(monkeypatch):
-    """The engine binds and listens itself (its copies share the port with no one else): a port another server
-    listens on (even one that allows port sharing) is EADDRINUSE before any API server starts."""
+    """The engine binds and listens itself: a port another server already listens on (even one that allows port
+    sharing) is EADDRINUSE before any API server starts."""
     import errno
     import socket
     import types
@@ -1003,8 +1003,8 @@ def test_each_api_server_gets_its_own_copy_and_the_kernel_spreads_a_burst_evenly
 
 
 def test_copies_refuse_a_port_that_a_port_sharing_server_listens_on():
-    """The copies share the port with each other, never with a server already on it: even one whose socket allows
-    port sharing (SO_REUSEPORT, same user) makes the start fail with EADDRINUSE, and nothing is left bound."""
+    """The copies share the port with each other, not with a server already listening on it: even one whose socket
+    allows port sharing (SO_REUSEPORT, same user) makes the start fail with EADDRINUSE, and nothing is left bound."""
     import errno
     import socket
 
@@ -1023,5 +1023,18 @@ def test_copies_refuse_a_port_that_a_port_sharing_server_listens_on():
         other.close()
     copies = listen("127.0.0.1", port, copies=2)  # released: the port is free once its holder closes
     for copy in copies:
+        for s in copy:
+            s.close()
+
+
+def test_several_copies_are_refused_where_so_reuseport_does_not_spread_connections(monkeypatch):
+    """Only Linux spreads a port's connections over SO_REUSEPORT copies: elsewhere several copies would leave one API
+    server with every connection (macOS) or fail on a missing option (Windows), so listen says what to run instead."""
+    from glmvit.cli import serve_frontends
+
+    monkeypatch.setattr(serve_frontends.sys, "platform", "darwin")
+    with pytest.raises(RuntimeError, match=r"--api-servers 1"):
+        serve_frontends.listen("127.0.0.1", 0, copies=2)
+    for copy in serve_frontends.listen("127.0.0.1", 0, copies=1):  # one copy needs no port sharing
         for s in copy:
             s.close()

@@ -45,6 +45,7 @@ import logging
 import multiprocessing
 import signal
 import socket
+import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
@@ -54,7 +55,7 @@ import torch
 from ..config import VisionConfig
 from ..records import fingerprint_now
 from .pixel_rows import no_room, remove_shared_dir, shared_dir
-from .serve_app import EncoderService, HttpLimits, default_decode_pool, format_url, run_server, usable_cpus
+from .serve_app import BACKLOG, EncoderService, HttpLimits, default_decode_pool, format_url, run_server, usable_cpus
 from .serve_backend import LocalBackend
 from .serve_link import EngineLink, ModelFacts, RemoteBackend
 from .serve_media import MediaLimits
@@ -144,22 +145,30 @@ async def _frontend(spec: FrontendSpec, conn: Any, sockets: list[socket.socket])
     return await run_server(service, spec.host, spec.port, spec.shutdown_timeout, ready, stop, sockets=sockets)
 
 
-def listen(host: str, port: int, copies: int = 1, backlog: int = 128) -> list[list[socket.socket]]:
+def listen(host: str, port: int, copies: int = 1, backlog: int = BACKLOG) -> list[list[socket.socket]]:
     """``copies`` lists of listening sockets on ``host``:``port``, each list one socket an address ``host`` has (as
     the one-process server's: address reuse, an IPv6 socket IPv6 only); port 0: the ephemeral port the first one
-    gets, for every address and copy. A port in use is EADDRINUSE.
+    gets, for every address and copy. A port a server already listens on is EADDRINUSE.
 
-    One copy per API server: several copies are bound with SO_REUSEPORT, so the kernel spreads new connections over
-    the copies evenly (by a hash of each connection's addresses), whatever each process is doing. One socket shared
-    by every API server is taken by whichever process's loop wakes first, and asyncio accepts up to 100 connections
-    a wake-up: of a burst of 400, one of four processes took 181 and another 1. The port is first bound without
-    SO_REUSEPORT (:func:`_free_port`), which no listening socket lets through, so a server already on the port (even
-    one that allows port sharing) still fails the start rather than sharing its connections; the group binds it
-    right after."""
+    One copy per API server: several copies are bound with SO_REUSEPORT (Linux only: elsewhere it does not spread
+    connections, and several copies are refused), so the kernel spreads new connections over them evenly (by a hash
+    of each connection's addresses), whatever each process is doing. One socket shared by every API server is taken
+    by whichever process's loop wakes first, and asyncio accepts up to 100 connections a wake-up: of a burst of 400,
+    one of four processes took 181 and another 1. What SO_REUSEPORT gives up:
+
+    - a port given (not 0) is first bound without SO_REUSEPORT (:func:`_free_port`), which no listening socket lets
+      through, then released for the copies: a server of the same user that binds it with SO_REUSEPORT in those
+      microseconds, or later, joins the group and takes a share of the connections (port 0 has no such window: the
+      kernel never hands out a port a group holds);
+    - connections still queued on the copy of an API server that ends are reset (new ones go to the other copies);
+      Linux 5.14+ moves them instead with ``sysctl net.ipv4.tcp_migrate_req=1``."""
+    if copies > 1 and not sys.platform.startswith("linux"):
+        raise RuntimeError(f"{copies} API servers need SO_REUSEPORT's even spread of connections, which only Linux "
+                           "has: run one (--api-servers 1)")
     addresses = [(family, kind, proto, address) for family, kind, proto, _, address
                  in socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)]
-    if copies > 1:
-        port = _free_port(addresses, port)
+    if copies > 1 and port != 0:
+        _free_port(addresses, port)
     made: list[socket.socket] = []
     try:
         groups = [[_bound(family, kind, proto, address, port, copies > 1, made) for family, kind, proto, address
@@ -190,14 +199,13 @@ def _bound(family: int, kind: int, proto: int, address: tuple, port: int, share:
     return sock
 
 
-def _free_port(addresses: list[tuple], port: int) -> int:
-    """``port`` (0: an ephemeral port free on every address) once it is bound on every address without
-    SO_REUSEPORT, then released: EADDRINUSE if anything listens there."""
+def _free_port(addresses: list[tuple], port: int) -> None:
+    """EADDRINUSE if anything listens on ``port`` at one of ``addresses``: each is bound without SO_REUSEPORT, then
+    released."""
     probes: list[socket.socket] = []
     try:
         for family, kind, proto, address in addresses:
             _bound(family, kind, proto, address, port, False, probes)
-        return probes[0].getsockname()[1]
     finally:
         _close(probes)
 
