@@ -676,6 +676,8 @@ async def bench_in_process(workload: Workload, args: argparse.Namespace, record:
                                     "limits": scheduler.stats()["limits"],
                                     "capture": {str(k): v.as_dict() for k, v in runner.captures.items()}
                                     if runner else None}
+        if session is not None and runner is not None and (source := session.source_of(runner)) is not None:
+            record["servers"][label]["runner_source"] = source  # a record run's earlier job captured it
         rate = floor_rate(health, workload)
         record["floor"][label] = rate
         try:

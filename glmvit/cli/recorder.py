@@ -148,12 +148,12 @@ STATIC_JOBS: tuple[Job, ...] = (  # in the order each phase runs them
     # what the HTTP side's processes buy (notebook 11)
     _serve("serve_video8x224_one_process", "video8x224", 400, "inf", ("graph-compiled",), 16,
            server=("--api-servers", "1")),
+    # the same load with no HTTP (the scheduler driven in this process): the serving target's in-process half
+    _serve_in_process("serve_video8x224_in_process", "video8x224", 400, 8),
     # the serving target (P99 time to embedding at half the saturated rate ≤ 2× the unloaded median) on one shape,
     # where the unloaded spread is the server's, not the items' sizes' (mixed-av's unloaded P99 is several times its
     # median). A job of its own: a job's rates apply to every mode, and eager needs no sweep; 200 requests keep it
     # short (at ~235 req/s saturated: under a second, 20 % ≈ 4 s, 50 % ≈ 2 s)
-    # the same load with no HTTP (the scheduler driven in this process): the serving target's in-process half
-    _serve_in_process("serve_video8x224_in_process", "video8x224", 400, 8),
     _serve("serve_video8x224_sweep", "video8x224", 200, "inf,20%,50%", ("graph-compiled",), 22),
     # latency against throughput on mixed traffic, graph-compiled: all at once (saturation), then Poisson arrivals
     # at shares of the rate that achieved
