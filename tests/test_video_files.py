@@ -591,16 +591,17 @@ def test_an_empty_comment_is_a_gif_pil_reads_alike(tmp_path):
 def ffmpeg_errors(caplog):
     """FFmpeg's error lines in ``caplog`` (PyAV passes them to Python's logging while its level is set)."""
     av_logging = pytest.importorskip("av.logging")
-    was = av_logging.get_level()
+    was, skipped = av_logging.get_level(), av_logging.get_skip_repeated()
     av_logging.set_level(av_logging.ERROR)
+    av_logging.set_skip_repeated(False)  # PyAV drops a line that repeats the one before it: a re-run test's line
     try:
         with caplog.at_level(logging.ERROR, logger="libav"):
             yield
     finally:
         av_logging.set_level(was)
+        av_logging.set_skip_repeated(skipped)
 
 
-# distinct bounds: PyAV's log handler drops a line that repeats the one before it
 PROBED_CONTAINERS = {"matroska": 40, "mp4": 41, "h264": 42, "mpegts": 43}
 
 
