@@ -33,6 +33,12 @@ def test_work_ops_leaves_out_views_and_top_level_ops_counts_calls():
     assert counts.get("aten::view") == 1 and tour.work_ops(counts) >= 2
 
 
+def test_an_aten_to_that_returns_its_input_is_not_counted_as_work():
+    x = torch.randn(4)
+    counts = tour.top_level_ops(lambda: (x.to(torch.float32), x.to(torch.float64)))  # a no-op, then a real copy
+    assert counts == {tour.NOOP_TO: 1, "aten::to": 1} and tour.work_ops(counts) == 1
+
+
 def test_count_ops_is_linear_in_depth():
     inputs = process_images(SAMPLE_DATA / "images" / "astronaut.jpg", max_pixels=2 * 112 * 112)
     c = [tour.count_ops(VisionConfig.tiny(), d, inputs.pixel_values, inputs.grid_thw) for d in (1, 2, 3)]
@@ -53,4 +59,5 @@ def test_pr_vs_glmvit_sets_the_seed_beside_the_h200_runs(capsys):
     out = tour.pr_vs_glmvit(load_seed(), SAMPLE_DATA / "bench")
     assert set(out["glmvit"]) == {"img1x224", "video8x224"} and len(out["pr"]) == 2
     assert all(set(m) == {"eager", "graph", "graph-compiled"} for m in out["glmvit"].values())
-    assert "PR 40576, 1× RTX 4090" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "PR 40576, 1× RTX 4090" in printed and "glmvit, H200, the PR's budgets" in printed

@@ -76,6 +76,14 @@ def test_tower_timeline_figure_titles_carry_the_unprofiled_times():
     assert "2.50 ms per call" in titles[0] and "0.75 ms per call" in titles[1] and "2 host calls" in titles[1]
 
 
+def test_tower_timeline_labels_the_launch_as_profiled_beside_its_unprofiled_time():
+    lane = {"host": [[10.0, 1142.0, "cudaGraphLaunch"]], "gpu": [[12.0, 30.0, "k"]]}
+    times = {"eager": {"wall_ms_median": 2.5}, "run": {"wall_ms_median": 0.75}, "graph_launch_host_us_median": 5.1}
+    fig = cr.plot_tower_timeline({"eager": lane, "run": lane}, times)
+    labels = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert labels and all(t == "cudaGraphLaunch: 1142 µs under the profiler, 5 µs without" for t in labels)
+
+
 def test_load_gif_reads_frames_and_rate(tmp_path):
     from PIL import Image
 

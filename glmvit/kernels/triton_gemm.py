@@ -3,8 +3,10 @@
 Why: a (256 × 1536) · (1536 × 1536)ᵀ matmul cut into 64 × 64 output tiles is 96 tiles for 132 multiprocessors,
 each walking all of K. Splitting K into S slices gives S times as many programs, each S times shorter.
 
-How (the "serial split-K" fix-up that CUTLASS also uses): program (tile, s) multiplies its K slice into a float32
-partial and stores it in a workspace; then it bumps the tile's counter (one atomic, release/acquire at GPU scope,
+How: one kernel, like CUTLASS's serial split-K (``kSplitKSerial``, a per-tile semaphore the last slice resets), but
+no program waits its turn (CUTLASS's slice k waits for the semaphore to read k, then adds its part into the output).
+Program (tile, s) multiplies its K slice into a float32 partial and stores it in a workspace; then it bumps the
+tile's counter (one atomic, release/acquire at GPU scope,
 after a barrier so every thread's stores are in). The program that finds the counter at S − 1 arrives last: it sums
 the S partials in slice order (deterministic), writes the output in x's dtype and puts the counter back to 0, so
 the next launch (the next graph replay) starts clean. One kernel, no memset, no second pass; the grid depends only

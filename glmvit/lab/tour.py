@@ -97,7 +97,8 @@ def plot_patch_grid(photo: Any, resized: Any, patch: int = 14, merge: int = 2) -
 
 
 def ulps(got: torch.Tensor, expected: torch.Tensor) -> float:
-    """The largest |got − expected| in units of float32 rounding (eps = 2⁻²³) at expected's largest magnitude."""
+    """The largest |got − expected| in units of ε · max|expected| (ε = 2⁻²³, float32's machine epsilon): not float32
+    ulps, which are powers of two, but within a factor 2 of the ulp at expected's largest magnitude."""
     eps = torch.finfo(torch.float32).eps
     return ((got - expected).abs().max() / (eps * expected.abs().max())).item()
 
@@ -106,11 +107,13 @@ VIEW_OPS = frozenset({"aten::view", "aten::reshape", "aten::unsqueeze", "aten::s
                       "aten::permute", "aten::slice", "aten::select", "aten::unbind", "aten::expand", "aten::detach",
                       "aten::t", "aten::as_strided", "aten::alias", "aten::lift_fresh", "aten::resolve_conj",
                       "aten::resolve_neg"})
+NOOP_TO = "aten::to (no-op)"  # how top_level_ops names an aten::to that returned its input: it launches nothing
 
 
 def top_level_ops(fn: Any) -> dict[str, int]:
     """The top-level ``aten::`` operators (no ``aten::`` parent) of one call of ``fn()`` under ``torch.profiler``
-    on the CPU, after one warm-up call, both without grad: ``{name: calls}``."""
+    on the CPU, after one warm-up call, both without grad: ``{name: calls}``. An ``aten::to`` that called no other
+    operator (the tensor already had that dtype and device: it returned its input) is counted as :data:`NOOP_TO`."""
     from torch.profiler import ProfilerActivity, profile
 
     with torch.no_grad():
@@ -121,14 +124,16 @@ def top_level_ops(fn: Any) -> dict[str, int]:
     for e in prof.events():
         parent = e.cpu_parent
         if e.name.startswith("aten::") and not (parent is not None and parent.name.startswith("aten::")):
-            counts[e.name] = counts.get(e.name, 0) + 1
+            name = NOOP_TO if e.name == "aten::to" and not e.cpu_children else e.name
+            counts[name] = counts.get(name, 0) + 1
     return counts
 
 
 def work_ops(counts: dict[str, int]) -> int:
-    """The calls in ``counts`` (as :func:`top_level_ops` returns) of operators that are not views (:data:`VIEW_OPS`):
-    the CPU proxy for kernel launches."""
-    return sum(n for name, n in counts.items() if name not in VIEW_OPS)
+    """The calls in ``counts`` (as :func:`top_level_ops` returns) of operators that are neither views
+    (:data:`VIEW_OPS`) nor conversions that returned their input (:data:`NOOP_TO`): the CPU proxy for kernel
+    launches."""
+    return sum(n for name, n in counts.items() if name not in VIEW_OPS and name != NOOP_TO)
 
 
 def count_ops(config: Any, depth: int, pixels: torch.Tensor, grid: torch.Tensor, tower: str = "glmvit",
@@ -165,21 +170,22 @@ def plot_bench_modes(bench: dict[str, Any], modes: list[str]) -> Any:
 def pr_vs_glmvit(seed: dict[str, Any], bench_dir: Any, workloads: tuple[str, ...] = ("img1x224", "video8x224"),
                  gpus: tuple[str, ...] = ("1× RTX 4090", "2× RTX 4090, encoder data-parallel")) -> dict[str, Any]:
     """The PR's published mean ms (eager, graph) on each of ``gpus`` beside glmvit's H200 benchmark of the same
-    configuration (``bench_dir/seed_<workload>_h200.json``: eager, graph, graph-compiled), per workload; prints one
-    row each. Returns ``{"pr": {gpus: {workload: (eager, graph)}}, "glmvit": {workload: {mode: mean ms}},
-    "budgets": {workload: the budgets glmvit ran}}``."""
+    configuration (``bench_dir/seed_<workload>_h200.json``: eager, graph, graph-compiled, on the PR's budgets), per
+    workload; prints one row each. Returns ``{"pr": {gpus: {workload: (eager, graph)}}, "glmvit": {workload: {mode:
+    mean ms}}, "budgets": {workload: the budgets glmvit ran}}``."""
     from ..records import BenchRecord, load
     from .seed import seed_rows
 
     out: dict[str, Any] = {"pr": {g: {} for g in gpus}, "glmvit": {}, "budgets": {}}
-    print(f"{'workload':<12}{'who (mean ms)':<30}{'eager':>8}{'graph':>8}{'compiled':>9}{'eager / graph':>14}")
+    print(f"{'workload':<12}{'who (mean ms)':<32}{'eager':>8}{'graph':>8}{'compiled':>9}{'eager / graph':>14}")
     for name in workloads:
         own = load(bench_dir / f"seed_{name}_h200.json", BenchRecord)
         out["budgets"][name] = tuple(own.settings.budgets)
         for g in gpus:
             e, gr = out["pr"][g][name] = tuple(seed_rows(seed, g)[name]["mean"])
-            print(f"{name:<12}{'PR 40576, ' + g.split(',')[0]:<30}{e:>8.2f}{gr:>8.2f}{'-':>9}{e / gr:>13.2f}×")
+            print(f"{name:<12}{'PR 40576, ' + g.split(',')[0]:<32}{e:>8.2f}{gr:>8.2f}{'-':>9}{e / gr:>13.2f}×")
         means = out["glmvit"][name] = {m: r.mean_ms for m, r in own.modes.items()}
         e, gr, c = (means.get(k, float("nan")) for k in ("eager", "graph", "graph-compiled"))
-        print(f"{'':<12}{'glmvit, ' + str(own.provenance.gpu):<30}{e:>8.2f}{gr:>8.2f}{c:>9.2f}{e / gr:>13.2f}×")
+        who = f"glmvit, {str(own.provenance.gpu).removeprefix('NVIDIA ')}, the PR's budgets"
+        print(f"{'':<12}{who:<32}{e:>8.2f}{gr:>8.2f}{c:>9.2f}{e / gr:>13.2f}×")
     return out
