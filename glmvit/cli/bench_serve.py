@@ -84,7 +84,7 @@ from .common import (
     write_record,
 )
 from .media_files import data_url, encode_clip, encode_image, mp4_available
-from .serve import MODES, add_serving_args, check_serving_args, make_scheduler, measure_floor, resolve_api_servers
+from .serve import MODES, add_serving_args, check_serving_args, make_scheduler, measure_floor, resolve_processes
 
 if TYPE_CHECKING:
     from .session import Session
@@ -810,8 +810,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: 
     resolve_model_args(parser, args)
     if not args.url:
         check_serving_args(parser, args, args.modes)
-    if args.spawn:  # the count the child runs, passed to it and named in the record (not the server's unsaid default)
-        resolve_api_servers(args)
+    if args.spawn:  # the counts the child runs, passed to it and named in the record (not the server's unsaid defaults)
+        resolve_processes(args)
 
 
 def main(argv: list[str] | None = None, session: Session | None = None) -> int:

@@ -196,9 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--shutdown-timeout", type=float_in(0, 3600), default=60.0,
                    help="seconds a drain waits for requests in flight (default 60); then they are abandoned, exit 1")
     m = parser.add_argument_group("media (multipart files, JSON content parts)")
-    m.add_argument("--decode-workers", type=int_in(1, 256), default=default_decode_workers(),
+    m.add_argument("--decode-workers", type=int_in(1, 256), default=None,
                    help="processes that decode and preprocess media, one thread each (default: this process's "
-                        f"CPUs − 4, at least 1, at most 32: {default_decode_workers()} here)")
+                        "CPUs − 4, at least 1, at most 32: glmvit.cli.serve_app.default_decode_workers)")
     m.add_argument("--decode-queue", type=int_in(0, 100_000), default=DECODE_QUEUE,
                    help=f"requests waiting for a decode process (default {DECODE_QUEUE}; their bodies count against "
                         "--max-held-mb too); more: 429")
@@ -275,22 +275,25 @@ def build_service(args: argparse.Namespace, command: str, model: GlmVisionEncode
     return service
 
 
-def resolve_api_servers(args: argparse.Namespace) -> None:
-    """``--api-servers`` left out: this machine's :func:`~glmvit.cli.serve_frontends.default_api_servers`, set in
-    place. Resolved here, after parsing, not as the parser's default: ``--help`` and a parse then read the same on
-    every host, and whoever runs a server (``serve``, the record run, ``bench-serve --spawn``) names the count it
-    ran."""
+def resolve_processes(args: argparse.Namespace) -> None:
+    """``--api-servers`` and ``--decode-workers`` left out: this machine's
+    :func:`~glmvit.cli.serve_frontends.default_api_servers` and
+    :func:`~glmvit.cli.serve_app.default_decode_workers`, set in place. Resolved here, after parsing, not as the
+    parser's defaults: ``--help`` and a parse then read the same on every host, and whoever runs a server
+    (``serve``, the record run, ``bench-serve --spawn``) names the counts it ran."""
     if args.api_servers is None:
         args.api_servers = default_api_servers()
+    if args.decode_workers is None:
+        args.decode_workers = default_decode_workers()
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     """``glmvit serve``'s parser and its flags from ``argv``, every default resolved (:func:`resolve_model_args`,
-    :func:`resolve_api_servers`): the one way a server's flags are read, by ``serve`` and by the record run."""
+    :func:`resolve_processes`): the one way a server's flags are read, by ``serve`` and by the record run."""
     parser = build_parser()
     args = parser.parse_args(argv)
     resolve_model_args(parser, args)
-    resolve_api_servers(args)
+    resolve_processes(args)
     return parser, args
 
 
