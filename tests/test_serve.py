@@ -949,3 +949,32 @@ def test_a_draining_server_is_not_entered():
     finally:
         release.set()
         assert server.shutdown(timeout=10.0)
+
+
+def test_a_burst_of_connections_waits_in_the_kernel_not_a_second_in_syn_retries(tiny_model):
+    """While the event loop is busy, the kernel completes handshakes into the listening socket's queue, up to its
+    backlog; past it, a client's SYN is dropped and retried a second later. asyncio's own backlog is 100, less than a
+    load generator's burst at rate inf: the server listens with ``BACKLOG``, so 300 connections opened while the loop
+    is blocked all complete within half a second."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    from glmvit.cli.serve_app import BACKLOG
+
+    assert BACKLOG >= 300
+    service = service_for(tiny_model)
+    with ServerThread(service) as server:
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+        loop = server._loop
+        assert loop is not None
+        loop.call_soon_threadsafe(time.sleep, 2.0)  # the loop accepts nothing for two seconds
+
+        def connect(_):
+            began = time.monotonic()
+            with socket.create_connection((host, int(port)), timeout=5):
+                return time.monotonic() - began
+
+        time.sleep(0.1)
+        with ThreadPoolExecutor(64) as pool:
+            seconds = list(pool.map(connect, range(300)))
+    assert max(seconds) < 0.5, sorted(seconds)[-5:]
