@@ -338,10 +338,10 @@ def _next_fit(order: list[int], specs: list[ItemSpec], config: BudgetConfig,
 
 
 def _splitting_is_cheaper(batch_tokens: int, item_tokens: int, config: BudgetConfig) -> bool:
-    """vLLM 0.33.0's deferral rule (``should_defer_item``, nested in ``_execute_local`` of the wheel's
-    vllm/v1/worker/encoder_cudagraph.py): close the batch before an item when b(batch) + b(item) < b(batch + item)
-    and b(item) ≥ b(batch), b the smallest budget holding those tokens (only asked when the item fits, so every b
-    exists)."""
+    """vLLM 0.33.0's deferral rule (``should_defer_item``, nested in ``_execute_local`` of
+    vllm/v1/worker/encoder_cudagraph.py at tag v0.33.0, commit 4ba787ec9): close the batch before an item when b(batch)
+    + b(item) < b(batch + item) and b(item) ≥ b(batch), b the smallest budget holding those tokens (only asked when the
+    item fits, so every b exists)."""
     b_cur, b_alone, b_merged = (config.budget_for(x) for x in (batch_tokens, item_tokens, batch_tokens + item_tokens))
     assert b_cur is not None and b_alone is not None and b_merged is not None
     return b_cur + b_alone < b_merged and b_alone >= b_cur
@@ -399,13 +399,13 @@ def _ascending(idx: list[int], specs: list[ItemSpec]) -> list[int]:
 
 
 def _pack_vllm(idx: list[int], specs: list[ItemSpec], config: BudgetConfig) -> list[list[int]]:
-    """vLLM 0.33.0's packer (``EncoderCudaGraphManager._execute_local`` in the wheel's
-    vllm/v1/worker/encoder_cudagraph.py; at GitHub commits 034e78dd993c and 6d2dda3c87f9 it lacks the deferral): items
-    by ascending tokens, next-fit under max_items and the largest budget, and its deferral rule — before adding an
-    item that fits, close the batch when splitting strictly lowers the summed budgets and the item alone outweighs
-    the batch (items of 64 and 200 tokens on budgets 64/128/256/512: batches (64) and (200), not one 512 batch).
-    glmvit adds the segment limit, which vLLM's packer does not check (vLLM sizes max frames per batch for 600
-    frames per item, so it rarely binds; glmvit's graphs have the segment slots ``max_segments`` asks for)."""
+    """vLLM 0.33.0's packer (``EncoderCudaGraphManager._execute_local`` in vllm/v1/worker/encoder_cudagraph.py at tag
+    v0.33.0, commit 4ba787ec9; at GitHub commits 034e78dd993c and 6d2dda3c87f9 it lacks the deferral): items by
+    ascending tokens, next-fit under max_items and the largest budget, and its deferral rule — before adding an item
+    that fits, close the batch when splitting strictly lowers the summed budgets and the item alone outweighs the batch
+    (items of 64 and 200 tokens on budgets 64/128/256/512: batches (64) and (200), not one 512 batch). glmvit adds the
+    segment limit, which vLLM's packer does not check (vLLM sizes max frames per batch for 600 frames per item, so it
+    rarely binds; glmvit's graphs have the segment slots ``max_segments`` asks for)."""
     return _next_fit(_ascending(idx, specs), specs, config, defer=True)
 
 

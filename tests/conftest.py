@@ -1,4 +1,5 @@
 import os
+import sys
 
 import pytest
 import torch
@@ -7,6 +8,15 @@ from glmvit import VisionConfig
 from glmvit.oracle import encoder_like, hf_vision_model
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Every figure a test drew is closed after it (the lab's plotting helpers leave theirs open for notebooks)."""
+    yield
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is not None:
+        pyplot.close("all")
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ from glmvit.lab import kernel_views as kv
 from glmvit.lab.seed import load_seed, seed_rows, seed_serve
 from glmvit.packing import Batch
 from glmvit.recorded import recorded_table
-from glmvit.records import KernelsProfile, LatencySweep, NcuProfile, StartupRecord, TuneSweep, load
+from glmvit.records import BenchRecord, KernelsProfile, LatencySweep, NcuProfile, StartupRecord, TuneSweep, load
 
 matplotlib.use("Agg")
 BENCH = Path(__file__).resolve().parents[1] / "data" / "bench"
@@ -218,6 +218,13 @@ def test_target_verdicts_follow_the_goals():
     assert all(v["met"] and v["steady"] for v in easy.values())
     assert not any(v["met"] or v["steady"] for v in hard.values())
     assert 0 < easy["img8x448"]["rate"] < 1 and easy["img1x224"]["x_floor"] > 1
+    assert easy["img1x224"]["commit"] == load(BENCH / "img1x224_h200.json", BenchRecord).provenance.short_commit
+
+
+def test_describe_sweep_names_its_gpu_and_commit(tmp_path):
+    path = tmp_path / "ab.json"
+    path.write_text(json.dumps({"provenance": {"gpu": "G", "git_commit": "0123456789ab", "date_utc": "D"}}))
+    assert kv.describe_sweep(path) == "ab.json: sweep (G, commit 0123456, D)"
 
 
 def test_fused_ab_takes_the_fastest_correct_fused_path(tmp_path):

@@ -21,8 +21,9 @@ def recorded(path: str | Path, kind: type) -> Any:
 
 
 def plot_replay_categories(profile: dict[str, Any], variants: list[str], layouts: list[str]) -> Any:
-    """One panel per layout: each variant's GPU time of one replay stacked by kernel category (ms), its median
-    replay wall time as a black tick. Categories are ordered by the first variant's time on the last layout."""
+    """One panel per layout: each variant's kernels of one profiled ``runner.replay`` (staging copies included)
+    stacked by category (ms), its median replay wall time as a black tick. Categories are ordered by the first
+    variant's time on the last layout."""
     import matplotlib.pyplot as plt
     import numpy as np
 
@@ -37,7 +38,7 @@ def plot_replay_categories(profile: dict[str, Any], variants: list[str], layouts
             bottom += us / 1e3
         ax.plot(variants, [profile[v][lay]["replay_wall"]["median_ms"] for v in variants], "k_", markersize=30,
                 mew=2, label="replay wall time (median)")
-        ax.set_title(f"{lay}: GPU time of one replay by kernel category")
+        ax.set_title(f"{lay}: kernels of one runner.replay by category")
         ax.set_ylabel("ms")
         ax.tick_params(axis="x", rotation=15)
     axes[0][0].legend(fontsize=8)
@@ -130,7 +131,8 @@ def target_verdicts(bench_dir: str | Path, targets: dict[str, tuple[str, float]]
                     p99_within: float) -> dict[str, dict[str, Any]]:
     """Per workload ``name`` of ``targets`` (``(kind, goal)``: ``median_ms`` at most goal, or ``rate`` of the
     matmul rate at least goal), its ``{name}_h200.json`` graph-compiled run: ``median_ms``, ``tail`` (P99 / median),
-    ``x_floor``, ``rate``, ``met`` (the target) and ``steady`` (tail at most ``p99_within``). Every request of
+    ``x_floor``, ``rate``, ``met`` (the target), ``steady`` (tail at most ``p99_within``) and ``commit`` (the
+    record's, short). Every request of
     these workloads is the same, so request 0's FLOPs and floor stand for all."""
     from ..records import BenchRecord, load
 
@@ -143,8 +145,15 @@ def target_verdicts(bench_dir: str | Path, targets: dict[str, tuple[str, float]]
         out[name] = {"median_ms": mode.median_ms, "tail": tail, "rate": rate,
                      "x_floor": mode.median_ms / run.floor["per_request_ms"][0],
                      "met": mode.median_ms <= goal if kind == "median_ms" else rate >= goal,
-                     "steady": tail <= p99_within}
+                     "steady": tail <= p99_within, "commit": run.provenance.short_commit}
     return out
+
+
+def describe_sweep(path: str | Path) -> str:
+    """One line for a sweep JSON of ``data/sweeps/`` (its own format, not a record kind): its file name, GPU,
+    commit (short) and date, from its ``provenance``."""
+    p = json.loads(Path(path).read_text())["provenance"]
+    return f"{Path(path).name}: sweep ({p['gpu']}, commit {p['git_commit'][:7]}, {p['date_utc']})"
 
 
 def fused_ab(path: str | Path) -> list[dict[str, Any]]:

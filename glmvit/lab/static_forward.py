@@ -440,7 +440,7 @@ def forward_static_with(net: Any, pixels: torch.Tensor, meta: Any, guard: str) -
 def sdpa_blocks(q, k, v, meta, backend=None):
     """Attention on (rows, heads, d) tensors with device tensors only (no host sync): every segment of ``meta``
     scattered into a ``[segments + 1, max_seqlen]`` slot layout (the spare slot holds rows outside every segment),
-    one batched SDPA with a key mask, gathered back; rows outside every segment give 0. Work: segments ×
+    one batched SDPA with a key mask, gathered back; rows outside every segment give 0. Work: (segments + 1) ×
     max_seqlen² scores per head, whatever the segments' lengths."""
     rows, heads, d = q.shape
     slots, width = meta.shape.segments, meta.shape.max_seqlen
