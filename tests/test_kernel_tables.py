@@ -189,9 +189,9 @@ def test_the_fused_gemms_run_only_on_hopper(capabilities, monkeypatch):
         assert not fused(8192, ada) and fused(256, hopper) and fused(8192, hopper) and not fused(255, hopper)
         assert not fused(8192, blackwell)
     assert sorted(capabilities) == [0, 1, 2]
-    from glmvit.kernels.fused_gemm_table import _swiglu_configs
-
-    assert min(config.shared_bytes() for config in _swiglu_configs()) > 99 * 1024  # why sm_12x is left out
+    configs = {fused_gemm_table.swiglu_config(rows) for rows in (fused_gemm_table.SWIGLU_MIN_ROWS,
+                                                                  fused_gemm_table.SWIGLU_PERSISTENT_MIN_ROWS)}
+    assert min(config.shared_bytes() for config in configs) > 99 * 1024  # why sm_12x is left out
 
 
 def test_the_hopper_gate_compiles_to_a_constant(capabilities):

@@ -197,13 +197,12 @@ def test_a_bench_job_runs_in_process_on_the_sessions_model_and_times_every_reque
 def test_an_in_process_serve_job_drives_the_scheduler_on_the_sessions_model_and_writes_its_record(tmp_path):
     """bench-serve --in-process inside a record run: no server, the session's tower (built once, shared with the
     other jobs) and a runner the session lends, every request answered, the record written by the command."""
-    from glmvit.cli.recorder import _serve_in_process
-
     session = Session()
-    job = _serve_in_process("s", "img1x224", 6, 1.0)
+    job = next(j for j in jobs() if j.command == "bench-serve" and "--in-process" in j.argv)
     out = tmp_path / "serve.json"
     argv = list(job.argv)
-    argv[argv.index("--json") + 1] = str(out)
+    for flag, value in (("--json", str(out)), ("--workload", "img1x224"), ("--num-prompts", "6")):
+        argv[argv.index(flag) + 1] = value
     job = Job(job.name, job.phase, job.command, (*argv, "--warmup-requests", "1"), (str(out),), 1.0, ("graph",),
               shares="serve")
     session.begin_job(job.name, job.shares, frozenset({"serve"}))
