@@ -218,14 +218,6 @@ def attention_backends() -> dict[str, Any]:
 
 # ---- notebook 04's CPU views: the layout picture, the padding work, the latency sweep, the backend tables ----
 
-EPS32 = torch.finfo(torch.float32).eps
-
-
-def ulps(got: torch.Tensor, expected: torch.Tensor) -> float:
-    """The largest ``|got − expected|`` in units of float32 rounding at ``expected``'s largest magnitude."""
-    return ((got - expected).abs().max() / (EPS32 * expected.abs().max())).item()
-
-
 def padded(pixels: torch.Tensor, rows: int) -> torch.Tensor:
     """A zero buffer of ``rows`` pixel rows with ``pixels`` copied into its head: a captured input buffer."""
     if pixels.shape[0] > rows:
