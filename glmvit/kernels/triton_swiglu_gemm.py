@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch_checks import check_launch
+from .launch_checks import check_launch, check_tma_operands
 from .tile_order import grouped_tile
 
 try:
@@ -165,12 +165,7 @@ def _descriptors(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, config:
     """Host tensor descriptors for x, the gate half, the up half and y; one-line errors for what TMA cannot take."""
     if TensorDescriptor is None:
         raise RuntimeError(f"{config.name}: this Triton has no triton.tools.tensor_descriptor; use tma=False")
-    for label, t in (("x", x), ("weight", weight), ("out", y)):
-        if (t.shape[1] * t.element_size()) % 16:
-            raise ValueError(f"{config.name}: TMA needs rows of a multiple of 16 bytes: {label} rows of "
-                             f"{t.shape[1]} {t.dtype} are {t.shape[1] * t.element_size()} bytes")
-        if t.data_ptr() % 16:
-            raise ValueError(f"{config.name}: TMA needs 16-byte aligned tensors: {label} is not")
+    check_tma_operands(config.name, (("x", x), ("weight", weight), ("out", y)))
     hidden = y.shape[1]
     bm, bn, bk = config.block_m, config.block_n, config.block_k
     return (TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight[:hidden], [bn, bk]),
