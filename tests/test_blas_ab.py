@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from tools.blas_ab import main, per_forward_us, with_library
+from tools.blas_ab import per_forward_us, with_library
 
 
 def test_a_forward_s_matmul_time_counts_each_shape_as_often_as_the_forward_runs_it():
@@ -31,16 +31,3 @@ def test_the_library_is_set_for_the_call_and_restored_after(monkeypatch):
     with pytest.raises(RuntimeError, match="a launch failed"):
         with_library("cublaslt", fails)()
     assert state == ["cublas"]
-
-
-@pytest.mark.parametrize("rows, message", [("256,x", "a comma list of integers"), ("300", "multiple of 256")])
-def test_bad_rows_are_refused_in_one_line(capsys, rows, message):
-    with pytest.raises(SystemExit) as exit_:
-        main(["--rows", rows])
-    assert exit_.value.code == 2 and message in capsys.readouterr().err
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
-def test_without_cuda_it_refuses_in_one_line(capsys):
-    assert main(["--rows", "256"]) == 2
-    assert capsys.readouterr().err.strip() == "blas_ab times CUDA matmuls: this machine has no CUDA device"

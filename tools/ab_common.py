@@ -96,6 +96,26 @@ def parse_rows(parser: argparse.ArgumentParser, text: str, multiple: int = 1, wh
     return rows
 
 
+def whole_image_rows(argv: list[str] | None, doc: str | None, tool: str,
+                     rows: tuple[int, ...]) -> tuple[argparse.Namespace, list[int]]:
+    """The command line of an A/B over M rows of whole 224² images: ``--json`` (default ``TOOL.json``) and
+    ``--rows`` (default ``rows``; multiples of 256, else the parser's one-line error). Returns the arguments and M."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    parser.add_argument("--json", metavar="PATH", default=f"{tool}.json", help="the record (default %(default)s)")
+    parser.add_argument("--rows", default=",".join(map(str, rows)),
+                        help="comma list of M, multiples of 256 (default %(default)s)")
+    args = parser.parse_args(argv)
+    return args, parse_rows(parser, args.rows, 256, " (whole 224² images)")
+
+
+def cuda_here(tool: str, what: str) -> bool:
+    """Whether CUDA runs here; if not, the one line saying that ``tool`` times ``what`` and needs it (stderr)."""
+    if torch.cuda.is_available():
+        return True
+    print(f"{tool} times {what}: this machine has no CUDA device", file=sys.stderr)
+    return False
+
+
 def write_record(path: str, body: dict[str, Any]) -> None:
     """The A/B's JSON at ``path``: ``body`` after the provenance of this run (the GPU, versions, commit, command)."""
     from glmvit.provenance import collect

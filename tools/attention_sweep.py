@@ -232,8 +232,12 @@ def tma_paths(qkv, cos, sin, cu) -> dict[str, Callable[[], torch.Tensor] | str]:
     return {f"triton_tma@{config.name}": partial(run, config) for config in SWEEP_CONFIGS}
 
 
-def measure(name: str, lengths: tuple[int, ...]) -> dict[str, Any]:
-    from glmvit.profiling import graph_time_us
+def layout_inputs(lengths: tuple[int, ...]) -> SimpleNamespace:
+    """One layer's attention inputs on CUDA for ``lengths`` packed as :func:`build_layout` packs them (seeded):
+    ``layout``, the qkv projection ``qkv`` (bf16), rotary ``cos``/``sin``, ``cu`` (cu_seqlens), ``meta`` (what the
+    backends read, the cuDNN offsets computed once as the model does per forward: not timed), the raw ``q_raw``,
+    ``k_raw`` and ``v`` views, ``q``/``k`` rotated as the model hands a library kernel, and ``ref``, the float32
+    :func:`reference`."""
     from glmvit.rotary import apply_rotary, inv_freq, rotary_cos_sin
 
     layout = build_layout(lengths)
@@ -245,14 +249,29 @@ def measure(name: str, lengths: tuple[int, ...]) -> dict[str, Any]:
     cu = torch.from_numpy(layout.cu_seqlens).to(dev)
     meta = SimpleNamespace(cu_seqlens=cu, max_seqlen=layout.rows,
                            segment_ids=torch.from_numpy(layout.segment_ids).to(dev),
-                           ragged=ragged_offsets(cu, HEADS, HEAD_DIM))  # once per forward in the model: not timed
+                           ragged=ragged_offsets(cu, HEADS, HEAD_DIM))
     q_raw, k_raw, v = qkv.view(layout.rows, 3, HEADS, HEAD_DIM).unbind(1)
-    q, k = apply_rotary(q_raw, cos, sin), apply_rotary(k_raw, cos, sin)  # what the model hands a library kernel
+    q, k = apply_rotary(q_raw, cos, sin), apply_rotary(k_raw, cos, sin)
     ref = reference(apply_rotary(q_raw.float(), cos, sin), apply_rotary(k_raw.float(), cos, sin), v.float(), layout)
+    return SimpleNamespace(layout=layout, qkv=qkv, cos=cos, sin=sin, cu=cu, meta=meta, q_raw=q_raw, k_raw=k_raw, v=v,
+                           q=q, k=k, ref=ref)
+
+
+def layout_paths(inputs: SimpleNamespace) -> dict[str, Callable[[], torch.Tensor] | str]:
+    """:func:`paths` over :func:`layout_inputs`."""
+    i = inputs
+    return paths(i.layout, i.qkv, i.cos, i.sin, i.q, i.k, i.v, i.meta)
+
+
+def measure(name: str, lengths: tuple[int, ...]) -> dict[str, Any]:
+    from glmvit.profiling import graph_time_us
+
+    inputs = layout_inputs(lengths)
+    layout, v, ref = inputs.layout, inputs.v, inputs.ref
     result: dict[str, Any] = {"lengths": list(lengths), "rows": layout.rows,
                               "segment_slots": len(layout.cu_seqlens) - 1, "max_seqlen_budget": layout.rows,
                               "max_seqlen_true": layout.max_seqlen, "paths": {}}
-    for path, fn in paths(layout, qkv, cos, sin, q, k, v, meta).items():
+    for path, fn in layout_paths(inputs).items():
         if isinstance(fn, str):
             result["paths"][path] = {"unavailable": fn}
             continue
@@ -264,7 +283,7 @@ def measure(name: str, lengths: tuple[int, ...]) -> dict[str, Any]:
         except Exception as err:  # noqa: BLE001 - a path this GPU, build or layout refuses is one line, not a crash
             row = {"unavailable": one_line(err)}
         result["paths"][path] = row
-    del ref
+    del inputs, ref
     torch.cuda.empty_cache()
     return result
 

@@ -25,7 +25,6 @@ one forward (each shape × how many times the forward runs it). CUDA only (exit 
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -34,7 +33,7 @@ from typing import Any, Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the A/B tools' shared loop
-from ab_common import check_and_time, one_line, parse_rows, write_record  # noqa: E402
+from ab_common import check_and_time, cuda_here, one_line, whole_image_rows, write_record  # noqa: E402
 
 ROWS = (256, 1024, 8192)
 LIBRARIES = ("cublas", "cublaslt")
@@ -150,14 +149,8 @@ def print_table(results: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--json", metavar="PATH", default="blas_ab.json", help="the record (default %(default)s)")
-    parser.add_argument("--rows", default=",".join(map(str, ROWS)),
-                        help="comma list of M, multiples of 256 (default %(default)s)")
-    args = parser.parse_args(argv)
-    rows = parse_rows(parser, args.rows, 256, " (whole 224² images)")
-    if not torch.cuda.is_available():
-        print("blas_ab times CUDA matmuls: this machine has no CUDA device", file=sys.stderr)
+    args, rows = whole_image_rows(argv, __doc__, "blas_ab", ROWS)
+    if not cuda_here("blas_ab", "CUDA matmuls"):
         return 2
     from glmvit.config import VisionConfig
     from glmvit.random_weights import random_encoder

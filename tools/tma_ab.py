@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sweep's layouts, reference and error bounds
 from ab_common import check_and_time, compile_sm90, one_line, write_record  # noqa: E402
-from attention_sweep import HEAD_DIM, HEADS, LAYOUTS, REPLAYS, build_layout, check, layout_names, reference  # noqa: E402
+from attention_sweep import HEAD_DIM, HEADS, LAYOUTS, REPLAYS, check, layout_inputs, layout_names  # noqa: E402
 
 AB_LAYOUTS = ("8x1024", "1x5329", "4x256")
 BASELINE = "readable@128x64w8s3r"
@@ -52,18 +52,10 @@ def ab_paths(qkv, cos, sin, segment_ids, cu) -> dict[str, Callable[[], torch.Ten
 
 
 def measure(lengths: tuple[int, ...], rounds: int = 2) -> dict[str, Any]:
-    from glmvit.rotary import apply_rotary, inv_freq, rotary_cos_sin
-
-    layout = build_layout(lengths)
-    dev = torch.device("cuda")
-    gen = torch.Generator(device=dev).manual_seed(0)
-    qkv = torch.randn(layout.rows, 3 * HEADS * HEAD_DIM, device=dev, dtype=torch.bfloat16, generator=gen)
-    cos, sin = rotary_cos_sin(torch.from_numpy(layout.h_idx).to(dev), torch.from_numpy(layout.w_idx).to(dev),
-                              inv_freq(HEAD_DIM).to(dev))
-    cu = torch.from_numpy(layout.cu_seqlens).to(dev)
-    segment_ids = torch.from_numpy(layout.segment_ids).to(dev)
-    q_raw, k_raw, v = qkv.view(layout.rows, 3, HEADS, HEAD_DIM).unbind(1)
-    ref = reference(apply_rotary(q_raw.float(), cos, sin), apply_rotary(k_raw.float(), cos, sin), v.float(), layout)
+    inputs = layout_inputs(lengths)
+    layout, qkv, cos, sin, cu, v, ref = (inputs.layout, inputs.qkv, inputs.cos, inputs.sin, inputs.cu, inputs.v,
+                                         inputs.ref)
+    segment_ids = inputs.meta.segment_ids
     n = layout.real_rows
     rows: dict[str, dict[str, Any]] = {}
     fns: dict[str, Callable[[], torch.Tensor]] = {}

@@ -1,0 +1,378 @@
+"""How fast can a forward built from today's kernels be? Its matmuls and attention alone, in one CUDA graph.
+
+The **skeleton** of one forward over a workload's grids is every matmul the model runs (the shapes of
+``glmvit.profiling.encoder_gemms``, in forward order, with distinct weights per block so that it streams the model's
+bytes) and every block's attention over the workload's segments (each temporal patch of each item), and nothing
+else: no norms, residual adds, SwiGLU, rotation (unless the attention kernel that wins does it), interpolation,
+host work. Each op runs the fastest kernel this machine has for its shape, chosen by timing every candidate alone
+(``glmvit.profiling.graph_time_us``) and keeping only candidates whose output checks:
+
+- a matmul: cuBLAS or cuBLASLt behind ``F.linear`` (``tools/blas_ab.py``'s switch; a bias where the model has one),
+  and for the blocks' gate_up the fused SwiGLU GEMM (``glmvit.model.swiglu_linear``: it does more work, so it may
+  stand in for the matmul alone) — each checked against float32;
+- the attention: the paths of ``tools/attention_sweep.py`` for the layout (glmvit's ``triton`` and ``cudnn``
+  backends with their rotation, dense cuDNN and FlashAttention SDPA when every segment has one length,
+  ``varlen_attn``, FlashAttention's varlen where it imports; not those of ``NOT_CANDIDATES``), each checked against
+  float32 by that sweep's bounds.
+
+So the skeleton's time is a lower bound for any forward that runs these ops as these kernels: the model can only add
+to it. It is measured beside the model's own graph-compiled replay of the same batch, in one process, in two
+regimes, since an H200 under its power cap lowers its clock (``tools/sustained_floor.py``):
+
+1. ``burst``: after ``--rest-s`` idle, the model's replay and the skeleton's in turn, ``--burst`` times each,
+   ``--gap-s`` idle after each (so the clock stays where an idle GPU starts);
+2. ``sustained``: each back to back for ``--seconds`` (the model first, then the skeleton, after a rest); the
+   median of the second half.
+
+Each replay is timed between CUDA events with the SM clock and board power read beside it (``tools/gap_probe.py``'s
+``timed``). A target below the skeleton's burst median is out of reach for this design whatever the clock; below
+its sustained median, out of reach for a workload that keeps the GPU at its power cap. CUDA only (exit 2
+elsewhere)::
+
+    GLMVIT_GIT_COMMIT=$(git rev-parse HEAD) python tools/skeleton_bound.py --json data/sweeps/skeleton_bound_h200.json
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from statistics import median
+from typing import Any, Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the A/B tools' shared helpers
+from ab_common import one_line  # noqa: E402
+
+from glmvit.config import VisionConfig  # noqa: E402
+from glmvit.profiling import encoder_gemms  # noqa: E402
+
+# name: the batch's grids, rows [t, h, w] (the bench workloads', and sixteen clips: a serving batch at budget 4096)
+WORKLOADS: dict[str, list[list[int]]] = {
+    "1x224": [[1, 16, 16]], "4x224": [[1, 16, 16]] * 4, "clip8x224": [[4, 16, 16]], "8x448": [[1, 32, 32]] * 8,
+    "16clips": [[4, 16, 16]] * 16}
+BIASED = ("patch_embed", "downsample")  # the model's matmuls with a bias (glmvit.model: embed, head)
+CANDIDATE_REPLAYS = 20
+# attention_sweep paths that are no candidates: the rotations alone (no attention), cuDNN's ragged entry of torch
+# (a plan rebuilt per call, which a graph capture refuses) and the TMA kernel (slower on every layout in
+# data/sweeps/tma_ab_h200.json; a fault there would end this process, as the sweep's own docstring warns)
+NOT_CANDIDATES = ("rot", "cudnn_ragged", "triton_tma")
+
+
+@dataclass(frozen=True)
+class Op:
+    """One op of the skeleton: a matmul (``shape`` = M, K, N; ``gemm`` names its shape in
+    :func:`~glmvit.profiling.encoder_gemms`) or a block's attention (``shape`` = the segments' lengths)."""
+
+    name: str
+    kind: str  # "matmul" or "attention"
+    shape: tuple[int, ...]
+    gemm: str = ""
+
+    def flops(self, hidden: int) -> int:
+        """2·M·K·N for a matmul; 4·Σ L²·hidden for an attention (QKᵀ and P·V over every head)."""
+        if self.kind == "matmul":
+            m, k, n = self.shape
+            return 2 * m * k * n
+        return 4 * sum(length * length for length in self.shape) * hidden
+
+
+def segment_lengths(grids: list[list[int]]) -> tuple[int, ...]:
+    """The attention segments of ``grids``: every temporal patch of every item, h·w rows each, in order."""
+    return tuple(h * w for t, h, w in grids for _ in range(t))
+
+
+def skeleton(config: VisionConfig, grids: list[list[int]]) -> list[Op]:
+    """One forward's matmuls and attentions over ``grids``, in the order the model runs them."""
+    lengths = segment_lengths(grids)
+    gemms = {name: (m, k, n) for name, m, k, n, _ in encoder_gemms(config, sum(lengths))}
+
+    def matmul(name: str, gemm: str) -> Op:
+        return Op(name, "matmul", gemms[gemm], gemm)
+
+    ops = [matmul("patch_embed", "patch_embed")]
+    for block in range(config.depth):
+        ops += [matmul(f"block{block}.qkv", "qkv"), Op(f"block{block}.attention", "attention", lengths),
+                matmul(f"block{block}.proj", "proj"), matmul(f"block{block}.gate_up", "gate_up"),
+                matmul(f"block{block}.down", "down")]
+    return ops + [matmul(name, name) for name in ("downsample", "merger.proj", "merger.gate_up", "merger.down")]
+
+
+def steady(values: list[float]) -> float:
+    """The median of the second half of a back-to-back run's readings (the first half is the clock's ramp)."""
+    if len(values) < 2:
+        raise ValueError(f"a sustained run needs at least 2 readings, not {len(values)}")
+    return median(values[len(values) // 2:])
+
+
+def summary(timed: dict[str, list], sustained: bool) -> dict[str, Any]:
+    """A ``timed`` run's median ms (second half when ``sustained``), SM clock and power, and the replays read."""
+    pick = steady if sustained else median
+
+    def reading(key: str) -> float | None:
+        values = [v for v in timed[key] if v is not None]
+        return pick(values) if len(values) >= 2 else (values[0] if values else None)
+
+    return {"ms": pick(timed["device_ms"]), "sm_mhz": reading("sm_mhz"), "power_w": reading("power_w"),
+            "replays": len(timed["device_ms"])}
+
+
+# --- the GPU side --------------------------------------------------------------------------------------------------
+
+def matmul_candidates(op: Op, gen: torch.Generator) -> dict[str, Callable[[], torch.Tensor]]:
+    """Every kernel that may run ``op``'s matmul, each on operands of its shape, checked against float32 here."""
+    import torch.nn.functional as F
+    from blas_ab import LIBRARIES, with_library
+
+    from glmvit.model import swiglu_linear
+
+    m, k, n = op.shape
+    x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda", generator=gen) / k**0.5).to(torch.bfloat16)
+    b = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16) if op.gemm in BIASED else None
+    ref = x.float() @ w.float().T + (b.float() if b is not None else 0.0)
+    out: dict[str, Callable[[], torch.Tensor]] = {}
+    for library in LIBRARIES:
+        out[library] = with_library(library, lambda: F.linear(x, w, b))
+    if op.gemm == "gate_up":
+        gate, up = ref.chunk(2, dim=-1)
+        swiglu_ref = F.silu(gate) * up
+        out["swiglu"] = lambda: swiglu_linear(x, w)
+    checks = {name: (swiglu_ref if name == "swiglu" else ref) for name in out}
+    return {name: fn for name, fn in out.items() if _matmul_ok(fn, checks[name])}
+
+
+def _matmul_ok(fn: Callable[[], torch.Tensor], ref: torch.Tensor) -> bool:
+    """Whether ``fn`` runs and lands within 2⁻⁶·max|ref| of the float32 result (bf16 inputs and output: a few
+    roundings of the output's scale; a wrong kernel misses by the scale itself)."""
+    try:
+        return (fn().float() - ref).abs().max().item() <= 2**-6 * ref.abs().max().item()
+    except Exception:  # noqa: BLE001 - a kernel this machine refuses is no candidate
+        return False
+
+
+def fastest(candidates: dict[str, Callable[[], Any]]) -> tuple[str, dict[str, float]]:
+    """The candidate with the least graph-replayed µs per call, and every candidate's µs (a failure is left out)."""
+    from glmvit.profiling import graph_time_us
+
+    times: dict[str, float] = {}
+    for name, fn in candidates.items():
+        try:
+            times[name] = graph_time_us(fn, repeats=20, runs=CANDIDATE_REPLAYS)
+        except Exception:  # noqa: BLE001
+            continue
+    if not times:
+        raise RuntimeError(f"no candidate ran: {sorted(candidates)}")
+    return min(times, key=times.__getitem__), times
+
+
+def attention_candidates(lengths: tuple[int, ...]) -> tuple[dict[str, Callable[[], Any]], dict[str, str]]:
+    """``tools/attention_sweep.py``'s paths for ``lengths`` whose output checks (the rotations alone left out),
+    and why each other path is not a candidate."""
+    import attention_sweep as sweep
+
+    inputs = sweep.layout_inputs(lengths)
+    real = inputs.layout.real_rows
+    ok: dict[str, Callable[[], Any]] = {}
+    refused: dict[str, str] = {}
+    for path, fn in sweep.layout_paths(inputs).items():
+        if path.startswith(NOT_CANDIDATES):
+            continue
+        if isinstance(fn, str):
+            refused[path] = fn
+            continue
+        try:
+            check = sweep.check(fn()[:real], inputs.ref, inputs.v[:real])
+        except Exception as err:  # noqa: BLE001
+            refused[path] = one_line(err)
+            continue
+        if check["ok"]:
+            ok[path] = fn
+        else:
+            refused[path] = f"output off: {check}"
+    return ok, refused
+
+
+def build_skeleton(config: VisionConfig, grids: list[list[int]], seed: int = 0) -> tuple[Callable[[], None],
+                                                                                         dict[str, Any]]:
+    """The skeleton of ``grids`` as one call (each op's fastest kernel, distinct weights per block) and what was
+    chosen: per matmul shape and for the attention, the winner and every candidate's µs."""
+    import torch.nn.functional as F
+    from blas_ab import with_library
+
+    from glmvit.model import swiglu_linear
+
+    ops = skeleton(config, grids)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    chosen: dict[str, Any] = {}
+    for op in ops:
+        if op.kind == "matmul" and op.gemm not in chosen:
+            winner, times = fastest(matmul_candidates(op, gen))
+            chosen[op.gemm] = {"shape": list(op.shape), "kernel": winner, "us": times}
+    attention, refused = attention_candidates(ops[2].shape)
+    winner, times = fastest(attention)
+    chosen["attention"] = {"segments": list(ops[2].shape), "kernel": winner, "us": times, "refused": refused}
+    run_attention = attention[winner]
+    inputs = {op.gemm: torch.randn(op.shape[0], op.shape[1], device="cuda", generator=gen).to(torch.bfloat16)
+              for op in ops if op.kind == "matmul"}
+    calls: list[Callable[[], Any]] = []
+    for op in ops:
+        if op.kind == "attention":
+            calls.append(run_attention)
+            continue
+        m, k, n = op.shape
+        w = (torch.randn(n, k, device="cuda", generator=gen) / k**0.5).to(torch.bfloat16)
+        b = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16) if op.gemm in BIASED else None
+        kernel, x = chosen[op.gemm]["kernel"], inputs[op.gemm]
+        if kernel == "swiglu":
+            calls.append(partial(swiglu_linear, x, w))
+        else:
+            calls.append(with_library(kernel, partial(F.linear, x, w, b)))
+
+    def forward() -> None:
+        for call in calls:
+            call()
+
+    return forward, chosen
+
+
+def capture(fn: Callable[[], Any]) -> Callable[[], None]:
+    """``fn`` captured in a CUDA graph after one eager call (plans built, kernels compiled); the graph's replay."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def model_replays(config: VisionConfig, names: list[str],
+                  attention: str) -> dict[str, tuple[Callable[[], Any], Callable[[], None]]]:
+    """Per workload, the graph-compiled runner's staging of its batch and the captured replay of that budget (as
+    ``tools/gap_probe.py`` builds them). Workloads of one token count share a budget's graph: stage a workload's
+    batch before timing its replays."""
+    from glmvit.encoder import build_encoder
+    from glmvit.geometry import ItemSpec, grid_specs
+    from glmvit.graphs import EncoderGraphRunner
+    from glmvit.modes import RunMode
+    from glmvit.packing import BudgetConfig
+    from glmvit.random_weights import random_encoder
+    from glmvit.workloads import random_batch
+
+    model = random_encoder(config, "cuda", torch.bfloat16)
+    tokens = {n: ItemSpec.total(grid_specs(WORKLOADS[n], config.spatial_merge_size)).tokens for n in names}
+    items = max(len(WORKLOADS[n]) for n in names)
+    segments = max(len(segment_lengths(WORKLOADS[n])) for n in names)
+    budgets = BudgetConfig(tuple(sorted(set(tokens.values()))), min(items, min(tokens.values())),
+                           max(segments, items))
+    runner = build_encoder(model, RunMode.GRAPH_COMPILED, budgets, attention=attention)
+    assert isinstance(runner, EncoderGraphRunner)  # on CUDA: real graphs
+    out: dict[str, tuple[Callable[[], Any], Callable[[], None]]] = {}
+    for n in names:
+        pixels, grid = random_batch(WORKLOADS[n], config, seed=1)
+        stage = partial(runner.replay, tokens[n], pixels.to("cuda", model.dtype), grid)  # copies in, replays once
+        graph = runner.graphs[tokens[n]].graph
+        assert graph is not None
+        out[n] = (stage, graph.replay)
+    return out
+
+
+def one_replay(replay: Callable[[], Any]) -> dict[str, float | None]:
+    """One replay between CUDA events, on an idle GPU: its device ms, and the SM clock and board power read on the
+    host while it runs (None where pynvml does not answer)."""
+    from gap_probe import _read
+
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    replay()
+    end.record()
+    clock, power = _read(torch.cuda.clock_rate), _read(lambda: torch.cuda.power_draw() / 1e3)
+    end.synchronize()
+    return {"device_ms": start.elapsed_time(end), "sm_mhz": clock, "power_w": power}
+
+
+def measure(names: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    from gap_probe import timed
+
+    config = VisionConfig.glm41v()
+    with torch.inference_mode():
+        staged = model_replays(config, names, args.attention)
+        models = {n: replay for n, (_, replay) in staged.items()}
+        results: dict[str, Any] = {}
+        skeletons: dict[str, Callable[[], None]] = {}
+        for n in names:
+            forward, chosen = build_skeleton(config, WORKLOADS[n])
+            skeletons[n] = capture(forward)
+            ops = skeleton(config, WORKLOADS[n])
+            results[n] = {"grids": WORKLOADS[n], "ops": len(ops), "chosen": chosen,
+                          "gflop": {"matmul": sum(o.flops(config.hidden_size) for o in ops if o.kind == "matmul") / 1e9,
+                                    "attention": sum(o.flops(config.hidden_size) for o in ops
+                                                     if o.kind == "attention") / 1e9}}
+        for n in names:  # burst: after a rest, one replay of each in turn, idle between
+            staged[n][0]()
+            time.sleep(args.rest_s)
+            runs: dict[str, dict[str, list]] = {path: {"device_ms": [], "sm_mhz": [], "power_w": []}
+                                                for path in ("model", "skeleton")}
+            for _ in range(args.burst):
+                for path, replay in (("model", models[n]), ("skeleton", skeletons[n])):
+                    for key, value in one_replay(replay).items():
+                        runs[path][key].append(value)
+                    time.sleep(args.gap_s)
+            results[n]["burst"] = {path: summary(r, sustained=False) for path, r in runs.items()}
+        for n in names:  # sustained: back to back, the model first, then the skeleton
+            staged[n][0]()
+            results[n]["sustained"] = {}
+            for path, replay in (("model", models[n]), ("skeleton", skeletons[n])):
+                time.sleep(args.rest_s)
+                one = timed(replay, 1)
+                count = max(2, round(args.seconds * 1e3 / one["device_ms"][0]))
+                results[n]["sustained"][path] = summary(timed(replay, count), sustained=True)
+    return results
+
+
+def print_table(results: dict[str, Any]) -> None:
+    print(f"{'workload':<10} {'regime':<10} {'model ms':>9} {'skeleton ms':>12} {'MHz (model/skel)':>17}  attention")
+    for n, r in results.items():
+        for regime in ("burst", "sustained"):
+            m, s = r[regime]["model"], r[regime]["skeleton"]
+            clocks = f"{m['sm_mhz'] or 0:.0f}/{s['sm_mhz'] or 0:.0f}"
+            print(f"{n:<10} {regime:<10} {m['ms']:9.3f} {s['ms']:12.3f} {clocks:>17}  "
+                  f"{r['chosen']['attention']['kernel']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma list of {', '.join(WORKLOADS)}")
+    parser.add_argument("--burst", type=int, default=5, help="replays of each in the burst regime")
+    parser.add_argument("--seconds", type=float, default=4.0, help="seconds of each back to back (sustained)")
+    parser.add_argument("--rest-s", type=float, default=3.0, help="idle seconds before each burst and sustained run")
+    parser.add_argument("--gap-s", type=float, default=0.2, help="idle seconds between burst replays")
+    parser.add_argument("--attention", default="auto", help="the model's attention backend (default auto)")
+    parser.add_argument("--json", metavar="PATH", help="write every number, with provenance, here")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.workloads.split(",")]
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        parser.error(f"unknown workload {unknown[0]!r}; choose among {', '.join(WORKLOADS)}")
+    if args.burst < 1 or args.seconds <= 0 or args.rest_s < 0 or args.gap_s < 0:
+        parser.error("--burst must be at least 1, --seconds positive, --rest-s and --gap-s not negative")
+    if not torch.cuda.is_available():
+        print("skeleton_bound times CUDA kernels: this machine has no CUDA device", file=sys.stderr)
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = False  # the float32 references stay float32
+    results = measure(names, args)
+    print_table(results)
+    if args.json:
+        from ab_common import write_record
+
+        write_record(args.json, {"burst": args.burst, "seconds": args.seconds, "rest_s": args.rest_s,
+                                 "gap_s": args.gap_s, "attention": args.attention, "workloads": results})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
