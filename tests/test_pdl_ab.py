@@ -1,4 +1,4 @@
-"""tools/pdl_ab.py's sizing (its refusals: tests/test_ab_common.py); the A/B itself needs a CUDA GPU (the H200 calls)."""
+"""tools/pdl_ab.py's sizing (its refusals: tests/test_ab_common.py); the A/B itself runs on a CUDA GPU."""
 from tools.pdl_ab import PATHS, forwards_per_graph
 
 
