@@ -227,6 +227,21 @@ def test_describe_sweep_names_its_gpu_and_commit(tmp_path):
     assert kv.describe_sweep(path) == "ab.json: sweep (G, commit 0123456, D)"
 
 
+def test_skeleton_verdicts_judge_a_target_against_the_skeleton_from_idle_and_held(tmp_path):
+    def run(model, skeleton, mhz):
+        return {"model": {"ms": model, "sm_mhz": mhz}, "skeleton": {"ms": skeleton, "sm_mhz": mhz}}
+
+    workload = {"burst": run(24.0, 19.0, 1980), "sustained": run(26.0, 21.5, 1470),
+                "chosen": {"attention": {"kernel": "sdpa_cudnn_dense"}}}
+    path = tmp_path / "skeleton.json"
+    path.write_text(json.dumps({"workloads": {"8x448": workload, "1x224": workload}}))
+    verdict = kv.skeleton_verdicts(path, {"8x448": 21.0})["8x448"]
+    assert verdict["reachable"] and not verdict["reachable_held"]  # 19 < 21 from idle; 21.5 > 21 held
+    assert verdict["left_ms"] == 2.0 and verdict["mhz_sustained"] == (1470, 1470)
+    assert verdict["attention"] == "sdpa_cudnn_dense"
+    assert not kv.skeleton_verdicts(path, {"1x224": 18.0})["1x224"]["reachable"]
+
+
 def test_fused_ab_takes_the_fastest_correct_fused_path(tmp_path):
     path = tmp_path / "ab.json"
     paths = {"torch": {"us": 10.0}, "compiled": {"us": 9.0}, "gate_up_only": {"us": 7.0},

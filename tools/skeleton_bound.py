@@ -50,10 +50,10 @@ from ab_common import one_line  # noqa: E402
 from glmvit.config import VisionConfig  # noqa: E402
 from glmvit.profiling import encoder_gemms  # noqa: E402
 
-# name: the batch's grids, rows [t, h, w] (the bench workloads', and sixteen clips: a serving batch at budget 4096)
+# name: the batch's grids, rows [t, h, w] (the bench workloads', and sixteen clips: a serving batch at budget 4096).
+# Four 224² images are the clip's rows in the clip's segments (4 × 256): the same skeleton, so not timed twice.
 WORKLOADS: dict[str, list[list[int]]] = {
-    "1x224": [[1, 16, 16]], "4x224": [[1, 16, 16]] * 4, "clip8x224": [[4, 16, 16]], "8x448": [[1, 32, 32]] * 8,
-    "16clips": [[4, 16, 16]] * 16}
+    "1x224": [[1, 16, 16]], "clip8x224": [[4, 16, 16]], "8x448": [[1, 32, 32]] * 8, "16clips": [[4, 16, 16]] * 16}
 BIASED = ("patch_embed", "downsample")  # the model's matmuls with a bias (glmvit.model: embed, head)
 CANDIDATE_REPLAYS = 20
 # attention_sweep paths that are no candidates: the rotations alone (no attention), cuDNN's ragged entry of torch
@@ -162,6 +162,8 @@ def fastest(candidates: dict[str, Callable[[], Any]]) -> tuple[str, dict[str, fl
     for name, fn in candidates.items():
         try:
             times[name] = graph_time_us(fn, repeats=20, runs=CANDIDATE_REPLAYS)
+        except torch.AcceleratorError:
+            raise  # a fault poisons the context: every later call would fail for it
         except Exception:  # noqa: BLE001
             continue
     if not times:
@@ -186,6 +188,8 @@ def attention_candidates(lengths: tuple[int, ...]) -> tuple[dict[str, Callable[[
             continue
         try:
             check = sweep.check(fn()[:real], inputs.ref, inputs.v[:real])
+        except torch.AcceleratorError:
+            raise
         except Exception as err:  # noqa: BLE001
             refused[path] = one_line(err)
             continue
@@ -240,17 +244,22 @@ def build_skeleton(config: VisionConfig, grids: list[list[int]], seed: int = 0) 
 
 
 def capture(fn: Callable[[], Any]) -> Callable[[], None]:
-    """``fn`` captured in a CUDA graph after one eager call (plans built, kernels compiled); the graph's replay."""
+    """``fn`` captured in a CUDA graph after one eager call (plans built, kernels compiled); the graph's replay,
+    which holds ``fn`` (and so every tensor its closures made outside the graph's pool, which the graph reads)."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return graph.replay
+
+    def replay(_keep: Callable[[], Any] = fn) -> None:
+        graph.replay()
+
+    return replay
 
 
 def model_replays(config: VisionConfig, names: list[str],
-                  attention: str) -> dict[str, tuple[Callable[[], Any], Callable[[], None]]]:
+                  attention: str | None) -> dict[str, tuple[Callable[[], Any], Callable[[], None]]]:
     """Per workload, the graph-compiled runner's staging of its batch and the captured replay of that budget (as
     ``tools/gap_probe.py`` builds them). Workloads of one token count share a budget's graph: stage a workload's
     batch before timing its replays."""
@@ -287,6 +296,7 @@ def one_replay(replay: Callable[[], Any]) -> dict[str, float | None]:
 
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(200_000)  # the stream busy while the host submits: the start event does not time the launch
     start.record()
     replay()
     end.record()
@@ -351,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=4.0, help="seconds of each back to back (sustained)")
     parser.add_argument("--rest-s", type=float, default=3.0, help="idle seconds before each burst and sustained run")
     parser.add_argument("--gap-s", type=float, default=0.2, help="idle seconds between burst replays")
-    parser.add_argument("--attention", default="auto", help="the model's attention backend (default auto)")
+    parser.add_argument("--attention", default=None, help="the model's attention backend (default: the model's)")
     parser.add_argument("--json", metavar="PATH", help="write every number, with provenance, here")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.workloads.split(",")]

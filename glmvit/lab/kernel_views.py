@@ -149,6 +149,26 @@ def target_verdicts(bench_dir: str | Path, targets: dict[str, tuple[str, float]]
     return out
 
 
+def skeleton_verdicts(path: str | Path, targets: dict[str, float]) -> dict[str, dict[str, Any]]:
+    """Per workload of a skeleton bound (``tools/skeleton_bound.py``'s JSON) named in ``targets`` (ms): the model's
+    and the skeleton's medians in both regimes (``model_burst``, ``skeleton_burst``, ``model_sustained``,
+    ``skeleton_sustained``, ms), the SM clocks of the sustained runs, ``left_ms`` (target − skeleton from idle: what
+    every op outside the matmuls and the attention may cost at most), ``reachable`` (the skeleton from idle is under
+    the target: no forward of these kernels can meet it otherwise) and ``reachable_held`` (the same back to back,
+    at the clock a long run holds), and ``attention`` (the kernel that won)."""
+    workloads = json.loads(Path(path).read_text())["workloads"]
+    out = {}
+    for name, target in targets.items():
+        w = workloads[name]
+        burst, held = w["burst"], w["sustained"]
+        out[name] = {"target": target, "model_burst": burst["model"]["ms"], "skeleton_burst": burst["skeleton"]["ms"],
+                     "model_sustained": held["model"]["ms"], "skeleton_sustained": held["skeleton"]["ms"],
+                     "mhz_sustained": (held["model"]["sm_mhz"], held["skeleton"]["sm_mhz"]),
+                     "left_ms": target - burst["skeleton"]["ms"], "reachable": burst["skeleton"]["ms"] < target,
+                     "reachable_held": held["skeleton"]["ms"] < target, "attention": w["chosen"]["attention"]["kernel"]}
+    return out
+
+
 def describe_sweep(path: str | Path) -> str:
     """One line for a sweep JSON of ``data/sweeps/`` (its own format, not a record kind): its file name, GPU,
     commit (short) and date, from its ``provenance``."""
