@@ -112,8 +112,10 @@ def time_passes(call: Callable[[int], Any], n: int, device: torch.device | str, 
                 after(j, out)
             if pass_budget_s is not None and len(ms) >= min_calls and t1 - started >= pass_budget_s:
                 break
-            if passes > 1 and (j + 1) % CHECK_EVERY == 0 and relative_halfwidth(ms) <= precision:
-                break
+            if (j + 1) % CHECK_EVERY == 0:
+                if passes > 1 and relative_halfwidth(ms) <= precision:
+                    break
+                _settle()
     return ms, cpu, passes
 
 
@@ -150,6 +152,8 @@ def _wall_ms(fn: Callable[[], Any], device: torch.device, max_runs: int,
         times.append((time.perf_counter() - t0) * 1e3)
         if stop is not None and stop(times):
             break
+        if len(times) % CHECK_EVERY == 0:
+            _settle()
     return times
 
 
@@ -260,8 +264,10 @@ def quiet_host() -> Iterator[None]:
     request), and this thread moved, before each pass of :func:`time_passes` and each wall-clock run of
     :func:`time_calls` or :func:`time_until_steady`, to the CPU that is quietest at that moment (:func:`_settle`: a
     CPU's speed swings within seconds, so each loop chooses afresh; a choice before every call cost more than it
-    steadied, measured on the H200 machine). Within a loop the thread stays on its CPU. The collector and the
-    thread's CPUs are restored on exit."""
+    steadied, measured on the H200 machine), and again after every :data:`CHECK_EVERY` calls of a loop, outside
+    the clock (a slow spell on one CPU lasts tens of host-bound requests: the record run ``s28_803d908r1`` timed one
+    224² image's eager forward at 12.8 ms for 14 requests, then 16.9 ms for the next 11, in one pass). The collector
+    and the thread's CPUs are restored on exit."""
     gc.collect()
     enabled = gc.isenabled()
     gc.disable()

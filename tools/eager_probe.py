@@ -5,13 +5,16 @@ apart in one record process, with the host's cost of one kernel launch measured 
 times that forward in alternating blocks under four conditions, in one process:
 
 - ``quiet``: as ``bench`` times it (:func:`glmvit.timing.quiet_host`: collector off, the thread moved to the CPU that
-  runs a short loop fastest before each block);
+  runs a short loop fastest before each block and again after every ``CHECK_EVERY`` requests);
+- ``quiet_once``: as ``quiet``, the CPU chosen once per block only;
 - ``free``: the thread on every CPU the process may use, the collector on;
 - ``pinned0``: the thread pinned to the first CPU it may use, all block long;
 - ``after_sleep``: as ``quiet``, each request after a 20 ms sleep (a GPU and CPU left idle between requests).
 
-Per request it records the wall time (synchronised), the thread's CPU time, the CPU it ended on and the GPU's SM
-clock (``torch.cuda.clock_rate``, where pynvml answers); per block, the launch cost (:func:`glmvit.timing.launch_us`).
+Per request it records the wall time (synchronised), the host's share of it (until the forward returns, before the
+wait), the thread's CPU time and involuntary context switches, the CPU it ended on, the host's speed just after
+(a fixed pure-Python loop's ms on that CPU), the host's steal time and the GPU's SM clock (``torch.cuda.clock_rate``,
+where pynvml answers); per block, the launch cost (:func:`glmvit.timing.launch_us`).
 It prints medians per condition and per CPU, and the correlation of wall time with the SM clock, so that a swing
 shows its cause: a CPU (per-CPU medians apart), the GPU's clock (correlated), or neither (the host as a whole).
 
@@ -24,6 +27,7 @@ import argparse
 import gc
 import json
 import os
+import resource
 import time
 from contextlib import nullcontext
 from typing import Any
@@ -33,10 +37,10 @@ import torch
 
 from glmvit.cli.common import vision_config
 from glmvit.random_weights import random_encoder
-from glmvit.timing import launch_us, quiet_host, sync
+from glmvit.timing import CHECK_EVERY, _settle, _spin_ms, launch_us, quiet_host, sync
 from glmvit.workloads import random_batch
 
-CONDITIONS = ("quiet", "free", "pinned0", "after_sleep")
+CONDITIONS = ("quiet", "quiet_once", "free", "pinned0", "after_sleep")
 
 
 def current_cpu() -> int:
@@ -57,10 +61,19 @@ def sm_clock(device: torch.device) -> float | None:
         return None
 
 
+def steal_ticks() -> int:
+    """The host's steal time so far (``/proc/stat``'s eighth cpu field, in clock ticks); -1 where Linux does not say."""
+    try:
+        with open("/proc/stat") as f:
+            return int(f.readline().split()[8])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
 def block(condition: str, forward, device: torch.device, requests: int, cpus: set[int]) -> list[dict[str, Any]]:
     """``requests`` timed forwards under ``condition``; the thread's CPUs restored after."""
     rows = []
-    context = quiet_host() if condition in ("quiet", "after_sleep") else nullcontext()
+    context = quiet_host() if condition in ("quiet", "quiet_once", "after_sleep") else nullcontext()
     try:
         if condition == "pinned0":
             os.sched_setaffinity(0, {min(cpus)})
@@ -69,15 +82,22 @@ def block(condition: str, forward, device: torch.device, requests: int, cpus: se
             gc.enable()
         with context:
             launch = launch_us(device)
-            for _ in range(requests):
+            for i in range(requests):
                 if condition == "after_sleep":
                     time.sleep(0.02)
+                elif condition == "quiet" and i and i % CHECK_EVERY == 0:
+                    _settle()
                 sync(device)
+                steal0, switches0 = steal_ticks(), resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
                 c0, t0 = time.thread_time(), time.perf_counter()
                 forward()
+                t_issue = time.perf_counter()
                 sync(device)
-                rows.append({"condition": condition, "wall_ms": (time.perf_counter() - t0) * 1e3,
+                t1 = time.perf_counter()
+                rows.append({"condition": condition, "wall_ms": (t1 - t0) * 1e3, "issue_ms": (t_issue - t0) * 1e3,
                              "cpu_ms": (time.thread_time() - c0) * 1e3, "cpu": current_cpu(),
+                             "preempted": resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw - switches0,
+                             "steal_ticks": steal_ticks() - steal0, "spin_ms": _spin_ms(5_000),
                              "sm_mhz": sm_clock(device), "launch_us": launch})
     finally:
         os.sched_setaffinity(0, cpus)
@@ -91,12 +111,21 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         w = [r["wall_ms"] for r in rows if r["condition"] == c]
         if w:
             launches = [r["launch_us"] for r in rows if r["condition"] == c and r["launch_us"] is not None]
+            sel = [r for r in rows if r["condition"] == c]
             out["by_condition"][c] = {"median_ms": float(np.median(w)), "min_ms": float(np.min(w)),
+                                      "issue_median_ms": float(np.median([r["issue_ms"] for r in sel])),
+                                      "spin_median_ms": float(np.median([r["spin_ms"] for r in sel])),
+                                      "preempted": int(sum(r["preempted"] for r in sel)),
+                                      "steal_ticks": int(sum(r["steal_ticks"] for r in sel)),
                                       "p90_ms": float(np.percentile(w, 90)), "requests": len(w),
                                       "launch_us_median": float(np.median(launches)) if launches else None}
     for cpu in sorted({r["cpu"] for r in rows}):
         w = [r["wall_ms"] for r in rows if r["cpu"] == cpu]
         out["by_cpu"][str(cpu)] = {"median_ms": float(np.median(w)), "requests": len(w)}
+    spin = np.array([r["spin_ms"] for r in rows])
+    if spin.std() > 0:
+        out["corr_wall_spin"] = float(np.corrcoef(wall, spin)[0, 1])  # near 1: the host's speed is the swing
+        out["corr_wall_issue"] = float(np.corrcoef(wall, [r["issue_ms"] for r in rows])[0, 1])
     clocks = np.array([r["sm_mhz"] if r["sm_mhz"] is not None else np.nan for r in rows], dtype=float)
     if np.isfinite(clocks).all() and clocks.std() > 0:
         out["corr_wall_sm_clock"] = float(np.corrcoef(wall, clocks)[0, 1])
