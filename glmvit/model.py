@@ -81,7 +81,7 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 class SwiGLU(nn.Module):
-    """down(silu(gate(x)) · up(x)), no biases; gate and up are one matmul (:func:`fuse_gate_up`). On CUDA in
+    """down(silu(gate(x)) · up(x)), no biases; gate and up are one matmul (:func:`fuse_gate_up`). On sm_90+ CUDA in
     fp16/bf16, for the row counts ``glmvit.kernels.fused_gemm_table`` names, that matmul and the SwiGLU are one Triton
     GEMM (:func:`swiglu_linear`: one rounding instead of two or three)."""
 
@@ -93,7 +93,7 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _half_on_cuda(x) and swiglu_fused(x.shape[0]):
+        if _half_on_cuda(x) and swiglu_fused(x.shape[0], x.device):
             return self.down_proj(swiglu_linear(x, self.gate_up_proj.weight))
         return self.down_proj(swiglu(self.gate_up_proj(x)))
 
@@ -127,7 +127,8 @@ class Attention(nn.Module):
         self.proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
 
     def forward(self, x, cos, sin, meta: EncoderMetadata, backend: str) -> torch.Tensor:
-        if _half_on_cuda(x) and qkv_rope_fused(x.shape[0]):  # q and k leave the matmul rotated: not again in attention
+        # fused: q and k leave the matmul rotated, not rotated again in attention
+        if _half_on_cuda(x) and qkv_rope_fused(x.shape[0], x.device):
             qkv = qkv_rope_linear(x, self.qkv.weight, cos, sin, self.num_heads)
             return self.proj(attend_qkv(qkv, cos, sin, meta, backend, self.num_heads, rotated=True))
         return self.proj(attend_qkv(self.qkv(x), cos, sin, meta, backend, self.num_heads))

@@ -49,7 +49,6 @@ ANIMATIONS = ("GIF", "WEBP")  # PIL formats read as videos
 # What PIL raises on corrupt or truncated data (struct.error: short headers; IndexError: short palettes).
 PIL_ERRORS = (OSError, EOFError, SyntaxError, ValueError, struct.error, IndexError, Image.DecompressionBombError)
 PYAV_HINT = "reading it needs PyAV, which is not installed: pip install av"
-_MAX_STREAMS = 256  # per-stream FFmpeg options are given for this many streams (a file has a handful)
 
 
 class DecodeLimitError(ValueError):
@@ -305,19 +304,11 @@ def _import_av(path: Path) -> Any:
 
 def _open_pyav(av: Any, path: Path, frame_limit: int) -> Any:
     """``av.open(path)``, FFmpeg told the per-frame bound (its ``max_pixels``, twice ours: it counts rows padded to
-    its alignment) for every stream, so the frames it decodes while probing the streams are bounded too. PyAV 19 and
-    later hand ``options`` to every stream known before probing (and none where no stream is known); before 19 they
-    are per-stream ``stream_options``, which formats that state no streams before probing (raw streams, MPEG-TS)
-    refuse: opened without."""
-    bound = {"max_pixels": str(2 * frame_limit)}
-    if int(av.__version__.split(".")[0]) >= 19:
-        return av.open(str(path), options=bound)
-    try:
-        return av.open(str(path), stream_options=[bound] * _MAX_STREAMS)
-    except ValueError as err:
-        if "stream_options" not in str(err):
-            raise
-        return av.open(str(path))
+    its alignment) for every stream known before probing (PyAV 18.1 on hands ``options`` to each of them: raw H.264
+    and MPEG-TS included), so the frames it decodes while probing the streams are bounded too. A format whose
+    streams appear only while probing (MPEG-PS) has none to hand it to: its probe is unbounded, its decode is not
+    (:func:`_decode_pyav` sets the bound on the stream it decodes)."""
+    return av.open(str(path), options={"max_pixels": str(2 * frame_limit)})
 
 
 def _probe_pyav(path: Path, frame_limit: int) -> VideoInfo:

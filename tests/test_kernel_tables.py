@@ -153,3 +153,62 @@ def test_a_fused_gemm_threshold_is_where_its_ab_says_the_fused_kernel_wins(rule)
             assert fused["us"] < unfused, (rule, rows, fused["us"], unfused)
         else:
             assert fused["us"] >= 0.98 * unfused, (rule, rows, fused["us"], unfused)
+
+
+@pytest.fixture
+def capabilities(monkeypatch):
+    """cuda:0 an sm_89 GPU, cuda:1 an sm_90 one, cuda:2 an sm_120 one (consumer Blackwell: 99 KiB of shared memory
+    a block), as fused_gemm_table asks the driver; the queries it makes."""
+    import torch
+
+    from glmvit.kernels import fused_gemm_table
+
+    asked: list[int] = []
+
+    def capability(index):
+        asked.append(index)
+        return {0: (8, 9), 1: (9, 0), 2: (12, 0)}[index]
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", capability)
+    fused_gemm_table._capability.cache_clear()
+    yield asked
+    fused_gemm_table._capability.cache_clear()
+
+
+def test_the_fused_gemms_run_only_on_hopper(capabilities, monkeypatch):
+    """The fused GEMMs were tuned and measured on the H200 (sm_90): an older GPU, and a newer one whose blocks get
+    less shared memory than their configurations stage, keep the unfused path at every row count; the driver is
+    asked once per device, not per block."""
+    import torch
+
+    from glmvit.kernels import fused_gemm_table
+
+    monkeypatch.setattr(fused_gemm_table, "QKV_ROPE_MIN_ROWS", 256)
+    ada, hopper, blackwell = torch.device("cuda", 0), torch.device("cuda", 1), torch.device("cuda", 2)
+    for fused in (fused_gemm_table.swiglu_fused, fused_gemm_table.qkv_rope_fused):
+        assert not fused(8192, ada) and fused(256, hopper) and fused(8192, hopper) and not fused(255, hopper)
+        assert not fused(8192, blackwell)
+    assert sorted(capabilities) == [0, 1, 2]
+    configs = {fused_gemm_table.swiglu_config(rows) for rows in (fused_gemm_table.SWIGLU_MIN_ROWS,
+                                                                  fused_gemm_table.SWIGLU_PERSISTENT_MIN_ROWS)}
+    assert min(config.shared_bytes() for config in configs) > 99 * 1024  # why sm_12x is left out
+
+
+def test_the_hopper_gate_compiles_to_a_constant(capabilities):
+    """Under torch.compile the gate is decided once, outside the graph: no break, no driver query traced."""
+    import torch
+
+    from glmvit.kernels import fused_gemm_table
+
+    def forward(x):
+        return x + 1 if fused_gemm_table.swiglu_fused(x.shape[0], torch.device("cuda", 1)) else x - 1
+
+    compiled = torch.compile(forward, backend="eager", fullgraph=True)
+    assert torch.equal(compiled(torch.zeros(256, 2)), torch.ones(256, 2))
+    assert torch.equal(compiled(torch.zeros(16, 2)), -torch.ones(16, 2))
+
+    def marked():
+        pass
+
+    torch.compiler.assume_constant_result(marked)  # the mark, set without importing dynamo at import time
+    assert vars(marked) and all(getattr(fused_gemm_table.measured_gpu, k, None) == v for k, v in vars(marked).items())

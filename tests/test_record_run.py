@@ -194,6 +194,27 @@ def test_a_bench_job_runs_in_process_on_the_sessions_model_and_times_every_reque
     assert len(session._models) == 1  # noqa: SLF001 - the model is the session's, built once
 
 
+def test_an_in_process_serve_job_drives_the_scheduler_on_the_sessions_model_and_writes_its_record(tmp_path):
+    """bench-serve --in-process inside a record run: no server, the session's tower (built once, shared with the
+    other jobs) and a runner the session lends, every request answered, the record written by the command."""
+    session = Session()
+    job = next(j for j in jobs() if j.command == "bench-serve" and "--in-process" in j.argv)
+    out = tmp_path / "serve.json"
+    argv = list(job.argv)
+    for flag, value in (("--json", str(out)), ("--workload", "img1x224"), ("--num-prompts", "6")):
+        argv[argv.index(flag) + 1] = value
+    job = Job(job.name, job.phase, job.command, (*argv, "--warmup-requests", "1"), (str(out),), 1.0, ("graph",),
+              shares="serve")
+    session.begin_job(job.name, job.shares, frozenset({"serve"}))
+    recorder.run_serve(job, session, tmp_path)
+    data = json.loads(out.read_text())
+    assert data["settings"]["target"] == "in-process" and data["settings"]["body"] == "pixels"
+    (run,) = data["runs"]
+    assert run["requests"] == run["successful"] == 6 and run["failed"] == run["refused"] == 0
+    assert len(session._models) == 1 and session.kept_runners()  # noqa: SLF001 - the session's model and runner
+    session.close()
+
+
 def test_the_two_latency_sweeps_share_their_eager_runs(tmp_path):
     session = Session()
     argv = ("--budgets", "16,32", "--runs", "2", "--warmup", "0", "--quiet")
@@ -357,7 +378,8 @@ def test_the_serving_target_is_swept_on_the_one_shape_workload_in_bounded_time()
 
     serve = [j for j in jobs() if j.command == "bench-serve"]
     assert set(SERVE_RECORDS) == {j.name for j in serve}
-    sweeps = [j for j in serve if dict(zip(j.argv[::2], j.argv[1::2], strict=True))["--workload"] == "video8x224"
+    served = [j for j in serve if "--in-process" not in j.argv]  # flags with values only, below
+    sweeps = [j for j in served if dict(zip(j.argv[::2], j.argv[1::2], strict=True))["--workload"] == "video8x224"
               and "50%" in dict(zip(j.argv[::2], j.argv[1::2], strict=True))["--request-rate"].split(",")]
     assert len(sweeps) == 1 and sweeps[0].modes == ("graph-compiled",)
     argv = dict(zip(sweeps[0].argv[::2], sweeps[0].argv[1::2], strict=True))
@@ -504,6 +526,15 @@ def test_a_serve_job_starts_every_modes_client_before_its_first_server(tmp_path,
     with pytest.raises(RuntimeError, match="no graphs"):
         recorder.run_serve(job, session, tmp_path)
     assert sorted(kind for kind, _ in events) == ["client", "client", "closed", "killed", "killed", "pool started"]
+
+    # one record names one server configuration: a mode whose server ran other processes than an earlier mode's
+    # is refused, not recorded as the last mode's
+    monkeypatch.setattr(serve, "build_service", build_service)
+    real = bench_serve.serve_argv
+    monkeypatch.setattr(bench_serve, "serve_argv", lambda args, mode, workload: [
+        *real(args, mode, workload), "--decode-workers", "1" if mode == "eager" else "2"])
+    with pytest.raises(RuntimeError, match="graph: its server's processes"):
+        recorder.run_serve(job, session, tmp_path)
 
 
 @pytest.fixture(scope="module")

@@ -879,3 +879,102 @@ def test_a_server_started_with_a_timeout_is_entered_once_and_drained_on_exit():
     with server.start(timeout=10.0) as entered:
         assert entered is server and server.url == "http://127.0.0.1:1234"
     assert calls == [1234] and server.drained is True and not server._thread.is_alive()
+
+
+def test_a_stopped_server_is_not_entered():
+    """``with server:`` after ``start(); shutdown()`` raises instead of entering a server that no longer listens."""
+
+    async def serve(service, host, port, shutdown_timeout, ready, stop):
+        ready(f"http://{host}:{port}")
+        await stop.wait()
+        return True
+
+    server = ServerThread(None, port=1234, serve=serve)  # type: ignore[arg-type]
+    server.start(timeout=10.0)
+    assert server.shutdown(timeout=10.0)
+    with pytest.raises(RuntimeError, match="already stopped, is draining, or failed to start"):
+        with server:
+            pass
+
+
+def test_a_server_that_failed_to_start_is_not_entered():
+    """``with server:`` after a ``start()`` that raised raises instead of entering the dead server."""
+
+    async def serve(service, host, port, shutdown_timeout, ready, stop):
+        raise OSError("address in use")
+
+    server = ServerThread(None, port=1234, serve=serve)  # type: ignore[arg-type]
+    with pytest.raises(OSError, match="address in use"):
+        server.start(timeout=10.0)
+    with pytest.raises(RuntimeError, match="already stopped, is draining, or failed to start"):
+        with server:
+            pass
+
+
+def test_a_server_that_ends_before_it_listens_fails_its_start_at_once():
+    """A serve function that returns without calling ``ready`` (API servers that did not start) wakes ``start`` at
+    once with an error, rather than after its whole timeout with a misleading one."""
+    import time
+
+    async def serve(service, host, port, shutdown_timeout, ready, stop):
+        return False
+
+    server = ServerThread(None, port=1234, serve=serve)  # type: ignore[arg-type]
+    began = time.monotonic()
+    with pytest.raises(RuntimeError, match="ended before it listened"):
+        server.start(timeout=60.0)
+    assert time.monotonic() - began < 10.0 and not server._thread.is_alive()
+
+
+def test_a_draining_server_is_not_entered():
+    """``with server:`` after a ``shutdown`` that timed out (the thread still drains) raises instead of entering."""
+    import threading
+
+    release = threading.Event()
+
+    async def serve(service, host, port, shutdown_timeout, ready, stop):
+        ready(f"http://{host}:{port}")
+        await stop.wait()
+        while not release.is_set():  # a drain that takes a while
+            await asyncio.sleep(0.01)
+        return True
+
+    server = ServerThread(None, port=1234, serve=serve)  # type: ignore[arg-type]
+    server.start(timeout=10.0)
+    assert not server.shutdown(timeout=0.05)  # still draining
+    try:
+        with pytest.raises(RuntimeError, match="is draining"):
+            with server:
+                pass
+    finally:
+        release.set()
+        assert server.shutdown(timeout=10.0)
+
+
+def test_a_burst_of_connections_waits_in_the_kernel_not_a_second_in_syn_retries(tiny_model):
+    """While the event loop is busy, the kernel completes handshakes into the listening socket's queue, up to its
+    backlog; past it, a client's SYN is dropped and retried a second later. asyncio's own backlog is 100, less than a
+    load generator's burst at rate inf: the server listens with ``BACKLOG``, so 300 connections opened while the loop
+    is blocked all complete within half a second."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    from glmvit.cli.serve_app import BACKLOG
+
+    assert BACKLOG >= 300
+    service = service_for(tiny_model)
+    with ServerThread(service) as server:
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+        loop = server._loop
+        assert loop is not None
+        loop.call_soon_threadsafe(time.sleep, 2.0)  # the loop accepts nothing for two seconds
+
+        def connect(_):
+            began = time.monotonic()
+            with socket.create_connection((host, int(port)), timeout=5):
+                return time.monotonic() - began
+
+        time.sleep(0.1)
+        with ThreadPoolExecutor(64) as pool:
+            seconds = list(pool.map(connect, range(300)))
+    assert max(seconds) < 0.5, sorted(seconds)[-5:]

@@ -32,6 +32,7 @@ from test_serve import (
     wait_until,
 )
 
+from glmvit.cli import serve
 from glmvit.cli.bench_serve import build_parser as bench_parser
 from glmvit.cli.bench_serve import build_workload, check_args, serve_argv
 from glmvit.cli.decode_pool import DecodePool
@@ -59,7 +60,8 @@ def service(model, decode, **scheduler_args):
 
 def one_server_args(api_servers):
     """``glmvit serve``'s flags for ``api_servers`` processes with two decode workers and two threads."""
-    return serve_parser().parse_args(["--api-servers", str(api_servers), "--decode-workers", "2", "--threads", "2"])
+    return serve.parse_args(["--device", "cpu", "--api-servers", str(api_servers), "--decode-workers", "2",
+                             "--threads", "2"])[1]
 
 
 def test_the_flags_pick_the_one_process_server_or_the_api_servers():
@@ -253,6 +255,24 @@ def test_bench_serve_spawns_the_server_with_its_api_servers():
     check_args(parser, args, argv)
     argv = serve_argv(args, "graph", build_workload(args))
     assert argv[argv.index("--api-servers") + 1] == "4"
+
+
+def test_the_api_servers_default_is_resolved_after_parsing_not_when_the_parser_is_built(monkeypatch):
+    """``--help`` and a parse read the same on every host; whoever runs a server resolves the count once
+    (``serve.parse_args``) and names it: ``bench-serve --spawn`` passes it to its child and its record."""
+    monkeypatch.setattr(serve, "default_api_servers", lambda: 3)
+    parser = serve_parser()
+    assert parser.parse_args([]).api_servers is None and "here 3" not in parser.format_help()
+    assert serve.parse_args(["--device", "cpu"])[1].api_servers == 3
+    assert serve.parse_args(["--device", "cpu", "--api-servers", "1"])[1].api_servers == 1
+    with pytest.raises(ValueError, match="--api-servers is unresolved"):
+        serve_function(parser.parse_args([]))
+    argv = ["--spawn", "--workload", "img1x224", "--num-prompts", "2"]
+    parser = bench_parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args, argv)
+    child = serve_argv(args, "graph", build_workload(args))
+    assert args.api_servers == 3 and child[child.index("--api-servers") + 1] == "3"
 
 
 CHILD = """
@@ -908,8 +928,8 @@ def test_the_engine_opens_only_its_own_shared_files(tmp_path, pipe_pair, caplog,
 
 
 def test_a_port_in_use_fails_the_start_as_the_one_process_servers_does(monkeypatch):
-    """The engine binds and listens itself (never SO_REUSEPORT): a port another server listens on (even one that
-    allows port sharing) is EADDRINUSE before any API server starts."""
+    """The engine binds and listens itself: a port another server already listens on (even one that allows port
+    sharing) is EADDRINUSE before any API server starts."""
     import errno
     import socket
     import types
@@ -940,10 +960,81 @@ def test_a_port_in_use_fails_the_start_as_the_one_process_servers_does(monkeypat
 def test_port_0_is_one_port_on_every_address():
     from glmvit.cli.serve_frontends import listen
 
-    for host in ("127.0.0.1", "localhost", ""):
-        sockets = listen(host, 0)
+    for host, copies in (("127.0.0.1", 1), ("localhost", 1), ("", 1), ("", 3)):
+        sockets = [s for copy in listen(host, 0, copies=copies) for s in copy]
         try:
             assert len({s.getsockname()[1] for s in sockets}) == 1 and all(s.getsockname()[1] for s in sockets)
         finally:
             for s in sockets:
                 s.close()
+
+
+def test_each_api_server_gets_its_own_copy_and_the_kernel_spreads_a_burst_evenly():
+    """One copy per API server, on one port, bound with SO_REUSEPORT: a burst of connections lands on every copy
+    about equally (a hash of each connection's addresses picks the copy), whoever is awake. 300 connections over 3
+    copies: 100 each expected, a standard deviation of about 8, so at least 50 each is certain in practice. A socket
+    shared by every API server gave one of four 1 connection of 400 and another 181."""
+    import select
+    import socket
+
+    from glmvit.cli.serve_frontends import listen
+
+    copies = listen("127.0.0.1", 0, copies=3, backlog=512)
+    sockets = [copy[0] for copy in copies]
+    clients: list[socket.socket] = []
+    try:
+        assert len({s.getsockname()[1] for s in sockets}) == 1 and all(len(copy) == 1 for copy in copies)
+        assert all(s.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) for s in sockets)
+        port = sockets[0].getsockname()[1]
+        for _ in range(300):
+            clients.append(socket.create_connection(("127.0.0.1", port)))
+        accepted = [0] * len(sockets)
+        while sum(accepted) < 300 and select.select(sockets, [], [], 5.0)[0]:
+            for k, s in enumerate(sockets):
+                try:
+                    s.accept()[0].close()
+                    accepted[k] += 1
+                except BlockingIOError:
+                    pass
+        assert sum(accepted) == 300 and min(accepted) >= 50, accepted
+    finally:
+        for s in clients + sockets:
+            s.close()
+
+
+def test_copies_refuse_a_port_that_a_port_sharing_server_listens_on():
+    """The copies share the port with each other, not with a server already listening on it: even one whose socket
+    allows port sharing (SO_REUSEPORT, same user) makes the start fail with EADDRINUSE, and nothing is left bound."""
+    import errno
+    import socket
+
+    from glmvit.cli.serve_frontends import listen
+
+    other = socket.socket()
+    try:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        with pytest.raises(OSError) as refused:
+            listen("127.0.0.1", port, copies=2)
+        assert refused.value.errno == errno.EADDRINUSE
+    finally:
+        other.close()
+    copies = listen("127.0.0.1", port, copies=2)  # released: the port is free once its holder closes
+    for copy in copies:
+        for s in copy:
+            s.close()
+
+
+def test_several_copies_are_refused_where_so_reuseport_does_not_spread_connections(monkeypatch):
+    """Only Linux spreads a port's connections over SO_REUSEPORT copies: elsewhere several copies would leave one API
+    server with every connection (macOS) or fail on a missing option (Windows), so listen says what to run instead."""
+    from glmvit.cli import serve_frontends
+
+    monkeypatch.setattr(serve_frontends.sys, "platform", "darwin")
+    with pytest.raises(RuntimeError, match=r"--api-servers 1"):
+        serve_frontends.listen("127.0.0.1", 0, copies=2)
+    for copy in serve_frontends.listen("127.0.0.1", 0, copies=1):  # one copy needs no port sharing
+        for s in copy:
+            s.close()

@@ -214,13 +214,15 @@ def seed_lines() -> list[str]:
 
 
 # every bench-serve job's record
-SERVE_RECORDS = ("serve_video8x224", "serve_video8x224_one_process", "serve_video8x224_sweep", "serve_mixed_av")
+SERVE_RECORDS = ("serve_video8x224", "serve_video8x224_one_process", "serve_video8x224_in_process",
+                 "serve_video8x224_sweep", "serve_mixed_av")
 
 
 def serve_lines() -> list[str]:
     """The served encoder under load (``python -m glmvit bench-serve``): the seed's serve workload, and rate sweeps."""
     lines = ["**Served under load** (the record run's serve jobs: `bench-serve`'s load against the server `--spawn` "
-             "would start, its HTTP side in the default API servers; one H200, over HTTP on loopback; "
+             "would start, its HTTP side in the default API servers; one H200, over HTTP on loopback, except the "
+             "row marked *in process*: the scheduler driven in the record's process, no HTTP; "
              "time to embedding from request sent to answer read):", "",
              "| workload | mode | rate sent, req/s (share of saturation) | req/s | items/s | of floor rate | "
              "TTE median (P99) | queue median | items per batch |", "|---|---|---|---|---|---|---|---|---|"]
@@ -230,10 +232,12 @@ def serve_lines() -> list[str]:
                          "| | | | | | | | |")
             continue
         record = load(BENCH / f"{name}_h200.json", ServeRecord)
+        where = ", *in process*" if record.settings.get("target") == "in-process" else ""
         for r in record.runs:
             floor = f"{r['vs_floor']:.0%}" if r.get("vs_floor") else ""
-            lines.append(f"| {record.settings['workload']} (`{name}_h200.json` @ {record.provenance.short_commit}"
-                         f"{mark(record)}) | {r['mode']} | {rate_label(r)} | {r['requests_per_s']:.1f} | "
+            lines.append(f"| {record.settings['workload']}{where} (`{name}_h200.json` @ "
+                         f"{record.provenance.short_commit}{mark(record)}) | {r['mode']} | {rate_label(r)} | "
+                         f"{r['requests_per_s']:.1f} | "
                          f"{r['items_per_s']:.1f} | {floor} | {ms(r['tte_ms']['median'])} ({ms(r['tte_ms']['p99'])}) | "
                          f"{ms(r['queue_ms']['median'])} | {r['server']['items_per_batch']:.1f} |")
     return lines

@@ -53,7 +53,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -84,7 +84,10 @@ from .common import (
     write_record,
 )
 from .media_files import data_url, encode_clip, encode_image, mp4_available
-from .serve import MODES, add_serving_args, check_serving_args, make_scheduler, measure_floor
+from .serve import MODES, add_serving_args, check_serving_args, make_scheduler, measure_floor, resolve_processes
+
+if TYPE_CHECKING:
+    from .session import Session
 
 MAX_PROMPTS = 100_000
 MIN_RATE = 0.01  # requests per second: one every 100 s; slower, 100 prompts would take hours
@@ -657,18 +660,24 @@ async def bench_http(url: str, workload: Workload, args: argparse.Namespace, rec
         record["runs"] += await run_rates(target, workload, args, mode, floor["items_per_s"] if floor else None)
 
 
-async def bench_in_process(workload: Workload, args: argparse.Namespace, record: dict[str, Any]) -> None:
-    model = model_from_args(args)
+async def bench_in_process(workload: Workload, args: argparse.Namespace, record: dict[str, Any],
+                           session: Session | None = None) -> None:
+    """Each mode's scheduler driven in this process (no HTTP); a ``session`` (a record run) lends its tower, its
+    measured floor and the runners earlier jobs captured."""
+    model = model_from_args(args) if session is None else session.model(args)
     attention = model.attention_backend(args.attn_backend)  # a clear error if it cannot run here
-    floor = measure_floor(model)
+    floor = measure_floor(model, None if session is None else session.floor(model.device, model.dtype, None))
     health = {"vision_config": vars(model.config), "floor": floor}
     for mode in args.modes:
-        scheduler, runner = make_scheduler(model, mode, _queue_args(args, workload), attention=attention)
+        scheduler, runner = make_scheduler(model, mode, _queue_args(args, workload), attention=attention,
+                                           session=session)
         label = scheduler.mode
         record["servers"][label] = {"mode": label, "attn_backend": scheduler.encoder.attention,
                                     "limits": scheduler.stats()["limits"],
                                     "capture": {str(k): v.as_dict() for k, v in runner.captures.items()}
                                     if runner else None}
+        if session is not None and runner is not None and (source := session.source_of(runner)) is not None:
+            record["servers"][label]["runner_source"] = source  # a record run's earlier job captured it
         rate = floor_rate(health, workload)
         record["floor"][label] = rate
         try:
@@ -699,9 +708,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--modes", default=None, help=f"with --spawn / --in-process: comma list of {', '.join(MODES)} "
                    "(default graph)")
     t.add_argument("--decode-workers", type=int_in(1, 256), default=None,
-                   help="--spawn: the server's processes that decode media (default: the server's, min(8, CPUs − 1))")
+                   help="--spawn: the server's processes that decode media (default: the server's: "
+                        "glmvit.cli.serve_app.default_decode_workers)")
     t.add_argument("--api-servers", type=int_in(1, 64), default=None,
-                   help="--spawn: the server's HTTP processes in front of its engine (default: the server's, 1)")
+                   help="--spawn: the server's HTTP processes in front of its engine (default: the server's: "
+                        "glmvit.cli.serve_frontends.default_api_servers)")
     t.add_argument("--wait-s", type=float_in(0, 7200), default=0.0,
                    help="--url: seconds to keep trying a server that does not listen yet (default 0: fail at once)")
     t.add_argument("--startup-timeout", type=float_in(1, 7200), default=1800.0,
@@ -799,9 +810,12 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: 
     resolve_model_args(parser, args)
     if not args.url:
         check_serving_args(parser, args, args.modes)
+    if args.spawn:  # the counts the child runs, passed to it and named in the record (not the server's unsaid defaults)
+        resolve_processes(args)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, session: Session | None = None) -> int:
+    """The command; with ``--in-process``, a ``session`` (a record run) lends its tower, floor and runners."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -847,7 +861,7 @@ def main(argv: list[str] | None = None) -> int:
                 assert server.url is not None
                 asyncio.run(bench_http(server.url, workload, args, record))
     else:
-        asyncio.run(bench_in_process(workload, args, record))
+        asyncio.run(bench_in_process(workload, args, record, session))
     provenance = bench_provenance(record, args, command)
     fingerprint = fingerprint_now()  # this process's code, and each server's (it measured theirs)
     for server in record["servers"].values():

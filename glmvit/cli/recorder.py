@@ -93,6 +93,15 @@ def _serve(name: str, workload: str, prompts: int, rates: str, modes: tuple[str,
                (out,), estimate, modes, shares="serve")
 
 
+def _serve_in_process(name: str, workload: str, prompts: int, estimate: float) -> Job:
+    # the same load as a serve job, graph-compiled, with no HTTP and no decoding: what the scheduler and the encoder
+    # alone sustain (bench-serve --in-process), on the session's tower and the runner the serve jobs captured
+    out = f"bench/{name}_h200.json"
+    return Job(name, "measure", "bench-serve", ("--in-process", "--workload", workload, "--num-prompts", str(prompts),
+                                                "--request-rate", "inf", "--response-dtype", "model", "--json",
+                                                f"data/{out}"), (out,), estimate, ("graph-compiled",), shares="serve")
+
+
 # its capture fails on purpose, which leaves the CUDA generator in capture mode: nothing may run after it
 LAST_IN_PHASE = ("03_host_syncs",)
 
@@ -139,6 +148,8 @@ STATIC_JOBS: tuple[Job, ...] = (  # in the order each phase runs them
     # what the HTTP side's processes buy (notebook 11)
     _serve("serve_video8x224_one_process", "video8x224", 400, "inf", ("graph-compiled",), 16,
            server=("--api-servers", "1")),
+    # the same load with no HTTP (the scheduler driven in this process): the serving target's in-process half
+    _serve_in_process("serve_video8x224_in_process", "video8x224", 400, 8),
     # the serving target (P99 time to embedding at half the saturated rate ≤ 2× the unloaded median) on one shape,
     # where the unloaded spread is the server's, not the items' sizes' (mixed-av's unloaded P99 is several times its
     # median). A job of its own: a job's rates apply to every mode, and eager needs no sweep; 200 requests keep it
@@ -353,12 +364,18 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
     each waits for its own server to listen before it sends anything, so a later mode's server never waits for its
     client to start. One-process servers share one decode pool (its processes import torch: seconds each); with
     ``--api-servers N`` the API server processes decode, as ``glmvit serve`` runs them. Every server shares the
-    session's floor."""
+    session's floor. A job with ``--in-process`` starts no server: ``bench-serve --in-process`` drives the scheduler
+    in this process, on the session's tower, floor and runners, and writes the record itself."""
     from . import bench_serve, serve
-    from .common import DTYPES, resolve_model_args
+    from .common import DTYPES
     from .pixel_rows import no_room
     from .serve_app import ServerThread, default_decode_pool
     from .serve_frontends import STARTUP_TIMEOUT_S
+
+    if "--in-process" in job.argv:  # no server: the scheduler in this process, on the session's tower and runners
+        if bench_serve.main([*job.argv, "--modes", ",".join(job.modes)], session) != 0:
+            raise RuntimeError(f"[serve] {job.name}: bench-serve --in-process exited non-zero")
+        return
 
     parser = bench_serve.build_parser()
     spawn_argv = [*job.argv, "--spawn", "--modes", ",".join(job.modes)]
@@ -380,14 +397,16 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
         for mode in job.modes:
             url, out, argv, client = clients[mode]
             server_argv = bench_serve.serve_argv(cargs, mode, workload)[4:]  # after: python -m glmvit serve
-            sparser = serve.build_parser()
-            sargs = sparser.parse_args(server_argv)
-            resolve_model_args(sparser, sargs)
+            _, sargs = serve.parse_args(server_argv)
             start = time.perf_counter()
             one_process = sargs.api_servers == 1  # else the API server processes decode, each with its own pool
             if not one_process and (why := no_room()):
                 raise RuntimeError(f"--api-servers {sargs.api_servers} needs a shared-memory folder: {why}")
-            served = {"api_servers": sargs.api_servers, "decode_workers": sargs.decode_workers}
+            this = {"api_servers": sargs.api_servers, "decode_workers": sargs.decode_workers}
+            if served and this != served:  # one record names one server configuration: every mode's
+                raise RuntimeError(f"[serve] {mode}: its server's processes {this} differ from the job's earlier "
+                                   f"modes' {served}")
+            served = this
             if decode is None and one_process:
                 decode = default_decode_pool(sargs.decode_workers, sargs.decode_queue, sargs.decode_timeout).start()
             model = session.model(sargs)

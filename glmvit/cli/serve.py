@@ -153,11 +153,13 @@ def make_scheduler(model: GlmVisionEncoder, mode: RunMode | str, args: argparse.
     return scheduler, encoder if isinstance(encoder, EncoderGraphRunner) else None
 
 
-def measure_floor(model: GlmVisionEncoder) -> dict[str, Any]:
-    """The measured matmul rate and copy bandwidth on the model's device (glmvit.floor), and its weight bytes."""
-    return {"matmul_tflops": measure_matmul_tflops(model.device, model.dtype),
-            "matmul_dtype": str(model.dtype).removeprefix("torch."),
-            "copy_gbps": measure_copy_bandwidth(model.device), "weight_bytes": weight_bytes(model)}
+def measure_floor(model: GlmVisionEncoder, measured: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The matmul rate and copy bandwidth on the model's device (glmvit.floor), and its weight bytes: ``measured``'s
+    rates (matmul_tflops and copy_gbps, on this device and dtype) where a caller has them, else measured here."""
+    rates = measured or {"matmul_tflops": measure_matmul_tflops(model.device, model.dtype),
+                         "copy_gbps": measure_copy_bandwidth(model.device)}
+    return {"matmul_tflops": rates["matmul_tflops"], "matmul_dtype": str(model.dtype).removeprefix("torch."),
+            "copy_gbps": rates["copy_gbps"], "weight_bytes": weight_bytes(model)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -186,16 +188,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 30; then it is closed)")
     h.add_argument("--max-connections", type=int_in(1, 1_000_000), default=1024,
                    help="open connections at once (default 1024, fewer if ulimit -n is lower); more: 503")
-    h.add_argument("--api-servers", type=int_in(1, 64), default=default_api_servers(),
+    h.add_argument("--api-servers", type=int_in(1, 64), default=None,
                    help="processes that run the HTTP server on the same port, each reading, parsing and decoding its "
                         "requests, in front of this one, which encodes; 1: this process alone (default: one per "
-                        "four CPUs, at most 4, here %(default)s; see glmvit.cli.serve_frontends)")
+                        "four CPUs, at most 4, 1 without a shared-memory folder: "
+                        "glmvit.cli.serve_frontends.default_api_servers)")
     h.add_argument("--shutdown-timeout", type=float_in(0, 3600), default=60.0,
                    help="seconds a drain waits for requests in flight (default 60); then they are abandoned, exit 1")
     m = parser.add_argument_group("media (multipart files, JSON content parts)")
-    m.add_argument("--decode-workers", type=int_in(1, 256), default=default_decode_workers(),
+    m.add_argument("--decode-workers", type=int_in(1, 256), default=None,
                    help="processes that decode and preprocess media, one thread each (default: this process's "
-                        f"CPUs − 4, at least 1, at most 32: {default_decode_workers()} here)")
+                        "CPUs − 4, at least 1, at most 32: glmvit.cli.serve_app.default_decode_workers)")
     m.add_argument("--decode-queue", type=int_in(0, 100_000), default=DECODE_QUEUE,
                    help=f"requests waiting for a decode process (default {DECODE_QUEUE}; their bodies count against "
                         "--max-held-mb too); more: 429")
@@ -251,8 +254,7 @@ def build_service(args: argparse.Namespace, command: str, model: GlmVisionEncode
                                        session=session)
     source = session.source_of(runner) if session is not None and runner is not None else None
     extra = {"attn_backend": scheduler.encoder.attention,
-             "floor": None if not args.measure_floor else measure_floor(model) if floor is None else {
-                 **floor, "matmul_dtype": str(model.dtype).removeprefix("torch."), "weight_bytes": weight_bytes(model)},
+             "floor": measure_floor(model, floor) if args.measure_floor else None,
              "capture": {str(k): v.as_dict() for k, v in runner.captures.items()} if runner else None,
              "capture_failed": {str(k): v for k, v in runner.failed.items()} if runner else None,
              "routing": (runner.latency_table.describe() if runner.latency_table else "off: no recorded table for "
@@ -273,11 +275,35 @@ def build_service(args: argparse.Namespace, command: str, model: GlmVisionEncode
     return service
 
 
+def resolve_processes(args: argparse.Namespace) -> None:
+    """``--api-servers`` and ``--decode-workers`` left out: this machine's
+    :func:`~glmvit.cli.serve_frontends.default_api_servers` and
+    :func:`~glmvit.cli.serve_app.default_decode_workers`, set in place. Resolved here, after parsing, not as the
+    parser's defaults: ``--help`` and a parse then read the same on every host, and whoever runs a server
+    (``serve``, the record run, ``bench-serve --spawn``) names the counts it ran."""
+    if args.api_servers is None:
+        args.api_servers = default_api_servers()
+    if args.decode_workers is None:
+        args.decode_workers = default_decode_workers()
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """``glmvit serve``'s parser and its flags from ``argv``, every default resolved (:func:`resolve_model_args`,
+    :func:`resolve_processes`): the one way a server's flags are read, by ``serve`` and by the record run."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    resolve_model_args(parser, args)
+    resolve_processes(args)
+    return parser, args
+
+
 def serve_function(args: argparse.Namespace) -> Callable[..., Coroutine[Any, Any, bool]]:
     """The coroutine that serves a service built from ``args`` (:func:`build_service`, with ``start_decode`` False
     when ``--api-servers`` is above 1): :func:`~glmvit.cli.serve_app.run_server`, or for ``--api-servers N > 1``
     :func:`~glmvit.cli.serve_frontends.run_frontends` with the flags' decode pool split among the N processes.
-    Both take run_server's arguments (so a ``ServerThread`` runs either)."""
+    Both take run_server's arguments (so a ``ServerThread`` runs either). ``args`` come from :func:`parse_args`."""
+    if args.api_servers is None:
+        raise ValueError("--api-servers is unresolved: read the flags with glmvit.cli.serve.parse_args")
     if args.api_servers == 1:
         return run_server
     return functools.partial(run_frontends, count=args.api_servers, decode_workers=args.decode_workers,
@@ -286,9 +312,7 @@ def serve_function(args: argparse.Namespace) -> Callable[..., Coroutine[Any, Any
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    resolve_model_args(parser, args)
+    parser, args = parse_args(argv)
     check_serving_args(parser, args, [args.mode])
     try:
         check_listen(args.host, args.port)

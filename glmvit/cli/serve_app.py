@@ -785,6 +785,9 @@ def format_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+# connections the kernel queues on a listening socket before one is accepted: a load generator's burst at rate inf
+# opens hundreds at once, and a SYN past a full queue is retried a second later (asyncio's own default is 100)
+BACKLOG = 1024
 CANCEL_AFTER_S = 1.0  # a drain past its timeout: how long handlers still running get before they are cancelled,
 # and then how long the encoder's worker gets to end the batch it holds (a worker thread that ends while the
 # interpreter exits, having used torch, aborts the process)
@@ -813,10 +816,10 @@ async def run_server(service: EncoderService, host: str = "127.0.0.1", port: int
         service.server = runner.server
         factory = _Connections(runner.server, service, connection_limit(service.limits.max_connections))
         if sockets is None:
-            listeners.append(await loop.create_server(factory, host, port, reuse_address=True))
+            listeners.append(await loop.create_server(factory, host, port, reuse_address=True, backlog=BACKLOG))
         else:
-            for sock in sockets:
-                listeners.append(await loop.create_server(factory, sock=sock))
+            for sock in sockets:  # asyncio calls listen() again, with this backlog
+                listeners.append(await loop.create_server(factory, sock=sock, backlog=BACKLOG))
         service.url = format_url(host, listeners[0].sockets[0].getsockname()[1])
         for sig in signals:
             loop.add_signal_handler(sig, stop.set)
@@ -867,6 +870,7 @@ class ServerThread:
             asyncio.run(self._serve())
         except BaseException as err:  # noqa: BLE001 - reported to the thread that started the server
             self._error = err
+        finally:  # a server that ended without listening (its API servers did not start) wakes start() at once
             self._ready.set()
 
     async def _serve(self) -> None:
@@ -890,6 +894,9 @@ class ServerThread:
         if self._error is not None:
             self.shutdown()
             raise self._error
+        if self.url is None:  # it ended before it listened: its log lines say why
+            self.shutdown()
+            raise RuntimeError("the server ended before it listened")
         return self
 
     def shutdown(self, timeout: float | None = None) -> bool:
@@ -901,8 +908,14 @@ class ServerThread:
         return not self._thread.is_alive()
 
     def __enter__(self) -> "ServerThread":
-        """``with server:`` starts it; ``with server.start(timeout=…):`` enters the one already started."""
-        return self if self._thread.ident is not None else self.start()
+        """``with server:`` starts it; ``with server.start(timeout=…):`` enters the one already started; a server
+        whose thread was started but is not up (stopped, or failed to start) raises RuntimeError."""
+        if self._thread.ident is None:
+            return self.start()
+        if self._ready.is_set() and self.url is not None and self._error is None and self._thread.is_alive() \
+                and not self._stop_requested:
+            return self
+        raise RuntimeError("the server already stopped, is draining, or failed to start")
 
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()

@@ -2,23 +2,24 @@
 
 One Python process's HTTP handling (reading bodies, parsing them, writing answers of megabytes) is the bound of a
 one-process server well before the GPU is. vLLM splits the same way: ``vllm serve --api-server-count N`` runs N API
-server processes in front of its engine core processes (``run_multi_api_server`` in ``vllm/entrypoints/cli/serve.py``
-at vLLM commit 00a5fdd20935: the parent binds the listening socket and hands it to ``APIServerProcessManager``;
-requests reach the engine over ZMQ). With N > 1 the process ``serve`` started is the engine: it holds the model, the
-captured runner, the scheduler, the rows-on-device step and the answers' serialisation (a
+server processes in front of its engine core processes (``run_multi_api_server`` in ``vllm/entrypoints/cli/serve.py`` at
+vLLM commit 00a5fdd20935: the parent binds the listening socket and hands it to ``APIServerProcessManager``; requests
+reach the engine over ZMQ). With N > 1 the process ``serve`` started is the engine: it holds the model, the captured
+runner, the scheduler, the rows-on-device step and the answers' serialisation (a
 :class:`~glmvit.cli.serve_backend.LocalBackend`). It starts N API server processes (``spawn``: they never initialise
-CUDA nor build the model), each running the same aiohttp application (:class:`~glmvit.cli.serve_app.EncoderService`)
-on the same listening sockets (the engine binds and listens, as the one-process server would: a port in use fails the
-start, port 0 is one ephemeral port for every address; :func:`listen`; it hands them to the API servers, which accept
-on them), each reading and parsing bodies and running its share of ``--decode-workers`` (at least one each) and of the
-HTTP side's bounds. Each hands its requests to the engine over a pipe of its own (:mod:`glmvit.cli.serve_link`: what
-crosses is small, frames and answers stay in files of the engine's shared-memory folder, the only files it opens;
-without a shared-memory folder ``serve`` refuses to start, and a request whose rows or answer find no room there is
-answered 507 Insufficient Storage). Answers, headers and statuses are the one-process server's. The HTTP side's bounds
-of what the server holds (``--max-requests``, ``--max-held-mb``, ``--decode-queue``) are the whole server's: each API
-server takes its share, the bound divided by N (at least 1; :func:`share_bounds`), so N API servers hold what one
-process would; ``--max-connections`` holds per API server (a connection holds no request); the scheduler's bounds
-(``--max-queue``, its tokens and bytes) are the engine's, for the whole server, as before.
+CUDA nor build the model), each running the same aiohttp application (:class:`~glmvit.cli.serve_app.EncoderService`) on
+the same port (the engine binds and listens, as the one-process server would: a port in use fails the start, port 0 is
+one ephemeral port for every address; it hands each API server a copy of its own, bound with SO_REUSEPORT so that the
+kernel spreads connections evenly over them: :func:`listen`), each reading and parsing bodies and running its share of
+``--decode-workers`` (at least one each) and of the HTTP side's bounds. Each hands its requests to the engine over a
+pipe of its own (:mod:`glmvit.cli.serve_link`: what crosses is small, frames and answers stay in files of the engine's
+shared-memory folder, the only files it opens; without a shared-memory folder ``serve`` refuses to start, and a request
+whose rows or answer find no room there is answered 507 Insufficient Storage). Answers, headers and statuses are the
+one-process server's. The HTTP side's bounds of what the server holds (``--max-requests``, ``--max-held-mb``,
+``--decode-queue``) are the whole server's: each API server takes its share, the bound divided by N (at least 1;
+:func:`share_bounds`), so N API servers hold what one process would; ``--max-connections`` holds per API server (a
+connection holds no request); the scheduler's bounds (``--max-queue``, its tokens and bytes) are the engine's, for the
+whole server, as before.
 
 Metrics: ``/health``, ``/v1/info`` and ``/metrics`` work on every API server. The scheduler's and the runner's
 counters (``glmvit_scheduler_*``) come from the engine; the HTTP and decode counters (``glmvit_http_*``,
@@ -44,6 +45,7 @@ import logging
 import multiprocessing
 import signal
 import socket
+import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
@@ -53,7 +55,7 @@ import torch
 from ..config import VisionConfig
 from ..records import fingerprint_now
 from .pixel_rows import no_room, remove_shared_dir, shared_dir
-from .serve_app import EncoderService, HttpLimits, default_decode_pool, format_url, run_server, usable_cpus
+from .serve_app import BACKLOG, EncoderService, HttpLimits, default_decode_pool, format_url, run_server, usable_cpus
 from .serve_backend import LocalBackend
 from .serve_link import EngineLink, ModelFacts, RemoteBackend
 from .serve_media import MediaLimits
@@ -143,30 +145,69 @@ async def _frontend(spec: FrontendSpec, conn: Any, sockets: list[socket.socket])
     return await run_server(service, spec.host, spec.port, spec.shutdown_timeout, ready, stop, sockets=sockets)
 
 
-def listen(host: str, port: int, backlog: int = 128) -> list[socket.socket]:
-    """Listening sockets on ``host``:``port``, one an address ``host`` has (as the one-process server's: address
-    reuse, an IPv6 socket IPv6 only), never SO_REUSEPORT: a port in use is EADDRINUSE. Port 0: the ephemeral port
-    the first one gets, for every address. The API servers accept on them (each process's loop takes the
-    connections it is free to take)."""
-    sockets: list[socket.socket] = []
+def listen(host: str, port: int, copies: int = 1, backlog: int = BACKLOG) -> list[list[socket.socket]]:
+    """``copies`` lists of listening sockets on ``host``:``port``, each list one socket an address ``host`` has (as
+    the one-process server's: address reuse, an IPv6 socket IPv6 only); port 0: the ephemeral port the first one
+    gets, for every address and copy. A port a server already listens on is EADDRINUSE.
+
+    One copy per API server: several copies are bound with SO_REUSEPORT (Linux only: elsewhere it does not spread
+    connections, and several copies are refused), so the kernel spreads new connections over them evenly (by a hash
+    of each connection's addresses), whatever each process is doing. One socket shared by every API server is taken
+    by whichever process's loop wakes first, and asyncio accepts up to 100 connections a wake-up: of a burst of 400,
+    one of four processes took 181 and another 1. What SO_REUSEPORT gives up:
+
+    - a port given (not 0) is first bound without SO_REUSEPORT (:func:`_free_port`), which no listening socket lets
+      through, then released for the copies: a server of the same user that binds it with SO_REUSEPORT in those
+      microseconds, or later, joins the group and takes a share of the connections (port 0 has no such window: the
+      kernel never hands out a port a group holds);
+    - connections still queued on the copy of an API server that ends are reset (new ones go to the other copies);
+      Linux 5.14+ moves them instead with ``sysctl net.ipv4.tcp_migrate_req=1``."""
+    if copies > 1 and not sys.platform.startswith("linux"):
+        raise RuntimeError(f"{copies} API servers need SO_REUSEPORT's even spread of connections, which only Linux "
+                           "has: run one (--api-servers 1)")
+    addresses = [(family, kind, proto, address) for family, kind, proto, _, address
+                 in socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)]
+    if copies > 1 and port != 0:
+        _free_port(addresses, port)
+    made: list[socket.socket] = []
     try:
-        for family, kind, proto, _, address in socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
-                                                                  flags=socket.AI_PASSIVE):
-            sock = socket.socket(family, kind, proto)
-            sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            if port == 0 and len(sockets) > 1:
-                address = (address[0], sockets[0].getsockname()[1], *address[2:])
-            sock.bind(address)
+        groups = [[_bound(family, kind, proto, address, port, copies > 1, made) for family, kind, proto, address
+                   in addresses] for _ in range(copies)]
+        for sock in made:
             sock.listen(backlog)
             sock.setblocking(False)
     except BaseException:
-        for sock in sockets:
-            sock.close()
+        _close(made)
         raise
-    return sockets
+    return groups
+
+
+def _bound(family: int, kind: int, proto: int, address: tuple, port: int, share: bool,
+           made: list[socket.socket]) -> socket.socket:
+    """A socket bound to ``address`` at ``port`` (0: the port of the first socket in ``made``, or an ephemeral one),
+    with SO_REUSEPORT if ``share``; appended to ``made`` before it binds, so that a failure closes it too."""
+    sock = socket.socket(family, kind, proto)
+    made.append(sock)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if share:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    if port == 0 and len(made) > 1:
+        port = made[0].getsockname()[1]
+    sock.bind((address[0], port, *address[2:]))
+    return sock
+
+
+def _free_port(addresses: list[tuple], port: int) -> None:
+    """EADDRINUSE if anything listens on ``port`` at one of ``addresses``: each is bound without SO_REUSEPORT, then
+    released."""
+    probes: list[socket.socket] = []
+    try:
+        for family, kind, proto, address in addresses:
+            _bound(family, kind, proto, address, port, False, probes)
+    finally:
+        _close(probes)
 
 
 def frontend_specs(service: EncoderService, host: str, port: int, count: int, decode_workers: int,
@@ -200,10 +241,11 @@ async def run_frontends(service: EncoderService, host: str = "127.0.0.1", port: 
     if folder is None:
         raise RuntimeError(f"--api-servers {count} needs a shared-memory folder: {no_room() or 'none was made'}")
     try:
-        sockets = listen(host, port)  # here: a port in use fails the start, as the one-process server's does
+        copies = listen(host, port, copies=count)  # here: a port in use fails the start, as one process's does
     except BaseException:
         remove_shared_dir(folder)
         raise
+    sockets = [sock for copy in copies for sock in copy]
     port = sockets[0].getsockname()[1]
     link = EngineLink(service.backend, folder, lambda: fingerprint_now().model_dump(mode="json"), changed.set)
     context = multiprocessing.get_context("spawn")
@@ -213,10 +255,10 @@ async def run_frontends(service: EncoderService, host: str = "127.0.0.1", port: 
     try:
         for sig in signals:
             loop.add_signal_handler(sig, stop.set)
-        for spec in frontend_specs(service, host, port, count, decode_workers, decode_queue, decode_timeout,
-                                   threads, shutdown_timeout, folder):
+        for spec, own in zip(frontend_specs(service, host, port, count, decode_workers, decode_queue, decode_timeout,
+                                            threads, shutdown_timeout, folder), copies, strict=True):
             parent, child = context.Pipe()
-            process = context.Process(target=frontend_main, args=(spec, child, sockets),
+            process = context.Process(target=frontend_main, args=(spec, child, own),
                                       name=f"glmvit-api-{spec.name}")
             process.start()
             child.close()
@@ -231,7 +273,7 @@ async def run_frontends(service: EncoderService, host: str = "127.0.0.1", port: 
         if any(f.done for f in link.fronts):
             log.warning("an API server ended as it started (its lines above say why): shutting down")
             return False
-        _close(sockets)  # the API servers' copies listen on: a drained API server's leaves no queue behind
+        _close(sockets)  # each API server's copy listens in it alone: one that ends takes its copy out of the group
         service.url = format_url(host, port)
         if on_ready and not stop.is_set():
             on_ready(service.url)

@@ -8,13 +8,19 @@ this table (the choice depends on the A/B, not the other way round):
   instead of cuBLAS's matmul, then the attention's own rotation: ``tools/qkv_rope_ab.py``,
   ``data/sweeps/qkv_rope_ab_h200.json``.
 
-CUDA, fp16/bf16 only: on the CPU, and in float32, the model keeps transformers' arithmetic. Each rule is one row
-threshold rather than a choice per row range, so that a forward compiled with symbolic sizes guards on one
-comparison; the configuration is chosen inside the op, from the batch's real rows.
+CUDA, fp16/bf16 only: on the CPU, and in float32, the model keeps transformers' arithmetic. Hopper (sm_9x) only
+(:func:`measured_gpu`): the kernels are tuned for Hopper (TMA descriptors, its 227 KiB of shared memory a block) and
+were measured on the H200 alone; another GPU keeps the unfused path (Ada has no TMA, and the consumer Blackwell GPUs,
+sm_12x, give a block 99 KiB: less than the 144-160 KiB these configurations stage). Each rule is one row threshold
+rather than a choice per row range, so that a forward compiled with symbolic sizes guards on one comparison; the
+configuration is chosen inside the op, from the batch's real rows.
 """
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
+
+import torch
 
 if TYPE_CHECKING:
     from .triton_qkv_rope_gemm import QkvRopeConfig
@@ -32,25 +38,53 @@ SWIGLU_PERSISTENT_MIN_ROWS = 1024
 QKV_ROPE_MIN_ROWS: int | None = None
 
 
-def swiglu_fused(rows: int) -> bool:
-    """Whether a batch of ``rows`` rows runs the MLP's fused SwiGLU GEMM (on CUDA, in fp16/bf16)."""
-    return SWIGLU_MIN_ROWS is not None and rows >= SWIGLU_MIN_ROWS
+# The GPU generation the fused GEMMs run on (compute capability major): Hopper, where they were tuned and measured.
+MEASURED_MAJOR = 9
 
 
-def qkv_rope_fused(rows: int) -> bool:
-    """Whether a batch of ``rows`` rows runs the attention's fused rotary qkv GEMM (on CUDA, in fp16/bf16)."""
-    return QKV_ROPE_MIN_ROWS is not None and rows >= QKV_ROPE_MIN_ROWS
+@functools.cache
+def _capability(device_index: int) -> tuple[int, int]:
+    """CUDA device ``device_index``'s compute capability, asked of the driver once per device."""
+    return torch.cuda.get_device_capability(device_index)
+
+
+def measured_gpu(device: torch.device) -> bool:
+    """Whether CUDA ``device`` is a Hopper GPU (sm_9x), where the fused GEMMs may run (cached per device).
+    torch.compile takes the answer as a constant rather than tracing the query."""
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return _capability(index)[0] == MEASURED_MAJOR
+
+
+# What torch.compiler.assume_constant_result(measured_gpu) sets, set here without importing torch._dynamo, which
+# the HTTP client's imports of the model do not load (tests/test_kernel_tables.py checks the two agree).
+measured_gpu._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+def swiglu_fused(rows: int, device: torch.device) -> bool:
+    """Whether a batch of ``rows`` rows on CUDA ``device`` runs the MLP's fused SwiGLU GEMM (in fp16/bf16)."""
+    return SWIGLU_MIN_ROWS is not None and rows >= SWIGLU_MIN_ROWS and measured_gpu(device)
+
+
+def qkv_rope_fused(rows: int, device: torch.device) -> bool:
+    """Whether a batch of ``rows`` rows on CUDA ``device`` runs the attention's fused rotary qkv GEMM (in
+    fp16/bf16)."""
+    return QKV_ROPE_MIN_ROWS is not None and rows >= QKV_ROPE_MIN_ROWS and measured_gpu(device)
 
 
 def swiglu_config(rows: int) -> SwigluConfig:
     """The fused SwiGLU GEMM's configuration for a batch of ``rows`` rows: 64×128 tiles with 4 warps below
     ``SWIGLU_PERSISTENT_MIN_ROWS`` (more tiles for the multiprocessors when rows are few), else 128×128 tiles in a
-    persistent grid (tutorial 09's: one program per multiprocessor walking the tiles)."""
-    from .triton_swiglu_gemm import SwigluConfig
+    persistent grid (tutorial 09's: one program per multiprocessor walking the tiles). Built once: the op asks on
+    every call."""
+    small, persistent = _swiglu_configs()
+    return small if rows < SWIGLU_PERSISTENT_MIN_ROWS else persistent
 
-    if rows < SWIGLU_PERSISTENT_MIN_ROWS:
-        return SwigluConfig(64, 128, 64, 4, 4)
-    return SwigluConfig(128, 128, 64, 8, 3, persistent=True)
+
+@functools.cache
+def _swiglu_configs() -> tuple[SwigluConfig, SwigluConfig]:
+    from .triton_swiglu_gemm import SwigluConfig  # the kernel module imports Triton: on first use only
+
+    return SwigluConfig(64, 128, 64, 4, 4), SwigluConfig(128, 128, 64, 8, 3, persistent=True)
 
 
 def qkv_rope_config(rows: int) -> QkvRopeConfig:

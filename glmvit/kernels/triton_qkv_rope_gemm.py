@@ -59,7 +59,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch_checks import check_launch
+from .launch_checks import check_launch, check_tma_operands
 from .tile_order import grouped_tile
 
 try:
@@ -235,12 +235,7 @@ def descriptors(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, head_dim
     head's half (two accumulators) or the whole head (``one_dot``); one-line errors for what TMA cannot take."""
     if TensorDescriptor is None:
         raise RuntimeError(f"{config.name}: this Triton has no triton.tools.tensor_descriptor; use tma=False")
-    for label, t in (("x", x), ("weight", weight), ("out", y)):
-        if (t.shape[1] * t.element_size()) % 16:
-            raise ValueError(f"{config.name}: TMA needs rows of a multiple of 16 bytes: {label} rows of "
-                             f"{t.shape[1]} {t.dtype} are {t.shape[1] * t.element_size()} bytes")
-        if t.data_ptr() % 16:
-            raise ValueError(f"{config.name}: TMA needs 16-byte aligned tensors: {label} is not")
+    check_tma_operands(config.name, (("x", x), ("weight", weight), ("out", y)))
     bm, bk = config.block_m, config.block_k
     width = head_dim if config.one_dot else head_dim // 2
     return (TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight, [width, bk]),

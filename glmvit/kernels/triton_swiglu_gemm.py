@@ -1,6 +1,7 @@
 """Triton kernel: the MLP's first half, silu(x · Wgᵀ) · (x · Wuᵀ), in one matmul whose epilogue is the SwiGLU.
-A candidate beside the model's path (cuBLAS ``gate_up_proj``, then a separate SwiGLU kernel); timed by
-``tools/swiglu_ab.py``; the model does not run it.
+The model runs it (``glmvit.model.SwiGLU``) on sm_90+ CUDA in fp16/bf16 from ``fused_gemm_table.SWIGLU_MIN_ROWS``
+rows on, in place of cuBLAS's ``gate_up_proj`` then a separate SwiGLU kernel; timed against that path by
+``tools/swiglu_ab.py``.
 
 Spec: ``swiglu_linear_triton(x, weight, config)`` with x (M, K) and ``weight`` (2·H, K) laid out as
 ``glmvit.model.fuse_gate_up`` makes it (gate rows 0 … H−1, then up rows H … 2H−1, each row one output column):
@@ -43,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch_checks import check_launch
+from .launch_checks import check_launch, check_tma_operands
 from .tile_order import grouped_tile
 
 try:
@@ -164,12 +165,7 @@ def _descriptors(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, config:
     """Host tensor descriptors for x, the gate half, the up half and y; one-line errors for what TMA cannot take."""
     if TensorDescriptor is None:
         raise RuntimeError(f"{config.name}: this Triton has no triton.tools.tensor_descriptor; use tma=False")
-    for label, t in (("x", x), ("weight", weight), ("out", y)):
-        if (t.shape[1] * t.element_size()) % 16:
-            raise ValueError(f"{config.name}: TMA needs rows of a multiple of 16 bytes: {label} rows of "
-                             f"{t.shape[1]} {t.dtype} are {t.shape[1] * t.element_size()} bytes")
-        if t.data_ptr() % 16:
-            raise ValueError(f"{config.name}: TMA needs 16-byte aligned tensors: {label} is not")
+    check_tma_operands(config.name, (("x", x), ("weight", weight), ("out", y)))
     hidden = y.shape[1]
     bm, bn, bk = config.block_m, config.block_n, config.block_k
     return (TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight[:hidden], [bn, bk]),
