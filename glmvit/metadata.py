@@ -55,6 +55,11 @@ class BatchShape:
             raise ValueError(f"a uniform batch shape needs rows ({self.rows}) a multiple of max_seqlen "
                              f"({self.max_seqlen}) ≥ 1")
 
+    def __repr__(self) -> str:
+        """The dataclass's repr, ``uniform`` shown only when set (a shape without it prints as it always has)."""
+        return (f"BatchShape(rows={self.rows}, segments={self.segments}, max_seqlen={self.max_seqlen}"
+                f"{', uniform=True' if self.uniform else ''})")
+
     @property
     def cu_slots(self) -> int:
         """Length of ``cu_seqlens``: segments + 2, rounded up to a multiple of 4 (16-byte aligned sections)."""

@@ -184,6 +184,8 @@ def test_a_uniform_shape_is_validated_where_it_is_made():
                                              rf"\({length}\) ≥ 1$"):
             BatchShape(rows, 4, length, uniform=True)
     BatchShape(60, 4, 16)  # not uniform: no such promise to check
+    assert repr(BatchShape(64, 4, 16)) == "BatchShape(rows=64, segments=4, max_seqlen=16)"  # printed as it was
+    assert repr(BatchShape(64, 4, 16, uniform=True)) == "BatchShape(rows=64, segments=4, max_seqlen=16, uniform=True)"
 
 
 def test_a_uniform_shape_refuses_a_shorter_segment():
