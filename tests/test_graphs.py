@@ -360,7 +360,7 @@ def test_a_compiled_capture_has_room_for_the_specialisations_earlier_captures_le
     seen = []
     monkeypatch.setattr(graphs, "_held_specialisations", lambda functions: 20)
     monkeypatch.setattr(graphs.EncoderGraphRunner, "_capture_budget",
-                        lambda self, budget: seen.append(dynamo_config.recompile_limit))
+                        lambda self, budget, length=None: seen.append(dynamo_config.recompile_limit))
     EncoderGraphRunner(tiny_model, BudgetConfig((16, 32), 2, 4), mode="emulate", torch_compile=True).capture()
     assert seen == [20 + 2 * 2 + 8] * 2 and dynamo_config.recompile_limit == 8
     torch._dynamo.reset()
