@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import assert_items_match_forward
 from glmvit.costmodel import LatencyTable
 from glmvit.graphs import EncoderGraphRunner
 from glmvit.packing import BudgetConfig
@@ -41,13 +42,7 @@ def test_runner_equals_forward_per_item(runner, tiny_model, tiny_config, seed):
     pixels, grid = random_batch(grids, tiny_config, seed=seed)
     outs = runner.run(pixels, grid)
     assert len(outs) == len(grids)
-    start = 0
-    with torch.no_grad():
-        for out, (t, h, w) in zip(outs, grids, strict=False):
-            rows = t * h * w
-            expected = tiny_model(pixels[start : start + rows], torch.tensor([[t, h, w]]))
-            start += rows
-            torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert_items_match_forward(tiny_model, outs, pixels, grids)
 
 
 def test_earlier_outputs_stay_unchanged(runner, tiny_config):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import assert_items_match_forward
 from glmvit.graphs import EncoderGraphRunner
 from glmvit.metadata import BatchShape
 from glmvit.packing import BudgetConfig
@@ -23,16 +24,6 @@ LENGTHS = (16, 24)  # 4×4 frames (divide every budget's rows) and 4×6 frames (
 def uniform(tiny_model):
     return EncoderGraphRunner(tiny_model, CONFIG, mode="emulate", check_pointers=True, uniform_lengths=LENGTHS,
                               uniform_attention="dense").capture()
-
-
-def assert_equals_forward(model, outs, pixels, grids):
-    start = 0
-    with torch.no_grad():
-        for out, (t, h, w) in zip(outs, grids, strict=True):
-            rows = t * h * w
-            expected = model(pixels[start : start + rows], torch.tensor([[t, h, w]]))
-            start += rows
-            torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
 
 
 def test_every_budget_gets_a_graph_per_length_of_whole_segments(uniform):
@@ -56,7 +47,7 @@ def test_a_uniform_batch_replays_in_its_length_s_graph(uniform, tiny_model, tiny
     assert step.replay and step.captured is uniform.uniform_graphs[budget, length]
     outs = uniform.run(pixels, grid)
     assert uniform.stats.replays == uniform.stats.uniform_replays == 1
-    assert_equals_forward(tiny_model, outs, pixels, grids)
+    assert_items_match_forward(tiny_model, outs, pixels, grids)
 
 
 def test_a_mixed_batch_replays_in_the_ordinary_graph(uniform, tiny_model, tiny_config):
@@ -66,7 +57,7 @@ def test_a_mixed_batch_replays_in_the_ordinary_graph(uniform, tiny_model, tiny_c
     assert step.captured is uniform.graphs[16] and not step.captured.shape.uniform
     outs = uniform.run(pixels, grid)
     assert uniform.stats.replays == 1 and uniform.stats.uniform_replays == 0
-    assert_equals_forward(tiny_model, outs, pixels, grids)
+    assert_items_match_forward(tiny_model, outs, pixels, grids)
 
 
 def test_a_length_without_a_graph_and_eager_batches_route_as_before(uniform, tiny_model, tiny_config):
@@ -78,7 +69,7 @@ def test_a_length_without_a_graph_and_eager_batches_route_as_before(uniform, tin
         assert s.captured is (uniform.graphs[8] if s.replay else None)
     outs = uniform.run(pixels, grid)
     assert uniform.stats.uniform_replays == 0 and uniform.stats.eager_batches == 1
-    assert_equals_forward(tiny_model, outs, pixels, grids)
+    assert_items_match_forward(tiny_model, outs, pixels, grids)
 
 
 def test_uniform_and_ordinary_batches_in_turn_match_a_runner_without_uniform_graphs(uniform, tiny_model, tiny_config):
@@ -144,7 +135,7 @@ def test_uniform_graphs_may_run_another_backend(tiny_model, tiny_config):
     assert runner.uniform_attention == "sdpa_masked"
     grids = [[1, 4, 4], [2, 4, 4]]
     pixels, grid = random_batch(grids, tiny_config, seed=49)
-    assert_equals_forward(tiny_model, runner.run(pixels, grid), pixels, grids)
+    assert_items_match_forward(tiny_model, runner.run(pixels, grid), pixels, grids)
     assert runner.stats.uniform_replays == 1
 
 
