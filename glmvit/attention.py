@@ -16,30 +16,44 @@ q, k, v are (rows, heads, head_dim); segments come from the metadata. Padded row
 - ``cudnn``: cuDNN's fused attention through the cuDNN frontend (``glmvit.kernels.cudnn_attention``; the ``cuda``
   extra, Hopper or newer, fp16/bf16): q and k rotated once by glmvit's Triton rotation launch, then one ragged
   (THD) SDPA over every segment, its offsets computed once per forward (:func:`prepare_attention`). Graph-safe.
-- ``auto`` (the CUDA default where ``cudnn`` runs): ``cudnn`` for a batch of at least
-  ``glmvit.kernels.attention_table.CUDNN_MIN_ROWS`` packed rows, ``triton`` below (:func:`resolve`): cuDNN's fixed
-  cost per segment slot loses on small batches, its kernel wins on long segments. One choice per batch shape, so a
-  captured budget always runs the same kernel.
+- ``dense``: only on a *uniform* batch shape (``glmvit.metadata.BatchShape.uniform``: every real segment exactly
+  ``max_seqlen`` = L rows, packed from row 0, rows a multiple of L), where the rows are ``rows // L`` whole segments:
+  q and k rotated (on CUDA in fp16/bf16 by the ``cudnn`` backend's Triton rotation launch, elsewhere by
+  ``apply_rotary``), then one SDPA over (rows // L, heads, L, d) views of the packed rows, no copies; on CUDA in
+  fp16/bf16 under ``sdpa_kernel`` preferring cuDNN, then FlashAttention, then memory-efficient attention (no
+  padding mask, no ragged offsets: the fastest kernel where it applies). Each real segment is one batch entry of
+  its own and the padding rows form whole entries after them, so no real row reads a padded or another item's row;
+  what padded entries compute (from rows the rotation launch leaves unset) stays in them. Graph-safe. A model's
+  forward cannot take it (most batches are not uniform): ``EncoderGraphRunner(uniform_lengths=...)`` captures
+  uniform shapes and runs it there.
+- ``auto`` (the CUDA default where ``cudnn`` runs): ``dense`` on a uniform shape; otherwise ``cudnn`` for a batch
+  of at least ``glmvit.kernels.attention_table.CUDNN_MIN_ROWS`` packed rows, ``triton`` below (:func:`resolve`):
+  cuDNN's fixed cost per segment slot loses on small batches, its kernel wins on long segments. One choice per
+  batch shape, so a captured budget always runs the same kernel.
 - ``segments``: one SDPA call per segment, reading cu_seqlens from the tensor (a host read: a sync on CUDA, so
   eager only there). No (rows)² mask, O(rows) memory: the CPU default.
 
-Items cannot reach each other, NaN and Inf included: the varlen kernels and ``segments`` never combine rows of two
-segments, and ``sdpa_masked`` keeps non-finite keys and values out of its one big call (see ``_sdpa_masked``).
+Items cannot reach each other, NaN and Inf included: the varlen kernels, ``dense`` and ``segments`` never combine
+rows of two segments, and ``sdpa_masked`` keeps non-finite keys and values out of its one big call (see
+``_sdpa_masked``).
 """
 from __future__ import annotations
 
 import importlib.util
+from contextlib import nullcontext
 from dataclasses import replace
 from functools import lru_cache
 from itertools import pairwise
+from typing import ContextManager
 
 import torch
 import torch.nn.functional as F
 
 from .rotary import apply_rotary
 
-BACKENDS = ("auto", "varlen", "flash_attn", "triton", "cudnn", "sdpa_masked", "segments")
-GRAPH_SAFE = ("auto", "varlen", "flash_attn", "triton", "cudnn", "sdpa_masked")
+BACKENDS = ("auto", "varlen", "flash_attn", "triton", "cudnn", "dense", "sdpa_masked", "segments")
+GRAPH_SAFE = ("auto", "varlen", "flash_attn", "triton", "cudnn", "dense", "sdpa_masked")
+UNIFORM_ONLY = ("dense",)  # runs only on uniform batch shapes: never a model's backend, never offered by the device
 
 
 def _has_varlen() -> bool:
@@ -113,6 +127,9 @@ def check_backend(name: str, device: torch.device | str, dtype: torch.dtype = to
     """Return ``name`` if it can run on ``device`` for ``dtype``; otherwise raise a ValueError saying what can."""
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {BACKENDS}")
+    if name in UNIFORM_ONLY:
+        raise ValueError(f"attention backend {name!r} runs only on uniform batch shapes, not every batch; "
+                         "EncoderGraphRunner(uniform_lengths=...) runs it on the graphs it captures for them")
     ok = available_backends(device, dtype, head_dim)
     if name not in ok:
         raise ValueError(
@@ -141,6 +158,66 @@ def _sdpa_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segment_ids:
     # Segment ids are < rows (each real segment has ≥ 1 row, each padded row an id of its own): a rows-long tally.
     hits = torch.zeros(bad.shape, dtype=torch.float32, device=bad.device).index_add_(0, segment_ids, bad.float())
     return out.masked_fill(hits.index_select(0, segment_ids)[..., None] > 0, float("nan"))
+
+
+def _dense_kernels(x: torch.Tensor) -> ContextManager[None]:
+    """The SDPA kernels the ``dense`` backend allows for ``x``: on CUDA in fp16/bf16 cuDNN first, then
+    FlashAttention, then memory-efficient attention (never the math kernel's materialised scores); elsewhere SDPA's
+    own choice."""
+    if not (x.is_cuda and x.dtype in HALF):
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+    return sdpa_kernel(order, set_priority=True)
+
+
+def _dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlen: int) -> torch.Tensor:
+    """Attention within each whole block of ``seqlen`` rows of (rows, heads, d) q, k, v (rows a multiple of it; any
+    row stride): one SDPA call over their (rows // seqlen, heads, seqlen, d) views. Returns (rows, heads, d)."""
+    rows, heads, d = q.shape
+    n = rows // seqlen
+    q4, k4, v4 = (x.view(n, seqlen, heads, d).transpose(1, 2) for x in (q, k, v))
+    with _dense_kernels(q):
+        out = F.scaled_dot_product_attention(q4, k4, v4)
+    return out.transpose(1, 2).reshape(rows, heads, d)
+
+
+def _check_uniform(meta) -> None:
+    if not meta.shape.uniform:
+        raise ValueError(f"attention backend 'dense' needs a uniform batch shape, got {meta.shape}")
+
+
+@torch.library.custom_op("glmvit::dense_attention", mutates_args=())
+def dense_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor,
+                    num_heads: int, seqlen: int, rotated: bool = False) -> torch.Tensor:
+    """The ``dense`` backend from the packed qkv projection (rows, 3·heads·d), rows a multiple of ``seqlen``, as one
+    opaque op (torch.compile traces around it; a CUDA graph captures it); returns (rows, heads·d).
+
+    On CUDA in fp16/bf16 q and k are rotated by the ``cudnn`` backend's Triton launch into a (rows, 2·heads·d)
+    scratch (rows from ``cu_seqlens[-1]`` on, the padding, left unset: only padded blocks read them); elsewhere by
+    ``apply_rotary``. ``rotated``: q and k of ``qkv`` are rotated already and read where they are."""
+    rows, width = qkv.shape
+    hd = width // 3
+    if rows == 0:
+        return qkv.new_empty((0, hd))
+    launch = not rotated and qkv.is_cuda and triton_attention_runs(qkv.device, qkv.dtype, hd // num_heads)
+    if launch:
+        from .kernels.triton_attention import rotate_qk_triton
+
+        qk = rotate_qk_triton(qkv, cos, sin, cu_seqlens, num_heads)
+        q, k = qk[:, :hd], qk[:, hd:]
+    else:
+        q, k = qkv[:, :hd], qkv[:, hd : 2 * hd]
+    q, k, v = (x.view(rows, num_heads, -1) for x in (q, k, qkv[:, 2 * hd :]))
+    if not (rotated or launch):
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    return _dense(q, k, v, seqlen).reshape(rows, hd)
+
+
+@dense_attention.register_fake
+def _(qkv, cos, sin, cu_seqlens, num_heads, seqlen, rotated=False):
+    return qkv.new_empty((qkv.shape[0], qkv.shape[1] // 3))
 
 
 def _per_segment(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
@@ -182,12 +259,15 @@ def _(qkv, cos, sin, cu_seqlens, ragged, num_heads, max_seqlen, rotated=False):
     return qkv.new_empty((qkv.shape[0], qkv.shape[1] // 3))
 
 
-def resolve(backend: str, rows: int, qkv_width: int | None = None) -> str:
-    """The kernel ``backend`` runs for a batch of ``rows`` packed rows: ``auto`` becomes ``cudnn`` or ``triton``
+def resolve(backend: str, rows: int, qkv_width: int | None = None, uniform: bool = False) -> str:
+    """The kernel ``backend`` runs for a batch of ``rows`` packed rows: ``auto`` becomes ``dense`` on a ``uniform``
+    shape (``auto`` exists only on CUDA in fp16/bf16, where the dense SDPA runs), else ``cudnn`` or ``triton``
     (``glmvit.kernels.attention_table.attention_for``), ``triton`` where a (rows, ``qkv_width``) projection would
     overflow cuDNN's int32 offsets; every other name is itself."""
     if backend != "auto":
         return backend
+    if uniform:
+        return "dense"
     from .kernels.attention_table import attention_for
     from .kernels.cudnn_attention import fits_int32
 
@@ -199,7 +279,7 @@ def prepare_attention(meta, backend: str, num_heads: int, head_dim: int):
     """The metadata a forward's attention layers read: ``meta`` itself, or for ``cudnn`` a copy holding the ragged
     offsets of its ``cu_seqlens`` (``glmvit.kernels.cudnn_attention.ragged_offsets``), computed once per forward
     on the device instead of once per layer. Graph-safe: a capture records the few ops that compute them."""
-    if resolve(backend, meta.shape.rows, 3 * num_heads * head_dim) != "cudnn":
+    if resolve(backend, meta.shape.rows, 3 * num_heads * head_dim, meta.shape.uniform) != "cudnn":
         return meta
     from .kernels.cudnn_attention import ragged_offsets
 
@@ -211,12 +291,16 @@ def attend_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta, ba
     """Rotary + attention from the packed qkv projection (rows, 3·heads·d); returns (rows, heads·d).
 
     ``triton`` does it in one kernel, ``cudnn`` in two (rotation, then cuDNN, its offsets from
-    :func:`prepare_attention`'s metadata or, when ``meta`` has none, computed here); the others split q, k, v,
+    :func:`prepare_attention`'s metadata or, when ``meta`` has none, computed here), ``dense`` in two on CUDA
+    (rotation, then one SDPA; :func:`dense_attention`); the others split q, k, v,
     rotate q and k (``apply_rotary``) and ``attend``. ``rotated``: q and k of ``qkv`` are rotated already (the
     fused rotary qkv GEMM, ``glmvit.kernels.triton_qkv_rope_gemm``): every backend attends without rotating.
     """
     rows = qkv.shape[0]
-    backend = resolve(backend, rows, qkv.shape[1])
+    backend = resolve(backend, rows, qkv.shape[1], meta.shape.uniform)
+    if backend == "dense":
+        _check_uniform(meta)
+        return dense_attention(qkv, cos, sin, meta.cu_seqlens, num_heads, meta.max_seqlen, rotated)
     if backend == "triton":
         return rope_varlen_attention(qkv, cos, sin, meta.segment_ids, meta.cu_seqlens, num_heads, rotated)
     if backend == "cudnn":
@@ -246,6 +330,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta, backend: str
 
         m = meta.max_seqlen
         return flash_attn_varlen_func(q, k, v, meta.cu_seqlens, meta.cu_seqlens, m, m, causal=False)
+    if backend == "dense":
+        _check_uniform(meta)
+        return _dense(q, k, v, meta.max_seqlen)
     if backend == "sdpa_masked":
         return _sdpa_masked(q, k, v, meta.segment_ids)
     if backend == "segments":

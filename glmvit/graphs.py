@@ -29,6 +29,15 @@ takes any attention backend; ``mode="cuda"`` needs a graph-safe one). ``torch_co
 ``forward_static`` before capture, by default in regions (``compile_scope="blocks"``: the embedding, one block for
 all 24, the head), so a start compiles once for every budget; ``runner.captures`` records per budget the seconds
 of capture and of the warm-up where compiling happens.
+
+Uniform graphs (``uniform_lengths=(L, …)``, default none: exactly the behaviour above). For every captured budget
+and every L it also captures a graph at the *uniform* shape ``BatchShape(⌊rows/L⌋·L, slots, L, uniform=True)``
+(:meth:`EncoderGraphRunner.uniform_shape`; ``glmvit.metadata``), whose attention is ``uniform_attention`` (default
+``dense``: one SDPA over whole L-row segments, ``glmvit.attention``). Planning packs and routes as before; a batch
+that replays in a budget and whose frames all have h·w = L then replays in that budget's L graph instead (it always
+fits: its n·L rows are at most the budget's, so n ≤ ⌊rows/L⌋). The check is made once per layout, with the plan;
+``stats.uniform_replays`` counts those replays, ``runner.uniform_captures`` their captures. The emulated mode
+routes the same way and runs ``uniform_attention`` there, so CPU tests cover the routing.
 """
 from __future__ import annotations
 
@@ -45,7 +54,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .attention import GRAPH_SAFE
+from .attention import GRAPH_SAFE, UNIFORM_ONLY
 from .costmodel import LatencyTable
 from .geometry import ItemSpec
 from .metadata import BatchShape, EncoderMetadata, build_metadata
@@ -107,7 +116,8 @@ class Capture:
 class BatchStep:
     """One planned batch of a request: its items, their pixel rows and tokens, its budget and its route.
 
-    ``captured`` is the captured budget that holds the batch (None: none does; ``budget`` is its token count);
+    ``captured`` is the captured budget that holds the batch, or that budget's uniform graph when every frame of
+    the batch has the one h·w it was captured for (None: none does; ``budget`` is its token count);
     ``replay`` says whether it replays there or runs eagerly; ``predicted_ms`` is the latency table's time for that
     route (None without a table), as :class:`~glmvit.routing.Router` decided both.
     """
@@ -142,6 +152,8 @@ class BatchStep:
     def __repr__(self) -> str:
         """The batch's items, tokens, budget and route: what a reader of a plan wants, not its tensors."""
         where = "no budget" if self.budget is None else f"budget={self.budget}"
+        if self.captured is not None and self.captured.shape.uniform:
+            where += f", uniform {self.captured.shape.max_seqlen}-row segments"
         route = "replay" if self.replay else "eager"
         predicted = "" if self.predicted_ms is None else f", predicted_ms={self.predicted_ms:.3f}"
         return f"BatchStep(items={self.items}, tokens={self.tokens}, {where}, route={route}{predicted})"
@@ -159,6 +171,7 @@ class RunnerStats:
     runs: int = 0
     items: int = 0
     replays: int = 0
+    uniform_replays: int = 0  # of the replays, those in a uniform graph (every segment one length)
     eager_batches: int = 0
     fallback_items: int = 0
     routed_eager: int = 0
@@ -239,6 +252,8 @@ class EncoderGraphRunner:
         compile_dynamic: bool | None = None,
         compile_scope: str = "blocks",
         attention: str | None = None,
+        uniform_lengths: tuple[int, ...] = (),
+        uniform_attention: str = "dense",
     ):
         mode = GraphMode.parse(mode)
         if mode is GraphMode.CUDA and model.device.type != "cuda":
@@ -248,6 +263,12 @@ class EncoderGraphRunner:
         attn = model.attention_backend(attention)
         if mode is GraphMode.CUDA and attn not in GRAPH_SAFE:  # emulation replays nothing: any backend is correct
             raise ValueError(f"attention backend {attn!r} is not graph-safe; use one of {GRAPH_SAFE}")
+        self.uniform_lengths = _uniform_lengths(uniform_lengths, model.config.merge_area)
+        uniform_attn = uniform_attention if uniform_attention in UNIFORM_ONLY else model.attention_backend(
+            uniform_attention)
+        if mode is GraphMode.CUDA and uniform_attn not in GRAPH_SAFE:
+            raise ValueError(f"uniform attention backend {uniform_attn!r} is not graph-safe; use one of {GRAPH_SAFE}")
+        self.uniform_attention = uniform_attn
         # torch.compile fuses the small elementwise kernels (norms, SwiGLU, residual adds) before capture: faster
         # replays, with bf16 rounding that differs from the uncompiled forward. compile_scope "blocks" compiles the
         # three stages apart (embed, one block that all 24 share, head): tracing and compiling are ~1/24 of the
@@ -277,9 +298,15 @@ class EncoderGraphRunner:
             parts: StaticParts = (compile_(model.embed), compile_(run_block), compile_(model.head))
             forward = partial(model.forward_static, parts=parts)
         self.forward_static: Callable[[torch.Tensor, EncoderMetadata], torch.Tensor] = partial(forward, attention=attn)
+        self._uniform_forward: Callable[[torch.Tensor, EncoderMetadata], torch.Tensor] = partial(
+            forward, attention=uniform_attn)
         self.graphs: dict[int, CapturedBudget] = {}
         self.captures: dict[int, Capture] = {}
         self.failed: dict[int, str] = {}
+        # Uniform graphs by (budget, L): the budget whose batches they take, the segment length they take.
+        self.uniform_graphs: dict[tuple[int, int], CapturedBudget] = {}
+        self.uniform_captures: dict[tuple[int, int], Capture] = {}
+        self.uniform_failed: dict[tuple[int, int], str] = {}
         self.pool: Any = None  # the shared memory pool handle, from the first capture on
         self._capture_stream: Any = None  # the side stream every warm-up and capture runs on (_capture_one)
         self.stats = RunnerStats()
@@ -319,14 +346,29 @@ class EncoderGraphRunner:
         rows = budget * self.model.config.merge_area
         return BatchShape(rows=rows, segments=self._budgets.slots(budget), max_seqlen=rows)
 
-    def _allocate(self, budget: int) -> CapturedBudget:
+    def uniform_shape(self, budget: int, length: int) -> BatchShape | None:
+        """Static shape of a budget's uniform graph for segments of ``length`` rows: the ⌊rows/L⌋ whole segments its
+        rows hold (every batch of such segments the budget holds fits), its slots capped there (None: not one fits).
+        """
+        blocks = budget * self.model.config.merge_area // length
+        if blocks == 0:
+            return None
+        return BatchShape(blocks * length, min(self._budgets.slots(budget), blocks), length, uniform=True)
+
+    def _forward_of(self, cb: CapturedBudget) -> Callable[[torch.Tensor, EncoderMetadata], torch.Tensor]:
+        """The forward ``cb`` captures and runs: the uniform attention's on a uniform shape, the runner's elsewhere."""
+        return self._uniform_forward if cb.shape.uniform else self.forward_static
+
+    def _allocate(self, budget: int, length: int | None = None) -> CapturedBudget:
         cfg, dev = self.model.config, self.model.device
-        shape = self.batch_shape(budget)
+        shape = self.batch_shape(budget) if length is None else self.uniform_shape(budget, length)
+        assert shape is not None, "only budgets with a uniform shape are captured for it"
         pixels = torch.zeros(shape.rows, cfg.patch_dim, dtype=self.model.dtype, device=dev)
         empty = build_metadata(np.zeros((0, 3), np.int64), cfg.spatial_merge_size, shape)
         meta = EncoderMetadata.from_packed(torch.from_numpy(empty.packed).to(dev), shape, cfg.merge_area)
-        output = torch.zeros(budget, cfg.out_hidden_size, dtype=self.model.dtype, device=dev)
-        cb = CapturedBudget(budget, shape, pixels, meta, output)
+        tokens = shape.rows // cfg.merge_area  # the budget itself, or a uniform graph's whole segments
+        output = torch.zeros(tokens, cfg.out_hidden_size, dtype=self.model.dtype, device=dev)
+        cb = CapturedBudget(tokens, shape, pixels, meta, output)
         if dev.type == "cuda":
             cb.staging = tuple(torch.empty_like(meta.packed, device="cpu").pin_memory() for _ in range(2))
             cb.staged = tuple(torch.cuda.Event() for _ in range(2))
@@ -336,8 +378,9 @@ class EncoderGraphRunner:
 
     def _capture_one(self, cb: CapturedBudget) -> tuple[float, int]:
         """Warm up and capture ``cb``'s graph: (warm-up seconds, pool growth in bytes)."""
+        forward = self._forward_of(cb)
         if self.mode is GraphMode.EMULATE:
-            cb.output.copy_(self.forward_static(cb.pixels, cb.meta))
+            cb.output.copy_(forward(cb.pixels, cb.meta))
             return 0.0, 0
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
@@ -352,7 +395,7 @@ class EncoderGraphRunner:
         start = time.perf_counter()
         with torch.cuda.stream(stream):
             for _ in range(2 if self.compiled else 1):  # warm-up: compilation, autotuning, lazy init
-                cb.output.copy_(self.forward_static(cb.pixels, cb.meta))
+                cb.output.copy_(forward(cb.pixels, cb.meta))
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         warmup_s = time.perf_counter() - start
@@ -364,7 +407,7 @@ class EncoderGraphRunner:
             # capture_end() (it would then skip restoring the stream and leave the capture stream current).
             with torch.cuda.stream(torch.cuda.current_stream()), torch.cuda.graph(graph, pool=self.pool,
                                                                                   stream=stream):
-                cb.output.copy_(self.forward_static(cb.pixels, cb.meta))
+                cb.output.copy_(forward(cb.pixels, cb.meta))
         except BaseException:
             # A failure mid-capture (e.g. out of memory) leaves a partial graph holding a share of the pool: drop it
             # now rather than when the traceback dies. If no captured graph shares the pool, its use count falls to
@@ -379,32 +422,42 @@ class EncoderGraphRunner:
 
     @torch.inference_mode()
     def capture(self) -> "EncoderGraphRunner":
-        """Capture every budget, largest first into one pool; a budget that runs out of memory is skipped (its
-        batches then plan into the budgets that were captured, or run eagerly)."""
+        """Capture every budget, largest first into one pool, then each captured budget's uniform graphs (largest
+        first); a budget that runs out of memory is skipped (its batches then plan into the budgets that were
+        captured, or run eagerly), and so is a uniform graph (its batches replay in their budget's graph)."""
         with self._lock:
             budgets = sorted(self._budgets.token_budgets, reverse=True)
             self._layouts.clear()  # plans name the budgets they replay
             label = "capturing" if self.mode is GraphMode.CUDA else "preparing (emulated, no graphs)"
-            bar = tqdm(budgets, desc=label, unit="budget", disable=not self.progress)
+            uniform = [(b, n) for b in budgets for n in self.uniform_lengths if self.uniform_shape(b, n) is not None]
+            jobs: list[tuple[int, int | None]] = [(b, None) for b in budgets] + list(uniform)
+            bar = tqdm(jobs, desc=label, unit="graph", disable=not self.progress)
             regions = (self.model.forward_static, self.model.embed, run_block, self.model.head)
-            with _dynamo_limits(2 * len(budgets) + 8, _held_specialisations(regions)) if self.compiled else _nothing():
-                for budget in bar:
-                    bar.set_postfix_str(f"{budget} tokens{', compiling' if self.compiled else ''}")
-                    self._capture_budget(budget)
-            for message in self.failed.values():
+            with _dynamo_limits(2 * len(jobs) + 8, _held_specialisations(regions)) if self.compiled else _nothing():
+                for budget, length in bar:
+                    if length is not None and budget not in self.graphs:
+                        continue  # its budget's batches never replay: neither would these
+                    shown = f"{budget} tokens" + ("" if length is None else f", uniform {length}-row segments")
+                    bar.set_postfix_str(f"{shown}{', compiling' if self.compiled else ''}")
+                    self._capture_budget(budget, length)
+            for message in [*self.failed.values(), *self.uniform_failed.values()]:
                 log.warning(message)
         return self
 
-    def _capture_budget(self, budget: int) -> None:
+    def _capture_budget(self, budget: int, length: int | None = None) -> None:
         start = time.perf_counter()
         try:
-            cb = self._allocate(budget)
+            cb = self._allocate(budget, length)
             warmup_s, graph_bytes = self._capture_one(cb)
         except torch.OutOfMemoryError as err:
-            self.failed[budget] = (
-                f"budget {budget} tokens: out of memory while capturing (it asked for {_oom_request(err)}; "
-                f"{torch.cuda.mem_get_info()[0] / 2**30:.2f} GiB free); its batches plan into other budgets or run "
-                "eagerly")
+            asked = (f"out of memory while capturing (it asked for {_oom_request(err)}; "
+                     f"{torch.cuda.mem_get_info()[0] / 2**30:.2f} GiB free)")
+            if length is None:
+                self.failed[budget] = (f"budget {budget} tokens: {asked}; its batches plan into other budgets or "
+                                       "run eagerly")
+            else:
+                self.uniform_failed[budget, length] = (f"budget {budget} tokens, uniform {length}-row segments: "
+                                                       f"{asked}; its batches replay in the budget's graph")
             cb = None
         if cb is None:
             # Outside the except block, so the traceback (and the failed budget's buffers and partial graph it kept
@@ -413,10 +466,13 @@ class EncoderGraphRunner:
             torch.cuda.empty_cache()
             return
         cb.pointers = cb.data_pointers()
-        self.graphs[budget] = cb
         buffers = sum(t.numel() * t.element_size() for t in (cb.pixels, cb.meta.packed, cb.output))
-        self.captures[budget] = Capture(budget, cb.shape.rows, cb.shape.segments, time.perf_counter() - start,
-                                        warmup_s, graph_bytes, buffers)
+        capture = Capture(cb.budget, cb.shape.rows, cb.shape.segments, time.perf_counter() - start, warmup_s,
+                          graph_bytes, buffers)
+        if length is None:
+            self.graphs[budget], self.captures[budget] = cb, capture
+        else:
+            self.uniform_graphs[budget, length], self.uniform_captures[budget, length] = cb, capture
 
     # ---- planning ------------------------------------------------------------------------------------------
     def captured_config(self) -> BudgetConfig | None:
@@ -455,15 +511,25 @@ class EncoderGraphRunner:
             batch = ItemSpec.total(items[i] for i in idx)
             tokens, work = batch.tokens, batch.work
             replay, predicted = self.router.route(budget, tokens, work)
+            captured = self.graphs[budget] if budget else None
+            if replay and budget and self.uniform_graphs:  # a batch of one segment length: that length's graph
+                captured = self._uniform_graph(budget, grids[list(idx)]) or captured
             rows = tuple(request.row_range(i) for i in idx)
             contiguous = all(a == prev_b for (_, prev_b), (a, _) in zip(rows, rows[1:], strict=False))
             index = None if contiguous else torch.from_numpy(  # pageable source: staged before the call returns
                 np.concatenate([np.arange(a, b) for a, b in rows])).to(self.model.device, non_blocking=True)
-            steps.append(BatchStep(tuple(idx), tokens, work, self.graphs[budget] if budget else None, replay,
-                                   predicted, grids[list(idx)], rows, index, tuple(items[i].tokens for i in idx),
-                                   request.select(idx)))
+            steps.append(BatchStep(tuple(idx), tokens, work, captured, replay, predicted, grids[list(idx)], rows,
+                                   index, tuple(items[i].tokens for i in idx), request.select(idx)))
         assert sum(s.num_rows for s in steps) == request.rows, "every row planned once"
         return steps
+
+    def _uniform_graph(self, budget: int, grids: np.ndarray) -> CapturedBudget | None:
+        """The uniform graph of ``budget`` for a batch whose frames all have one h·w (None: they do not, or no
+        graph was captured for it). Every batch the budget holds fits there (:meth:`uniform_shape`)."""
+        frames = grids[:, 1] * grids[:, 2]
+        if (frames != frames[0]).any():
+            return None
+        return self.uniform_graphs.get((budget, int(frames[0])))
 
     # ---- replay --------------------------------------------------------------------------------------------
     def _stage_metadata(self, cb: CapturedBudget, request: EncoderRequest) -> None:
@@ -497,7 +563,7 @@ class EncoderGraphRunner:
         if cb.graph is not None:
             cb.graph.replay()
         else:
-            cb.output.copy_(self.forward_static(cb.pixels, cb.meta))
+            cb.output.copy_(self._forward_of(cb)(cb.pixels, cb.meta))
         return cb.output
 
     @torch.inference_mode()
@@ -580,6 +646,7 @@ class EncoderGraphRunner:
                 static = self._replay(cb, step.request)
                 out = (static if step.tokens == cb.budget else static[: step.tokens]).clone()
                 stats.replays += 1
+                stats.uniform_replays += cb.shape.uniform
                 stats.real_tokens += step.tokens
                 stats.budget_tokens += cb.budget
             else:
@@ -687,6 +754,17 @@ class EncoderGraphRunner:
 @contextmanager
 def _nothing() -> Iterator[None]:
     yield
+
+
+def _uniform_lengths(lengths: Any, merge_area: int) -> tuple[int, ...]:
+    """The distinct segment lengths of ``uniform_lengths``, ascending: positive multiples of ``merge_area`` (a
+    frame's h·w is one), else a one-line ValueError naming the bad one."""
+    out = set()
+    for length in lengths:
+        if isinstance(length, bool) or not isinstance(length, int) or length <= 0 or length % merge_area:
+            raise ValueError(f"uniform length {length!r} must be a positive multiple of {merge_area} (a frame's h·w)")
+        out.add(length)
+    return tuple(sorted(out))
 
 
 def _check_table(table: LatencyTable, mode: str, attention: str) -> None:

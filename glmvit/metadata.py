@@ -17,6 +17,12 @@ stays there: every other op is row-local, and the 2×2 downsample merges aligned
 real and padded rows because every frame has a multiple of m² rows. In ``segment_ids`` each padded row has an id of
 its own (``n + i`` after the n real segments), so the masked backend lets it attend only to itself: linear work.
 ``cu_seqlens`` keeps at least one slot more than ``segments`` (always empty), so the layout's size is unchanged.
+
+A *uniform* shape (``BatchShape.uniform``) promises more: every real segment has exactly ``max_seqlen`` = L rows,
+and rows is a multiple of L. Real segments are packed from row 0 back to back, so real segment i is rows
+[i·L, (i+1)·L) and the padding is whole L-row blocks after them: the (rows / L, L) view of the rows puts every real
+segment in one block of its own, which the ``dense`` attention backend runs as one batch entry each.
+:func:`build_metadata` refuses a batch that breaks the promise; the packed metadata is the same as without it.
 """
 from __future__ import annotations
 
@@ -33,11 +39,26 @@ from .rotary import rot_pos_ids
 
 @dataclass(frozen=True)
 class BatchShape:
-    """The static shape a forward runs at: patch rows, attention-segment slots and the max segment length."""
+    """The static shape a forward runs at: patch rows, attention-segment slots and the max segment length.
+
+    ``uniform``: every real segment has exactly ``max_seqlen`` rows and ``rows`` is a multiple of it (checked here),
+    so the rows split into ``rows // max_seqlen`` whole segments (the module docstring).
+    """
 
     rows: int
     segments: int
     max_seqlen: int
+    uniform: bool = False
+
+    def __post_init__(self) -> None:
+        if self.uniform and (self.max_seqlen < 1 or self.rows % self.max_seqlen):
+            raise ValueError(f"a uniform batch shape needs rows ({self.rows}) a multiple of max_seqlen "
+                             f"({self.max_seqlen}) ≥ 1")
+
+    def __repr__(self) -> str:
+        """The dataclass's repr, ``uniform`` shown only when set (a shape without it prints as it always has)."""
+        return (f"BatchShape(rows={self.rows}, segments={self.segments}, max_seqlen={self.max_seqlen}"
+                f"{', uniform=True' if self.uniform else ''})")
 
     @property
     def cu_slots(self) -> int:
@@ -258,6 +279,8 @@ def build_metadata(
         raise ValueError(f"batch has {len(frame_rows)} temporal patches, more than the shape's {shape.segments}")
     if len(frame_rows) and frame_rows.max() > shape.max_seqlen:
         raise ValueError(f"a segment of {frame_rows.max()} rows exceeds max_seqlen {shape.max_seqlen}")
+    if shape.uniform and len(frame_rows) and frame_rows.min() < shape.max_seqlen:
+        raise ValueError(f"a segment of {frame_rows.min()} rows in a uniform shape of {shape.max_seqlen}-row segments")
 
     size = shape.packed_size(merge_area)
     if out is None:
@@ -286,6 +309,8 @@ def build_metadata(
     seg[num_rows:] = np.arange(len(frame_rows), len(frame_rows) + r - num_rows, dtype=np.int32)  # one id per row
     valid = packed[base + 5 * r :]
     valid[: num_rows // merge_area] = 1
+    # Uniform: n segments of exactly L rows from row 0, so segment i is rows [i·L, (i+1)·L), one dense block each.
+    assert not shape.uniform or num_rows == len(frame_rows) * shape.max_seqlen, "uniform segments tile their rows"
     return HostMetadata(packed, shape, merge_area, grids, num_rows)
 
 

@@ -77,3 +77,17 @@ def skip_unless_sm90_compiler() -> None:
 
     if "nvidia" not in backends:
         pytest.skip("this Triton has no NVIDIA backend: it cannot target sm_90")
+
+
+def assert_items_match_forward(model, outs, pixels, grids, atol: float = 1e-5, rtol: float = 1e-5) -> None:
+    """Each of a runner's per-item outputs against the model's forward of that item alone (float32 on the CPU: the
+    same arithmetic in other batches, so only summation order differs: 1e-5)."""
+    import torch
+
+    start = 0
+    with torch.no_grad():
+        for out, (t, h, w) in zip(outs, grids, strict=True):
+            rows = t * h * w
+            expected = model(pixels[start : start + rows], torch.tensor([[t, h, w]]))
+            start += rows
+            torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)

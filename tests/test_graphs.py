@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import assert_items_match_forward
 from glmvit.costmodel import LatencyTable
 from glmvit.graphs import EncoderGraphRunner
 from glmvit.packing import BudgetConfig
@@ -41,13 +42,7 @@ def test_runner_equals_forward_per_item(runner, tiny_model, tiny_config, seed):
     pixels, grid = random_batch(grids, tiny_config, seed=seed)
     outs = runner.run(pixels, grid)
     assert len(outs) == len(grids)
-    start = 0
-    with torch.no_grad():
-        for out, (t, h, w) in zip(outs, grids, strict=False):
-            rows = t * h * w
-            expected = tiny_model(pixels[start : start + rows], torch.tensor([[t, h, w]]))
-            start += rows
-            torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert_items_match_forward(tiny_model, outs, pixels, grids)
 
 
 def test_earlier_outputs_stay_unchanged(runner, tiny_config):
@@ -360,7 +355,7 @@ def test_a_compiled_capture_has_room_for_the_specialisations_earlier_captures_le
     seen = []
     monkeypatch.setattr(graphs, "_held_specialisations", lambda functions: 20)
     monkeypatch.setattr(graphs.EncoderGraphRunner, "_capture_budget",
-                        lambda self, budget: seen.append(dynamo_config.recompile_limit))
+                        lambda self, budget, length=None: seen.append(dynamo_config.recompile_limit))
     EncoderGraphRunner(tiny_model, BudgetConfig((16, 32), 2, 4), mode="emulate", torch_compile=True).capture()
     assert seen == [20 + 2 * 2 + 8] * 2 and dynamo_config.recompile_limit == 8
     torch._dynamo.reset()

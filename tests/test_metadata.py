@@ -159,3 +159,39 @@ def test_metadata_built_into_a_used_buffer_equals_a_fresh_one():
     fresh = build_metadata([[1, 2, 2]], 2, shape)
     reused = build_metadata([[1, 2, 2]], 2, shape, out=buffer)
     assert reused.packed is buffer and np.array_equal(buffer, fresh.packed)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 8).map(lambda n: 4 * n), st.integers(0, 5), st.integers(0, 4), st.integers(0, 3))
+def test_a_uniform_shape_packs_the_same_metadata_and_each_segment_in_its_own_block(length, n, spare, extra_slots):
+    """Segments of exactly L rows, from row 0: segment i is rows [i·L, (i+1)·L), the padding whole blocks after."""
+    h = 2
+    grids = np.array([[1, h, length // h]] * n, dtype=np.int64).reshape(-1, 3)
+    rows, slots = length * (n + spare), n + extra_slots
+    uniform = build_metadata(grids, MERGE, BatchShape(rows, slots, length, uniform=True))
+    plain = build_metadata(grids, MERGE, BatchShape(rows, slots, length))
+    assert np.array_equal(uniform.packed, plain.packed)  # the promise changes nothing in the packed layout
+    cu, seg, _ = views(uniform)
+    assert np.array_equal(cu[: n + 1], length * np.arange(n + 1))
+    assert np.array_equal(seg[: n * length], np.arange(n * length) // length)  # real row r: block r // L
+
+
+def test_a_uniform_shape_is_validated_where_it_is_made():
+    assert BatchShape(64, 4, 16, uniform=True).uniform and not BatchShape(64, 4, 16).uniform
+    assert BatchShape(64, 4, 16) == BatchShape(64, 4, 16, uniform=False)  # existing shapes are what they were
+    for rows, length in ((60, 16), (64, 0)):
+        with pytest.raises(ValueError, match=rf"^a uniform batch shape needs rows \({rows}\) a multiple of max_seqlen "
+                                             rf"\({length}\) ≥ 1$"):
+            BatchShape(rows, 4, length, uniform=True)
+    BatchShape(60, 4, 16)  # not uniform: no such promise to check
+    assert repr(BatchShape(64, 4, 16)) == "BatchShape(rows=64, segments=4, max_seqlen=16)"  # printed as it was
+    assert repr(BatchShape(64, 4, 16, uniform=True)) == "BatchShape(rows=64, segments=4, max_seqlen=16, uniform=True)"
+
+
+def test_a_uniform_shape_refuses_a_shorter_segment():
+    shape = BatchShape(64, 4, 16, uniform=True)
+    with pytest.raises(ValueError, match=r"^a segment of 8 rows in a uniform shape of 16-row segments$"):
+        build_metadata([[1, 4, 4], [1, 2, 4]], MERGE, shape)
+    with pytest.raises(ValueError, match=r"^a segment of 32 rows exceeds max_seqlen 16$"):
+        build_metadata([[1, 4, 8]], MERGE, shape)
+    assert build_metadata([[2, 4, 4]], MERGE, shape).num_rows == 32  # a clip's frames are segments of 16 rows
