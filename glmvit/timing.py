@@ -10,8 +10,6 @@ which may be empty."""
 from __future__ import annotations
 
 import gc
-import os
-import threading
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -100,7 +98,6 @@ def time_passes(call: Callable[[int], Any], n: int, device: torch.device | str, 
     while passes == 0 or (passes < max_passes and relative_halfwidth(ms) > precision):
         passes += 1
         started = time.perf_counter()
-        _settle()
         for j in progress(passes, range(n)) if progress is not None else range(n):
             c0, t0 = time.thread_time(), time.perf_counter()
             out = call(j)
@@ -112,10 +109,8 @@ def time_passes(call: Callable[[int], Any], n: int, device: torch.device | str, 
                 after(j, out)
             if pass_budget_s is not None and len(ms) >= min_calls and t1 - started >= pass_budget_s:
                 break
-            if (j + 1) % CHECK_EVERY == 0:
-                if passes > 1 and relative_halfwidth(ms) <= precision:
-                    break
-                _settle()
+            if passes > 1 and (j + 1) % CHECK_EVERY == 0 and relative_halfwidth(ms) <= precision:
+                break
     return ms, cpu, passes
 
 
@@ -144,7 +139,6 @@ def _wall_ms(fn: Callable[[], Any], device: torch.device, max_runs: int,
              stop: Callable[[list[float]], bool] | None = None) -> list[float]:
     """Wall ms of each call between synchronisations: ``max_runs`` calls, or fewer once ``stop(times)`` holds."""
     times: list[float] = []
-    _settle()
     while len(times) < max_runs:
         t0 = time.perf_counter()
         fn()
@@ -152,8 +146,6 @@ def _wall_ms(fn: Callable[[], Any], device: torch.device, max_runs: int,
         times.append((time.perf_counter() - t0) * 1e3)
         if stop is not None and stop(times):
             break
-        if len(times) % CHECK_EVERY == 0:
-            _settle()
     return times
 
 
@@ -200,94 +192,20 @@ def relative_halfwidth(ms: Sequence[float] | np.ndarray) -> float:
     return (hi - lo) / 2 / float(np.median(np.asarray(ms, dtype=np.float64)))
 
 
-def _spin_ms(iterations: int = 20_000) -> float:
-    """A fixed pure-Python loop, in ms: how fast this CPU runs this thread now."""
-    start = time.perf_counter()
-    total = 0
-    for i in range(iterations):
-        total += i
-    return (time.perf_counter() - start) * 1e3
-
-
-def quietest_cpu(cpus: Sequence[int], rounds: int = 3, iterations: int = 20_000) -> int:
-    """The CPU of ``cpus`` on which a short pure-Python loop (``iterations`` additions) runs fastest now: the median
-    of ``rounds`` loops per CPU, taken round-robin (so a burst of load on one CPU does not land on one CPU's loops
-    only), ties to the later CPU.
-
-    Why: on a shared or virtual host a CPU's speed for one thread swings from one second to the next, invisibly
-    to the guest (no steal time is reported), and a host-bound eager forward swings with it (measured on the H200
-    machine, one 224² image, every CPU pinned in turn: medians from 13 to 27 ms, a CPU's own median moving between
-    those from one sweep of the CPUs to the next). The thread's own CPUs are restored before it returns."""
-    cpus = sorted(cpus)
-    if len(cpus) == 1:
-        return cpus[0]
-    loops: dict[int, list[float]] = {cpu: [] for cpu in cpus}
-    allowed = os.sched_getaffinity(0)
-    try:
-        for _ in range(rounds):
-            for cpu in cpus:
-                os.sched_setaffinity(0, {cpu})
-                loops[cpu].append(_spin_ms(iterations))
-    finally:
-        os.sched_setaffinity(0, allowed)
-    return min(reversed(cpus), key=lambda cpu: float(np.median(loops[cpu])))
-
-
-# Per thread, the CPU sets of the quiet hosts it has open, innermost last: while one is open, each timed loop (a
-# pass of time_passes, a run of wall-clock calls) first moves the thread to the CPU quietest at that moment
-# (:func:`_settle`).
-_QUIET = threading.local()
-SETTLE_SPIN = 10_000  # additions per CPU per settle: ~0.5 ms a CPU, once per timed loop, outside every clock
-
-
-def _quiet_sets() -> list[list[int]]:
-    if not hasattr(_QUIET, "sets"):
-        _QUIET.sets = []
-    return _QUIET.sets
-
-
-def _settle() -> None:
-    """Before a timed loop, outside its clock: inside :func:`quiet_host`, pin this thread to the CPU of the host's
-    set that runs a short loop fastest now (:func:`quietest_cpu`, one round); elsewhere, or where the kernel does
-    not honour affinity, nothing."""
-    sets = _quiet_sets()
-    if sets and len(sets[-1]) > 1:
-        try:
-            os.sched_setaffinity(0, {quietest_cpu(sets[-1], rounds=1, iterations=SETTLE_SPIN)})
-        except OSError:
-            pass
-
-
 @contextmanager
 def quiet_host() -> Iterator[None]:
     """Timed loops run here: Python's cycle collector off (collected once first, so no pause lands inside a
-    request), and this thread moved, before each pass of :func:`time_passes` and each wall-clock run of
-    :func:`time_calls` or :func:`time_until_steady`, to the CPU that is quietest at that moment (:func:`_settle`: a
-    CPU's speed swings within seconds, so each loop chooses afresh; a choice before every call cost more than it
-    steadied, measured on the H200 machine), and again after every :data:`CHECK_EVERY` calls of a loop, outside
-    the clock (a slow spell on one CPU lasts tens of host-bound requests: the record run ``s28_803d908r1`` timed one
-    224² image's eager forward at 12.8 ms for 14 requests, then 16.9 ms for the next 11, in one pass). The collector
-    and the thread's CPUs are restored on exit."""
+    request), restored on exit. Which CPU runs the thread is left to the kernel's scheduler, which moves it off a CPU
+    that turns slow: on the H200 machine (a 16-CPU KVM guest whose CPUs swing in speed within seconds, no steal time
+    reported), pinning the thread to the CPU that ran a short loop fastest made one 224² image's eager forward slower
+    and noisier than leaving it free, block after block in one process (``tools/eager_probe.py``: 16.1 ms median,
+    P90 21.3 ms, choosing the CPU again every 10 forwards; 14.9 ms, P90 16.5 ms free)."""
     gc.collect()
     enabled = gc.isenabled()
     gc.disable()
     try:
-        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    except OSError:
-        cpus = None
-    sets = _quiet_sets()
-    if cpus is not None:
-        sets.append(cpus)
-    try:
-        _settle()
         yield
     finally:
-        if cpus is not None:
-            sets.pop()
-            try:
-                os.sched_setaffinity(0, set(cpus))
-            except OSError:
-                pass
         if enabled:
             gc.enable()
 

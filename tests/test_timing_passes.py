@@ -142,16 +142,3 @@ def test_a_replay_is_timed_until_its_median_is_precise_between_a_floor_and_a_cap
     with pytest.raises(ValueError):
         timing.time_to_precision(lambda: None, "cpu", 30, 20, 0.005)
 
-
-def test_a_timed_loop_chooses_its_cpu_again_every_check_outside_the_clock(clock, monkeypatch):
-    # a slow spell on one CPU lasts tens of requests: the loop re-chooses after every CHECK_EVERY calls (and once
-    # before it starts), and the choice costs the clock nothing: the times stay the calls' own
-    settles: list[float] = []
-    c = clock([0.010])
-    monkeypatch.setattr(timing, "_settle", lambda: settles.append(c.now))
-    ms, _, passes = timing.time_passes(c.call, 35, "cpu")
-    assert passes == 1 and ms == pytest.approx([10.0] * 35)
-    assert len(settles) == 1 + 35 // timing.CHECK_EVERY
-    settles.clear()
-    assert timing.time_calls(lambda: c.call(0), "cpu", 25) == pytest.approx([10.0] * 25)
-    assert len(settles) == 1 + 25 // timing.CHECK_EVERY

@@ -2,13 +2,13 @@
 
 The same eager forward of one 224² image (full GLM-4.1V tower, bf16) was timed at medians of 16 and 28 ms minutes
 apart in one record process, with the host's cost of one kernel launch measured beside each at 10 µs. This probe
-times that forward in alternating blocks under four conditions, in one process:
+times that forward in alternating blocks under five conditions, in one process:
 
-- ``quiet``: as ``bench`` times it (:func:`glmvit.timing.quiet_host`: collector off, the thread moved to the CPU that
-  runs a short loop fastest before each block and again after every ``CHECK_EVERY`` requests);
-- ``quiet_once``: as ``quiet``, the CPU chosen once per block only;
-- ``free``: the thread on every CPU the process may use, the collector on;
-- ``pinned0``: the thread pinned to the first CPU it may use, all block long;
+- ``quiet``: as ``bench`` times it (:func:`glmvit.timing.quiet_host`: collector off, the CPU left to the scheduler);
+- ``free``: as ``quiet`` with the collector on;
+- ``pinned_quietest``: as ``quiet``, the thread pinned all block long to the CPU that runs a short loop fastest at
+  its start (:func:`quietest_cpu`);
+- ``pinned0``: as ``quiet``, the thread pinned to the first CPU it may use, all block long;
 - ``after_sleep``: as ``quiet``, each request after a 20 ms sleep (a GPU and CPU left idle between requests).
 
 Per request it records the wall time (synchronised), the host's share of it (until the forward returns, before the
@@ -24,23 +24,53 @@ shows its cause: a CPU (per-CPU medians apart), the GPU's clock (correlated), or
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import resource
 import time
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 
 from glmvit.cli.common import vision_config
 from glmvit.random_weights import random_encoder
-from glmvit.timing import CHECK_EVERY, _settle, _spin_ms, launch_us, quiet_host, sync
+from glmvit.timing import launch_us, quiet_host, sync
 from glmvit.workloads import random_batch
 
-CONDITIONS = ("quiet", "quiet_once", "free", "pinned0", "after_sleep")
+CONDITIONS = ("quiet", "free", "pinned_quietest", "pinned0", "after_sleep")
+
+
+def spin_ms(iterations: int = 20_000) -> float:
+    """A fixed pure-Python loop, in ms: how fast this CPU runs this thread now."""
+    start = time.perf_counter()
+    total = 0
+    for i in range(iterations):
+        total += i
+    return (time.perf_counter() - start) * 1e3
+
+
+def quietest_cpu(cpus: Sequence[int], rounds: int = 3, iterations: int = 20_000) -> int:
+    """The CPU of ``cpus`` on which a short pure-Python loop (``iterations`` additions) runs fastest now: the median
+    of ``rounds`` loops per CPU, taken round-robin (so a burst of load on one CPU does not land on one CPU's loops
+    only), ties to the later CPU.
+
+    The ``pinned_quietest`` condition's choice (what :func:`glmvit.timing.quiet_host` once did before every timed
+    loop). The thread's own CPUs are restored before it returns."""
+    cpus = sorted(cpus)
+    if len(cpus) == 1:
+        return cpus[0]
+    loops: dict[int, list[float]] = {cpu: [] for cpu in cpus}
+    allowed = os.sched_getaffinity(0)
+    try:
+        for _ in range(rounds):
+            for cpu in cpus:
+                os.sched_setaffinity(0, {cpu})
+                loops[cpu].append(spin_ms(iterations))
+    finally:
+        os.sched_setaffinity(0, allowed)
+    return min(reversed(cpus), key=lambda cpu: float(np.median(loops[cpu])))
 
 
 def current_cpu() -> int:
@@ -73,20 +103,17 @@ def steal_ticks() -> int:
 def block(condition: str, forward, device: torch.device, requests: int, cpus: set[int]) -> list[dict[str, Any]]:
     """``requests`` timed forwards under ``condition``; the thread's CPUs restored after."""
     rows = []
-    context = quiet_host() if condition in ("quiet", "quiet_once", "after_sleep") else nullcontext()
+    context = nullcontext() if condition == "free" else quiet_host()
     try:
         if condition == "pinned0":
             os.sched_setaffinity(0, {min(cpus)})
-        elif condition == "free":
-            os.sched_setaffinity(0, cpus)
-            gc.enable()
+        elif condition == "pinned_quietest":
+            os.sched_setaffinity(0, {quietest_cpu(sorted(cpus), rounds=1, iterations=10_000)})
         with context:
             launch = launch_us(device)
-            for i in range(requests):
+            for _ in range(requests):
                 if condition == "after_sleep":
                     time.sleep(0.02)
-                elif condition == "quiet" and i and i % CHECK_EVERY == 0:
-                    _settle()
                 sync(device)
                 steal0, switches0 = steal_ticks(), resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
                 c0, t0 = time.thread_time(), time.perf_counter()
@@ -97,7 +124,7 @@ def block(condition: str, forward, device: torch.device, requests: int, cpus: se
                 rows.append({"condition": condition, "wall_ms": (t1 - t0) * 1e3, "issue_ms": (t_issue - t0) * 1e3,
                              "cpu_ms": (time.thread_time() - c0) * 1e3, "cpu": current_cpu(),
                              "preempted": resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw - switches0,
-                             "steal_ticks": steal_ticks() - steal0, "spin_ms": _spin_ms(5_000),
+                             "steal_ticks": steal_ticks() - steal0, "spin_ms": spin_ms(5_000),
                              "sm_mhz": sm_clock(device), "launch_us": launch})
     finally:
         os.sched_setaffinity(0, cpus)

@@ -134,7 +134,7 @@ def measure(runner: EncoderGraphRunner, model: GlmVisionEncoder, runs: int, warm
     for budget in tqdm(sorted(runner.graphs), desc="latency table", unit="budget", file=sys.stderr, disable=quiet):
         entry: dict[str, Any] = {"tokens": budget, "layouts": []}
         timed = {}
-        with quiet_host():  # each timed loop of the budget starts on the CPU quietest then
+        with quiet_host():
             for name, grid in layouts(budget, runner.budgets.max_items, runner.graphs[budget].shape.segments,
                                       cfg.spatial_merge_size).items():
                 grids = np.array(grid, dtype=np.int64)
@@ -272,8 +272,7 @@ def run_sweep(args: argparse.Namespace, config: BudgetConfig, command: str, sess
                                      f"{PRECISION:.0%} (checked every {CHECK_EVERY} forwards); once per distinct "
                                      "batch of grids",
                      "eager": "timed once per process for both sweeps" if eager_times is not None else "timed here",
-                     "host": "cycle collector off; before each timed loop the thread is pinned to the CPU "
-                             "quietest then (glmvit.timing.quiet_host)",
+                     "host": "cycle collector off, the CPU left to the scheduler (glmvit.timing.quiet_host)",
                      **({"runner_source": source} if source is not None else {})},
         capture={str(k): v.as_dict() for k, v in runner.captures.items()},
         failed={str(k): v for k, v in runner.failed.items()},
