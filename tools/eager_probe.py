@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import resource
+import sys
 import time
 from contextlib import nullcontext
 from typing import Any, Sequence
@@ -181,7 +182,9 @@ def main() -> None:
         for _ in range(args.blocks):
             for condition in CONDITIONS:
                 rows += block(condition, lambda: model(pixels, grid), device, args.requests, cpus)
-    result = {"summary": summary(rows), "rows": rows,
+    from glmvit.provenance import collect
+
+    result = {"provenance": collect(device, " ".join(["python", *sys.argv])), "summary": summary(rows), "rows": rows,
               "settings": {"device": str(device), "config": args.config, "blocks": args.blocks,
                            "requests": args.requests, "cpus": sorted(cpus)}}
     print(json.dumps(result["summary"], indent=1))

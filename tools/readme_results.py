@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from glmvit.cli.bench_serve import rate_label  # noqa: E402 - the repository's own package, by path
+from glmvit.eager_agreement import eager_timings  # noqa: E402 - the repository's own package, by path
 from glmvit.records import (  # noqa: E402 - the repository's own package, by path
     BenchRecord,
     InterpRecord,
@@ -243,6 +244,17 @@ def serve_lines() -> list[str]:
     return lines
 
 
+def eager_line() -> str:
+    """How far the records of this run that time one eager forward agree (:mod:`glmvit.eager_agreement`): every
+    "× eager" divides by a host-bound time."""
+    parts = [f"{t.forward}: " + ", ".join(f"{ms(v)} (`{n}`)" for n, v in t.medians.items()) + f", {t.spread:.2f}× apart"
+             for t in eager_timings(BENCH)]
+    return ("**Eager is the host's speed.** An eager forward of a small batch is bound by its kernel launches, and the "
+            "records of one run that time the same eager forward give: " + "; ".join(parts) + ". The H200 machine's "
+            "CPUs change speed within seconds (`data/sweeps/eager_probe_h200.json`), so every ratio to eager in these tables "
+            "carries that much of the host's state; the graph modes' medians do not.")
+
+
 def runs_line() -> str:
     """Which record runs the results below come from: one for the results, and the diagnostics' own."""
     results = sorted({r.record_run or "(none)" for r in (load_any(p) for p in sorted(BENCH.glob("*_h200.json")))
@@ -263,8 +275,9 @@ def block() -> str:
     return "\n".join([BEGIN, head, "", "**Fixed workloads** (median per request ± half its 95 % interval, and the "
                       "requests timed; every peer of the same run; transformers-compiled is `torch.compile(mode="
                       "\"reduce-overhead\")` on transformers' model, compiled once for the workload's one shape):", "",
-                      *fixed_table(), "", host_line(), "", *kernels_lines(), "", ncu_line(), "", mixed, "",
-                      *mixed_table(), "", sweep_line(), "", *seed_lines(), "", *serve_lines(), "", interp_line(), END])
+                      *fixed_table(), "", eager_line(), "", host_line(), "", *kernels_lines(), "", ncu_line(), "",
+                      mixed, "", *mixed_table(), "", sweep_line(), "", *seed_lines(), "", *serve_lines(), "",
+                      interp_line(), END])
 
 
 def render(readme: str) -> str:
