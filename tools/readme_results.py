@@ -251,8 +251,8 @@ def eager_line() -> str:
              for t in eager_timings(BENCH)]
     return ("**Eager is the host's speed.** An eager forward of a small batch is bound by its kernel launches, and the "
             "records of one run that time the same eager forward give: " + "; ".join(parts) + ". The H200 machine's "
-            "CPUs change speed within seconds (`data/sweeps/eager_probe_h200.json`), so every ratio to eager in these tables "
-            "carries that much of the host's state; the graph modes' medians do not.")
+            "CPUs change speed within seconds (`data/sweeps/eager_probe_h200.json`), so every ratio to eager in these "
+            "tables carries that much of the host's state; the graph modes' medians do not.")
 
 
 def runs_line() -> str:
