@@ -42,8 +42,9 @@ def eager_timings(bench: Path) -> list[EagerTimings]:
         paths = [bench / n for n in names] + ([bench / "latency_h200.json"] if in_sweep else [])
         if not all(p.exists() for p in paths):
             continue
-        medians = {n: load(bench / n, BenchRecord).modes["eager"].median_ms for n in names}
-        runs = {load(bench / n, BenchRecord).record_run for n in names}
+        records = {n: load(bench / n, BenchRecord) for n in names}
+        medians = {n: r.modes["eager"].median_ms for n, r in records.items()}
+        runs = {r.record_run for r in records.values()}
         if in_sweep:
             sweep = load(paths[-1], LatencySweep)
             budget = next(b for b in sweep.budgets if b.tokens == 64)

@@ -195,11 +195,11 @@ def relative_halfwidth(ms: Sequence[float] | np.ndarray) -> float:
 @contextmanager
 def quiet_host() -> Iterator[None]:
     """Timed loops run here: Python's cycle collector off (collected once first, so no pause lands inside a
-    request), restored on exit. Which CPU runs the thread is left to the kernel's scheduler, which moves it off a CPU
-    that turns slow: on the H200 machine (a 16-CPU KVM guest whose CPUs swing in speed within seconds, no steal time
+    request), restored on exit. Which CPU runs the thread is left to the kernel's scheduler: on
+    the H200 machine (a 16-CPU KVM guest whose CPUs swing in speed within seconds, no steal time
     reported), pinning the thread to the CPU that ran a short loop fastest made one 224² image's eager forward slower
-    and noisier than leaving it free, block after block in one process (``tools/eager_probe.py``: 16.1 ms median,
-    P90 21.3 ms, choosing the CPU again every 10 forwards; 14.9 ms, P90 16.5 ms free)."""
+    than leaving it free (``data/sweeps/eager_probe_h200.json``, blocks of 30 forwards alternating in one
+    process, the collector off: medians 18.7 ms pinned to the fastest CPU, 17.4 ms to the first, 14.4 ms unpinned)."""
     gc.collect()
     enabled = gc.isenabled()
     gc.disable()

@@ -270,7 +270,7 @@ def test_a_quiet_host_restores_the_collector_and_the_cpus():
 
 
 def test_a_quiet_host_leaves_the_cpu_to_the_scheduler(monkeypatch):
-    """Pinning the timed thread to the CPU that ran a short loop fastest made an eager forward slower and noisier on
+    """Pinning the timed thread to the CPU that ran a short loop fastest made an eager forward slower on
     the H200 machine than leaving it free: a quiet host turns the collector off and never moves the thread."""
     import os
 

@@ -141,4 +141,3 @@ def test_a_replay_is_timed_until_its_median_is_precise_between_a_floor_and_a_cap
     assert len(timing.time_to_precision(lambda: noisy.call(0), "cpu", 20, 50, 0.005)) == 50
     with pytest.raises(ValueError):
         timing.time_to_precision(lambda: None, "cpu", 30, 20, 0.005)
-
