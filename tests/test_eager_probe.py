@@ -37,6 +37,8 @@ def test_the_probe_runs_every_condition_and_writes_its_rows(tmp_path, monkeypatc
     eager_probe.main()
     result = json.loads(out.read_text())
     assert [r["condition"] for r in result["rows"]] == [c for c in eager_probe.CONDITIONS for _ in range(2)]
-    assert all(r["wall_ms"] >= r["issue_ms"] > 0 and r["spin_ms"] > 0 for r in result["rows"])
+    assert all(r["wall_ms"] >= r["issue_ms"] > 0 and r["spin_ms"] > 0 and r["host_ms"] > 0 and r["minor_faults"] >= 0
+               for r in result["rows"])
+    assert "corr_wall_host" in result["summary"] or len({r["wall_ms"] for r in result["rows"]}) == 1
     assert set(result["summary"]["by_condition"]) == set(eager_probe.CONDITIONS)
     assert result["provenance"]["device"] == "cpu" and result["provenance"]["command"].startswith("python")

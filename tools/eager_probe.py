@@ -13,10 +13,13 @@ times that forward in alternating blocks under five conditions, in one process:
 
 Per request it records the wall time (synchronised), the host's share of it (until the forward returns, before the
 wait), the thread's CPU time and involuntary context switches, the CPU it ended on, the host's speed just after
-(a fixed pure-Python loop's ms on that CPU), the host's steal time and the GPU's SM clock (``torch.cuda.clock_rate``,
-where pynvml answers); per block, the launch cost (:func:`glmvit.timing.launch_us`).
-It prints medians per condition and per CPU, and the correlation of wall time with the SM clock, so that a swing
-shows its cause: a CPU (per-CPU medians apart), the GPU's clock (correlated), or neither (the host as a whole).
+(a fixed pure-Python loop's ms on that CPU), the ms of host work that touches memory as the forward's Python does
+(:func:`host_ms`: the request's metadata built 20 times and a 20,000-entry dict filled; no GPU in it), the thread's
+minor page faults, the host's steal time and the GPU's SM clock (``torch.cuda.clock_rate``, where pynvml answers);
+per block, the launch cost (:func:`glmvit.timing.launch_us`).
+It prints medians per condition and per CPU, and the correlation of wall time with the host work and the SM clock,
+so that a swing shows its cause: a CPU (per-CPU medians apart), the GPU's clock (correlated), the host as a whole
+(the host work, which runs no GPU code, slows with the forward), or page faults.
 
     python tools/eager_probe.py --device cuda --blocks 8 --requests 40 --json /tmp/eager_probe.json
     python tools/eager_probe.py --device cpu --config tiny --blocks 2 --requests 3     # a dry run of the code
@@ -74,6 +77,21 @@ def quietest_cpu(cpus: Sequence[int], rounds: int = 3, iterations: int = 20_000)
     return min(reversed(cpus), key=lambda cpu: float(np.median(loops[cpu])))
 
 
+def host_ms(grid) -> float:
+    """Host work with no GPU in it, in ms: ``grid``'s metadata built 20 times (the forward's own host code) and a
+    20,000-entry dict of tuples filled (allocation and pointer chasing). When it slows in step with the forward, the
+    host's CPU is what changed speed, not the GPU, the driver or the launch path."""
+    from glmvit.metadata import build_metadata
+
+    start = time.perf_counter()
+    for _ in range(20):
+        build_metadata(grid)
+    table = {}
+    for i in range(20_000):
+        table[i] = (i, str(i))
+    return (time.perf_counter() - start) * 1e3
+
+
 def current_cpu() -> int:
     """The CPU this thread last ran on (field 39 of /proc/thread-self/stat); -1 where Linux does not say."""
     try:
@@ -101,8 +119,9 @@ def steal_ticks() -> int:
         return -1
 
 
-def block(condition: str, forward, device: torch.device, requests: int, cpus: set[int]) -> list[dict[str, Any]]:
-    """``requests`` timed forwards under ``condition``; the thread's CPUs restored after."""
+def block(condition: str, forward, device: torch.device, requests: int, cpus: set[int], grid) -> list[dict[str, Any]]:
+    """``requests`` timed forwards under ``condition`` (each followed by :func:`host_ms` of ``grid``); the thread's
+    CPUs restored after."""
     rows = []
     context = nullcontext() if condition == "free" else quiet_host()
     try:
@@ -116,15 +135,18 @@ def block(condition: str, forward, device: torch.device, requests: int, cpus: se
                 if condition == "after_sleep":
                     time.sleep(0.02)
                 sync(device)
-                steal0, switches0 = steal_ticks(), resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
+                usage0 = resource.getrusage(resource.RUSAGE_THREAD)
+                steal0 = steal_ticks()
                 c0, t0 = time.thread_time(), time.perf_counter()
                 forward()
                 t_issue = time.perf_counter()
                 sync(device)
                 t1 = time.perf_counter()
+                usage1 = resource.getrusage(resource.RUSAGE_THREAD)
                 rows.append({"condition": condition, "wall_ms": (t1 - t0) * 1e3, "issue_ms": (t_issue - t0) * 1e3,
                              "cpu_ms": (time.thread_time() - c0) * 1e3, "cpu": current_cpu(),
-                             "preempted": resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw - switches0,
+                             "preempted": usage1.ru_nivcsw - usage0.ru_nivcsw,
+                             "minor_faults": usage1.ru_minflt - usage0.ru_minflt, "host_ms": host_ms(grid),
                              "steal_ticks": steal_ticks() - steal0, "spin_ms": spin_ms(5_000),
                              "sm_mhz": sm_clock(device), "launch_us": launch})
     finally:
@@ -143,6 +165,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             out["by_condition"][c] = {"median_ms": float(np.median(w)), "min_ms": float(np.min(w)),
                                       "issue_median_ms": float(np.median([r["issue_ms"] for r in sel])),
                                       "spin_median_ms": float(np.median([r["spin_ms"] for r in sel])),
+                                      "host_median_ms": float(np.median([r["host_ms"] for r in sel])),
+                                      "minor_faults": int(sum(r["minor_faults"] for r in sel)),
                                       "preempted": int(sum(r["preempted"] for r in sel)),
                                       "steal_ticks": int(sum(r["steal_ticks"] for r in sel)),
                                       "p90_ms": float(np.percentile(w, 90)), "requests": len(w),
@@ -154,6 +178,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if spin.std() > 0:
         out["corr_wall_spin"] = float(np.corrcoef(wall, spin)[0, 1])  # near 1: the host's speed is the swing
         out["corr_wall_issue"] = float(np.corrcoef(wall, [r["issue_ms"] for r in rows])[0, 1])
+    host = np.array([r["host_ms"] for r in rows])
+    if host.std() > 0 and wall.std() > 0:
+        out["corr_wall_host"] = float(np.corrcoef(wall, host)[0, 1])  # well above 0: the host's CPU is the swing
     clocks = np.array([r["sm_mhz"] if r["sm_mhz"] is not None else np.nan for r in rows], dtype=float)
     if np.isfinite(clocks).all() and clocks.std() > 0:
         out["corr_wall_sm_clock"] = float(np.corrcoef(wall, clocks)[0, 1])
@@ -181,7 +208,7 @@ def main() -> None:
             model(pixels, grid)
         for _ in range(args.blocks):
             for condition in CONDITIONS:
-                rows += block(condition, lambda: model(pixels, grid), device, args.requests, cpus)
+                rows += block(condition, lambda: model(pixels, grid), device, args.requests, cpus, grid)
     from glmvit.provenance import collect
 
     result = {"provenance": collect(device, " ".join(["python", *sys.argv])), "summary": summary(rows), "rows": rows,
