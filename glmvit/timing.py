@@ -198,8 +198,8 @@ def quiet_host() -> Iterator[None]:
     request), restored on exit. Which CPU runs the thread is left to the kernel's scheduler: on
     the H200 machine (a 16-CPU KVM guest whose CPUs swing in speed within seconds, no steal time
     reported), pinning the thread to the CPU that ran a short loop fastest made one 224² image's eager forward slower
-    than leaving it free (``data/sweeps/eager_probe_h200.json``, blocks of 30 forwards alternating in one
-    process, the collector off: medians 18.7 ms pinned to the fastest CPU, 17.4 ms to the first, 14.4 ms unpinned)."""
+    than leaving it free (``data/sweeps/eager_probe_h200.json``, two rounds of 30-forward blocks alternating in one
+    process, the collector off: medians 20.7 ms pinned to the fastest CPU, 16.7 ms to the first, 14.0 ms unpinned)."""
     gc.collect()
     enabled = gc.isenabled()
     gc.disable()
