@@ -114,6 +114,7 @@ def test_the_orchestrator_runs_each_phase_once_and_packs_what_they_wrote(tmp_pat
     }
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(record, "install_problem", lambda: None)  # a CPU machine posing as one with CUDA
+    monkeypatch.setattr(record, "gpu_problem", lambda: None)  # ... an H200
     monkeypatch.setattr(record.subprocess, "Popen", FakePhase)
     monkeypatch.setattr(record, "job_current", lambda job, run_id=None: False)
     code = main(["record", "--only", "latency,startup_warm,kernels", "--archive", str(archive)])
@@ -136,6 +137,7 @@ def test_an_interrupted_run_ends_the_phases_it_never_told_to_go(tmp_path, monkey
     FakePhase.script = {"measure": ["[done] latency 1.0 "], "profile": []}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(record, "install_problem", lambda: None)  # a CPU machine posing as one with CUDA
+    monkeypatch.setattr(record, "gpu_problem", lambda: None)  # ... an H200
     monkeypatch.setattr(record.subprocess, "Popen", FakePhase)
     monkeypatch.setattr(record, "job_current", lambda job, run_id=None: False)
 
@@ -670,6 +672,21 @@ def test_without_kept_compiled_state_every_job_compiles_from_nothing(monkeypatch
     assert not any(recorder.keeps_compiled(j) for j in jobs())
 
 
+def test_a_record_refuses_a_gpu_other_than_the_one_the_records_are_named_for(monkeypatch, capsys):
+    """An H100's timings must not land in *_h200.json files: the run stops before any job, naming both GPUs."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(record, "job_current", lambda job, run_id=None: False)
+    monkeypatch.setattr(record.subprocess, "Popen", lambda *a, **k: pytest.fail("a phase started"))
+    with pytest.raises(SystemExit) as stop:
+        record.main(["--only", "latency"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "H100 80GB" in err and "H200" in err
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
+    assert record.gpu_problem() is None
+
+
 def test_a_record_refuses_a_hopper_gpu_without_the_cuda_extra(monkeypatch, capsys):
     """auto attends with cuDNN on Hopper only through the cuda extra: records made without it would measure Triton
     where a full install runs cuDNN, so the run stops before any job, naming the extra."""
@@ -677,6 +694,7 @@ def test_a_record_refuses_a_hopper_gpu_without_the_cuda_extra(monkeypatch, capsy
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
     monkeypatch.setattr(cudnn_attention, "frontend_installed", lambda: False)
     monkeypatch.setattr(record, "job_current", lambda job, run_id=None: False)
     monkeypatch.setattr(record.subprocess, "Popen", lambda *a, **k: pytest.fail("a phase started"))

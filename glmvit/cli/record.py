@@ -60,6 +60,21 @@ def job_current(job: Job, run_id: str | None = None) -> bool:
     return True
 
 
+RECORDED_GPU = "H200"  # every result record is named for it (data/bench/*_h200.json) and compared with its earlier runs
+
+
+def gpu_problem(device_index: int = 0) -> str | None:
+    """Why this CUDA machine must not write the records (None: it may): a GPU other than :data:`RECORDED_GPU`, whose
+    timings would land in files named for the H200 and be compared with the H200's earlier runs."""
+    import torch
+
+    name = torch.cuda.get_device_name(device_index)
+    if RECORDED_GPU in name:
+        return None
+    return (f"the records are the {RECORDED_GPU}'s (data/bench/*_h200.json) and this GPU is {name}: record on an "
+            f"{RECORDED_GPU}, or time this GPU with the commands themselves (python -m glmvit bench, latency, ...)")
+
+
 def pack(archive: str, paths: list[Path]) -> None:
     """Every record written so far into the .tgz ``archive``, replacing it whole (never half-written)."""
     with atomic_output(archive) as f, tarfile.open(fileobj=f, mode="w:gz") as tar:
@@ -189,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if not torch.cuda.is_available():
         parser.error("recording needs a CUDA GPU (the records are GPU results); --dry-run shows the plan")
+    if problem := gpu_problem():
+        parser.error(problem)
     if problem := install_problem():
         parser.error(f"recording needs the cuda extra on this GPU: {problem}")
     workdir = fresh_workdir()
