@@ -223,7 +223,8 @@ SERVE_RECORDS = ("serve_video8x224", "serve_video8x224_one_process", "serve_vide
 def serve_lines() -> list[str]:
     """The served encoder under load (``python -m glmvit bench-serve``): the seed's serve workload, and rate sweeps."""
     lines = ["**Served under load** (the record run's serve jobs: `bench-serve`'s load against the server `--spawn` "
-             "would start, its HTTP side in the default API servers; one H200, over HTTP on loopback, except the "
+             "would start, its HTTP side in the default API servers, except the row marked *one process* "
+             "(`--api-servers 1`); one H200, over HTTP on loopback, except the "
              "row marked *in process*: the scheduler driven in the record's process, no HTTP; "
              "time to embedding from request sent to answer read):", "",
              "| workload | mode | rate sent, req/s (share of saturation) | req/s | items/s | of floor rate | "
@@ -234,7 +235,8 @@ def serve_lines() -> list[str]:
                          "| | | | | | | | |")
             continue
         record = load(BENCH / f"{name}_h200.json", ServeRecord)
-        where = ", *in process*" if record.settings.get("target") == "in-process" else ""
+        where = (", *in process*" if record.settings.get("target") == "in-process"
+                 else ", *one process*" if (record.settings.get("batching") or {}).get("api_servers") == 1 else "")
         for r in record.runs:
             floor = f"{r['vs_floor']:.0%}" if r.get("vs_floor") else ""
             lines.append(f"| {record.settings['workload']}{where} (`{name}_h200.json` @ "
