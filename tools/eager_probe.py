@@ -191,7 +191,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--config", default="full", choices=("full", "tiny"))
-    parser.add_argument("--blocks", type=int, default=8, help="rounds of the four conditions")
+    parser.add_argument("--blocks", type=int, default=8, help="rounds of the five conditions")
     parser.add_argument("--requests", type=int, default=40, help="forwards per block")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
