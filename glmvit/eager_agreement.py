@@ -6,8 +6,7 @@ GPU in it slows in step with the forward, up to about 2× within seconds (``data
 each record's median carries the share of its requests the host ran slow, and its 10th percentile (P10, over all its
 requests) the forward at the host's full speed: :attr:`EagerTimings.fast` sets those side by side.
 ``tests/test_recorded_data.py`` checks the agreement and ``tools/readme_results.py`` prints it beside the results that
-divide by eager. Nothing that records imports this
-module: the records do not depend on it."""
+divide by eager. Nothing that records imports this module: the records do not depend on it."""
 from __future__ import annotations
 
 import dataclasses

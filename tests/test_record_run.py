@@ -672,16 +672,21 @@ def test_without_kept_compiled_state_every_job_compiles_from_nothing(monkeypatch
     assert not any(recorder.keeps_compiled(j) for j in jobs())
 
 
-def test_a_record_refuses_a_gpu_other_than_the_one_the_records_are_named_for(monkeypatch, capsys):
-    """An H100's timings must not land in *_h200.json files: the run stops before any job, naming both GPUs."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
+def refusal(monkeypatch, capsys) -> str:
+    """The one line a record run stops with before any job (exit status 2), no phase started."""
     monkeypatch.setattr(record, "job_current", lambda job, run_id=None: False)
     monkeypatch.setattr(record.subprocess, "Popen", lambda *a, **k: pytest.fail("a phase started"))
     with pytest.raises(SystemExit) as stop:
         record.main(["--only", "latency"])
     assert stop.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_a_record_refuses_a_gpu_other_than_the_one_the_records_are_named_for(monkeypatch, capsys):
+    """An H100's timings must not land in *_h200.json files: the run stops before any job, naming both GPUs."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
+    err = refusal(monkeypatch, capsys)
     assert "H100 80GB" in err and "H200" in err
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
     assert record.gpu_problem() is None
@@ -696,12 +701,7 @@ def test_a_record_refuses_a_hopper_gpu_without_the_cuda_extra(monkeypatch, capsy
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
     monkeypatch.setattr(cudnn_attention, "frontend_installed", lambda: False)
-    monkeypatch.setattr(record, "job_current", lambda job, run_id=None: False)
-    monkeypatch.setattr(record.subprocess, "Popen", lambda *a, **k: pytest.fail("a phase started"))
-    with pytest.raises(SystemExit) as stop:
-        record.main(["--only", "latency"])
-    assert stop.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
+    err = refusal(monkeypatch, capsys)
     assert "cuda extra" in err and "glmvit[cuda]" in err and "triton" in err
     # before Hopper auto is triton with or without the extra: nothing to refuse
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (8, 9))
