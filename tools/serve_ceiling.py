@@ -1,0 +1,272 @@
+"""How fast can ``glmvit serve``'s HTTP path feed an engine? The server's own work, measured with the GPU taken out.
+
+``glmvit serve`` runs as it always does (its API server processes, decode workers, shared-memory frames, scheduler,
+answers), except that the encoder is a stand-in: :class:`StandInEncoder` sleeps ``--engine-ms-per-item`` ×
+items + ``--engine-ms-per-batch`` per batch (the GIL let go, as a thread waiting on a CUDA event does) and returns
+zero outputs of each item's true shape and the model's dtype, so that every answer is as large as the real one
+(256 × 4096 bf16 values for an 8-frame 224² clip). The load is ``python -m glmvit bench-serve --url`` in its own
+process, at its defaults (encoded media, rate inf). With a zero engine time the items per second are the host
+path's ceiling on this machine; with the engine time of a record (``--engine-ms-per-item 2.96``: the in-process
+record's busy time per clip) they say whether the host keeps that engine fed.
+
+CPU seconds are read from ``/proc`` for every process of the server's tree and for the load generator, every 20 ms
+from the moment the server first spends CPU on the load to the last moment it does (the client's start-up imports
+and its report left out), its warm-up requests included, and reported per role and per item:
+
+- ``engine``: the process holding the scheduler (with ``--api-servers 1`` it also reads the bodies);
+- ``api servers``: its children that read bodies and answer (``--api-servers N > 1``);
+- ``decode``: the processes that decode media (children of the API servers, or of the engine with one);
+- ``client``: ``bench-serve`` itself.
+
+A role's CPU-ms per item over the host's cores bounds the rate that role can sustain (``cores × 1000 / ms``), a
+bound that holds only if the role spreads over the cores; the table says which role is the first to run out.
+Linux only (``/proc``); the tower's full widths on the CPU in bf16 (random weights, built in seconds, never run)::
+
+    python tools/serve_ceiling.py                                   # the host path alone, video8x224
+    python tools/serve_ceiling.py --engine-ms-per-item 2.96 --api-servers 4 --decode-workers 12
+    python tools/serve_ceiling.py --json /tmp/ceiling.json -- --num-prompts 200 --workload img1x224
+
+Arguments after ``--`` go to ``bench-serve`` as they are (its defaults: 400 clips at rate inf, ``--response-dtype
+model``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+READY = re.compile(r"listening on (http://\S+)")
+
+
+class StandInEncoder:
+    """An :class:`~glmvit.encoder.Encoder` whose batch costs a fixed time and computes nothing: it sleeps
+    ``ms_per_batch + ms_per_item × items`` and returns zeros of each item's [tokens, out_hidden_size] in the
+    model's dtype, on the model's device. For measuring what surrounds an encoder, never for an answer."""
+
+    def __init__(self, model: Any, budgets: Any, ms_per_item: float, ms_per_batch: float):
+        self._model, self._budgets = model, budgets
+        self.ms_per_item, self.ms_per_batch = ms_per_item, ms_per_batch
+        self.batches = 0
+
+    model = property(lambda self: self._model)
+    budgets = property(lambda self: self._budgets)
+    label = "stand-in"
+    attention = "none"
+
+    @property
+    def run_mode(self) -> Any:
+        from glmvit.modes import RunMode
+        return RunMode.parse("eager")
+
+    def encode(self, pixel_values: Any, request: Any, *, sync: bool) -> list:
+        import torch
+        items = len(request.items)
+        time.sleep((self.ms_per_batch + self.ms_per_item * items) / 1e3)
+        self.batches += 1
+        width = self._model.config.out_hidden_size
+        return [torch.zeros(int(n), width, dtype=self._model.dtype, device=self._model.device)
+                for n in (item.tokens for item in request.items)]
+
+
+def serve_stand_in(argv: list[str], ms_per_item: float, ms_per_batch: float) -> int:
+    """``glmvit serve`` with :func:`glmvit.cli.serve.make_scheduler` building a scheduler over a
+    :class:`StandInEncoder`: everything else as the flags say."""
+    from glmvit.cli import serve
+    from glmvit.scheduler import BatchScheduler
+
+    def make_scheduler(model: Any, mode: Any, args: argparse.Namespace, progress: bool = False,
+                       attention: str | None = None, session: Any = None) -> tuple:
+        config = serve.budget_config(args)
+        encoder = StandInEncoder(model, config, ms_per_item, ms_per_batch)
+        scheduler = BatchScheduler(encoder, config, max_wait_s=args.max_wait_ms / 1e3, max_requests=args.max_queue,
+                                   max_tokens=args.max_queue_tokens, max_bytes=int(args.max_queue_mb * 2**20),
+                                   switch_interval_s=serve.switch_interval_s(args))
+        return scheduler, None
+
+    serve.make_scheduler = make_scheduler
+    return serve.main(argv)
+
+
+def cpu_ticks(pid: int) -> int | None:
+    """utime + stime of ``pid`` (all its threads), in clock ticks; None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[11]) + int(fields[12])
+
+
+def children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def tree(root: int) -> dict[int, int]:
+    """Every process under ``root`` (itself included) → its depth."""
+    depths, todo = {root: 0}, [root]
+    while todo:
+        pid = todo.pop()
+        for child in children(pid):
+            depths[child] = depths[pid] + 1
+            todo.append(child)
+    return depths
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def role(depth: int, command: str, api_servers: int) -> str:
+    if depth == 0:
+        return "engine"
+    if "resource_tracker" in command or "semaphore_tracker" in command:
+        return "other"
+    if api_servers > 1:
+        return "api servers" if depth == 1 else "decode"
+    return "decode"
+
+
+def snapshot(root: int, api_servers: int) -> dict[int, tuple[str, int]]:
+    taken = {}
+    for pid, depth in tree(root).items():
+        ticks = cpu_ticks(pid)
+        if ticks is not None:
+            taken[pid] = (role(depth, cmdline(pid), api_servers), ticks)
+    return taken
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    own, _, rest = (argv[:argv.index("--")], None, argv[argv.index("--") + 1:]) if "--" in argv else (argv, None, [])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--engine-ms-per-item", type=float, default=0.0)
+    p.add_argument("--engine-ms-per-batch", type=float, default=0.0)
+    p.add_argument("--device", default="cpu", help="the model's device: where rows are made and answers copied from "
+                   "(default cpu; cuda on a GPU host: the engine's copies then as the real server's)")
+    p.add_argument("--config", default="full", choices=["full", "tiny"], help="the tower's widths (default full: "
+                   "answers of the real size; tiny for a quick check)")
+    p.add_argument("--api-servers", type=int, default=None, help="the server's (default: its own default)")
+    p.add_argument("--decode-workers", type=int, default=None, help="the server's (default: its own default)")
+    p.add_argument("--serve-arg", action="append", default=[], help="one more flag for serve, e.g. --threads=8")
+    p.add_argument("--startup-timeout", type=float, default=300.0)
+    p.add_argument("--json", metavar="PATH", default=None)
+    p.add_argument("--serve-stand-in", action="store_true", help=argparse.SUPPRESS)  # the server's own process
+    return p.parse_args(own), rest
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, rest = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.serve_stand_in:
+        return serve_stand_in(rest, args.engine_ms_per_item, args.engine_ms_per_batch)
+    if not Path("/proc/self/stat").exists():
+        print("serve_ceiling: needs /proc (Linux)", file=sys.stderr)
+        return 2
+    serve_argv = ["--host", "127.0.0.1", "--port", "0", "--mode", "eager", "--device", args.device,
+                  "--config", args.config, "--dtype", "bf16", "--quiet", *args.serve_arg]
+    if args.api_servers is not None:
+        serve_argv += ["--api-servers", str(args.api_servers)]
+    if args.decode_workers is not None:
+        serve_argv += ["--decode-workers", str(args.decode_workers)]
+    server = subprocess.Popen([sys.executable, __file__, "--serve-stand-in",
+                               "--engine-ms-per-item", str(args.engine_ms_per_item),
+                               "--engine-ms-per-batch", str(args.engine_ms_per_batch), "--", *serve_argv],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        url = wait_ready(server, args.startup_timeout)
+        return measure(args, rest, server.pid, url)
+    finally:
+        server.terminate()
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def wait_ready(server: subprocess.Popen, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    assert server.stdout is not None
+    while time.monotonic() < deadline:
+        line = server.stdout.readline()
+        if not line:
+            raise SystemExit(f"serve_ceiling: the server stopped before listening (exit {server.wait()})")
+        if match := READY.search(line):
+            return match.group(1).rstrip(")")
+    raise SystemExit(f"serve_ceiling: the server did not listen within {timeout:.0f} s")
+
+
+def measure(args: argparse.Namespace, rest: list[str], root: int, url: str) -> int:
+    api_servers = args.api_servers or 1
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "bench.json"
+        before = snapshot(root, api_servers)
+        start = time.perf_counter()
+        client = subprocess.Popen([sys.executable, "-m", "glmvit", "bench-serve", "--url", url, "--json", str(out),
+                                   "--response-dtype", "model", *rest])
+        client_ticks = client_start = client_end = 0
+        last, loaded, spent, end = dict(before), False, sum(t for _, t in before.values()), start
+        while client.poll() is None:
+            client_ticks = cpu_ticks(client.pid) or client_ticks
+            now = snapshot(root, api_servers)
+            total = sum(t for _, t in now.values())
+            if total > spent + 1:  # the server works on the load: the window runs at least to here
+                if not loaded:
+                    loaded, client_start, start = True, client_ticks, time.perf_counter()
+                client_end, end = client_ticks, time.perf_counter()
+                last.update(now)  # the readings at the window's end (every process's last, those gone kept)
+            spent = max(spent, total)
+            time.sleep(0.02)
+        wall = end - start
+        if client.returncode:
+            print(f"serve_ceiling: bench-serve failed (exit {client.returncode})", file=sys.stderr)
+            return 1
+        record = json.loads(out.read_text())
+    run = record["runs"][0]
+    items = run["server"]["items"] if run.get("server") else run["requests"]
+    warm = record["settings"].get("warmup_requests", 0)
+    counted = items + warm * record["settings"].get("items_per_request", 1)
+    cpu: dict[str, float] = {}
+    for pid, (name, ticks) in last.items():
+        cpu[name] = cpu.get(name, 0.0) + (ticks - before.get(pid, (name, 0))[1]) / TICKS
+    cpu["client"] = (client_end - client_start) / TICKS
+    cores = os.cpu_count() or 1
+    result = {"engine_ms_per_item": args.engine_ms_per_item, "engine_ms_per_batch": args.engine_ms_per_batch,
+              "api_servers": api_servers, "cores": cores, "items": items, "items_counted_for_cpu": counted,
+              "successful": run["successful"], "failed": run["failed"], "refused": run["refused"],
+              "busy_s": run["server"]["busy_s"], "items_per_s": run["items_per_s"],
+              "items_per_batch": run["server"]["items_per_batch"],
+              "engine_busy": run["server"]["utilisation"], "time_split_ms": run["time_split_ms"],
+              "wall_s": wall, "cpu_s": cpu,
+              "cpu_ms_per_item": {k: 1e3 * v / counted for k, v in cpu.items()},
+              "settings": record["settings"]}
+    print(f"{items} items at {run['items_per_s']:.1f} items/s, {run['server']['items_per_batch']:.1f} per batch, "
+          f"engine busy {100 * run['server']['utilisation']:.1f} % (stand-in: {args.engine_ms_per_item} ms/item)")
+    print(f"{'role':<12} {'cpu s':>7} {'ms/item':>8} {'items/s on ' + str(cores) + ' cores':>20}")
+    for name, seconds in sorted(cpu.items(), key=lambda kv: -kv[1]):
+        per = 1e3 * seconds / counted
+        print(f"{name:<12} {seconds:7.2f} {per:8.2f} {cores * 1e3 / per if per else float('inf'):20.0f}")
+    total = sum(cpu.values()) * 1e3 / counted
+    print(f"{'all':<12} {sum(cpu.values()):7.2f} {total:8.2f} {cores * 1e3 / total:20.0f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
