@@ -9,9 +9,9 @@ process, at its defaults (encoded media, rate inf). With a zero engine time the 
 path's ceiling on this machine; with the engine time of a record (``--engine-ms-per-item 2.96``: the in-process
 record's busy time per clip) they say whether the host keeps that engine fed.
 
-CPU seconds are read from ``/proc`` for every process of the server's tree and for the load generator, every 20 ms
-from the moment the server first spends CPU on the load to the last moment it does (the client's start-up imports
-and its report left out), its warm-up requests included, and reported per role and per item:
+CPU seconds are read from ``/proc`` for every process of the server's tree and for the load generator, every 20 ms,
+over the window in which the server is under load (:func:`load_window`: the client's start-up imports and its
+report left out), its warm-up requests included, and reported per role and per item:
 
 - ``engine``: the process holding the scheduler (with ``--api-servers 1`` it also reads the bodies);
 - ``api servers``: its children that read bodies and answer (``--api-servers N > 1``);
@@ -45,6 +45,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+SAMPLE_S = 0.02  # /proc is read this often while the load runs
+BUSY_WINDOW = 5  # samples: the server is under load while it spent ...
+BUSY_TICKS = 5  # ... at least this many clock ticks over that many samples (half a CPU, at 100 ticks a second)
 READY = re.compile(r"listening on (http://\S+)")
 
 
@@ -78,9 +81,60 @@ class StandInEncoder:
                 for n in (item.tokens for item in request.items)]
 
 
-def serve_stand_in(argv: list[str], ms_per_item: float, ms_per_batch: float) -> int:
+IDLE = {"wait", "select", "poll", "_wait_for_tstate_lock", "acquire", "sleep", "recv", "recv_bytes", "_recv",
+        "_recv_bytes", "accept", "get", "_poll", "run_forever", "_run_once", "readinto", "wait_for",
+        "_worker"}  # blocked (a pool thread's innermost Python frame while it waits in its queue's C get)
+
+
+def sample_threads(path: str, every_s: float = 0.005) -> None:
+    """Until the process exits, every ``every_s`` note where each other thread's Python stack stands (its innermost
+    frame and the two callers above it); at exit write, per thread name, the samples not blocked in a wait
+    (:data:`IDLE`) counted by stack, most first, to ``path`` as JSON. A thread holding the interpreter is seen only
+    when it lets go, so the counts say where threads are, roughly in proportion, not a CPU profile."""
+    import atexit
+    import collections
+    import threading
+
+    counts: collections.Counter = collections.Counter()
+    totals: collections.Counter = collections.Counter()
+    me = threading.get_ident()
+
+    def where(frame: Any) -> str:
+        parts = []
+        while frame is not None and len(parts) < 3:
+            code = frame.f_code
+            parts.append(f"{Path(code.co_filename).name}:{frame.f_lineno} {code.co_name}")
+            frame = frame.f_back
+        return " < ".join(parts)
+
+    def run() -> None:
+        while True:
+            names = {t.ident: t.name for t in threading.enumerate()}
+            for ident, frame in sys._current_frames().items():
+                if ident == me:
+                    continue
+                name = re.sub(r"_\d+$", "_N", names.get(ident, "?"))  # pool threads: one name per pool
+                totals[name] += 1
+                if frame.f_code.co_name not in IDLE:
+                    counts[(name, where(frame))] += 1
+            time.sleep(every_s)
+
+    def dump() -> None:
+        report: dict[str, Any] = {}
+        for (name, stack), n in counts.most_common():
+            entry = report.setdefault(name, {"samples": totals[name], "busy": 0, "stacks": []})
+            entry["busy"] += n
+            if len(entry["stacks"]) < 15:
+                entry["stacks"].append([n, stack])
+        Path(path).write_text(json.dumps(report, indent=1) + "\n")
+
+    atexit.register(dump)
+    threading.Thread(target=run, name="serve-ceiling-sampler", daemon=True).start()
+
+
+def serve_stand_in(argv: list[str], ms_per_item: float, ms_per_batch: float, sample: str | None = None) -> int:
     """``glmvit serve`` with :func:`glmvit.cli.serve.make_scheduler` building a scheduler over a
-    :class:`StandInEncoder`: everything else as the flags say."""
+    :class:`StandInEncoder`: everything else as the flags say; ``sample``: :func:`sample_threads` to that path."""
     from glmvit.cli import serve
     from glmvit.scheduler import BatchScheduler
 
@@ -94,6 +148,8 @@ def serve_stand_in(argv: list[str], ms_per_item: float, ms_per_batch: float) -> 
         return scheduler, None
 
     serve.make_scheduler = make_scheduler
+    if sample:
+        sample_threads(sample)
     return serve.main(argv)
 
 
@@ -153,6 +209,31 @@ def snapshot(root: int, api_servers: int) -> dict[int, tuple[str, int]]:
     return taken
 
 
+def load_window(history: list[tuple[float, int, dict[int, tuple[str, int]]]], before: dict[int, tuple[str, int]]
+                ) -> tuple[int, int]:
+    """The first and last samples at which the server is under load: its processes spent ``BUSY_TICKS`` or more
+    over the ``BUSY_WINDOW`` samples up to then (an idle server's timers tick now and then, never that fast). Both
+    ends are inclusive; the whole history if the server never looked busy (a load too short to tell)."""
+    totals = [sum(t for _, t in before.values())] + [sum(t for _, t in now.values()) for _, _, now in history]
+    busy = [i for i in range(len(history)) if totals[i + 1] - totals[max(0, i + 1 - BUSY_WINDOW)] >= BUSY_TICKS]
+    if not busy:
+        return 0, len(history) - 1
+    return max(0, busy[0] - BUSY_WINDOW), busy[-1]
+
+
+def wait_idle(root: int, api_servers: int, timeout_s: float = 300.0) -> None:
+    """Return once the server's processes spent under ``BUSY_TICKS`` over a second (their start-up finished)."""
+    deadline = time.monotonic() + timeout_s
+    previous = sum(t for _, t in snapshot(root, api_servers).values())
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = sum(t for _, t in snapshot(root, api_servers).values())
+        if now - previous < BUSY_TICKS:
+            return
+        previous = now
+    raise SystemExit(f"serve_ceiling: the server was still busy {timeout_s:.0f} s after it listened")
+
+
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     own, _, rest = (argv[:argv.index("--")], None, argv[argv.index("--") + 1:]) if "--" in argv else (argv, None, [])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -165,6 +246,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--api-servers", type=int, default=None, help="the server's (default: its own default)")
     p.add_argument("--decode-workers", type=int, default=None, help="the server's (default: its own default)")
     p.add_argument("--serve-arg", action="append", default=[], help="one more flag for serve, e.g. --threads=8")
+    p.add_argument("--sample-engine", metavar="PATH", default=None, help="write where the engine process's threads "
+                   "stand, sampled every 5 ms, to PATH (JSON; sample_threads)")
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--json", metavar="PATH", default=None)
     p.add_argument("--serve-stand-in", action="store_true", help=argparse.SUPPRESS)  # the server's own process
@@ -174,7 +257,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     args, rest = parse_args(sys.argv[1:] if argv is None else argv)
     if args.serve_stand_in:
-        return serve_stand_in(rest, args.engine_ms_per_item, args.engine_ms_per_batch)
+        return serve_stand_in(rest, args.engine_ms_per_item, args.engine_ms_per_batch, args.sample_engine)
     if not Path("/proc/self/stat").exists():
         print("serve_ceiling: needs /proc (Linux)", file=sys.stderr)
         return 2
@@ -186,17 +269,33 @@ def main(argv: list[str] | None = None) -> int:
         serve_argv += ["--decode-workers", str(args.decode_workers)]
     server = subprocess.Popen([sys.executable, __file__, "--serve-stand-in",
                                "--engine-ms-per-item", str(args.engine_ms_per_item),
-                               "--engine-ms-per-batch", str(args.engine_ms_per_batch), "--", *serve_argv],
+                               "--engine-ms-per-batch", str(args.engine_ms_per_batch),
+                               *(["--sample-engine", args.sample_engine] if args.sample_engine else []),
+                               "--", *serve_argv],
                               stdout=subprocess.PIPE, text=True)
     try:
         url = wait_ready(server, args.startup_timeout)
-        return measure(args, rest, server.pid, url)
+        code = measure(args, rest, server.pid, url)
     finally:
         server.terminate()
         try:
             server.wait(60)
         except subprocess.TimeoutExpired:
             server.kill()
+    if args.sample_engine and Path(args.sample_engine).exists():
+        print_samples(json.loads(Path(args.sample_engine).read_text()))
+    return code
+
+
+def print_samples(report: dict[str, Any], top: int = 3) -> None:
+    """The engine's threads, busiest first: the share of samples not waiting, and the stacks seen most."""
+    print("engine threads (share of samples not waiting; where, most seen first):")
+    for name, entry in sorted(report.items(), key=lambda kv: -kv[1]["busy"]):
+        if name == "serve-ceiling-sampler":
+            continue
+        print(f"  {name:<24} {100 * entry['busy'] / max(1, entry['samples']):5.1f} %")
+        for n, stack in entry["stacks"][:top]:
+            print(f"      {n:6d}  {stack}")
 
 
 def wait_ready(server: subprocess.Popen, timeout: float) -> str:
@@ -215,23 +314,24 @@ def measure(args: argparse.Namespace, rest: list[str], root: int, url: str) -> i
     api_servers = args.api_servers or 1
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "bench.json"
+        wait_idle(root, api_servers)  # its decode workers import torch after it listens: not the load's CPU
         before = snapshot(root, api_servers)
         start = time.perf_counter()
         client = subprocess.Popen([sys.executable, "-m", "glmvit", "bench-serve", "--url", url, "--json", str(out),
                                    "--response-dtype", "model", *rest])
-        client_ticks = client_start = client_end = 0
-        last, loaded, spent, end = dict(before), False, sum(t for _, t in before.values()), start
+        history: list[tuple[float, int, dict[int, tuple[str, int]]]] = []  # (time, client ticks, server readings)
+        client_ticks = 0
         while client.poll() is None:
             client_ticks = cpu_ticks(client.pid) or client_ticks
-            now = snapshot(root, api_servers)
-            total = sum(t for _, t in now.values())
-            if total > spent + 1:  # the server works on the load: the window runs at least to here
-                if not loaded:
-                    loaded, client_start, start = True, client_ticks, time.perf_counter()
-                client_end, end = client_ticks, time.perf_counter()
-                last.update(now)  # the readings at the window's end (every process's last, those gone kept)
-            spent = max(spent, total)
-            time.sleep(0.02)
+            history.append((time.perf_counter(), client_ticks, snapshot(root, api_servers)))
+            time.sleep(SAMPLE_S)
+        first, last = load_window(history, before)
+        start, client_start, _ = history[first]
+        end, client_end, _ = history[last]
+        readings = {**before, **history[first][2]}  # the window's baseline
+        at_end: dict[int, tuple[str, int]] = {}
+        for _, _, now in history[:last + 1]:
+            at_end.update(now)  # every process's last reading up to the window's end, those gone since kept
         wall = end - start
         if client.returncode:
             print(f"serve_ceiling: bench-serve failed (exit {client.returncode})", file=sys.stderr)
@@ -242,8 +342,8 @@ def measure(args: argparse.Namespace, rest: list[str], root: int, url: str) -> i
     warm = record["settings"].get("warmup_requests", 0)
     counted = items + warm * record["settings"].get("items_per_request", 1)
     cpu: dict[str, float] = {}
-    for pid, (name, ticks) in last.items():
-        cpu[name] = cpu.get(name, 0.0) + (ticks - before.get(pid, (name, 0))[1]) / TICKS
+    for pid, (name, ticks) in at_end.items():
+        cpu[name] = cpu.get(name, 0.0) + (ticks - readings.get(pid, (name, 0))[1]) / TICKS
     cpu["client"] = (client_end - client_start) / TICKS
     cores = os.cpu_count() or 1
     result = {"engine_ms_per_item": args.engine_ms_per_item, "engine_ms_per_batch": args.engine_ms_per_batch,
