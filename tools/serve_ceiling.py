@@ -53,12 +53,13 @@ READY = re.compile(r"listening on (http://\S+)")
 
 class StandInEncoder:
     """An :class:`~glmvit.encoder.Encoder` whose batch costs a fixed time and computes nothing: it sleeps
-    ``ms_per_batch + ms_per_item × items`` and returns zeros of each item's [tokens, out_hidden_size] in the
-    model's dtype, on the model's device. For measuring what surrounds an encoder, never for an answer."""
+    ``ms_per_batch + ms_per_item × items + us_per_token × tokens`` and returns zeros of each item's
+    [tokens, out_hidden_size] in the model's dtype, on the model's device. For measuring what surrounds an encoder,
+    never for an answer."""
 
-    def __init__(self, model: Any, budgets: Any, ms_per_item: float, ms_per_batch: float):
+    def __init__(self, model: Any, budgets: Any, ms_per_item: float, ms_per_batch: float, us_per_token: float = 0.0):
         self._model, self._budgets = model, budgets
-        self.ms_per_item, self.ms_per_batch = ms_per_item, ms_per_batch
+        self.ms_per_item, self.ms_per_batch, self.us_per_token = ms_per_item, ms_per_batch, us_per_token
         self.batches = 0
 
     model = property(lambda self: self._model)
@@ -73,12 +74,12 @@ class StandInEncoder:
 
     def encode(self, pixel_values: Any, request: Any, *, sync: bool) -> list:
         import torch
-        items = len(request.items)
-        time.sleep((self.ms_per_batch + self.ms_per_item * items) / 1e3)
+        tokens = [item.tokens for item in request.items]
+        time.sleep((self.ms_per_batch + self.ms_per_item * len(tokens)) / 1e3 + self.us_per_token * sum(tokens) / 1e6)
         self.batches += 1
         width = self._model.config.out_hidden_size
         return [torch.zeros(int(n), width, dtype=self._model.dtype, device=self._model.device)
-                for n in (item.tokens for item in request.items)]
+                for n in tokens]
 
 
 IDLE = {"wait", "select", "poll", "_wait_for_tstate_lock", "acquire", "sleep", "recv", "recv_bytes", "_recv",
@@ -132,7 +133,8 @@ def sample_threads(path: str, every_s: float = 0.005) -> None:
     threading.Thread(target=run, name="serve-ceiling-sampler", daemon=True).start()
 
 
-def serve_stand_in(argv: list[str], ms_per_item: float, ms_per_batch: float, sample: str | None = None) -> int:
+def serve_stand_in(argv: list[str], ms_per_item: float, ms_per_batch: float, us_per_token: float = 0.0,
+                   sample: str | None = None) -> int:
     """``glmvit serve`` with :func:`glmvit.cli.serve.make_scheduler` building a scheduler over a
     :class:`StandInEncoder`: everything else as the flags say; ``sample``: :func:`sample_threads` to that path."""
     from glmvit.cli import serve
@@ -141,7 +143,7 @@ def serve_stand_in(argv: list[str], ms_per_item: float, ms_per_batch: float, sam
     def make_scheduler(model: Any, mode: Any, args: argparse.Namespace, progress: bool = False,
                        attention: str | None = None, session: Any = None) -> tuple:
         config = serve.budget_config(args)
-        encoder = StandInEncoder(model, config, ms_per_item, ms_per_batch)
+        encoder = StandInEncoder(model, config, ms_per_item, ms_per_batch, us_per_token)
         scheduler = BatchScheduler(encoder, config, max_wait_s=args.max_wait_ms / 1e3, max_requests=args.max_queue,
                                    max_tokens=args.max_queue_tokens, max_bytes=int(args.max_queue_mb * 2**20),
                                    switch_interval_s=serve.switch_interval_s(args))
@@ -239,6 +241,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--engine-ms-per-item", type=float, default=0.0)
     p.add_argument("--engine-ms-per-batch", type=float, default=0.0)
+    p.add_argument("--engine-us-per-token", type=float, default=0.0, help="the stand-in's time per output token "
+                   "(a mixed workload: 11.6 is the in-process record's busy time per clip over its 256 tokens)")
     p.add_argument("--device", default="cpu", help="the model's device: where rows are made and answers copied from "
                    "(default cpu; cuda on a GPU host: the engine's copies then as the real server's)")
     p.add_argument("--config", default="full", choices=["full", "tiny"], help="the tower's widths (default full: "
@@ -257,7 +261,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     args, rest = parse_args(sys.argv[1:] if argv is None else argv)
     if args.serve_stand_in:
-        return serve_stand_in(rest, args.engine_ms_per_item, args.engine_ms_per_batch, args.sample_engine)
+        return serve_stand_in(rest, args.engine_ms_per_item, args.engine_ms_per_batch, args.engine_us_per_token,
+                              args.sample_engine)
     if not Path("/proc/self/stat").exists():
         print("serve_ceiling: needs /proc (Linux)", file=sys.stderr)
         return 2
@@ -270,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     server = subprocess.Popen([sys.executable, __file__, "--serve-stand-in",
                                "--engine-ms-per-item", str(args.engine_ms_per_item),
                                "--engine-ms-per-batch", str(args.engine_ms_per_batch),
+                               "--engine-us-per-token", str(args.engine_us_per_token),
                                *(["--sample-engine", args.sample_engine] if args.sample_engine else []),
                                "--", *serve_argv],
                               stdout=subprocess.PIPE, text=True)
@@ -347,6 +353,7 @@ def measure(args: argparse.Namespace, rest: list[str], root: int, url: str) -> i
     cpu["client"] = (client_end - client_start) / TICKS
     cores = os.cpu_count() or 1
     result = {"engine_ms_per_item": args.engine_ms_per_item, "engine_ms_per_batch": args.engine_ms_per_batch,
+              "engine_us_per_token": args.engine_us_per_token,
               "api_servers": api_servers, "cores": cores, "items": items, "items_counted_for_cpu": counted,
               "successful": run["successful"], "failed": run["failed"], "refused": run["refused"],
               "busy_s": run["server"]["busy_s"], "items_per_s": run["items_per_s"],
@@ -356,7 +363,8 @@ def measure(args: argparse.Namespace, rest: list[str], root: int, url: str) -> i
               "cpu_ms_per_item": {k: 1e3 * v / counted for k, v in cpu.items()},
               "settings": record["settings"]}
     print(f"{items} items at {run['items_per_s']:.1f} items/s, {run['server']['items_per_batch']:.1f} per batch, "
-          f"engine busy {100 * run['server']['utilisation']:.1f} % (stand-in: {args.engine_ms_per_item} ms/item)")
+          f"engine busy {100 * run['server']['utilisation']:.1f} % (stand-in: {args.engine_ms_per_item} ms/item, "
+          f"{args.engine_us_per_token} µs/token)")
     print(f"{'role':<12} {'cpu s':>7} {'ms/item':>8} {'items/s on ' + str(cores) + ' cores':>20}")
     for name, seconds in sorted(cpu.items(), key=lambda kv: -kv[1]):
         per = 1e3 * seconds / counted
