@@ -48,18 +48,24 @@ TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 SAMPLE_S = 0.02  # /proc is read this often while the load runs
 BUSY_WINDOW = 5  # samples: the server is under load while it spent ...
 BUSY_TICKS = 5  # ... at least this many clock ticks over that many samples (half a CPU, at 100 ticks a second)
+STAND_IN = "serve_ceiling stand-in (batches, host s):"  # the server's last line: its batches' host work
 READY = re.compile(r"listening on (http://\S+)")
 
 
 class StandInEncoder:
     """An :class:`~glmvit.encoder.Encoder` whose batch costs a fixed time and computes nothing: it sleeps
-    ``ms_per_batch + ms_per_item × items + us_per_token × tokens`` and returns zeros of each item's
+    ``ms_per_batch + ms_per_item × items + us_per_token × tokens`` (after ``host_ops`` tiny torch calls: the host
+    work of launching a batch, each call letting go of the interpreter and taking it back) and returns zeros of each
+    item's
     [tokens, out_hidden_size] in the model's dtype, on the model's device. For measuring what surrounds an encoder,
     never for an answer."""
 
-    def __init__(self, model: Any, budgets: Any, ms_per_item: float, ms_per_batch: float, us_per_token: float = 0.0):
+    def __init__(self, model: Any, budgets: Any, ms_per_item: float, ms_per_batch: float, us_per_token: float = 0.0,
+                 host_ops: int = 0):
         self._model, self._budgets = model, budgets
         self.ms_per_item, self.ms_per_batch, self.us_per_token = ms_per_item, ms_per_batch, us_per_token
+        self.host_ops = host_ops
+        self.host_s = 0.0  # the batches' host work, summed
         self.batches = 0
 
     model = property(lambda self: self._model)
@@ -75,6 +81,10 @@ class StandInEncoder:
     def encode(self, pixel_values: Any, request: Any, *, sync: bool) -> list:
         import torch
         tokens = [item.tokens for item in request.items]
+        start, one = time.perf_counter(), torch.zeros(1)
+        for _ in range(self.host_ops):  # tiny torch calls, each letting go of the GIL and taking it back
+            one.add_(1)
+        self.host_s += time.perf_counter() - start
         time.sleep((self.ms_per_batch + self.ms_per_item * len(tokens)) / 1e3 + self.us_per_token * sum(tokens) / 1e6)
         self.batches += 1
         width = self._model.config.out_hidden_size
@@ -134,16 +144,19 @@ def sample_threads(path: str, every_s: float = 0.005) -> None:
 
 
 def serve_stand_in(argv: list[str], ms_per_item: float, ms_per_batch: float, us_per_token: float = 0.0,
-                   sample: str | None = None) -> int:
+                   sample: str | None = None, host_ops: int = 0) -> int:
     """``glmvit serve`` with :func:`glmvit.cli.serve.make_scheduler` building a scheduler over a
     :class:`StandInEncoder`: everything else as the flags say; ``sample``: :func:`sample_threads` to that path."""
+    import atexit
+
     from glmvit.cli import serve
     from glmvit.scheduler import BatchScheduler
 
     def make_scheduler(model: Any, mode: Any, args: argparse.Namespace, progress: bool = False,
                        attention: str | None = None, session: Any = None) -> tuple:
         config = serve.budget_config(args)
-        encoder = StandInEncoder(model, config, ms_per_item, ms_per_batch, us_per_token)
+        encoder = StandInEncoder(model, config, ms_per_item, ms_per_batch, us_per_token, host_ops)
+        atexit.register(lambda: print(f"{STAND_IN} {encoder.batches} {encoder.host_s:.6f}", flush=True))
         scheduler = BatchScheduler(encoder, config, max_wait_s=args.max_wait_ms / 1e3, max_requests=args.max_queue,
                                    max_tokens=args.max_queue_tokens, max_bytes=int(args.max_queue_mb * 2**20),
                                    switch_interval_s=serve.switch_interval_s(args))
@@ -247,6 +260,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                    "(default cpu; cuda on a GPU host: the engine's copies then as the real server's)")
     p.add_argument("--config", default="full", choices=["full", "tiny"], help="the tower's widths (default full: "
                    "answers of the real size; tiny for a quick check)")
+    p.add_argument("--engine-host-ops", type=int, default=0, help="tiny torch calls the stand-in makes per batch "
+                   "before its sleep: a launch's host work, slowed as the engine's other threads hold the GIL")
     p.add_argument("--api-servers", type=int, default=None, help="the server's (default: its own default)")
     p.add_argument("--decode-workers", type=int, default=None, help="the server's (default: its own default)")
     p.add_argument("--serve-arg", action="append", default=[], help="one more flag for serve, e.g. --threads=8")
@@ -262,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parse_args(sys.argv[1:] if argv is None else argv)
     if args.serve_stand_in:
         return serve_stand_in(rest, args.engine_ms_per_item, args.engine_ms_per_batch, args.engine_us_per_token,
-                              args.sample_engine)
+                              args.sample_engine, args.engine_host_ops)
     if not Path("/proc/self/stat").exists():
         print("serve_ceiling: needs /proc (Linux)", file=sys.stderr)
         return 2
@@ -276,18 +291,30 @@ def main(argv: list[str] | None = None) -> int:
                                "--engine-ms-per-item", str(args.engine_ms_per_item),
                                "--engine-ms-per-batch", str(args.engine_ms_per_batch),
                                "--engine-us-per-token", str(args.engine_us_per_token),
+                               "--engine-host-ops", str(args.engine_host_ops),
                                *(["--sample-engine", args.sample_engine] if args.sample_engine else []),
                                "--", *serve_argv],
                               stdout=subprocess.PIPE, text=True)
+    result: dict[str, Any] = {}
     try:
         url = wait_ready(server, args.startup_timeout)
-        code = measure(args, rest, server.pid, url)
+        code = measure(args, rest, server.pid, url, result)
     finally:
         server.terminate()
         try:
             server.wait(60)
         except subprocess.TimeoutExpired:
             server.kill()
+    assert server.stdout is not None
+    for line in server.stdout.read().splitlines():
+        if line.startswith(STAND_IN) and result:
+            batches, host_s = line[len(STAND_IN):].split()
+            result["stand_in"] = {"batches": int(batches), "host_ms_per_batch": 1e3 * float(host_s) / max(1, int(
+                batches)), "host_ops": args.engine_host_ops}
+            print(f"stand-in host work: {result['stand_in']['host_ms_per_batch']:.3f} ms a batch of "
+                  f"{args.engine_host_ops} calls, over {batches} batches (warm-up included)")
+    if args.json and result:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     if args.sample_engine and Path(args.sample_engine).exists():
         print_samples(json.loads(Path(args.sample_engine).read_text()))
     return code
@@ -316,7 +343,8 @@ def wait_ready(server: subprocess.Popen, timeout: float) -> str:
     raise SystemExit(f"serve_ceiling: the server did not listen within {timeout:.0f} s")
 
 
-def measure(args: argparse.Namespace, rest: list[str], root: int, url: str) -> int:
+def measure(args: argparse.Namespace, rest: list[str], root: int, url: str, result: dict[str, Any]) -> int:
+    """Load the server at ``url`` with bench-serve and fill ``result``; 0, or 1 if bench-serve failed."""
     api_servers = args.api_servers or 1
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "bench.json"
@@ -352,7 +380,7 @@ def measure(args: argparse.Namespace, rest: list[str], root: int, url: str) -> i
         cpu[name] = cpu.get(name, 0.0) + (ticks - readings.get(pid, (name, 0))[1]) / TICKS
     cpu["client"] = (client_end - client_start) / TICKS
     cores = os.cpu_count() or 1
-    result = {"engine_ms_per_item": args.engine_ms_per_item, "engine_ms_per_batch": args.engine_ms_per_batch,
+    result.update({"engine_ms_per_item": args.engine_ms_per_item, "engine_ms_per_batch": args.engine_ms_per_batch,
               "engine_us_per_token": args.engine_us_per_token,
               "api_servers": api_servers, "cores": cores, "items": items, "items_counted_for_cpu": counted,
               "successful": run["successful"], "failed": run["failed"], "refused": run["refused"],
@@ -361,7 +389,7 @@ def measure(args: argparse.Namespace, rest: list[str], root: int, url: str) -> i
               "engine_busy": run["server"]["utilisation"], "time_split_ms": run["time_split_ms"],
               "wall_s": wall, "cpu_s": cpu,
               "cpu_ms_per_item": {k: 1e3 * v / counted for k, v in cpu.items()},
-              "settings": record["settings"]}
+              "settings": record["settings"]})
     print(f"{items} items at {run['items_per_s']:.1f} items/s, {run['server']['items_per_batch']:.1f} per batch, "
           f"engine busy {100 * run['server']['utilisation']:.1f} % (stand-in: {args.engine_ms_per_item} ms/item, "
           f"{args.engine_us_per_token} µs/token)")
@@ -371,8 +399,6 @@ def measure(args: argparse.Namespace, rest: list[str], root: int, url: str) -> i
         print(f"{name:<12} {seconds:7.2f} {per:8.2f} {cores * 1e3 / per if per else float('inf'):20.0f}")
     total = sum(cpu.values()) * 1e3 / counted
     print(f"{'all':<12} {sum(cpu.values()):7.2f} {total:8.2f} {cores * 1e3 / total:20.0f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
 
