@@ -35,7 +35,7 @@ def test_a_short_load_is_answered_and_every_role_is_counted(tmp_path, capsys):
     assert result["busy_s"] >= 6 * 0.020  # the stand-in's sleeps are the engine's busy time
     assert {"engine", "decode", "client"} <= set(result["cpu_s"])
     assert all(v >= 0 for v in result["cpu_ms_per_item"].values()) and result["cpu_s"]["decode"] > 0
-    # the server's last line: every batch's host work (warm-up included), 10 tiny calls well under a millisecond
-    assert 1 <= result["stand_in"]["batches"] <= 7 and 0 < result["stand_in"]["host_ms_per_batch"] < 1
+    # the server's last line: every batch's host work (warm-up included), timed apart from its sleep (20 ms an item)
+    assert 1 <= result["stand_in"]["batches"] <= 7 and 0 < result["stand_in"]["host_ms_per_batch"] < 20
     printed = capsys.readouterr().out
     assert "items/s" in printed and "\nall " in printed and "stand-in host work" in printed

@@ -1,13 +1,15 @@
 """How fast can ``glmvit serve``'s HTTP path feed an engine? The server's own work, measured with the GPU taken out.
 
 ``glmvit serve`` runs as it always does (its API server processes, decode workers, shared-memory frames, scheduler,
-answers), except that the encoder is a stand-in: :class:`StandInEncoder` sleeps ``--engine-ms-per-item`` ×
-items + ``--engine-ms-per-batch`` per batch (the GIL let go, as a thread waiting on a CUDA event does) and returns
-zero outputs of each item's true shape and the model's dtype, so that every answer is as large as the real one
-(256 × 4096 bf16 values for an 8-frame 224² clip). The load is ``python -m glmvit bench-serve --url`` in its own
-process, at its defaults (encoded media, rate inf). With a zero engine time the items per second are the host
-path's ceiling on this machine; with the engine time of a record (``--engine-ms-per-item 2.96``: the in-process
-record's busy time per clip) they say whether the host keeps that engine fed.
+answers), except that the encoder is a stand-in: :class:`StandInEncoder` sleeps ``--engine-ms-per-item`` × items +
+``--engine-ms-per-batch`` per batch (the GIL let go, as a thread waiting on a CUDA event does) and returns zero
+outputs of each item's true shape and the model's dtype, so that every answer is as large as the real one (256 ×
+4096 bf16 values for an 8-frame 224² clip); ``--engine-us-per-token`` adds a time per output token (items of mixed
+sizes), ``--engine-host-ops`` tiny torch calls per batch before the sleep (a launch's host work, timed under the
+load), ``--sample-engine`` where the engine process's threads stand. The load is ``python -m glmvit bench-serve
+--url`` in its own process, at its defaults (encoded media, rate inf). With a zero engine time the items per second
+are the host path's ceiling on this machine; with the engine time of a record (``--engine-ms-per-item 2.96``: the
+in-process record's busy time per clip) they say whether the host keeps that engine fed.
 
 CPU seconds are read from ``/proc`` for every process of the server's tree and for the load generator, every 20 ms,
 over the window in which the server is under load (:func:`load_window`: the client's start-up imports and its
@@ -47,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 SAMPLE_S = 0.02  # /proc is read this often while the load runs
 BUSY_WINDOW = 5  # samples: the server is under load while it spent ...
-BUSY_TICKS = 5  # ... at least this many clock ticks over that many samples (half a CPU, at 100 ticks a second)
+BUSY_TICKS = 5  # ... this many clock ticks or more over them (half a CPU at the usual 100 ticks a second)
 STAND_IN = "serve_ceiling stand-in (batches, host s):"  # the server's last line: its batches' host work
 READY = re.compile(r"listening on (http://\S+)")
 
@@ -56,9 +58,8 @@ class StandInEncoder:
     """An :class:`~glmvit.encoder.Encoder` whose batch costs a fixed time and computes nothing: it sleeps
     ``ms_per_batch + ms_per_item × items + us_per_token × tokens`` (after ``host_ops`` tiny torch calls: the host
     work of launching a batch, each call letting go of the interpreter and taking it back) and returns zeros of each
-    item's
-    [tokens, out_hidden_size] in the model's dtype, on the model's device. For measuring what surrounds an encoder,
-    never for an answer."""
+    item's [tokens, out_hidden_size] in the model's dtype, on the model's device. For measuring what surrounds an
+    encoder, never for an answer."""
 
     def __init__(self, model: Any, budgets: Any, ms_per_item: float, ms_per_batch: float, us_per_token: float = 0.0,
                  host_ops: int = 0):
@@ -145,24 +146,19 @@ def sample_threads(path: str, every_s: float = 0.005) -> None:
 
 def serve_stand_in(argv: list[str], ms_per_item: float, ms_per_batch: float, us_per_token: float = 0.0,
                    sample: str | None = None, host_ops: int = 0) -> int:
-    """``glmvit serve`` with :func:`glmvit.cli.serve.make_scheduler` building a scheduler over a
-    :class:`StandInEncoder`: everything else as the flags say; ``sample``: :func:`sample_threads` to that path."""
+    """``glmvit serve`` (eager) whose :func:`~glmvit.cli.serve.make_scheduler` gets a :class:`StandInEncoder` from
+    ``build_encoder``: everything else as the flags say; ``sample``: :func:`sample_threads` to that path. Its last
+    line on standard output (:data:`STAND_IN`) gives the batches run and their host work."""
     import atexit
 
     from glmvit.cli import serve
-    from glmvit.scheduler import BatchScheduler
 
-    def make_scheduler(model: Any, mode: Any, args: argparse.Namespace, progress: bool = False,
-                       attention: str | None = None, session: Any = None) -> tuple:
-        config = serve.budget_config(args)
-        encoder = StandInEncoder(model, config, ms_per_item, ms_per_batch, us_per_token, host_ops)
+    def build_encoder(model: Any, mode: Any, budgets: Any, **_: Any) -> StandInEncoder:
+        encoder = StandInEncoder(model, budgets, ms_per_item, ms_per_batch, us_per_token, host_ops)
         atexit.register(lambda: print(f"{STAND_IN} {encoder.batches} {encoder.host_s:.6f}", flush=True))
-        scheduler = BatchScheduler(encoder, config, max_wait_s=args.max_wait_ms / 1e3, max_requests=args.max_queue,
-                                   max_tokens=args.max_queue_tokens, max_bytes=int(args.max_queue_mb * 2**20),
-                                   switch_interval_s=serve.switch_interval_s(args))
-        return scheduler, None
+        return encoder
 
-    serve.make_scheduler = make_scheduler
+    serve.build_encoder = build_encoder
     if sample:
         sample_threads(sample)
     return serve.main(argv)
@@ -250,7 +246,8 @@ def wait_idle(root: int, api_servers: int, timeout_s: float = 300.0) -> None:
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    own, _, rest = (argv[:argv.index("--")], None, argv[argv.index("--") + 1:]) if "--" in argv else (argv, None, [])
+    cut = argv.index("--") if "--" in argv else len(argv)
+    own, rest = argv[:cut], argv[cut + 1:]
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--engine-ms-per-item", type=float, default=0.0)
     p.add_argument("--engine-ms-per-batch", type=float, default=0.0)
@@ -350,7 +347,6 @@ def measure(args: argparse.Namespace, rest: list[str], root: int, url: str, resu
         out = Path(folder) / "bench.json"
         wait_idle(root, api_servers)  # its decode workers import torch after it listens: not the load's CPU
         before = snapshot(root, api_servers)
-        start = time.perf_counter()
         client = subprocess.Popen([sys.executable, "-m", "glmvit", "bench-serve", "--url", url, "--json", str(out),
                                    "--response-dtype", "model", *rest])
         history: list[tuple[float, int, dict[int, tuple[str, int]]]] = []  # (time, client ticks, server readings)
@@ -372,7 +368,7 @@ def measure(args: argparse.Namespace, rest: list[str], root: int, url: str, resu
             return 1
         record = json.loads(out.read_text())
     run = record["runs"][0]
-    items = run["server"]["items"] if run.get("server") else run["requests"]
+    items = run["server"]["items"]
     warm = record["settings"].get("warmup_requests", 0)
     counted = items + warm * record["settings"].get("items_per_request", 1)
     cpu: dict[str, float] = {}
@@ -380,16 +376,14 @@ def measure(args: argparse.Namespace, rest: list[str], root: int, url: str, resu
         cpu[name] = cpu.get(name, 0.0) + (ticks - readings.get(pid, (name, 0))[1]) / TICKS
     cpu["client"] = (client_end - client_start) / TICKS
     cores = os.cpu_count() or 1
-    result.update({"engine_ms_per_item": args.engine_ms_per_item, "engine_ms_per_batch": args.engine_ms_per_batch,
-              "engine_us_per_token": args.engine_us_per_token,
-              "api_servers": api_servers, "cores": cores, "items": items, "items_counted_for_cpu": counted,
-              "successful": run["successful"], "failed": run["failed"], "refused": run["refused"],
-              "busy_s": run["server"]["busy_s"], "items_per_s": run["items_per_s"],
-              "items_per_batch": run["server"]["items_per_batch"],
-              "engine_busy": run["server"]["utilisation"], "time_split_ms": run["time_split_ms"],
-              "wall_s": wall, "cpu_s": cpu,
-              "cpu_ms_per_item": {k: 1e3 * v / counted for k, v in cpu.items()},
-              "settings": record["settings"]})
+    result.update({
+        "engine_ms_per_item": args.engine_ms_per_item, "engine_ms_per_batch": args.engine_ms_per_batch,
+        "engine_us_per_token": args.engine_us_per_token, "api_servers": api_servers, "cores": cores, "items": items,
+        "items_counted_for_cpu": counted, "successful": run["successful"], "failed": run["failed"],
+        "refused": run["refused"], "busy_s": run["server"]["busy_s"], "items_per_s": run["items_per_s"],
+        "items_per_batch": run["server"]["items_per_batch"], "engine_busy": run["server"]["utilisation"],
+        "time_split_ms": run["time_split_ms"], "wall_s": wall, "cpu_s": cpu,
+        "cpu_ms_per_item": {k: 1e3 * v / counted for k, v in cpu.items()}, "settings": record["settings"]})
     print(f"{items} items at {run['items_per_s']:.1f} items/s, {run['server']['items_per_batch']:.1f} per batch, "
           f"engine busy {100 * run['server']['utilisation']:.1f} % (stand-in: {args.engine_ms_per_item} ms/item, "
           f"{args.engine_us_per_token} µs/token)")
