@@ -17,6 +17,7 @@ from .model import GlmVisionEncoder
 from .modes import GraphMode, RunMode
 from .packing import BudgetConfig
 from .request import EncoderRequest
+from .uniform import DENSE_MIN_ROWS
 
 
 @runtime_checkable
@@ -92,16 +93,21 @@ class EagerEncoder:
 
 def build_encoder(model: GlmVisionEncoder, mode: RunMode | str, budgets: BudgetConfig, *,
                   attention: str | None = None, latency_table: LatencyTable | None = None,
-                  progress: bool = False, compile_scope: str = "blocks") -> EagerEncoder | EncoderGraphRunner:
+                  progress: bool = False, compile_scope: str = "blocks",
+                  uniform_lengths: tuple[int, ...] = ()) -> EagerEncoder | EncoderGraphRunner:
     """The :class:`Encoder` of ``mode`` over ``model``, ready to encode: an :class:`EagerEncoder`, or a graph runner
     captured for ``budgets`` (real CUDA graphs on a CUDA device, emulated elsewhere: :meth:`GraphMode.for_device
     <glmvit.modes.GraphMode.for_device>`; its forward compiled for ``graph-compiled``), routing by
     ``latency_table`` when one is given, compiled in ``compile_scope``. ``attention`` (None: the model's backend
-    now) is fixed for the encoder's life. ValueError for an unknown mode or a backend that cannot run here."""
+    now) is fixed for the encoder's life. A graph runner also captures uniform graphs for segments of each of
+    ``uniform_lengths`` rows (``glmvit.graphs``; the dense attention), at the budgets where they hold
+    :data:`~glmvit.uniform.DENSE_MIN_ROWS` rows or more. ValueError for an unknown mode or a backend
+    that cannot run here."""
     run_mode = RunMode.parse(mode)
     if not run_mode.graphs:
         return EagerEncoder(model, budgets, attention)
     runner = EncoderGraphRunner(model, budgets, mode=GraphMode.for_device(model.device),
                                 torch_compile=run_mode.compiled, latency_table=latency_table, progress=progress,
-                                attention=attention, compile_scope=compile_scope)
+                                attention=attention, compile_scope=compile_scope, uniform_lengths=uniform_lengths,
+                                uniform_min_rows=DENSE_MIN_ROWS if uniform_lengths else 0)
     return runner.capture()

@@ -37,7 +37,9 @@ and every L it also captures a graph at the *uniform* shape ``BatchShape(⌊rows
 that replays in a budget and whose frames all have h·w = L then replays in that budget's L graph instead (it always
 fits: its n·L rows are at most the budget's, so n ≤ ⌊rows/L⌋). The check is made once per layout, with the plan;
 ``stats.uniform_replays`` counts those replays, ``runner.uniform_captures`` their captures. The emulated mode
-routes the same way and runs ``uniform_attention`` there, so CPU tests cover the routing.
+routes the same way and runs ``uniform_attention`` there, so CPU tests cover the routing. ``uniform_min_rows``
+leaves out the budgets whose uniform shape would hold fewer rows (where the dense attention does not pay:
+``glmvit.uniform.DENSE_MIN_ROWS``).
 """
 from __future__ import annotations
 
@@ -254,6 +256,7 @@ class EncoderGraphRunner:
         attention: str | None = None,
         uniform_lengths: tuple[int, ...] = (),
         uniform_attention: str = "dense",
+        uniform_min_rows: int = 0,
     ):
         mode = GraphMode.parse(mode)
         if mode is GraphMode.CUDA and model.device.type != "cuda":
@@ -264,6 +267,9 @@ class EncoderGraphRunner:
         if mode is GraphMode.CUDA and attn not in GRAPH_SAFE:  # emulation replays nothing: any backend is correct
             raise ValueError(f"attention backend {attn!r} is not graph-safe; use one of {GRAPH_SAFE}")
         self.uniform_lengths = _uniform_lengths(uniform_lengths, model.config.merge_area)
+        if isinstance(uniform_min_rows, bool) or not isinstance(uniform_min_rows, int) or uniform_min_rows < 0:
+            raise ValueError(f"uniform_min_rows must be a non-negative integer, got {uniform_min_rows!r}")
+        self.uniform_min_rows = uniform_min_rows
         uniform_attn = uniform_attention if uniform_attention in UNIFORM_ONLY else model.attention_backend(
             uniform_attention)
         if mode is GraphMode.CUDA and uniform_attn not in GRAPH_SAFE:
@@ -348,10 +354,11 @@ class EncoderGraphRunner:
 
     def uniform_shape(self, budget: int, length: int) -> BatchShape | None:
         """Static shape of a budget's uniform graph for segments of ``length`` rows: the ⌊rows/L⌋ whole segments its
-        rows hold (every batch of such segments the budget holds fits), its slots capped there (None: not one fits).
+        rows hold (every batch of such segments the budget holds fits), its slots capped there (None: not one fits,
+        or they hold fewer than ``uniform_min_rows`` rows: that budget's batches replay in its ragged graph).
         """
         blocks = budget * self.model.config.merge_area // length
-        if blocks == 0:
+        if blocks == 0 or blocks * length < self.uniform_min_rows:
             return None
         return BatchShape(blocks * length, min(self._budgets.slots(budget), blocks), length, uniform=True)
 

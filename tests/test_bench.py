@@ -332,3 +332,26 @@ def test_throughput_counts_the_requests_timed_when_the_last_pass_stops_part_way(
     mode = data["modes"]["eager"]
     assert mode["timed_requests"] == 5 and mode["passes"] == 2
     assert mode["tokens_per_s"] == pytest.approx((sum(tokens) + tokens[0] + tokens[1]) / 5e-3)
+
+
+@pytest.mark.parametrize("flags", [["--uniform-graphs", "auto"], ["--uniform-graphs", "off"],
+                                   ["--attn-backend", "sdpa_masked"]])
+def test_graph_modes_capture_uniform_graphs_for_the_workload_s_segment_lengths(tmp_path, flags):
+    """Two 448² images a request (1024-row frames): ``auto`` captures 1024-row uniform graphs at the budgets whose
+    uniform shape holds glmvit.uniform.DENSE_MIN_ROWS rows or more, and every request replays there; ``off``, or an
+    attention backend named (that kernel everywhere), none. The record's settings name the lengths."""
+    from glmvit.uniform import DENSE_MIN_ROWS
+
+    path = tmp_path / "b.json"
+    assert main([*CPU_ARGS, "--bucket-config", "{(448, 448, 1): 1.0}", "--items-per-request", "2",
+                 "--modes", "eager,graph", *flags, "--json", str(path)]) == 0
+    r = json.loads(path.read_text())
+    graph = r["modes"]["graph-emulated"]
+    if flags != ["--uniform-graphs", "auto"]:
+        assert r["settings"]["uniform_lengths"] == [] and graph["uniform_captured"] == []
+        assert graph["runner"]["uniform_replays"] == 0
+        return
+    assert r["settings"]["uniform_lengths"] == [1024]
+    captured = {budget for budget, length in graph["uniform_captured"]}
+    assert captured == {b for b in graph["budgets"] if b * 4 // 1024 * 1024 >= DENSE_MIN_ROWS} and captured
+    assert graph["runner"]["uniform_replays"] == graph["runner"]["replays"] == graph["timed_requests"]

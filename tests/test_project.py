@@ -139,7 +139,7 @@ def cli_imports(package: Path) -> list[tuple[str, str]]:
 RUNTIME = ("attention", "config", "costmodel", "defaults", "encoder", "files", "geometry", "graphs",
            "kernels/__init__", "kernels/attention_table", "kernels/reference", "kernels/triton_attention",
            "kernels/triton_bicubic", "messages", "metadata", "model", "modes", "packing", "parallel", "processing",
-           "request", "rotary", "routing", "scheduler", "video", "weights")
+           "request", "rotary", "routing", "scheduler", "uniform", "video", "weights")
 RECORDING = ("records", "recorded", "provenance", "env", "oracle", "fingerprint", "lab", "cli")
 
 

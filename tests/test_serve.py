@@ -130,6 +130,36 @@ def test_the_switch_interval_flag_reaches_the_scheduler(tiny_model, flag, second
     assert scheduler.switch_interval_s == seconds
 
 
+def test_uniform_lengths_reach_the_runner_and_its_uniform_graphs_take_their_batches(tiny_model, tiny_config):
+    """``--uniform-lengths 16``: the runner captures 16-row uniform graphs where they hold DENSE_MIN_ROWS rows (the
+    rule is patched to 64 rows: budget 16's 64 rows, not budget 8's 32), and a batch of 16-row frames replays there."""
+    from glmvit import encoder as encoder_module
+
+    parser = build_parser()
+    args = parser.parse_args(["--device", "cpu", "--budgets", "8,16", "--uniform-lengths", "16,16"])
+    resolve_model_args(parser, args)
+    assert args.uniform_lengths == (16,)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(encoder_module, "DENSE_MIN_ROWS", 64)
+        scheduler, runner = make_scheduler(tiny_model, "graph", args)
+    try:
+        assert runner is not None and set(runner.uniform_graphs) == {(16, 16)}
+        grids = [[1, 4, 4], [2, 4, 4]]
+        pixels, grid = random_batch(grids, tiny_config, seed=52)
+        runner.run(pixels, grid)
+        assert runner.stats.uniform_replays == 1
+    finally:
+        scheduler.close(TIMEOUT)
+
+
+@pytest.mark.parametrize("value", ["0", "-4", "x", "256,,1024"])
+def test_a_bad_uniform_length_is_refused_in_one_line(value, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["--uniform-lengths", value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and "--uniform-lengths" in err[-1]
+
+
 @pytest.mark.parametrize("value", ["0.0005", "-1", "1001", "nan", "fast"])
 def test_a_switch_interval_below_a_microsecond_is_refused_in_one_line(value, capsys):
     with pytest.raises(SystemExit) as exit_:

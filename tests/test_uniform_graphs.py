@@ -153,3 +153,38 @@ def test_a_compiled_capture_has_room_for_the_uniform_graphs_too(tiny_model, monk
     EncoderGraphRunner(tiny_model, BudgetConfig((16, 32), 2, 4), mode="emulate", torch_compile=True,
                        uniform_lengths=(16,)).capture()
     assert seen == [(None, 20 + 2 * 4 + 8)] * 2  # two budgets and their two uniform graphs; no budget captured
+
+
+def test_uniform_min_rows_leaves_out_the_budgets_whose_uniform_shape_is_smaller(tiny_model, tiny_config):
+    """Budgets 8, 16, 32 tokens hold 32, 64, 128 rows: with 64 rows at least, budget 8's 16-row graph (32 rows) is
+    not captured, and a batch there replays in its ordinary graph; budget 16's still takes its uniform batches."""
+    runner = EncoderGraphRunner(tiny_model, CONFIG, mode="emulate", uniform_lengths=(16,), uniform_min_rows=64
+                                ).capture()
+    assert set(runner.uniform_graphs) == {(16, 16), (32, 16)}
+    pixels, grid = random_batch([[1, 4, 4]], tiny_config, seed=50)  # 16 rows: budget 8
+    assert_items_match_forward(tiny_model, runner.run(pixels, grid), pixels, [[1, 4, 4]])
+    assert runner.stats.replays == 1 and runner.stats.uniform_replays == 0
+    grids = [[1, 4, 4], [2, 4, 4]]  # 48 rows: budget 16
+    pixels, grid = random_batch(grids, tiny_config, seed=51)
+    assert_items_match_forward(tiny_model, runner.run(pixels, grid), pixels, grids)
+    assert runner.stats.uniform_replays == 1
+
+
+@pytest.mark.parametrize("rows", [-1, True, 1.5])
+def test_a_bad_uniform_min_rows_is_a_one_line_error(tiny_model, rows):
+    with pytest.raises(ValueError, match=rf"^uniform_min_rows must be a non-negative integer, got {rows!r}$"):
+        EncoderGraphRunner(tiny_model, CONFIG, mode="emulate", uniform_lengths=(16,), uniform_min_rows=rows)
+
+
+@pytest.mark.parametrize(("frames", "lengths"), [
+    ([(1024, 1)] * 8, (1024,)),  # eight 448² images
+    ([(256, 4)], (256,)),  # one 8-frame 224² clip: four 256-row frames
+    ([(256, 1), (1024, 1)], (1024,)),  # 256 of 1280 rows: a fifth
+    ([(256, 2), (1024, 1)], (256, 1024)),  # 512 of 1536 rows: a third
+    ([(16, 1), (32, 1), (64, 1), (128, 1), (256, 1)], (128, 256)),  # 128 of 496 rows is 25.8 %, 64 is 12.9 %
+    ([], ()),
+])
+def test_uniform_lengths_for_keeps_the_lengths_holding_a_quarter_of_the_rows(frames, lengths):
+    from glmvit.uniform import uniform_lengths_for
+
+    assert uniform_lengths_for(frames) == lengths

@@ -71,7 +71,8 @@ from ..timing import (
     time_calls,
     time_passes,
 )
-from ..workloads import PRESETS, random_mm_workload
+from ..uniform import uniform_lengths_for
+from ..workloads import PRESETS, MMItem, random_mm_workload
 from .common import (
     DTYPES,
     MAX_BUDGET_TOKENS,
@@ -139,13 +140,15 @@ def compare(got: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
 
 def make_mode(mode: str, model: GlmVisionEncoder, budget_config: BudgetConfig, record: dict[str, Any],
               progress: bool, table: LatencyTable | None = None, session: Session | None = None,
-              attention: str | None = None) -> tuple[Encode, EncoderGraphRunner | None]:
+              attention: str | None = None, uniform_lengths: tuple[int, ...] = ()
+              ) -> tuple[Encode, EncoderGraphRunner | None]:
     """A callable (pixels, grids, flat_grids) -> output [tokens, out_hidden] for one mode, and its runner if any
     (routing each batch by ``table`` when one is given). A ``session`` lends the transformers twin it built, and
     a graph mode's runner when an earlier job captured an identical one (:meth:`Session.runner
     <glmvit.cli.session.Session.runner>`: ``record`` then says so in ``runner_source``). Our
     modes run ``attention`` (None: the model's backend): the graph modes through the encoder
-    :func:`~glmvit.encoder.build_encoder` makes, ``eager`` and ``compile`` as the bare forward with that backend."""
+    :func:`~glmvit.encoder.build_encoder` makes (with uniform graphs for ``uniform_lengths``), ``eager`` and
+    ``compile`` as the bare forward with that backend."""
     attention = model.attention_backend(attention)
     device = model.device
     if mode == "transformers":
@@ -163,17 +166,19 @@ def make_mode(mode: str, model: GlmVisionEncoder, budget_config: BudgetConfig, r
     if mode in (RunMode.GRAPH, RunMode.GRAPH_COMPILED):
         def build() -> EncoderGraphRunner:
             built = build_encoder(model, mode, budget_config, attention=attention, latency_table=table,
-                                  progress=progress)
+                                  progress=progress, uniform_lengths=uniform_lengths)
             assert isinstance(built, EncoderGraphRunner)
             return built
 
         if session is not None:  # a record run: the runner an earlier job captured, if one did
-            runner, source = session.runner(runner_key(model, mode, budget_config, attention, table), build, device)
+            key = runner_key(model, mode, budget_config, attention, table, uniform_lengths=uniform_lengths)
+            runner, source = session.runner(key, build, device)
             capture_s, reserved = source["capture_s"], source["capture_reserved_bytes"]
             record["runner_source"] = source
         else:
             runner, capture_s, reserved = capture_timed(build, device)
         record.update(capture_s=capture_s, runner_mode=runner.mode.value,
+                      uniform_captured=sorted([b, n] for b, n in runner.uniform_graphs),
                       routing=table.describe() if table else "off: a batch replays whenever a budget holds it",
                       capture={str(k): v.as_dict() for k, v in runner.captures.items()},
                       capture_failed={str(k): v for k, v in runner.failed.items()})
@@ -194,6 +199,15 @@ def make_mode(mode: str, model: GlmVisionEncoder, budget_config: BudgetConfig, r
 
         return run_compiled, None
     raise ValueError(f"unknown mode {mode!r}")
+
+
+def uniform_lengths(args: argparse.Namespace, requests: list[list[MMItem]]) -> tuple[int, ...]:
+    """The segment lengths the graph modes capture uniform graphs for: ``--uniform-graphs auto`` (with the device's
+    own attention backend: an ``--attn-backend`` given asks for that kernel everywhere) takes the workload's
+    (:func:`~glmvit.kernels.attention_table.uniform_lengths_for`); ``off``, none."""
+    if args.uniform_graphs == "off" or args.attn_backend:
+        return ()
+    return uniform_lengths_for((item.grid[1] * item.grid[2], item.grid[0]) for r in requests for item in r)
 
 
 def _workload(args: argparse.Namespace) -> tuple[dict, int, float, int | None]:
@@ -273,6 +287,7 @@ def run_benchmark(args: argparse.Namespace, command: str, session: Session | Non
     grids = [np.array([item.grid for item in r], dtype=np.int64) for r in requests]
     specs = [[item.spec for item in r] for r in requests]
     budget_config = BudgetConfig.for_requests(specs, args.budgets, args.max_items, args.max_segments)
+    uniform = uniform_lengths(args, requests)
 
     gen = torch.Generator(device=device).manual_seed(args.seed)
     pixels = [torch.randn(int((g[:, 0] * g[:, 1] * g[:, 2]).sum()), config.patch_dim, device=device, dtype=dtype,
@@ -293,7 +308,7 @@ def run_benchmark(args: argparse.Namespace, command: str, session: Session | Non
             "items_per_request": items_per_request, "range_ratio": range_ratio, "limit_per_request": limit,
             "num_requests": len(requests), "seed": args.seed, "budgets": list(budget_config.token_budgets),
             "max_items": budget_config.max_items, "max_segments": budget_config.max_segments,
-            "attn_backend": attention, "dtype": str(dtype).replace("torch.", ""),
+            "attn_backend": attention, "uniform_lengths": list(uniform), "dtype": str(dtype).replace("torch.", ""),
             "config": args.config, "vision_config": vars(config).copy(), "weights": args.weights or "random",
             "warmup": args.warmup, "transformers_requests": args.transformers_requests,
             "modes": [mode_label(m, device) for m in modes], "order": "arrival order, one request at a time",
@@ -331,7 +346,7 @@ def run_benchmark(args: argparse.Namespace, command: str, session: Session | Non
                 route_table = None if args.no_route else tables.get(mode)
                 mode_config = graph_configs.get(mode, budget_config)
                 fn, runner = make_mode(mode, model, mode_config, record, not args.quiet, route_table, session,
-                                       attention)
+                                       attention, uniform)
                 if runner is not None:
                     record["budgets"] = list(mode_config.token_budgets)
                 record["warmup_s"] = _warm(fn, inputs, n, args.warmup, device)
@@ -556,6 +571,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--attn-backend", default=None, help="one of glmvit.attention.BACKENDS: auto, triton, cudnn, "
                    "varlen, flash_attn, sdpa_masked, segments (default: the device's; on CUDA auto where the cuDNN "
                    "frontend runs, else triton)")
+    m.add_argument("--uniform-graphs", choices=("auto", "off"), default="auto",
+                   help="graph modes also capture graphs for batches whose segments all have one length, run with "
+                        "the dense attention (glmvit.graphs): auto (default) = for the lengths that make up a large "
+                        "share of the workload's rows, with the device's default attention backend; off = none")
     m.add_argument("--threads", type=int_in(1, os.cpu_count() or 1), default=None, help="torch.set_num_threads(N) "
                    "first (CPU runs; on a busy machine 1 is the least noisy)")
     m.add_argument("--precision", type=float_in(0, 1), default=PRECISION,

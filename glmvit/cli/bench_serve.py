@@ -673,6 +673,7 @@ async def bench_in_process(workload: Workload, args: argparse.Namespace, record:
                                            session=session)
         label = scheduler.mode
         record["servers"][label] = {"mode": label, "attn_backend": scheduler.encoder.attention,
+                                    "uniform_lengths": list(runner.uniform_lengths) if runner else [],
                                     "limits": scheduler.stats()["limits"],
                                     "capture": {str(k): v.as_dict() for k, v in runner.captures.items()}
                                     if runner else None}
@@ -843,7 +844,9 @@ def main(argv: list[str] | None = None, session: Session | None = None) -> int:
                                   "switch_interval_ms": args.switch_interval_ms,
                                   "max_queue": queue_requests(args, workload),
                                   "max_queue_tokens": queue_tokens(args, workload), "max_queue_mb": args.max_queue_mb,
-                                  "attn_backend": args.attn_backend, "decode_workers": args.decode_workers,
+                                  "attn_backend": args.attn_backend,
+                                  "uniform_lengths": list(getattr(args, "uniform_lengths", ())),
+                                  "decode_workers": args.decode_workers,
                                   "api_servers": args.api_servers},
                      "arrivals": "gamma(burstiness, 1/(rate·burstiness)) gaps after each request, all at 0 for inf",
                      "timing": "time to embedding: request sent → whole answer read; queue: the server's "

@@ -88,6 +88,25 @@ def add_serving_args(parser: argparse.ArgumentParser) -> None:
                    help=f"their pixels, in MiB in the model's dtype on its device (default {DEFAULT_MAX_BYTES >> 20}); "
                         "then 429")
     g.add_argument("--attn-backend", default=None, help="attention backend (default: the device's)")
+    g.add_argument("--uniform-lengths", type=uniform_lengths_arg, default=(), metavar="L,L",
+                   help="also capture graphs for batches whose segments (frames) all have L rows (h·w patches, e.g. "
+                        "256 for 224² frames, 1024 for 448²), run with the dense attention where they hold "
+                        "glmvit.uniform.DENSE_MIN_ROWS rows or more (default: none)")
+
+
+def uniform_lengths_arg(text: str) -> tuple[int, ...]:
+    """``--uniform-lengths``: comma-separated positive integers (the runner checks each against the model)."""
+    lengths = []
+    for part in text.split(","):
+        try:
+            value = int(part.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r} is not a whole number of rows") from None
+        if not 0 < value <= MAX_BUDGET_TOKENS * 4:
+            raise argparse.ArgumentTypeError(f"{value} rows: a segment length is between 1 and "
+                                             f"{MAX_BUDGET_TOKENS * 4}")
+        lengths.append(value)
+    return tuple(sorted(set(lengths)))
 
 
 def switch_interval_ms(text: str) -> float:
@@ -127,26 +146,28 @@ def make_scheduler(model: GlmVisionEncoder, mode: RunMode | str, args: argparse.
                    attention: str | None = None, session: Session | None = None
                    ) -> tuple[BatchScheduler, EncoderGraphRunner | None]:
     """The scheduler of ``mode`` over ``model``'s encoder (:func:`~glmvit.encoder.build_encoder`: a runner captured
-    first for the graph modes, routing by its recorded table) running ``attention`` (None: the model's backend),
-    and its runner if any. A ``session`` (a record run) lends a runner an earlier job captured
-    (:meth:`Session.runner <glmvit.cli.session.Session.runner>`; :meth:`Session.source_of
-    <glmvit.cli.session.Session.source_of>` says where it came from)."""
+    first for the graph modes, routing by its recorded table, with uniform graphs for ``args.uniform_lengths``)
+    running ``attention`` (None: the model's backend), and its runner if any. A ``session`` (a record run) lends a
+    runner an earlier job captured (:meth:`Session.runner <glmvit.cli.session.Session.runner>`;
+    :meth:`Session.source_of <glmvit.cli.session.Session.source_of>` says where it came from)."""
     run_mode = RunMode.parse(mode)
     config = budget_config(args)
     attention = model.attention_backend(attention)  # checked before anything is captured
     table = recorded_table_for(model, run_mode.compiled, attention, dirs=RECORD_DIRS) if run_mode.graphs else None
+    uniform = tuple(getattr(args, "uniform_lengths", ()))
     if session is not None and run_mode.graphs:
         def build() -> EncoderGraphRunner:
             built = build_encoder(model, run_mode, config, attention=attention, latency_table=table,
-                                  progress=progress)
+                                  progress=progress, uniform_lengths=uniform)
             assert isinstance(built, EncoderGraphRunner)
             return built
 
-        key = runner_key(model, run_mode, config, attention, table)
+        key = runner_key(model, run_mode, config, attention, table, uniform_lengths=uniform)
         encoder: EagerEncoder | EncoderGraphRunner
         encoder, _ = session.runner(key, build, model.device)
     else:
-        encoder = build_encoder(model, run_mode, config, attention=attention, latency_table=table, progress=progress)
+        encoder = build_encoder(model, run_mode, config, attention=attention, latency_table=table, progress=progress,
+                                uniform_lengths=uniform)
     scheduler = BatchScheduler(encoder, config, max_wait_s=args.max_wait_ms / 1e3, max_requests=args.max_queue,
                                max_tokens=args.max_queue_tokens, max_bytes=int(args.max_queue_mb * 2**20),
                                switch_interval_s=switch_interval_s(args))
@@ -254,6 +275,7 @@ def build_service(args: argparse.Namespace, command: str, model: GlmVisionEncode
                                        session=session)
     source = session.source_of(runner) if session is not None and runner is not None else None
     extra = {"attn_backend": scheduler.encoder.attention,
+             "uniform_lengths": list(runner.uniform_lengths) if runner else [],
              "floor": measure_floor(model, floor) if args.measure_floor else None,
              "capture": {str(k): v.as_dict() for k, v in runner.captures.items()} if runner else None,
              "capture_failed": {str(k): v for k, v in runner.failed.items()} if runner else None,

@@ -40,16 +40,19 @@ RunnerKey = tuple[Hashable, ...]
 
 
 def runner_key(model: GlmVisionEncoder, mode: str, budgets: BudgetConfig, attention: str,
-               table: LatencyTable | None, compile_scope: str = "blocks") -> RunnerKey:
+               table: LatencyTable | None, compile_scope: str = "blocks",
+               uniform_lengths: tuple[int, ...] = ()) -> RunnerKey:
     """Everything that decides what a graph runner captures and how it routes: the model (its weights, config,
     dtype and device: one object per session), the run mode (graph or graph-compiled), whether graphs are real or
-    emulated on its device, the budgets and batch limits, the attention backend, the compile scope, and the latency
-    table it routes by (by content: the same table read twice is one key)."""
+    emulated on its device, the budgets and batch limits, the attention backend, the compile scope, the segment
+    lengths it captures uniform graphs for, and the latency table it routes by (by content: the same table read
+    twice is one key)."""
     from ..modes import GraphMode, RunMode
 
     routing = hashlib.sha256(repr(table).encode()).hexdigest() if table is not None else None
     return (id(model), str(model.device), str(model.dtype), RunMode.parse(mode).value,
-            GraphMode.for_device(model.device).value, budgets, attention, compile_scope, routing)
+            GraphMode.for_device(model.device).value, budgets, attention, compile_scope, tuple(uniform_lengths),
+            routing)
 
 
 def capture_timed(build: Callable[[], EncoderGraphRunner], device: torch.device) -> tuple[EncoderGraphRunner,
