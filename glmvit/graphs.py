@@ -520,7 +520,7 @@ class EncoderGraphRunner:
             replay, predicted = self.router.route(budget, tokens, work)
             captured = self.graphs[budget] if budget else None
             if replay and budget and self.uniform_graphs:  # a batch of one segment length: that length's graph
-                captured = self._uniform_graph(budget, grids[list(idx)]) or captured
+                captured = self.uniform_graph(budget, grids[list(idx)]) or captured
             rows = tuple(request.row_range(i) for i in idx)
             contiguous = all(a == prev_b for (_, prev_b), (a, _) in zip(rows, rows[1:], strict=False))
             index = None if contiguous else torch.from_numpy(  # pageable source: staged before the call returns
@@ -530,7 +530,7 @@ class EncoderGraphRunner:
         assert sum(s.num_rows for s in steps) == request.rows, "every row planned once"
         return steps
 
-    def _uniform_graph(self, budget: int, grids: np.ndarray) -> CapturedBudget | None:
+    def uniform_graph(self, budget: int, grids: np.ndarray) -> CapturedBudget | None:
         """The uniform graph of ``budget`` for a batch whose frames all have one h·w (None: they do not, or no
         graph was captured for it). Every batch the budget holds fits there (:meth:`uniform_shape`)."""
         frames = grids[:, 1] * grids[:, 2]
@@ -574,17 +574,23 @@ class EncoderGraphRunner:
         return cb.output
 
     @torch.inference_mode()
-    def replay(self, budget: int, pixel_values: torch.Tensor, grid_thw: Any) -> torch.Tensor:
-        """Run one batch in the graph of ``budget`` (it must fit there), whatever smaller budget would also fit.
+    def replay(self, budget: int, pixel_values: torch.Tensor, grid_thw: Any, uniform: bool = False) -> torch.Tensor:
+        """Run one batch in the graph of ``budget`` (it must fit there), whatever smaller budget would also fit;
+        ``uniform=True``: in that budget's uniform graph for the batch's one frame length (it must have one).
 
-        Returns the budget's static output buffer [budget, out_hidden_size] (padded tokens are zero); the next replay
-        of this budget overwrites it, so clone what you keep. For measuring one budget on any layout.
+        Returns the graph's static output buffer (padded tokens are zero); the next replay of that graph overwrites
+        it, so clone what you keep. For measuring one budget on any layout.
         """
         with self._lock:
             request = self.model.check_request(pixel_values, grid_thw)
             cb = self.graphs.get(budget)
             if cb is None:
                 raise ValueError(f"budget {budget} is not captured (captured: {sorted(self.graphs)})")
+            if uniform:
+                cb = self.uniform_graph(budget, np.asarray(request.grids))
+                if cb is None:
+                    raise ValueError(f"budget {budget} has no uniform graph for these frames (captured: "
+                                     f"{sorted(self.uniform_graphs)}, as (budget, rows per frame))")
             spec = request.total
             if spec.tokens > budget or spec.segments > cb.shape.segments:
                 raise ValueError(f"a batch of {spec.tokens} tokens in {spec.segments} segments does not fit budget "

@@ -272,3 +272,23 @@ def test_kernels_profile_splits_a_replay_into_busy_time_gaps_and_host(tmp_path):
         device_us, wall_us = p["replay_device"]["median_ms"] * 1e3, p["replay_wall"]["median_ms"] * 1e3
         assert p["gaps_us_per_call"] == pytest.approx(device_us - p["graph_gpu_us_per_call"])
         assert min(p["graph_gpu_us_per_call"], device_us, wall_us) > 0, p
+
+
+@pytest.mark.gpu
+def test_kernels_profiles_the_uniform_graph_a_runner_replays_on_a_one_length_layout(tmp_path):
+    """The 8-frame clip (four 256-row frames, 1024 rows: DENSE_MIN_ROWS) replays in a uniform graph: its profile has
+    the dense attention's cuDNN kernel where the ragged variants have glmvit's Triton kernel; one 224² image (256
+    rows) replays in none, so it has no uniform entry."""
+    from glmvit.cli import kernels as kernels_cli
+
+    path = tmp_path / "kernels.json"
+    assert kernels_cli.main(["--layouts", "1x224,clip8x224", "--parts", "profile", "--backends", "triton",
+                             "--quiet", "--json", str(path)]) == 0
+    profile = json.loads(path.read_text())["profile"]
+    assert set(profile["uniform-compiled"]) == {"capture", "clip8x224"}
+    def kernels(variant: str) -> set[str]:
+        return {k["name"] for k in profile[variant]["clip8x224"]["top"] if k["category"] == "attention"}
+
+    assert "_rope_varlen_attention_kernel" in kernels("triton-compiled")
+    assert "_rope_varlen_attention_kernel" not in kernels("uniform-compiled")
+    assert "_rope_rotate_qk_kernel" in kernels("uniform-compiled")  # the dense path's rotation launch

@@ -188,3 +188,19 @@ def test_uniform_lengths_for_keeps_the_lengths_holding_a_quarter_of_the_rows(fra
     from glmvit.uniform import uniform_lengths_for
 
     assert uniform_lengths_for(frames) == lengths
+
+
+def test_replay_uniform_runs_a_budget_s_uniform_graph_and_refuses_where_there_is_none(uniform, tiny_model,
+                                                                                      tiny_config):
+    """``replay(budget, …, uniform=True)`` (what ``glmvit kernels`` profiles) takes the budget's graph for the batch's
+    one frame length: the same tokens as the budget's ordinary graph; a batch of two lengths has none."""
+    grids = [[1, 4, 4], [2, 4, 4]]
+    pixels, grid = random_batch(grids, tiny_config, seed=53)
+    ordinary = uniform.replay(16, pixels, grid).clone()
+    dense = uniform.replay(16, pixels, grid, uniform=True)
+    tokens = 12  # 48 rows / 4
+    assert dense.shape[0] == uniform.uniform_graphs[16, 16].output.shape[0]
+    torch.testing.assert_close(dense[:tokens], ordinary[:tokens], rtol=1e-5, atol=1e-5)
+    pixels, grid = random_batch([[1, 4, 4], [1, 4, 6]], tiny_config, seed=54)
+    with pytest.raises(ValueError, match=r"^budget 16 has no uniform graph for these frames \(captured: "):
+        uniform.replay(16, pixels, grid, uniform=True)

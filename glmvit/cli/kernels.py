@@ -20,6 +20,7 @@ import sys
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
@@ -38,6 +39,7 @@ from ..random_weights import random_encoder
 from ..records import KernelsProfile, make
 from ..rotary import rotary_cos_sin
 from ..timing import summarise, time_to_precision
+from ..uniform import uniform_lengths_for
 from ..workloads import random_batch
 from .common import Parser, check_writable, output_path, vision_config, write_record
 
@@ -118,6 +120,11 @@ def measure_attention(config, grids, backends: list[str], tflops: float, gbps: f
     return result
 
 
+def _one_length(grids: list) -> bool:
+    """Whether every frame of a layout has one h·w (a batch a uniform graph takes)."""
+    return len({h * w for _, h, w in grids}) == 1
+
+
 def profile_replays(model, layouts: dict[str, list], backends: list[str], quiet: bool) -> dict[str, Any]:
     """Kernel profile and replay times, per backend × compiled × layout.
 
@@ -127,7 +134,9 @@ def profile_replays(model, layouts: dict[str, list], backends: list[str], quiet:
     (the captured graph alone, replayed back to back between CUDA events) — each timed until its median is known
     to ±:data:`REPLAY_PRECISION` (:data:`REPLAY_RUNS`: the least and most runs; ``runs`` says how many ran) —,
     ``graph_gpu_us_per_call`` (its kernels' busy time) and ``gaps_us_per_call`` (device − busy: the boundaries
-    inside the graph, where the GPU waits for the next kernel to start).
+    inside the graph, where the GPU waits for the next kernel to start). ``uniform-compiled``: the first backend's
+    compiled runner with uniform graphs (:func:`~glmvit.uniform.uniform_lengths_for` the one-length layouts), on
+    the layouts whose batch it replays in one (the dense attention); absent where none does.
     """
     merge = model.config.spatial_merge_size
     tokens = {name: ItemSpec.total(grid_specs(g, merge)).tokens for name, g in layouts.items()}
@@ -138,17 +147,28 @@ def profile_replays(model, layouts: dict[str, list], backends: list[str], quiet:
     inputs = {name: random_batch(g, model.config, seed=1) for name, g in layouts.items()}
     variants = [(b, compiled, "blocks") for b in backends for compiled in (False, True)]
     variants.append((backends[0], True, "model"))  # the whole forward compiled as one: what regions cost
+    variants.append((backends[0], True, "uniform"))  # the uniform graphs a runner replays on one-length layouts
+    lengths = uniform_lengths_for((h * w, t) for g in layouts.values() for t, h, w in g if _one_length(g))
     out: dict[str, Any] = {}
     replays: dict[str, dict[str, tuple[Callable[[], Any], Callable[[], Any]]]] = {}
     for backend, compiled, scope in variants:
-        key = f"{backend}{'-compiled' if compiled else ''}{'-model' if scope == 'model' else ''}"
+        uniform = scope == "uniform"
+        key = "uniform-compiled" if uniform else \
+            f"{backend}{'-compiled' if compiled else ''}{'-model' if scope == 'model' else ''}"
         runner = build_encoder(model, RunMode.GRAPH_COMPILED if compiled else RunMode.GRAPH, config,
-                               attention=backend, compile_scope=scope, progress=not quiet)
+                               attention=backend, compile_scope="blocks" if uniform else scope, progress=not quiet,
+                               uniform_lengths=lengths if uniform else ())
         assert isinstance(runner, EncoderGraphRunner)  # on CUDA: real graphs
+        if uniform:  # only the layouts whose batch replays in a uniform graph (glmvit.uniform.DENSE_MIN_ROWS)
+            chosen = {name: runner.uniform_graph(tokens[name], np.asarray(grid)) for name, (_, grid) in inputs.items()}
+            graphs = {name: cb.graph for name, cb in chosen.items() if cb is not None and cb.graph is not None}
+            if not graphs:
+                continue
+        else:  # mode "cuda": every budget captured
+            graphs = {name: g for name in inputs if (g := runner.graphs[tokens[name]].graph) is not None}
         out[key] = {"capture": {str(k): v.as_dict() for k, v in runner.captures.items()}}
-        graphs = {b: cb.graph for b, cb in runner.graphs.items() if cb.graph is not None}  # mode "cuda": all
-        replays[key] = {name: (partial(runner.replay, tokens[name], pixels.to("cuda", model.dtype), grid),
-                               graphs[tokens[name]].replay) for name, (pixels, grid) in inputs.items()}
+        replays[key] = {name: (partial(runner.replay, tokens[name], pixels.to("cuda", model.dtype), grid, uniform),
+                               graphs[name].replay) for name, (pixels, grid) in inputs.items() if name in graphs}
         with torch.inference_mode():
             for name, (replay, graph_replay) in replays[key].items():
                 wall = time_to_precision(replay, "cuda", *REPLAY_RUNS, REPLAY_PRECISION, warmup=5)  # stays staged
