@@ -212,3 +212,26 @@ def test_the_hopper_gate_compiles_to_a_constant(capabilities):
 
     torch.compiler.assume_constant_result(marked)  # the mark, set without importing dynamo at import time
     assert vars(marked) and all(getattr(fused_gemm_table.measured_gpu, k, None) == v for k, v in vars(marked).items())
+
+
+UNIFORM_AB = Path(__file__).resolve().parent.parent / "data" / "sweeps" / "uniform_ab_h200.json"  # tools/uniform_ab.py
+
+
+@pytest.mark.skipif(not UNIFORM_AB.exists(), reason="tools/uniform_ab.py has not been recorded on the H200 yet")
+def test_uniform_graphs_are_captured_where_their_ab_says_they_pay():
+    """glmvit.uniform.DENSE_MIN_ROWS against the whole-runner A/B (graph-compiled, one-length layouts, every budget
+    given uniform graphs): from that many rows the uniform runner is no slower than 2 % (the A/B's medians'
+    noise), below it the rule gives up at most 5 % (what a uniform graph there would have saved)."""
+    from glmvit.uniform import DENSE_MIN_ROWS
+
+    record = json.loads(UNIFORM_AB.read_text())
+    assert record["provenance"]["gpu"]
+    compiled = [r for r in record["results"].values() if r["mode"] == "graph-compiled"]
+    assert compiled and all(r["uniform_replays"] == r["replays"] for r in compiled)
+    wrong = {}
+    for r in compiled:
+        rows = sum(t * h * w for t, h, w in r["grids"])
+        ratio = r["uniform_ms"] / r["plain_ms"]
+        if (rows >= DENSE_MIN_ROWS and ratio > 1.02) or (rows < DENSE_MIN_ROWS and ratio < 0.95):
+            wrong[r["layout"]] = (rows, round(ratio, 3))
+    assert not wrong, f"uniform/plain per layout where the rule disagrees (rows, ratio): {wrong}"
