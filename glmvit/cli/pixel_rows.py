@@ -1,4 +1,5 @@
-"""A tensor handed from a decode worker to the server without a copy through a pipe (a request's uint8 frames).
+"""A tensor handed from a decode worker to the server without a copy through a pipe (a request's uint8 frames, or
+its pixel rows made in the worker: ``serve --rows host``).
 
 A worker writes a request's tensor to a file of its own in a directory on ``/dev/shm`` (the
 pool's, made by :func:`shared_dir`; memory, not disk) and sends only its name; the server maps the file
@@ -14,6 +15,7 @@ import mmap
 import os
 import uuid
 from dataclasses import dataclass
+from typing import Iterable
 
 import torch
 
@@ -78,19 +80,40 @@ class PixelRows:
                     raw.tofile(f)
                 return cls(tuple(tensor.shape), dtype, path=path)
             except OSError:
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
+                _unlink(path)
         return cls(tuple(tensor.shape), dtype, data=raw.tobytes() if raw is not None else b"")
+
+    @classmethod
+    def streamed(cls, chunks: Iterable[torch.Tensor], folder: str) -> "PixelRows | None":
+        """``chunks`` (each (n_i, width), one dtype) one after another as one (Σ n_i, width) tensor in a new file
+        under ``folder``, each chunk written as it comes: a caller that makes them one at a time never holds the
+        whole tensor. None, the file removed, when a write fails (``folder`` full) or there is no chunk: the caller
+        hands over something else. Chunks of another width or dtype than the first's raise ValueError."""
+        path = os.path.join(folder, uuid.uuid4().hex)
+        count, first = 0, None
+        try:
+            with open(path, "wb") as f:
+                for chunk in chunks:
+                    first = chunk if first is None else first
+                    if chunk.ndim != 2 or chunk.shape[1] != first.shape[1] or chunk.dtype != first.dtype:
+                        raise ValueError(f"a chunk of {tuple(chunk.shape)} {chunk.dtype} after chunks of width "
+                                         f"{first.shape[1]} in {first.dtype}")
+                    chunk.contiguous().view(torch.uint8).numpy().tofile(f)
+                    count += chunk.shape[0]
+        except OSError:
+            first = None
+        except BaseException:
+            _unlink(path)
+            raise
+        if first is None:
+            _unlink(path)
+            return None
+        return cls((count, first.shape[1]), str(first.dtype).removeprefix("torch."), path=path)
 
     def discard(self) -> None:
         """Remove the shared file of rows nobody will take (their request was cancelled)."""
         if self.path is not None:
-            try:
-                os.unlink(self.path)
-            except OSError:
-                pass
+            _unlink(self.path)
 
     def tensor(self) -> torch.Tensor:
         """The rows as a tensor (a shared file is mapped, then unlinked: it is gone once the tensor is; a symbolic
@@ -109,3 +132,11 @@ class PixelRows:
         finally:
             os.unlink(self.path)
         return torch.frombuffer(mapped, dtype=dtype).reshape(self.shape)
+
+
+def _unlink(path: str) -> None:
+    """Remove ``path`` if it is there."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

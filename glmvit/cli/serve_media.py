@@ -23,6 +23,14 @@ request's budget, and where its time went (``decode``: each file's header and fi
 ``preprocess``: the rest of the decoding and the resizing), or raises :class:`MediaError`. The server runs a
 request's items one after another, the budget left passed on, and makes the pixel rows on the model's device
 (:meth:`RequestMedia.rows`). :func:`prepare_media` does a whole request in one process.
+
+Rows made in the worker (``serve --rows host``: the tasks' ``rows``, the model dtype's name): after the resize the
+worker makes the item's pixel rows itself (:func:`~glmvit.processing.rows_from_frames` in that dtype, a temporal
+patch at a time, each written to the shared file as it is made) and hands over the rows instead of the frames
+(:attr:`PreparedMedia.made`), their making counted in ``preprocess``; the engine then only maps them and copies
+them to its device. Bitwise the rows the engine would make (rows_from_frames is bitwise the same on every device).
+Only into a shared folder: rows are twice the bytes of the frames (bf16, a video; an image's four times), too many
+for the pipe; without a folder, or where the write fails, the frames go as before.
 """
 from __future__ import annotations
 
@@ -47,7 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .. import decode_clock, video
 from ..geometry import MAX_FRAME_PIXELS
-from ..processing import VisionFrames, rows_from_frames
+from ..processing import TEMPORAL, VisionFrames, rows_from_frames
 from .embedding_file import inputs_record
 from .encode import check_file, load_frames
 from .pixel_rows import PixelRows
@@ -291,8 +299,9 @@ def _named(err: BaseException, path: Path, label: str) -> str:
 @dataclass
 class PreparedMedia:
     """A request's items resized: ``frames`` every item's (F, H, W, 3) uint8 frames (``shapes``; an image's F = 1),
-    one after another, flat, as :class:`~glmvit.cli.pixel_rows.PixelRows`; their grids, records and the worker's
-    time (seconds)."""
+    one after another, flat, as :class:`~glmvit.cli.pixel_rows.PixelRows` — or, where ``made`` names a dtype, the
+    items' (rows, 1176) pixel rows in that dtype, made by the worker (:func:`_host_rows`); their grids, records and
+    the worker's time (seconds)."""
 
     frames: PixelRows
     shapes: list[tuple[int, int, int, int]]
@@ -301,15 +310,34 @@ class PreparedMedia:
     records: list[dict[str, Any]]
     timing: dict[str, float] = field(default_factory=dict)
     pixels: int = 0  # what their decoding spent of the request's max_request_pixels
+    made: str | None = None  # the dtype (torch's name) of the rows ``frames`` holds; None: it holds the frames
 
     def rows(self, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
         """The items' pixel rows in ``dtype`` on ``device``, bitwise ``glmvit encode``'s rows cast to ``dtype``
-        (:func:`~glmvit.processing.rows_from_frames`): the frames cross to the device once, as uint8."""
+        (:func:`~glmvit.processing.rows_from_frames`): the frames cross to the device once, as uint8, and become
+        rows there; rows made in the worker are mapped and copied to the device as they are (no kernel runs). Rows
+        made in another dtype than ``dtype`` are a ValueError, never cast."""
+        if self.made is not None:
+            return self._made_rows(dtype).to(device)
         flat = self.frames.tensor().to(device)
         sizes = [int(np.prod(shape)) for shape in self.shapes]
         rows = [rows_from_frames(f.reshape(shape), kind, dtype)
                 for f, shape, kind in zip(torch.split(flat, sizes), self.shapes, self.kinds, strict=True)]
         return rows[0] if len(rows) == 1 else torch.cat(rows)
+
+    def _made_rows(self, dtype: torch.dtype) -> torch.Tensor:
+        """The rows the worker made, mapped (their file unlinked), if they are in ``dtype`` and the grids' count."""
+        want = str(dtype).removeprefix("torch.")
+        if self.made != want:
+            self.frames.discard()
+            raise ValueError(f"the decode worker made the pixel rows in {self.made}, the model takes {want}: "
+                             "the server's rows dtype and its model's differ")
+        count = int(self.grid_thw.prod(axis=1).sum())
+        if self.frames.dtype != want or len(self.frames.shape) != 2 or self.frames.shape[0] != count:
+            self.frames.discard()
+            raise ValueError(f"rows made in the worker hold {self.frames.shape} {self.frames.dtype}, not the "
+                             f"{count} rows in {want} their grids say")
+        return self.frames.tensor()
 
 
 Item = tuple[str, str, Union[str, None], Any]  # (label, name for the record, the kind its part asks for, its source)
@@ -356,30 +384,54 @@ def _load(k: int, item: Item, scratch: str, limits: MediaLimits, budget: _Budget
     return inputs, inputs_record(name, hashlib.sha256(data).hexdigest(), inputs, tokens)
 
 
+def _host_rows(frames: list[torch.Tensor], kinds: list[str], rows: str, folder: str) -> PixelRows | None:
+    """The items' pixel rows in ``rows`` (a torch dtype's name), made here as the engine would make them on its
+    device (:meth:`PreparedMedia.rows`), one item at a time and a video a temporal patch at a time (rows are
+    temporal patch major: the patches' rows one after another are the video's), each written to a new file under
+    ``folder`` as it is made (:meth:`PixelRows.streamed`): this process holds the frames and one patch's rows at
+    most. None where the write failed: the caller hands over the frames."""
+    dtype = getattr(torch, rows, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"rows must name a floating torch dtype, got {rows!r}")
+    chunks = (rows_from_frames(f[start:start + step], kind, dtype)
+              for f, kind in zip(frames, kinds, strict=True)
+              for step in (1 if kind == "image" else TEMPORAL,) for start in range(0, f.shape[0], step))
+    return PixelRows.streamed(chunks, folder)
+
+
 def _prepared(loaded: list[VisionFrames], records: list[dict[str, Any]], folder: str | None, budget: _Budget,
-              pixels: int, parse_s: float = 0.0) -> PreparedMedia:
+              pixels: int, parse_s: float = 0.0, rows: str | None = None) -> PreparedMedia:
+    """What a task hands back: the items' rows made here when ``rows`` names their dtype and ``folder`` is given
+    (:func:`_host_rows`, their time counted in ``preprocess``), else their frames."""
     frames = [f for item in loaded for f in item.frames]
-    flat = frames[0].reshape(-1) if len(frames) == 1 else torch.cat([f.reshape(-1) for f in frames])
+    kinds = [k for item in loaded for k in item.kinds]
     shapes = [(f.shape[0], f.shape[1], f.shape[2], f.shape[3]) for f in frames]
-    return PreparedMedia(PixelRows.of(flat, folder), shapes, [k for item in loaded for k in item.kinds],
-                         torch.cat([item.grid_thw for item in loaded]).numpy(), records,
-                         {"decode": parse_s + budget.decode_s, "preprocess": budget.preprocess_s}, pixels)
+    start = time.perf_counter()
+    made = _host_rows(frames, kinds, rows, folder) if rows is not None and folder is not None else None
+    budget.preprocess_s += time.perf_counter() - start
+    handed = made if made is not None else PixelRows.of(
+        frames[0].reshape(-1) if len(frames) == 1 else torch.cat([f.reshape(-1) for f in frames]), folder)
+    return PreparedMedia(handed, shapes, kinds, torch.cat([item.grid_thw for item in loaded]).numpy(), records,
+                         {"decode": parse_s + budget.decode_s, "preprocess": budget.preprocess_s}, pixels,
+                         rows if made is not None else None)
 
 
-def prepare_item(k: int, item: Item, limits: MediaLimits, left: int, merge_area: int, folder: str | None = None
-                 ) -> PreparedMedia:
+def prepare_item(k: int, item: Item, limits: MediaLimits, left: int, merge_area: int, folder: str | None = None,
+                 rows: str | None = None) -> PreparedMedia:
     """The ``k``-th item of a request (:func:`media_items`) decoded and resized, ``left`` pixels of the request's
     ``max_request_pixels`` still to spend (its ``pixels`` say what it spent); a refused item raises MediaError.
-    A decode worker's task: the server runs a request's items one after another (:mod:`glmvit.cli.serve_app`)."""
+    ``rows`` (a torch dtype's name): its pixel rows made here in that dtype where ``folder`` is given (the module
+    docstring). A decode worker's task: the server runs a request's items one after another
+    (:mod:`glmvit.cli.serve_app`)."""
     budget = _Budget(left)
     with tempfile.TemporaryDirectory(prefix="glmvit-serve-") as scratch, warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.TiffImagePlugin")  # as below
         inputs, record = _load(k, item, scratch, limits, budget, merge_area)
-    return _prepared([inputs], [record], folder, budget, left - budget.left)
+    return _prepared([inputs], [record], folder, budget, left - budget.left, rows=rows)
 
 
 def prepare_first_item(body: bytes, limits: MediaLimits, max_items: int | None, merge_area: int,
-                       folder: str | None = None) -> tuple[PreparedMedia, list[Item]]:
+                       folder: str | None = None, rows: str | None = None) -> tuple[PreparedMedia, list[Item]]:
     """A JSON request's first task in a decode worker: its ``body`` parsed into its items (:func:`media_items`;
     a bad body, or one of more than ``max_items`` items, refused before any is decoded), the first of them decoded
     and resized as :func:`prepare_item` does (the parse's time counted in its ``decode``), and the items after it,
@@ -389,17 +441,17 @@ def prepare_first_item(body: bytes, limits: MediaLimits, max_items: int | None, 
     items = media_items("json", body, max_items)
     del body
     parse_s = time.perf_counter() - start
-    first = prepare_item(0, items[0], limits, limits.max_request_pixels, merge_area, folder)
+    first = prepare_item(0, items[0], limits, limits.max_request_pixels, merge_area, folder, rows)
     first.timing["decode"] = first.timing.get("decode", 0.0) + parse_s
     return first, items[1:]
 
 
 def prepare_media(kind: str, payload: Any, limits: MediaLimits, merge_area: int, max_items: int | None = None,
-                  folder: str | None = None) -> PreparedMedia:
+                  folder: str | None = None, rows: str | None = None) -> PreparedMedia:
     """Every item of a request decoded and resized in this process (``kind`` and ``payload`` as
     :func:`media_items` takes them); a refused item raises MediaError (the module docstring), and so does a request
     of more than ``max_items`` items (413, before any is decoded). The uint8 frames go to a file under ``folder``
-    if given."""
+    if given — or, where ``rows`` names a dtype, the pixel rows made here in it (:func:`prepare_item`)."""
     start = time.perf_counter()
     budget = _Budget(limits.max_request_pixels)
     loaded, records = [], []
@@ -412,7 +464,7 @@ def prepare_media(kind: str, payload: Any, limits: MediaLimits, merge_area: int,
             inputs, record = _load(k, item, scratch, limits, budget, merge_area)
             records.append(record)
             loaded.append(inputs)
-    return _prepared(loaded, records, folder, budget, limits.max_request_pixels - budget.left, parse_s)
+    return _prepared(loaded, records, folder, budget, limits.max_request_pixels - budget.left, parse_s, rows)
 
 
 @dataclass
@@ -439,7 +491,7 @@ class RequestMedia:
         return rows[0] if len(rows) == 1 else torch.cat(rows)
 
     def discard(self) -> None:
-        """Remove the shared files of frames nobody will take (their request failed or was cancelled)."""
+        """Remove the shared files of frames (or rows) nobody will take (their request failed or was cancelled)."""
         for m in self.items:
             m.frames.discard()
 
