@@ -815,7 +815,7 @@ def test_api_servers_share_the_whole_servers_http_bounds(monkeypatch):
     backend = LocalBackend.__new__(LocalBackend)
     backend.scheduler = types.SimpleNamespace(mode="fake")
     engine = types.SimpleNamespace(limits=HttpLimits(max_requests=10, max_held_bytes=1000, max_connections=64),
-                                   media=MediaLimits(), info={}, provenance={}, extra_health={},
+                                   media=MediaLimits(), info={}, provenance={}, extra_health={}, rows="device",
                                    model=types.SimpleNamespace(config=TINY, dtype=torch.float32), backend=backend,
                                    close=lambda timeout: True)
     shares = []
@@ -873,6 +873,7 @@ def test_each_api_server_that_ends_is_logged_once_whatever_the_order(monkeypatch
     backend = LocalBackend.__new__(LocalBackend)
     backend.scheduler = types.SimpleNamespace(mode="fake")
     engine = types.SimpleNamespace(limits=HttpLimits(), media=MediaLimits(), info={}, provenance={}, extra_health={},
+                                   rows="device",
                                    model=types.SimpleNamespace(config=TINY, dtype=torch.float32), backend=backend,
                                    close=lambda timeout: True)
 

@@ -54,7 +54,15 @@ from .common import (
 from .decode_pool import DecodePool
 from .encode import model_metadata
 from .pixel_rows import no_room, sweep_shared_dirs
-from .serve_app import DECODE_QUEUE, EncoderService, HttpLimits, default_decode_pool, default_decode_workers, run_server
+from .serve_app import (
+    DECODE_QUEUE,
+    ROWS,
+    EncoderService,
+    HttpLimits,
+    default_decode_pool,
+    default_decode_workers,
+    run_server,
+)
 from .serve_frontends import default_api_servers, run_frontends
 from .serve_media import DEFAULT_FRAME_PIXELS, DEFAULT_REQUEST_PIXELS, MediaLimits
 from .session import runner_key
@@ -233,6 +241,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"pixels one request may decode (default {DEFAULT_REQUEST_PIXELS:,}); more: 413")
     m.add_argument("--allowed-media-dir", type=media_dir, default=None,
                    help="take file:// URLs of files under this directory (default: none, file:// is refused)")
+    m.add_argument("--rows", choices=ROWS, default="device",
+                   help="where media's pixel rows are made: device (default: the engine, on the model's device, from "
+                        "the workers' uint8 frames) or host (the decode processes, in the model's dtype, handed over "
+                        "in shared memory: the engine only copies them to its device; without a shared-memory "
+                        "folder, as device)")
     h.add_argument("--measure-floor", action=argparse.BooleanOptionalAction, default=True,
                    help="measure the matmul rate and copy bandwidth at start (for bench-serve's floor; default on)")
     h.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -290,7 +303,7 @@ def build_service(args: argparse.Namespace, command: str, model: GlmVisionEncode
                              args.threads, extra, (lambda: runner.stats.as_dict()) if runner else None, media=media,
                              decode=decode or default_decode_pool(args.decode_workers, args.decode_queue,
                                                                   args.decode_timeout),
-                             own_decode=decode is None)
+                             own_decode=decode is None, rows=args.rows)
     if start_decode:
         service.decode.start()  # its processes start now (their imports take seconds), not with the first upload
     sweep_shared_dirs()  # the frames' folders of servers killed before they could remove them

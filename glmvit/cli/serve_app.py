@@ -16,16 +16,19 @@ Media (JSON and multipart) is checked, decoded and preprocessed as ``encode`` do
 taking turns item by item (a small request is never held behind a large one's whole media); their uint8 frames come
 back through shared memory (:mod:`glmvit.cli.pixel_rows`) and become pixel rows on the model's device, in its dtype,
 on a thread, on that thread's own stream (:meth:`~glmvit.cli.serve_media.RequestMedia.rows`; finite by
-construction, so admission reads nothing back from the device). Pixel rows sent as safetensors are checked on a
-thread. Neither runs on the event loop or the scheduler's worker; answers are serialised on threads of their own,
-each embedding copied from the device straight into its place in the body (:mod:`glmvit.cli.answer_body`).
-It answers ``200`` with ``application/x-safetensors`` in
+construction, so admission reads nothing back from the device). With ``rows="host"`` (``serve --rows host``) the
+decode workers make the rows themselves, in the model's dtype, and hand them over instead, bitwise the same; the
+engine only copies them to its device (without a shared-memory folder the frames go as with ``"device"``). Pixel
+rows sent as safetensors are checked on a thread. Neither runs on the event loop or the scheduler's worker; answers
+are serialised on threads of their own, each embedding copied from the device straight into its place in the body
+(:mod:`glmvit.cli.answer_body`). It answers ``200`` with ``application/x-safetensors`` in
 ``encode --out``'s layout (tensors ``item_<i>``, float32; ``?dtype=model`` returns the model's dtype instead, half
 the bytes in bfloat16), with headers ``X-Request-Id``, ``X-Queue-Delay-Ms`` (admission to the first batch holding
 one of its items), ``X-Encode-Ms`` (admission to its last item encoded), ``X-Prepare-Ms`` (reading and decoding
 before admission), ``X-Batches`` and ``Server-Timing`` (its time by phase, :data:`PHASES` but ``write``, which
 follows the headers; ``/metrics`` sums every phase; ``decode`` counts the waits for a decoder and the media's
-decoding into pixels, ``preprocess`` the resize, the rows on the model's device and admission's checks). Every
+decoding into pixels, ``preprocess`` the resize, the rows made (in a decode worker or on the model's device) and
+admission's checks). Every
 error is JSON ``{"error": one line, "status": code}``:
 400 bad input (naming the item, the file or the JSON part) or a request aiohttp's HTTP parser refuses, 403 a
 ``file://`` URL outside the allowed directory, 408 a body that did not arrive within ``read_timeout_s`` (a slow
@@ -39,10 +42,11 @@ shutting down or past ``max_connections`` open connections, 500 an internal erro
 log, never to the client). A refused body is never kept: after the error is sent, what the client still sends is read
 and discarded for at most aiohttp's lingering time (10 s), then the connection is closed. A connection whose request
 headers take longer than ``header_timeout_s`` is closed.
-``GET /health``: a little JSON (status, mode, limits); ``GET /v1/info``: that and the model, the floor, the capture,
-the decoders, the media bounds, the provenance and the code's fingerprint. ``GET /metrics``: Prometheus text (each
-family's HELP and TYPE once; seconds, ``_total`` counters), or JSON with ``?format=json``. A request whose client closes
-its connection before the answer is written gets none and is counted apart from the answered ones
+``GET /health``: a little JSON (status, mode, where rows are made: ``rows``, limits); ``GET /v1/info``: that and the
+model, the floor, the capture, the decoders, the media bounds, the provenance and the code's fingerprint.
+``GET /metrics``: Prometheus text (each family's HELP and TYPE once; seconds, ``_total`` counters), or JSON with
+``?format=json``. A request whose client closes its connection before the answer is written gets none and is counted
+apart from the answered ones
 (``glmvit_http_clients_left_total``, ``http.clients_left``), never as an error; its answer is not serialised, and
 if no batch has taken its items yet they are dropped unencoded (``glmvit_scheduler_withdrawn_total``). A FIN
 from the client before the answer counts as its leaving, unless its request said ``Connection: close`` (or was
@@ -156,6 +160,7 @@ class HttpLimits:
 
 
 MEDIA_MODULES = ("glmvit.cli.serve_media",)  # what a decode worker imports before its first task
+ROWS = ("device", "host")  # where a media request's pixel rows are made: the engine, on the model's device; a worker
 PHASES = ("read", "decode", "preprocess", "queue", "host_to_device", "encode", "serialise", "write")
 
 
@@ -325,16 +330,22 @@ class EncoderService:
     :class:`~glmvit.cli.serve_backend.LocalBackend` over ``scheduler``; an API server process of several
     (``frontend``: its name in /metrics) passes no scheduler, a :class:`~glmvit.cli.serve_link.RemoteBackend` and
     the ``model``'s facts (:class:`~glmvit.cli.serve_link.ModelFacts`: its config, dtype and input checks), and the
-    engine's shared-memory folder (``pixel_dir``), where its frames and rows go, the only one the engine reads."""
+    engine's shared-memory folder (``pixel_dir``), where its frames and rows go, the only one the engine reads.
+    ``rows`` (:data:`ROWS`): where media's pixel rows are made, ``device`` by the engine on the model's device,
+    ``host`` by the decode workers in the model's dtype (:func:`~glmvit.cli.serve_media.prepare_item`)."""
 
     def __init__(self, scheduler: BatchScheduler | None, info: dict[str, Any], provenance: dict[str, Any],
                  limits: HttpLimits = HttpLimits(), threads: int = 4, extra_health: dict[str, Any] | None = None,
                  runner_stats: Callable[[], dict] | None = None, decode: DecodePool | None = None,
                  media: MediaLimits | None = None, own_decode: bool | None = None, backend: Any = None,
-                 model: Any = None, frontend: str | None = None, pixel_dir: str | None = None):
+                 model: Any = None, frontend: str | None = None, pixel_dir: str | None = None,
+                 rows: str = "device"):
         self.scheduler, self.info, self.provenance, self.limits = scheduler, info, provenance, limits
         if scheduler is None and (backend is None or model is None):
             raise ValueError("an EncoderService needs a scheduler, or a backend and the model's facts")
+        if rows not in ROWS:
+            raise ValueError(f"rows must be one of {', '.join(ROWS)}, got {rows!r}")
+        self.rows = rows
         self.model = model if model is not None else cast(BatchScheduler, scheduler).model
         self.frontend = frontend  # which of several API server processes this is (None: the only one)
         self.extra_health = extra_health or {}
@@ -501,7 +512,8 @@ class EncoderService:
                 raise BadRequest(f"the request's media: {err} (--decode-timeout)", 413) from None
             except WorkerDied as err:
                 raise BadRequest(f"internal error: {err}", 500) from None
-            # preprocess: the worker's resizing (the rows made on the model's device are the backend's); decode:
+            # preprocess: the worker's resizing, and the rows it made if it did (those made on the model's device
+            # are the backend's); decode:
             # everything else from the body read to the frames here (the waits for the request's turns in the
             # decode pool, the parse, the files' checks, the media decoded into pixels, the hand-overs)
             timing["preprocess"] = media.timing["preprocess"]
@@ -524,7 +536,8 @@ class EncoderService:
             try:
                 if kind == "json":
                     first, items = await _turn(turns, prepare_first_item, payload, self.media,
-                                               self.limits.max_items, merge_area, self._pixel_dir())
+                                               self.limits.max_items, merge_area, self._pixel_dir(),
+                                               self._rows_dtype())
                     done.items.append(first)
                 else:
                     items = media_items(kind, payload, self.limits.max_items)
@@ -532,7 +545,7 @@ class EncoderService:
                 left = self.media.max_request_pixels - sum(part.pixels for part in done.items)
                 for k, item in enumerate(items, start=len(done.items)):
                     part: PreparedMedia = await _turn(turns, prepare_item, k, item, self.media, left, merge_area,
-                                                      self._pixel_dir())
+                                                      self._pixel_dir(), self._rows_dtype())
                     done.items.append(part)
                     left -= part.pixels
             except BaseException:
@@ -594,6 +607,11 @@ class EncoderService:
             self._pixels.append(shared_dir())
         return self._pixels[0]
 
+    def _rows_dtype(self) -> str | None:
+        """What a decode task is told to make its rows in: the model dtype's name with ``rows="host"``, else None
+        (it hands over frames). A plain string: it crosses to the worker process."""
+        return str(self.model.dtype).removeprefix("torch.") if self.rows == "host" else None
+
     def _pack(self, outputs: list[torch.Tensor], records: list[dict[str, Any]], dtype: str,
               allocate: Callable[[int], Any] = bytearray) -> Any:
         """The answer's body, each output copied from the device straight into its place (:mod:`.answer_body`), in
@@ -607,8 +625,8 @@ class EncoderService:
                      if k in ("limits", "max_requests", "max_tokens", "max_bytes", "max_wait_s")}
         engine = getattr(self.backend, "engine_state", None)  # an engine in another process: its state
         draining = self.draining or engine in ("draining", "gone")
-        return {"status": "draining" if draining else "ok", "mode": self.backend.mode, "url": self.url,
-                "description": self.info.get("description"), "in_server": self.in_server,
+        return {"status": "draining" if draining else "ok", "mode": self.backend.mode, "rows": self.rows,
+                "url": self.url, "description": self.info.get("description"), "in_server": self.in_server,
                 "limits": asdict(self.limits), "scheduler": scheduler, **({"engine": engine} if engine else {})}
 
     async def health(self, request: web.Request) -> web.Response:

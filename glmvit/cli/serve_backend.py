@@ -1,10 +1,11 @@
 """What ``glmvit serve``'s HTTP handler hands a request to once its body is read and its media decoded: a backend.
 
 A request reaches a backend as a :class:`~glmvit.cli.serve_media.RequestMedia` (decoded media: uint8 frames in
-shared-memory files) or a :class:`Prepared` (pixel rows parsed from a safetensors body, checked but for NaN/Inf);
-:meth:`LocalBackend.encode` makes the media's pixel rows on the model's device (on a thread of its own, on that
-thread's stream), admits the request to the :class:`~glmvit.scheduler.BatchScheduler`, waits for its outputs and
-serialises the answer (:mod:`glmvit.cli.answer_body`), returning an :class:`Encoded`. Its errors are the scheduler's
+shared-memory files, or the rows decode workers made of them) or a :class:`Prepared` (pixel rows parsed from a
+safetensors body, checked but for NaN/Inf); :meth:`LocalBackend.encode` makes the media's pixel rows on the model's
+device, or copies there those a worker made (on a thread of its own, on that thread's stream), admits the request to the
+:class:`~glmvit.scheduler.BatchScheduler`, waits for its outputs and serialises the answer
+(:mod:`glmvit.cli.answer_body`), returning an :class:`Encoded`. Its errors are the scheduler's
 and the model's (:class:`~glmvit.scheduler.QueueFull`, :class:`~glmvit.scheduler.SchedulerClosed`,
 :class:`~glmvit.scheduler.RequestTooLarge`, ValueError naming the item), raised as they are; :func:`status_of` maps
 them to statuses (for the handler, and for the engine that answers an API server). A caller that stops waiting (its
@@ -93,7 +94,8 @@ class Encoded:
 
 def device_rows(media: RequestMedia, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """A request's rows made on the model's device on this thread's own stream, finished before they are handed
-    to the scheduler (never queued behind the replays). Frames it did not take (it failed) are removed."""
+    to the scheduler (never queued behind the replays); rows a decode worker made already (``serve --rows host``)
+    are only copied there. Frames or rows it did not take (it failed) are removed."""
     try:
         with finished_work(device):
             return media.rows(device, dtype)

@@ -5,7 +5,8 @@ one-process server well before the GPU is. vLLM splits the same way: ``vllm serv
 server processes in front of its engine core processes (``run_multi_api_server`` in ``vllm/entrypoints/cli/serve.py`` at
 vLLM commit 00a5fdd20935: the parent binds the listening socket and hands it to ``APIServerProcessManager``; requests
 reach the engine over ZMQ). With N > 1 the process ``serve`` started is the engine: it holds the model, the captured
-runner, the scheduler, the rows-on-device step and the answers' serialisation (a
+runner, the scheduler, the rows-on-device step (with ``--rows host`` only the rows' copy to the device: the API
+servers' decode workers make them) and the answers' serialisation (a
 :class:`~glmvit.cli.serve_backend.LocalBackend`). It starts N API server processes (``spawn``: they never initialise
 CUDA nor build the model), each running the same aiohttp application (:class:`~glmvit.cli.serve_app.EncoderService`) on
 the same port (the engine binds and listens, as the one-process server would: a port in use fails the start, port 0 is
@@ -101,6 +102,7 @@ class FrontendSpec:
     dtype: str
     mode: str
     shared: str  # the engine's shared-memory folder: frames and rows are written there, answers read from there
+    rows: str = "device"  # where media's pixel rows are made: serve --rows (EncoderService's rows)
 
 
 def share_bounds(limits: HttpLimits, decode_queue: int, count: int) -> tuple[HttpLimits, int]:
@@ -133,7 +135,7 @@ async def _frontend(spec: FrontendSpec, conn: Any, sockets: list[socket.socket])
     service = EncoderService(None, spec.info, spec.provenance, spec.limits, spec.threads, spec.extra_health,
                              decode=decode, media=spec.media, own_decode=True, backend=backend,
                              model=ModelFacts(spec.config, getattr(torch, spec.dtype)), frontend=spec.name,
-                             pixel_dir=spec.shared)
+                             pixel_dir=spec.shared, rows=spec.rows)
     decode.start()
     stop = asyncio.Event()
     backend.start(stop.set)
@@ -219,7 +221,7 @@ def frontend_specs(service: EncoderService, host: str, port: int, count: int, de
     limits, queue = share_bounds(service.limits, decode_queue, count)
     return [FrontendSpec(str(k), host, port, limits, service.media, threads, workers, queue, decode_timeout,
                          shutdown_timeout, service.info, service.provenance, service.extra_health, model.config,
-                         str(model.dtype).removeprefix("torch."), service.backend.mode, shared)
+                         str(model.dtype).removeprefix("torch."), service.backend.mode, shared, service.rows)
             for k, workers in enumerate(split_workers(decode_workers, count))]
 
 
