@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -216,15 +217,25 @@ def seed_lines() -> list[str]:
 
 
 # every bench-serve job's record
-SERVE_RECORDS = ("serve_video8x224", "serve_video8x224_one_process", "serve_video8x224_in_process",
-                 "serve_video8x224_sweep", "serve_mixed_av")
+SERVE_RECORDS = ("serve_video8x224", "serve_video8x224_one_process", "serve_video8x224_rows_host",
+                 "serve_video8x224_in_process", "serve_video8x224_sweep", "serve_mixed_av")
+
+
+def serve_label(settings: dict[str, Any]) -> str:
+    """What sets a serve record's server apart from the default one, as its rows' label says it."""
+    batching = settings.get("batching") or {}
+    if settings.get("target") == "in-process":
+        return ", *in process*"
+    return (", *one process*" if batching.get("api_servers") == 1 else "") + (
+        ", *rows on host*" if batching.get("rows") == "host" else "")
 
 
 def serve_lines() -> list[str]:
     """The served encoder under load (``python -m glmvit bench-serve``): the seed's serve workload, and rate sweeps."""
     lines = ["**Served under load** (the record run's serve jobs: `bench-serve`'s load against the server `--spawn` "
              "would start, its HTTP side in the default API servers, except the row marked *one process* "
-             "(`--api-servers 1`); one H200, over HTTP on loopback, except the "
+             "(`--api-servers 1`), its pixel rows made on the GPU, except the row marked *rows on host* "
+             "(`--rows host`: the decode processes make them); one H200, over HTTP on loopback, except the "
              "row marked *in process*: the scheduler driven in the record's process, no HTTP; "
              "time to embedding from request sent to answer read):", "",
              "| workload | mode | rate sent, req/s (share of saturation) | req/s | items/s | of floor rate | "
@@ -235,8 +246,7 @@ def serve_lines() -> list[str]:
                          "| | | | | | | | |")
             continue
         record = load(BENCH / f"{name}_h200.json", ServeRecord)
-        where = (", *in process*" if record.settings.get("target") == "in-process"
-                 else ", *one process*" if (record.settings.get("batching") or {}).get("api_servers") == 1 else "")
+        where = serve_label(record.settings)
         for r in record.runs:
             floor = f"{r['vs_floor']:.0%}" if r.get("vs_floor") else ""
             lines.append(f"| {record.settings['workload']}{where} (`{name}_h200.json` @ "

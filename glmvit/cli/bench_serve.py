@@ -85,6 +85,7 @@ from .common import (
 )
 from .media_files import data_url, encode_clip, encode_image, mp4_available
 from .serve import MODES, add_serving_args, check_serving_args, make_scheduler, measure_floor, resolve_processes
+from .serve_app import DEFAULT_ROWS, ROWS
 
 if TYPE_CHECKING:
     from .session import Session
@@ -619,7 +620,7 @@ def serve_argv(args: argparse.Namespace, mode: str, workload: Workload) -> list[
     for flag, value in (("--budgets", ",".join(map(str, args.budgets)) if args.budgets else None),
                         ("--max-items", args.max_items), ("--max-segments", args.max_segments),
                         ("--attn-backend", args.attn_backend), ("--decode-workers", args.decode_workers),
-                        ("--api-servers", args.api_servers)):
+                        ("--api-servers", args.api_servers), ("--rows", args.rows)):
         if value is not None:
             argv += [flag, str(value)]
     return argv
@@ -654,6 +655,9 @@ async def fetch_health(url: str, wait_s: float = 0.0) -> dict:
 async def bench_http(url: str, workload: Workload, args: argparse.Namespace, record: dict[str, Any]) -> None:
     health = await fetch_health(url, args.wait_s)
     mode = health["mode"]
+    batching = record["settings"]["batching"]
+    if batching.get("rows") is None:  # a server someone else started: where it makes rows is its /v1/info's word
+        batching["rows"] = health.get("rows")
     floor = floor_rate(health, workload)
     record["servers"][mode], record["floor"][mode] = health, floor
     async with HttpTarget(url, workload, health, args.response_dtype, args.timeout, args.media_bodies) as target:
@@ -714,6 +718,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--api-servers", type=int_in(1, 64), default=None,
                    help="--spawn: the server's HTTP processes in front of its engine (default: the server's: "
                         "glmvit.cli.serve_frontends.default_api_servers)")
+    t.add_argument("--rows", choices=ROWS, default=None,
+                   help="--spawn: where the server makes media's pixel rows, its engine on the model's device or its "
+                        f"decode processes (serve --rows; default: the server's, {DEFAULT_ROWS})")
     t.add_argument("--wait-s", type=float_in(0, 7200), default=0.0,
                    help="--url: seconds to keep trying a server that does not listen yet (default 0: fail at once)")
     t.add_argument("--startup-timeout", type=float_in(1, 7200), default=1800.0,
@@ -768,7 +775,7 @@ def check_url(parser: argparse.ArgumentParser, url: str) -> None:
         parser.error(f"--url {shown(url)}: expected http://HOST:PORT")
 
 
-SPAWN_ONLY = ("--decode-workers", "--api-servers")  # the spawned server's flags: a client of a running one has none
+SPAWN_ONLY = ("--decode-workers", "--api-servers", "--rows")  # the spawned server's flags: a running one has its own
 
 
 def client_argv(argv: list[str]) -> list[str]:
@@ -793,6 +800,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: 
         parser.error("--decode-workers applies to --spawn (a running server has its own; --in-process decodes nothing)")
     if args.api_servers is not None and not args.spawn:
         parser.error("--api-servers applies to --spawn (a running server has its own; --in-process has no HTTP)")
+    if args.rows is not None and not args.spawn:
+        parser.error("--rows applies to --spawn (a running server has its own; --in-process decodes nothing)")
     refuse_preset_flags(parser, args)
     if args.url:
         check_url(parser, args.url)
@@ -813,6 +822,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: 
         check_serving_args(parser, args, args.modes)
     if args.spawn:  # the counts the child runs, passed to it and named in the record (not the server's unsaid defaults)
         resolve_processes(args)
+        args.rows = args.rows or DEFAULT_ROWS
 
 
 def main(argv: list[str] | None = None, session: Session | None = None) -> int:
@@ -847,7 +857,7 @@ def main(argv: list[str] | None = None, session: Session | None = None) -> int:
                                   "attn_backend": args.attn_backend,
                                   "uniform_lengths": list(getattr(args, "uniform_lengths", ())),
                                   "decode_workers": args.decode_workers,
-                                  "api_servers": args.api_servers},
+                                  "api_servers": args.api_servers, "rows": args.rows},
                      "arrivals": "gamma(burstiness, 1/(rate·burstiness)) gaps after each request, all at 0 for inf",
                      "timing": "time to embedding: request sent → whole answer read; queue: the server's "
                                "X-Queue-Delay-Ms; time split: the server's Server-Timing, write the rest"},

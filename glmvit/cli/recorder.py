@@ -148,6 +148,11 @@ STATIC_JOBS: tuple[Job, ...] = (  # in the order each phase runs them
     # what the HTTP side's processes buy (notebook 11)
     _serve("serve_video8x224_one_process", "video8x224", 400, "inf", ("graph-compiled",), 16,
            server=("--api-servers", "1")),
+    # the same load with the decode processes making the pixel rows (serve --rows host): the A/B that decides
+    # --rows' default, this record against serve_video8x224's graph-compiled run of the same H200 record run (the
+    # engine process then only copies each request's rows to the GPU, leaving its GIL to the launch thread)
+    _serve("serve_video8x224_rows_host", "video8x224", 400, "inf", ("graph-compiled",), 16,
+           server=("--rows", "host")),
     # the same load with no HTTP (the scheduler driven in this process): the serving target's in-process half
     _serve_in_process("serve_video8x224_in_process", "video8x224", 400, 8),
     # the serving target (P99 time to embedding at half the saturated rate ≤ 2× the unloaded median) on one shape,
@@ -402,7 +407,7 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
             one_process = sargs.api_servers == 1  # else the API server processes decode, each with its own pool
             if not one_process and (why := no_room()):
                 raise RuntimeError(f"--api-servers {sargs.api_servers} needs a shared-memory folder: {why}")
-            this = {"api_servers": sargs.api_servers, "decode_workers": sargs.decode_workers}
+            this = {"api_servers": sargs.api_servers, "decode_workers": sargs.decode_workers, "rows": sargs.rows}
             if served and this != served:  # one record names one server configuration: every mode's
                 raise RuntimeError(f"[serve] {mode}: its server's processes {this} differ from the job's earlier "
                                    f"modes' {served}")
@@ -445,8 +450,8 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
 
 def merge_serve(parts: list[dict[str, Any]], job: Job, served: dict[str, Any] | None = None) -> Any:
     """One serve record from one client record per mode: their servers, floors and runs together; the code that
-    ran is the clients' and this process's (the servers'). ``served``: the servers' own process settings
-    (``api_servers``, ``decode_workers``), which the clients, sent at a URL, cannot know."""
+    ran is the clients' and this process's (the servers'). ``served``: the servers' own settings (``api_servers``,
+    ``decode_workers``, ``rows``), which the clients, sent at a URL, cannot know."""
     from ..records import Fingerprint, ServeRecord, fingerprint_now, make
 
     first = parts[0]
@@ -471,6 +476,8 @@ def merge_serve(parts: list[dict[str, Any]], job: Job, served: dict[str, Any] | 
                         "servers": "glmvit serve in the record run's process, one per mode, configured as --spawn "
                                    "configures its child" + (f", its HTTP side in {served['api_servers']} API server "
                                                              "processes" if many else "")
+                                   + (", its decode processes making the pixel rows (--rows host)"
+                                      if served.get("rows") == "host" else "")
                                    + "; this load generator in a process of its own"}
     provenance = {**first["provenance"], "command": command_line(job)}
     return make(ServeRecord, provenance=provenance, fingerprint=Fingerprint.model_validate(merged), **body)

@@ -56,6 +56,7 @@ from .encode import model_metadata
 from .pixel_rows import no_room, sweep_shared_dirs
 from .serve_app import (
     DECODE_QUEUE,
+    DEFAULT_ROWS,
     ROWS,
     EncoderService,
     HttpLimits,
@@ -241,11 +242,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"pixels one request may decode (default {DEFAULT_REQUEST_PIXELS:,}); more: 413")
     m.add_argument("--allowed-media-dir", type=media_dir, default=None,
                    help="take file:// URLs of files under this directory (default: none, file:// is refused)")
-    m.add_argument("--rows", choices=ROWS, default="device",
-                   help="where media's pixel rows are made: device (default: the engine, on the model's device, from "
-                        "the workers' uint8 frames) or host (the decode processes, in the model's dtype, handed over "
-                        "in shared memory: the engine only copies them to its device; without a shared-memory "
-                        "folder, as device)")
+    m.add_argument("--rows", choices=ROWS, default=DEFAULT_ROWS,
+                   help=f"where media's pixel rows are made (default {DEFAULT_ROWS}): device (the engine, on the "
+                        "model's device, from the workers' uint8 frames) or host (the decode processes, in the model's "
+                        "dtype, handed over in shared memory: the engine only copies them to its device; without a "
+                        "shared-memory folder, as device)")
     h.add_argument("--measure-floor", action=argparse.BooleanOptionalAction, default=True,
                    help="measure the matmul rate and copy bandwidth at start (for bench-serve's floor; default on)")
     h.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -161,6 +161,7 @@ class HttpLimits:
 
 MEDIA_MODULES = ("glmvit.cli.serve_media",)  # what a decode worker imports before its first task
 ROWS = ("device", "host")  # where a media request's pixel rows are made: the engine, on the model's device; a worker
+DEFAULT_ROWS = "device"  # until a record decides (glmvit.cli.recorder's serve_video8x224_rows_host job)
 PHASES = ("read", "decode", "preprocess", "queue", "host_to_device", "encode", "serialise", "write")
 
 
@@ -339,7 +340,7 @@ class EncoderService:
                  runner_stats: Callable[[], dict] | None = None, decode: DecodePool | None = None,
                  media: MediaLimits | None = None, own_decode: bool | None = None, backend: Any = None,
                  model: Any = None, frontend: str | None = None, pixel_dir: str | None = None,
-                 rows: str = "device"):
+                 rows: str = DEFAULT_ROWS):
         self.scheduler, self.info, self.provenance, self.limits = scheduler, info, provenance, limits
         if scheduler is None and (backend is None or model is None):
             raise ValueError("an EncoderService needs a scheduler, or a backend and the model's facts")
