@@ -21,7 +21,8 @@ decode workers make the rows themselves, in the model's dtype, and hand them ove
 engine only copies them to its device (without a shared-memory folder the frames go as with ``"device"``). Pixel
 rows sent as safetensors are checked on a thread. Neither runs on the event loop or the scheduler's worker; answers
 are serialised on threads of their own, each embedding copied from the device straight into its place in the body
-(:mod:`glmvit.cli.answer_body`). It answers ``200`` with ``application/x-safetensors`` in
+(:mod:`glmvit.cli.answer_body`), and written from that body in slices (:func:`write_answer`, :data:`ANSWER_SLICE`),
+each write awaited, never copied whole. It answers ``200`` with ``application/x-safetensors`` in
 ``encode --out``'s layout (tensors ``item_<i>``, float32; ``?dtype=model`` returns the model's dtype instead, half
 the bytes in bfloat16), with headers ``X-Request-Id``, ``X-Queue-Delay-Ms`` (admission to the first batch holding
 one of its items), ``X-Encode-Ms`` (admission to its last item encoded), ``X-Prepare-Ms`` (reading and decoding
@@ -90,6 +91,7 @@ from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
+from typing_extensions import Buffer
 
 from ..metadata import as_grid_array
 from ..records import fingerprint_now
@@ -126,6 +128,20 @@ CHUNK = 1 << 16
 MAX_NAME = 200  # characters of an uploaded file's name kept for messages and the item's "source"
 
 
+# An answer is written in slices of this many bytes, each write awaited. aiohttp's StreamResponse.write hands a slice
+# to StreamWriter.write, which passes it to the transport (asyncio's socket transport sends what the socket takes at
+# once and copies the rest into its own buffer: Python 3.11 extends a bytearray, 3.12+ keeps the memoryview), then,
+# as the slice is past the writer's LIMIT (64 KiB), awaits drain(), which waits while the transport has paused the
+# protocol (its buffer past the high-water mark, 64 KiB) until the buffer is below the low-water mark. So the
+# transport holds at most one slice (and 64 KiB) of an answer beyond the body itself, and the event loop serves
+# other connections between slices. The whole body in one write (web.Response) cost a copy of all of it (headers
+# and body joined: StreamWriter._writelines joins them before Python 3.12.9) and another of all the socket did not
+# take at once (the transport's buffer): two copies of up to tens of MB, on the event loop, per big answer. A smaller
+# slice costs more writes (each an await and a few µs of Python: 38 for a 38 MB answer at 1 MiB, 600 at 64 KiB);
+# a larger one larger copies and a longer turn of the loop.
+ANSWER_SLICE = 1 << 20
+
+
 class BadRequest(ValueError):
     """An HTTP-level problem with the request (a status other than 400 may go with it)."""
 
@@ -133,6 +149,20 @@ class BadRequest(ValueError):
         super().__init__(message)
         self.status = status
 
+
+
+async def write_answer(request: web.Request, response: web.StreamResponse, body: Buffer) -> None:
+    """``body`` (any buffer) sent as ``response``'s whole body: its Content-Length set, ``response`` prepared (its
+    headers go with the first slice), then :data:`ANSWER_SLICE` bytes at a time, each a ``memoryview`` of
+    ``body`` (never a copy) and each write awaited, so the transport's back-pressure paces the writes; then its end.
+    The views are released before it returns (or raises): nothing here keeps ``body``'s buffer (a mapping of a
+    shared-memory file) alive. A client gone mid-answer is a ConnectionError (aiohttp's), or the handler cancelled."""
+    with memoryview(body) as whole, whole.cast("B") as view:
+        response.content_length = view.nbytes
+        await response.prepare(request)
+        for begin in range(0, view.nbytes, ANSWER_SLICE):
+            await response.write(view[begin : begin + ANSWER_SLICE])
+    await response.write_eof()
 
 
 def _gone(request: web.Request) -> bool:
@@ -460,19 +490,22 @@ class EncoderService:
                    "X-Encode-Ms": f"{result.total_s * 1e3:.3f}", "X-Prepare-Ms": f"{prepared_ms:.3f}",
                    "X-Batches": ",".join(map(str, result.batches)),
                    "Server-Timing": ", ".join(f"{k};dur={timing[k] * 1e3:.3f}" for k in PHASES if k in timing)}
-        response = web.Response(body=result.body, content_type=SAFETENSORS, headers=headers)
-        if self.draining:
-            response.force_close()
+        answer = web.StreamResponse(headers={**headers, "Content-Type": SAFETENSORS})
+        if self.draining:  # its headers say so: the client's next request goes to another server
+            answer.force_close()
         writing = time.perf_counter()
         try:
-            await response.prepare(request)
-            await response.write_eof()
+            await write_answer(request, answer, result.body)
         except ConnectionError:  # the client left as its answer was written
             raise ClientLeft from None
+        finally:  # the body (perhaps a mapping of the engine's shared-memory file) is let go at once, written or not
+            result.body = b""
         timing["write"] = time.perf_counter() - writing
+        if self.draining:  # the drain began while the answer was written: the connection closes after it
+            answer.force_close()
         self.phase_s.update(timing)
         self.timed += 1
-        return response
+        return answer
 
     async def _read(self, request: web.Request, held: "_Held", timing: dict[str, float], start: float
                     ) -> RequestMedia | Prepared:
