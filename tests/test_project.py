@@ -238,8 +238,8 @@ CLI_TESTS = {"test_cli.py", "test_bench.py", "test_plan.py", "test_explorer.py",
              "test_records.py", "test_kernels.py", "test_profiling.py", "test_explorer_browser.py",
              "test_fuzz_inputs.py", "test_ncu.py", "test_record_run.py",
              "test_one_line_errors.py", "test_outputs.py", "test_serve_bodies.py", "test_serve_media.py",
-             "test_bench_serve_wait.py", "test_decode_pool.py", "test_serve_answer.py", "test_owned_dir.py",
-             "test_serve_frontends.py", "test_serve_rows.py",
+             "test_bench_serve_wait.py", "test_bench_serve_read.py", "test_decode_pool.py", "test_serve_answer.py",
+             "test_owned_dir.py", "test_serve_frontends.py", "test_serve_rows.py",
              # these check that the latency and bench commands time, count and route as the library does
              "test_timing_passes.py", "test_request.py", "test_routing.py"}
 

@@ -245,7 +245,7 @@ def build_workload(args: argparse.Namespace) -> Workload:
 
 
 # ---- the targets -----------------------------------------------------------------------------------------------
-def answer_error(body: bytes, tokens: list[int], width: int) -> str | None:
+def answer_error(body: bytes | bytearray, tokens: list[int], width: int) -> str | None:
     """Why an answer is not one [tokens_i, width] tensor per item (None when it is): read from its header alone."""
     try:
         size = int.from_bytes(body[:8], "little")
@@ -301,6 +301,35 @@ def media_bodies(workload: Workload, seed: int) -> tuple[list[bytes], dict[str, 
 READ_BUFFER = 16 << 20  # bytes a response may buffer before reading pauses
 
 
+async def read_body(response: aiohttp.ClientResponse) -> bytes | bytearray:
+    """``response``'s body. One with a Content-Length and no Content-Encoding is read into one ``bytearray`` of that
+    length, each chunk aiohttp's reader holds (``readchunk``: the chunks as they came off the socket, never joined)
+    copied into its place: one copy of each byte, and at most the answer and the chunks not read yet held at once.
+    ``response.read()`` joins the chunks buffered at each wake-up (``readany``), then every block at the end: up to
+    twice the answer held, and copied twice. A coded body (aiohttp inflates it: its length is not the Content-Length)
+    or one without a length is read by ``read()``. A body that ends short of its Content-Length is an
+    ``aiohttp.ClientPayloadError``."""
+    length = response.content_length
+    coding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    if length is None or coding not in ("", "identity"):
+        return await response.read()
+    body = bytearray(length)
+    filled = 0
+    with memoryview(body) as view:
+        while filled < length:
+            chunk, _ = await response.content.readchunk()
+            if not chunk:
+                if response.content.at_eof():
+                    raise aiohttp.ClientPayloadError(f"the answer ended after {filled:,} of its {length:,} bytes "
+                                                     "(Content-Length)")
+                continue  # the end of an HTTP chunk: no data
+            if filled + len(chunk) > length:
+                raise aiohttp.ClientPayloadError(f"the answer is longer than its Content-Length ({length:,} bytes)")
+            view[filled : filled + len(chunk)] = chunk
+            filled += len(chunk)
+    return body
+
+
 class HttpTarget:
     """Requests to a running server: one pre-built body per distinct layout (JSON media or safetensors pixels)."""
 
@@ -334,7 +363,7 @@ class HttpTarget:
         try:
             async with self.session.post(f"{self.url}/v1/encode", data=body, params=self.params,
                                          headers={"Content-Type": self.content_type}) as response:
-                data = await response.read()
+                data = await read_body(response)
                 done = time.perf_counter()
                 if response.status != 200:
                     try:
@@ -347,8 +376,8 @@ class HttpTarget:
                 queue_ms = float(response.headers.get("X-Queue-Delay-Ms", "nan"))
                 return Outcome(wrong is None, sent, done, queue_ms, wrong,
                                timing_ms=server_timing(response.headers.get("Server-Timing")))
-        except (aiohttp.ClientError, asyncio.TimeoutError) as err:
-            return Outcome(False, sent, time.perf_counter(), error=f"{type(err).__name__}: {err}")
+        except (aiohttp.ClientError, asyncio.TimeoutError) as err:  # one line: a message may hold line breaks
+            return Outcome(False, sent, time.perf_counter(), error=" ".join(f"{type(err).__name__}: {err}".split()))
 
     async def server_stats(self) -> dict:
         assert self.session is not None
