@@ -352,12 +352,56 @@ class ServerInfo(_MaybeLent):
     (:class:`RunnerSource`)."""
 
 
+@with_config(ConfigDict(extra="allow"))
+class ServePerRequest(TypedDict, total=False):
+    """One run's requests, each list in the order they were drawn: whether each came back right, when it was sent
+    (s after the first), its time to embedding and the server's queueing delay (ms), and the server's split of its
+    time (``Server-Timing``, phase → ms; None for a request without one: a failure). A record made before the
+    split was kept has no ``timing_ms``."""
+
+    ok: list[bool]
+    sent_s: list[float]
+    tte_ms: list[float]
+    queue_ms: list[float | None]
+    timing_ms: list[dict[str, float] | None]
+
+
+@with_config(ConfigDict(extra="allow"))
+class ServeRun(TypedDict, total=False):
+    """One run of a mode at a request rate (:func:`glmvit.cli.bench_serve.run_record`), read as the dict it is; its
+    fields in the order bench-serve writes them (a record is written back as it was read), any other kept after
+    them. ``request_rate``: requests per second, or ``"inf"``; ``time_split_ms``: the mean split (None: no server
+    sent one); ``tte_ms`` and ``queue_ms``: mean, median, P99, min and max (each None without a success)."""
+
+    mode: str
+    request_rate: float | str
+    burstiness: float
+    max_concurrency: int | None
+    requests: int
+    successful: int
+    refused: int
+    failed: int
+    errors: dict[str, int]
+    time_split_ms: dict[str, float] | None
+    duration_s: float
+    requests_per_s: float
+    items_per_s: float
+    tokens_per_s: float
+    vs_floor: float | None
+    encoder_bound_vs_floor: float | None
+    tte_ms: dict[str, float | None]
+    queue_ms: dict[str, float | None]
+    server: dict[str, Any]
+    per_request: ServePerRequest
+    saturation_share: float | None
+
+
 class ServeRecord(Record):
     """``python -m glmvit bench-serve``: a served encoder under load, per mode and request rate."""
 
     kind: Literal["serve"] = "serve"
     settings: dict[str, Any]
-    runs: list[dict[str, Any]]
+    runs: list[ServeRun]
     servers: dict[str, ServerInfo] = Field(default_factory=dict)
 
 

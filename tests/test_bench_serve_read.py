@@ -110,7 +110,7 @@ def test_a_body_short_of_its_content_length_is_a_failure_of_one_line():
     args = argparse.Namespace(burstiness=1.0, max_concurrency=None)
     record = run_record("graph", float("inf"), args, workload, [outcome], 1.0, {"busy_s": 0.0}, None)
     assert (record["successful"], record["refused"], record["failed"]) == (0, 0, 1)
-    assert record["errors"] == {outcome.error: 1}
+    assert record["errors"] == {outcome.error: 1} and record["per_request"]["timing_ms"] == [None]
 
 
 def test_bench_serves_target_reads_a_sized_answer_without_aiohttps_read(monkeypatch):

@@ -96,3 +96,25 @@ def test_records_lists_what_is_stale_and_never_fails_unless_strict(capsys):
     stale = [line for line in out.splitlines() if " stale" in line and line.startswith("data/")]
     assert out.strip().splitlines()[-1].startswith(f"{len(stale)} of ")
     assert main(["records", "--strict"]) == (1 if stale else 0)
+
+
+def test_a_serve_record_keeps_each_requests_split_and_reads_one_made_before_it(tmp_path):
+    """bench-serve's runs keep each request's Server-Timing (per_request.timing_ms, None for a request without
+    one); a record made before has none and still reads, and is written back as it was, its fields in their order."""
+    from glmvit.records import ServeRecord
+
+    old = records.DATA / "bench" / "serve_video8x224_h200.json"
+    record = records.load(old, ServeRecord)
+    assert "timing_ms" not in record.runs[0]["per_request"] and records.to_json(record) == old.read_text()
+    run = {**record.runs[0], "per_request": {"ok": [True, False], "sent_s": [0.0, 0.1], "tte_ms": [5.0, 1.0],
+                                             "queue_ms": [1.0, None],
+                                             "timing_ms": [{"read": 0.5, "queue": 1.0}, None]}}
+    new = make(ServeRecord, provenance={}, settings={}, runs=[run])
+    path = tmp_path / "serve.json"
+    path.write_text(records.to_json(new))
+    back = records.load(path, ServeRecord)
+    assert back.runs[0]["per_request"]["timing_ms"] == [{"read": 0.5, "queue": 1.0}, None]
+    assert list(back.runs[0]) == list(record.runs[0])  # the order bench-serve writes
+    with pytest.raises(ValueError, match=r"runs.0.per_request.timing_ms.0: Input should be a valid dictionary"):
+        records.parse({"kind": "serve", "provenance": {}, "settings": {},
+                       "runs": [{**run, "per_request": {**run["per_request"], "timing_ms": ["slow"]}}]}, ServeRecord)

@@ -27,6 +27,8 @@ from glmvit.cli.serve import build_parser, build_service, make_scheduler
 from glmvit.cli.serve_app import EncoderService, HttpLimits, ServerThread
 from glmvit.graphs import EncoderGraphRunner
 from glmvit.packing import BudgetConfig
+from glmvit.records import ServeRecord
+from glmvit.records import load as load_record
 from glmvit.scheduler import SWITCH_INTERVAL_S, BatchScheduler
 from glmvit.workloads import random_batch
 
@@ -677,6 +679,9 @@ def test_bench_serve_runs_the_seeds_workload_and_a_sweep_against_a_server(tiny_m
                                "write"] and split["decode"] > 0 and split["preprocess"] > 0
         assert run_["tokens_per_s"] == pytest.approx(256 * run_["items_per_s"])
         assert len(run_["per_request"]["queue_ms"]) == 6 and all(q >= 0 for q in run_["per_request"]["queue_ms"])
+        timings = run_["per_request"]["timing_ms"]  # each request's own Server-Timing: the phases before write
+        assert len(timings) == 6 and all(list(t) == list(split)[:-1] and min(t.values()) >= 0 for t in timings)
+        assert split["queue"] == pytest.approx(sum(t["queue"] for t in timings) / 6)
         assert run_["tte_ms"]["median"] >= run_["queue_ms"]["median"]
         assert run_["server"]["items"] == 6 and run_["server"]["batches"] >= 2  # 4 items at most per batch
     settings = record["settings"]
@@ -686,6 +691,8 @@ def test_bench_serve_runs_the_seeds_workload_and_a_sweep_against_a_server(tiny_m
     assert record["workload"]["grids"] == [[[4, 16, 16]]] * 6
     assert "bench-serve" in record["provenance"]["command"] and record["provenance"]["server_command"] == "test"
     assert record["floor"]["graph-emulated"] is None  # this test server measured no floor
+    assert load_record(out, ServeRecord).runs[0]["per_request"]["timing_ms"] == record["runs"][0]["per_request"][
+        "timing_ms"]  # the typed record reads it back
 
 
 def test_bench_serve_counts_refusals_apart_from_failures_with_their_reason(tiny_model, tmp_path, capsys):
