@@ -38,8 +38,8 @@ that replays in a budget and whose frames all have h·w = L then replays in that
 fits: its n·L rows are at most the budget's, so n ≤ ⌊rows/L⌋). The check is made once per layout, with the plan;
 ``stats.uniform_replays`` counts those replays, ``runner.uniform_captures`` their captures. The emulated mode
 routes the same way and runs ``uniform_attention`` there, so CPU tests cover the routing. ``uniform_min_rows``
-leaves out the budgets whose uniform shape would hold fewer rows (where the dense attention does not pay:
-``glmvit.uniform.DENSE_MIN_ROWS``).
+leaves out the budgets whose uniform shape would hold fewer rows, and the batches that hold fewer (where the dense
+attention does not pay: ``glmvit.uniform.DENSE_MIN_ROWS``); those replay in their budget's own graph.
 """
 from __future__ import annotations
 
@@ -531,10 +531,12 @@ class EncoderGraphRunner:
         return steps
 
     def uniform_graph(self, budget: int, grids: np.ndarray) -> CapturedBudget | None:
-        """The uniform graph of ``budget`` for a batch whose frames all have one h·w (None: they do not, or no
-        graph was captured for it). Every batch the budget holds fits there (:meth:`uniform_shape`)."""
+        """The uniform graph of ``budget`` for a batch whose frames all have one h·w (None: they do not, the batch
+        holds fewer than ``uniform_min_rows`` rows — the dense kernel computes its padding blocks too, so a part-full
+        graph is judged by the rows it holds — or no graph was captured for it). Every batch the budget holds fits
+        there (:meth:`uniform_shape`)."""
         frames = grids[:, 1] * grids[:, 2]
-        if (frames != frames[0]).any():
+        if (frames != frames[0]).any() or int((grids[:, 0] * frames).sum()) < self.uniform_min_rows:
             return None
         return self.uniform_graphs.get((budget, int(frames[0])))
 

@@ -4,8 +4,10 @@ A uniform graph (:mod:`glmvit.graphs`: a budget captured again for batches whose
 ``dense`` attention (:mod:`glmvit.attention`): the Triton rotation launch, then one SDPA over whole L-row segments,
 cuDNN's dense kernel. The rule here is read off the attention sweep recorded on the H200
 (``data/sweeps/attention_sweep_h200.json``, ``tools/attention_sweep.py``); ``tools/uniform_ab.py`` measures whole
-runners with and without uniform graphs. A module of its own, importing nothing: commands that plan a runner (bench,
-serve) read it without Triton installed.
+runners with and without uniform graphs. Measured on CUDA in half precision only (:func:`uniform_graphs_pay`):
+elsewhere the dense path is another computation (``apply_rotary``, then whatever SDPA kernel the device has) that
+nothing here timed. A module of its own, importing nothing: commands that plan a runner (bench, serve) read it
+without Triton installed.
 """
 from __future__ import annotations
 
@@ -30,3 +32,10 @@ def uniform_lengths_for(frames: Iterable[tuple[int, int]]) -> tuple[int, ...]:
         rows[length] = rows.get(length, 0) + length * count
     total = sum(rows.values())
     return tuple(sorted(length for length, r in rows.items() if r >= UNIFORM_MIN_SHARE * total))
+
+
+def uniform_graphs_pay(device_type: str, dtype: str) -> bool:
+    """Whether the rule above was measured where a runner would apply it: a CUDA device (``device_type``) in
+    ``float16`` or ``bfloat16`` (``dtype``, torch's name), where the dense path is the Triton rotation launch and
+    cuDNN's dense SDPA. Elsewhere a default leaves uniform graphs out."""
+    return device_type == "cuda" and dtype in ("float16", "bfloat16")

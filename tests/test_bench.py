@@ -334,24 +334,36 @@ def test_throughput_counts_the_requests_timed_when_the_last_pass_stops_part_way(
     assert mode["tokens_per_s"] == pytest.approx((sum(tokens) + tokens[0] + tokens[1]) / 5e-3)
 
 
-@pytest.mark.parametrize("flags", [["--uniform-graphs", "auto"], ["--uniform-graphs", "off"],
-                                   ["--attn-backend", "sdpa_masked"]])
-def test_graph_modes_capture_uniform_graphs_for_the_workload_s_segment_lengths(tmp_path, flags):
-    """Two 448² images a request (1024-row frames): ``auto`` captures 1024-row uniform graphs at the budgets whose
-    uniform shape holds glmvit.uniform.DENSE_MIN_ROWS rows or more, and every request replays there; ``off``, or an
-    attention backend named (that kernel everywhere), none. The record's settings name the lengths."""
-    from glmvit.uniform import DENSE_MIN_ROWS
+@pytest.mark.parametrize(("flags", "measured"), [(["--uniform-graphs", "auto"], True),
+                                               (["--uniform-graphs", "auto"], False),
+                                               (["--uniform-graphs", "off"], True),
+                                               (["--attn-backend", "sdpa_masked"], True)])
+def test_graph_modes_capture_uniform_graphs_for_the_workload_s_segment_lengths(tmp_path, monkeypatch, flags, measured):
+    """Two 448² images a request (1024-row frames). ``auto`` where the rule was measured (CUDA in half precision:
+    stood in for here by patching glmvit.uniform.uniform_graphs_pay) captures 1024-row uniform graphs at the budgets
+    whose uniform shape holds DENSE_MIN_ROWS rows or more (512 tokens: 2048 rows; 256: 1024), and every request
+    replays there; on this CPU in fp32 as it is, ``off``, or an attention backend named (that kernel everywhere),
+    none. The record's settings name the lengths."""
+    from glmvit.cli import bench
 
+    monkeypatch.setattr(bench, "uniform_graphs_pay", lambda device, dtype: measured)
     path = tmp_path / "b.json"
     assert main([*CPU_ARGS, "--bucket-config", "{(448, 448, 1): 1.0}", "--items-per-request", "2",
                  "--modes", "eager,graph", *flags, "--json", str(path)]) == 0
     r = json.loads(path.read_text())
     graph = r["modes"]["graph-emulated"]
-    if flags != ["--uniform-graphs", "auto"]:
+    if not (measured and flags == ["--uniform-graphs", "auto"]):
         assert r["settings"]["uniform_lengths"] == [] and graph["uniform_captured"] == []
         assert graph["runner"]["uniform_replays"] == 0
         return
     assert r["settings"]["uniform_lengths"] == [1024]
-    captured = {budget for budget, length in graph["uniform_captured"]}
-    assert captured == {b for b in graph["budgets"] if b * 4 // 1024 * 1024 >= DENSE_MIN_ROWS} and captured
+    assert graph["budgets"] == [64, 128, 256, 512]
+    assert graph["uniform_captured"] == [[256, 1024], [512, 1024]]
     assert graph["runner"]["uniform_replays"] == graph["runner"]["replays"] == graph["timed_requests"]
+
+
+def test_uniform_graphs_pay_only_where_the_rule_was_measured():
+    from glmvit.uniform import uniform_graphs_pay
+
+    assert uniform_graphs_pay("cuda", "bfloat16") and uniform_graphs_pay("cuda", "float16")
+    assert not uniform_graphs_pay("cuda", "float32") and not uniform_graphs_pay("cpu", "bfloat16")

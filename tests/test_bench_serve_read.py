@@ -145,3 +145,12 @@ def test_bench_serves_target_reads_a_sized_answer_without_aiohttps_read(monkeypa
     outcome: Outcome = asyncio.run(asyncio.wait_for(serving(encode, send), 60))
     assert outcome.ok and outcome.error is None, outcome.error
     assert outcome.queue_ms == 2.5 and outcome.timing_ms == {"read": 1.5, "queue": 2.5}
+
+
+def test_an_answer_declaring_more_than_the_cap_is_read_as_aiohttp_reads_it(monkeypatch):
+    """A Content-Length past MAX_SIZED_ANSWER is never allocated on the server's word: read() reads what comes."""
+    from glmvit.cli import bench_serve
+
+    monkeypatch.setattr(bench_serve, "MAX_SIZED_ANSWER", len(BODY) - 1)
+    body, headers = read_from(whole)
+    assert int(headers["Content-Length"]) == len(BODY) and isinstance(body, bytes) and body == BODY

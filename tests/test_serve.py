@@ -134,7 +134,7 @@ def test_the_switch_interval_flag_reaches_the_scheduler(tiny_model, flag, second
 
 def test_uniform_lengths_reach_the_runner_and_its_uniform_graphs_take_their_batches(tiny_model, tiny_config):
     """``--uniform-lengths 16``: the runner captures 16-row uniform graphs where they hold DENSE_MIN_ROWS rows (the
-    rule is patched to 64 rows: budget 16's 64 rows, not budget 8's 32), and a batch of 16-row frames replays there."""
+    rule is patched to 64 rows: budget 16's 64 rows, not budget 8's 32), and 64 rows of 16-row frames replay there."""
     from glmvit import encoder as encoder_module
 
     parser = build_parser()
@@ -146,7 +146,7 @@ def test_uniform_lengths_reach_the_runner_and_its_uniform_graphs_take_their_batc
         scheduler, runner = make_scheduler(tiny_model, "graph", args)
     try:
         assert runner is not None and set(runner.uniform_graphs) == {(16, 16)}
-        grids = [[1, 4, 4], [2, 4, 4]]
+        grids = [[2, 4, 4], [2, 4, 4]]  # 64 rows of 16-row frames: budget 16, full
         pixels, grid = random_batch(grids, tiny_config, seed=52)
         runner.run(pixels, grid)
         assert runner.stats.uniform_replays == 1

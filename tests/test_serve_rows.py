@@ -278,6 +278,23 @@ def test_bench_serve_spawns_its_server_with_rows_and_its_record_names_them():
             bench_serve.check_args(parser, parser.parse_args(argv), argv)
 
 
+def test_bench_serve_spawns_its_server_with_uniform_lengths_and_a_client_at_a_url_drops_them():
+    """--uniform-lengths reaches the spawned server (and names itself in the record's settings); a client sent at a
+    URL (the record run's) drops it; given with --url it is refused: the running server has its own."""
+    argv = ["--spawn", "--workload", "img1x224", "--num-prompts", "2", "--uniform-lengths", "1024,256"]
+    parser = bench_serve.build_parser()
+    args = parser.parse_args(argv)
+    bench_serve.check_args(parser, args, argv)
+    child = bench_serve.serve_argv(args, "graph", bench_serve.build_workload(args))
+    assert child[child.index("--uniform-lengths") + 1] == "256,1024"
+    assert serve.parse_args(child[4:])[1].uniform_lengths == (256, 1024)
+    assert bench_serve.client_argv(["--workload", "x", "--uniform-lengths", "256", "--seed", "1"]) == [
+        "--workload", "x", "--seed", "1"]
+    argv = ["--url", "http://127.0.0.1:9", "--workload", "img1x224", "--uniform-lengths", "256"]
+    with pytest.raises(SystemExit):
+        bench_serve.check_args(parser, parser.parse_args(argv), argv)
+
+
 def test_the_rows_host_job_is_the_default_serve_jobs_load_with_host_rows():
     """The A/B that decides --rows' default: serve_video8x224's load, graph-compiled, its server given --rows host;
     the merged record names it and the README table marks it."""
@@ -303,3 +320,15 @@ def test_host_rows_cost_the_engine_no_kernel(tmp_path, monkeypatch):
     monkeypatch.setattr(serve_media, "rows_from_frames", lambda *a, **k: pytest.fail("rows made again"))
     rows = serve_backend.device_rows(serve_media.RequestMedia([made]), torch.device("cpu"), torch.float32)
     assert rows.shape == (int(np.prod(made.grid_thw, axis=1).sum()), 1176) and os.listdir(tmp_path) == []
+
+
+def test_rows_host_refuses_to_start_without_a_shared_folder(monkeypatch, capsys):
+    """--rows host with no room on /dev/shm would hand frames for every request while saying "host": refused at the
+    start, in one line, before the model is built."""
+    monkeypatch.setattr(serve, "no_room", lambda: "/dev/shm has 12 MiB free")
+    monkeypatch.setattr(serve, "build_service", lambda *a, **k: pytest.fail("it went on to build the service"))
+    with pytest.raises(SystemExit) as exited:
+        serve.main(["--device", "cpu", "--api-servers", "1", "--rows", "host"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "--rows host needs a shared-memory folder: /dev/shm has 12 MiB free (see --help)")

@@ -157,17 +157,21 @@ def test_a_compiled_capture_has_room_for_the_uniform_graphs_too(tiny_model, monk
 
 def test_uniform_min_rows_leaves_out_the_budgets_whose_uniform_shape_is_smaller(tiny_model, tiny_config):
     """Budgets 8, 16, 32 tokens hold 32, 64, 128 rows: with 64 rows at least, budget 8's 16-row graph (32 rows) is
-    not captured, and a batch there replays in its ordinary graph; budget 16's still takes its uniform batches."""
+    not captured, and a batch there replays in its ordinary graph; budget 16's takes its uniform batches of 64 rows,
+    not one of 48 (the dense kernel would compute the padding block too)."""
     runner = EncoderGraphRunner(tiny_model, CONFIG, mode="emulate", uniform_lengths=(16,), uniform_min_rows=64
                                 ).capture()
     assert set(runner.uniform_graphs) == {(16, 16), (32, 16)}
     pixels, grid = random_batch([[1, 4, 4]], tiny_config, seed=50)  # 16 rows: budget 8
     assert_items_match_forward(tiny_model, runner.run(pixels, grid), pixels, [[1, 4, 4]])
     assert runner.stats.replays == 1 and runner.stats.uniform_replays == 0
-    grids = [[1, 4, 4], [2, 4, 4]]  # 48 rows: budget 16
-    pixels, grid = random_batch(grids, tiny_config, seed=51)
-    assert_items_match_forward(tiny_model, runner.run(pixels, grid), pixels, grids)
-    assert runner.stats.uniform_replays == 1
+    for grids, uniform_replays in (([[1, 4, 4], [2, 4, 4]], 0), ([[2, 4, 4], [2, 4, 4]], 1)):  # 48, 64 rows: budget 16
+        runner.stats.reset()
+        pixels, grid = random_batch(grids, tiny_config, seed=51)
+        assert_items_match_forward(tiny_model, runner.run(pixels, grid), pixels, grids)
+        assert runner.stats.replays == 1 and runner.stats.uniform_replays == uniform_replays, grids
+    assert runner.uniform_graph(16, np.array([[2, 4, 4], [2, 4, 4]])) is runner.uniform_graphs[16, 16]
+    assert runner.uniform_graph(16, np.array([[1, 4, 4], [2, 4, 4]])) is None
 
 
 @pytest.mark.parametrize("rows", [-1, True, 1.5])

@@ -71,7 +71,7 @@ from ..timing import (
     time_calls,
     time_passes,
 )
-from ..uniform import uniform_lengths_for
+from ..uniform import uniform_graphs_pay, uniform_lengths_for
 from ..workloads import PRESETS, MMItem, random_mm_workload
 from .common import (
     DTYPES,
@@ -179,6 +179,8 @@ def make_mode(mode: str, model: GlmVisionEncoder, budget_config: BudgetConfig, r
             runner, capture_s, reserved = capture_timed(build, device)
         record.update(capture_s=capture_s, runner_mode=runner.mode.value,
                       uniform_captured=sorted([b, n] for b, n in runner.uniform_graphs),
+                      uniform_capture={f"{b}x{n}": c.as_dict() for (b, n), c in runner.uniform_captures.items()},
+                      uniform_capture_failed={f"{b}x{n}": v for (b, n), v in runner.uniform_failed.items()},
                       routing=table.describe() if table else "off: a batch replays whenever a budget holds it",
                       capture={str(k): v.as_dict() for k, v in runner.captures.items()},
                       capture_failed={str(k): v for k, v in runner.failed.items()})
@@ -202,10 +204,13 @@ def make_mode(mode: str, model: GlmVisionEncoder, budget_config: BudgetConfig, r
 
 
 def uniform_lengths(args: argparse.Namespace, requests: list[list[MMItem]]) -> tuple[int, ...]:
-    """The segment lengths the graph modes capture uniform graphs for: ``--uniform-graphs auto`` (with the device's
-    own attention backend: an ``--attn-backend`` given asks for that kernel everywhere) takes the workload's
-    (:func:`~glmvit.kernels.attention_table.uniform_lengths_for`); ``off``, none."""
-    if args.uniform_graphs == "off" or args.attn_backend:
+    """The segment lengths the graph modes capture uniform graphs for: ``--uniform-graphs auto`` takes the
+    workload's (:func:`~glmvit.uniform.uniform_lengths_for`) where the rule was measured
+    (:func:`~glmvit.uniform.uniform_graphs_pay`: CUDA, half precision) and with the device's own attention backend
+    (an ``--attn-backend`` given asks for that kernel everywhere); ``off``, none."""
+    dtype = str(DTYPES[args.dtype]).removeprefix("torch.")
+    if args.uniform_graphs == "off" or args.attn_backend or not uniform_graphs_pay(torch.device(args.device).type,
+                                                                                     dtype):
         return ()
     return uniform_lengths_for((item.grid[1] * item.grid[2], item.grid[0]) for r in requests for item in r)
 
@@ -574,7 +579,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--uniform-graphs", choices=("auto", "off"), default="auto",
                    help="graph modes also capture graphs for batches whose segments all have one length, run with "
                         "the dense attention (glmvit.graphs): auto (default) = for the lengths that make up a large "
-                        "share of the workload's rows, with the device's default attention backend; off = none")
+                        "share of the workload's rows, on CUDA in fp16/bf16 with the device's default attention "
+                        "backend; off = none")
     m.add_argument("--threads", type=int_in(1, os.cpu_count() or 1), default=None, help="torch.set_num_threads(N) "
                    "first (CPU runs; on a busy machine 1 is the least noisy)")
     m.add_argument("--precision", type=float_in(0, 1), default=PRECISION,

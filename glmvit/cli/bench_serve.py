@@ -302,17 +302,21 @@ def media_bodies(workload: Workload, seed: int) -> tuple[list[bytes], dict[str, 
 READ_BUFFER = 16 << 20  # bytes a response may buffer before reading pauses
 
 
+MAX_SIZED_ANSWER = 1 << 30  # bytes: the largest Content-Length read_body allocates up front (answers are megabytes)
+
+
 async def read_body(response: aiohttp.ClientResponse) -> bytes | bytearray:
     """``response``'s body. One with a Content-Length and no Content-Encoding is read into one ``bytearray`` of that
     length, each chunk aiohttp's reader holds (``readchunk``: the chunks as they came off the socket, never joined)
     copied into its place: one copy of each byte, and at most the answer and the chunks not read yet held at once.
     ``response.read()`` joins the chunks buffered at each wake-up (``readany``), then every block at the end: up to
     twice the answer held, and copied twice. A coded body (aiohttp inflates it: its length is not the Content-Length)
-    or one without a length is read by ``read()``. A body that ends short of its Content-Length is an
+    or one without a length, or one declaring more than :data:`MAX_SIZED_ANSWER` bytes (never allocated on a
+    server's word), is read by ``read()``. A body that ends short of its Content-Length is an
     ``aiohttp.ClientPayloadError``."""
     length = response.content_length
     coding = response.headers.get("Content-Encoding", "identity").strip().lower()
-    if length is None or coding not in ("", "identity"):
+    if length is None or length > MAX_SIZED_ANSWER or coding not in ("", "identity"):
         return await response.read()
     body = bytearray(length)
     filled = 0
@@ -653,7 +657,8 @@ def serve_argv(args: argparse.Namespace, mode: str, workload: Workload) -> list[
     for flag, value in (("--budgets", ",".join(map(str, args.budgets)) if args.budgets else None),
                         ("--max-items", args.max_items), ("--max-segments", args.max_segments),
                         ("--attn-backend", args.attn_backend), ("--decode-workers", args.decode_workers),
-                        ("--api-servers", args.api_servers), ("--rows", args.rows)):
+                        ("--api-servers", args.api_servers), ("--rows", args.rows),
+                        ("--uniform-lengths", ",".join(map(str, args.uniform_lengths)) or None)):
         if value is not None:
             argv += [flag, str(value)]
     return argv
@@ -808,7 +813,9 @@ def check_url(parser: argparse.ArgumentParser, url: str) -> None:
         parser.error(f"--url {shown(url)}: expected http://HOST:PORT")
 
 
-SPAWN_ONLY = ("--decode-workers", "--api-servers", "--rows")  # the spawned server's flags: a running one has its own
+# the flags that configure the server bench-serve starts (--spawn; --uniform-lengths also --in-process's scheduler):
+# a running one has its own, so a client sent at a URL drops them
+SPAWN_ONLY = ("--decode-workers", "--api-servers", "--rows", "--uniform-lengths")
 
 
 def client_argv(argv: list[str]) -> list[str]:
@@ -835,6 +842,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: 
         parser.error("--api-servers applies to --spawn (a running server has its own; --in-process has no HTTP)")
     if args.rows is not None and not args.spawn:
         parser.error("--rows applies to --spawn (a running server has its own; --in-process decodes nothing)")
+    if args.uniform_lengths and args.url:
+        parser.error("--uniform-lengths applies to --spawn and --in-process (a running server has its own)")
     refuse_preset_flags(parser, args)
     if args.url:
         check_url(parser, args.url)
@@ -888,7 +897,7 @@ def main(argv: list[str] | None = None, session: Session | None = None) -> int:
                                   "max_queue": queue_requests(args, workload),
                                   "max_queue_tokens": queue_tokens(args, workload), "max_queue_mb": args.max_queue_mb,
                                   "attn_backend": args.attn_backend,
-                                  "uniform_lengths": list(getattr(args, "uniform_lengths", ())),
+                                  "uniform_lengths": None if args.url else list(args.uniform_lengths),
                                   "decode_workers": args.decode_workers,
                                   "api_servers": args.api_servers, "rows": args.rows},
                      "arrivals": "gamma(burstiness, 1/(rate·burstiness)) gaps after each request, all at 0 for inf",

@@ -39,7 +39,7 @@ from ..random_weights import random_encoder
 from ..records import KernelsProfile, make
 from ..rotary import rotary_cos_sin
 from ..timing import summarise, time_to_precision
-from ..uniform import uniform_lengths_for
+from ..uniform import DENSE_MIN_ROWS
 from ..workloads import random_batch
 from .common import Parser, check_writable, output_path, vision_config, write_record
 
@@ -125,6 +125,13 @@ def _one_length(grids: list) -> bool:
     return len({h * w for _, h, w in grids}) == 1
 
 
+def _uniform_rows(budget_rows: int, grids: list) -> int:
+    """The rows a one-length layout's batch holds if a uniform graph of a budget of ``budget_rows`` rows has room
+    for one of its segments (0 if not): what :meth:`~glmvit.graphs.EncoderGraphRunner.uniform_graph` judges."""
+    length = grids[0][1] * grids[0][2]
+    return sum(t * h * w for t, h, w in grids) if budget_rows // length else 0
+
+
 def profile_replays(model, layouts: dict[str, list], backends: list[str], quiet: bool) -> dict[str, Any]:
     """Kernel profile and replay times, per backend × compiled × layout.
 
@@ -135,8 +142,9 @@ def profile_replays(model, layouts: dict[str, list], backends: list[str], quiet:
     to ±:data:`REPLAY_PRECISION` (:data:`REPLAY_RUNS`: the least and most runs; ``runs`` says how many ran) —,
     ``graph_gpu_us_per_call`` (its kernels' busy time) and ``gaps_us_per_call`` (device − busy: the boundaries
     inside the graph, where the GPU waits for the next kernel to start). ``uniform-compiled``: the first backend's
-    compiled runner with uniform graphs (:func:`~glmvit.uniform.uniform_lengths_for` the one-length layouts), on
-    the layouts whose batch it replays in one (the dense attention); absent where none does.
+    compiled runner with uniform graphs for every one-length layout's segment length (``build_encoder``'s, from
+    :data:`~glmvit.uniform.DENSE_MIN_ROWS` rows), on the layouts whose batch it replays in one (the dense
+    attention); absent, and never captured, where none does.
     """
     merge = model.config.spatial_merge_size
     tokens = {name: ItemSpec.total(grid_specs(g, merge)).tokens for name, g in layouts.items()}
@@ -148,7 +156,11 @@ def profile_replays(model, layouts: dict[str, list], backends: list[str], quiet:
     variants = [(b, compiled, "blocks") for b in backends for compiled in (False, True)]
     variants.append((backends[0], True, "model"))  # the whole forward compiled as one: what regions cost
     variants.append((backends[0], True, "uniform"))  # the uniform graphs a runner replays on one-length layouts
-    lengths = uniform_lengths_for((h * w, t) for g in layouts.values() for t, h, w in g if _one_length(g))
+    # every one-length layout's segment length, whatever its share: the profile asks which graph each layout takes
+    lengths = tuple(sorted({g[0][1] * g[0][2] for g in layouts.values() if _one_length(g)}))
+    if not any(_uniform_rows(tokens[name] * model.config.merge_area, g) >= DENSE_MIN_ROWS
+               for name, g in layouts.items() if _one_length(g)):
+        variants.pop()  # no layout would replay in a uniform graph: nothing to capture
     out: dict[str, Any] = {}
     replays: dict[str, dict[str, tuple[Callable[[], Any], Callable[[], Any]]]] = {}
     for backend, compiled, scope in variants:

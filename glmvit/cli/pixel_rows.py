@@ -94,8 +94,10 @@ class PixelRows:
         try:
             with open(path, "wb") as f:
                 for chunk in chunks:
+                    if chunk.ndim != 2:
+                        raise ValueError(f"a chunk of {tuple(chunk.shape)}: chunks are (rows, width)")
                     first = chunk if first is None else first
-                    if chunk.ndim != 2 or chunk.shape[1] != first.shape[1] or chunk.dtype != first.dtype:
+                    if chunk.shape[1] != first.shape[1] or chunk.dtype != first.dtype:
                         raise ValueError(f"a chunk of {tuple(chunk.shape)} {chunk.dtype} after chunks of width "
                                          f"{first.shape[1]} in {first.dtype}")
                     chunk.contiguous().view(torch.uint8).numpy().tofile(f)

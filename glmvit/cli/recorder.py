@@ -407,6 +407,8 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
             one_process = sargs.api_servers == 1  # else the API server processes decode, each with its own pool
             if not one_process and (why := no_room()):
                 raise RuntimeError(f"--api-servers {sargs.api_servers} needs a shared-memory folder: {why}")
+            if sargs.rows == "host" and (why := no_room()):  # else every request would hand frames, as device does
+                raise RuntimeError(f"--rows host needs a shared-memory folder: {why}")
             this = {"api_servers": sargs.api_servers, "decode_workers": sargs.decode_workers, "rows": sargs.rows}
             if served and this != served:  # one record names one server configuration: every mode's
                 raise RuntimeError(f"[serve] {mode}: its server's processes {this} differ from the job's earlier "

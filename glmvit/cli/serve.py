@@ -33,6 +33,7 @@ from ..deployment import check_budget_fits
 from ..encoder import EagerEncoder, build_encoder
 from ..floor import measure_copy_bandwidth, measure_matmul_tflops, weight_bytes
 from ..graphs import EncoderGraphRunner
+from ..metadata import MAX_ROWS
 from ..model import GlmVisionEncoder
 from ..modes import RunMode
 from ..packing import SERVING_LARGEST_BUDGET, SERVING_MAX_ITEMS, BudgetConfig
@@ -111,9 +112,8 @@ def uniform_lengths_arg(text: str) -> tuple[int, ...]:
             value = int(part.strip())
         except ValueError:
             raise argparse.ArgumentTypeError(f"{part.strip()!r} is not a whole number of rows") from None
-        if not 0 < value <= MAX_BUDGET_TOKENS * 4:
-            raise argparse.ArgumentTypeError(f"{value} rows: a segment length is between 1 and "
-                                             f"{MAX_BUDGET_TOKENS * 4}")
+        if not 0 < value <= MAX_ROWS:
+            raise argparse.ArgumentTypeError(f"{value} rows: a segment length is between 1 and {MAX_ROWS}")
         lengths.append(value)
     return tuple(sorted(set(lengths)))
 
@@ -290,6 +290,8 @@ def build_service(args: argparse.Namespace, command: str, model: GlmVisionEncode
     source = session.source_of(runner) if session is not None and runner is not None else None
     extra = {"attn_backend": scheduler.encoder.attention,
              "uniform_lengths": list(runner.uniform_lengths) if runner else [],
+             "uniform_capture": {f"{b}x{n}": c.as_dict() for (b, n), c in runner.uniform_captures.items()}
+             if runner else None,
              "floor": measure_floor(model, floor) if args.measure_floor else None,
              "capture": {str(k): v.as_dict() for k, v in runner.captures.items()} if runner else None,
              "capture_failed": {str(k): v for k, v in runner.failed.items()} if runner else None,
@@ -356,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     if args.api_servers > 1 and (why := no_room()):
         parser.error(f"--api-servers {args.api_servers} needs a shared-memory folder: {why}")
+    if args.rows == "host" and (why := no_room()):  # else every request would hand frames, as device does
+        parser.error(f"--rows host needs a shared-memory folder: {why}")
     logging.basicConfig(level=logging.WARNING, format="glmvit serve: %(message)s")
     service = build_service(args, " ".join([sys.executable, "-m", "glmvit", "serve", *argv]),
                             start_decode=args.api_servers == 1)

@@ -45,14 +45,15 @@ def runner_key(model: GlmVisionEncoder, mode: str, budgets: BudgetConfig, attent
     """Everything that decides what a graph runner captures and how it routes: the model (its weights, config,
     dtype and device: one object per session), the run mode (graph or graph-compiled), whether graphs are real or
     emulated on its device, the budgets and batch limits, the attention backend, the compile scope, the segment
-    lengths it captures uniform graphs for, and the latency table it routes by (by content: the same table read
-    twice is one key)."""
+    lengths it captures uniform graphs for and from how many rows (:func:`~glmvit.encoder.build_encoder`'s), and
+    the latency table it routes by (by content: the same table read twice is one key)."""
     from ..modes import GraphMode, RunMode
+    from ..uniform import DENSE_MIN_ROWS
 
     routing = hashlib.sha256(repr(table).encode()).hexdigest() if table is not None else None
+    uniform = (tuple(sorted(set(uniform_lengths))), DENSE_MIN_ROWS if uniform_lengths else 0)
     return (id(model), str(model.device), str(model.dtype), RunMode.parse(mode).value,
-            GraphMode.for_device(model.device).value, budgets, attention, compile_scope, tuple(uniform_lengths),
-            routing)
+            GraphMode.for_device(model.device).value, budgets, attention, compile_scope, uniform, routing)
 
 
 def capture_timed(build: Callable[[], EncoderGraphRunner], device: torch.device) -> tuple[EncoderGraphRunner,
