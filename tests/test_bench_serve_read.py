@@ -96,19 +96,24 @@ def test_a_compressed_or_length_less_answer_is_read_as_aiohttp_reads_it(handler,
         assert "Content-Length" not in headers
 
 
-def test_a_body_short_of_its_content_length_is_a_failure_of_one_line():
-    workload = Workload([np.array([[1, 4, 4]])], [[4]], [0], [], {})
+WORKLOAD = Workload([np.array([[1, 4, 4]])], [[4]], [0], [], {})  # one item of 4 tokens
 
+
+def one_request(handler) -> Outcome:
+    """What bench-serve's HttpTarget makes of one request answered by ``handler`` (a width-8 model)."""
     async def send(url):
-        target = HttpTarget(url, workload, {"vision_config": {"out_hidden_size": 8}}, "float32", 30.0, [b"{}"])
+        target = HttpTarget(url, WORKLOAD, {"vision_config": {"out_hidden_size": 8}}, "float32", 30.0, [b"{}"])
         async with target:
             return await target.send(0)
+    return asyncio.run(asyncio.wait_for(serving(handler, send), 60))
 
-    outcome: Outcome = asyncio.run(asyncio.wait_for(serving(short, send), 60))
+
+def test_a_body_short_of_its_content_length_is_a_failure_of_one_line():
+    outcome = one_request(short)
     assert not outcome.ok and not outcome.refused and outcome.error is not None
     assert outcome.error.startswith("ClientPayloadError: ") and "\n" not in outcome.error, outcome.error
     args = argparse.Namespace(burstiness=1.0, max_concurrency=None)
-    record = run_record("graph", float("inf"), args, workload, [outcome], 1.0, {"busy_s": 0.0}, None)
+    record = run_record("graph", float("inf"), args, WORKLOAD, [outcome], 1.0, {"busy_s": 0.0}, None)
     assert (record["successful"], record["refused"], record["failed"]) == (0, 0, 1)
     assert record["errors"] == {outcome.error: 1} and record["per_request"]["timing_ms"] == [None]
 
@@ -135,14 +140,7 @@ def test_bench_serves_target_reads_a_sized_answer_without_aiohttps_read(monkeypa
         raise AssertionError("response.read() was called")
 
     monkeypatch.setattr(aiohttp.ClientResponse, "read", never)
-    workload = Workload([np.array([[1, 4, 4]])], [[4]], [0], [], {})
-
-    async def send(url):
-        target = HttpTarget(url, workload, {"vision_config": {"out_hidden_size": 8}}, "float32", 30.0, [b"{}"])
-        async with target:
-            return await target.send(0)
-
-    outcome: Outcome = asyncio.run(asyncio.wait_for(serving(encode, send), 60))
+    outcome = one_request(encode)
     assert outcome.ok and outcome.error is None, outcome.error
     assert outcome.queue_ms == 2.5 and outcome.timing_ms == {"read": 1.5, "queue": 2.5}
 

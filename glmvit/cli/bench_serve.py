@@ -328,8 +328,6 @@ async def read_body(response: aiohttp.ClientResponse) -> bytes | bytearray:
                     raise aiohttp.ClientPayloadError(f"the answer ended after {filled:,} of its {length:,} bytes "
                                                      "(Content-Length)")
                 continue  # the end of an HTTP chunk: no data
-            if filled + len(chunk) > length:
-                raise aiohttp.ClientPayloadError(f"the answer is longer than its Content-Length ({length:,} bytes)")
             view[filled : filled + len(chunk)] = chunk
             filled += len(chunk)
     return body

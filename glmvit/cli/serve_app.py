@@ -547,9 +547,9 @@ class EncoderService:
             except WorkerDied as err:
                 raise BadRequest(f"internal error: {err}", 500) from None
             # preprocess: the worker's resizing, and the rows it made if it did (those made on the model's device
-            # are the backend's); decode:
-            # everything else from the body read to the frames here (the waits for the request's turns in the
-            # decode pool, the parse, the files' checks, the media decoded into pixels, the hand-overs)
+            # are the backend's); decode: everything else from the body read to the frames here (the waits for the
+            # request's turns in the decode pool, the parse, the files' checks, the media decoded into pixels, the
+            # hand-overs)
             timing["preprocess"] = media.timing["preprocess"]
             timing["decode"] = time.perf_counter() - read - media.timing["preprocess"]
             return media

@@ -56,7 +56,16 @@ import torch
 from ..config import VisionConfig
 from ..records import fingerprint_now
 from .pixel_rows import no_room, remove_shared_dir, shared_dir
-from .serve_app import BACKLOG, EncoderService, HttpLimits, default_decode_pool, format_url, run_server, usable_cpus
+from .serve_app import (
+    BACKLOG,
+    DEFAULT_ROWS,
+    EncoderService,
+    HttpLimits,
+    default_decode_pool,
+    format_url,
+    run_server,
+    usable_cpus,
+)
 from .serve_backend import LocalBackend
 from .serve_link import EngineLink, ModelFacts, RemoteBackend
 from .serve_media import MediaLimits
@@ -102,7 +111,7 @@ class FrontendSpec:
     dtype: str
     mode: str
     shared: str  # the engine's shared-memory folder: frames and rows are written there, answers read from there
-    rows: str = "device"  # where media's pixel rows are made: serve --rows (EncoderService's rows)
+    rows: str = DEFAULT_ROWS  # where media's pixel rows are made: serve --rows (EncoderService's rows)
 
 
 def share_bounds(limits: HttpLimits, decode_queue: int, count: int) -> tuple[HttpLimits, int]:
