@@ -4,7 +4,7 @@ import argparse
 import pytest
 import torch
 
-from tools import blas_ab, pdl_ab, qkv_rope_ab, swiglu_ab
+from tools import autotune_ab, blas_ab, pdl_ab, qkv_rope_ab, swiglu_ab
 from tools.ab_common import aligned_attrs, parse_rows
 
 
@@ -38,7 +38,8 @@ def test_each_gemm_ab_refuses_bad_rows_and_a_machine_without_cuda(tool, capsys):
             f"{tool.__name__.rsplit('.', 1)[1]} times CUDA kernels: this machine has no CUDA device")
 
 
-@pytest.mark.parametrize("tool, what", [(blas_ab, "CUDA matmuls"), (pdl_ab, "CUDA graphs")], ids=["blas_ab", "pdl_ab"])
+@pytest.mark.parametrize("tool, what", [(blas_ab, "CUDA matmuls"), (pdl_ab, "CUDA graphs"),
+                                        (autotune_ab, "CUDA graphs")], ids=["blas_ab", "pdl_ab", "autotune_ab"])
 def test_each_whole_image_ab_refuses_bad_rows_and_a_machine_without_cuda(tool, what, capsys):
     """Their shared command line (ab_common.whole_image_rows, cuda_here): one line for bad rows, one without CUDA."""
     for rows, message in (("256,x", "a comma list of integers"), ("300", "multiple of 256")):

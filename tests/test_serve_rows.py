@@ -314,6 +314,28 @@ def test_the_rows_host_job_is_the_default_serve_jobs_load_with_host_rows():
     assert serve_label({"target": "in-process", "batching": {}}) == ", *in process*"
 
 
+def test_the_uniform_job_is_the_default_serve_jobs_load_with_uniform_graphs_for_the_clips_segments():
+    """The A/B of a server told its traffic: serve_video8x224's load, graph-compiled, its server given
+    --uniform-lengths 256 (one 224² frame pair: 16 × 16 patches); the merged record names it, the README marks it."""
+    from glmvit.cli import recorder
+    from glmvit.workloads import PRESETS
+    from tools.readme_results import SERVE_RECORDS, serve_label
+
+    jobs = {j.name: j for j in recorder.jobs()}
+    job, base = jobs["serve_video8x224_uniform"], jobs["serve_video8x224"]
+    assert job.argv == (*base.argv, "--uniform-lengths", "256") and job.modes == ("graph-compiled",)
+    (bucket,) = PRESETS["video8x224"].bucket_config
+    assert (bucket[0] // 14) * (bucket[1] // 14) == 256  # the workload's one segment length
+    assert job.name in SERVE_RECORDS
+    part = json.loads((recorder.REPO / "data" / "bench" / "serve_video8x224_h200.json").read_text())
+    served = {"api_servers": 4, "decode_workers": 12, "rows": "device", "uniform_lengths": [256]}
+    merged = recorder.merge_serve([part], job, served)
+    settings = merged.settings if isinstance(merged.settings, dict) else merged.settings.model_dump()
+    assert settings["batching"]["uniform_lengths"] == [256] and "--uniform-lengths" in settings["servers"]
+    assert serve_label(settings) == ", *uniform 256*"
+    assert serve_label({"batching": {"uniform_lengths": []}}) == ""
+
+
 def test_host_rows_cost_the_engine_no_kernel(tmp_path, monkeypatch):
     """The engine's rows step on rows made in a worker maps and copies them: rows_from_frames never runs there."""
     made = prepare_media("files", uploads()[:2], MediaLimits(), 4, folder=str(tmp_path), rows="float32")

@@ -218,7 +218,7 @@ def seed_lines() -> list[str]:
 
 # every bench-serve job's record
 SERVE_RECORDS = ("serve_video8x224", "serve_video8x224_one_process", "serve_video8x224_rows_host",
-                 "serve_video8x224_in_process", "serve_video8x224_sweep", "serve_mixed_av")
+                 "serve_video8x224_uniform", "serve_video8x224_in_process", "serve_video8x224_sweep", "serve_mixed_av")
 
 
 def serve_label(settings: dict[str, Any]) -> str:
@@ -226,8 +226,10 @@ def serve_label(settings: dict[str, Any]) -> str:
     batching = settings.get("batching") or {}
     if settings.get("target") == "in-process":
         return ", *in process*"
+    uniform = batching.get("uniform_lengths") or []
     return (", *one process*" if batching.get("api_servers") == 1 else "") + (
-        ", *rows on host*" if batching.get("rows") == "host" else "")
+        ", *rows on host*" if batching.get("rows") == "host" else "") + (
+        f", *uniform {','.join(map(str, uniform))}*" if uniform else "")
 
 
 def serve_lines() -> list[str]:
@@ -235,9 +237,10 @@ def serve_lines() -> list[str]:
     lines = ["**Served under load** (the record run's serve jobs: `bench-serve`'s load against the server `--spawn` "
              "would start, its HTTP side in the default API servers, except the row marked *one process* "
              "(`--api-servers 1`), its pixel rows made on the GPU, except the row marked *rows on host* "
-             "(`--rows host`: the decode processes make them); one H200, over HTTP on loopback, except the "
-             "row marked *in process*: the scheduler driven in the record's process, no HTTP; "
-             "time to embedding from request sent to answer read):", "",
+             "(`--rows host`: the decode processes make them), with no uniform graphs, except the row marked "
+             "*uniform 256* (`--uniform-lengths 256`: batches of one segment length take the dense attention); one "
+             "H200, over HTTP on loopback, except the row marked *in process*: the scheduler driven in the record's "
+             "process, no HTTP; time to embedding from request sent to answer read):", "",
              "| workload | mode | rate sent, req/s (share of saturation) | req/s | items/s | of floor rate | "
              "TTE median (P99) | queue median | items per batch |", "|---|---|---|---|---|---|---|---|---|"]
     for name in SERVE_RECORDS:

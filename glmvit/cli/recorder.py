@@ -153,6 +153,11 @@ STATIC_JOBS: tuple[Job, ...] = (  # in the order each phase runs them
     # engine process then only copies each request's rows to the GPU, leaving its GIL to the launch thread)
     _serve("serve_video8x224_rows_host", "video8x224", 400, "inf", ("graph-compiled",), 16,
            server=("--rows", "host")),
+    # the same load with uniform graphs for the clips' one segment length (serve --uniform-lengths 256: a 224² frame
+    # pair is 16 × 16 patches): the A/B of a server told its traffic, this record against serve_video8x224's
+    # graph-compiled run (batches of 1024 rows or more take the dense attention, glmvit.uniform)
+    _serve("serve_video8x224_uniform", "video8x224", 400, "inf", ("graph-compiled",), 18,
+           server=("--uniform-lengths", "256")),
     # the same load with no HTTP (the scheduler driven in this process): the serving target's in-process half
     _serve_in_process("serve_video8x224_in_process", "video8x224", 400, 8),
     # the serving target (P99 time to embedding at half the saturated rate ≤ 2× the unloaded median) on one shape,
@@ -409,7 +414,8 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
                 raise RuntimeError(f"--api-servers {sargs.api_servers} needs a shared-memory folder: {why}")
             if sargs.rows == "host" and (why := no_room()):  # else every request would hand frames, as device does
                 raise RuntimeError(f"--rows host needs a shared-memory folder: {why}")
-            this = {"api_servers": sargs.api_servers, "decode_workers": sargs.decode_workers, "rows": sargs.rows}
+            this = {"api_servers": sargs.api_servers, "decode_workers": sargs.decode_workers, "rows": sargs.rows,
+                    "uniform_lengths": list(sargs.uniform_lengths)}
             if served and this != served:  # one record names one server configuration: every mode's
                 raise RuntimeError(f"[serve] {mode}: its server's processes {this} differ from the job's earlier "
                                    f"modes' {served}")
@@ -453,7 +459,7 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
 def merge_serve(parts: list[dict[str, Any]], job: Job, served: dict[str, Any] | None = None) -> Any:
     """One serve record from one client record per mode: their servers, floors and runs together; the code that
     ran is the clients' and this process's (the servers'). ``served``: the servers' own settings (``api_servers``,
-    ``decode_workers``, ``rows``), which the clients, sent at a URL, cannot know."""
+    ``decode_workers``, ``rows``, ``uniform_lengths``), which the clients, sent at a URL, cannot know."""
     from ..records import Fingerprint, ServeRecord, fingerprint_now, make
 
     first = parts[0]
@@ -480,6 +486,9 @@ def merge_serve(parts: list[dict[str, Any]], job: Job, served: dict[str, Any] | 
                                                              "processes" if many else "")
                                    + (", its decode processes making the pixel rows (--rows host)"
                                       if served.get("rows") == "host" else "")
+                                   + (", uniform graphs for segments of "
+                                      + ",".join(map(str, served["uniform_lengths"])) + " rows (--uniform-lengths)"
+                                      if served.get("uniform_lengths") else "")
                                    + "; this load generator in a process of its own"}
     provenance = {**first["provenance"], "command": command_line(job)}
     return make(ServeRecord, provenance=provenance, fingerprint=Fingerprint.model_validate(merged), **body)
