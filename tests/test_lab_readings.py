@@ -266,3 +266,16 @@ def test_small_tower_and_compiled_code():
     x = torch.randn(4, 3)
     out, code = kv.compiled_code(lambda t: (t * 2).sum(-1), x)
     assert torch.allclose(out, (x * 2).sum(-1)) and "def " in code
+
+
+def test_kernel_delta_matches_kernels_by_name_and_orders_by_the_largest_change():
+    before = {"top": [{"name": "attn_ragged", "category": "attention", "us_per_call": 150.0, "launches_per_call": 24},
+                      {"name": "gemm", "category": "gemm", "us_per_call": 900.0, "launches_per_call": 96}]}
+    after = {"top": [{"name": "gemm", "category": "gemm", "us_per_call": 905.0, "launches_per_call": 96},
+                     {"name": "attn_dense", "category": "attention", "us_per_call": 90.0, "launches_per_call": 24},
+                     {"name": "rotate", "category": "attention", "us_per_call": 20.0, "launches_per_call": 24}]}
+    rows = kv.kernel_delta(before, after)
+    assert [r["name"] for r in rows] == ["attn_ragged", "attn_dense", "rotate", "gemm"]
+    assert rows[0]["delta_us"] == -150.0 and rows[0]["after_launches"] == 0
+    assert rows[1]["delta_us"] == 90.0 and rows[-1]["delta_us"] == 5.0
+    assert sum(r["delta_us"] for r in rows) == (905 + 90 + 20) - (150 + 900)

@@ -56,6 +56,24 @@ def replay_rows(profile: dict[str, Any], variants: list[str], layouts: list[str]
             for v in variants for lay in layouts for p in [profile[v][lay]]}
 
 
+def kernel_delta(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per kernel name of two profiles of one layout (``profile[variant][layout]``: their ``top`` lists, each kernel's
+    µs and launches per call), what changed: ``name``, ``category``, ``before_us``, ``after_us`` (0 where the
+    profile has no such kernel), ``delta_us`` (after − before) and the launches per call of each, largest
+    ``|delta_us|`` first. Kernels below either profile's ``top`` cut are not seen: the category sums
+    (``by_category_us``) are the whole replay."""
+    rows: dict[str, dict[str, Any]] = {}
+    for side, profile in (("before", before), ("after", after)):
+        for t in profile["top"]:
+            row = rows.setdefault(t["name"], {"name": t["name"], "category": t["category"], "before_us": 0.0,
+                                              "after_us": 0.0, "before_launches": 0.0, "after_launches": 0.0})
+            row[f"{side}_us"] += t["us_per_call"]
+            row[f"{side}_launches"] += t["launches_per_call"]
+    for row in rows.values():
+        row["delta_us"] = row["after_us"] - row["before_us"]
+    return sorted(rows.values(), key=lambda r: -abs(r["delta_us"]))
+
+
 def plot_rooflines(gemm: dict[str, list[dict[str, Any]]], layouts: list[str]) -> Any:
     """Grouped bars of each matmul's ``roofline_fraction`` (roofline / measured) per layout."""
     import matplotlib.pyplot as plt
