@@ -34,16 +34,13 @@ from typing import Any, Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the A/B tools' shared loop
-from ab_common import check_and_time, cuda_here, one_line, whole_image_rows, write_record  # noqa: E402
-from pdl_ab import compiled_forward, forwards_per_graph  # noqa: E402
+from ab_common import check_and_time  # noqa: E402
+from pdl_ab import REPLAYS, ROUNDS, compare_compiles, forwards_per_graph  # noqa: E402
 
-ROWS = (256, 1024, 8192)
 PATHS: dict[str, dict[str, Any]] = {
     "compiled": {},
     "compiled+autotune": {"max_autotune_gemm": True, "max_autotune_gemm_backends": "ATEN,TRITON"},
 }
-REPLAYS = 20
-ROUNDS = 2
 
 
 def measure(rows: int, model: Any, forwards: dict[str, Callable[..., torch.Tensor]]) -> dict[str, Any]:
@@ -79,48 +76,8 @@ def measure(rows: int, model: Any, forwards: dict[str, Callable[..., torch.Tenso
     return {"rows": rows, "forwards_per_graph": forwards_per_graph(rows), "paths": paths}
 
 
-def print_table(results: list[dict[str, Any]]) -> None:
-    print(f"{'rows':>6} {'path':<18} {'µs':>9} {'vs compiled':>12} {'max err':>9} {'first s':>8}  ok")
-    for result in results:
-        base = result["paths"].get("compiled", {}).get("us")
-        for path, row in result["paths"].items():
-            if "unavailable" in row:
-                print(f"{result['rows']:>6} {path:<18} unavailable: {row['unavailable']}")
-                continue
-            ratio = f"{row['us'] / base:12.3f}" if base else " " * 12
-            print(f"{result['rows']:>6} {path:<18} {row['us']:9.1f} {ratio} {row['max_abs_err']:9.2e} "
-                  f"{row['first_call_s']:8.1f}  {'yes' if row['ok'] else 'NO'}")
-
-
 def main(argv: list[str] | None = None) -> int:
-    args, rows = whole_image_rows(argv, __doc__, "autotune_ab", ROWS)
-    if not cuda_here("autotune_ab", "CUDA graphs"):
-        return 2
-    import torch._dynamo.config as dynamo_config
-
-    from glmvit.config import VisionConfig
-    from glmvit.random_weights import random_encoder
-
-    model = random_encoder(VisionConfig.glm41v(), torch.device("cuda"), torch.bfloat16)
-    attention = model.attention_backend()
-    forwards: dict[str, Callable[..., torch.Tensor]] = {}
-    refused: dict[str, str] = {}
-    for path, options in PATHS.items():
-        try:
-            forwards[path] = compiled_forward(model, options, attention)
-        except Exception as err:  # noqa: BLE001 - an Inductor without the option: one line
-            refused[path] = one_line(err)
-    limit = 2 * len(PATHS) * len(rows) + 8  # one specialisation per path and row count, per compiled stage
-    knobs = {k: max(getattr(dynamo_config, k), limit) for k in ("cache_size_limit", "recompile_limit")
-             if hasattr(dynamo_config, k)}
-    with torch.inference_mode(), dynamo_config.patch(**knobs):
-        results = [measure(r, model, forwards) for r in rows]
-    for result in results:
-        result["paths"].update({path: {"unavailable": why} for path, why in refused.items()})
-    print_table(results)
-    write_record(args.json, {"replays": REPLAYS, "rounds": ROUNDS, "attention": attention, "paths": PATHS,
-                             "results": results})
-    return 0
+    return compare_compiles(argv, __doc__, "autotune_ab", PATHS, measure, first_call=True)
 
 
 if __name__ == "__main__":

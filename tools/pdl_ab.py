@@ -93,22 +93,33 @@ def measure(rows: int, model: Any, forwards: dict[str, Callable[..., torch.Tenso
     return {"rows": rows, "forwards_per_graph": forwards_per_graph(rows), "paths": paths}
 
 
-def print_table(results: list[dict[str, Any]]) -> None:
-    print(f"{'rows':>6} {'path':<14} {'µs':>9} {'vs compiled':>12} {'max err':>9}  ok")
+def print_table(results: list[dict[str, Any]], first_call: bool = False) -> None:
+    """Per row count and path: µs, the ratio to ``compiled``, the max error, ok (and, given ``first_call``, each
+    path's first call's seconds: compile and autotune)."""
+    first = f" {'first s':>8}" if first_call else ""
+    print(f"{'rows':>6} {'path':<18} {'µs':>9} {'vs compiled':>12} {'max err':>9}{first}  ok")
     for result in results:
         base = result["paths"].get("compiled", {}).get("us")
         for path, row in result["paths"].items():
             if "unavailable" in row:
-                print(f"{result['rows']:>6} {path:<14} unavailable: {row['unavailable']}")
+                print(f"{result['rows']:>6} {path:<18} unavailable: {row['unavailable']}")
                 continue
             ratio = f"{row['us'] / base:12.3f}" if base else " " * 12
-            print(f"{result['rows']:>6} {path:<14} {row['us']:9.1f} {ratio} {row['max_abs_err']:9.2e}  "
+            first = f" {row['first_call_s']:8.1f}" if first_call else ""
+            print(f"{result['rows']:>6} {path:<18} {row['us']:9.1f} {ratio} {row['max_abs_err']:9.2e}{first}  "
                   f"{'yes' if row['ok'] else 'NO'}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args, rows = whole_image_rows(argv, __doc__, "pdl_ab", ROWS)
-    if not cuda_here("pdl_ab", "CUDA graphs"):
+Measure = Callable[[int, Any, dict[str, Callable[..., torch.Tensor]]], dict[str, Any]]
+
+
+def compare_compiles(argv: list[str] | None, doc: str | None, tool: str, paths: dict[str, dict[str, Any]],
+                     measure: Measure, first_call: bool = False) -> int:
+    """The whole command of an A/B of Inductor options (this tool, ``tools/autotune_ab.py``): ``--rows``, ``--json``;
+    on CUDA the full tower compiled per path of ``paths`` (``compiled_forward``), ``measure(rows, model, forwards)``
+    per row count, the table, the record. Exit 2 without CUDA."""
+    args, rows = whole_image_rows(argv, doc, tool, ROWS)
+    if not cuda_here(tool, "CUDA graphs"):
         return 2
     import torch._dynamo.config as dynamo_config
 
@@ -119,22 +130,26 @@ def main(argv: list[str] | None = None) -> int:
     attention = model.attention_backend()
     forwards: dict[str, Callable[..., torch.Tensor]] = {}
     refused: dict[str, str] = {}
-    for path, options in PATHS.items():
+    for path, options in paths.items():
         try:
             forwards[path] = compiled_forward(model, options, attention)
         except Exception as err:  # noqa: BLE001 - an Inductor without the option: one line
             refused[path] = one_line(err)
-    limit = 2 * len(PATHS) * len(rows) + 8  # one specialisation per path and row count, per compiled stage
+    limit = 2 * len(paths) * len(rows) + 8  # one specialisation per path and row count, per compiled stage
     knobs = {k: max(getattr(dynamo_config, k), limit) for k in ("cache_size_limit", "recompile_limit")
              if hasattr(dynamo_config, k)}
     with torch.inference_mode(), dynamo_config.patch(**knobs):
         results = [measure(r, model, forwards) for r in rows]
     for result in results:
         result["paths"].update({path: {"unavailable": why} for path, why in refused.items()})
-    print_table(results)
-    write_record(args.json, {"replays": REPLAYS, "rounds": ROUNDS, "attention": attention, "paths": PATHS,
+    print_table(results, first_call)
+    write_record(args.json, {"replays": REPLAYS, "rounds": ROUNDS, "attention": attention, "paths": paths,
                              "results": results})
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return compare_compiles(argv, __doc__, "pdl_ab", PATHS, measure)
 
 
 if __name__ == "__main__":
