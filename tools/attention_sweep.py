@@ -16,6 +16,8 @@ Paths, each timed alone:
 - ``sdpa_cudnn_dense`` / ``sdpa_flash_dense``: SDPA on (segments, heads, L, d) views of the packed rows, when every
   segment has the same length, under ``sdpa_kernel(CUDNN_ATTENTION)`` / ``sdpa_kernel(FLASH_ATTENTION)``;
 - ``flash_attn@budget`` / ``flash_attn@true``: ``flash_attn_varlen_func`` when the package imports;
+- ``fa4_varlen@budget`` / ``fa4_varlen@true`` / ``fa4_dense``: FlashAttention-4's CuTe DSL kernels
+  (``flash_attn.cute``) on the same rows, when ``flash-attn-4`` imports;
 - ``rotation_launch``: the ``cudnn`` backend's rotation launch alone (its share of ``cudnn``);
 - ``triton_tma@<config>``: the same rotation launch, then ``glmvit.kernels.triton_attention_tma``'s Hopper-shaped
   attention over the rotated scratch (``SWEEP_CONFIGS``, named as ``TmaConfig.name``: e.g. ``128x128w8s2h``, host
@@ -204,7 +206,38 @@ def paths(layout: Layout, qkv, cos, sin, q, k, v, meta) -> dict[str, Callable[[]
             out[f"flash_attn@{tag}"] = partial(flash_attn_varlen_func, q, k, v, cu, cu, m, m, causal=False)
     except ImportError as err:
         out["flash_attn"] = f"flash_attn not importable: {err}"
+    out.update(fa4_paths(layout, q, k, v, cu, bounds))
     out.update(tma_paths(qkv, cos, sin, cu))  # last: should the new kernel fault, the rest are timed
+    return out
+
+
+def fa4_paths(layout: Layout, q, k, v, cu, bounds: dict[str, int]) -> dict[str, Callable[[], torch.Tensor] | str]:
+    """``fa4_varlen@budget`` / ``fa4_varlen@true``: FlashAttention-4's CuTe DSL kernel (``flash_attn.cute``, the
+    ``flash-attn-4`` package; its SM90 forward on Hopper) on the packed rows with cu_seqlens; ``fa4_dense``: its
+    batched entry on the (segments, L, heads, d) view when every segment has the same length. One line when the
+    package does not import."""
+    try:
+        from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
+    except Exception as err:  # noqa: BLE001 - one line in the table, whatever is missing
+        return {"fa4": f"flash_attn.cute not importable: {one_line(err)}"}
+
+    def first(o: Any) -> torch.Tensor:
+        return o[0] if isinstance(o, tuple) else o  # (out, lse) in some versions
+
+    def varlen(m: int) -> torch.Tensor:
+        return first(flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=m,
+                                            max_seqlen_k=m, causal=False))
+
+    out: dict[str, Callable[[], torch.Tensor] | str] = {f"fa4_varlen@{tag}": partial(varlen, m)
+                                                         for tag, m in bounds.items()}
+    if layout.equal:
+        n, length = len(layout.lengths), layout.lengths[0]
+
+        def dense() -> torch.Tensor:
+            view = [x[: n * length].view(n, length, HEADS, HEAD_DIM) for x in (q, k, v)]
+            return first(flash_attn_func(*view, causal=False)).reshape(-1, HEADS, HEAD_DIM)
+
+        out["fa4_dense"] = dense
     return out
 
 
