@@ -280,7 +280,8 @@ def layout_inputs(lengths: tuple[int, ...]) -> SimpleNamespace:
     cos, sin = rotary_cos_sin(torch.from_numpy(layout.h_idx).to(dev), torch.from_numpy(layout.w_idx).to(dev),
                               inv_freq(HEAD_DIM).to(dev))
     cu = torch.from_numpy(layout.cu_seqlens).to(dev)
-    meta = SimpleNamespace(cu_seqlens=cu, max_seqlen=layout.rows,
+    meta = SimpleNamespace(cu_seqlens=cu, max_seqlen=layout.rows, shape=SimpleNamespace(rows=layout.rows,
+                                                                                      uniform=False),
                            segment_ids=torch.from_numpy(layout.segment_ids).to(dev),
                            ragged=ragged_offsets(cu, HEADS, HEAD_DIM))
     q_raw, k_raw, v = qkv.view(layout.rows, 3, HEADS, HEAD_DIM).unbind(1)
