@@ -388,6 +388,8 @@ class ServeRun(TypedDict, total=False):
     items_per_s: float
     tokens_per_s: float
     vs_floor: float | None
+    steady_items_per_s: float | None
+    steady_vs_floor: float | None
     encoder_bound_vs_floor: float | None
     tte_ms: dict[str, float | None]
     queue_ms: dict[str, float | None]

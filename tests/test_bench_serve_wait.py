@@ -68,3 +68,18 @@ def test_a_run_reports_the_rate_its_encoder_allows_beside_the_rate_it_reached():
     assert record["encoder_bound_vs_floor"] == 1.0  # 3 items in 1 s of encoding
     assert run_record("graph", 1.0, args, workload, outcomes, 2.0, {"busy_s": 0.0}, 3.0)[
         "encoder_bound_vs_floor"] is None
+
+
+def test_the_steady_rate_counts_the_answers_between_the_first_and_the_last_tenth():
+    """At rate inf a run's rate holds its fill and drain; the steady rate is the middle 80 % of the answers over
+    their span: here 20 answers, the first two at 1 s (the fill) and then one every 0.1 s, so the 15 answers after
+    the 3rd's time up to the 18th's, over 1.5 s: 10 a second, the spacing's rate, where the whole run's is 20 in 2.8 s.
+    A failed answer is not counted, and fewer than 10 successful give none."""
+    from glmvit.cli.bench_serve import Outcome, steady_rate
+
+    done = [1.0, 1.0] + [1.0 + 0.1 * k for k in range(1, 19)]
+    outcomes = [Outcome(True, 0.0, t) for t in done]
+    assert steady_rate(outcomes, [1] * 20) == pytest.approx(10.0)  # 15 answers from 1.1 s to 2.6 s
+    assert steady_rate(outcomes, [2] * 20) == pytest.approx(20.0)  # items, not answers
+    failed = outcomes[:9] + [Outcome(False, 0.0, 5.0)]
+    assert steady_rate(failed, [1] * 10) is None  # nine successful answers: too few to cut tenths from

@@ -238,24 +238,30 @@ def serve_lines() -> list[str]:
              "would start, its HTTP side in the default API servers, except the row marked *one process* "
              "(`--api-servers 1`), its pixel rows made on the GPU, except the row marked *rows on host* "
              "(`--rows host`: the decode processes make them), with no uniform graphs, except the row marked "
-             "*uniform 256* (`--uniform-lengths 256`: batches of one segment length take the dense attention); one "
+             "*uniform 256* (`--uniform-lengths 256`: batches of one segment length take the dense attention); *once "
+             "full*: at rate inf, the items/s between the 10th and the 90th percentile of the answers' times, the "
+             "pipeline's fill and drain left out (`bench_serve.steady_rate`), as a share of the floor rate; one "
              "H200, over HTTP on loopback, except the row marked *in process*: the scheduler driven in the record's "
              "process, no HTTP; time to embedding from request sent to answer read):", "",
              "| workload | mode | rate sent, req/s (share of saturation) | req/s | items/s | of floor rate | "
-             "TTE median (P99) | queue median | items per batch |", "|---|---|---|---|---|---|---|---|---|"]
+             "once full | TTE median (P99) | queue median | items per batch |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name in SERVE_RECORDS:
         if not (BENCH / f"{name}_h200.json").exists():
             lines.append(f"| `{name}_h200.json`: not recorded yet (python -m glmvit record --only {name}) "
-                         "| | | | | | | | |")
+                         "| | | | | | | | | |")
             continue
         record = load(BENCH / f"{name}_h200.json", ServeRecord)
         where = serve_label(record.settings)
         for r in record.runs:
             floor = f"{r['vs_floor']:.0%}" if r.get("vs_floor") else ""
+            # the rate once the pipeline is full (bench_serve.steady_rate); only a run at rate inf fills it
+            full = f"{r['steady_vs_floor']:.0%}" if r.get("steady_vs_floor") and r["request_rate"] == "inf" else ""
             lines.append(f"| {record.settings['workload']}{where} (`{name}_h200.json` @ "
                          f"{record.provenance.short_commit}{mark(record)}) | {r['mode']} | {rate_label(r)} | "
                          f"{r['requests_per_s']:.1f} | "
-                         f"{r['items_per_s']:.1f} | {floor} | {ms(r['tte_ms']['median'])} ({ms(r['tte_ms']['p99'])}) | "
+                         f"{r['items_per_s']:.1f} | {floor} | {full} | "
+                         f"{ms(r['tte_ms']['median'])} ({ms(r['tte_ms']['p99'])}) | "
                          f"{ms(r['queue_ms']['median'])} | {r['server']['items_per_batch']:.1f} |")
     return lines
 

@@ -476,12 +476,31 @@ async def run_rates(target: Any, workload: Workload, args: argparse.Namespace, m
     return runs
 
 
+STEADY_SHARE = (0.1, 0.9)  # the answers a steady rate counts: those between these quantiles of the answer times
+
+
+def steady_rate(outcomes: list[Outcome], items: list[int]) -> float | None:
+    """Items per second between the 10th and the 90th percentile of the successful answers' times
+    (:data:`STEADY_SHARE`): the items of the answers after the first tenth, up to the last tenth, over that span. At
+    rate inf all requests are sent at once, so the whole run's rate also holds the pipeline's fill (nothing answers
+    until the first requests are read, decoded and encoded) and its drain (the last batches, smaller); this is the
+    rate the server holds once full. None for fewer than 10 successful answers or a zero span."""
+    done = sorted((o.done, n) for o, n in zip(outcomes, items, strict=True) if o.ok)
+    if len(done) < 10:
+        return None
+    lo, hi = (int(q * len(done)) for q in STEADY_SHARE)
+    span = done[hi - 1][0] - done[lo][0]
+    return sum(n for _, n in done[lo + 1 : hi]) / span if span > 0 else None
+
+
 def run_record(mode: str, rate: float, args: argparse.Namespace, workload: Workload, outcomes: list[Outcome],
                duration: float, server: dict, floor_items_per_s: float | None) -> dict[str, Any]:
     """One run's record. ``vs_floor``: the successful items per second of the run's wall time, as a share of the
-    floor-limited rate; ``encoder_bound_vs_floor``: the same items over the scheduler's busy time only (the rate had
-    the encoder never waited for work), as a share of that rate — the ceiling no client or HTTP path can lift."""
+    floor-limited rate; ``steady_vs_floor``: :func:`steady_rate` (the rate once the pipeline is full) as that share;
+    ``encoder_bound_vs_floor``: the items over the scheduler's busy time only (the rate had the encoder never waited
+    for work), as a share of that rate — the ceiling no client or HTTP path can lift."""
     ok = [j for j, o in enumerate(outcomes) if o.ok]
+    steady = steady_rate(outcomes, [len(g) for g in workload.grids[: len(outcomes)]])
     items = sum(len(workload.grids[j]) for j in ok)
     tokens = sum(workload.tokens[j] for j in ok)
     tte = [(outcomes[j].done - outcomes[j].sent) * 1e3 for j in ok]
@@ -497,6 +516,8 @@ def run_record(mode: str, rate: float, args: argparse.Namespace, workload: Workl
         "requests_per_s": len(ok) / duration if duration > 0 else 0.0, "items_per_s": items_per_s,
         "tokens_per_s": tokens / duration if duration > 0 else 0.0,
         "vs_floor": items_per_s / floor_items_per_s if floor_items_per_s else None,
+        "steady_items_per_s": steady,
+        "steady_vs_floor": steady / floor_items_per_s if floor_items_per_s and steady is not None else None,
         "encoder_bound_vs_floor": (items / server["busy_s"] / floor_items_per_s
                                    if floor_items_per_s and server.get("busy_s") else None),
         "tte_ms": distribution(tte), "queue_ms": distribution(queue), "server": server,
@@ -548,6 +569,8 @@ def print_run(r: dict[str, Any]) -> None:
     ]
     if r["vs_floor"] is not None:
         lines.append(f"{'Items/s vs the floor-limited rate:':<40}{r['vs_floor']:>12.1%}")
+    if r.get("steady_vs_floor") is not None:  # the middle 80 % of the answers: the rate once the pipeline is full
+        lines.append(f"{'The same, once full (answers 10-90 %):':<40}{r['steady_vs_floor']:>12.1%}")
     if r.get("encoder_bound_vs_floor") is not None:  # the items over the encoder's busy time: its own ceiling
         lines.append(f"{'Items/s while encoding, vs that rate:':<40}{r['encoder_bound_vs_floor']:>12.1%}")
     for title, key in (("Time to Embedding", "tte_ms"), ("Queueing Delay", "queue_ms")):
@@ -574,17 +597,20 @@ def print_run(r: dict[str, Any]) -> None:
 
 def print_summary(runs: list[dict[str, Any]]) -> None:
     head = f"{'mode':<16}{'rate':>13}{'ok':>6}{'ref':>5}{'fail':>5}{'req/s':>8}{'items/s':>9}{'%floor':>8}" \
-           f"{'TTE med':>9}{'P99':>9}{'queue med':>10}{'P99':>9}{'items/b':>8}{'pad':>6}"
+           f"{'steady':>8}{'TTE med':>9}{'P99':>9}{'queue med':>10}{'P99':>9}{'items/b':>8}{'pad':>6}"
     print("\n" + head + "\n" + "-" * len(head))
     for r in runs:
         rate = rate_label(r)
         floor = "-" if r["vs_floor"] is None else f"{r['vs_floor']:.0%}"
+        steady = "-" if r.get("steady_vs_floor") is None else f"{r['steady_vs_floor']:.0%}"
         pad = r["server"]["padding_fraction"]
         print(f"{r['mode']:<16}{rate:>13}{r['successful']:>6}{r['refused']:>5}{r['failed']:>5}{r['requests_per_s']:>8.2f}"
-              f"{r['items_per_s']:>9.1f}{floor:>8}{_ms(r['tte_ms']['median']):>9}{_ms(r['tte_ms']['p99']):>9}"
+              f"{r['items_per_s']:>9.1f}{floor:>8}{steady:>8}{_ms(r['tte_ms']['median']):>9}"
+              f"{_ms(r['tte_ms']['p99']):>9}"
               f"{_ms(r['queue_ms']['median']):>10}{_ms(r['queue_ms']['p99']):>9}"
               f"{_ms(r['server']['items_per_batch']):>8}{'-' if pad is None else f'{pad:.0%}':>6}")
-    print("(%floor: items/s as a share of the floor-limited rate, not bench's ×floor; ref: refused, 429 or 503; "
+    print("(%floor: items/s as a share of the floor-limited rate, not bench's ×floor; steady: the same over the "
+          "answers between the 10th and 90th percentile of their times (the pipeline full); ref: refused, 429 or 503; "
           "TTE: time to embedding, ms; queue: the server's queueing delay, ms; items/b: "
           "items per batch; pad: padded share of budget tokens)")
 

@@ -82,6 +82,9 @@ def _latency(name: str, *extra: str, estimate: float = 30) -> Job:
                                             "--json", f"data/{out}"), (out,), estimate)
 
 
+SATURATION_PROMPTS = 1000  # requests of each serve job at rate inf alone (the comment at serve_video8x224)
+
+
 def _serve(name: str, workload: str, prompts: int, rates: str, modes: tuple[str, ...], estimate: float,
            server: tuple[str, ...] = ()) -> Job:
     # answers in the model's dtype (bfloat16): what an engine consuming embeddings keeps, half float32's bytes;
@@ -140,26 +143,28 @@ STATIC_JOBS: tuple[Job, ...] = (  # in the order each phase runs them
     # 100 calls per path: the slowest reference (one grid_sample per item, host-bound) takes ~50 ms a call
     Job("interp", "measure", "bench-interp", ("--runs", "100", "--warmup", "10", "--json",
                                               "data/bench/interp_h200.json"), ("bench/interp_h200.json",), 15),
-    # the seed's serve workload (vLLM PR 40576: 8-frame 224² clips, one per request, rate inf) at 400 requests, so
-    # that the rate is the steady state's, not the first decodes' and last answers' (100 take about half a second):
-    # eager, and the fastest mode (graph alone adds a server start and nothing the two do not bound)
-    _serve("serve_video8x224", "video8x224", 400, "inf", ("eager", "graph-compiled"), 24),
+    # the seed's serve workload (vLLM PR 40576: 8-frame 224² clips, one per request, rate inf) at SATURATION_PROMPTS
+    # requests, so that the run's rate nears the steady state's: at 400 (run s29_9873271r1) the first answer came
+    # 0.21 s after the first request, and graph-compiled's whole-run rate was 217 items/s against 334 over the middle
+    # 80 % of its answers (bench_serve.steady_rate, which every run now records beside it). Eager, and the fastest
+    # mode (graph alone adds a server start and nothing the two do not bound)
+    _serve("serve_video8x224", "video8x224", SATURATION_PROMPTS, "inf", ("eager", "graph-compiled"), 29),
     # the same load on one process (HTTP, decoding and the engine in one), beside the default API servers above:
     # what the HTTP side's processes buy (notebook 11)
-    _serve("serve_video8x224_one_process", "video8x224", 400, "inf", ("graph-compiled",), 16,
+    _serve("serve_video8x224_one_process", "video8x224", SATURATION_PROMPTS, "inf", ("graph-compiled",), 20,
            server=("--api-servers", "1")),
     # the same load with the decode processes making the pixel rows (serve --rows host): the A/B that decides
     # --rows' default, this record against serve_video8x224's graph-compiled run of the same H200 record run (the
     # engine process then only copies each request's rows to the GPU, leaving its GIL to the launch thread)
-    _serve("serve_video8x224_rows_host", "video8x224", 400, "inf", ("graph-compiled",), 16,
+    _serve("serve_video8x224_rows_host", "video8x224", SATURATION_PROMPTS, "inf", ("graph-compiled",), 19,
            server=("--rows", "host")),
     # the same load with uniform graphs for the clips' one segment length (serve --uniform-lengths 256: a 224² frame
     # pair is 16 × 16 patches): the A/B of a server told its traffic, this record against serve_video8x224's
     # graph-compiled run (batches of 1024 rows or more take the dense attention, glmvit.uniform)
-    _serve("serve_video8x224_uniform", "video8x224", 400, "inf", ("graph-compiled",), 18,
+    _serve("serve_video8x224_uniform", "video8x224", SATURATION_PROMPTS, "inf", ("graph-compiled",), 21,
            server=("--uniform-lengths", "256")),
     # the same load with no HTTP (the scheduler driven in this process): the serving target's in-process half
-    _serve_in_process("serve_video8x224_in_process", "video8x224", 400, 8),
+    _serve_in_process("serve_video8x224_in_process", "video8x224", SATURATION_PROMPTS, 10),
     # the serving target (P99 time to embedding at half the saturated rate ≤ 2× the unloaded median) on one shape,
     # where the unloaded spread is the server's, not the items' sizes' (mixed-av's unloaded P99 is several times its
     # median). A job of its own: a job's rates apply to every mode, and eager needs no sweep; 200 requests keep it
