@@ -5,7 +5,10 @@ q, k, v are (rows, heads, head_dim); segments come from the metadata. Padded row
 
 - ``varlen``: ``torch.nn.attention.varlen.varlen_attn`` (CUDA). Graph-safe: reads cu_seqlens from the device,
   max_seqlen is the static worst case of the batch shape. Padded rows of its output are left as they were.
-- ``flash_attn``: FlashAttention's ``flash_attn_varlen_func`` when the package is installed (CUDA). Graph-safe.
+- ``flash_attn``: FlashAttention-2's ``flash_attn_varlen_func`` when the package is installed (CUDA). Graph-safe.
+- ``fa4``: FlashAttention-4's varlen kernel (``glmvit.kernels.fa4_attention``; the ``fa4`` extra, Hopper or newer,
+  fp16/bf16): q and k rotated by the ``cudnn`` backend's Triton launch, then one ragged forward over every segment
+  with ``cu_seqlens`` read on the device. Graph-safe once its first call compiled the kernel (the runner's warm-up).
 - ``sdpa_masked``: one SDPA call with a block-diagonal mask built on the device from segment ids (a padded row
   attends only to itself). Shape-static and graph-safe on any device; O(rows²) memory: the graph-safe reference.
 - ``triton``: glmvit's own Triton kernel (``glmvit.kernels.triton_attention``): reads q, k, v straight out of the
@@ -51,13 +54,21 @@ import torch.nn.functional as F
 
 from .rotary import apply_rotary
 
-BACKENDS = ("auto", "varlen", "flash_attn", "triton", "cudnn", "dense", "sdpa_masked", "segments")
-GRAPH_SAFE = ("auto", "varlen", "flash_attn", "triton", "cudnn", "dense", "sdpa_masked")
+BACKENDS = ("auto", "varlen", "flash_attn", "fa4", "triton", "cudnn", "dense", "sdpa_masked", "segments")
+GRAPH_SAFE = ("auto", "varlen", "flash_attn", "fa4", "triton", "cudnn", "dense", "sdpa_masked")
 UNIFORM_ONLY = ("dense",)  # runs only on uniform batch shapes: never a model's backend, never offered by the device
 
 
 def _has_varlen() -> bool:
     return importlib.util.find_spec("torch.nn.attention.varlen") is not None
+
+
+def _has_flash_attn2() -> bool:
+    """FlashAttention-2's package (its ``flash_attn_interface``), not merely a ``flash_attn`` namespace:
+    FlashAttention-4 installs ``flash_attn.cute`` into one without FlashAttention-2's functions."""
+    if importlib.util.find_spec("flash_attn") is None:
+        return False
+    return importlib.util.find_spec("flash_attn.flash_attn_interface") is not None
 
 
 HALF = (torch.float16, torch.bfloat16)
@@ -67,7 +78,8 @@ def available_backends(device: torch.device | str, dtype: torch.dtype = torch.bf
                        head_dim: int | None = None) -> list[str]:
     """Backends that can run on ``device`` for ``dtype`` (and ``head_dim``, when given) here, the default first.
 
-    CUDA: glmvit's ``triton`` kernel, then the library varlen kernels (all fp16/bf16 only), then ``sdpa_masked``
+    CUDA: ``auto`` and ``cudnn`` where cuDNN runs, glmvit's ``triton`` kernel, ``fa4`` where FlashAttention-4 runs,
+    then the other library varlen kernels (all fp16/bf16 only), then ``sdpa_masked``
     (graph-safe in any dtype). Elsewhere there is no graph to capture, so the per-segment loop comes first
     (``triton`` is offered there only in fp32 under the interpreter).
     """
@@ -83,11 +95,13 @@ def _available(device_type: str, dtype: torch.dtype, head_dim: int | None) -> tu
         return ("segments", "sdpa_masked") + (("triton",) if triton_ok else ())
     names = ["sdpa_masked", "segments"]
     if torch.cuda.is_available() and dtype in HALF:
-        if importlib.util.find_spec("flash_attn") is not None:
+        if _has_flash_attn2():
             names.insert(0, "flash_attn")
         if _has_varlen():
             names.insert(0, "varlen")
         if triton_ok:
+            if fa4_attention_runs(torch.cuda.current_device(), dtype, head_dim):
+                names.insert(0, "fa4")  # rotates q and k with the Triton launch
             names.insert(0, "triton")
             if cudnn_attention_runs(torch.cuda.current_device(), dtype, head_dim):
                 names[:0] = ["auto", "cudnn"]
@@ -98,6 +112,14 @@ def cudnn_attention_runs(device_index: int, dtype: torch.dtype, head_dim: int | 
     """Whether the ``cudnn`` backend runs on CUDA device ``device_index`` for ``dtype`` (it rotates q and k with
     glmvit's Triton launch, so the caller has checked Triton already)."""
     from .kernels.cudnn_attention import unavailable_reason
+
+    return unavailable_reason(device_index, dtype, head_dim) is None
+
+
+def fa4_attention_runs(device_index: int, dtype: torch.dtype, head_dim: int | None = None) -> bool:
+    """Whether the ``fa4`` backend runs on CUDA device ``device_index`` for ``dtype`` (it rotates q and k with
+    glmvit's Triton launch, so the caller has checked Triton already)."""
+    from .kernels.fa4_attention import unavailable_reason
 
     return unavailable_reason(device_index, dtype, head_dim) is None
 
@@ -259,6 +281,20 @@ def _(qkv, cos, sin, cu_seqlens, ragged, num_heads, max_seqlen, rotated=False):
     return qkv.new_empty((qkv.shape[0], qkv.shape[1] // 3))
 
 
+@torch.library.custom_op("glmvit::fa4_varlen_attention", mutates_args=())
+def fa4_varlen_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor,
+                         num_heads: int, max_seqlen: int, rotated: bool = False) -> torch.Tensor:
+    """The ``fa4`` backend as one opaque op (torch.compile traces around it; a CUDA graph captures it)."""
+    from .kernels.fa4_attention import fa4_varlen_attention as run
+
+    return run(qkv, cos, sin, cu_seqlens, num_heads, max_seqlen, rotated=rotated)
+
+
+@fa4_varlen_attention.register_fake
+def _(qkv, cos, sin, cu_seqlens, num_heads, max_seqlen, rotated=False):
+    return qkv.new_empty((qkv.shape[0], qkv.shape[1] // 3))
+
+
 def resolve(backend: str, rows: int, qkv_width: int | None = None, uniform: bool = False) -> str:
     """The kernel ``backend`` runs for a batch of ``rows`` packed rows: ``auto`` becomes ``dense`` on a ``uniform``
     shape (``auto`` exists only on CUDA in fp16/bf16, where the dense SDPA runs), else ``cudnn`` or ``triton``
@@ -290,8 +326,9 @@ def attend_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta, ba
                num_heads: int, rotated: bool = False) -> torch.Tensor:
     """Rotary + attention from the packed qkv projection (rows, 3·heads·d); returns (rows, heads·d).
 
-    ``triton`` does it in one kernel, ``cudnn`` in two (rotation, then cuDNN, its offsets from
-    :func:`prepare_attention`'s metadata or, when ``meta`` has none, computed here), ``dense`` in two on CUDA
+    ``triton`` does it in one kernel, ``fa4`` in two (rotation, then FlashAttention-4), ``cudnn`` in two (rotation,
+    then cuDNN, its offsets from :func:`prepare_attention`'s metadata or, when ``meta`` has none, computed here),
+    ``dense`` in two on CUDA
     (rotation, then one SDPA; :func:`dense_attention`); the others split q, k, v,
     rotate q and k (``apply_rotary``) and ``attend``. ``rotated``: q and k of ``qkv`` are rotated already (the
     fused rotary qkv GEMM, ``glmvit.kernels.triton_qkv_rope_gemm``): every backend attends without rotating.
@@ -310,6 +347,8 @@ def attend_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta, ba
 
             ragged = ragged_offsets(meta.cu_seqlens, num_heads, qkv.shape[1] // (3 * num_heads))
         return cudnn_varlen_attention(qkv, cos, sin, meta.cu_seqlens, ragged, num_heads, meta.max_seqlen, rotated)
+    if backend == "fa4":
+        return fa4_varlen_attention(qkv, cos, sin, meta.cu_seqlens, num_heads, meta.max_seqlen, rotated)
     q, k, v = qkv.view(rows, 3, num_heads, -1).unbind(1)
     if not rotated:
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)

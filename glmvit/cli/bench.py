@@ -574,8 +574,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "with the varlen and flash_attn backends every slot is a column of the launch grid, so unused "
                         "slots cost time; the triton backend launches nothing for them)")
     m.add_argument("--attn-backend", default=None, help="one of glmvit.attention.BACKENDS: auto, triton, cudnn, "
-                   "varlen, flash_attn, sdpa_masked, segments (default: the device's; on CUDA auto where the cuDNN "
-                   "frontend runs, else triton)")
+                   "fa4, varlen, flash_attn, sdpa_masked, segments (default: the device's; on CUDA auto where the "
+                   "cuDNN frontend runs, else triton)")
     m.add_argument("--uniform-graphs", choices=("auto", "off"), default="auto",
                    help="graph modes also capture graphs for batches whose segments all have one length, run with "
                         "the dense attention (glmvit.graphs): auto (default) = for the lengths that make up a large "

@@ -1,0 +1,157 @@
+"""The ``fa4`` attention backend (FlashAttention-4's varlen kernel): its refusals and its detection on any machine; on
+a Hopper GPU with ``flash-attn-4`` installed, its output against a float32 reference, a NaN kept in its item, and
+under a CUDA graph replayed on another batch. (The encoder-level GPU tests in ``test_gpu.py`` run it too: every
+backend ``available_backends`` offers.)
+
+Tolerance (GPU): ``test_cudnn_attention``'s, for the same reason: q̃, k̃, the softmax weights and the output are each
+rounded to bf16 (≤ 2⁻⁹ relative) and the sums accumulate in float32, so the output is within about 2⁻⁸·max|v| of a
+float32 reference on the same rotated inputs; 2⁻⁶·max|v| leaves room for the sums, and a kernel that mixed segments
+or skipped the rotation misses by the output's own scale.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from glmvit.attention import BACKENDS, GRAPH_SAFE, attend, available_backends, check_backend
+from glmvit.kernels.fa4_attention import head_dim_ok, installed, unavailable_reason
+from glmvit.metadata import BatchShape, build_metadata
+from glmvit.rotary import apply_rotary, inv_freq, rotary_cos_sin
+
+
+def test_a_graph_safe_backend_by_name():
+    assert "fa4" in BACKENDS and "fa4" in GRAPH_SAFE
+
+
+@pytest.mark.parametrize("dtype, head_dim, reason", [(torch.float32, 128, "fp16/bf16"),
+                                                      (torch.bfloat16, 12, "head_dim")])
+def test_unsupported_dtypes_and_head_dims_are_named(dtype, head_dim, reason):
+    assert reason in unavailable_reason(0, dtype, head_dim)
+
+
+def test_the_head_sizes_it_takes():
+    assert [d for d in range(0, 300, 4) if head_dim_ok(d)] == list(range(8, 257, 8))
+
+
+def test_not_offered_off_cuda_and_refused_in_one_line():
+    for dtype in (torch.float32, torch.bfloat16):
+        assert "fa4" not in available_backends("cpu", dtype)
+    with pytest.raises(ValueError, match="'fa4' is not available on cpu") as err:
+        check_backend("fa4", "cpu", torch.float32)
+    assert "\n" not in str(err.value)
+
+
+def test_a_flash_attn_namespace_without_its_submodule_is_not_fa4_nor_fa2(monkeypatch):
+    """FlashAttention-4 installs ``flash_attn.cute`` into a ``flash_attn`` namespace that FlashAttention-2's package
+    also owns: each backend looks for its own module, never for the namespace alone."""
+    from glmvit import attention
+
+    found = {"flash_attn"}  # a namespace with neither package's module in it
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name in found else None)
+    assert not installed() and not attention._has_flash_attn2()
+    found.add("flash_attn.cute")
+    assert installed() and not attention._has_flash_attn2()
+    found.discard("flash_attn.cute")
+    found.add("flash_attn.flash_attn_interface")
+    assert not installed() and attention._has_flash_attn2()
+
+
+def test_not_installed_is_said_with_the_extra_to_install(monkeypatch):
+    import glmvit.kernels.fa4_attention as fa4
+
+    monkeypatch.setattr(fa4, "installed", lambda: False)
+    fa4.unavailable_reason.cache_clear()
+    try:
+        assert "pip install 'glmvit[fa4]'" in fa4.unavailable_reason(0, torch.bfloat16, 128)
+    finally:
+        fa4.unavailable_reason.cache_clear()
+
+
+# ---------------------------------------------------------------------------------------------- real GPU
+
+def _fa4_here() -> bool:
+    return torch.cuda.is_available() and unavailable_reason(torch.cuda.current_device(), torch.bfloat16, 128) is None
+
+
+needs_fa4 = pytest.mark.skipif(not _fa4_here(), reason="needs a Hopper GPU and flash-attn-4 (the 'fa4' extra)")
+
+GPU_LAYOUTS = {
+    "1x224": [(1, 16, 16)],
+    "4x224+video": [(1, 16, 16)] * 4 + [(8, 16, 16)],
+    "mixed": [(1, 32, 32), (1, 4, 214), (1, 2, 2), (1, 78, 138), (3, 10, 12)],
+}
+
+
+def _case(grids, seed=0, heads=12, head_dim=128):
+    rows = sum(t * h * w for t, h, w in grids)
+    shape = BatchShape(rows + 512, len(grids) * 8 + 4, rows + 512)  # padding rows and unused slots
+    meta = build_metadata(grids, 2, shape).to("cuda")
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    qkv = torch.randn(shape.rows, 3 * heads * head_dim, generator=gen, device="cuda").to(torch.bfloat16)
+    cos, sin = rotary_cos_sin(meta.h_idx, meta.w_idx, inv_freq(head_dim).to("cuda"))
+    return qkv, cos, sin, meta, rows
+
+
+def _reference(qkv, cos, sin, meta, heads=12):
+    q, k, v = qkv.view(qkv.shape[0], 3, heads, -1).unbind(1)
+    ref = attend(apply_rotary(q, cos, sin).float(), apply_rotary(k, cos, sin).float(), v.float(), meta, "segments")
+    return ref.reshape(qkv.shape[0], -1), v
+
+
+@pytest.mark.gpu
+@needs_fa4
+@pytest.mark.parametrize("layout", GPU_LAYOUTS)
+def test_gpu_bf16_within_rounding_of_float32_reference(layout):
+    from glmvit.attention import attend_qkv
+
+    qkv, cos, sin, meta, rows = _case(GPU_LAYOUTS[layout])
+    ref, v = _reference(qkv, cos, sin, meta)
+    got = attend_qkv(qkv, cos, sin, meta, "fa4", 12)
+    band = 2**-6 * v[:rows].float().abs().max().item()
+    assert (got[:rows].float() - ref[:rows]).abs().max().item() <= band
+
+
+@pytest.mark.gpu
+@needs_fa4
+def test_gpu_a_nan_in_one_item_stays_in_it():
+    """A NaN in one segment's values reaches that segment's rows only: no query of another item reads its keys."""
+    from glmvit.attention import attend_qkv
+
+    qkv, cos, sin, meta, rows = _case(GPU_LAYOUTS["4x224+video"])
+    cu = meta.cu_seqlens.tolist()
+    qkv[cu[1] + 3, 2 * 12 * 128 :] = float("nan")  # a value row of the second segment
+    got = attend_qkv(qkv, cos, sin, meta, "fa4", 12)[:rows].float()
+    inside = torch.zeros(rows, dtype=torch.bool, device="cuda")
+    inside[cu[1] : cu[2]] = True
+    assert torch.isnan(got[inside]).all() and torch.isfinite(got[~inside]).all()
+
+
+@pytest.mark.gpu
+@needs_fa4
+def test_gpu_a_graph_captured_on_one_batch_replays_another():
+    """Segments are read from the device at replay and ``max_seqlen`` is the shape's: a graph captured on one batch
+    gives, replayed on another of the same shape, that batch's eager answer."""
+    from glmvit.attention import attend_qkv
+
+    qkv, cos, sin, meta, _ = _case(GPU_LAYOUTS["mixed"], seed=1)
+    second_meta = build_metadata([(1, 16, 16)] * 3 + [(2, 8, 12)], 2, meta.shape).to("cuda")
+    eager_first = attend_qkv(qkv, cos, sin, meta, "fa4", 12)  # warm-up: the kernel is compiled here
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = attend_qkv(qkv, cos, sin, meta, "fa4", 12)
+    graph.replay()
+    rows_first = meta.host.num_rows
+    assert torch.equal(out[:rows_first], eager_first[:rows_first])
+    meta.packed.copy_(second_meta.packed)  # the next batch: same shape, other segments
+    for buf, table in zip((cos, sin), rotary_cos_sin(second_meta.h_idx, second_meta.w_idx, inv_freq(128).to("cuda")),
+                          strict=True):
+        buf.copy_(table)
+    graph.replay()
+    rows = second_meta.host.num_rows
+    expected = attend_qkv(qkv, cos, sin, second_meta, "fa4", 12)
+    assert torch.equal(out[:rows], expected[:rows])
+    ref, v = _reference(qkv, cos, sin, second_meta)
+    assert (out[:rows].float() - ref[:rows]).abs().max().item() <= 2**-6 * v[:rows].float().abs().max().item()
