@@ -226,3 +226,21 @@ def launch_us(device: torch.device | str, launches: int = 2000) -> float | None:
     elapsed = time.perf_counter() - t0
     torch.cuda.synchronize(device)
     return elapsed / launches * 1e6
+
+
+STEADY_SHARE = (0.1, 0.9)  # the answers a steady rate counts: those between these quantiles of the answer times
+
+
+def steady_rate(answers: Iterable[tuple[float, int]]) -> float | None:
+    """Items per second of a run's successful ``answers`` (each: the time it came, s; its items) between the 10th and
+    the 90th percentile of their times (:data:`STEADY_SHARE`): the items answered after the first tenth's last
+    answer, up to the last tenth's first, over that span. At rate inf every request is sent at once, so the whole
+    run's rate also holds the pipeline's fill (nothing is answered until the first requests are read, decoded and
+    encoded) and its drain (the last, smaller batches); this is the rate the server holds once full. None for fewer
+    than 10 answers or a zero span."""
+    done = sorted(answers)
+    if len(done) < 10:
+        return None
+    lo, hi = (int(q * len(done)) for q in STEADY_SHARE)
+    span = done[hi - 1][0] - done[lo][0]
+    return sum(n for _, n in done[lo + 1 : hi]) / span if span > 0 else None

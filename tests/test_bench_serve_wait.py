@@ -74,12 +74,20 @@ def test_the_steady_rate_counts_the_answers_between_the_first_and_the_last_tenth
     """At rate inf a run's rate holds its fill and drain; the steady rate is the middle 80 % of the answers over
     their span: here 20 answers, the first two at 1 s (the fill) and then one every 0.1 s, so the 15 answers after
     the 3rd's time up to the 18th's, over 1.5 s: 10 a second, the spacing's rate, where the whole run's is 20 in 2.8 s.
-    A failed answer is not counted, and fewer than 10 successful give none."""
-    from glmvit.cli.bench_serve import Outcome, steady_rate
+    Fewer than 10 answers give none; a run's record counts its successful answers only."""
+    import argparse
+
+    import numpy as np
+
+    from glmvit.cli.bench_serve import Outcome, Workload, run_record
+    from glmvit.timing import steady_rate
 
     done = [1.0, 1.0] + [1.0 + 0.1 * k for k in range(1, 19)]
-    outcomes = [Outcome(True, 0.0, t) for t in done]
-    assert steady_rate(outcomes, [1] * 20) == pytest.approx(10.0)  # 15 answers from 1.1 s to 2.6 s
-    assert steady_rate(outcomes, [2] * 20) == pytest.approx(20.0)  # items, not answers
-    failed = outcomes[:9] + [Outcome(False, 0.0, 5.0)]
-    assert steady_rate(failed, [1] * 10) is None  # nine successful answers: too few to cut tenths from
+    assert steady_rate((t, 1) for t in done) == pytest.approx(10.0)  # 15 answers from 1.1 s to 2.6 s
+    assert steady_rate((t, 2) for t in done) == pytest.approx(20.0)  # items, not answers
+    assert steady_rate((t, 1) for t in done[:9]) is None  # too few to cut tenths from
+    grids = [np.array([[1, 4, 4]])] * 21
+    outcomes = [Outcome(True, 0.0, t) for t in done] + [Outcome(False, 0.0, 9.0, error="x")]
+    record = run_record("graph", float("inf"), argparse.Namespace(burstiness=1.0, max_concurrency=None),
+                        Workload(grids, [[4]] * 21, [0] * 21, [], {}), outcomes, 9.0, {"busy_s": 1.0}, 20.0)
+    assert record["steady_items_per_s"] == pytest.approx(10.0) and record["steady_vs_floor"] == pytest.approx(0.5)

@@ -67,7 +67,7 @@ from ..floor import flops_breakdown
 from ..provenance import collect
 from ..records import Fingerprint, ServeRecord, fingerprint_now, make
 from ..scheduler import BatchScheduler, QueueFull, SchedulerClosed
-from ..timing import distribution
+from ..timing import distribution, steady_rate
 from ..workloads import PRESETS, MMItem, random_batch, random_mm_workload, shown
 from .common import (
     Parser,
@@ -476,31 +476,15 @@ async def run_rates(target: Any, workload: Workload, args: argparse.Namespace, m
     return runs
 
 
-STEADY_SHARE = (0.1, 0.9)  # the answers a steady rate counts: those between these quantiles of the answer times
-
-
-def steady_rate(outcomes: list[Outcome], items: list[int]) -> float | None:
-    """Items per second between the 10th and the 90th percentile of the successful answers' times
-    (:data:`STEADY_SHARE`): the items of the answers after the first tenth, up to the last tenth, over that span. At
-    rate inf all requests are sent at once, so the whole run's rate also holds the pipeline's fill (nothing answers
-    until the first requests are read, decoded and encoded) and its drain (the last batches, smaller); this is the
-    rate the server holds once full. None for fewer than 10 successful answers or a zero span."""
-    done = sorted((o.done, n) for o, n in zip(outcomes, items, strict=True) if o.ok)
-    if len(done) < 10:
-        return None
-    lo, hi = (int(q * len(done)) for q in STEADY_SHARE)
-    span = done[hi - 1][0] - done[lo][0]
-    return sum(n for _, n in done[lo + 1 : hi]) / span if span > 0 else None
-
-
 def run_record(mode: str, rate: float, args: argparse.Namespace, workload: Workload, outcomes: list[Outcome],
                duration: float, server: dict, floor_items_per_s: float | None) -> dict[str, Any]:
     """One run's record. ``vs_floor``: the successful items per second of the run's wall time, as a share of the
-    floor-limited rate; ``steady_vs_floor``: :func:`steady_rate` (the rate once the pipeline is full) as that share;
+    floor-limited rate; ``steady_vs_floor``: :func:`glmvit.timing.steady_rate` (the rate once the pipeline is full,
+    the answers between the 10th and 90th percentile of their times) as that share;
     ``encoder_bound_vs_floor``: the items over the scheduler's busy time only (the rate had the encoder never waited
     for work), as a share of that rate — the ceiling no client or HTTP path can lift."""
     ok = [j for j, o in enumerate(outcomes) if o.ok]
-    steady = steady_rate(outcomes, [len(g) for g in workload.grids[: len(outcomes)]])
+    steady = steady_rate((o.done, len(g)) for o, g in zip(outcomes, workload.grids, strict=True) if o.ok)
     items = sum(len(workload.grids[j]) for j in ok)
     tokens = sum(workload.tokens[j] for j in ok)
     tte = [(outcomes[j].done - outcomes[j].sent) * 1e3 for j in ok]

@@ -289,3 +289,30 @@ def plot_rates(under_load: dict[str, float], one_at_a_time: dict[str, float], fl
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def answer_times(run: dict[str, Any], items_per_request: int) -> list[tuple[float, int]]:
+    """A recorded serve run's successful answers as (seconds after its first request was sent, items), from its
+    ``per_request`` lists: what :func:`glmvit.timing.steady_rate` takes."""
+    pr = run["per_request"]
+    return sorted((sent + tte / 1e3, items_per_request)
+                  for ok, sent, tte in zip(pr["ok"], pr["sent_s"], pr["tte_ms"], strict=True) if ok)
+
+
+def plot_answers(runs: dict[str, list[tuple[float, int]]], share: tuple[float, float]) -> Any:
+    """Items answered against time for each named run (:func:`answer_times`), the answers between the ``share``
+    quantiles of each run's times drawn thick: the steady part its once-full rate is read over. Returns the
+    figure."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    for k, (name, answers) in enumerate(runs.items()):
+        t = np.array([a[0] for a in answers])
+        items = np.cumsum([a[1] for a in answers])
+        lo, hi = (int(q * len(t)) for q in share)
+        ax.plot(t, items, color=f"C{k}", lw=1, label=name)
+        ax.plot(t[lo:hi], items[lo:hi], color=f"C{k}", lw=3.5, alpha=0.6)
+    ax.set(xlabel="s after the first request was sent", ylabel="items answered")
+    ax.legend(fontsize=8, title="thick: the answers between the 10th and 90th percentile", title_fontsize=7)
+    fig.tight_layout()
+    return fig
