@@ -122,3 +122,22 @@ def test_a_worker_decodes_on_one_thread_its_parallelism_being_the_pool():
     from glmvit import video
 
     assert video.frame_threads  # this process, no worker: a video decodes as fast as it can alone
+
+
+def test_a_worker_runs_its_modules_warm_up_before_it_says_it_is_ready():
+    """Each preloaded module's ``warm_worker()`` runs once in the worker before its first task (first-use costs kept
+    out of a request's time); one that fails leaves the worker serving (a task meets the failure and answers it)."""
+    from tests.decode_warm_probe import warmed
+
+    pool = DecodePool(1, 1, 60.0, ("tests.decode_warm_broken", "tests.decode_warm_probe")).start()
+    try:
+        assert pool.submit(warmed).result(120) is True
+        assert pool.submit(nap, "after", 0.0).result(60)[0] == "after"
+    finally:
+        pool.close(30)
+
+
+def test_the_servers_warm_up_decodes_a_picture_and_a_clip():
+    from glmvit.cli.serve_media import warm_worker
+
+    warm_worker()  # raises if the decode stack cannot read what it made

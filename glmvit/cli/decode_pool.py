@@ -62,7 +62,8 @@ class DecodeClosed(RuntimeError):
 
 
 def worker_main(conn: Connection, preload: tuple[str, ...], scratch: str) -> None:
-    """A worker: imports ``preload``, says it is ready, then answers ("ok", result) or ("error", exception) for
+    """A worker: imports ``preload`` (running each module's ``warm_worker()`` where it has one), says it is ready,
+    then answers ("ok", result) or ("error", exception) for
     each (function, args) it receives; None, or a server that is gone (its pipe closed), ends it. Its temporary
     files go under ``scratch``, which it owns too (:func:`owned_dir.hold`) and removes as it ends."""
     try:
@@ -78,7 +79,12 @@ def _serve(conn: Connection, preload: tuple[str, ...], scratch: str) -> None:
     for variable in ONE_THREAD:  # before any numerical library is imported: they read these once
         os.environ[variable] = "1"
     for module in preload:
-        importlib.import_module(module)
+        warm = getattr(importlib.import_module(module), "warm_worker", None)
+        if callable(warm):  # first-use costs (a codec's registry, a resizer's first call) paid before "ready"
+            try:
+                warm()
+            except Exception:  # noqa: BLE001 - a task that meets the same failure answers it, in one line
+                pass
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
     if "glmvit.video" in sys.modules:  # nor FFmpeg's frame threads (glmvit.video.frame_threads)
@@ -183,7 +189,8 @@ class DecodeRequest:
 
 class DecodePool:
     """``workers`` decode processes, at most ``max_waiting`` requests beyond them, ``timeout_s`` a request;
-    each worker imports the modules ``preload`` names before it takes a task (so that a task's time is its own).
+    each worker imports the modules ``preload`` names before it takes a task, and runs each one's ``warm_worker()``
+    where it has one (so that a task's time is its own, not the worker's first use of a codec).
 
     Workers start with :meth:`start` (or the first request), each in its lane's thread; ``ready`` counts those
     that have started. :meth:`close` stops them once the tasks already submitted are done. ``busy`` counts

@@ -498,3 +498,23 @@ class RequestMedia:
 
 __all__ = ["MAX_FRAME_PIXELS", "EncodeRequest", "MediaError", "MediaLimits", "PreparedMedia", "RequestMedia",
            "media_items", "parse_request", "prepare_first_item", "prepare_item", "prepare_media"]
+
+
+def warm_worker() -> None:
+    """A decode worker's first-use costs, paid before it takes a request (:mod:`glmvit.cli.decode_pool` runs this
+    as the worker starts): a tiny picture and a tiny clip, made here, decoded and resized as a request's media are.
+    A fresh worker's first 8-frame 224² clip otherwise takes several times its later ones (the codec's and the
+    resizer's first calls), and under load every worker's first request pays it."""
+    import json
+
+    from ..config import VisionConfig
+    from .media_files import data_url, encode_clip, encode_image, mp4_available
+
+    pixels = np.random.default_rng(0).integers(0, 256, (2, 64, 64, 3), dtype=np.uint8)
+    fmt = "mp4" if mp4_available() else "gif"
+    parts = [{"type": "image_url", "image_url": {"url": data_url(encode_image(pixels[0]), "jpeg")}},
+             {"type": "video_url", "video_url": {"url": data_url(encode_clip(pixels, fmt), fmt)}}]
+    limits = MediaLimits(max_request_pixels=2**40)
+    for part in parts:
+        prepare_first_item(json.dumps({"content": [part]}).encode(), limits, None, VisionConfig().merge_area)
+
