@@ -234,10 +234,10 @@ STEADY_SHARE = (0.1, 0.9)  # the answers a steady rate counts: those between the
 def steady_rate(answers: Iterable[tuple[float, int]]) -> float | None:
     """Items per second of a run's successful ``answers`` (each: the time it came, s; its items) between the 10th and
     the 90th percentile of their times (:data:`STEADY_SHARE`): the items answered after the answer at the 10th
-    percentile, up to the one at the 90th, over the time between those two. At rate inf every request is sent at once, so the whole
-    run's rate also holds the pipeline's fill (nothing is answered until the first requests are read, decoded and
-    encoded) and its drain (the last, smaller batches); this is the rate the server holds once full. None for fewer
-    than 10 answers or a zero span."""
+    percentile, up to the one at the 90th, over the time between those two. At rate inf every request is sent at
+    once, so the whole run's rate also holds the pipeline's fill (nothing is answered until the first requests are
+    read, decoded and encoded) and its drain (the last, smaller batches); this is the rate the server holds once
+    full. None for fewer than 10 answers or a zero span."""
     done = sorted(answers)
     if len(done) < 10:
         return None
