@@ -127,11 +127,12 @@ def test_a_worker_decodes_on_one_thread_its_parallelism_being_the_pool():
 def test_a_worker_runs_its_modules_warm_up_before_it_says_it_is_ready():
     """Each preloaded module's ``warm_worker()`` runs once in the worker before its first task (first-use costs kept
     out of a request's time); one that fails leaves the worker serving (a task meets the failure and answers it)."""
-    from tests.decode_warm_probe import warmed
+    from tests.decode_warm_probe import warmed, warmed_on_one_thread
 
     pool = DecodePool(1, 1, 60.0, ("tests.decode_warm_broken", "tests.decode_warm_probe")).start()
     try:
         assert pool.submit(warmed).result(120) is True
+        assert pool.submit(warmed_on_one_thread).result(60) is True  # it warms what a task runs
         assert pool.submit(nap, "after", 0.0).result(60)[0] == "after"
     finally:
         pool.close(30)

@@ -73,23 +73,31 @@ def worker_main(conn: Connection, preload: tuple[str, ...], scratch: str) -> Non
         owned_dir.remove(scratch)
 
 
+def _one_thread() -> None:
+    """A worker's parallelism is the pool: torch on one thread, nor FFmpeg's frame threads
+    (glmvit.video.frame_threads), for the modules imported so far."""
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+    if "glmvit.video" in sys.modules:
+        video: Any = sys.modules["glmvit.video"]
+        video.frame_threads = False
+
+
 def _serve(conn: Connection, preload: tuple[str, ...], scratch: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     tempfile.tempdir = os.environ["TMPDIR"] = scratch
     for variable in ONE_THREAD:  # before any numerical library is imported: they read these once
         os.environ[variable] = "1"
-    for module in preload:
-        warm = getattr(importlib.import_module(module), "warm_worker", None)
+    modules = [importlib.import_module(module) for module in preload]
+    _one_thread()  # before the warm-ups: they pay the first-use costs of the decodes a task runs, threads alike
+    for module in modules:
+        warm = getattr(module, "warm_worker", None)
         if callable(warm):  # first-use costs (a codec's registry, a resizer's first call) paid before "ready"
             try:
                 warm()
             except Exception:  # noqa: BLE001 - a task that meets the same failure answers it, in one line
                 pass
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(1)
-    if "glmvit.video" in sys.modules:  # nor FFmpeg's frame threads (glmvit.video.frame_threads)
-        video: Any = sys.modules["glmvit.video"]
-        video.frame_threads = False
+    _one_thread()  # again: a warm-up may have imported torch or glmvit.video first
     try:
         conn.send(("ready", None))
     except OSError:  # the server is gone (killed while this worker started): nobody to answer
