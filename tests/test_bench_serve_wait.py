@@ -86,8 +86,9 @@ def test_the_steady_rate_counts_the_answers_between_the_first_and_the_last_tenth
     assert steady_rate((t, 1) for t in done) == pytest.approx(10.0)  # 15 answers from 1.1 s to 2.6 s
     assert steady_rate((t, 2) for t in done) == pytest.approx(20.0)  # items, not answers
     assert steady_rate((t, 1) for t in done[:9]) is None  # too few to cut tenths from
+    assert steady_rate((t, 1) for t in sorted([*done, 1.55])) != pytest.approx(10.0)  # so the failure below counts
     grids = [np.array([[1, 4, 4]])] * 21
-    outcomes = [Outcome(True, 0.0, t) for t in done] + [Outcome(False, 0.0, 9.0, error="x")]
+    outcomes = [Outcome(True, 0.0, t) for t in done] + [Outcome(False, 0.0, 1.55, error="x")]  # failed mid-run
     record = run_record("graph", float("inf"), argparse.Namespace(burstiness=1.0, max_concurrency=None),
                         Workload(grids, [[4]] * 21, [0] * 21, [], {}), outcomes, 9.0, {"busy_s": 1.0}, 20.0)
     assert record["steady_items_per_s"] == pytest.approx(10.0) and record["steady_vs_floor"] == pytest.approx(0.5)

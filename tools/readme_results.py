@@ -240,7 +240,7 @@ def serve_lines() -> list[str]:
              "(`--rows host`: the decode processes make them), with no uniform graphs, except the row marked "
              "*uniform 256* (`--uniform-lengths 256`: batches of one segment length take the dense attention); *once "
              "full*: at rate inf, the items/s between the 10th and the 90th percentile of the answers' times, the "
-             "pipeline's fill and drain left out (`bench_serve.steady_rate`), as a share of the floor rate; one "
+             "pipeline's fill and drain left out (`glmvit.timing.steady_rate`), as a share of the floor rate; one "
              "H200, over HTTP on loopback, except the row marked *in process*: the scheduler driven in the record's "
              "process, no HTTP; time to embedding from request sent to answer read):", "",
              "| workload | mode | rate sent, req/s (share of saturation) | req/s | items/s | of floor rate | "
@@ -255,7 +255,7 @@ def serve_lines() -> list[str]:
         where = serve_label(record.settings)
         for r in record.runs:
             floor = f"{r['vs_floor']:.0%}" if r.get("vs_floor") else ""
-            # the rate once the pipeline is full (bench_serve.steady_rate); only a run at rate inf fills it
+            # the rate once the pipeline is full (glmvit.timing.steady_rate); only a run at rate inf fills it
             full = f"{r['steady_vs_floor']:.0%}" if r.get("steady_vs_floor") and r["request_rate"] == "inf" else ""
             lines.append(f"| {record.settings['workload']}{where} (`{name}_h200.json` @ "
                          f"{record.provenance.short_commit}{mark(record)}) | {r['mode']} | {rate_label(r)} | "

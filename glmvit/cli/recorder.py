@@ -146,7 +146,7 @@ STATIC_JOBS: tuple[Job, ...] = (  # in the order each phase runs them
     # the seed's serve workload (vLLM PR 40576: 8-frame 224² clips, one per request, rate inf) at SATURATION_PROMPTS
     # requests, so that the run's rate nears the steady state's: at 400 (run s29_9873271r1) the first answer came
     # 0.21 s after the first request, and graph-compiled's whole-run rate was 217 items/s against 334 over the middle
-    # 80 % of its answers (bench_serve.steady_rate, which every run now records beside it). Eager, and the fastest
+    # 80 % of its answers (glmvit.timing.steady_rate, which every run now records beside it). Eager, and the fastest
     # mode (graph alone adds a server start and nothing the two do not bound)
     _serve("serve_video8x224", "video8x224", SATURATION_PROMPTS, "inf", ("eager", "graph-compiled"), 29),
     # the same load on one process (HTTP, decoding and the engine in one), beside the default API servers above:
