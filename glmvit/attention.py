@@ -65,10 +65,11 @@ def _has_varlen() -> bool:
 
 def _has_flash_attn2() -> bool:
     """FlashAttention-2's package (its ``flash_attn_interface``), not merely a ``flash_attn`` namespace:
-    FlashAttention-4 installs ``flash_attn.cute`` into one without FlashAttention-2's functions."""
-    if importlib.util.find_spec("flash_attn") is None:
-        return False
-    return importlib.util.find_spec("flash_attn.flash_attn_interface") is not None
+    FlashAttention-4 installs ``flash_attn.cute`` into one without FlashAttention-2's functions. Looked up without
+    importing ``flash_attn`` (``glmvit.kernels.fa4_attention.submodule_installed``)."""
+    from .kernels.fa4_attention import submodule_installed
+
+    return submodule_installed("flash_attn", "flash_attn_interface")
 
 
 HALF = (torch.float16, torch.bfloat16)

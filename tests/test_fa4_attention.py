@@ -10,7 +10,8 @@ or skipped the rotation misses by the output's own scale.
 """
 from __future__ import annotations
 
-import importlib.util
+import importlib
+import sys
 
 import pytest
 import torch
@@ -43,19 +44,37 @@ def test_not_offered_off_cuda_and_refused_in_one_line():
     assert "\n" not in str(err.value)
 
 
-def test_a_flash_attn_namespace_without_its_submodule_is_not_fa4_nor_fa2(monkeypatch):
+def _flash_attn_here(monkeypatch, root, files):
+    """A ``flash_attn`` package made of ``files`` (paths under it, each with its text) first on the path."""
+    for name, text in files.items():
+        path = root / "flash_attn" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    (root / "flash_attn").mkdir(exist_ok=True)
+    for name in [m for m in sys.modules if m == "flash_attn" or m.startswith("flash_attn.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(root))
+    importlib.invalidate_caches()
+
+
+@pytest.mark.parametrize("files, fa4, fa2", [
+    ({}, False, False),  # a namespace with neither package's module in it
+    ({"cute/__init__.py": ""}, True, False),  # FlashAttention-4 alone
+    ({"__init__.py": "", "flash_attn_interface.py": ""}, False, True),  # FlashAttention-2 alone
+    # FlashAttention-2 built for another torch: its __init__ loads its CUDA extension and raises; never run here
+    ({"__init__.py": "raise ImportError('undefined symbol')", "flash_attn_interface.py": "", "cute/__init__.py": ""},
+     True, True),
+])
+def test_each_flash_attn_backend_looks_for_its_own_module_without_importing_the_package(
+        monkeypatch, tmp_path, files, fa4, fa2):
     """FlashAttention-4 installs ``flash_attn.cute`` into a ``flash_attn`` namespace that FlashAttention-2's package
-    also owns: each backend looks for its own module, never for the namespace alone."""
+    also owns: each backend looks for its own module, never for the namespace alone, and never by importing
+    ``flash_attn`` (a broken FlashAttention-2 would make every CUDA model's backend list raise)."""
     from glmvit import attention
 
-    found = {"flash_attn"}  # a namespace with neither package's module in it
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name in found else None)
-    assert not installed() and not attention._has_flash_attn2()
-    found.add("flash_attn.cute")
-    assert installed() and not attention._has_flash_attn2()
-    found.discard("flash_attn.cute")
-    found.add("flash_attn.flash_attn_interface")
-    assert not installed() and attention._has_flash_attn2()
+    _flash_attn_here(monkeypatch, tmp_path, files)
+    assert (installed(), attention._has_flash_attn2()) == (fa4, fa2)
+    assert "flash_attn" not in sys.modules
 
 
 def test_not_installed_is_said_with_the_extra_to_install(monkeypatch):

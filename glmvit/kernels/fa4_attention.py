@@ -21,6 +21,7 @@ its ``fa4_varlen`` and ``fa4_dense`` paths beside ``cudnn`` and ``sdpa_cudnn_den
 """
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 from functools import lru_cache
 
@@ -29,13 +30,22 @@ import torch
 MIN_CAPABILITY = (9, 0)  # its Hopper (SM90) and Blackwell kernels; older GPUs run FlashAttention-2's design elsewhere
 
 
+def submodule_installed(package: str, name: str) -> bool:
+    """Whether ``package.name`` is installed, looked up in ``package``'s folders without importing ``package``:
+    ``find_spec`` of a dotted name runs the package's ``__init__`` first, and FlashAttention-2's loads its CUDA
+    extension there, which raises where it was built for another torch."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.submodule_search_locations is None:
+        return False
+    found = importlib.machinery.PathFinder.find_spec(f"{package}.{name}", list(spec.submodule_search_locations))
+    return found is not None
+
+
 def installed() -> bool:
     """Whether FlashAttention-4's CuTe DSL package is installed here (it is optional: the ``fa4`` extra). Its module
     is ``flash_attn.cute`` in a ``flash_attn`` namespace that FlashAttention-2 also uses, so the submodule is what is
-    looked up."""
-    if importlib.util.find_spec("flash_attn") is None:
-        return False
-    return importlib.util.find_spec("flash_attn.cute") is not None
+    looked up (:func:`submodule_installed`)."""
+    return submodule_installed("flash_attn", "cute")
 
 
 def head_dim_ok(head_dim: int) -> bool:
@@ -72,16 +82,17 @@ def fa4_varlen_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     hd = width // 3
     if rows == 0:
         return qkv.new_empty((0, hd))
-    if rotated:
-        q, k = qkv[:, :hd], qkv[:, hd : 2 * hd]
-    else:
-        from .triton_attention import rotate_qk_triton
+    with torch.cuda.device(qkv.device):  # its launches and its stream are the current device's: make it qkv's
+        if rotated:
+            q, k = qkv[:, :hd], qkv[:, hd : 2 * hd]
+        else:
+            from .triton_attention import rotate_qk_triton
 
-        qk = rotate_qk_triton(qkv, cos, sin, cu_seqlens, num_heads)
-        q, k = qk[:, :hd], qk[:, hd:]
-    q, k, v = (x.view(rows, num_heads, hd // num_heads) for x in (q, k, qkv[:, 2 * hd :]))
-    cu = cu_seqlens if cu_seqlens.dtype == torch.int32 else cu_seqlens.to(torch.int32)
-    out = flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_seqlen,
-                                 max_seqlen_k=max_seqlen, causal=False)
+            qk = rotate_qk_triton(qkv, cos, sin, cu_seqlens, num_heads)
+            q, k = qk[:, :hd], qk[:, hd:]
+        q, k, v = (x.view(rows, num_heads, hd // num_heads) for x in (q, k, qkv[:, 2 * hd :]))
+        cu = cu_seqlens if cu_seqlens.dtype == torch.int32 else cu_seqlens.to(torch.int32)
+        out = flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_seqlen,
+                                     max_seqlen_k=max_seqlen, causal=False)
     out = out[0] if isinstance(out, tuple) else out  # (out, lse) where a version returns both
     return out.reshape(rows, hd)
