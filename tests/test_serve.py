@@ -1015,3 +1015,29 @@ def test_a_burst_of_connections_waits_in_the_kernel_not_a_second_in_syn_retries(
         with ThreadPoolExecutor(64) as pool:
             seconds = list(pool.map(connect, range(300)))
     assert max(seconds) < 0.5, sorted(seconds)[-5:]
+
+
+def test_the_open_files_limit_is_raised_to_the_hard_one_before_connections_are_counted(monkeypatch):
+    """A burst of 1000 requests needs a file per connection: the soft ``ulimit -n`` (often 1024) is raised up to
+    the hard limit before the server sizes its connection cap, and never past the hard limit."""
+    import resource
+
+    from glmvit.cli import serve_app
+
+    limits = {"soft": 1024, "hard": 4096}
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (limits["soft"], limits["hard"]))
+
+    def setrlimit(_, pair):
+        limits["soft"], limits["hard"] = pair
+
+    monkeypatch.setattr(resource, "setrlimit", setrlimit)
+    assert serve_app.connection_limit(1000) == 1000 and limits == {"soft": 1000 + serve_app.FD_RESERVE, "hard": 4096}
+    limits["soft"] = 1024
+    assert serve_app.connection_limit(8000) == 4096 - serve_app.FD_RESERVE and limits["soft"] == 4096  # hard: the cap
+
+    def refuse(*_):
+        raise ValueError("not permitted")
+
+    limits["soft"] = 1024
+    monkeypatch.setattr(resource, "setrlimit", refuse)
+    assert serve_app.connection_limit(1000) == 1024 - serve_app.FD_RESERVE  # a sandbox that refuses: sized to it

@@ -823,9 +823,28 @@ class _Connections:
 FD_RESERVE = 128  # open files kept for all but connections: the model's, uploads' temporary files, the log's
 
 
+def raise_open_files(wanted: int) -> int:
+    """Raise this process's soft limit on open files (``ulimit -n``) towards ``wanted``, never past its hard limit,
+    which only an administrator may raise; returns the soft limit now (``RLIM_INFINITY`` where unlimited). A server
+    holding a burst of connections, or a load generator opening one per request, needs a file for each: the common
+    soft limit of 1024 would refuse a burst of 1000 requests long before the hard limit does."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return soft
+    target = wanted if hard == resource.RLIM_INFINITY else min(hard, wanted)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):  # a sandbox that refuses: the limit stays, and the caller sizes to it
+            pass
+    return soft
+
+
 def connection_limit(wanted: int) -> int:
-    """``wanted`` connections, fewer if this process may not open that many files besides FD_RESERVE."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    """``wanted`` connections, fewer if this process may not open that many files besides FD_RESERVE (its soft
+    limit raised first, up to the hard one: :func:`raise_open_files`)."""
+    soft = raise_open_files(wanted + FD_RESERVE)
     if soft == resource.RLIM_INFINITY or wanted <= soft - FD_RESERVE:
         return wanted
     limit = max(1, soft - FD_RESERVE)
