@@ -174,3 +174,16 @@ def test_gpu_a_graph_captured_on_one_batch_replays_another():
     assert torch.equal(out[:rows], expected[:rows])
     ref, v = _reference(qkv, cos, sin, second_meta)
     assert (out[:rows].float() - ref[:rows]).abs().max().item() <= 2**-6 * v[:rows].float().abs().max().item()
+
+
+def test_strided_inputs_are_refused_in_one_line():
+    """The rotation launch and the kernel read qkv, cos and sin as dense rows: a column slice is refused by name
+    before anything is imported or launched."""
+    from glmvit.kernels.fa4_attention import fa4_varlen_attention
+
+    qkv = torch.zeros(8, 2 * 3 * 2 * 16)[:, ::2]  # a column slice: rows are not dense
+    cos = sin = torch.zeros(8, 16)
+    cu = torch.tensor([0, 8, 8, 8], dtype=torch.int32)
+    with pytest.raises(ValueError, match="contiguous") as err:
+        fa4_varlen_attention(qkv, cos, sin, cu, 2, 8)
+    assert "\n" not in str(err.value)

@@ -76,6 +76,8 @@ def fa4_varlen_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     """Rotary + attention from the packed qkv projection (rows, 3·heads·d) on CUDA; returns (rows, heads·d), its
     padding rows unwritten. ``rotated``: q and k of ``qkv`` are rotated already (the fused rotary qkv GEMM) and read
     where they are; ``max_seqlen`` bounds every segment (the batch shape's, the same at every replay)."""
+    if not (qkv.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()):
+        raise ValueError("fa4 attention reads qkv, cos and sin as dense rows: pass contiguous tensors")
     from flash_attn.cute import flash_attn_varlen_func
 
     rows, width = qkv.shape
