@@ -95,8 +95,9 @@ def _serve(conn: Connection, preload: tuple[str, ...], scratch: str) -> None:
         if callable(warm):  # first-use costs (a codec's registry, a resizer's first call) paid before "ready"
             try:
                 warm()
-            except Exception:  # noqa: BLE001 - a task that meets the same failure answers it, in one line
-                pass
+            except Exception as err:  # noqa: BLE001 - a task that meets the same failure answers it, in one line
+                print(f"glmvit decode worker: {module.__name__}.warm_worker failed, serving cold: "
+                      f"{type(err).__name__}: {str(err).strip()[:200]}", file=sys.stderr, flush=True)
     _one_thread()  # again: a warm-up may have imported torch or glmvit.video first
     try:
         conn.send(("ready", None))
