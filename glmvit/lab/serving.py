@@ -313,6 +313,7 @@ def plot_answers(runs: dict[str, list[tuple[float, int]]], share: tuple[float, f
         ax.plot(t, items, color=f"C{k}", lw=1, label=name)
         ax.plot(t[lo:hi], items[lo:hi], color=f"C{k}", lw=3.5, alpha=0.6)
     ax.set(xlabel="s after the first request was sent", ylabel="items answered")
-    ax.legend(fontsize=8, title="thick: the answers between the 10th and 90th percentile", title_fontsize=7)
+    ax.legend(fontsize=8, title=f"thick: the answers between the {share[0]:.0%} and {share[1]:.0%} quantiles",
+              title_fontsize=7)
     fig.tight_layout()
     return fig
