@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from glmvit.attention import attend, available_backends, check_backend, prepare_attention
+from glmvit.attention import available_backends, check_backend, prepare_attention
 from glmvit.kernels.cudnn_attention import check_rows, ragged_offsets, unavailable_reason
 from glmvit.metadata import BatchShape, build_metadata
-from glmvit.rotary import apply_rotary, inv_freq, rotary_cos_sin
+from glmvit.rotary import inv_freq, rotary_cos_sin
+from tests.packed_attention_cases import GPU_LAYOUTS, case, reference
 
 GRIDS = [(1, 4, 6), (2, 2, 4), (1, 10, 8), (1, 2, 2)]  # a video item: two segments of 8 rows
 
@@ -77,37 +78,14 @@ def _cudnn_here() -> bool:
 
 needs_cudnn = pytest.mark.skipif(not _cudnn_here(), reason="needs a Hopper GPU and the cuDNN frontend ('cuda' extra)")
 
-GPU_LAYOUTS = {
-    "1x224": [(1, 16, 16)],
-    "4x224+video": [(1, 16, 16)] * 4 + [(8, 16, 16)],
-    "mixed": [(1, 32, 32), (1, 4, 214), (1, 2, 2), (1, 78, 138), (3, 10, 12)],
-}
-
-
-def _case(grids, seed=0, heads=12, head_dim=128):
-    rows = sum(t * h * w for t, h, w in grids)
-    shape = BatchShape(rows + 512, len(grids) * 8 + 4, rows + 512)  # padding rows and unused slots
-    meta = build_metadata(grids, 2, shape).to("cuda")
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    qkv = torch.randn(shape.rows, 3 * heads * head_dim, generator=gen, device="cuda").to(torch.bfloat16)
-    cos, sin = rotary_cos_sin(meta.h_idx, meta.w_idx, inv_freq(head_dim).to("cuda"))
-    return qkv, cos, sin, meta, rows
-
-
-def _reference(qkv, cos, sin, meta, heads=12):
-    q, k, v = qkv.view(qkv.shape[0], 3, heads, -1).unbind(1)
-    ref = attend(apply_rotary(q, cos, sin).float(), apply_rotary(k, cos, sin).float(), v.float(), meta, "segments")
-    return ref.reshape(qkv.shape[0], -1), v
-
-
 @pytest.mark.gpu
 @needs_cudnn
 @pytest.mark.parametrize("layout", GPU_LAYOUTS)
 def test_gpu_bf16_within_rounding_of_float32_reference(layout):
     from glmvit.attention import attend_qkv
 
-    qkv, cos, sin, meta, rows = _case(GPU_LAYOUTS[layout])
-    ref, v = _reference(qkv, cos, sin, meta)
+    qkv, cos, sin, meta, rows = case(GPU_LAYOUTS[layout])
+    ref, v = reference(qkv, cos, sin, meta)
     got = attend_qkv(qkv, cos, sin, prepare_attention(meta, "cudnn", 12, 128), "cudnn", 12)
     band = 2**-6 * v[:rows].float().abs().max().item()
     assert (got[:rows].float() - ref[:rows]).abs().max().item() <= band
@@ -122,7 +100,7 @@ def test_gpu_q_and_k_rotated_in_qkv_itself_give_the_scratch_s_bits(layout):
     from glmvit.attention import attend_qkv
     from glmvit.kernels.triton_attention import rotate_qk_triton
 
-    qkv, cos, sin, meta, rows = _case(GPU_LAYOUTS[layout])
+    qkv, cos, sin, meta, rows = case(GPU_LAYOUTS[layout])
     ready = prepare_attention(meta, "cudnn", 12, 128)
     rotated = qkv.clone()
     rotated[:, :2 * 12 * 128] = rotate_qk_triton(qkv, cos, sin, meta.cu_seqlens, 12)
@@ -138,7 +116,7 @@ def test_gpu_a_graph_captured_on_one_batch_replays_another():
     a graph captured on one batch gives, replayed on another of the same shape, that batch's eager answer."""
     from glmvit.attention import attend_qkv
 
-    first = _case(GPU_LAYOUTS["mixed"], seed=1)
+    first = case(GPU_LAYOUTS["mixed"], seed=1)
     second_grids = [(1, 16, 16)] * 3 + [(2, 8, 12)]
     shape = first[3].shape
     second_meta = build_metadata(second_grids, 2, shape).to("cuda")
@@ -161,7 +139,7 @@ def test_gpu_a_graph_captured_on_one_batch_replays_another():
     rows = second_meta.host.num_rows
     expected = attend_qkv(qkv, cos, sin, prepare_attention(second_meta, "cudnn", 12, 128), "cudnn", 12)
     assert torch.equal(out[:rows], expected[:rows])
-    ref, v = _reference(qkv, cos, sin, second_meta)
+    ref, v = reference(qkv, cos, sin, second_meta)
     assert (out[:rows].float() - ref[:rows]).abs().max().item() <= 2**-6 * v[:rows].float().abs().max().item()
 
 

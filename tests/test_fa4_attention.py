@@ -16,10 +16,11 @@ import sys
 import pytest
 import torch
 
-from glmvit.attention import BACKENDS, GRAPH_SAFE, attend, available_backends, check_backend
+from glmvit.attention import BACKENDS, GRAPH_SAFE, available_backends, check_backend
 from glmvit.kernels.fa4_attention import head_dim_ok, installed, unavailable_reason
-from glmvit.metadata import BatchShape, build_metadata
-from glmvit.rotary import apply_rotary, inv_freq, rotary_cos_sin
+from glmvit.metadata import build_metadata
+from glmvit.rotary import inv_freq, rotary_cos_sin
+from tests.packed_attention_cases import GPU_LAYOUTS, case, reference
 
 
 def test_a_graph_safe_backend_by_name():
@@ -96,37 +97,14 @@ def _fa4_here() -> bool:
 
 needs_fa4 = pytest.mark.skipif(not _fa4_here(), reason="needs a Hopper GPU and flash-attn-4 (the 'fa4' extra)")
 
-GPU_LAYOUTS = {
-    "1x224": [(1, 16, 16)],
-    "4x224+video": [(1, 16, 16)] * 4 + [(8, 16, 16)],
-    "mixed": [(1, 32, 32), (1, 4, 214), (1, 2, 2), (1, 78, 138), (3, 10, 12)],
-}
-
-
-def _case(grids, seed=0, heads=12, head_dim=128):
-    rows = sum(t * h * w for t, h, w in grids)
-    shape = BatchShape(rows + 512, len(grids) * 8 + 4, rows + 512)  # padding rows and unused slots
-    meta = build_metadata(grids, 2, shape).to("cuda")
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    qkv = torch.randn(shape.rows, 3 * heads * head_dim, generator=gen, device="cuda").to(torch.bfloat16)
-    cos, sin = rotary_cos_sin(meta.h_idx, meta.w_idx, inv_freq(head_dim).to("cuda"))
-    return qkv, cos, sin, meta, rows
-
-
-def _reference(qkv, cos, sin, meta, heads=12):
-    q, k, v = qkv.view(qkv.shape[0], 3, heads, -1).unbind(1)
-    ref = attend(apply_rotary(q, cos, sin).float(), apply_rotary(k, cos, sin).float(), v.float(), meta, "segments")
-    return ref.reshape(qkv.shape[0], -1), v
-
-
 @pytest.mark.gpu
 @needs_fa4
 @pytest.mark.parametrize("layout", GPU_LAYOUTS)
 def test_gpu_bf16_within_rounding_of_float32_reference(layout):
     from glmvit.attention import attend_qkv
 
-    qkv, cos, sin, meta, rows = _case(GPU_LAYOUTS[layout])
-    ref, v = _reference(qkv, cos, sin, meta)
+    qkv, cos, sin, meta, rows = case(GPU_LAYOUTS[layout])
+    ref, v = reference(qkv, cos, sin, meta)
     got = attend_qkv(qkv, cos, sin, meta, "fa4", 12)
     band = 2**-6 * v[:rows].float().abs().max().item()
     assert (got[:rows].float() - ref[:rows]).abs().max().item() <= band
@@ -138,7 +116,7 @@ def test_gpu_a_nan_in_one_item_stays_in_it():
     """A NaN in one segment's values reaches that segment's rows only: no query of another item reads its keys."""
     from glmvit.attention import attend_qkv
 
-    qkv, cos, sin, meta, rows = _case(GPU_LAYOUTS["4x224+video"])
+    qkv, cos, sin, meta, rows = case(GPU_LAYOUTS["4x224+video"])
     cu = meta.cu_seqlens.tolist()
     qkv[cu[1] + 3, 2 * 12 * 128 :] = float("nan")  # a value row of the second segment
     got = attend_qkv(qkv, cos, sin, meta, "fa4", 12)[:rows].float()
@@ -154,7 +132,7 @@ def test_gpu_a_graph_captured_on_one_batch_replays_another():
     gives, replayed on another of the same shape, that batch's eager answer."""
     from glmvit.attention import attend_qkv
 
-    qkv, cos, sin, meta, _ = _case(GPU_LAYOUTS["mixed"], seed=1)
+    qkv, cos, sin, meta, _ = case(GPU_LAYOUTS["mixed"], seed=1)
     second_meta = build_metadata([(1, 16, 16)] * 3 + [(2, 8, 12)], 2, meta.shape).to("cuda")
     eager_first = attend_qkv(qkv, cos, sin, meta, "fa4", 12)  # warm-up: the kernel is compiled here
     torch.cuda.synchronize()
@@ -172,7 +150,7 @@ def test_gpu_a_graph_captured_on_one_batch_replays_another():
     rows = second_meta.host.num_rows
     expected = attend_qkv(qkv, cos, sin, second_meta, "fa4", 12)
     assert torch.equal(out[:rows], expected[:rows])
-    ref, v = _reference(qkv, cos, sin, second_meta)
+    ref, v = reference(qkv, cos, sin, second_meta)
     assert (out[:rows].float() - ref[:rows]).abs().max().item() <= 2**-6 * v[:rows].float().abs().max().item()
 
 

@@ -496,10 +496,6 @@ class RequestMedia:
             m.frames.discard()
 
 
-__all__ = ["MAX_FRAME_PIXELS", "EncodeRequest", "MediaError", "MediaLimits", "PreparedMedia", "RequestMedia",
-           "media_items", "parse_request", "prepare_first_item", "prepare_item", "prepare_media"]
-
-
 def warm_worker() -> None:
     """A decode worker's first-use costs, paid before it takes a request (:mod:`glmvit.cli.decode_pool` runs this
     as the worker starts): a tiny picture and a tiny clip, made here, decoded and resized as a request's media are.
@@ -518,3 +514,6 @@ def warm_worker() -> None:
     for part in parts:
         prepare_first_item(json.dumps({"content": [part]}).encode(), limits, None, VisionConfig().merge_area)
 
+
+__all__ = ["MAX_FRAME_PIXELS", "EncodeRequest", "MediaError", "MediaLimits", "PreparedMedia", "RequestMedia",
+           "media_items", "parse_request", "prepare_first_item", "prepare_item", "prepare_media"]
