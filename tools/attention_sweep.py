@@ -8,6 +8,8 @@ Paths, each timed alone:
 - ``triton``: glmvit's kernel through ``attend_qkv`` (the model's entry: rotary inside, reads the qkv projection);
 - ``cudnn``: the ``cudnn`` backend through ``attend_qkv`` (Triton rotation launch, then cuDNN's ragged SDPA),
   when the cuDNN frontend is installed;
+- ``fa4``: the ``fa4`` backend through ``attend_qkv`` (the same rotation launch, then FlashAttention-4's varlen
+  kernel with the shape's static max_seqlen), when ``flash-attn-4`` imports;
 - ``rotary``: ``apply_rotary`` on q and k: what every other path needs first (add it to compare with ``triton``);
 - ``varlen@budget`` / ``varlen@true``: ``torch.nn.attention.varlen.varlen_attn`` with max_seqlen = the budget's
   rows (what the graphs pass today) and = the longest real segment;
@@ -65,6 +67,7 @@ LAYOUTS: dict[str, tuple[int, ...]] = {
     "4x256": (256,) * 4,  # four 224² images
     "1x256": (256,),  # one 224² image
     "2x1024": (1024,) * 2,  # two 448² images
+    "4x1024": (1024,) * 4,  # four 448² images: 4096 rows of long segments
     "16x256": (256,) * 16,  # sixteen 224² images: many short segments in 4096 rows
     "mixed": (1024, 256, 576, 2304, 256, 64, 1600),  # images of several sizes in one batch
 }
@@ -163,6 +166,7 @@ def paths(layout: Layout, qkv, cos, sin, q, k, v, meta) -> dict[str, Callable[[]
     out: dict[str, Callable[[], torch.Tensor] | str] = {
         "triton": lambda: attend_qkv(qkv, cos, sin, meta, "triton", HEADS).view(-1, HEADS, HEAD_DIM),
         "cudnn": lambda: attend_qkv(qkv, cos, sin, meta, "cudnn", HEADS).view(-1, HEADS, HEAD_DIM),
+        "fa4": lambda: attend_qkv(qkv, cos, sin, meta, "fa4", HEADS).view(-1, HEADS, HEAD_DIM),
         "rotary": lambda: torch.stack([apply_rotary(q_raw, cos, sin), apply_rotary(k_raw, cos, sin)]),
     }
     cu = meta.cu_seqlens
