@@ -29,10 +29,11 @@ q, k, v are (rows, heads, head_dim); segments come from the metadata. Padded row
   what padded entries compute (from rows the rotation launch leaves unset) stays in them. Graph-safe. A model's
   forward cannot take it (most batches are not uniform): ``EncoderGraphRunner(uniform_lengths=...)`` captures
   uniform shapes and runs it there.
-- ``auto`` (the CUDA default where ``cudnn`` runs): ``dense`` on a uniform shape; otherwise ``cudnn`` for a batch
-  of at least ``glmvit.kernels.attention_table.CUDNN_MIN_ROWS`` packed rows, ``triton`` below (:func:`resolve`):
-  cuDNN's fixed cost per segment slot loses on small batches, its kernel wins on long segments. One choice per
-  batch shape, so a captured budget always runs the same kernel.
+- ``auto`` (the CUDA default where ``cudnn`` runs): ``dense`` on a uniform shape; otherwise, for a batch of at
+  least ``glmvit.kernels.attention_table.CUDNN_MIN_ROWS`` packed rows, ``fa4`` where FlashAttention-4 runs and
+  ``cudnn`` where it does not, ``triton`` below (:func:`resolve`): the libraries' fixed cost per segment slot
+  loses on small batches, their kernels win on long segments. One choice per batch shape, so a captured budget
+  always runs the same kernel.
 - ``segments``: one SDPA call per segment, reading cu_seqlens from the tensor (a host read: a sync on CUDA, so
   eager only there). No (rows)² mask, O(rows) memory: the CPU default.
 
@@ -298,9 +299,9 @@ def _(qkv, cos, sin, cu_seqlens, num_heads, max_seqlen, rotated=False):
 
 def resolve(backend: str, rows: int, qkv_width: int | None = None, uniform: bool = False) -> str:
     """The kernel ``backend`` runs for a batch of ``rows`` packed rows: ``auto`` becomes ``dense`` on a ``uniform``
-    shape (``auto`` exists only on CUDA in fp16/bf16, where the dense SDPA runs), else ``cudnn`` or ``triton``
-    (``glmvit.kernels.attention_table.attention_for``), ``triton`` where a (rows, ``qkv_width``) projection would
-    overflow cuDNN's int32 offsets; every other name is itself."""
+    shape (``auto`` exists only on CUDA in fp16/bf16, where the dense SDPA runs), else ``fa4``, ``cudnn`` or
+    ``triton`` (``glmvit.kernels.attention_table.attention_for``), ``triton`` where a (rows, ``qkv_width``)
+    projection would overflow cuDNN's int32 offsets; every other name is itself."""
     if backend != "auto":
         return backend
     if uniform:

@@ -313,6 +313,7 @@ class KernelsProfile(Record):
     attention: dict[str, Any] = Field(default_factory=dict)
     gemm: dict[str, Any] = Field(default_factory=dict)
     profile: dict[str, Any] = Field(default_factory=dict)
+    auto: dict[str, str] = Field(default_factory=dict)  # per layout, the kernel ``auto`` ran on that machine
 
 
 class NcuProfile(Record):

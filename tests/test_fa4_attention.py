@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from glmvit.attention import BACKENDS, GRAPH_SAFE, available_backends, check_backend
+from glmvit.kernels import fa4_attention
 from glmvit.kernels.fa4_attention import head_dim_ok, installed, unavailable_reason
 from glmvit.metadata import build_metadata
 from glmvit.rotary import inv_freq, rotary_cos_sin
@@ -165,3 +166,40 @@ def test_strided_inputs_are_refused_in_one_line():
     with pytest.raises(ValueError, match="contiguous") as err:
         fa4_varlen_attention(qkv, cos, sin, cu, 2, 8)
     assert "\n" not in str(err.value)
+
+
+def test_auto_takes_fa4_for_long_batches_where_it_runs_and_triton_below():
+    from glmvit.kernels.attention_table import CUDNN_MIN_ROWS, attention_for
+
+    assert attention_for(CUDNN_MIN_ROWS - 1, True) == attention_for(CUDNN_MIN_ROWS - 1, False) == "triton"
+    assert attention_for(CUDNN_MIN_ROWS, True) == "fa4" and attention_for(CUDNN_MIN_ROWS, False) == "cudnn"
+    assert attention_for(CUDNN_MIN_ROWS) == ("fa4" if fa4_attention.loads() else "cudnn")  # None: ask this machine
+
+
+def test_the_kernels_profile_expands_auto_to_the_kernels_auto_chooses_among_here():
+    from glmvit.cli.kernels import auto_kernels
+
+    here = ["cudnn", "triton"] + (["fa4"] if fa4_attention.loads() else [])
+    assert auto_kernels("auto") == here and auto_kernels("varlen, auto") == ["varlen", *here]
+    assert auto_kernels("triton,cudnn") == ["triton", "cudnn"]  # no auto: the list as given
+
+
+def test_torch_compile_takes_auto_s_fa4_answer_as_a_constant(monkeypatch):
+    """``loads`` carries the mark ``torch.compiler.assume_constant_result`` sets, so a compiled forward asks it once
+    instead of tracing the package import behind it; a forward that branches on it compiles whole."""
+    from glmvit.kernels import attention_table
+
+    def marked():
+        pass
+
+    torch.compiler.assume_constant_result(marked)
+    assert vars(marked) and all(getattr(fa4_attention.loads, k, None) == v for k, v in vars(marked).items())
+    monkeypatch.setattr(fa4_attention, "_loads", lambda: True)  # as where FlashAttention-4 runs
+
+    def forward(x):
+        return x + 1 if attention_table.attention_for(x.shape[0]) == "fa4" else x - 1
+
+    compiled = torch.compile(forward, backend="eager", fullgraph=True)
+    rows = attention_table.CUDNN_MIN_ROWS
+    assert torch.equal(compiled(torch.zeros(rows, 2)), torch.ones(rows, 2))
+    assert torch.equal(compiled(torch.zeros(16, 2)), -torch.ones(16, 2))

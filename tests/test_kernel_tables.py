@@ -101,18 +101,21 @@ def test_cublas_stays_for_every_matmul_of_the_default_budgets_the_split_k_kernel
 ATTENTION_SWEEP = Path(__file__).resolve().parent.parent / "data" / "sweeps" / "attention_sweep_h200.json"
 
 
-def test_auto_attention_picks_the_faster_kernel_on_every_swept_layout():
-    """For every layout of the H200 sweep, the kernel ``auto`` runs for its rows is within 5 % of the faster of
-    ``triton`` and ``cudnn`` (both with the rotation, as the model runs them)."""
+@pytest.mark.parametrize("fa4", [False, True], ids=["without-fa4", "with-fa4"])
+def test_auto_attention_picks_the_faster_kernel_on_every_swept_layout(fa4):
+    """For every layout of the H200 sweep, the kernel ``auto`` runs for its rows is within 5 % of the fastest of
+    ``triton`` and ``cudnn``, and ``fa4`` where FlashAttention-4 runs (each with the rotation, as the model runs
+    them)."""
     from glmvit.kernels.attention_table import attention_for
 
     record = json.loads(ATTENTION_SWEEP.read_text())
-    assert record["provenance"]["gpu"] and "cudnn" in record["layouts"]["8x1024"]["paths"]
+    kernels = ("triton", "cudnn") + (("fa4",) if fa4 else ())
+    assert record["provenance"]["gpu"] and all("us" in record["layouts"]["8x1024"]["paths"][k] for k in kernels)
     worse = {}
     for name, layout in record["layouts"].items():
-        times = {k: layout["paths"][k]["us"] for k in ("triton", "cudnn")}
+        times = {k: layout["paths"][k]["us"] for k in kernels}
         assert all(layout["paths"][k]["ok"] for k in times), name
-        chosen = times[attention_for(layout["rows"])]
+        chosen = times[attention_for(layout["rows"], fa4)]
         if chosen > 1.05 * min(times.values()):
             worse[name] = times
     assert not worse, worse

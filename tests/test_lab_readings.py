@@ -279,3 +279,14 @@ def test_kernel_delta_matches_kernels_by_name_and_orders_by_the_largest_change()
     assert rows[0]["delta_us"] == -150.0 and rows[0]["after_launches"] == 0
     assert rows[1]["delta_us"] == 90.0 and rows[-1]["delta_us"] == 5.0
     assert sum(r["delta_us"] for r in rows) == (905 + 90 + 20) - (150 + 900)
+
+
+def test_compile_savings_read_auto_s_kernel_from_the_record_where_it_names_one(kernels):
+    """A record made where FlashAttention-4 runs says auto ran ``fa4``: the reading takes that profile, not the kernel
+    this machine's auto would choose."""
+    layout = next(iter(kernels.layouts))
+    moved = {**kernels.profile, "fa4": kernels.profile["triton"], "fa4-compiled": kernels.profile["triton-compiled"]}
+    record = kernels.model_copy(update={"profile": moved, "auto": {layout: "fa4"}})
+    rows = br.compile_savings(record, "auto")
+    assert rows[layout]["kernel"] == "fa4"
+    assert rows[layout]["gpu_us"][0] == moved["fa4"][layout]["gpu_us_per_call"]

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..attention import GRAPH_SAFE, attend_qkv, available_backends
+from ..attention import GRAPH_SAFE, attend_qkv, available_backends, resolve
 from ..encoder import build_encoder
 from ..floor import measure_copy_bandwidth, measure_matmul_tflops
 from ..geometry import ItemSpec, grid_specs
@@ -132,6 +132,19 @@ def _uniform_rows(budget_rows: int, grids: list) -> int:
     return sum(t * h * w for t, h, w in grids) if budget_rows // length else 0
 
 
+def auto_kernels(text: str) -> list[str]:
+    """The comma list ``text`` of backends, ``auto`` standing for the kernels the ``auto`` backend chooses among here:
+    ``cudnn`` and ``triton``, and ``fa4`` where FlashAttention-4 runs (``cudnn`` first either way, the backend the
+    whole-model and uniform variants run)."""
+    from ..kernels.fa4_attention import loads
+
+    names = [b.strip() for b in text.split(",")]
+    if "auto" not in names:
+        return names
+    i = names.index("auto")
+    return names[:i] + ["cudnn", "triton"] + (["fa4"] if loads() else []) + names[i + 1:]
+
+
 def profile_replays(model, layouts: dict[str, list], backends: list[str], quiet: bool) -> dict[str, Any]:
     """Kernel profile and replay times, per backend × compiled × layout.
 
@@ -227,8 +240,9 @@ def main(argv: list[str] | None = None, session: "Session | None" = None) -> int
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = Parser(prog="python -m glmvit kernels", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--layouts", default=",".join(LAYOUTS), help=f"comma list of {', '.join(LAYOUTS)}")
-    parser.add_argument("--backends", default=None, help="graph-safe attention backends to compare "
-                        "(default: every one this GPU has except sdpa_masked)")
+    parser.add_argument("--backends", default=None, help="graph-safe attention backends to compare, or auto: the "
+                        "kernels the auto backend chooses among here (default: every one this GPU has except "
+                        "sdpa_masked)")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)}")
     parser.add_argument("--json", metavar="PATH", type=output_path, help="write every number, with provenance, here")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -243,7 +257,7 @@ def main(argv: list[str] | None = None, session: "Session | None" = None) -> int
     # auto is cudnn or triton by the layout's rows: both are profiled on their own
     offered = [b for b in available_backends("cuda", torch.bfloat16)
                if b in GRAPH_SAFE and b not in ("sdpa_masked", "auto")]
-    backends = offered if args.backends is None else [b.strip() for b in args.backends.split(",")]
+    backends = offered if args.backends is None else auto_kernels(args.backends)
     if not backends or any(b not in offered for b in backends):
         parser.error(f"--backends must be among {offered} here")
     if args.json:
@@ -263,6 +277,7 @@ def main(argv: list[str] | None = None, session: "Session | None" = None) -> int
         "backends": backends,
     }
     valid = {n: g for n, g in layouts.items() if g is not None}
+    result["auto"] = {n: resolve("auto", sum(t * h * w for t, h, w in g)) for n, g in valid.items()}
     if "attention" in parts:
         result["attention"] = {n: measure_attention(config, g, backends, tflops, gbps)
                                for n, g in tqdm(valid.items(), desc="attention", disable=args.quiet)}

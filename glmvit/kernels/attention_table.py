@@ -25,7 +25,9 @@ if TYPE_CHECKING:  # no entry holds one (data/sweeps/tma_ab_h200.json: slower on
 # kernel below. Measured per attention call in ``data/sweeps/attention_sweep_h200.json`` (``tools/attention_sweep.py``,
 # rotation included on both): cuDNN wins on long segments (eight 448² images, one 1022² image, a mixed batch of
 # 6080 rows) and loses below (one, four or sixteen 224² images, two 448² images: its fixed cost per segment slot).
-# Between the largest layout it loses (4096 rows) and the smallest it wins (5332), at the middle.
+# Between the largest layout it loses (4096 rows) and the smallest it wins (5332), at the middle. Where
+# FlashAttention-4 runs (the ``fa4`` extra), its ragged kernel takes those batches instead: faster than cuDNN's on
+# every layout from this many rows in the same sweep, slower than glmvit's Triton kernel below it.
 CUDNN_MIN_ROWS = 5120
 
 PREROTATED = AttnConfig(64, 64, 4, 3, prerotate=True)
@@ -35,9 +37,17 @@ CONFIGS: tuple[tuple[int | None, AttnConfig | TmaConfig], ...] = (
     (256, PREROTATED), (1024, AttnConfig(64, 64, 4, 1)), (None, PREROTATED))
 
 
-def attention_for(rows: int) -> str:
-    """``cudnn`` or ``triton``: the kernel the ``auto`` backend runs for a batch of ``rows`` packed rows."""
-    return "cudnn" if rows >= CUDNN_MIN_ROWS else "triton"
+def attention_for(rows: int, fa4: bool | None = None) -> str:
+    """``fa4``, ``cudnn`` or ``triton``: the kernel the ``auto`` backend runs for a batch of ``rows`` packed rows.
+    From ``CUDNN_MIN_ROWS`` rows a library's ragged kernel: FlashAttention-4's where it runs (``fa4``; None: where
+    ``glmvit.kernels.fa4_attention.loads``), cuDNN's otherwise."""
+    if rows < CUDNN_MIN_ROWS:
+        return "triton"
+    if fa4 is None:
+        from .fa4_attention import loads
+
+        fa4 = loads()
+    return "fa4" if fa4 else "cudnn"
 
 
 def config_for(rows: int) -> AttnConfig | TmaConfig:

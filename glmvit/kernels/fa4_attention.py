@@ -21,6 +21,7 @@ its ``fa4_varlen`` and ``fa4_dense`` paths beside ``cudnn`` and ``sdpa_cudnn_den
 """
 from __future__ import annotations
 
+import functools
 import importlib.machinery
 import importlib.util
 from functools import lru_cache
@@ -46,6 +47,29 @@ def installed() -> bool:
     is ``flash_attn.cute`` in a ``flash_attn`` namespace that FlashAttention-2 also uses, so the submodule is what is
     looked up (:func:`submodule_installed`)."""
     return submodule_installed("flash_attn", "cute")
+
+
+def loads() -> bool:
+    """Whether FlashAttention-4 is installed here and its package imports (asked once per process). Where the
+    ``auto`` backend exists (the ``cudnn`` backend's conditions: Hopper or newer, fp16/bf16, head_dim 64 or 128)
+    this is the whole of whether ``fa4`` runs. torch.compile takes the answer as a constant."""
+    return _loads()
+
+
+# What torch.compiler.assume_constant_result(loads) sets (as on glmvit.kernels.fused_gemm_table.measured_gpu): a
+# plain function, so that Dynamo calls it rather than tracing the import inside (it traces through a cache wrapper).
+loads._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+@functools.cache
+def _loads() -> bool:
+    if not installed():
+        return False
+    try:
+        import flash_attn.cute  # noqa: F401
+    except Exception:  # noqa: BLE001 - a package that cannot load its compiler is one that does not run
+        return False
+    return True
 
 
 def head_dim_ok(head_dim: int) -> bool:

@@ -139,12 +139,14 @@ def request0_fills_one_budget(record: Any, mode: str = "graph") -> bool:
 def compile_savings(kernels: Any, backend: str) -> dict[str, dict[str, Any]]:
     """Per layout of a :class:`KernelsProfile`, the plain and compiled replay of the kernel ``backend`` runs at the
     layout's rows: ``kernel``, ``kernels`` (plain, compiled), ``gpu_us`` (plain, compiled), ``gemm_us`` (plain,
-    compiled) and ``rest_us`` (plain, compiled: every category but GEMM and attention)."""
+    compiled) and ``rest_us`` (plain, compiled: every category but GEMM and attention). ``auto``'s kernel is the
+    one the record says it ran on its machine (``KernelsProfile.auto``; this machine's choice for older records)."""
     from ..attention import resolve
 
     out = {}
     for layout, grids in kernels.layouts.items():
-        kern = resolve(backend, sum(t * h * w for t, h, w in grids))
+        kern = kernels.auto.get(layout) if backend == "auto" and kernels.auto else None
+        kern = kern or resolve(backend, sum(t * h * w for t, h, w in grids))
         p, c = kernels.profile[kern][layout], kernels.profile[f"{kern}-compiled"][layout]
         out[layout] = {
             "kernel": kern, "kernels": (p["kernels_per_call"], c["kernels_per_call"]),
