@@ -74,6 +74,26 @@ def kernel_delta(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str
     return sorted(rows.values(), key=lambda r: -abs(r["delta_us"]))
 
 
+def plot_kernel_delta(rows: list[dict[str, Any]], before: str, after: str, top: int = 10) -> Any:
+    """Horizontal bars of :func:`kernel_delta`'s ``top`` rows: each kernel's µs per call before and after (labelled
+    ``before`` and ``after``), the largest change first, its launches per call in the label."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    shown = rows[:top][::-1]
+    y = np.arange(len(shown))
+    fig, ax = plt.subplots(figsize=(11, 0.42 * len(shown) + 1.2))
+    ax.barh(y + 0.2, [r["before_us"] / 1e3 for r in shown], 0.4, label=before)
+    ax.barh(y - 0.2, [r["after_us"] / 1e3 for r in shown], 0.4, label=after)
+    ax.set_yticks(y, [f"{r['name'][:44]} ({r['before_launches']:.0f}→{r['after_launches']:.0f}×)" for r in shown],
+                  fontsize=8)
+    ax.set_xlabel("ms per replay")
+    ax.set_title(f"the {len(shown)} kernels whose time changed most, {before} → {after}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def plot_rooflines(gemm: dict[str, list[dict[str, Any]]], layouts: list[str]) -> Any:
     """Grouped bars of each matmul's ``roofline_fraction`` (roofline / measured) per layout."""
     import matplotlib.pyplot as plt
