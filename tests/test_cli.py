@@ -956,3 +956,12 @@ def test_the_cpu_commands_run_where_triton_is_not_installed(command):
                + ", '--help']; runpy.run_module('glmvit', run_name='__main__')")
     done = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, cwd=ROOT, timeout=180)
     assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]
+
+
+def test_the_kernels_profile_expands_auto_to_the_kernels_auto_chooses_among_here():
+    from glmvit.cli.kernels import auto_kernels
+    from glmvit.kernels.fa4_attention import loads
+
+    here = ["cudnn", "triton"] + (["fa4"] if loads() else [])
+    assert auto_kernels("auto") == here and auto_kernels("varlen, auto") == ["varlen", *here]
+    assert auto_kernels("triton,cudnn") == ["triton", "cudnn"]  # no auto: the list as given

@@ -176,14 +176,6 @@ def test_auto_takes_fa4_for_long_batches_where_it_runs_and_triton_below():
     assert attention_for(CUDNN_MIN_ROWS) == ("fa4" if fa4_attention.loads() else "cudnn")  # None: ask this machine
 
 
-def test_the_kernels_profile_expands_auto_to_the_kernels_auto_chooses_among_here():
-    from glmvit.cli.kernels import auto_kernels
-
-    here = ["cudnn", "triton"] + (["fa4"] if fa4_attention.loads() else [])
-    assert auto_kernels("auto") == here and auto_kernels("varlen, auto") == ["varlen", *here]
-    assert auto_kernels("triton,cudnn") == ["triton", "cudnn"]  # no auto: the list as given
-
-
 def test_torch_compile_takes_auto_s_fa4_answer_as_a_constant(monkeypatch):
     """``loads`` carries the mark ``torch.compiler.assume_constant_result`` sets, so a compiled forward asks it once
     instead of tracing the package import behind it; a forward that branches on it compiles whole."""
