@@ -67,7 +67,6 @@ LAYOUTS: dict[str, tuple[int, ...]] = {
     "4x256": (256,) * 4,  # four 224² images
     "1x256": (256,),  # one 224² image
     "2x1024": (1024,) * 2,  # two 448² images
-    "4x1024": (1024,) * 4,  # four 448² images: 4096 rows of long segments
     "16x256": (256,) * 16,  # sixteen 224² images: many short segments in 4096 rows
     "mixed": (1024, 256, 576, 2304, 256, 64, 1600),  # images of several sizes in one batch
 }
