@@ -29,11 +29,11 @@ q, k, v are (rows, heads, head_dim); segments come from the metadata. Padded row
   what padded entries compute (from rows the rotation launch leaves unset) stays in them. Graph-safe. A model's
   forward cannot take it (most batches are not uniform): ``EncoderGraphRunner(uniform_lengths=...)`` captures
   uniform shapes and runs it there.
-- ``auto`` (the CUDA default where ``cudnn`` runs): ``dense`` on a uniform shape; otherwise, for a batch of at
-  least ``glmvit.kernels.attention_table.CUDNN_MIN_ROWS`` packed rows, ``fa4`` where FlashAttention-4 runs and
-  ``cudnn`` where it does not, ``triton`` below (:func:`resolve`): the libraries' fixed cost per segment slot
-  loses on small batches, their kernels win on long segments. One choice per batch shape, so a captured budget
-  always runs the same kernel.
+- ``auto`` (the CUDA default where ``cudnn`` runs): ``dense`` on a uniform shape; otherwise ``cudnn`` for a batch
+  of at least ``glmvit.kernels.attention_table.CUDNN_MIN_ROWS`` packed rows, ``triton`` below (:func:`resolve`):
+  cuDNN's fixed cost per segment slot loses on small batches, its kernel wins on long segments. Where
+  FlashAttention-4 runs, ``glmvit.kernels.fa4_table`` decides which batches take ``fa4`` instead. One choice per
+  batch shape, so a captured budget always runs the same kernel.
 - ``segments``: one SDPA call per segment, reading cu_seqlens from the tensor (a host read: a sync on CUDA, so
   eager only there). No (rows)² mask, O(rows) memory: the CPU default.
 

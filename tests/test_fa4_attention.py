@@ -168,12 +168,17 @@ def test_strided_inputs_are_refused_in_one_line():
     assert "\n" not in str(err.value)
 
 
-def test_auto_takes_fa4_for_long_batches_where_it_runs_and_triton_below():
+def test_where_fa4_runs_its_table_decides_and_elsewhere_cudnn_s_rule_holds(monkeypatch):
+    from glmvit.kernels import fa4_table
     from glmvit.kernels.attention_table import CUDNN_MIN_ROWS, attention_for
 
-    assert attention_for(CUDNN_MIN_ROWS - 1, True) == attention_for(CUDNN_MIN_ROWS - 1, False) == "triton"
-    assert attention_for(CUDNN_MIN_ROWS, True) == "fa4" and attention_for(CUDNN_MIN_ROWS, False) == "cudnn"
-    assert attention_for(CUDNN_MIN_ROWS) == ("fa4" if fa4_attention.loads() else "cudnn")  # None: ask this machine
+    rows = CUDNN_MIN_ROWS
+    assert attention_for(rows - 1, False) == "triton" and attention_for(rows, False) == "cudnn"
+    monkeypatch.setattr(fa4_table, "FA4_MIN_ROWS", None)  # no fa4 rule: cuDNN's, where FlashAttention-4 runs too
+    assert attention_for(rows - 1, True) == "triton" and attention_for(rows, True) == "cudnn"
+    monkeypatch.setattr(fa4_table, "FA4_MIN_ROWS", 2048)
+    assert attention_for(2047, True) == "triton" and attention_for(2048, True) == attention_for(rows, True) == "fa4"
+    assert attention_for(rows) == attention_for(rows, fa4_attention.loads())  # None: ask this machine
 
 
 def test_torch_compile_takes_auto_s_fa4_answer_as_a_constant(monkeypatch):
@@ -186,7 +191,10 @@ def test_torch_compile_takes_auto_s_fa4_answer_as_a_constant(monkeypatch):
 
     torch.compiler.assume_constant_result(marked)
     assert vars(marked) and all(getattr(fa4_attention.loads, k, None) == v for k, v in vars(marked).items())
+    from glmvit.kernels import fa4_table
+
     monkeypatch.setattr(fa4_attention, "_loads", lambda: True)  # as where FlashAttention-4 runs
+    monkeypatch.setattr(fa4_table, "FA4_MIN_ROWS", attention_table.CUDNN_MIN_ROWS)
 
     def forward(x):
         return x + 1 if attention_table.attention_for(x.shape[0]) == "fa4" else x - 1

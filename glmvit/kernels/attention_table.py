@@ -26,8 +26,7 @@ if TYPE_CHECKING:  # no entry holds one (data/sweeps/tma_ab_h200.json: slower on
 # rotation included on both): cuDNN wins on long segments (eight 448² images, one 1022² image, a mixed batch of
 # 6080 rows) and loses below (one, four or sixteen 224² images, two 448² images: its fixed cost per segment slot).
 # Between the largest layout it loses (4096 rows) and the smallest it wins (5332), at the middle. Where
-# FlashAttention-4 runs (the ``fa4`` extra), its ragged kernel takes those batches instead: faster than cuDNN's on
-# every layout from this many rows in the same sweep, slower than glmvit's Triton kernel below it.
+# FlashAttention-4 runs (the ``fa4`` extra), ``glmvit.kernels.fa4_table`` decides instead.
 CUDNN_MIN_ROWS = 5120
 
 PREROTATED = AttnConfig(64, 64, 4, 3, prerotate=True)
@@ -39,15 +38,17 @@ CONFIGS: tuple[tuple[int | None, AttnConfig | TmaConfig], ...] = (
 
 def attention_for(rows: int, fa4: bool | None = None) -> str:
     """``fa4``, ``cudnn`` or ``triton``: the kernel the ``auto`` backend runs for a batch of ``rows`` packed rows.
-    From ``CUDNN_MIN_ROWS`` rows a library's ragged kernel: FlashAttention-4's where it runs (``fa4``; None: where
-    ``glmvit.kernels.fa4_attention.loads``), cuDNN's otherwise."""
-    if rows < CUDNN_MIN_ROWS:
-        return "triton"
+    ``fa4``: whether FlashAttention-4 runs here (None: ``glmvit.kernels.fa4_attention.loads``); where it does,
+    ``glmvit.kernels.fa4_table`` decides, else cuDNN's ragged kernel from ``CUDNN_MIN_ROWS`` rows, Triton below."""
     if fa4 is None:
         from .fa4_attention import loads
 
         fa4 = loads()
-    return "fa4" if fa4 else "cudnn"
+    if fa4:
+        from .fa4_table import fa4_attention_for
+
+        return fa4_attention_for(rows)
+    return "cudnn" if rows >= CUDNN_MIN_ROWS else "triton"
 
 
 def config_for(rows: int) -> AttnConfig | TmaConfig:
