@@ -290,3 +290,17 @@ def test_compile_savings_read_auto_s_kernel_from_the_record_where_it_names_one(k
     rows = br.compile_savings(record, "auto")
     assert rows[layout]["kernel"] == "fa4"
     assert rows[layout]["gpu_us"][0] == moved["fa4"][layout]["gpu_us_per_call"]
+
+
+def test_compile_savings_read_an_older_record_by_the_rule_it_ran_not_this_machine_s(kernels, monkeypatch):
+    """A record without ``auto`` predates FlashAttention-4 in ``auto``: read where fa4 loads and its table names
+    every batch, it still takes the kernel cuDNN's rule chose (the record has no ``fa4`` profile)."""
+    from glmvit.kernels import fa4_attention, fa4_table
+    from glmvit.kernels.attention_table import attention_for
+
+    monkeypatch.setattr(fa4_attention, "_loads", lambda: True)
+    monkeypatch.setattr(fa4_table, "FA4_MIN_ROWS", 0)
+    assert not kernels.auto and "fa4" not in kernels.profile
+    rows = br.compile_savings(kernels, "auto")
+    assert {n: r["kernel"] for n, r in rows.items()} == {
+        n: attention_for(sum(t * h * w for t, h, w in g), fa4=False) for n, g in kernels.layouts.items()}

@@ -140,13 +140,18 @@ def compile_savings(kernels: Any, backend: str) -> dict[str, dict[str, Any]]:
     """Per layout of a :class:`KernelsProfile`, the plain and compiled replay of the kernel ``backend`` runs at the
     layout's rows: ``kernel``, ``kernels`` (plain, compiled), ``gpu_us`` (plain, compiled), ``gemm_us`` (plain,
     compiled) and ``rest_us`` (plain, compiled: every category but GEMM and attention). ``auto``'s kernel is the
-    one the record says it ran on its machine (``KernelsProfile.auto``; this machine's choice for older records)."""
+    one the record says auto runs on its machine (``KernelsProfile.auto``); a record without that answer predates
+    FlashAttention-4 in ``auto``, so its rule without it (``attention_for(rows, fa4=False)``), not this machine's."""
     from ..attention import resolve
+    from ..kernels.attention_table import attention_for
 
     out = {}
     for layout, grids in kernels.layouts.items():
-        kern = kernels.auto.get(layout) if backend == "auto" and kernels.auto else None
-        kern = kern or resolve(backend, sum(t * h * w for t, h, w in grids))
+        rows = sum(t * h * w for t, h, w in grids)
+        if backend != "auto":
+            kern = resolve(backend, rows)
+        else:  # where this machine loads FlashAttention-4, its own choice could name a kernel the record never ran
+            kern = kernels.auto.get(layout) or attention_for(rows, fa4=False)
         p, c = kernels.profile[kern][layout], kernels.profile[f"{kern}-compiled"][layout]
         out[layout] = {
             "kernel": kern, "kernels": (p["kernels_per_call"], c["kernels_per_call"]),
