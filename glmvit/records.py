@@ -313,7 +313,9 @@ class KernelsProfile(Record):
     attention: dict[str, Any] = Field(default_factory=dict)
     gemm: dict[str, Any] = Field(default_factory=dict)
     profile: dict[str, Any] = Field(default_factory=dict)
-    auto: dict[str, str] = Field(default_factory=dict)  # per layout, the kernel ``auto`` ran on that machine
+    # per layout, the kernel ``auto`` runs there at its rows on that machine (its own profile is that kernel's);
+    # empty in records made before FlashAttention-4 joined ``auto`` and where that machine had no ``auto``
+    auto: dict[str, str] = Field(default_factory=dict)
 
 
 class NcuProfile(Record):

@@ -254,9 +254,9 @@ def main(argv: list[str] | None = None, session: "Session | None" = None) -> int
         parser.error(f"unknown layout or part {unknown}; layouts: {list(LAYOUTS)}, parts: {list(PARTS)}")
     if not torch.cuda.is_available():
         parser.error("kernels profiles CUDA kernels: this machine has no CUDA device")
-    # auto is cudnn or triton by the layout's rows: both are profiled on their own
-    offered = [b for b in available_backends("cuda", torch.bfloat16)
-               if b in GRAPH_SAFE and b not in ("sdpa_masked", "auto")]
+    # auto is one of cudnn, triton and fa4 by the layout's rows (auto_kernels): each is profiled on its own
+    here = available_backends("cuda", torch.bfloat16)
+    offered = [b for b in here if b in GRAPH_SAFE and b not in ("sdpa_masked", "auto")]
     backends = offered if args.backends is None else auto_kernels(args.backends)
     if not backends or any(b not in offered for b in backends):
         parser.error(f"--backends must be among {offered} here")
@@ -277,7 +277,9 @@ def main(argv: list[str] | None = None, session: "Session | None" = None) -> int
         "backends": backends,
     }
     valid = {n: g for n, g in layouts.items() if g is not None}
-    result["auto"] = {n: resolve("auto", sum(t * h * w for t, h, w in g)) for n, g in valid.items()}
+    # what attend_qkv's auto runs at each layout's rows (none where this machine has no auto: no kernel of it ran)
+    result["auto"] = {n: resolve("auto", sum(t * h * w for t, h, w in g), 3 * config.hidden_size)
+                      for n, g in valid.items()} if "auto" in here else {}
     if "attention" in parts:
         result["attention"] = {n: measure_attention(config, g, backends, tflops, gbps)
                                for n, g in tqdm(valid.items(), desc="attention", disable=args.quiet)}
