@@ -218,11 +218,11 @@ def fa4_paths(layout: Layout, q, k, v, cu, bounds: dict[str, int]) -> dict[str, 
     """``fa4_varlen@budget`` / ``fa4_varlen@true``: FlashAttention-4's CuTe DSL kernel (``flash_attn.cute``, the
     ``flash-attn-4`` package; its SM90 forward on Hopper) on the packed rows with cu_seqlens; ``fa4_dense``: its
     batched entry on the (segments, L, heads, d) view when every segment has the same length. One line when the
-    package does not import."""
+    package does not import (``fa4_*``: ``fa4`` is the backend's own path, which says why it failed)."""
     try:
         from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
     except Exception as err:  # noqa: BLE001 - one line in the table, whatever is missing
-        return {"fa4": f"flash_attn.cute not importable: {one_line(err)}"}
+        return {"fa4_*": f"flash_attn.cute not importable: {one_line(err)}"}
 
     def first(o: Any) -> torch.Tensor:
         return o[0] if isinstance(o, tuple) else o  # (out, lse) in some versions
