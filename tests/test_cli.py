@@ -965,3 +965,4 @@ def test_the_kernels_profile_expands_auto_to_the_kernels_auto_chooses_among_here
     here = ["cudnn", "triton"] + (["fa4"] if loads() else [])
     assert auto_kernels("auto") == here and auto_kernels("varlen, auto") == ["varlen", *here]
     assert auto_kernels("triton,cudnn") == ["triton", "cudnn"]  # no auto: the list as given
+    assert auto_kernels("triton, auto") == ["triton", "cudnn", *here[2:]]  # each kernel profiled once

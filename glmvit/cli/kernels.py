@@ -135,14 +135,14 @@ def _uniform_rows(budget_rows: int, grids: list) -> int:
 def auto_kernels(text: str) -> list[str]:
     """The comma list ``text`` of backends, ``auto`` standing for the kernels the ``auto`` backend chooses among here:
     ``cudnn`` and ``triton``, and ``fa4`` where FlashAttention-4 runs (``cudnn`` first either way, the backend the
-    whole-model and uniform variants run)."""
+    whole-model and uniform variants run). Each name once, where it first stands: a repeat would profile it twice."""
     from ..kernels.fa4_attention import loads
 
     names = [b.strip() for b in text.split(",")]
-    if "auto" not in names:
-        return names
-    i = names.index("auto")
-    return names[:i] + ["cudnn", "triton"] + (["fa4"] if loads() else []) + names[i + 1:]
+    if "auto" in names:
+        i = names.index("auto")
+        names = names[:i] + ["cudnn", "triton"] + (["fa4"] if loads() else []) + names[i + 1:]
+    return list(dict.fromkeys(names))
 
 
 def profile_replays(model, layouts: dict[str, list], backends: list[str], quiet: bool) -> dict[str, Any]:
@@ -259,7 +259,8 @@ def main(argv: list[str] | None = None, session: "Session | None" = None) -> int
     offered = [b for b in here if b in GRAPH_SAFE and b not in ("sdpa_masked", "auto")]
     backends = offered if args.backends is None else auto_kernels(args.backends)
     if not backends or any(b not in offered for b in backends):
-        parser.error(f"--backends must be among {offered} here")
+        given = [b.strip() for b in (args.backends or "").split(",")]
+        parser.error(f"--backends must be among {offered} here" + (f" (auto: {backends})" if "auto" in given else ""))
     if args.json:
         check_writable(args.json)
     config = vision_config("full")
