@@ -304,3 +304,21 @@ def test_compile_savings_read_an_older_record_by_the_rule_it_ran_not_this_machin
     rows = br.compile_savings(kernels, "auto")
     assert {n: r["kernel"] for n, r in rows.items()} == {
         n: attention_for(sum(t * h * w for t, h, w in g), fa4=False) for n, g in kernels.layouts.items()}
+
+
+def test_plot_kernel_delta_draws_a_bar_pair_per_kernel_the_largest_change_on_top(kernels):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from glmvit.lab import kernel_views as kv
+
+    rows = kv.kernel_delta(kernels.profile["triton-compiled"]["8x448"], kernels.profile["cudnn-compiled"]["8x448"])
+    fig = kv.plot_kernel_delta(rows, "triton-compiled", "cudnn-compiled", top=4)
+    ax = fig.axes[0]
+    widths = sorted(round(p.get_width(), 6) for p in ax.patches)
+    assert len(ax.patches) == 8 and widths == sorted(round(r[k] / 1e3, 6) for r in rows[:4]
+                                                      for k in ("before_us", "after_us"))
+    assert [t.get_text() for t in ax.get_yticklabels()][-1].startswith(rows[0]["name"][:44])  # barh: last on top
+    plt.close(fig)

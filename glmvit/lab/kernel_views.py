@@ -75,8 +75,8 @@ def kernel_delta(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str
 
 
 def plot_kernel_delta(rows: list[dict[str, Any]], before: str, after: str, top: int = 10) -> Any:
-    """Horizontal bars of :func:`kernel_delta`'s ``top`` rows: each kernel's µs per call before and after (labelled
-    ``before`` and ``after``), the largest change first, its launches per call in the label."""
+    """Horizontal bars of :func:`kernel_delta`'s ``top`` rows: each kernel's time per replay before and after, in ms
+    (labelled ``before`` and ``after``), the largest change first, its launches per replay in the label."""
     import matplotlib.pyplot as plt
     import numpy as np
 
