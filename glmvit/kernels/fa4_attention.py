@@ -21,10 +21,9 @@ its ``fa4_varlen`` and ``fa4_dense`` paths beside ``cudnn`` and ``sdpa_cudnn_den
 """
 from __future__ import annotations
 
-import functools
 import importlib.machinery
 import importlib.util
-from functools import lru_cache
+from functools import cache, lru_cache
 
 import torch
 
@@ -61,7 +60,7 @@ def loads() -> bool:
 loads._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
-@functools.cache
+@cache
 def _loads() -> bool:
     if not installed():
         return False
