@@ -75,3 +75,13 @@ def test_tma_ab_refuses_without_cuda_in_one_line():
     assert run.returncode == 2
     assert run.stdout == ""
     assert len(run.stderr.strip().splitlines()) == 1 and "CUDA" in run.stderr
+
+
+def test_the_record_names_each_attention_library_s_version_or_none():
+    from glmvit.kernels.fa4_attention import installed
+    from tools.attention_sweep import LIBRARIES, library_versions
+
+    versions = library_versions()
+    assert list(versions) == list(LIBRARIES)
+    assert all(v is None or (isinstance(v, str) and v[0].isdigit()) for v in versions.values())
+    assert (versions["flash-attn-4"] is not None) == installed()  # the package that imports is the one named

@@ -338,6 +338,23 @@ def print_table(layouts: dict[str, Any]) -> None:
                 print(f"{name:>8} {path:<30} {row['us']:8.1f}")
 
 
+LIBRARIES = ("nvidia-cudnn-frontend", "flash-attn-4", "nvidia-cutlass-dsl", "flash-attn")
+
+
+def library_versions() -> dict[str, str | None]:
+    """The installed version of each attention library the paths use (``LIBRARIES``; None: not installed), so a
+    record says which FlashAttention-4 or cuDNN frontend its rows timed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found: dict[str, str | None] = {}
+    for name in LIBRARIES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
+
+
 def layout_names(parser: argparse.ArgumentParser, text: str) -> list[str]:
     """The comma list of layout names ``text``; an unknown one is the parser's one-line error."""
     names = [n.strip() for n in text.split(",")]
@@ -364,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         command = " ".join([sys.executable, *sys.argv])
         record = {"provenance": collect("cuda", command), "cudnn": torch.backends.cudnn.version(),
-                  "heads": HEADS, "head_dim": HEAD_DIM, "replays": REPLAYS, "layouts": layouts}
+                  "libraries": library_versions(), "heads": HEADS, "head_dim": HEAD_DIM, "replays": REPLAYS,
+                  "layouts": layouts}
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1)
             f.write("\n")
