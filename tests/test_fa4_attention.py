@@ -19,9 +19,12 @@ import torch
 from glmvit.attention import BACKENDS, GRAPH_SAFE, available_backends, check_backend
 from glmvit.kernels import fa4_attention
 from glmvit.kernels.fa4_attention import head_dim_ok, installed, unavailable_reason
-from glmvit.metadata import build_metadata
-from glmvit.rotary import inv_freq, rotary_cos_sin
-from tests.packed_attention_cases import GPU_LAYOUTS, case, reference
+from tests.packed_attention_cases import (
+    GPU_LAYOUTS,
+    assert_capture_on_one_batch_replays_another,
+    assert_within_bf16_band,
+    case,
+)
 
 
 def test_a_graph_safe_backend_by_name():
@@ -105,10 +108,7 @@ def test_gpu_bf16_within_rounding_of_float32_reference(layout):
     from glmvit.attention import attend_qkv
 
     qkv, cos, sin, meta, rows = case(GPU_LAYOUTS[layout])
-    ref, v = reference(qkv, cos, sin, meta)
-    got = attend_qkv(qkv, cos, sin, meta, "fa4", 12)
-    band = 2**-6 * v[:rows].float().abs().max().item()
-    assert (got[:rows].float() - ref[:rows]).abs().max().item() <= band
+    assert_within_bf16_band(attend_qkv(qkv, cos, sin, meta, "fa4", 12), qkv, cos, sin, meta, rows)
 
 
 @pytest.mark.gpu
@@ -133,26 +133,7 @@ def test_gpu_a_graph_captured_on_one_batch_replays_another():
     gives, replayed on another of the same shape, that batch's eager answer."""
     from glmvit.attention import attend_qkv
 
-    qkv, cos, sin, meta, _ = case(GPU_LAYOUTS["mixed"], seed=1)
-    second_meta = build_metadata([(1, 16, 16)] * 3 + [(2, 8, 12)], 2, meta.shape).to("cuda")
-    eager_first = attend_qkv(qkv, cos, sin, meta, "fa4", 12)  # warm-up: the kernel is compiled here
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = attend_qkv(qkv, cos, sin, meta, "fa4", 12)
-    graph.replay()
-    rows_first = meta.host.num_rows
-    assert torch.equal(out[:rows_first], eager_first[:rows_first])
-    meta.packed.copy_(second_meta.packed)  # the next batch: same shape, other segments
-    for buf, table in zip((cos, sin), rotary_cos_sin(second_meta.h_idx, second_meta.w_idx, inv_freq(128).to("cuda")),
-                          strict=True):
-        buf.copy_(table)
-    graph.replay()
-    rows = second_meta.host.num_rows
-    expected = attend_qkv(qkv, cos, sin, second_meta, "fa4", 12)
-    assert torch.equal(out[:rows], expected[:rows])
-    ref, v = reference(qkv, cos, sin, second_meta)
-    assert (out[:rows].float() - ref[:rows]).abs().max().item() <= 2**-6 * v[:rows].float().abs().max().item()
+    assert_capture_on_one_batch_replays_another(lambda qkv, cos, sin, meta: attend_qkv(qkv, cos, sin, meta, "fa4", 12))
 
 
 def test_strided_inputs_are_refused_in_one_line():
