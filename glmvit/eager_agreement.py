@@ -43,8 +43,8 @@ class EagerTimings:
 
 # Records that time the same eager forward (eager ignores the budgets; the latency sweep's 64-token "full" layout is
 # one [1, 16, 16] grid): per forward, the benchmark records, and whether the latency sweep times it too.
-EAGER_TWINS = {"one 224² image": (("img1x224_h200.json", "seed_img1x224_h200.json"), True),
-               "one 8-frame 224² clip": (("video8x224_h200.json", "seed_video8x224_h200.json"), False)}
+EAGER_TWINS = {"one 224² image": (("img1x224.json", "seed_img1x224.json"), True),
+               "one 8-frame 224² clip": (("video8x224.json", "seed_video8x224.json"), False)}
 
 
 def eager_timings(bench: Path) -> list[EagerTimings]:
@@ -52,7 +52,7 @@ def eager_timings(bench: Path) -> list[EagerTimings]:
     come from one record run, with their eager medians; a forward with a record missing is left out."""
     out = []
     for forward, (names, in_sweep) in EAGER_TWINS.items():
-        paths = [bench / n for n in names] + ([bench / "latency_h200.json"] if in_sweep else [])
+        paths = [bench / n for n in names] + ([bench / "latency.json"] if in_sweep else [])
         if not all(p.exists() for p in paths):
             continue
         records = {n: load(bench / n, BenchRecord) for n in names}

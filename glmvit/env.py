@@ -8,7 +8,8 @@
 - ``[--]``   optional here and absent (no CUDA GPU, no Triton): the notebooks still run, some cells are skipped.
 
 ``run_or_replay(name, compute)`` is how a notebook's GPU cell runs everywhere: computed on a CUDA machine, and
-replayed from ``data/notebooks/NAME.json`` (recorded on the H200) elsewhere.
+replayed elsewhere from ``data/notebooks/NAME.json`` (made by ``python -m glmvit record`` on the GPU its
+provenance names).
 
 ``setup_notebook()`` fixes the seeds, the CPU thread count and the matplotlib defaults so that every notebook
 computes and draws the same thing on every machine.
@@ -162,7 +163,7 @@ def _torch_rows(bounds: dict[str, str]) -> list[Check]:
         name = torch.cuda.get_device_name(0)
         rows.append(Check("CUDA", OK, f"{torch.version.cuda}", "optional", f"{torch.cuda.device_count()}× {name}"))
     else:
-        rows.append(Check("CUDA", SKIP, "not available", "optional", "CPU only: GPU cells show recorded H200 results"))
+        rows.append(Check("CUDA", SKIP, "not available", "optional", "CPU only: GPU cells show recorded results"))
     return rows
 
 

@@ -182,7 +182,7 @@ def test_bench_times_transformers_compiled_as_the_peer(tmp_path, monkeypatch):
 
 def test_json_naming_a_tables_input_is_refused_before_any_work(tmp_path, capsys):
     table = tmp_path / "t.json"
-    table.write_bytes((ROOT / "data" / "bench" / "latency_h200.json").read_bytes())
+    table.write_bytes((ROOT / "data" / "bench" / "latency.json").read_bytes())
     before = table.read_bytes()
     with pytest.raises(SystemExit) as exc:
         main([*CPU_ARGS, "--modes", "eager,graph", "--tables", f"graph={table}", "--json", str(table)])
@@ -278,7 +278,7 @@ def test_memory_is_checked_for_the_budgets_each_graph_mode_captures(tmp_path, mo
     from glmvit.costmodel import ladder_split
     from glmvit.packing import LADDER_SPLIT, default_ladder
 
-    raw = json.loads((ROOT / "data" / "bench" / "latency_compiled_h200.json").read_text())
+    raw = json.loads((ROOT / "data" / "bench" / "latency_compiled.json").read_text())
     raw["compiled"] = False  # measured as graph-compiled; relabelled so that the emulated graph mode routes by it
 
     def slower_host(node):  # eager four times slower: its launch floor covers budgets past the default split

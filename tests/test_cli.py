@@ -241,11 +241,11 @@ BAD_INVOCATIONS = [
     (["plan", "--system", "best"], "argument --system: invalid choice"),
     (["plan", "--mode", "bogus"], "argument --mode: invalid choice: 'bogus'"),
     (["plan", "--per", "step", "--step-tokens", "0"], "argument --step-tokens: 0 is not in [1, 131,072]"),
-    (["plan", "--latency-table", "data/bench/img1x224_h200.json"], "a 'bench' record, not the 'latency' record"),
-    (["plan", "--latency-table", "data/bench/latency_h200.json", "--mode", "graph-compiled"],
+    (["plan", "--latency-table", "data/bench/img1x224.json"], "a 'bench' record, not the 'latency' record"),
+    (["plan", "--latency-table", "data/bench/latency.json", "--mode", "graph-compiled"],
      "measured graph, not --mode graph-compiled"),
     (["bench", "--tables", "compiled=x"], "expected auto, off or MODE=PATH with MODE one of graph-compiled, graph"),
-    (["bench", "--tables", "graph=data/bench/latency_compiled_h200.json"], "measured graph-compiled, not graph"),
+    (["bench", "--tables", "graph=data/bench/latency_compiled.json"], "measured graph-compiled, not graph"),
     (["record", "--phases", "nope"], "unknown phase(s) nope"),
     (["record", "--only", "nope", "--dry-run"], "unknown job(s) nope"),
     (["record", "--time-limit", "inf"], "argument --time-limit: inf is not in [1, 86400]"),
@@ -521,7 +521,7 @@ def test_a_truncated_animated_gif_is_one_line_naming_the_file(tmp_path, capsys):
 def test_a_latency_sweep_missing_a_field_is_a_value_error():
     from glmvit.recorded import latency_table_from_json
 
-    sweep = json.loads((ROOT / "data" / "bench" / "latency_compiled_h200.json").read_text())
+    sweep = json.loads((ROOT / "data" / "bench" / "latency_compiled.json").read_text())
     del sweep["budgets"][0]["layouts"][0]["graph_p99_ms"]
     with pytest.raises(ValueError, match="broken.json: not a valid latency record .*graph_p99_ms"):
         latency_table_from_json(sweep, "broken.json")
@@ -532,11 +532,11 @@ def test_a_latency_sweep_missing_a_field_is_a_value_error():
 def test_a_latency_sweep_with_a_mistyped_field_is_a_value_error_naming_it(where, value):
     from glmvit.recorded import latency_table_from_json
 
-    sweep = json.loads((ROOT / "data" / "bench" / "latency_compiled_h200.json").read_text())
+    sweep = json.loads((ROOT / "data" / "bench" / "latency_compiled.json").read_text())
     sweep["budgets"][1]["layouts"][0][where] = value
     with pytest.raises(ValueError, match=f"broken.json: .*budgets.1.layouts.0.{where}"):
         latency_table_from_json(sweep, "broken.json")
-    sweep = json.loads((ROOT / "data" / "bench" / "latency_compiled_h200.json").read_text())
+    sweep = json.loads((ROOT / "data" / "bench" / "latency_compiled.json").read_text())
     sweep["budgets"][1]["layouts"] = []
     with pytest.raises(ValueError, match="broken.json: .*budgets.1.layouts"):
         latency_table_from_json(sweep, "broken.json")
@@ -594,7 +594,7 @@ def test_ctrl_c_is_one_line_and_status_130_with_nothing_written(tmp_path, capsys
 def test_a_latency_sweep_takes_no_lax_number_and_no_p99_below_its_median(edit, where):
     from glmvit.recorded import latency_table_from_json
 
-    sweep = json.loads((ROOT / "data" / "bench" / "latency_compiled_h200.json").read_text())
+    sweep = json.loads((ROOT / "data" / "bench" / "latency_compiled.json").read_text())
     edit(sweep)
     with pytest.raises(ValueError, match=re.escape(where)):
         latency_table_from_json(sweep, "lax.json")
@@ -721,7 +721,7 @@ def test_every_cut_of_an_animation_is_refused_in_one_line(tmp_path, suffix):
 def test_a_plain_latency_table_refuses_a_budget_that_is_not_an_integer(budget):
     from glmvit.recorded import latency_table_from_json
 
-    sweep = json.loads((ROOT / "data" / "bench" / "latency_compiled_h200.json").read_text())
+    sweep = json.loads((ROOT / "data" / "bench" / "latency_compiled.json").read_text())
     plain = {"budgets": [{**b, **(budget if i == 0 else {})} for i, b in enumerate(sweep["budgets"])]}
     with pytest.raises(ValueError):
         latency_table_from_json(plain, "plain.json")

@@ -31,7 +31,7 @@ def benches():
 
 @pytest.fixture(scope="module")
 def kernels():
-    return load(BENCH / "kernels_h200.json", KernelsProfile)
+    return load(BENCH / "kernels.json", KernelsProfile)
 
 
 def by_workload(runs, name):
@@ -171,8 +171,8 @@ def test_accuracy_lines_report_the_worst_relative_difference():
 # --- notebook 10 ---------------------------------------------------------------------------------------------------
 
 def test_recorded_prints_what_it_loaded(capsys):
-    record = kv.recorded(BENCH / "capture_h200.json", StartupRecord)
-    assert isinstance(record, StartupRecord) and "capture_h200.json" in capsys.readouterr().out
+    record = kv.recorded(BENCH / "capture.json", StartupRecord)
+    assert isinstance(record, StartupRecord) and "capture.json" in capsys.readouterr().out
 
 
 def test_replay_rows_and_their_plot(kernels):
@@ -218,7 +218,7 @@ def test_target_verdicts_follow_the_goals():
     assert all(v["met"] and v["steady"] for v in easy.values())
     assert not any(v["met"] or v["steady"] for v in hard.values())
     assert 0 < easy["img8x448"]["rate"] < 1 and easy["img1x224"]["x_floor"] > 1
-    assert easy["img1x224"]["commit"] == load(BENCH / "img1x224_h200.json", BenchRecord).provenance.short_commit
+    assert easy["img1x224"]["commit"] == load(BENCH / "img1x224.json", BenchRecord).provenance.short_commit
 
 
 def test_describe_sweep_names_its_gpu_and_commit(tmp_path):
@@ -253,7 +253,7 @@ def test_fused_ab_takes_the_fastest_correct_fused_path(tmp_path):
 
 
 def test_ncu_lines_and_registers():
-    ncu = load(BENCH / "ncu_h200.json", NcuProfile)
+    ncu = load(BENCH / "ncu.json", NcuProfile)
     lines = kv.ncu_lines(ncu.layouts, top=2)
     assert len(lines) == sum(1 + min(2, len(e["groups"])) for e in ncu.layouts.values())
     assert lines[0].startswith(next(iter(ncu.layouts)))

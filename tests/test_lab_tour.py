@@ -50,7 +50,7 @@ def test_plots_return_their_figures():
     assert len(tour.plot_patch_grid(photo, photo.resize((28, 28))).axes) == 2
     from glmvit import records
 
-    bench = {n: records.load(SAMPLE_DATA / "bench" / f"{n}_h200.json", records.BenchRecord)
+    bench = {n: records.load(SAMPLE_DATA / "bench" / f"{n}.json", records.BenchRecord)
              for n in ("img1x224", "img8x448")}
     assert len(tour.plot_bench_modes(bench, ["eager", "graph"]).axes) == 2
 

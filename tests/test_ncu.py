@@ -18,7 +18,7 @@ from glmvit.profiling import categorise
 from glmvit.records import NcuProfile, load
 
 RAW = (Path(__file__).parent / "data" / "ncu_raw_8x448.csv").read_text()
-RECORD = Path(__file__).parents[1] / "data" / "bench" / "ncu_h200.json"
+RECORD = Path(__file__).parents[1] / "data" / "bench" / "ncu.json"
 
 
 def fixture_rows() -> list[dict[str, str]]:

@@ -16,7 +16,7 @@ from glmvit.records import LatencySweep, find_one, staleness
 from glmvit.traces import MAX_FRAMES, load_trace, parse_trace
 from glmvit.workloads import make_item
 
-H200 = "data/bench/latency_h200.json"
+H200 = "data/bench/latency.json"
 TRACE = b"request,height,width,frames\nr1,1080,1920,1\nr1,720,1280,16\nr2,224,224,\nr1,448,448,1\n"
 
 

@@ -14,7 +14,7 @@ from glmvit.__main__ import main
 from glmvit.cli import record, recorder
 from glmvit.cli.recorder import Job, jobs
 from glmvit.cli.session import Session
-from glmvit.records import Fingerprint, NotebookResult, make, staleness
+from glmvit.records import Fingerprint, NotebookResult, load_any, make, staleness
 from glmvit.timing import median_ci95, quiet_host, relative_halfwidth
 
 
@@ -108,13 +108,13 @@ def test_the_orchestrator_runs_each_phase_once_and_packs_what_they_wrote(tmp_pat
     archive = tmp_path / "records.tgz"
     FakePhase.calls, FakePhase.events = [], []
     FakePhase.script = {
-        "measure": ["[run] latency: ...", "[done] latency 12.5 data/bench/latency_h200.json",
+        "measure": ["[run] latency: ...", "[done] latency 12.5 data/bench/latency.json",
                     "[done] startup_cold 20.0 "],
-        "profile": ["[done] startup_warm 9.0 data/bench/capture_h200.json", "[FAIL] kernels 3.0"],
+        "profile": ["[done] startup_warm 9.0 data/bench/capture.json", "[FAIL] kernels 3.0"],
     }
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(record, "install_problem", lambda: None)  # a CPU machine posing as one with CUDA
-    monkeypatch.setattr(record, "gpu_problem", lambda: None)  # ... an H200
+    monkeypatch.setattr(record, "gpu_problem", lambda chosen: None)  # ... the records' GPU
     monkeypatch.setattr(record.subprocess, "Popen", FakePhase)
     monkeypatch.setattr(record, "job_current", lambda job, run_id=None: False)
     code = main(["record", "--only", "latency,startup_warm,kernels", "--archive", str(archive)])
@@ -126,7 +126,7 @@ def test_the_orchestrator_runs_each_phase_once_and_packs_what_they_wrote(tmp_pat
     measure_jobs = FakePhase.calls[0][FakePhase.calls[0].index("--jobs") + 1].split(",")
     assert measure_jobs == ["startup_cold", "latency"]
     with tarfile.open(archive) as tar:
-        assert tar.getnames() == ["data/bench/latency_h200.json", "data/bench/capture_h200.json"]
+        assert tar.getnames() == ["data/bench/latency.json", "data/bench/capture.json"]
     out = capsys.readouterr().out
     assert out.index("[ready] measure") < out.index("[ready] profile") < out.index("[run] latency")
     assert "1 failed ['kernels']" in out and "seconds per job: latency 12, startup_cold 20" in out
@@ -137,7 +137,7 @@ def test_an_interrupted_run_ends_the_phases_it_never_told_to_go(tmp_path, monkey
     FakePhase.script = {"measure": ["[done] latency 1.0 "], "profile": []}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(record, "install_problem", lambda: None)  # a CPU machine posing as one with CUDA
-    monkeypatch.setattr(record, "gpu_problem", lambda: None)  # ... an H200
+    monkeypatch.setattr(record, "gpu_problem", lambda chosen: None)  # ... the records' GPU
     monkeypatch.setattr(record.subprocess, "Popen", FakePhase)
     monkeypatch.setattr(record, "job_current", lambda job, run_id=None: False)
 
@@ -347,7 +347,7 @@ def test_the_serving_target_is_swept_on_the_one_shape_workload_in_bounded_time()
     argv = dict(zip(sweeps[0].argv[::2], sweeps[0].argv[1::2], strict=True))
     rates = argv["--request-rate"].split(",")
     assert rates[0] == "inf" and any(float(r.rstrip("%")) < 50 for r in rates[1:])  # an unloaded run to compare
-    saturated = next(r["requests_per_s"] for r in load(DATA / "bench/serve_video8x224_h200.json", ServeRecord).runs
+    saturated = next(r["requests_per_s"] for r in load(DATA / "bench/serve_video8x224.json", ServeRecord).runs
                      if r["mode"] == "graph-compiled")
     seconds = sum(int(argv["--num-prompts"]) / (float(r.rstrip("%")) / 100 * saturated) for r in rates[1:])
     assert seconds < 20, seconds
@@ -682,14 +682,23 @@ def refusal(monkeypatch, capsys) -> str:
     return capsys.readouterr().err.strip().splitlines()[-1]
 
 
-def test_a_record_refuses_a_gpu_other_than_the_one_the_records_are_named_for(monkeypatch, capsys):
-    """An H100's timings must not land in *_h200.json files: the run stops before any job, naming both GPUs."""
+def test_a_record_on_another_gpu_must_re_record_every_result(monkeypatch, capsys):
+    """The results are one GPU's: a partial run on a GPU other than the one the committed records name stops before
+    any job, naming that GPU and a record it would leave behind; a run of every job may, and so may a partial run on
+    the records' own GPU. The ncu diagnostic, recorded on request, is not held to it."""
+    committed = {load_any(p).provenance.gpu for j in recorder.jobs() if j.phase != "ncu" for p in j.output_paths()
+                 if p.exists()}
+    assert len(committed) == 1, f"the committed results name several GPUs: {committed}"
+    (ours,) = committed
+    other = "NVIDIA H100 80GB HBM3" if ours != "NVIDIA H100 80GB HBM3" else "NVIDIA H200"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
-    err = refusal(monkeypatch, capsys)
-    assert "H100 80GB" in err and "H200" in err
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
-    assert record.gpu_problem() is None
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: other)
+    err = refusal(monkeypatch, capsys)  # --only latency
+    assert other in err and ours in err and "python -m glmvit record --force" in err
+    every = [j for j in recorder.jobs() if j.phase != "ncu"]
+    assert record.gpu_problem(every) is None
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: ours)
+    assert record.gpu_problem([j for j in every if j.name == "latency"]) is None
 
 
 def test_a_record_refuses_a_hopper_gpu_without_the_cuda_extra(monkeypatch, capsys):
@@ -711,7 +720,7 @@ def test_a_record_refuses_a_hopper_gpu_without_the_cuda_extra(monkeypatch, capsy
 def test_a_serve_record_says_how_many_api_server_processes_served():
     """The clients are sent at a URL, so their records cannot know the server's processes: the merged record takes
     them from the servers the record run built (and says one process where there was one)."""
-    part = json.loads((recorder.REPO / "data" / "bench" / "serve_video8x224_h200.json").read_text())
+    part = json.loads((recorder.REPO / "data" / "bench" / "serve_video8x224.json").read_text())
     job = Job("serve_x", "measure", "bench-serve", ("--workload", "video8x224"), ("bench/serve_x.json",),
               modes=tuple(part["settings"]["modes"]))
     many = recorder.merge_serve([part], job, {"api_servers": 4, "decode_workers": 12})

@@ -53,7 +53,7 @@ def test_the_current_results_are_one_record_run_per_group_they_are_read_in():
         assert len(runs - {None}) <= 1 and (None not in runs or len(runs) == 1), (group, runs)
 
 
-@pytest.mark.parametrize("path", sorted(BENCH.glob("mixed_*_h200.json")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(BENCH.glob("mixed_*.json")), ids=lambda p: p.name)
 def test_the_cost_model_reproduces_the_recorded_prediction(path):
     """The benchmark predicted every mode's mean from the latency sweeps of its run; today's cost model, fitted on
     the same sweeps, predicts the same (so the recorded error describes the model in the code)."""
@@ -70,7 +70,7 @@ def test_the_cost_model_reproduces_the_recorded_prediction(path):
             assert table.describe().split(" (")[0] in run.prediction[mode]["table"]
 
 
-@pytest.mark.parametrize("path", sorted(BENCH.glob("latency*_h200.json")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(BENCH.glob("latency*.json")), ids=lambda p: p.name)
 def test_latency_fit_separates_matmuls_from_attention(path):
     """The two-term model (its budget's matmuls + its real attention) against every measured layout: close to nine
     in ten or more within 10% (85%), all within 20%. Not all within 10%: one attention slope serves every segment
@@ -89,7 +89,7 @@ def test_latency_fit_separates_matmuls_from_attention(path):
     assert all(abs(e) <= 0.20 for e in errors.values()), {k: f"{e:+.1%}" for k, e in errors.items() if abs(e) > 0.20}
 
 
-@pytest.mark.parametrize("path", sorted(BENCH.glob("mixed_*_h200.json")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(BENCH.glob("mixed_*.json")), ids=lambda p: p.name)
 def test_the_cost_model_predicts_every_mode_of_the_mixed_workloads(path):
     """Predicted vs measured mean per request, as the benchmark recorded it: each graph mode from its own sweep of the
     same record run within 10 % (out of sample: the sweeps measure synthetic layouts). Eager within 15 % of what the
@@ -119,8 +119,8 @@ def test_the_cost_model_predicts_every_mode_of_the_mixed_workloads(path):
 def eager_spread() -> float:
     """How far apart the run's three timings of one 224² image's eager forward are (largest / smallest median): the
     image benchmark's, the seed configuration's and the latency sweep's 64-token full layout."""
-    image, seed = (load(BENCH / f"{n}_h200.json", BenchRecord) for n in ("img1x224", "seed_img1x224"))
-    sweep = load(BENCH / "latency_h200.json", LatencySweep)
+    image, seed = (load(BENCH / f"{n}.json", BenchRecord) for n in ("img1x224", "seed_img1x224"))
+    sweep = load(BENCH / "latency.json", LatencySweep)
     full = next(lay for lay in next(b for b in sweep.budgets if b.tokens == 64).layouts if lay.name == "full")
     eager = [image.modes["eager"].median_ms, seed.modes["eager"].median_ms, full.eager_ms]
     return max(eager) / min(eager)
@@ -138,7 +138,7 @@ def _captures(record: Record) -> dict[str, dict]:
 ALLOCATOR_SEGMENT = 20 * 2**20  # PyTorch's caching allocator reserves large blocks in segments of 20 MiB (kLargeBuffer)
 
 
-@pytest.mark.parametrize("path", [p for p in sorted(BENCH.glob("*_h200.json"))
+@pytest.mark.parametrize("path", [p for p in sorted(BENCH.glob("*.json"))
                                   if load_any(p).kind in ("bench", "latency")], ids=lambda p: p.name)
 def test_graph_memory_estimate_matches_every_recorded_pool_within_15_percent(path):
     """The shared pool of a run is sized by its largest budget: the estimate of that pool vs the measured growth of
@@ -192,7 +192,7 @@ def test_one_eager_forward_times_the_same_in_every_record_of_a_run(forward):
     for name in names:
         current(load(BENCH / name, BenchRecord), BENCH / name)
     if in_sweep:
-        current(load(BENCH / "latency_h200.json", LatencySweep), BENCH / "latency_h200.json")
+        current(load(BENCH / "latency.json", LatencySweep), BENCH / "latency.json")
     timings = {t.forward: t for t in eager_timings(BENCH)}
     if forward not in timings:
         pytest.skip("its records come from different record runs")

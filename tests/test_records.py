@@ -103,7 +103,7 @@ def test_a_serve_record_keeps_each_requests_split_and_reads_one_made_before_it(t
     one); a record made before has none and still reads, and is written back as it was, its fields in their order."""
     from glmvit.records import ServeRecord
 
-    old = records.DATA / "bench" / "serve_video8x224_h200.json"
+    old = records.DATA / "bench" / "serve_video8x224.json"
     record = records.load(old, ServeRecord)
     assert "timing_ms" not in record.runs[0]["per_request"] and records.to_json(record) == old.read_text()
     run = {**record.runs[0], "per_request": {"ok": [True, False], "sent_s": [0.0, 0.1], "tte_ms": [5.0, 1.0],

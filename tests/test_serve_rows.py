@@ -305,7 +305,7 @@ def test_the_rows_host_job_is_the_default_serve_jobs_load_with_host_rows():
     job, base = jobs["serve_video8x224_rows_host"], jobs["serve_video8x224"]
     assert job.argv == (*base.argv, "--rows", "host") and job.modes == ("graph-compiled",)
     assert job.name in SERVE_RECORDS
-    part = json.loads((recorder.REPO / "data" / "bench" / "serve_video8x224_h200.json").read_text())
+    part = json.loads((recorder.REPO / "data" / "bench" / "serve_video8x224.json").read_text())
     merged = recorder.merge_serve([part], job, {"api_servers": 4, "decode_workers": 12, "rows": "host"})
     settings = merged.settings if isinstance(merged.settings, dict) else merged.settings.model_dump()
     assert settings["batching"]["rows"] == "host" and "--rows host" in settings["servers"]
@@ -327,7 +327,7 @@ def test_the_uniform_job_is_the_default_serve_jobs_load_with_uniform_graphs_for_
     (bucket,) = PRESETS["video8x224"].bucket_config
     assert (bucket[0] // 14) * (bucket[1] // 14) == 256  # the workload's one segment length
     assert job.name in SERVE_RECORDS
-    part = json.loads((recorder.REPO / "data" / "bench" / "serve_video8x224_h200.json").read_text())
+    part = json.loads((recorder.REPO / "data" / "bench" / "serve_video8x224.json").read_text())
     served = {"api_servers": 4, "decode_workers": 12, "rows": "device", "uniform_lengths": [256]}
     merged = recorder.merge_serve([part], job, served)
     settings = merged.settings if isinstance(merged.settings, dict) else merged.settings.model_dump()

@@ -4,7 +4,7 @@ Each start runs in a new Python process (nothing cached in memory). "cold": empt
 directories; "warm": a second process on the caches the cold one left. Per start it records the total seconds and
 the runner's per-budget ``warmup_seconds`` (tracing and compiling happen there) and ``seconds``, for each
 ``compile_scope`` × ``compile_dynamic`` setting asked for. CUDA only. A diagnostic for comparing those settings: the
-recorded start-up (``data/bench/capture_h200.json``, the default setting) is made by ``python -m glmvit record``,
+recorded start-up (``data/bench/capture.json``, the default setting) is made by ``python -m glmvit record``,
 from the cold first and warm second process of a record run.
 
     python tools/capture_time.py --scopes blocks,model --dynamic auto,on --json /tmp/starts.json

@@ -25,7 +25,7 @@ def at_revision(revision: str, path: str) -> dict | None:
 def rows(revision: str) -> list[str]:
     out = [f"| workload | mode | old median (requests) @ {revision} | new median [95 % interval] (requests) | "
            "new / old | old inside the new interval |", "|---|---|---|---|---|---|"]
-    for path in sorted((ROOT / BENCH).glob("*_h200.json")):
+    for path in sorted((ROOT / BENCH).glob("*.json")):
         new = json.loads(path.read_text())
         if new.get("kind") != "bench":
             continue

@@ -1,4 +1,4 @@
-"""The README's H200 results, written from data/bench/*.json (never typed by hand).
+"""The README's GPU results, written from data/bench/*.json (never typed by hand).
 
     python tools/readme_results.py          # rewrite the block between the README's results markers
     python tools/readme_results.py --check  # exit 1 if the README differs from what the JSON says
@@ -41,8 +41,13 @@ MODES = ("transformers", "eager", "graph", "graph-compiled")
 PEERS = ("transformers", "transformers-compiled", "eager", "graph", "graph-compiled")  # every mode a record may hold
 
 
+def gpu() -> str:
+    """The GPU the results were recorded on, as their provenance names it (``H100 80GB HBM3``)."""
+    return (bench("mixed_img").provenance.gpu or "unknown GPU").removeprefix("NVIDIA ")
+
+
 def bench(name: str) -> BenchRecord:
-    return load(BENCH / f"{name}_h200.json", BenchRecord)
+    return load(BENCH / f"{name}.json", BenchRecord)
 
 
 def mark(record: Record) -> str:
@@ -76,7 +81,7 @@ def fixed_table() -> list[str]:
         gc = m["graph-compiled"]
         peer = f"{m['transformers-compiled']['median_ms'] / gc['median_ms']:.2f}×" if "transformers-compiled" in m \
             else "–"
-        rows.append(f"| {label} (`{name}_h200.json` @ {run.provenance.short_commit}, "
+        rows.append(f"| {label} (`{name}.json` @ {run.provenance.short_commit}, "
                     f"{run.workload['requests']} requests{mark(run)}) | "
                     + " | ".join(median_cell(m[k]) if k in m else "–" for k in PEERS)
                     + f" | {ms(gc['p99_ms'])} | {ms(run.floor['mean_ms'])} | {gc['vs_floor_median']:.1f}× | {peer} |")
@@ -107,7 +112,7 @@ def mixed_table() -> list[str]:
 
 
 def sweep_line() -> str:
-    sweep = load(BENCH / "latency_h200.json", LatencySweep)
+    sweep = load(BENCH / "latency.json", LatencySweep)
     times = [{x.name: x.graph_ms for x in b.layouts} for b in sweep.budgets]
     alone = [t["one-small"] / t["many-small"] for t in times if "many-small" in t]
     single = max(t["full"] / t["one-small"] for t in times if "one-small" in t)
@@ -116,15 +121,15 @@ def sweep_line() -> str:
             f"up to sixteen), so a padded row "
             f"costs what a real one does. Only attention changes with the layout: one image filling the budget (a "
             f"single long segment) is the slowest, up to {single:.1f}× one small image "
-            f"(`latency_h200.json` @ {sweep.provenance.short_commit}{mark(sweep)}).")
+            f"(`latency.json` @ {sweep.provenance.short_commit}{mark(sweep)}).")
 
 
 def kernels_lines() -> list[str]:
-    """Where a compiled replay's GPU time goes (``kernels_h200.json``) and how long a start takes
-    (``capture_h200.json``: regional compile, the default)."""
-    record = load(BENCH / "kernels_h200.json", KernelsProfile)
+    """Where a compiled replay's GPU time goes (``kernels.json``) and how long a start takes
+    (``capture.json``: regional compile, the default)."""
+    record = load(BENCH / "kernels.json", KernelsProfile)
     run = record.model_dump()
-    lines = ["**Kernels** (`python -m glmvit kernels`, `kernels_h200.json` @ "
+    lines = ["**Kernels** (`python -m glmvit kernels`, `kernels.json` @ "
              f"{record.provenance.short_commit}{mark(record)}; GPU time of one replay, triton attention, compiled in "
              "regions as by default, by kernel category, and each kind against its roofline at the rates measured in "
              "the same run):", "",
@@ -141,20 +146,20 @@ def kernels_lines() -> list[str]:
         lines.append(f"| {layout} | {p['gpu_us_per_call']:.0f} µs | {p['kernels_per_call']:.0f} | "
                      f"{cats.get('gemm', 0):.0f} µs ({gemm_roof:.0f} µs) | {cats.get('attention', 0):.0f} µs "
                      f"({attn['roofline_us'] * depth:.0f} µs) | {cats.get('fused elementwise', 0):.0f} µs |")
-    data = load(BENCH / "capture_h200.json", StartupRecord)
+    data = load(BENCH / "capture.json", StartupRecord)
     runs = {k: v for k, v in data.runs.items() if k.endswith(("auto-cold", "auto-warm"))}
     cold = next(v["capture_s"] for k, v in runs.items() if k.endswith("cold"))
     warm = next(v["capture_s"] for k, v in runs.items() if k.endswith("warm"))
     lines += ["", f"Compile + capture of the default ladder of {len(data.budgets)} budgets in a fresh process, "
               f"compiled in regions as by default: {cold:.1f} s cold (a record run's first process, on empty compile "
               f"caches), {warm:.1f} s warm (its next process, on the caches the first filled) "
-              f"(`capture_h200.json`{mark(data)})."]
+              f"(`capture.json`{mark(data)})."]
     return lines
 
 
 def ncu_line() -> str:
-    """What limits each kernel of a replay (``ncu_h200.json``): its time by limiter, and the attention's counters."""
-    record = load(BENCH / "ncu_h200.json", NcuProfile)
+    """What limits each kernel of a replay (``ncu.json``): its time by limiter, and the attention's counters."""
+    record = load(BENCH / "ncu.json", NcuProfile)
     parts = []
     for layout, entry in record.layouts.items():
         shares = sorted(((us / entry["gpu_us"], name) for name, us in entry["by_limiter_us"].items()), reverse=True)
@@ -163,31 +168,31 @@ def ncu_line() -> str:
                      + f" (the attention: {attn['limiter']}, {attn['grid']:.0f} blocks on {attn['sms']} SMs, tensor "
                      f"pipe {attn['tensor_pct']:.0f} %)")
     return ("**What limits each kernel** (`python -m glmvit ncu`, Nsight Compute's counters for every kernel of one "
-            f"graph-compiled replay, `ncu_h200.json` @ {record.provenance.short_commit}{mark(record)}; kernel time by "
+            f"graph-compiled replay, `ncu.json` @ {record.provenance.short_commit}{mark(record)}; kernel time by "
             "limiter — the busiest of dram, tensor and issue at ≥ 60 % of peak, else parallelism with fewer blocks "
             "than SMs, else latency): " + "; ".join(parts) + ". Notebook 10 section 7 reads it.")
 
 
 def interp_line() -> str:
-    run = load(BENCH / "interp_h200.json", InterpRecord)
+    run = load(BENCH / "interp.json", InterpRecord)
     us = [r["median_us"]["triton"] for r in run.results]
     per_item = [r["speedup"]["per_item"] for r in run.results]
     return (f"The Triton interpolation kernel: {min(us):.0f}–{max(us):.0f} µs per single call (launch included) for "
             f"{len(us)} batch shapes, {min(per_item):.0f}–{max(per_item):.0f}× a per-item `grid_sample` loop "
-            f"(`interp_h200.json`{mark(run)}).")
+            f"(`interp.json`{mark(run)}).")
 
 
 def host_line() -> str:
     """What the host adds to one small request: the benchmark's wall time against the graph's time on the device."""
-    run, kernels = bench("img1x224"), load(BENCH / "kernels_h200.json", KernelsProfile)
+    run, kernels = bench("img1x224"), load(BENCH / "kernels.json", KernelsProfile)
     wall = run.modes["graph-compiled"].median_ms
     replay = kernels.profile["triton-compiled"]["1x224"]
     busy, device = replay["graph_gpu_us_per_call"] / 1e3, replay["replay_device"]["median_ms"]
     runner = run.modes["graph-compiled"].runner
     host = runner["host_s"] / runner["runs"] * 1e3
-    return (f"One 224² image, graph-compiled: {ms(wall)} wall per request (`img1x224_h200.json`, median), of which "
+    return (f"One 224² image, graph-compiled: {ms(wall)} wall per request (`img1x224.json`, median), of which "
             f"`runner.run` spends {host:.3f} ms of host time before its one wait. Its kernels sum to {ms(busy)} under "
-            f"the profiler and its replays, timed back to back, take {ms(device)} (`kernels_h200.json` @ "
+            f"the profiler and its replays, timed back to back, take {ms(device)} (`kernels.json` @ "
             f"{kernels.provenance.short_commit}{mark(kernels)}); the "
             f"difference is idle time between kernels or the unprofiled replays' slower clock: `tools/gap_probe.py` "
             f"tells the two apart, profiling a replay's own idle time and reading the SM clock beside it.")
@@ -199,7 +204,8 @@ def seed_lines() -> list[str]:
 
     seed = json.loads((ROOT / "data" / "seed_pr40576.json").read_text())
     lines = ["**The seed's configuration** (vLLM PR 40576: budgets 128…2048, 4 items, 32 frames; mean and P99 ms per "
-             "request; the PR measured vLLM on RTX 4090s, glmvit is measured here on the H200 — compare the ratios, "
+             "request; the PR measured vLLM on RTX 4090s, glmvit is measured here on the " + gpu() + " — compare the "
+             "ratios, "
              "and see notebook 08 for why they differ):", "",
              "| workload | PR eager → graph (RTX 4090) | glmvit eager | glmvit graph | glmvit graph-compiled "
              "| padding |",
@@ -210,7 +216,7 @@ def seed_lines() -> list[str]:
         m = run.modes
         pad = m["graph"].runner["padding_fraction"]
         cells = [f"{ms(m[k].mean_ms)} ({ms(m[k].p99_ms)})" for k in ("eager", "graph", "graph-compiled")]
-        lines.append(f"| {pr['workload']} (`{name}_h200.json` @ {run.provenance.short_commit}{mark(run)}) | "
+        lines.append(f"| {pr['workload']} (`{name}.json` @ {run.provenance.short_commit}{mark(run)}) | "
                      f"{pr['eager']['mean_ms']} → {pr['graph']['mean_ms']} ms ({pr['eager']['p99_ms']} → "
                      f"{pr['graph']['p99_ms']}) | " + " | ".join(cells) + f" | {pad:.0%} |")
     return lines
@@ -241,23 +247,24 @@ def serve_lines() -> list[str]:
              "*uniform 256* (`--uniform-lengths 256`: batches of one segment length take the dense attention); *once "
              "full*: at rate inf, the items/s between the 10th and the 90th percentile of the answers' times, the "
              "pipeline's fill and drain left out (`glmvit.timing.steady_rate`), as a share of the floor rate; one "
-             "H200, over HTTP on loopback, except the row marked *in process*: the scheduler driven in the record's "
+             f"{gpu()}, over HTTP on loopback, except the row marked *in process*: the scheduler driven in the "
+             "record's "
              "process, no HTTP; time to embedding from request sent to answer read):", "",
              "| workload | mode | rate sent, req/s (share of saturation) | req/s | items/s | of floor rate | "
              "once full | TTE median (P99) | queue median | items per batch |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name in SERVE_RECORDS:
-        if not (BENCH / f"{name}_h200.json").exists():
-            lines.append(f"| `{name}_h200.json`: not recorded yet (python -m glmvit record --only {name}) "
+        if not (BENCH / f"{name}.json").exists():
+            lines.append(f"| `{name}.json`: not recorded yet (python -m glmvit record --only {name}) "
                          "| | | | | | | | | |")
             continue
-        record = load(BENCH / f"{name}_h200.json", ServeRecord)
+        record = load(BENCH / f"{name}.json", ServeRecord)
         where = serve_label(record.settings)
         for r in record.runs:
             floor = f"{r['vs_floor']:.0%}" if r.get("vs_floor") else ""
             # the rate once the pipeline is full (glmvit.timing.steady_rate); only a run at rate inf fills it
             full = f"{r['steady_vs_floor']:.0%}" if r.get("steady_vs_floor") and r["request_rate"] == "inf" else ""
-            lines.append(f"| {record.settings['workload']}{where} (`{name}_h200.json` @ "
+            lines.append(f"| {record.settings['workload']}{where} (`{name}.json` @ "
                          f"{record.provenance.short_commit}{mark(record)}) | {r['mode']} | {rate_label(r)} | "
                          f"{r['requests_per_s']:.1f} | "
                          f"{r['items_per_s']:.1f} | {floor} | {full} | "
@@ -279,7 +286,8 @@ def eager_line() -> str:
     return ("**Eager is the host's speed.** An eager forward of a small batch is bound by its kernel launches, and the "
             "records of one run that time the same eager forward give, as medians: " + "; ".join(parts) + ". At the "
             "host's full speed (each benchmark record's P10 over all its requests) they give " + "; ".join(fast) +
-            ". The H200 machine's CPUs change speed within seconds: `data/sweeps/eager_probe_h200.json` times host "
+            ". The record machines' CPUs change speed within seconds: on the H200's, "
+            "`data/sweeps/eager_probe_h200.json` times host "
             "work with no GPU in it beside each forward, and it slows in step with the forward (correlation "
             f"{probe['corr_wall_host']:.2f}). So a median carries the share of its requests the host ran slow, and "
             "every ratio to eager in these tables with it; the graph modes' medians do not.")
@@ -287,9 +295,9 @@ def eager_line() -> str:
 
 def runs_line() -> str:
     """Which record runs the results below come from: one for the results, and the diagnostics' own."""
-    results = sorted({r.record_run or "(none)" for r in (load_any(p) for p in sorted(BENCH.glob("*_h200.json")))
+    results = sorted({r.record_run or "(none)" for r in (load_any(p) for p in sorted(BENCH.glob("*.json")))
                       if r.kind not in ("ncu", "tune")})
-    ncu = load(BENCH / "ncu_h200.json", NcuProfile)
+    ncu = load(BENCH / "ncu.json", NcuProfile)
     return (f"Every result below comes from record run{'s' if len(results) > 1 else ''} {', '.join(results)} "
             "(`python -m glmvit record`: a process for the timings, then one for the profiles); the Nsight "
             f"Compute counters are a diagnostic recorded on request, in run {ncu.record_run or '(none)'}.")

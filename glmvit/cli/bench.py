@@ -23,8 +23,8 @@ Modes (all on the same weights):
 The floor of a request is max(FLOPs / measured matmul rate, weight bytes / measured copy bandwidth), both measured
 in the same run on the same device; FLOPs are analytic (:func:`glmvit.floor.encoder_flops`). Examples::
 
-    python -m glmvit bench --workload img1x224 --num-requests 200 --json data/bench/img1x224_h200.json
-    python -m glmvit bench --workload mixed-img --num-requests 500 --tables graph=data/bench/latency_h200.json
+    python -m glmvit bench --workload img1x224 --num-requests 200 --json data/bench/img1x224.json
+    python -m glmvit bench --workload mixed-img --num-requests 500 --tables graph=data/bench/latency.json
     python -m glmvit bench --bucket-config "{(224, 224, 1): 0.7, (448, 448, 1): 0.3}" --items-per-request 2
 
 Why one module of this length: the modes, the timed loop and the report are one command, with its CLI.

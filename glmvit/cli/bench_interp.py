@@ -9,7 +9,7 @@ Three ways to compute the bicubic position embedding of a batch, bf16 576×1536 
 
 Each is timed with CUDA events (warm-up, then the median of ``--runs`` single calls)::
 
-    python -m glmvit bench-interp --json data/bench/interp_h200.json
+    python -m glmvit bench-interp --json data/bench/interp.json
 """
 from __future__ import annotations
 

@@ -32,9 +32,9 @@ analytic FLOPs per item (:mod:`glmvit.floor`): at saturation batches are large, 
 batch, and the matmuls bound the rate. Examples (the seed's serve workload; a sweep)::
 
     python -m glmvit bench-serve --spawn --modes eager,graph-compiled --workload video8x224 \\
-        --num-prompts 100 --request-rate inf --json data/bench/serve_video8x224_h200.json
+        --num-prompts 100 --request-rate inf --json data/bench/serve_video8x224.json
     python -m glmvit bench-serve --spawn --modes graph-compiled --workload mixed-av --num-prompts 60 \\
-        --request-rate inf,20%,50%,90% --json data/bench/serve_mixed_av_h200.json
+        --request-rate inf,20%,50%,90% --json data/bench/serve_mixed_av.json
 
 Why one module of this length: the workload, the arrivals, the three targets and the report are one command.
 """

@@ -44,7 +44,7 @@ from .flags import (  # noqa: F401  (re-exported: every command imports them fro
 
 # The flags a named preset (--workload) decides: its own fields, so a new field is refused with --workload at once.
 PRESET_FLAGS = tuple(f.name for f in dataclasses.fields(Preset) if f.name != "description")
-MAX_TABLE_BYTES = 16 << 20  # a latency table is tens of KiB (data/bench/latency_h200.json: 34 KB)
+MAX_TABLE_BYTES = 16 << 20  # a latency table is tens of KiB (data/bench/latency.json: 34 KB)
 
 
 def resolve_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -11,7 +11,7 @@ For each layout (one 224² image, four, an 8-frame clip, eight 448² images) and
 
 CUDA only::
 
-    python -m glmvit kernels --json data/bench/kernels_h200.json
+    python -m glmvit kernels --json data/bench/kernels.json
 """
 from __future__ import annotations
 

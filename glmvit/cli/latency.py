@@ -7,7 +7,7 @@ of a budget is the slowest layout's median (what any batch in that graph may cos
 layout's. The JSON is a :class:`glmvit.records.LatencySweep`; :func:`glmvit.recorded.load_latency_table` fits
 the cost model on it, and the layouts stay in it for notebooks::
 
-    python -m glmvit latency --budgets 64,128,256,512,1024,2048,4096 --json data/bench/latency_h200.json
+    python -m glmvit latency --budgets 64,128,256,512,1024,2048,4096 --json data/bench/latency.json
 """
 from __future__ import annotations
 

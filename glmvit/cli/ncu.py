@@ -23,7 +23,7 @@ Under ncu every kernel runs alone, once per counter pass, with the caches flushe
 clocks (``--clock-control none``): its durations are not the replay's (``glmvit kernels`` records those), but the
 fractions of peak are each kernel's own. CUDA and ncu only::
 
-    python -m glmvit ncu --json data/bench/ncu_h200.json
+    python -m glmvit ncu --json data/bench/ncu.json
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ One process per phase (:mod:`glmvit.cli.recorder`): ``measure`` takes every timi
 attaches a profiler, so no timing is ever taken after CUPTI attached. Every phase's process starts at once and
 imports and builds its session; the first runs its jobs once all are ready, each later one once the one before it
 has ended. Both share one compile-cache directory (``measure`` starts on empty caches: its first job is the cold
-start that ``capture_h200.json`` records; ``profile`` starts on the caches ``measure`` filled: the warm start). A
+start that ``capture.json`` records; ``profile`` starts on the caches ``measure`` filled: the warm start). A
 job whose records are all current (:func:`glmvit.records.staleness`) is skipped unless ``--force``; a forced run
 skips only what this run id (``$GLMVIT_RECORD_RUN``) already made, so an interrupted run resumes. ``--time-limit``
 starts no job that would end after it. Not run unless named: ``ncu`` (``--only ncu``, a diagnostic). Never run here:
@@ -60,19 +60,31 @@ def job_current(job: Job, run_id: str | None = None) -> bool:
     return True
 
 
-RECORDED_GPU = "H200"  # every result record is named for it (data/bench/*_h200.json) and compared with its earlier runs
-
-
-def gpu_problem(device_index: int = 0) -> str | None:
-    """Why this CUDA machine must not write the records (None: it may): a GPU other than :data:`RECORDED_GPU`, whose
-    timings would land in files named for the H200 and be compared with the H200's earlier runs."""
+def gpu_problem(chosen: list[Job], device_index: int = 0) -> str | None:
+    """Why this CUDA machine must not run ``chosen`` (None: it may). The results are read beside one another (every
+    ratio, the README's tables, the notebooks), so they are one GPU's: a run on a GPU other than the one a result
+    record names in its provenance re-records that record too, or does not run. Records are named for what they
+    measure, not for a GPU (``data/bench/img1x224.json``); their provenance says which. The ``ncu`` diagnostic,
+    recorded only on request, names its own GPU and is not held to this."""
     import torch
 
     name = torch.cuda.get_device_name(device_index)
-    if RECORDED_GPU in name:
+    left: list[str] = []
+    for job in jobs():
+        if job in chosen or job.phase == "ncu":
+            continue
+        for path in job.output_paths():
+            try:
+                gpu = load_any(path).provenance.gpu if path.exists() else name
+            except (ValueError, OSError):
+                continue  # unreadable: re-recorded by the run that finds it stale
+            if gpu != name:
+                left.append(f"{path.name} ({gpu})")
+    if not left:
         return None
-    return (f"the records are the {RECORDED_GPU}'s (data/bench/*_h200.json) and this GPU is {name}: record on an "
-            f"{RECORDED_GPU}, or time this GPU with the commands themselves (python -m glmvit bench, latency, ...)")
+    more = f" and {len(left) - 2} more" if len(left) > 2 else ""
+    return (f"this GPU is {name}, and this run would leave {', '.join(left[:2])}{more} beside its results: one "
+            f"GPU's records only; re-record them all here (python -m glmvit record --force) or run on their GPU")
 
 
 def pack(archive: str, paths: list[Path]) -> None:
@@ -204,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not torch.cuda.is_available():
         parser.error("recording needs a CUDA GPU (the records are GPU results); --dry-run shows the plan")
-    if problem := gpu_problem():
+    if problem := gpu_problem(chosen):
         parser.error(problem)
     if problem := install_problem():
         parser.error(f"recording needs the cuda extra on this GPU: {problem}")

@@ -70,14 +70,14 @@ class Job:
 
 def _bench(name: str, workload: str, requests: int, *extra: str, modes: str = BENCH_MODES,
            estimate: float = 15.0, shares: str | None = None) -> Job:
-    out = f"bench/{name}_h200.json"
+    out = f"bench/{name}.json"
     return Job(name, "measure", "bench", ("--workload", workload, "--num-requests", str(requests), "--modes", modes,
                                           "--warmup", "5", "--quiet", *extra, "--json", f"data/{out}"),
                (out,), estimate, shares=shares)
 
 
 def _latency(name: str, *extra: str, estimate: float = 30) -> Job:
-    out = f"bench/{name}_h200.json"
+    out = f"bench/{name}.json"
     return Job(name, "measure", "latency", ("--budgets", LADDER, "--runs", "5", "--warmup", "1", "--quiet", *extra,
                                             "--json", f"data/{out}"), (out,), estimate)
 
@@ -90,7 +90,7 @@ def _serve(name: str, workload: str, prompts: int, rates: str, modes: tuple[str,
     # answers in the model's dtype (bfloat16): what an engine consuming embeddings keeps, half float32's bytes;
     # every server has the serving defaults (``server``: flags of the spawned server's that differ): one runner per
     # mode for all of them
-    out = f"bench/{name}_h200.json"
+    out = f"bench/{name}.json"
     return Job(name, "measure", "bench-serve", ("--workload", workload, "--num-prompts", str(prompts),
                                                 "--request-rate", rates, "--response-dtype", "model", *server),
                (out,), estimate, modes, shares="serve")
@@ -99,7 +99,7 @@ def _serve(name: str, workload: str, prompts: int, rates: str, modes: tuple[str,
 def _serve_in_process(name: str, workload: str, prompts: int, estimate: float) -> Job:
     # the same load as a serve job, graph-compiled, with no HTTP and no decoding: what the scheduler and the encoder
     # alone sustain (bench-serve --in-process), on the session's tower and the runner the serve jobs captured
-    out = f"bench/{name}_h200.json"
+    out = f"bench/{name}.json"
     return Job(name, "measure", "bench-serve", ("--in-process", "--workload", workload, "--num-prompts", str(prompts),
                                                 "--request-rate", "inf", "--response-dtype", "model", "--json",
                                                 f"data/{out}"), (out,), estimate, ("graph-compiled",), shares="serve")
@@ -142,7 +142,7 @@ STATIC_JOBS: tuple[Job, ...] = (  # in the order each phase runs them
     _bench("video2x8x224", "video2x8x224", 50, estimate=9),
     # 100 calls per path: the slowest reference (one grid_sample per item, host-bound) takes ~50 ms a call
     Job("interp", "measure", "bench-interp", ("--runs", "100", "--warmup", "10", "--json",
-                                              "data/bench/interp_h200.json"), ("bench/interp_h200.json",), 15),
+                                              "data/bench/interp.json"), ("bench/interp.json",), 15),
     # the seed's serve workload (vLLM PR 40576: 8-frame 224² clips, one per request, rate inf) at SATURATION_PROMPTS
     # requests, so that the run's rate nears the steady state's: at 400 (run s29_9873271r1) the first answer came
     # 0.21 s after the first request, and graph-compiled's whole-run rate was 217 items/s against 334 over the middle
@@ -154,7 +154,7 @@ STATIC_JOBS: tuple[Job, ...] = (  # in the order each phase runs them
     _serve("serve_video8x224_one_process", "video8x224", SATURATION_PROMPTS, "inf", ("graph-compiled",), 20,
            server=("--api-servers", "1")),
     # the same load with the decode processes making the pixel rows (serve --rows host): the A/B that decides
-    # --rows' default, this record against serve_video8x224's graph-compiled run of the same H200 record run (the
+    # --rows' default, this record against serve_video8x224's graph-compiled run of the same record run (the
     # engine process then only copies each request's rows to the GPU, leaving its GIL to the launch thread)
     _serve("serve_video8x224_rows_host", "video8x224", SATURATION_PROMPTS, "inf", ("graph-compiled",), 19,
            server=("--rows", "host")),
@@ -173,11 +173,11 @@ STATIC_JOBS: tuple[Job, ...] = (  # in the order each phase runs them
     # latency against throughput on mixed traffic, graph-compiled: all at once (saturation), then Poisson arrivals
     # at shares of the rate that achieved
     _serve("serve_mixed_av", "mixed-av", 60, "inf,20%,50%,90%", ("graph-compiled",), 26),
-    Job("startup_warm", "profile", "startup", (), ("bench/capture_h200.json",), 20),
+    Job("startup_warm", "profile", "startup", (), ("bench/capture.json",), 20),
     # the attention kernels auto chooses among (torch's varlen kernel is in the attention sweep, not here)
     Job("kernels", "profile", "kernels", ("--backends", "auto", "--quiet", "--json",
-                                          "data/bench/kernels_h200.json"), ("bench/kernels_h200.json",), 90),
-    Job("ncu", "ncu", "ncu", ("--quiet", "--json", "data/bench/ncu_h200.json"), ("bench/ncu_h200.json",), 300),
+                                          "data/bench/kernels.json"), ("bench/kernels.json",), 90),
+    Job("ncu", "ncu", "ncu", ("--quiet", "--json", "data/bench/ncu.json"), ("bench/ncu.json",), 300),
 )
 
 

@@ -73,7 +73,7 @@ from .serve_media import MediaLimits
 # API server processes per usable CPU, and the most the default runs: on the H200 host (16 CPUs), 4 API servers
 # answered 203 video8x224 requests a second against one process's 102, graph-compiled, 500 requests at an unbounded
 # rate, with GIF clips (data/sweeps/api_servers_h200.json); more than 4 were not measured. With MP4 clips one process
-# served more (data/bench/serve_video8x224_one_process_h200.json beside serve_video8x224_h200.json).
+# served more (data/bench/serve_video8x224_one_process.json beside serve_video8x224.json).
 CPUS_PER_API_SERVER = 4
 MAX_DEFAULT_API_SERVERS = 4
 

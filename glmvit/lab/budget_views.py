@@ -42,16 +42,16 @@ def load_recorded(verbose: bool = True) -> Recorded:
     ones. ``verbose`` prints where and when each record was made."""
     tables = {m: recorded_table(m) for m in MODES}
     sweeps = {m: load(str(tables[m].source), LatencySweep) for m in MODES}
-    mixed = load(BENCH / "mixed_img_h200.json", BenchRecord)
+    mixed = load(BENCH / "mixed_img.json", BenchRecord)
     settings: Any = mixed.settings  # the seed is one of the settings' extra fields
     drawn = [r for r in PRESETS["mixed-img"].requests(settings.num_requests, seed=settings.seed) if r]
     if [[list(item.grid) for item in r] for r in drawn] != mixed.workload["grids"]:
-        raise ValueError("mixed_img_h200.json: the redrawn mixed-img requests are not the recorded ones")
+        raise ValueError("mixed_img.json: the redrawn mixed-img requests are not the recorded ones")
     requests = [[item.spec for item in r] for r in drawn]
     if verbose:
         for m, t in tables.items():
             print(f"{m:<15} {t.describe()}")
-        print(f"{'benchmark':<15} {describe(mixed, BENCH / 'mixed_img_h200.json')}")
+        print(f"{'benchmark':<15} {describe(mixed, BENCH / 'mixed_img.json')}")
     return Recorded(tables, sweeps, mixed, requests, [sum(s.tokens for s in r) for r in requests])
 
 
@@ -384,7 +384,7 @@ def seed_rows_predicted(tables: Mapping[str, LatencyTable], seed: dict[str, Any]
                         workloads: Sequence[str] = ("img1x224", "video8x224"),
                         gpus: str = "1× RTX 4090") -> dict[tuple[str, str], SeedRow]:
     """The PR's configuration (``seed_budget_config``) on each of its workloads: plan the one item every request of
-    ``data/bench/seed_<workload>_h200.json`` holds with ``packer="vllm"``, predict it routed with each mode's table,
+    ``data/bench/seed_<workload>.json`` holds with ``packer="vllm"``, predict it routed with each mode's table,
     and set it beside that benchmark and the PR's means on ``gpus``; prints one row per (workload, mode). Raises
     ValueError if a benchmark ran another configuration or more than one distinct item."""
     from ..geometry import item_spec
@@ -395,14 +395,14 @@ def seed_rows_predicted(tables: Mapping[str, LatencyTable], seed: dict[str, Any]
     out = {}
     print(f"{'':<11}{'mode':<15}{'predicted':>10}{'H200 mean':>10}{'error':>8}{'mean/median':>12}{'PR (4090)':>10}")
     for wl in workloads:
-        run = load(BENCH / f"seed_{wl}_h200.json", BenchRecord)
+        run = load(BENCH / f"seed_{wl}.json", BenchRecord)
         s = run.settings
         if (tuple(s.budgets), s.max_items, s.max_segments) != (config.token_budgets, config.max_items,
                                                                 config.max_segments):
-            raise ValueError(f"seed_{wl}_h200.json: ran budgets {s.budgets}, not the PR's {config.token_budgets}")
+            raise ValueError(f"seed_{wl}.json: ran budgets {s.budgets}, not the PR's {config.token_budgets}")
         grids = {tuple(map(tuple, g)) for g in run.workload["grids"]}
         if len(grids) != 1:
-            raise ValueError(f"seed_{wl}_h200.json: {len(grids)} distinct requests, expected one repeated")
+            raise ValueError(f"seed_{wl}.json: {len(grids)} distinct requests, expected one repeated")
         plan = plan_batches([item_spec(*g) for g in grids.pop()], config, packer="vllm")
         (batch,) = plan.batches
         est = {m: predict_time(plan, tables[m], route=True) for m in tables}

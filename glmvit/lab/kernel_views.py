@@ -1,5 +1,5 @@
-"""Notebook 10's reading of the kernel records (``data/bench/kernels_h200.json``, ``tune_h200.json``,
-``ncu_h200.json``, ``capture_h200.json``, the fused-GEMM A/Bs in ``data/sweeps/``): each function returns what a cell
+"""Notebook 10's reading of the kernel records (``data/bench/kernels.json``, ``tune_h200.json``,
+``ncu.json``, ``capture.json``, the fused-GEMM A/Bs in ``data/sweeps/``): each function returns what a cell
 plots, prints or asserts, so the cell shows the lesson rather than the formatting."""
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ def plot_startup(starts: dict[str, float]) -> Any:
 def target_verdicts(bench_dir: str | Path, targets: dict[str, tuple[str, float]],
                     p99_within: float) -> dict[str, dict[str, Any]]:
     """Per workload ``name`` of ``targets`` (``(kind, goal)``: ``median_ms`` at most goal, or ``rate`` of the
-    matmul rate at least goal), its ``{name}_h200.json`` graph-compiled run: ``median_ms``, ``tail`` (P99 / median),
+    matmul rate at least goal), its ``{name}.json`` graph-compiled run: ``median_ms``, ``tail`` (P99 / median),
     ``x_floor``, ``rate``, ``met`` (the target), ``steady`` (tail at most ``p99_within``) and ``commit`` (the
     record's, short). Every request of
     these workloads is the same, so request 0's FLOPs and floor stand for all."""
@@ -176,7 +176,7 @@ def target_verdicts(bench_dir: str | Path, targets: dict[str, tuple[str, float]]
 
     out = {}
     for name, (kind, goal) in targets.items():
-        run: Any = load(Path(bench_dir) / f"{name}_h200.json", BenchRecord)
+        run: Any = load(Path(bench_dir) / f"{name}.json", BenchRecord)
         mode = run.modes["graph-compiled"]
         rate = run.flops["per_request"][0] / (mode.median_ms * 1e-3) / 1e12 / run.floor["matmul_tflops"]
         tail = mode.p99_ms / mode.median_ms

@@ -170,7 +170,7 @@ def plot_bench_modes(bench: dict[str, Any], modes: list[str]) -> Any:
 def pr_vs_glmvit(seed: dict[str, Any], bench_dir: Any, workloads: tuple[str, ...] = ("img1x224", "video8x224"),
                  gpus: tuple[str, ...] = ("1× RTX 4090", "2× RTX 4090, encoder data-parallel")) -> dict[str, Any]:
     """The PR's published mean ms (eager, graph) on each of ``gpus`` beside glmvit's H200 benchmark of the same
-    configuration (``bench_dir/seed_<workload>_h200.json``: eager, graph, graph-compiled, on the PR's budgets), per
+    configuration (``bench_dir/seed_<workload>.json``: eager, graph, graph-compiled, on the PR's budgets), per
     workload; prints one row each. Returns ``{"pr": {gpus: {workload: (eager, graph)}}, "glmvit": {workload: {mode:
     mean ms}}, "budgets": {workload: the budgets glmvit ran}}``."""
     from ..records import BenchRecord, load
@@ -179,7 +179,7 @@ def pr_vs_glmvit(seed: dict[str, Any], bench_dir: Any, workloads: tuple[str, ...
     out: dict[str, Any] = {"pr": {g: {} for g in gpus}, "glmvit": {}, "budgets": {}}
     print(f"{'workload':<12}{'who (mean ms)':<32}{'eager':>8}{'graph':>8}{'compiled':>9}{'eager / graph':>14}")
     for name in workloads:
-        own = load(bench_dir / f"seed_{name}_h200.json", BenchRecord)
+        own = load(bench_dir / f"seed_{name}.json", BenchRecord)
         out["budgets"][name] = tuple(own.settings.budgets)
         for g in gpus:
             e, gr = out["pr"][g][name] = tuple(seed_rows(seed, g)[name]["mean"])
