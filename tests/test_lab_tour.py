@@ -8,7 +8,7 @@ matplotlib.use("Agg")
 import torch
 from PIL import Image
 
-from glmvit import VisionConfig
+from glmvit import VisionConfig, records
 from glmvit.lab import tour
 from glmvit.lab.seed import load_seed
 from glmvit.processing import SAMPLE_DATA, process_images
@@ -55,9 +55,11 @@ def test_plots_return_their_figures():
     assert len(tour.plot_bench_modes(bench, ["eager", "graph"]).axes) == 2
 
 
-def test_pr_vs_glmvit_sets_the_seed_beside_the_h200_runs(capsys):
+def test_pr_vs_glmvit_sets_the_seed_beside_the_recorded_runs(capsys):
     out = tour.pr_vs_glmvit(load_seed(), SAMPLE_DATA / "bench")
     assert set(out["glmvit"]) == {"img1x224", "video8x224"} and len(out["pr"]) == 2
     assert all(set(m) == {"eager", "graph", "graph-compiled"} for m in out["glmvit"].values())
     printed = capsys.readouterr().out
-    assert "PR 40576, 1× RTX 4090" in printed and "glmvit, H200, the PR's budgets" in printed
+    gpu = records.load(SAMPLE_DATA / "bench" / "seed_img1x224.json", records.BenchRecord).provenance.gpu
+    assert gpu and "PR 40576, 1× RTX 4090" in printed
+    assert f"glmvit, {gpu.removeprefix('NVIDIA ')}, the PR's budgets" in printed

@@ -26,7 +26,7 @@ MiB = 2**20
 
 @dataclass(frozen=True)
 class Recorded:
-    """What notebooks 05 and 05b read from the H200 records: each graph mode's latency table and its sweep, and the
+    """What notebooks 05 and 05b read from the GPU records: each graph mode's latency table and its sweep, and the
     ``mixed-img`` benchmark with its requests redrawn (as item specs) and each request's token total."""
 
     tables: dict[str, LatencyTable]
@@ -180,7 +180,7 @@ def plot_table_fits(fits: Mapping[str, Mapping[str, np.ndarray]]) -> Any:
         ax.loglog(f["meas_e"], f["pred_e"], "^", label="eager forward")
         lim = [min(f["meas_g"].min(), f["meas_e"].min()) * 0.8, max(f["meas_g"].max(), f["meas_e"].max()) * 1.2]
         ax.plot(lim, lim, "k:", lw=1)
-        ax.set(xlabel="measured ms (H200 median)", ylabel="predicted ms", title=f"{m}: every layout of the sweep")
+        ax.set(xlabel="measured ms (recorded median)", ylabel="predicted ms", title=f"{m}: every layout of the sweep")
         ax.legend()
     fig.tight_layout()
     return fig
@@ -228,7 +228,7 @@ def plot_per_request(measured: Mapping[str, np.ndarray], predicted: Mapping[str,
         ax.loglog(measured[m], predicted[m], ".", alpha=0.5)
         lim = [min(measured[m].min(), predicted[m].min()) * 0.8, max(measured[m].max(), predicted[m].max()) * 1.2]
         ax.plot(lim, lim, "k:", lw=1)
-        ax.set(xlabel="measured ms", ylabel="predicted ms", title=f"{m}: {len(measured[m])} requests (H200)")
+        ax.set(xlabel="measured ms", ylabel="predicted ms", title=f"{m}: {len(measured[m])} requests (recorded)")
     fig.tight_layout()
     return fig
 
@@ -367,7 +367,7 @@ def plan_violations(n_items: int, plan: Plan, config: BudgetConfig) -> list[str]
 @dataclass(frozen=True)
 class SeedRow:
     """One mode on one of the PR's benchmark workloads: the plan's one batch (tokens, budget), the time predicted
-    from ``tables`` (eager: the uncompiled table's eager forward), the H200 benchmark's mean and median ms, what its
+    from ``tables`` (eager: the uncompiled table's eager forward), the GPU benchmark's mean and median ms, what its
     runner predicted per request and counted, and the PR's published mean (None where the PR has no such mode)."""
 
     tokens: int
@@ -393,7 +393,7 @@ def seed_rows_predicted(tables: Mapping[str, LatencyTable], seed: dict[str, Any]
 
     config, pr_means = seed_budget_config(seed), seed_rows(seed, gpus)
     out = {}
-    print(f"{'':<11}{'mode':<15}{'predicted':>10}{'H200 mean':>10}{'error':>8}{'mean/median':>12}{'PR (4090)':>10}")
+    print(f"{'':<11}{'mode':<15}{'predicted':>10}{'GPU mean':>10}{'error':>8}{'mean/median':>12}{'PR (4090)':>10}")
     for wl in workloads:
         run = load(BENCH / f"seed_{wl}.json", BenchRecord)
         s = run.settings

@@ -160,7 +160,7 @@ def plot_startup(starts: dict[str, float]) -> Any:
 
     fig, ax = plt.subplots(figsize=(7, 2.4))
     ax.barh(list(starts), list(starts.values()), color=["C1" if "warm" in k else "C0" for k in starts])
-    ax.set_xlabel("seconds to compile + capture six budgets (H200)")
+    ax.set_xlabel("seconds to compile + capture six budgets (recorded)")
     fig.tight_layout()
     return fig
 

@@ -169,7 +169,7 @@ def plot_bench_modes(bench: dict[str, Any], modes: list[str]) -> Any:
 
 def pr_vs_glmvit(seed: dict[str, Any], bench_dir: Any, workloads: tuple[str, ...] = ("img1x224", "video8x224"),
                  gpus: tuple[str, ...] = ("1× RTX 4090", "2× RTX 4090, encoder data-parallel")) -> dict[str, Any]:
-    """The PR's published mean ms (eager, graph) on each of ``gpus`` beside glmvit's H200 benchmark of the same
+    """The PR's published mean ms (eager, graph) on each of ``gpus`` beside glmvit's GPU benchmark of the same
     configuration (``bench_dir/seed_<workload>.json``: eager, graph, graph-compiled, on the PR's budgets), per
     workload; prints one row each. Returns ``{"pr": {gpus: {workload: (eager, graph)}}, "glmvit": {workload: {mode:
     mean ms}}, "budgets": {workload: the budgets glmvit ran}}``."""
