@@ -9,7 +9,8 @@ job whose records are all current (:func:`glmvit.records.staleness`) is skipped 
 skips only what this run id (``$GLMVIT_RECORD_RUN``) already made, so an interrupted run resumes. ``--time-limit``
 starts no job that would end after it. Not run unless named: ``ncu`` (``--only ncu``, a diagnostic). Never run here:
 ``tools/tune_kernels.py``, the launch-configuration sweep the kernels' tables are built from (an input, not a
-result).
+result). The results are one GPU's (:func:`gpu_problem`): on a GPU other than the one they name, a run re-records them
+all or does not start.
 
     GLMVIT_RECORD_RUN=r1 python -m glmvit record --force --archive records.tgz   # everything, one call
     python -m glmvit record --only img1x224,kernels                               # two results
