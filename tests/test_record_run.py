@@ -697,6 +697,7 @@ def test_a_record_on_another_gpu_must_re_record_every_result(monkeypatch, capsys
     assert other in err and ours in err and "python -m glmvit record --force" in err
     every = [j for j in recorder.jobs() if j.phase != "ncu"]
     assert record.gpu_problem(every) is None
+    assert record.gpu_problem([j for j in recorder.jobs() if j.phase == "ncu"]) is None  # the diagnostic alone
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: ours)
     assert record.gpu_problem([j for j in every if j.name == "latency"]) is None
 

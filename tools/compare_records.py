@@ -29,7 +29,9 @@ def rows(revision: str) -> list[str]:
         new = json.loads(path.read_text())
         if new.get("kind") != "bench":
             continue
-        old = at_revision(revision, f"{BENCH}/{path.name}") or {"modes": {}}
+        # records were named for the H200 (img1x224_h200.json) before they were named for what they measure
+        old = (at_revision(revision, f"{BENCH}/{path.name}")
+               or at_revision(revision, f"{BENCH}/{path.stem}_h200.json") or {"modes": {}})
         for mode, n in new["modes"].items():
             o = old["modes"].get(mode)
             lo, hi = n.get("median_ci95_ms") or (float("nan"), float("nan"))

@@ -70,6 +70,8 @@ def gpu_problem(chosen: list[Job], device_index: int = 0) -> str | None:
     import torch
 
     name = torch.cuda.get_device_name(device_index)
+    if all(j.phase == "ncu" for j in chosen):  # the diagnostic alone writes no result
+        return None
     left: list[str] = []
     for job in jobs():
         if job in chosen or job.phase == "ncu":
@@ -80,12 +82,13 @@ def gpu_problem(chosen: list[Job], device_index: int = 0) -> str | None:
             except (ValueError, OSError):
                 continue  # unreadable: re-recorded by the run that finds it stale
             if gpu != name:
-                left.append(f"{path.name} ({gpu})")
+                left.append(f"{path.relative_to(path.parents[1])} ({gpu})")
     if not left:
         return None
     more = f" and {len(left) - 2} more" if len(left) > 2 else ""
     return (f"this GPU is {name}, and this run would leave {', '.join(left[:2])}{more} beside its results: one "
-            f"GPU's records only; re-record them all here (python -m glmvit record --force) or run on their GPU")
+            f"GPU's records only; re-record them all here (python -m glmvit record --force, $GLMVIT_RECORD_RUN kept "
+            "to resume it) or run on their GPU")
 
 
 def pack(archive: str, paths: list[Path]) -> None:
