@@ -16,7 +16,7 @@ from glmvit.records import LatencySweep, find_one, staleness
 from glmvit.traces import MAX_FRAMES, load_trace, parse_trace
 from glmvit.workloads import make_item
 
-H200 = "data/bench/latency.json"
+RECORDED = "data/bench/latency.json"
 TRACE = b"request,height,width,frames\nr1,1080,1920,1\nr1,720,1280,16\nr2,224,224,\nr1,448,448,1\n"
 
 
@@ -32,9 +32,9 @@ def table_path(tmp_path):
 
 
 # --- the latency table: P99 columns and capture times -------------------------------------------------------------
-def test_the_h200_table_gives_its_p99_columns_and_capture_times():
-    raw = json.loads(open(H200).read())
-    table = load_latency_table(H200)
+def test_the_recorded_table_gives_its_p99_columns_and_capture_times():
+    raw = json.loads(open(RECORDED).read())
+    table = load_latency_table(RECORDED)
     rows = sorted(raw["budgets"], key=lambda r: r["tokens"])
     for r, base, p99 in zip(rows, table.graph_ms, table.graph_p99_ms, strict=True):  # base + the largest layout tail
         assert p99 == pytest.approx(base + max(x["graph_p99_ms"] - x["graph_ms"] for x in r["layouts"]))

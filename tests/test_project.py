@@ -92,7 +92,7 @@ def test_recorded_gpu_results_carry_their_provenance(path):
 
 
 def test_readme_results_are_the_recorded_ones():
-    """Every H200 number in the README is written by tools/readme_results.py from data/bench, never by hand."""
+    """Every GPU number in the README is written by tools/readme_results.py from data/bench, never by hand."""
     from tools.readme_results import main
 
     assert main(["--check"]) == 0, "run python tools/readme_results.py"

@@ -38,18 +38,22 @@ def test_the_plan_times_before_it_profiles_and_starts_cold_then_warm():
 def test_the_warm_start_brings_the_cold_one_and_a_forced_run_skips_what_it_made(monkeypatch):
     plan = jobs()
     warm = next(j for j in plan if j.name == "startup_warm")
-    monkeypatch.setattr(record, "job_current", lambda job, run_id=None: False)
+    monkeypatch.setattr(record, "job_current", lambda job, run_id=None, gpu=None: False)
     assert [j.name for j in record.choose([warm], True, "r")] == ["startup_cold", "startup_warm"]
     interp = next(j for j in plan if j.name == "interp")
-    provenance = type("P", (), {"command": recorder.command_line(interp)})()
+    provenance = type("P", (), {"command": recorder.command_line(interp), "gpu": "NVIDIA H200"})()
     made = type("R", (), {"record_run": "run-a", "provenance": provenance})()
     monkeypatch.undo()
     monkeypatch.setattr(record, "load_any", lambda path: made)
     monkeypatch.setattr(record, "staleness", lambda rec: [])
     assert record.job_current(interp) and record.job_current(interp, "run-a")
     assert not record.job_current(interp, "run-b")  # current, but not made by this forced run: re-recorded
+    assert record.job_current(interp, gpu="NVIDIA H200")
+    assert not record.job_current(interp, gpu="NVIDIA H100 80GB HBM3")  # another GPU's result: re-recorded here
     provenance.command = recorder.command_line(interp).replace("--runs 100", "--runs 200")
     assert not record.job_current(interp)  # its code is current, but the job's command changed since
+    provenance.command = recorder.command_line(interp).replace("data/bench/interp.json", "/tmp/elsewhere.json")
+    assert "/tmp/elsewhere.json" in provenance.command and record.job_current(interp)  # where it wrote is no flag
     provenance.command = recorder.command_line(interp)
     monkeypatch.setattr(record, "staleness", lambda rec: ["glmvit/graphs.py:EncoderGraphRunner.run"])
     assert not record.job_current(interp, "run-a")  # this run's, but its code changed since
@@ -115,8 +119,9 @@ def test_the_orchestrator_runs_each_phase_once_and_packs_what_they_wrote(tmp_pat
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(record, "install_problem", lambda: None)  # a CPU machine posing as one with CUDA
     monkeypatch.setattr(record, "gpu_problem", lambda chosen: None)  # ... the records' GPU
+    monkeypatch.setattr(record, "this_gpu", lambda: "NVIDIA H200")
     monkeypatch.setattr(record.subprocess, "Popen", FakePhase)
-    monkeypatch.setattr(record, "job_current", lambda job, run_id=None: False)
+    monkeypatch.setattr(record, "job_current", lambda job, run_id=None, gpu=None: False)
     code = main(["record", "--only", "latency,startup_warm,kernels", "--archive", str(archive)])
     assert code == 1  # kernels failed
     assert [c[c.index("--phase") + 1] for c in FakePhase.calls] == ["measure", "profile"]  # one process a phase
@@ -138,8 +143,9 @@ def test_an_interrupted_run_ends_the_phases_it_never_told_to_go(tmp_path, monkey
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(record, "install_problem", lambda: None)  # a CPU machine posing as one with CUDA
     monkeypatch.setattr(record, "gpu_problem", lambda chosen: None)  # ... the records' GPU
+    monkeypatch.setattr(record, "this_gpu", lambda: "NVIDIA H200")
     monkeypatch.setattr(record.subprocess, "Popen", FakePhase)
-    monkeypatch.setattr(record, "job_current", lambda job, run_id=None: False)
+    monkeypatch.setattr(record, "job_current", lambda job, run_id=None, gpu=None: False)
 
     def interrupted(process, phase_jobs, on_written):
         raise KeyboardInterrupt
@@ -674,7 +680,7 @@ def test_without_kept_compiled_state_every_job_compiles_from_nothing(monkeypatch
 
 def refusal(monkeypatch, capsys) -> str:
     """The one line a record run stops with before any job (exit status 2), no phase started."""
-    monkeypatch.setattr(record, "job_current", lambda job, run_id=None: False)
+    monkeypatch.setattr(record, "job_current", lambda job, run_id=None, gpu=None: False)
     monkeypatch.setattr(record.subprocess, "Popen", lambda *a, **k: pytest.fail("a phase started"))
     with pytest.raises(SystemExit) as stop:
         record.main(["--only", "latency"])

@@ -1,6 +1,6 @@
 """Data consistency of the recorded GPU results (data/bench, data/notebooks): checks of data, not of behaviour.
 
-Each check reads records made on the H200 by ``python -m glmvit record`` and asks whether they agree with the code
+Each check reads records made on a GPU by ``python -m glmvit record`` and asks whether they agree with the code
 that reads them — the cost model refitted here reproduces what the benchmark predicted, the graph-memory model
 covers every recorded pool — and whether they are one run's. They run in CI like every test (marker ``records``);
 ``python -m glmvit records`` says which records are stale, and a stale record is skipped here with that reason,

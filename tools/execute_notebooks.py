@@ -5,7 +5,7 @@
 
 ``make notebooks`` runs this. ``tests/test_project.py`` fails when a notebook's code cells no longer match the
 stamped hash, i.e. when code changed after its outputs were made. On a CPU, GPU cells show the results recorded on
-the H200 (``glmvit.env.run_or_replay``).
+a GPU (``glmvit.env.run_or_replay``).
 """
 from __future__ import annotations
 

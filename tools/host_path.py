@@ -19,7 +19,7 @@ CPU and count in the host time (cProfile lists them apart: ``copy_``, ``sum``, `
 what remains is the Python and dispatch work that a CUDA host pays too, the copies being asynchronous launches there.
 
 ``--device cuda`` measures the real thing: the runner captures CUDA graphs (``--compile``: graph-compiled) and
-``run`` replays them; nothing is stubbed, and ``host_us`` is then the launch-side host time the H200 record quotes.
+``run`` replays them; nothing is stubbed, and ``host_us`` is then the launch-side host time the GPU record quotes.
 Off CUDA that mode cannot run. ``--config glm41v`` uses the full tower's widths (CUDA only in practice).
 
     python tools/host_path.py                        # CPU, tiny config, 1 and 8 images

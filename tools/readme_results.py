@@ -41,9 +41,16 @@ MODES = ("transformers", "eager", "graph", "graph-compiled")
 PEERS = ("transformers", "transformers-compiled", "eager", "graph", "graph-compiled")  # every mode a record may hold
 
 
-def gpu() -> str:
-    """The GPU the results were recorded on, as their provenance names it (``H100 80GB HBM3``)."""
-    return (bench("mixed_img").provenance.gpu or "unknown GPU").removeprefix("NVIDIA ")
+def gpu(full: bool = False) -> str:
+    """The one GPU every result record in data/bench names in its provenance (``H100 80GB HBM3``; ``full``: as
+    named, ``NVIDIA H100 80GB HBM3``). Raises ValueError naming them if the results are several GPUs' (a record run
+    on another GPU re-records them all: ``glmvit.cli.record.gpu_problem``); the ncu diagnostic names its own."""
+    gpus = {r.provenance.gpu for r in (load_any(p) for p in sorted(BENCH.glob("*.json")))
+            if r.kind not in ("ncu", "tune")}
+    if len(gpus) != 1 or None in gpus:
+        raise ValueError(f"data/bench: the results name {sorted(map(str, gpus))}, not one GPU: re-record them all")
+    (name,) = gpus
+    return name if full else name.removeprefix("NVIDIA ")
 
 
 def bench(name: str) -> BenchRecord:
@@ -168,7 +175,8 @@ def ncu_line() -> str:
                      + f" (the attention: {attn['limiter']}, {attn['grid']:.0f} blocks on {attn['sms']} SMs, tensor "
                      f"pipe {attn['tensor_pct']:.0f} %)")
     return ("**What limits each kernel** (`python -m glmvit ncu`, Nsight Compute's counters for every kernel of one "
-            f"graph-compiled replay, `ncu.json` @ {record.provenance.short_commit}{mark(record)}; kernel time by "
+            f"graph-compiled replay on an {record.provenance.gpu}, `ncu.json` @ {record.provenance.short_commit}"
+            f"{mark(record)}; kernel time by "
             "limiter — the busiest of dram, tensor and issue at ≥ 60 % of peak, else parallelism with fewer blocks "
             "than SMs, else latency): " + "; ".join(parts) + ". Notebook 10 section 7 reads it.")
 
@@ -305,7 +313,7 @@ def runs_line() -> str:
 
 def block() -> str:
     prov = bench("mixed_img").provenance
-    head = (f"Recorded on an {prov.gpu} (driver {prov.driver}, torch {prov.torch}, triton {prov.triton}, "
+    head = (f"Recorded on an {gpu(full=True)} (driver {prov.driver}, torch {prov.torch}, triton {prov.triton}, "
             f"transformers {prov.transformers}); each JSON names its commit and command. A row marked ⚠ stale was "
             "measured on code that has changed since (`python -m glmvit records` lists them). " + runs_line())
     mixed = ("**Mixed workloads** (vLLM random-mm style, requests in arrival order; cost model = predicted mean / "

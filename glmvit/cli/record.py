@@ -43,10 +43,12 @@ from .recorder import (
 )
 
 
-def job_current(job: Job, run_id: str | None = None) -> bool:
+def job_current(job: Job, run_id: str | None = None, gpu: str | None = None) -> bool:
     """Whether every record of the job exists, is current, was made by the job's command as it is now (the job table's
     other fields, and the rest of the recorder's top-level statements, are not what a record measured:
-    :data:`glmvit.fingerprint.PLAN_MODULES`) — and, given ``run_id``, was made by that run."""
+    :data:`glmvit.fingerprint.PLAN_MODULES`) — given ``run_id``, was made by that run, and given ``gpu`` (this
+    machine's, as ``torch.cuda.get_device_name`` names it), was made on that GPU: another GPU's result is re-recorded
+    by any run here, so that the results stay one GPU's (:func:`gpu_problem`)."""
     paths = job.output_paths()
     if not paths:  # the cold start writes no record of its own: it runs whenever the warm one does
         return False
@@ -56,9 +58,17 @@ def job_current(job: Job, run_id: str | None = None) -> bool:
         except (ValueError, OSError):
             return False
         if (staleness(record) or run_id not in (None, record.record_run)
+                or gpu not in (None, record.provenance.gpu)
                 or not same_command(getattr(record.provenance, "command", None), job)):
             return False
     return True
+
+
+def this_gpu() -> str | None:
+    """This machine's GPU as a record's provenance names it (``torch.cuda.get_device_name``); None without CUDA."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
 def gpu_problem(chosen: list[Job], device_index: int = 0) -> str | None:
@@ -98,10 +108,11 @@ def pack(archive: str, paths: list[Path]) -> None:
             tar.add(path, arcname=str(path.relative_to(REPO)))
 
 
-def choose(selected: list[Job], force: bool, run_id: str) -> list[Job]:
-    """The jobs to run: stale ones (or, forced, those this run has not made yet); the cold start whenever the warm
-    start runs, since the warm start's record holds both."""
-    chosen = [j for j in selected if not job_current(j, run_id if force else None)]
+def choose(selected: list[Job], force: bool, run_id: str, gpu: str | None = None) -> list[Job]:
+    """The jobs to run: stale ones or another GPU's (``gpu``: this machine's; None, as on a CPU's dry run: any GPU's
+    count) — or, forced, those this run has not made yet; the cold start whenever the warm start runs, since the warm
+    start's record holds both."""
+    chosen = [j for j in selected if not job_current(j, run_id if force else None, gpu)]
     if any(j.name == "startup_warm" for j in chosen) and not any(j.name == "startup_cold" for j in chosen):
         chosen = [j for j in jobs() if j.name == "startup_cold"] + chosen
     return [j for j in jobs() if j in chosen]  # plan order
@@ -206,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown job(s) {', '.join(unknown)}; `python -m glmvit record --dry-run` lists them")
     selected = [j for j in plan if j.name in only] if only else [j for j in plan if j.phase in phases]
     run_id = os.environ.get(RUN_ENV) or uuid.uuid4().hex[:12]
-    chosen = choose(selected, args.force, run_id)
+    chosen = choose(selected, args.force, run_id, this_gpu())
     for job in plan:
         if job in selected or job in chosen:
             what = "run" if job in chosen else "skip (current)"

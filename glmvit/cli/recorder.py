@@ -614,8 +614,15 @@ def install_problem(device_index: int = 0) -> str | None:
 
 def same_command(recorded: str | None, job: Job) -> bool:
     """Whether a record's provenance command is the job's command now (whatever interpreter ran it: a command run
-    through its own ``main`` names ``sys.executable``, the plan names ``python``)."""
-    return (recorded or "").partition(" -m glmvit ")[2] == command_line(job).partition(" -m glmvit ")[2]
+    through its own ``main`` names ``sys.executable``, the plan names ``python``; wherever it wrote its JSON, which is
+    where the record lies, not what it measured)."""
+    return _measured(recorded or "") == _measured(command_line(job))
+
+
+def _measured(command: str) -> list[str]:
+    """The part of a glmvit command line that says what it measures: its arguments, less ``--json PATH``."""
+    words = command.partition(" -m glmvit ")[2].split()
+    return [w for i, w in enumerate(words) if w != "--json" and (i == 0 or words[i - 1] != "--json")]
 
 
 def expected_seconds(job: Job) -> float:

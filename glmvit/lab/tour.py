@@ -177,15 +177,15 @@ def pr_vs_glmvit(seed: dict[str, Any], bench_dir: Any, workloads: tuple[str, ...
     from .seed import seed_rows
 
     out: dict[str, Any] = {"pr": {g: {} for g in gpus}, "glmvit": {}, "budgets": {}}
-    print(f"{'workload':<12}{'who (mean ms)':<32}{'eager':>8}{'graph':>8}{'compiled':>9}{'eager / graph':>14}")
+    print(f"{'workload':<12}{'who (mean ms)':<36}{'eager':>8}{'graph':>8}{'compiled':>9}{'eager / graph':>14}")
     for name in workloads:
         own = load(bench_dir / f"seed_{name}.json", BenchRecord)
         out["budgets"][name] = tuple(own.settings.budgets)
         for g in gpus:
             e, gr = out["pr"][g][name] = tuple(seed_rows(seed, g)[name]["mean"])
-            print(f"{name:<12}{'PR 40576, ' + g.split(',')[0]:<32}{e:>8.2f}{gr:>8.2f}{'-':>9}{e / gr:>13.2f}×")
+            print(f"{name:<12}{'PR 40576, ' + g.split(',')[0]:<36}{e:>8.2f}{gr:>8.2f}{'-':>9}{e / gr:>13.2f}×")
         means = out["glmvit"][name] = {m: r.mean_ms for m, r in own.modes.items()}
         e, gr, c = (means.get(k, float("nan")) for k in ("eager", "graph", "graph-compiled"))
         who = f"glmvit, {str(own.provenance.gpu).removeprefix('NVIDIA ')}, the PR's budgets"
-        print(f"{'':<12}{who:<32}{e:>8.2f}{gr:>8.2f}{c:>9.2f}{e / gr:>13.2f}×")
+        print(f"{'':<12}{who:<36}{e:>8.2f}{gr:>8.2f}{c:>9.2f}{e / gr:>13.2f}×")
     return out
