@@ -97,8 +97,8 @@ def gpu_problem(chosen: list[Job], device_index: int = 0) -> str | None:
         return None
     more = f" and {len(left) - 2} more" if len(left) > 2 else ""
     return (f"this GPU is {name}, and this run would leave {', '.join(left[:2])}{more} beside its results: one "
-            f"GPU's records only; re-record them all here (python -m glmvit record --force, $GLMVIT_RECORD_RUN kept "
-            "to resume it) or run on their GPU")
+            f"GPU's records only; re-record them all here (python -m glmvit record, which "
+            "re-records another GPU's results and resumes where a cut-short run stopped) or run on their GPU")
 
 
 def pack(archive: str, paths: list[Path]) -> None:
