@@ -11,8 +11,9 @@ included) by ``tests/test_kernel_tables.py``, as ``CUDNN_MIN_ROWS`` is.
 from __future__ import annotations
 
 # FlashAttention-4's kernel from this many packed rows on (None: ``auto`` never runs it; ``--attn-backend fa4`` does).
-# None until the H200 sweep times the ``fa4`` backend: its H100 sweep (data/sweeps/attention_sweep_h100.json) is
-# no table's evidence.
+# None: no sweep holds a threshold yet. The H100's (data/sweeps/attention_sweep_h100.json) has fa4 fastest at two
+# 1024-row segments (2048 rows) and 7 % behind Triton at sixteen 256-row ones (4096), so no rows threshold keeps
+# ``auto`` within 5 % of the fastest on every layout there; the H200 sweep has not timed fa4.
 FA4_MIN_ROWS: int | None = None
 
 
