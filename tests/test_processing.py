@@ -41,13 +41,15 @@ SAMPLING_CASES = [
 
 
 def test_sample_data_is_present_and_small():
-    """The sample inputs stay under 1 MB; recorded results (bench/, notebooks/) stay under 4 MB, each file < 512 KB."""
+    """The sample inputs stay under 1 MB; every file of recorded results (bench/, notebooks/) under 1 MB, data/ under
+    8 MB. A serve record keeps each of its 1000 requests' times per mode (P99 and the time split are read from them):
+    about 0.7 MB for two modes."""
     assert len(IMAGES) >= 3 and CLIP.is_file()
     assert all(p.stat().st_size <= 100_000 for p in IMAGES)
     assert sum(p.stat().st_size for p in [*IMAGES, CLIP]) < 1_000_000
     recorded = [p for folder in ("bench", "notebooks") for p in (DATA / folder).glob("*.json")]
-    assert all(p.stat().st_size < 512 * 1024 for p in recorded)
-    assert sum(p.stat().st_size for p in DATA.rglob("*") if p.is_file()) < 4_000_000
+    assert all(p.stat().st_size < 1_000_000 for p in recorded)
+    assert sum(p.stat().st_size for p in DATA.rglob("*") if p.is_file()) < 8_000_000
 
 
 # --- images --------------------------------------------------------------------------------------------------------

@@ -208,3 +208,36 @@ def test_replay_uniform_runs_a_budget_s_uniform_graph_and_refuses_where_there_is
     pixels, grid = random_batch([[1, 4, 4], [1, 4, 6]], tiny_config, seed=54)
     with pytest.raises(ValueError, match=r"^budget 16 has no uniform graph for these frames \(captured: "):
         uniform.replay(16, pixels, grid, uniform=True)
+
+
+def test_a_record_s_uniform_graphs_read_as_the_runner_plans(tiny_model):
+    """``glmvit.lab.budget_views.UniformGraphs``, what notebooks 05b and 08 read from a bench record to predict and
+    explain its replays, names the graph this runner replays each batch in: uniform, mixed, too small for
+    ``uniform_min_rows``, a length without a graph. It is read from the record's ``uniform_capture`` entries."""
+    from types import SimpleNamespace
+
+    from glmvit.geometry import item_spec
+    from glmvit.lab.budget_views import UniformGraphs
+    from glmvit.packing import plan_batches
+    from glmvit.uniform import DENSE_MIN_ROWS
+
+    runner = EncoderGraphRunner(tiny_model, CONFIG, mode="emulate", uniform_lengths=LENGTHS, uniform_min_rows=64
+                                ).capture()
+    record = SimpleNamespace(model_extra={"uniform_capture": {f"{b}x{f}": {"budget": cb.budget, "rows": 0}
+                                                              for (b, f), cb in runner.uniform_graphs.items()}})
+    read = UniformGraphs.of(record)
+    assert read.budgets == {k: cb.budget for k, cb in runner.uniform_graphs.items()} and read.budgets
+    reading = UniformGraphs(read.budgets, runner.uniform_min_rows)  # the bench's runners use DENSE_MIN_ROWS
+    assert read.min_rows == DENSE_MIN_ROWS and UniformGraphs.of(SimpleNamespace(model_extra={})).budgets == {}
+    uniform_steps = 0
+    for grids in ([[1, 4, 4]], [[2, 4, 4], [2, 4, 4]], [[1, 4, 4], [2, 4, 4]], [[1, 4, 6], [1, 6, 4], [1, 2, 12]],
+                  [[1, 4, 4], [1, 4, 6]], [[4, 4, 4], [4, 4, 4]], [[2, 6, 6]], [[1, 2, 2]]):
+        items = [item_spec(*g) for g in grids]
+        steps, batches = runner.plan(np.array(grids)), plan_batches(items, CONFIG, packer=runner.packer).batches
+        assert [s.items for s in steps] == [b.item_indices for b in batches]
+        for s, b in zip(steps, batches, strict=True):
+            graph = None if b.budget is None else reading.graph_budget(b.budget, [items[i] for i in b.item_indices])
+            assert s.budget == (graph or b.budget) and (graph is not None) == bool(s.captured and
+                                                                                    s.captured.shape.uniform), grids
+            uniform_steps += graph is not None
+    assert uniform_steps >= 2  # the rule was exercised both ways

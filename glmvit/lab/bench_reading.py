@@ -136,6 +136,19 @@ def request0_fills_one_budget(record: Any, mode: str = "graph") -> bool:
     return len(batches) == 1 and batches[0].budget == batches[0].tokens
 
 
+def request0_in_uniform_graph(record: Any, mode: str = "graph") -> bool:
+    """Whether a batch of request 0 replays in ``mode`` in a uniform graph (the dense attention kernel, not eager's
+    ragged one): its frames share the one h·w a uniform graph of its budget was captured for
+    (:class:`glmvit.lab.budget_views.UniformGraphs`, read from the record)."""
+    from .budget_views import UniformGraphs
+
+    config = BudgetConfig(tuple(record.modes[mode].budgets), record.settings.max_items, record.settings.max_segments)
+    items = [item_spec(*g) for g in record.workload["grids"][0]]
+    uniform = UniformGraphs.of(record.modes[mode])
+    return any(b.budget is not None and uniform.graph_budget(b.budget, [items[i] for i in b.item_indices]) is not None
+               for b in plan_batches(items, config).batches)
+
+
 def compile_savings(kernels: Any, backend: str) -> dict[str, dict[str, Any]]:
     """Per layout of a :class:`KernelsProfile`, the plain and compiled replay of the kernel ``backend`` runs at the
     layout's rows: ``kernel``, ``kernels`` (plain, compiled), ``gpu_us`` (plain, compiled), ``gemm_us`` (plain,

@@ -17,6 +17,7 @@ from ..packing import BudgetConfig, Plan, PlanStats, combined_stats, plan_worklo
 from ..processing import SAMPLE_DATA
 from ..recorded import recorded_table
 from ..records import BenchRecord, LatencySweep, describe, find, load
+from ..routing import Router
 from ..workloads import PRESETS
 
 MODES = ("graph", "graph-compiled")
@@ -341,9 +342,56 @@ def recommend_rows(requests: Sequence[Sequence[ItemSpec]], tables: Mapping[str, 
     return rows
 
 
-def predicted_per_request(plans: Sequence[Plan], table: LatencyTable, route: bool) -> np.ndarray:
-    """``predict_time(plan, table, route).total_ms`` of each plan, as an array."""
-    return np.array([predict_time(p, table, route=route).total_ms for p in plans])
+@dataclass(frozen=True)
+class UniformGraphs:
+    """The uniform graphs a benchmark mode captured: (ladder budget, rows per frame h·w) → the graph's own token
+    budget (its record's ``uniform_capture``), and the fewest rows a batch holds to replay in one (``min_rows``)."""
+
+    budgets: Mapping[tuple[int, int], int]
+    min_rows: int
+
+    @classmethod
+    def of(cls, mode: Any) -> UniformGraphs:
+        """Those of one mode of a bench record (none where it captured none)."""
+        from ..uniform import DENSE_MIN_ROWS  # the bench runner's threshold (glmvit.encoder.build_encoder)
+
+        captured = (mode.model_extra or {}).get("uniform_capture") or {}
+        budgets = {(int(b), int(f)): int(c["budget"]) for key, c in captured.items() for b, f in [key.split("x")]}
+        return cls(budgets, DENSE_MIN_ROWS if budgets else 0)
+
+    def graph_budget(self, budget: int, items: Sequence[ItemSpec]) -> int | None:
+        """The token budget of the uniform graph a batch of ``items`` replayed in ``budget`` runs in (every frame one
+        h·w, at least ``min_rows`` rows, a graph captured for both); None where it replays in the ladder's graph.
+        The rule of ``EncoderGraphRunner.uniform_graph``, from the record."""
+        frames = {it.rows // it.segments for it in items}
+        if len(frames) != 1 or sum(it.rows for it in items) < self.min_rows:
+            return None
+        return self.budgets.get((budget, frames.pop()))
+
+
+def predicted_per_request(plans: Sequence[Plan], table: LatencyTable, route: bool,
+                          requests: Sequence[Sequence[ItemSpec]] | None = None,
+                          uniform: UniformGraphs | None = None) -> np.ndarray:
+    """``predict_time(plan, table, route).total_ms`` of each plan, as an array. With ``uniform`` (and each plan's
+    request), a batch the runner replays in a uniform graph is predicted at that graph's budget, as the benchmark
+    predicts it (``glmvit.cli.bench.runner_prediction``): the batch is routed by its ladder budget, then timed where
+    it replays."""
+    if uniform is None or not uniform.budgets:
+        return np.array([predict_time(p, table, route=route).total_ms for p in plans])
+    assert requests is not None and len(requests) == len(plans), "uniform graphs need each plan's request"
+    router = Router(table, by_time=route)
+    out = []
+    for plan, items in zip(plans, requests, strict=True):
+        total = 0.0
+        for b in plan.batches:
+            budget = b.budget
+            if budget is not None and router.route(budget, b.tokens, b.segment_rows2).replay:
+                budget = uniform.graph_budget(budget, [items[i] for i in b.item_indices]) or budget
+            ms = router.route(budget, b.tokens, b.segment_rows2).predicted_ms
+            assert ms is not None, "a router with a table predicts every batch"
+            total += ms
+        out.append(total)
+    return np.array(out)
 
 
 def plan_violations(n_items: int, plan: Plan, config: BudgetConfig) -> list[str]:
