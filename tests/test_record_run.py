@@ -688,14 +688,19 @@ def refusal(monkeypatch, capsys) -> str:
     return capsys.readouterr().err.strip().splitlines()[-1]
 
 
+def committed_gpu() -> str:
+    """The one GPU the committed results name (the ncu diagnostic aside)."""
+    committed = {load_any(p).provenance.gpu for j in recorder.jobs() if j.phase != "ncu" for p in j.output_paths()
+                 if p.exists()}
+    assert len(committed) == 1, f"the committed results name several GPUs: {committed}"
+    return committed.pop()
+
+
 def test_a_record_on_another_gpu_must_re_record_every_result(monkeypatch, capsys):
     """The results are one GPU's: a partial run on a GPU other than the one the committed records name stops before
     any job, naming that GPU and a record it would leave behind; a run of every job may, and so may a partial run on
     the records' own GPU. The ncu diagnostic, recorded on request, is not held to it."""
-    committed = {load_any(p).provenance.gpu for j in recorder.jobs() if j.phase != "ncu" for p in j.output_paths()
-                 if p.exists()}
-    assert len(committed) == 1, f"the committed results name several GPUs: {committed}"
-    (ours,) = committed
+    ours = committed_gpu()
     other = "NVIDIA H100 80GB HBM3" if ours != "NVIDIA H100 80GB HBM3" else "NVIDIA H200"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: other)
@@ -715,7 +720,7 @@ def test_a_record_refuses_a_hopper_gpu_without_the_cuda_extra(monkeypatch, capsy
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (9, 0))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: committed_gpu())  # a Hopper: H100 or H200
     monkeypatch.setattr(cudnn_attention, "frontend_installed", lambda: False)
     err = refusal(monkeypatch, capsys)
     assert "cuda extra" in err and "glmvit[cuda]" in err and "triton" in err
