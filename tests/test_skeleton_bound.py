@@ -47,6 +47,28 @@ def test_an_unknown_workload_is_refused_in_one_line(capsys):
     assert exit_.value.code == 2 and "unknown workload '2x999'" in capsys.readouterr().err
 
 
+def test_a_negative_count_of_cublaslt_algorithms_is_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--workloads", "1x224", "--lt-algos", "-1"])
+    assert exit_.value.code == 2 and "--lt-algos not negative" in capsys.readouterr().err
+
+
+def test_a_cublaslt_algorithm_is_described_by_what_it_reports():
+    from tools.skeleton_bound import lt_describe
+
+    class Algorithm:  # reports some fields, refuses one, and gives a tuple where cuBLASLt gives one
+        algorithm_id, stages, split_k, reduction_scheme, cta_swizzling = 66, (3,), 4, 1, True
+        tile = "TILE_128x64"
+
+        @property
+        def cluster_shape(self):
+            raise RuntimeError("not reported by this cuBLASLt")
+
+    described = lt_describe(Algorithm())
+    assert described["algorithm_id"] == 66 and described["split_k"] == 4 and described["stages"] == "(3,)"
+    assert described["cluster_shape"] == "RuntimeError: not reported by this cuBLASLt"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
 def test_without_cuda_it_refuses_in_one_line(capsys):
     assert main(["--workloads", "1x224"]) == 2

@@ -9,8 +9,13 @@ host work. Each op runs the fastest kernel this machine has for its shape, chose
 two libraries tie, the pick may not be the faster one streaming) and keeping only candidates whose output checks:
 
 - a matmul: cuBLAS or cuBLASLt behind ``F.linear`` (``tools/blas_ab.py``'s switch; a bias where the model has one),
-  and for the blocks' gate_up the fused SwiGLU GEMM (``glmvit.model.swiglu_linear``: it does more work, so it may
-  stand in for the matmul alone) — each checked against float32;
+  for the blocks' gate_up the fused SwiGLU GEMM (``glmvit.model.swiglu_linear``: it does more work, so it may
+  stand in for the matmul alone), and where nvmath-python imports (NVIDIA's Python binding of cuBLASLt), each of the
+  first ``--lt-algos`` algorithms cuBLASLt's heuristic ranks for the shape (``lt#RANK``: tile, stages, split-K and
+  reduction scheme as the heuristic pairs them; torch's cuBLASLt path runs only the first), executed by name, the
+  two matmuls with a bias left to ``F.linear`` (cuBLASLt's bias epilogue wants a column-major output) — each
+  checked against float32, and each captured in the CUDA graph that times it (a call a graph refuses is no
+  candidate: the encoder replays graphs);
 - the attention: the paths of ``tools/attention_sweep.py`` for the layout (glmvit's ``triton`` and ``cudnn``
   backends with their rotation, dense cuDNN and FlashAttention SDPA when every segment has one length,
   ``varlen_attn``, FlashAttention's varlen where it imports; not those of ``NOT_CANDIDATES``), each checked against
@@ -57,6 +62,7 @@ WORKLOADS: dict[str, list[list[int]]] = {
     "1x224": [[1, 16, 16]], "clip8x224": [[4, 16, 16]], "8x448": [[1, 32, 32]] * 8, "16clips": [[4, 16, 16]] * 16}
 BIASED = ("patch_embed", "downsample")  # the model's matmuls with a bias (glmvit.model: embed, head)
 CANDIDATE_REPLAYS = 20
+LT_ALGOS = 32  # cuBLASLt heuristic algorithms tried per matmul shape where nvmath-python imports (--lt-algos)
 # attention_sweep paths that are no candidates: the rotations alone (no attention), cuDNN's ragged entry of torch
 # (a plan rebuilt per call, which a graph capture refuses) and the TMA kernel (slower on every layout in
 # data/sweeps/tma_ab_h200.json; a fault there would end this process, as the sweep's own docstring warns)
@@ -123,8 +129,40 @@ def summary(timed: dict[str, list], sustained: bool) -> dict[str, Any]:
 
 # --- the GPU side --------------------------------------------------------------------------------------------------
 
-def matmul_candidates(op: Op, gen: torch.Generator) -> dict[str, Callable[[], torch.Tensor]]:
-    """Every kernel that may run ``op``'s matmul, each on operands of its shape, checked against float32 here."""
+def lt_plan(x: torch.Tensor, w: torch.Tensor, limit: int = 0, algorithm: Any = None) -> tuple[Any, list[Any]]:
+    """nvmath-python's cuBLASLt matmul ``x @ w.T`` (bf16, float32 accumulation, as ``F.linear``) planned either
+    with the first ``limit`` algorithms cuBLASLt's heuristic ranks or with ``algorithm`` alone (one found for
+    another matmul of this shape); the plan and its algorithms. ImportError where nvmath-python is missing."""
+    from nvmath.linalg.advanced import Matmul
+
+    plan = Matmul(x, w.T)
+    if algorithm is not None:
+        return plan, plan.plan(algorithms=[algorithm])
+    return plan, plan.plan(preferences={"limit": limit})
+
+
+def lt_call(plan: Any, algorithm: Any = None) -> torch.Tensor:
+    """One execution of ``plan`` with ``algorithm`` (None: its first) on the current stream (a capture's, in a
+    capture)."""
+    return plan.execute(algorithm=algorithm, stream=torch.cuda.current_stream())
+
+
+def lt_describe(algorithm: Any) -> dict[str, Any]:
+    """What a cuBLASLt algorithm is: its id, tile, stages, split-K, reduction scheme, swizzle and cluster."""
+    out: dict[str, Any] = {}
+    for key in ("algorithm_id", "tile", "stages", "split_k", "reduction_scheme", "cta_swizzling", "cluster_shape"):
+        try:
+            value = getattr(algorithm, key)
+        except Exception as err:  # noqa: BLE001 - a field this cuBLASLt does not report
+            value = one_line(err)
+        out[key] = value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
+    return out
+
+
+def matmul_candidates(op: Op, gen: torch.Generator, lt_algos: int = 0,
+                      lt_found: dict[str, Any] | None = None) -> dict[str, Callable[[], torch.Tensor]]:
+    """Every kernel that may run ``op``'s matmul, each on operands of its shape, checked against float32 here;
+    ``lt#RANK`` for the first ``lt_algos`` cuBLASLt algorithms (their objects put in ``lt_found`` by name)."""
     import torch.nn.functional as F
     from blas_ab import LIBRARIES, with_library
 
@@ -142,6 +180,15 @@ def matmul_candidates(op: Op, gen: torch.Generator) -> dict[str, Callable[[], to
         gate, up = ref.chunk(2, dim=-1)
         swiglu_ref = F.silu(gate) * up
         out["swiglu"] = lambda: swiglu_linear(x, w)
+    if lt_algos and b is None:
+        try:
+            plan, algorithms = lt_plan(x, w, limit=lt_algos)
+        except ImportError:
+            algorithms = []
+        for rank, algorithm in enumerate(algorithms):
+            out[f"lt#{rank}"] = partial(lt_call, plan, algorithm)
+            if lt_found is not None:
+                lt_found[f"lt#{rank}"] = algorithm
     checks = {name: (swiglu_ref if name == "swiglu" else ref) for name in out}
     return {name: fn for name, fn in out.items() if _matmul_ok(fn, checks[name])}
 
@@ -155,8 +202,10 @@ def _matmul_ok(fn: Callable[[], torch.Tensor], ref: torch.Tensor) -> bool:
         return False
 
 
-def fastest(candidates: dict[str, Callable[[], Any]]) -> tuple[str, dict[str, float]]:
-    """The candidate with the least graph-replayed µs per call, and every candidate's µs (a failure is left out)."""
+def fastest(candidates: dict[str, Callable[[], Any]],
+            failed: dict[str, str] | None = None) -> tuple[str, dict[str, float]]:
+    """The candidate with the least graph-replayed µs per call, and every candidate's µs (a failure is left out,
+    its one line put in ``failed``)."""
     from glmvit.profiling import graph_time_us
 
     times: dict[str, float] = {}
@@ -165,7 +214,9 @@ def fastest(candidates: dict[str, Callable[[], Any]]) -> tuple[str, dict[str, fl
             times[name] = graph_time_us(fn, repeats=20, runs=CANDIDATE_REPLAYS)
         except torch.AcceleratorError:
             raise  # a fault poisons the context: every later call would fail for it
-        except Exception:  # noqa: BLE001
+        except Exception as err:  # noqa: BLE001
+            if failed is not None:
+                failed[name] = one_line(err)
             continue
     if not times:
         raise RuntimeError(f"no candidate ran: {sorted(candidates)}")
@@ -201,8 +252,8 @@ def attention_candidates(lengths: tuple[int, ...]) -> tuple[dict[str, Callable[[
     return ok, refused
 
 
-def build_skeleton(config: VisionConfig, grids: list[list[int]], seed: int = 0) -> tuple[Callable[[], None],
-                                                                                         dict[str, Any]]:
+def build_skeleton(config: VisionConfig, grids: list[list[int]], seed: int = 0,
+                   lt_algos: int = 0) -> tuple[Callable[[], None], dict[str, Any]]:
     """The skeleton of ``grids`` as one call (each op's fastest kernel, distinct weights per block) and what was
     chosen: per matmul shape and for the attention, the winner and every candidate's µs."""
     import torch.nn.functional as F
@@ -213,10 +264,16 @@ def build_skeleton(config: VisionConfig, grids: list[list[int]], seed: int = 0) 
     ops = skeleton(config, grids)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     chosen: dict[str, Any] = {}
+    lt_winners: dict[str, Any] = {}  # per shape, the cuBLASLt algorithm that won it
     for op in ops:
         if op.kind == "matmul" and op.gemm not in chosen:
-            winner, times = fastest(matmul_candidates(op, gen))
-            chosen[op.gemm] = {"shape": list(op.shape), "kernel": winner, "us": times}
+            found: dict[str, Any] = {}
+            failed: dict[str, str] = {}
+            winner, times = fastest(matmul_candidates(op, gen, lt_algos, found), failed)
+            chosen[op.gemm] = {"shape": list(op.shape), "kernel": winner, "us": times, "failed": failed}
+            if winner.startswith("lt#"):
+                lt_winners[op.gemm] = found[winner]
+                chosen[op.gemm]["lt_algorithm"] = lt_describe(found[winner])
     attention, refused = attention_candidates(ops[2].shape)
     winner, times = fastest(attention)
     chosen["attention"] = {"segments": list(ops[2].shape), "kernel": winner, "us": times, "refused": refused}
@@ -235,6 +292,9 @@ def build_skeleton(config: VisionConfig, grids: list[list[int]], seed: int = 0) 
         kernel, x = chosen[op.gemm]["kernel"], inputs[op.gemm]
         if kernel == "swiglu":
             calls.append(partial(swiglu_linear, x, w))
+        elif kernel.startswith("lt#"):  # this block's own plan, with the algorithm that won the shape
+            plan, _ = lt_plan(x, w, algorithm=lt_winners[op.gemm])
+            calls.append(partial(lt_call, plan))
         else:
             calls.append(with_library(kernel, partial(F.linear, x, w, b)))
 
@@ -317,7 +377,7 @@ def measure(names: list[str], args: argparse.Namespace) -> dict[str, Any]:
         results: dict[str, Any] = {}
         skeletons: dict[str, Callable[[], None]] = {}
         for n in names:
-            forward, chosen = build_skeleton(config, WORKLOADS[n])
+            forward, chosen = build_skeleton(config, WORKLOADS[n], lt_algos=args.lt_algos)
             skeletons[n] = capture(forward)
             ops = skeleton(config, WORKLOADS[n])
             results[n] = {"grids": WORKLOADS[n], "ops": len(ops), "chosen": chosen,
@@ -354,6 +414,17 @@ def print_table(results: dict[str, Any]) -> None:
             clocks = f"{m['sm_mhz'] or 0:.0f}/{s['sm_mhz'] or 0:.0f}"
             print(f"{n:<10} {regime:<10} {m['ms']:9.3f} {s['ms']:12.3f} {clocks:>17}  "
                   f"{r['chosen']['attention']['kernel']}")
+        kernels = {gemm: c["kernel"] for gemm, c in r["chosen"].items() if gemm != "attention"}
+        print(f"{'':<10} matmuls: {kernels}")
+
+
+def nvmath_version() -> str | None:
+    """nvmath-python's version where it imports (the ``lt#`` candidates run), else None."""
+    try:
+        import nvmath
+    except ImportError:
+        return None
+    return str(nvmath.__version__)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -364,14 +435,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rest-s", type=float, default=3.0, help="idle seconds before each burst and sustained run")
     parser.add_argument("--gap-s", type=float, default=0.2, help="idle seconds between burst replays")
     parser.add_argument("--attention", default=None, help="the model's attention backend (default: the model's)")
+    parser.add_argument("--lt-algos", type=int, default=LT_ALGOS,
+                        help="cuBLASLt heuristic algorithms tried per matmul shape (nvmath-python; 0: none)")
     parser.add_argument("--json", metavar="PATH", help="write every number, with provenance, here")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.workloads.split(",")]
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
         parser.error(f"unknown workload {unknown[0]!r}; choose among {', '.join(WORKLOADS)}")
-    if args.burst < 1 or args.seconds <= 0 or args.rest_s < 0 or args.gap_s < 0:
-        parser.error("--burst must be at least 1, --seconds positive, --rest-s and --gap-s not negative")
+    if args.burst < 1 or args.seconds <= 0 or args.rest_s < 0 or args.gap_s < 0 or args.lt_algos < 0:
+        parser.error("--burst must be at least 1, --seconds positive, --rest-s, --gap-s and --lt-algos not negative")
     if not torch.cuda.is_available():
         print("skeleton_bound times CUDA kernels: this machine has no CUDA device", file=sys.stderr)
         return 2
@@ -382,7 +455,8 @@ def main(argv: list[str] | None = None) -> int:
         from ab_common import write_record
 
         write_record(args.json, {"burst": args.burst, "seconds": args.seconds, "rest_s": args.rest_s,
-                                 "gap_s": args.gap_s, "attention": args.attention, "workloads": results})
+                                 "gap_s": args.gap_s, "attention": args.attention, "lt_algos": args.lt_algos,
+                                 "nvmath": nvmath_version(), "workloads": results})
     return 0
 
 
