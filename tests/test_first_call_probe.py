@@ -1,0 +1,25 @@
+"""tools/first_call_probe.py's grid parsing and a CPU dry run; the first-call cost itself needs a CUDA GPU."""
+import pytest
+
+from tools.first_call_probe import main, parse_grids
+
+
+def test_grids_parse_into_batches_of_items():
+    assert parse_grids("8x32x32+1x16x16;4x16x16") == [[[8, 32, 32], [1, 16, 16]], [[4, 16, 16]]]
+
+
+@pytest.mark.parametrize("text, bad", [("4x16", "4x16"), ("1x0x4", "1x0x4"), ("1x4x4+ax4x4", "ax4x4")])
+def test_a_bad_grid_item_is_refused_in_one_line_naming_it(text, bad):
+    with pytest.raises(ValueError, match=f"grid item '{bad}' is not TxHxW"):
+        parse_grids(text)
+
+
+def test_a_cpu_dry_run_times_each_batch_twice(capsys, tmp_path):
+    out = tmp_path / "first.json"
+    assert main(["--device", "cpu", "--config", "tiny", "--grids", "1x4x4;2x4x6", "--json", str(out)]) == 0
+    import json
+
+    batches = json.loads(out.read_text())["batches"]
+    assert [b["grids"] for b in batches] == [[[1, 4, 4]], [[2, 4, 6]]]
+    assert all(b["first_ms"] > 0 and b["second_ms"] > 0 for b in batches)
+    assert len(capsys.readouterr().out.strip().splitlines()) == 2
