@@ -23,3 +23,16 @@ def test_a_cpu_dry_run_times_each_batch_twice(capsys, tmp_path):
     assert [b["grids"] for b in batches] == [[[1, 4, 4]], [[2, 4, 6]]]
     assert all(b["first_ms"] > 0 and b["second_ms"] > 0 for b in batches)
     assert len(capsys.readouterr().out.strip().splitlines()) == 2
+
+
+def test_triton_misses_are_caught_while_entered_and_the_hook_restored():
+    pytest.importorskip("triton")
+    from triton import knobs
+
+    from tools.first_call_probe import TritonMisses
+
+    before = knobs.runtime.jit_cache_hook
+    with TritonMisses() as misses:
+        assert knobs.runtime.jit_cache_hook == misses._hook
+        assert misses._hook(repr="kernel[num_warps=4](x: *fp32)") is False  # the launch compiles as usual
+    assert misses.kernels == ["kernel[num_warps=4](x: *fp32)"] and knobs.runtime.jit_cache_hook is before

@@ -5,7 +5,9 @@ A served batch the latency table routes eager runs ``GlmVisionEncoder.forward``.
 from its disk cache) the first time each configuration and specialisation launches. A graph runner compiled its own
 kernels at capture; the eager route's are compiled when a batch first needs them, on the engine's thread, with every
 request queued behind it. This probe times, in one fresh process, each grid's forward twice (synchronised wall ms):
-the first call minus the second is what that shape's first batch costs the engine.
+the first call minus the second is what that shape's first batch costs the engine. Each row also names the Triton
+kernels whose in-memory cache missed during each call (``triton.knobs.runtime.jit_cache_hook``: a compile, or a
+load from Triton's disk cache), so a first call's cost shows its kernels.
 
     python tools/first_call_probe.py --grids "8x32x32+1x16x16;4x16x16;1x16x20" --json /tmp/first_call.json
     python tools/first_call_probe.py --device cpu --config tiny --grids "1x4x4;2x4x6"   # a dry run of the code
@@ -41,22 +43,54 @@ def parse_grids(text: str) -> list[list[list[int]]]:
     return batches
 
 
-def first_and_second_ms(model: torch.nn.Module, config: VisionConfig, grids: list[list[int]],
-                        device: torch.device) -> tuple[float, float]:
-    """Wall ms of the first and the second eager forward of ``grids`` (each synchronised)."""
+class TritonMisses:
+    """While entered, the ``repr`` of every Triton kernel launch that missed the in-memory cache (a compile, or a
+    load from the disk cache), in order; nothing where Triton has no ``knobs.runtime.jit_cache_hook``."""
+
+    def __init__(self) -> None:
+        self.kernels: list[str] = []
+        self._before: object = None
+
+    def _hook(self, *args: object, **kwargs: object) -> bool:
+        self.kernels.append(str(kwargs.get("repr", "?")))
+        return False  # compile as usual
+
+    def __enter__(self) -> "TritonMisses":
+        try:
+            from triton import knobs
+        except ImportError:
+            return self
+        if hasattr(knobs.runtime, "jit_cache_hook"):
+            self._before = knobs.runtime.jit_cache_hook
+            knobs.runtime.jit_cache_hook = self._hook
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            from triton import knobs
+        except ImportError:
+            return
+        if hasattr(knobs.runtime, "jit_cache_hook"):
+            knobs.runtime.jit_cache_hook = self._before
+
+
+def first_and_second(model: torch.nn.Module, config: VisionConfig, grids: list[list[int]],
+                     device: torch.device) -> list[dict]:
+    """The first and the second eager forward of ``grids``: each one's wall ms (synchronised) and the Triton kernels
+    that missed the cache during it."""
     pixels, grid = random_batch(grids, config, seed=0)
     pixels = pixels.to(device, next(model.parameters()).dtype)
-    times = []
+    calls = []
     for _ in range(2):
         if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        with torch.inference_mode():
+        with TritonMisses() as misses, torch.inference_mode():
             model(pixels, grid)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1e3)
-    return times[0], times[1]
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        calls.append({"ms": (time.perf_counter() - start) * 1e3, "triton_misses": misses.kernels})
+    return calls
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,9 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     model = random_encoder(config, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
     rows = []
     for grids in batches:
-        first, second = first_and_second_ms(model, config, grids, device)
-        rows.append({"grids": grids, "first_ms": first, "second_ms": second})
-        print(f"{'+'.join('x'.join(map(str, g)) for g in grids):<24} first {first:9.1f} ms   second {second:8.1f} ms")
+        first, second = first_and_second(model, config, grids, device)
+        rows.append({"grids": grids, "first_ms": first["ms"], "second_ms": second["ms"],
+                     "first_triton_misses": first["triton_misses"], "second_triton_misses": second["triton_misses"]})
+        print(f"{'+'.join('x'.join(map(str, g)) for g in grids):<24} first {first['ms']:9.1f} ms   second "
+              f"{second['ms']:8.1f} ms   Triton cache misses {len(first['triton_misses'])} then "
+              f"{len(second['triton_misses'])}")
+        for kernel in first["triton_misses"]:
+            print(f"    {kernel[:150]}")
     if args.json:
         from glmvit.provenance import collect
 
