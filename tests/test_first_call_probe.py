@@ -36,3 +36,9 @@ def test_triton_misses_are_caught_while_entered_and_the_hook_restored():
         assert knobs.runtime.jit_cache_hook == misses._hook
         assert misses._hook(repr="kernel[num_warps=4](x: *fp32)") is False  # the launch compiles as usual
     assert misses.kernels == ["kernel[num_warps=4](x: *fp32)"] and knobs.runtime.jit_cache_hook is before
+
+
+def test_the_warmup_is_one_batch(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--device", "cpu", "--config", "tiny", "--warmup", "1x4x4;1x4x4"])
+    assert exit_.value.code == 2 and "--warmup is one batch, not 2" in capsys.readouterr().err

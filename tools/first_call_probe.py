@@ -5,7 +5,10 @@ A served batch the latency table routes eager runs ``GlmVisionEncoder.forward``.
 from its disk cache) the first time each configuration and specialisation launches. A graph runner compiled its own
 kernels at capture; the eager route's are compiled when a batch first needs them, on the engine's thread, with every
 request queued behind it. This probe times, in one fresh process, each grid's forward twice (synchronised wall ms):
-the first call minus the second is what that shape's first batch costs the engine. Each row also names the Triton
+the first call minus the second is what that shape's first batch costs the engine. Before them, one untimed forward
+of ``--warmup`` (another shape) pays what only a process's first forward pays (library handles, lazy module
+loading, the allocator's first blocks), so the first timed batch is not charged for it; a batch's first call still
+depends on the batches timed before it, which may have compiled some of its kernels. Each row also names the Triton
 kernels whose in-memory cache missed during each call (``triton.knobs.runtime.jit_cache_hook``: a compile, or a
 load from Triton's disk cache), so a first call's cost shows its kernels.
 
@@ -98,15 +101,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--config", default="full", choices=("full", "tiny"))
     parser.add_argument("--grids", default="8x32x32+1x16x16;4x16x16;1x16x20", help="batches: ';' between, '+' in")
+    parser.add_argument("--warmup", default="1x4x4", help="the untimed first batch (one of another shape)")
     parser.add_argument("--json", default=None, help="write every number, with provenance, here")
     args = parser.parse_args(argv)
     try:
         batches = parse_grids(args.grids)
+        warmup = parse_grids(args.warmup)
     except ValueError as err:
         parser.error(str(err))
+    if len(warmup) != 1:
+        parser.error(f"--warmup is one batch, not {len(warmup)}")
     device = torch.device(args.device)
     config = VisionConfig.glm41v() if args.config == "full" else VisionConfig.tiny()
     model = random_encoder(config, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    first_and_second(model, config, warmup[0], device)  # untimed: the process's own first-forward costs
     rows = []
     for grids in batches:
         first, second = first_and_second(model, config, grids, device)
@@ -121,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         from glmvit.provenance import collect
 
         with open(args.json, "w") as f:
-            json.dump({"provenance": collect(device, " ".join(["python", *sys.argv])), "batches": rows}, f, indent=1)
+            json.dump({"provenance": collect(device, " ".join(["python", *sys.argv])), "warmup": warmup[0],
+                       "batches": rows}, f, indent=1)
             f.write("\n")
     return 0
 

@@ -13,7 +13,7 @@ two libraries tie, the pick may not be the faster one streaming) and keeping onl
   stand in for the matmul alone), and where nvmath-python imports (NVIDIA's Python binding of cuBLASLt), each of the
   first ``--lt-algos`` algorithms cuBLASLt's heuristic ranks for the shape (``lt#RANK``: tile, stages, split-K and
   reduction scheme as the heuristic pairs them; torch's cuBLASLt path runs only the first), executed by name, the
-  two matmuls with a bias left to ``F.linear`` (cuBLASLt's bias epilogue wants a column-major output) — each
+  two matmuls with a bias left to ``F.linear`` (nvmath-python's bias epilogue wants a column-major output) — each
   checked against float32, and each captured in the CUDA graph that times it (a call a graph refuses is no
   candidate: the encoder replays graphs);
 - the attention: the paths of ``tools/attention_sweep.py`` for the layout (glmvit's ``triton`` and ``cudnn``
@@ -185,6 +185,10 @@ def matmul_candidates(op: Op, gen: torch.Generator, lt_algos: int = 0,
             plan, algorithms = lt_plan(x, w, limit=lt_algos)
         except ImportError:
             algorithms = []
+        except Exception as err:  # noqa: BLE001 - a plan cuBLASLt refuses leaves torch's candidates
+            algorithms = []
+            if lt_found is not None:
+                lt_found["plan_failed"] = one_line(err)
         for rank, algorithm in enumerate(algorithms):
             out[f"lt#{rank}"] = partial(lt_call, plan, algorithm)
             if lt_found is not None:
@@ -270,7 +274,10 @@ def build_skeleton(config: VisionConfig, grids: list[list[int]], seed: int = 0,
             found: dict[str, Any] = {}
             failed: dict[str, str] = {}
             winner, times = fastest(matmul_candidates(op, gen, lt_algos, found), failed)
-            chosen[op.gemm] = {"shape": list(op.shape), "kernel": winner, "us": times, "failed": failed}
+            if "plan_failed" in found:
+                failed["lt"] = found.pop("plan_failed")
+            chosen[op.gemm] = {"shape": list(op.shape), "kernel": winner, "us": times, "failed": failed,
+                               "lt_ranked": sum(name.startswith("lt#") for name in found)}
             if winner.startswith("lt#"):
                 lt_winners[op.gemm] = found[winner]
                 chosen[op.gemm]["lt_algorithm"] = lt_describe(found[winner])

@@ -17,7 +17,8 @@ compiles it and a CUDA graph then records the launch alone.
 Why it exists beside ``cudnn``: on packed rows cuDNN's ragged (THD) kernel is far slower than its own dense kernel
 on the same rows, FlashAttention-4's ragged kernel within about a tenth of its dense one (``tools/attention_sweep.py``:
 its ``fa4_varlen`` and ``fa4_dense`` paths beside ``cudnn`` and ``sdpa_cudnn_dense``; on an H100 in
-``data/sweeps/attention_sweep_h100.json``). Which batches take it is the launch table's decision, from the H200 sweep.
+``data/sweeps/attention_sweep_h100.json``). Which batches take it is the launch table's decision
+(``glmvit.kernels.fa4_table``), from that H100 sweep.
 """
 from __future__ import annotations
 
