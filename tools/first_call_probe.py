@@ -22,6 +22,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -59,22 +60,24 @@ class TritonMisses:
         return False  # compile as usual
 
     def __enter__(self) -> "TritonMisses":
-        try:
-            from triton import knobs
-        except ImportError:
-            return self
-        if hasattr(knobs.runtime, "jit_cache_hook"):
-            self._before = knobs.runtime.jit_cache_hook
-            knobs.runtime.jit_cache_hook = self._hook
+        runtime = _triton_runtime()
+        if runtime is not None:
+            self._before, runtime.jit_cache_hook = runtime.jit_cache_hook, self._hook
         return self
 
     def __exit__(self, *exc: object) -> None:
-        try:
-            from triton import knobs
-        except ImportError:
-            return
-        if hasattr(knobs.runtime, "jit_cache_hook"):
-            knobs.runtime.jit_cache_hook = self._before
+        runtime = _triton_runtime()
+        if runtime is not None:
+            runtime.jit_cache_hook = self._before
+
+
+def _triton_runtime() -> Any:
+    """``triton.knobs.runtime`` where it has ``jit_cache_hook``, else None (no Triton, or one without the hook)."""
+    try:
+        from triton import knobs
+    except ImportError:
+        return None
+    return knobs.runtime if hasattr(knobs.runtime, "jit_cache_hook") else None
 
 
 def first_and_second(model: torch.nn.Module, config: VisionConfig, grids: list[list[int]],

@@ -159,10 +159,11 @@ def lt_describe(algorithm: Any) -> dict[str, Any]:
     return out
 
 
-def matmul_candidates(op: Op, gen: torch.Generator, lt_algos: int = 0,
-                      lt_found: dict[str, Any] | None = None) -> dict[str, Callable[[], torch.Tensor]]:
+def matmul_candidates(op: Op, gen: torch.Generator, lt_algos: int = 0, lt_found: dict[str, Any] | None = None,
+                      failed: dict[str, str] | None = None) -> dict[str, Callable[[], torch.Tensor]]:
     """Every kernel that may run ``op``'s matmul, each on operands of its shape, checked against float32 here;
-    ``lt#RANK`` for the first ``lt_algos`` cuBLASLt algorithms (their objects put in ``lt_found`` by name)."""
+    ``lt#RANK`` for the first ``lt_algos`` cuBLASLt algorithms (their objects put in ``lt_found`` by name, a plan
+    cuBLASLt refuses put in ``failed`` as ``lt``)."""
     import torch.nn.functional as F
     from blas_ab import LIBRARIES, with_library
 
@@ -187,8 +188,8 @@ def matmul_candidates(op: Op, gen: torch.Generator, lt_algos: int = 0,
             algorithms = []
         except Exception as err:  # noqa: BLE001 - a plan cuBLASLt refuses leaves torch's candidates
             algorithms = []
-            if lt_found is not None:
-                lt_found["plan_failed"] = one_line(err)
+            if failed is not None:
+                failed["lt"] = one_line(err)
         for rank, algorithm in enumerate(algorithms):
             out[f"lt#{rank}"] = partial(lt_call, plan, algorithm)
             if lt_found is not None:
@@ -273,11 +274,9 @@ def build_skeleton(config: VisionConfig, grids: list[list[int]], seed: int = 0,
         if op.kind == "matmul" and op.gemm not in chosen:
             found: dict[str, Any] = {}
             failed: dict[str, str] = {}
-            winner, times = fastest(matmul_candidates(op, gen, lt_algos, found), failed)
-            if "plan_failed" in found:
-                failed["lt"] = found.pop("plan_failed")
+            winner, times = fastest(matmul_candidates(op, gen, lt_algos, found, failed), failed)
             chosen[op.gemm] = {"shape": list(op.shape), "kernel": winner, "us": times, "failed": failed,
-                               "lt_ranked": sum(name.startswith("lt#") for name in found)}
+                               "lt_ranked": len(found)}
             if winner.startswith("lt#"):
                 lt_winners[op.gemm] = found[winner]
                 chosen[op.gemm]["lt_algorithm"] = lt_describe(found[winner])
