@@ -69,6 +69,7 @@ from .model import GlmVisionEncoder
 from .packing import BudgetConfig
 from .request import EncoderRequest
 from .timing import distribution
+from .warmup import warm_eager
 
 Encode = Callable[[torch.Tensor, EncoderRequest], list[torch.Tensor]]  # a batch's pixels and its validated items
 DELAY_SAMPLES = 10_000  # queue delays and batch sizes kept for the percentiles: the most recent ones
@@ -253,6 +254,8 @@ class SchedulerStats:
     budget_tokens: int = 0
     packed_tokens: int = 0  # Σ tokens of those batches
     busy_s: float = 0.0  # wall time with a batch in the encoder (queued or running), overlaps counted once
+    warmup_s: float = 0.0  # the worker's eager warm-up before its first batch (glmvit.warmup)
+    warmup_forwards: int = 0  # its forwards: one per kernel class
     queue_ms: collections.deque = field(default_factory=lambda: collections.deque(maxlen=DELAY_SAMPLES))
     batch_items: collections.deque = field(default_factory=lambda: collections.deque(maxlen=DELAY_SAMPLES))
 
@@ -271,12 +274,14 @@ class BatchScheduler:
     ``max_bytes`` can never be admitted (:class:`RequestTooLarge`). ``start=False`` admits requests without
     running them until :meth:`start` (to fill the queue first, e.g. in a test or a notebook).
     ``switch_interval_s``: the process's GIL switch interval while the worker runs, at most (None: left alone).
+    ``warm_up``: before its first batch the worker runs one eager forward per kernel class
+    (:func:`~glmvit.warmup.warm_eager`; nothing off CUDA), and :meth:`start` returns once it has.
     """
 
     def __init__(self, encoder: Encoder | GlmVisionEncoder, limits: BudgetConfig | None = None, *,
                  max_wait_s: float = 0.0, max_requests: int = DEFAULT_MAX_REQUESTS, max_tokens: int | None = None,
                  max_bytes: int = DEFAULT_MAX_BYTES, switch_interval_s: float | None = SWITCH_INTERVAL_S,
-                 start: bool = True):
+                 warm_up: bool = True, start: bool = True):
         if isinstance(encoder, GlmVisionEncoder):
             if limits is None:
                 raise ValueError("an eager model needs limits (a BudgetConfig): the batches a runner would take")
@@ -306,6 +311,8 @@ class BatchScheduler:
                                               or not 1e-6 <= switch_interval_s <= 1):
             raise ValueError(f"switch_interval_s must be in [1e-6, 1] seconds or None, got {switch_interval_s!r}")
         self.switch_interval_s = switch_interval_s
+        self.warm_up = warm_up
+        self._warmed = threading.Event()  # set by the worker once its warm-up ended (or was not asked for)
         self._cond = threading.Condition()
         self._pending: collections.deque[tuple[_Request, int]] = collections.deque()
         self._outstanding = 0  # admitted, not yet answered
@@ -327,12 +334,14 @@ class BatchScheduler:
 
     # ---- the callers' side ---------------------------------------------------------------------------------
     def start(self) -> "BatchScheduler":
-        """Start the worker (once; the constructor does unless ``start=False``)."""
+        """Start the worker (once; the constructor does unless ``start=False``) and return once its warm-up
+        (``warm_up``) has ended: requests submitted meanwhile wait in the queue."""
         with self._cond:
             if not self._worker_started:
                 self._worker_started = True
                 self._started_at = time.perf_counter()
                 self._worker.start()
+        self._warmed.wait()
         return self
 
     @property
@@ -551,12 +560,29 @@ class BatchScheduler:
         docstring, step 3)."""
         _switch_interval.hold(self.switch_interval_s)
         try:
+            self._warm()
             self._run_batches()
         except Exception:  # a fault of the scheduler itself (a batch's errors go to its requests): stop, say why
             log.exception("the encoder's worker stopped on an error; the requests it had not answered fail")
         finally:
             self._stop_worker()
             _switch_interval.release(self.switch_interval_s)
+
+    def _warm(self) -> None:
+        """The eager route's warm-up, in this (the worker's) thread: cuDNN's plans are per thread. A failure is
+        logged and serving goes on (it only costs the first batch of each class its compile)."""
+        try:
+            if self.warm_up:
+                rows = self.limits.largest * self.model.config.merge_area
+                done = warm_eager(self.model, self.encoder.attention, rows)
+                with self._cond:
+                    self._stats.warmup_s, self._stats.warmup_forwards = done.seconds, len(done.rows)
+        except Exception:
+            log.exception("the eager route's warm-up failed; serving without it")
+        finally:
+            with self._cond:
+                self._started_at = time.perf_counter()  # utilisation counts from the first batch it could run
+            self._warmed.set()
 
     def _stop_worker(self) -> None:
         """The worker ends: refuse new requests, and fail every admitted request not yet answered (none waits for

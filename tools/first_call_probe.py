@@ -10,9 +10,12 @@ of ``--warmup`` (another shape) pays what only a process's first forward pays (l
 loading, the allocator's first blocks), so the first timed batch is not charged for it; a batch's first call still
 depends on the batches timed before it, which may have compiled some of its kernels. Each row also names the Triton
 kernels whose in-memory cache missed during each call (``triton.knobs.runtime.jit_cache_hook``: a compile, or a
-load from Triton's disk cache), so a first call's cost shows its kernels.
+load from Triton's disk cache), so a first call's cost shows its kernels. ``--warm`` first runs the engine's warm-up
+(``glmvit.warmup.warm_eager``: one forward per kernel class), so the rows show what a first call costs after it.
+Give each run a fresh ``TRITON_CACHE_DIR`` to time compiles rather than loads from an earlier run's disk cache.
 
     python tools/first_call_probe.py --grids "8x32x32+1x16x16;4x16x16;1x16x20" --json /tmp/first_call.json
+    python tools/first_call_probe.py --warm --json /tmp/first_call_warm.json     # the same, after the warm-up
     python tools/first_call_probe.py --device cpu --config tiny --grids "1x4x4;2x4x6"   # a dry run of the code
 """
 from __future__ import annotations
@@ -105,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="full", choices=("full", "tiny"))
     parser.add_argument("--grids", default="8x32x32+1x16x16;4x16x16;1x16x20", help="batches: ';' between, '+' in")
     parser.add_argument("--warmup", default="1x4x4", help="the untimed first batch (one of another shape)")
+    parser.add_argument("--warm", action="store_true", help="run glmvit.warmup.warm_eager before the timed batches")
     parser.add_argument("--json", default=None, help="write every number, with provenance, here")
     args = parser.parse_args(argv)
     try:
@@ -118,6 +122,15 @@ def main(argv: list[str] | None = None) -> int:
     config = VisionConfig.glm41v() if args.config == "full" else VisionConfig.tiny()
     model = random_encoder(config, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
     first_and_second(model, config, warmup[0], device)  # untimed: the process's own first-forward costs
+    warmed = None
+    if args.warm:
+        from glmvit.warmup import warm_eager
+
+        with TritonMisses() as misses:
+            done = warm_eager(model, model.attention_backend())
+        warmed = {"rows": list(done.rows), "seconds": done.seconds, "triton_misses": misses.kernels}
+        print(f"warm-up: {len(done.rows)} forwards (rows {list(done.rows)}) in {done.seconds:.2f} s, "
+              f"{len(misses.kernels)} Triton cache misses")
     rows = []
     for grids in batches:
         first, second = first_and_second(model, config, grids, device)
@@ -133,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
         with open(args.json, "w") as f:
             json.dump({"provenance": collect(device, " ".join(["python", *sys.argv])), "warmup": warmup[0],
-                       "batches": rows}, f, indent=1)
+                       "warm_eager": warmed, "batches": rows}, f, indent=1)
             f.write("\n")
     return 0
 

@@ -1,0 +1,120 @@
+"""glmvit.warmup: one row count per kernel class, read off the launch tables, and the scheduler's worker warming its
+eager route before its first batch. On CUDA: after the warm-up, a first forward of a new shape compiles nothing."""
+import threading
+
+import pytest
+import torch
+
+from glmvit import VisionConfig
+from glmvit.kernels import fused_gemm_table
+from glmvit.packing import BudgetConfig
+from glmvit.scheduler import BatchScheduler
+from glmvit.warmup import SCAN_ROWS, SPECIALISE, WarmUp, eager_classes, kernel_class
+from glmvit.workloads import random_batch
+
+FULL = VisionConfig.glm41v()
+TINY = VisionConfig.tiny()
+LIMITS = BudgetConfig(token_budgets=(8, 16, 32), max_items=4, max_segments=8)
+TIMEOUT = 60
+
+
+@pytest.fixture
+def hopper(monkeypatch):
+    """The tables as a Hopper GPU reads them (the fused GEMMs' rule asks the device), without one."""
+    pytest.importorskip("triton")  # the attention table's configurations are Triton's
+    monkeypatch.setattr(fused_gemm_table, "measured_gpu", lambda device: True)
+
+
+@pytest.mark.parametrize("attention", ["auto", "triton", "cudnn"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_every_batch_an_encoder_can_be_given_is_of_a_class_the_warm_up_runs(hopper, attention, dtype):
+    """Every multiple of m² up to the scan falls in the class of exactly one listed row count, the smallest of it."""
+    cuda = torch.device("cuda")
+    rows_of = eager_classes(attention, FULL, cuda, dtype)
+    classes = [kernel_class(r, attention, FULL, cuda, dtype) for r in rows_of]
+    assert len(set(classes)) == len(classes) and list(rows_of) == sorted(rows_of)
+    first: dict = {}
+    for rows in range(FULL.merge_area, SCAN_ROWS + 1, FULL.merge_area):
+        first.setdefault(kernel_class(rows, attention, FULL, cuda, dtype), rows)
+    assert dict(zip(classes, rows_of, strict=True)) == first
+
+
+def test_the_classes_split_on_the_launch_tables_and_on_tritons_divisibility(hopper):
+    """auto in bf16: Triton's two attention configurations and cuDNN, the fused SwiGLU's two configurations from its
+    threshold on, each with rows divisible by 16 and not: the row counts where the tables change."""
+    from glmvit.kernels.attention_table import CONFIGS, CUDNN_MIN_ROWS
+
+    rows_of = eager_classes("auto", FULL, torch.device("cuda"), torch.bfloat16)
+    assert {r % SPECIALISE == 0 for r in rows_of} == {True, False}
+    assert CUDNN_MIN_ROWS in rows_of and fused_gemm_table.SWIGLU_MIN_ROWS in rows_of
+    assert fused_gemm_table.SWIGLU_PERSISTENT_MIN_ROWS in rows_of
+    assert CONFIGS[0][0] + FULL.merge_area in rows_of  # the first row count past the first configuration's limit
+
+
+def test_a_longer_scan_is_asked_for_by_the_largest_budget(hopper, monkeypatch):
+    seen = []
+    monkeypatch.setattr("glmvit.warmup.kernel_class", lambda rows, *a: seen.append(rows) or rows % SPECIALISE == 0)
+    eager_classes("auto", FULL, torch.device("cuda"), torch.bfloat16, max_rows=2 * SCAN_ROWS)
+    assert max(seen) == 2 * SCAN_ROWS
+
+
+def test_off_cuda_the_warm_up_runs_nothing(tiny_model):
+    from glmvit.warmup import warm_eager
+
+    assert warm_eager(tiny_model, "sdpa_masked") == WarmUp((), 0.0)
+    scheduler = BatchScheduler(tiny_model, LIMITS)
+    assert scheduler.stats()["warmup_forwards"] == 0
+    scheduler.close(TIMEOUT)
+
+
+def test_the_worker_warms_up_in_its_own_thread_before_its_first_batch(tiny_model, monkeypatch):
+    """cuDNN's plans are per thread: the warm-up must run where batches run, and start() returns after it."""
+    events = []
+
+    def fake_warm(model, attention, max_rows):
+        events.append(("warm", threading.current_thread().name, attention, max_rows))
+        return WarmUp((4, 16), 0.25)
+
+    monkeypatch.setattr("glmvit.scheduler.warm_eager", fake_warm)
+    scheduler = BatchScheduler(tiny_model, LIMITS)
+    assert events == [("warm", "glmvit-scheduler", tiny_model.attention_backend(), 32 * TINY.merge_area)]
+    scheduler.encode(*random_batch([[1, 4, 4]], TINY, seed=0), timeout=TIMEOUT)
+    stats = scheduler.stats()
+    assert (stats["warmup_forwards"], stats["warmup_s"], stats["batches"]) == (2, 0.25, 1)
+    scheduler.close(TIMEOUT)
+    events.clear()
+    BatchScheduler(tiny_model, LIMITS, warm_up=False).close(TIMEOUT)
+    assert events == []
+
+
+def test_a_failing_warm_up_is_logged_and_serving_goes_on(tiny_model, monkeypatch, caplog):
+    def broken(*args):
+        raise RuntimeError("no memory for the warm-up")
+
+    monkeypatch.setattr("glmvit.scheduler.warm_eager", broken)
+    with BatchScheduler(tiny_model, LIMITS) as scheduler:
+        result = scheduler.encode(*random_batch([[1, 4, 4]], TINY, seed=0), timeout=TIMEOUT)
+    assert len(result.outputs) == 1 and "warm-up failed" in caplog.text
+
+
+@pytest.mark.gpu
+def test_after_the_warm_up_a_new_shape_compiles_no_triton_kernel():
+    """A fresh process's model, warmed, then one batch of each class in shapes the warm-up never ran (several
+    segments, other row counts): no Triton launch misses its cache."""
+    from glmvit.random_weights import random_encoder
+    from glmvit.warmup import warm_eager
+    from tools.first_call_probe import TritonMisses
+
+    model = random_encoder(FULL, "cuda", torch.bfloat16)
+    attention = model.attention_backend()
+    done = warm_eager(model, attention)
+    assert len(done.rows) >= 2
+    grids = [[[1, 2, 6]], [[1, 4, 6]], [[1, 16, 16]], [[1, 16, 18]], [[2, 16, 18]], [[4, 16, 16]], [[3, 16, 18]],
+             [[1, 32, 38]], [[8, 32, 32], [1, 16, 16]], [[8, 32, 32], [1, 16, 18]], [[8, 32, 32], [1, 2, 6]],
+             [[1, 74, 72]]]
+    for grid in grids:
+        pixels, _ = random_batch(grid, FULL, seed=0)
+        with TritonMisses() as misses, torch.inference_mode():
+            model(pixels.cuda().bfloat16(), grid, check_finite=False)
+            torch.cuda.synchronize()
+        assert misses.kernels == [], f"{grid} compiled {misses.kernels}"
