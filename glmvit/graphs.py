@@ -65,6 +65,7 @@ from .modes import GraphMode, RunMode
 from .packing import BudgetConfig, plan_batches
 from .request import EncoderRequest, RequestCache
 from .routing import Router
+from .uniform import uniform_length
 
 log = logging.getLogger(__name__)
 
@@ -517,10 +518,11 @@ class EncoderGraphRunner:
         for idx, budget in groups:
             batch = ItemSpec.total(items[i] for i in idx)
             tokens, work = batch.tokens, batch.work
-            replay, predicted = self.router.route(budget, tokens, work)
             captured = self.graphs[budget] if budget else None
-            if replay and budget and self.uniform_graphs:  # a batch of one segment length: that length's graph
+            if budget and self.uniform_graphs:  # a batch of one segment length: that length's graph
                 captured = self.uniform_graph(budget, grids[list(idx)]) or captured
+            # routed by the graph it would replay in: a uniform graph's own (smaller) budget, not the ladder's
+            replay, predicted = self.router.route(None if captured is None else captured.budget, tokens, work)
             rows = tuple(request.row_range(i) for i in idx)
             contiguous = all(a == prev_b for (_, prev_b), (a, _) in zip(rows, rows[1:], strict=False))
             index = None if contiguous else torch.from_numpy(  # pageable source: staged before the call returns
@@ -536,9 +538,8 @@ class EncoderGraphRunner:
         graph is judged by the rows it holds — or no graph was captured for it). Every batch the budget holds fits
         there (:meth:`uniform_shape`)."""
         frames = grids[:, 1] * grids[:, 2]
-        if (frames != frames[0]).any() or int((grids[:, 0] * frames).sum()) < self.uniform_min_rows:
-            return None
-        return self.uniform_graphs.get((budget, int(frames[0])))
+        length = uniform_length(frames.tolist(), int((grids[:, 0] * frames).sum()), self.uniform_min_rows)
+        return None if length is None else self.uniform_graphs.get((budget, length))
 
     # ---- replay --------------------------------------------------------------------------------------------
     def _stage_metadata(self, cb: CapturedBudget, request: EncoderRequest) -> None:

@@ -34,6 +34,18 @@ def uniform_lengths_for(frames: Iterable[tuple[int, int]]) -> tuple[int, ...]:
     return tuple(sorted(length for length, r in rows.items() if r >= UNIFORM_MIN_SHARE * total))
 
 
+def uniform_length(frame_rows: Iterable[int], rows: int, min_rows: int) -> int | None:
+    """The segment length L of the uniform graph a batch replays in: the one h·w of its frames (``frame_rows``, one
+    per item), when they all share it and the batch holds at least ``min_rows`` rows (the dense kernel computes its
+    padding blocks too, so a part-full graph is judged by the rows it holds); None: its budget's ragged graph. The
+    rule the runner plans by (``EncoderGraphRunner.uniform_graph``) and the one a record is read by
+    (``glmvit.lab.budget_views.UniformGraphs``)."""
+    lengths = set(frame_rows)
+    if len(lengths) != 1 or rows < min_rows:
+        return None
+    return lengths.pop()
+
+
 def uniform_graphs_pay(device_type: str, dtype: str) -> bool:
     """Whether the rule above was measured where a runner would apply it: a CUDA device (``device_type``) in
     ``float16`` or ``bfloat16`` (``dtype``, torch's name), where the dense path is the Triton rotation launch and

@@ -241,3 +241,21 @@ def test_a_record_s_uniform_graphs_read_as_the_runner_plans(tiny_model):
                                                                                     s.captured.shape.uniform), grids
             uniform_steps += graph is not None
     assert uniform_steps >= 2  # the rule was exercised both ways
+
+
+def test_a_batch_is_routed_by_the_graph_it_would_replay_in(tiny_model, tiny_config):
+    """Budget 32's ragged graph is slower than an eager forward by this table, its 24-row uniform graph (30 tokens)
+    faster: a batch of 24-row frames replays there, a mixed batch of the same budget runs eagerly. Under a rule that
+    routes by the ladder's budget first, both would run eagerly."""
+    from glmvit.costmodel import LatencyTable
+
+    table = LatencyTable((8, 30, 32), (1.0, 1.0, 10.0), (5.0, 5.0, 5.0))
+    runner = EncoderGraphRunner(tiny_model, CONFIG, mode="emulate", uniform_lengths=LENGTHS, latency_table=table
+                                ).capture()
+    [step] = runner.plan([[1, 4, 6], [1, 6, 4], [1, 2, 12]])  # 72 rows, 18 tokens: budget 32
+    assert step.replay and step.captured is runner.uniform_graphs[32, 24] and step.predicted_ms == 1.0
+    [mixed] = runner.plan([[1, 4, 6], [1, 4, 4], [1, 2, 14]])  # 24-, 16- and 28-row frames, 17 tokens: budget 32
+    assert not mixed.replay and mixed.budget == 32 and mixed.predicted_ms == 5.0
+    pixels, grid = random_batch([[1, 4, 6], [1, 6, 4], [1, 2, 12]], tiny_config, seed=52)
+    assert_items_match_forward(tiny_model, runner.run(pixels, grid), pixels, [[1, 4, 6], [1, 6, 4], [1, 2, 12]])
+    assert runner.stats.uniform_replays == 1 and runner.stats.eager_batches == 0

@@ -363,19 +363,18 @@ class UniformGraphs:
         """The token budget of the uniform graph a batch of ``items`` replayed in ``budget`` runs in (every frame one
         h·w, at least ``min_rows`` rows, a graph captured for both); None where it replays in the ladder's graph.
         The rule of ``EncoderGraphRunner.uniform_graph``, from the record."""
-        frames = {it.rows // it.segments for it in items}
-        if len(frames) != 1 or sum(it.rows for it in items) < self.min_rows:
-            return None
-        return self.budgets.get((budget, frames.pop()))
+        from ..uniform import uniform_length
+
+        length = uniform_length((it.rows // it.segments for it in items), sum(it.rows for it in items), self.min_rows)
+        return None if length is None else self.budgets.get((budget, length))
 
 
 def predicted_per_request(plans: Sequence[Plan], table: LatencyTable, route: bool,
                           requests: Sequence[Sequence[ItemSpec]] | None = None,
                           uniform: UniformGraphs | None = None) -> np.ndarray:
     """``predict_time(plan, table, route).total_ms`` of each plan, as an array. With ``uniform`` (and each plan's
-    request), a batch the runner replays in a uniform graph is predicted at that graph's budget, as the benchmark
-    predicts it (``glmvit.cli.bench.runner_prediction``): the batch is routed by its ladder budget, then timed where
-    it replays."""
+    request), a batch the runner would replay in a uniform graph is routed and predicted at that graph's budget, as
+    the runner routes it and the benchmark predicts it (``glmvit.cli.bench.runner_prediction``)."""
     if uniform is None or not uniform.budgets:
         return np.array([predict_time(p, table, route=route).total_ms for p in plans])
     assert requests is not None and len(requests) == len(plans), "uniform graphs need each plan's request"
@@ -385,7 +384,7 @@ def predicted_per_request(plans: Sequence[Plan], table: LatencyTable, route: boo
         total = 0.0
         for b in plan.batches:
             budget = b.budget
-            if budget is not None and router.route(budget, b.tokens, b.segment_rows2).replay:
+            if budget is not None:
                 budget = uniform.graph_budget(budget, [items[i] for i in b.item_indices]) or budget
             ms = router.route(budget, b.tokens, b.segment_rows2).predicted_ms
             assert ms is not None, "a router with a table predicts every batch"
