@@ -277,7 +277,10 @@ async def _turn(turns: DecodeRequest, fn: Callable, *args: Any) -> Any:
         raise
 
 
-DECODE_QUEUE = 1024  # requests waiting for a decoder; their bodies are bounded in bytes (max_held_bytes) as well
+# Requests waiting for a decoder: as many as the scheduler admits (a count that bytes bound first). The bodies they hold
+# are bounded in bytes (max_held_bytes); a count bound of its own refused bursts the bytes bound would have held: with
+# 1024 split over four API servers (256 each), one server's uneven share of a burst of 1000 overflowed it.
+DECODE_QUEUE = DEFAULT_MAX_REQUESTS
 
 
 def usable_cpus() -> int:

@@ -58,6 +58,7 @@ from ..records import fingerprint_now
 from .pixel_rows import no_room, remove_shared_dir, shared_dir
 from .serve_app import (
     BACKLOG,
+    DECODE_QUEUE,
     DEFAULT_ROWS,
     EncoderService,
     HttpLimits,
@@ -237,7 +238,7 @@ def frontend_specs(service: EncoderService, host: str, port: int, count: int, de
 async def run_frontends(service: EncoderService, host: str = "127.0.0.1", port: int = 0,
                         shutdown_timeout: float = 60.0, on_ready: Callable[[str], None] | None = None,
                         stop: asyncio.Event | None = None, handle_signals: bool = False, *, count: int = 2,
-                        decode_workers: int = 2, decode_queue: int = 1024, decode_timeout: float = 30.0,
+                        decode_workers: int = 2, decode_queue: int = DECODE_QUEUE, decode_timeout: float = 30.0,
                         threads: int = 4) -> bool:
     """Serve ``service``'s backend (a :class:`LocalBackend`) through ``count`` API server processes until ``stop``
     is set (or SIGINT/SIGTERM with ``handle_signals``), then drain (the module docstring); True if everything was
