@@ -12,14 +12,19 @@ from ..routing import Router
 
 def runner_batches(record: Any, mode: str, tables: dict[str, LatencyTable]) -> list[list[tuple[Batch, bool]]]:
     """Per request, [(batch, replayed)] as the runner of ``mode`` made them: its own budgets, glmvit's packer (FFD),
-    each batch routed by the mode's latency table (``tables[mode]``) when the benchmark routed."""
+    each batch routed by the mode's latency table (``tables[mode]``) when the benchmark routed, at the budget of the
+    graph it would replay in (a uniform graph's where the mode captured one: ``UniformGraphs.route``)."""
+    from .budget_views import UniformGraphs
+
     s = record.settings
     config = BudgetConfig(tuple(record.modes[mode].budgets), s.max_items, s.max_segments)
     router = Router(tables[mode] if s.route and mode in s.tables else None)
+    uniform = UniformGraphs.of(record.modes[mode])
     out = []
     for grids in record.workload["grids"][: record.modes[mode].requests]:
-        plan = plan_batches([item_spec(*g) for g in grids], config)
-        out.append([(b, router.route(b.budget, b.tokens, b.segment_rows2).replay) for b in plan.batches])
+        items = [item_spec(*g) for g in grids]
+        plan = plan_batches(items, config)
+        out.append([(b, uniform.route(router, b, [items[i] for i in b.item_indices]).replay) for b in plan.batches])
     return out
 
 

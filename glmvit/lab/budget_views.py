@@ -17,7 +17,7 @@ from ..packing import BudgetConfig, Plan, PlanStats, combined_stats, plan_worklo
 from ..processing import SAMPLE_DATA
 from ..recorded import recorded_table
 from ..records import BenchRecord, LatencySweep, describe, find, load
-from ..routing import Router
+from ..routing import Route, Router
 from ..workloads import PRESETS
 
 MODES = ("graph", "graph-compiled")
@@ -368,6 +368,15 @@ class UniformGraphs:
         length = uniform_length((it.rows // it.segments for it in items), sum(it.rows for it in items), self.min_rows)
         return None if length is None else self.budgets.get((budget, length))
 
+    def route(self, router: Router, batch: Any, items: Sequence[ItemSpec]) -> Route:
+        """The runner's route of a planned ``batch`` (a :class:`~glmvit.packing.Batch`) of ``items``: asked at the
+        budget of the graph it would replay in, its uniform graph's where it has one, else its own
+        (``EncoderGraphRunner._plan``'s rule)."""
+        budget = batch.budget
+        if budget is not None:
+            budget = self.graph_budget(budget, items) or budget
+        return router.route(budget, batch.tokens, batch.segment_rows2)
+
 
 def predicted_per_request(plans: Sequence[Plan], table: LatencyTable, route: bool,
                           requests: Sequence[Sequence[ItemSpec]] | None = None,
@@ -383,10 +392,7 @@ def predicted_per_request(plans: Sequence[Plan], table: LatencyTable, route: boo
     for plan, items in zip(plans, requests, strict=True):
         total = 0.0
         for b in plan.batches:
-            budget = b.budget
-            if budget is not None:
-                budget = uniform.graph_budget(budget, [items[i] for i in b.item_indices]) or budget
-            ms = router.route(budget, b.tokens, b.segment_rows2).predicted_ms
+            ms = uniform.route(router, b, [items[i] for i in b.item_indices]).predicted_ms
             assert ms is not None, "a router with a table predicts every batch"
             total += ms
         out.append(total)
