@@ -569,8 +569,8 @@ class BatchScheduler:
             _switch_interval.release(self.switch_interval_s)
 
     def _warm(self) -> None:
-        """The eager route's warm-up, in this (the worker's) thread: cuDNN's plans are per thread. A failure is
-        logged and serving goes on (it only costs the first batch of each class its compile)."""
+        """The eager route's warm-up, in this (the worker's) thread: cuDNN's handle and plans are per thread. A
+        failure is logged and serving goes on (it only costs the first batch of each class its compile)."""
         try:
             if self.warm_up:
                 rows = self.limits.largest * self.model.config.merge_area

@@ -7,8 +7,12 @@ run (``glmvit.kernels.fused_gemm_table``). A Triton kernel compiles the first ti
 again for each specialisation of its integer arguments: Triton specialises an integer on whether it is divisible by
 :data:`SPECIALISE` (16), and the row count is one such argument. A graph runner compiled what its budgets' captures
 launched; an eager batch whose class no capture launched compiles on the engine's thread, with every queued request
-behind it (``tools/first_call_probe.py`` times a first call against the second). cuDNN's attention plans and handle
-are the calling thread's own (``glmvit.kernels.cudnn_attention``), so a warm-up counts only in the thread that serves.
+behind it (``tools/first_call_probe.py`` times a first call against the second). cuDNN's attention handle and plans
+are the calling thread's own (``glmvit.kernels.cudnn_attention``), so the warm-up runs in the thread that serves. It
+covers Triton's compiles, not every cuDNN plan: a plan is keyed by the batch's segment slots and its longest segment
+(rounded up to a power of two), and each warm-up forward is one segment, so a served batch with a new key still builds
+its plan once in that thread (on the H100, 117 ms for a first call whose second took 42, against 1,194 ms unwarmed:
+``data/sweeps/first_call_h100_warm.json``).
 
 :func:`eager_classes` lists one row count per class, read off those tables (the decision stays where it is made);
 :func:`warm_eager` runs one zero-pixel forward per class through an :class:`~glmvit.encoder.Encoder`'s model and
@@ -30,7 +34,8 @@ from .model import GlmVisionEncoder
 
 SPECIALISE = 16  # Triton's divisibility specialisation of integer arguments (triton.runtime.jit: ``x % 16 == 0``)
 SCAN_ROWS = 16_384  # classes are looked for up to this many rows (or the largest budget's, when larger): every
-#                     threshold of the tables lies below it, so a longer batch repeats a class found already
+#                     threshold of the tables lies below it (tests/test_warmup.py), so a longer batch repeats a class
+#                     found already, up to cuDNN's int32 offsets (~466K rows, Triton's prerotated class again)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ def test_each_call_takes_the_next_operand_in_turn():
 
 @pytest.mark.parametrize("argv, message", [(["--rows", "256,a"], "a comma list of integers"),
                                            (["--rows", "250"], "multiple of 4"),
-                                           (["--lt-algos", "-1"], "--lt-algos must be at least 0")])
+                                           (["--lt-algos", "0"], "--lt-algos must be at least 1")])
 def test_bad_arguments_are_one_line_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(argv)

@@ -259,3 +259,32 @@ def test_a_batch_is_routed_by_the_graph_it_would_replay_in(tiny_model, tiny_conf
     pixels, grid = random_batch([[1, 4, 6], [1, 6, 4], [1, 2, 12]], tiny_config, seed=52)
     assert_items_match_forward(tiny_model, runner.run(pixels, grid), pixels, [[1, 4, 6], [1, 6, 4], [1, 2, 12]])
     assert runner.stats.uniform_replays == 1 and runner.stats.eager_batches == 0
+
+
+def test_the_record_reader_routes_every_batch_where_the_runner_does(tiny_model):
+    """glmvit.lab.budget_views.UniformGraphs.route, given the graphs a runner captured, routes each batch of a plan as
+    the runner's own plan does: a uniform batch replayed (24-row frames, budget 32's graph of 30 tokens), a uniform
+    batch routed eager (16-row frames, budget 16's graph), a mixed one routed by its ladder budget."""
+    from glmvit.costmodel import LatencyTable
+    from glmvit.geometry import item_spec
+    from glmvit.lab.budget_views import UniformGraphs
+    from glmvit.packing import plan_batches
+    from glmvit.routing import Router
+
+    table = LatencyTable((8, 16, 30, 32), (1.0, 9.0, 1.0, 10.0), (5.0, 5.0, 5.0, 5.0))
+    runner = EncoderGraphRunner(tiny_model, CONFIG, mode="emulate", uniform_lengths=LENGTHS, latency_table=table
+                                ).capture()
+    reader = UniformGraphs({key: cb.budget for key, cb in runner.uniform_graphs.items()}, runner.uniform_min_rows)
+    router = Router(table)
+    routes = []
+    for grids in ([[1, 4, 6], [1, 6, 4], [1, 2, 12]], [[2, 4, 4], [1, 4, 4]], [[1, 4, 6], [1, 4, 4], [1, 2, 14]],
+                  [[1, 4, 4]], [[1, 12, 12]]):
+        items = [item_spec(*g) for g in grids]
+        plan = plan_batches(items, runner.captured_config(), packer=runner.packer)
+        steps = runner.plan(grids)
+        assert len(plan.batches) == len(steps)
+        for batch, step in zip(plan.batches, steps, strict=True):
+            route = reader.route(router, batch, [items[i] for i in batch.item_indices])
+            assert (route.replay, route.predicted_ms) == (step.replay, step.predicted_ms), grids
+            routes.append((step.replay, step.captured is not None and step.captured.shape.uniform))
+    assert {(True, True), (False, True), (False, False)} <= set(routes)

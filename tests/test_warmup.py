@@ -25,18 +25,36 @@ def hopper(monkeypatch):
     monkeypatch.setattr(fused_gemm_table, "measured_gpu", lambda device: True)
 
 
+def test_every_threshold_of_the_launch_tables_lies_below_the_scan():
+    """What makes the scan's end safe: past SCAN_ROWS no table changes its choice."""
+    from glmvit.kernels import fa4_table
+    from glmvit.kernels.attention_table import CONFIGS, CUDNN_MIN_ROWS
+
+    thresholds = [limit for limit, _ in CONFIGS if limit is not None] + [
+        CUDNN_MIN_ROWS, fa4_table.FA4_MIN_ROWS, fused_gemm_table.SWIGLU_MIN_ROWS,
+        fused_gemm_table.SWIGLU_PERSISTENT_MIN_ROWS, fused_gemm_table.QKV_ROPE_MIN_ROWS]
+    assert max(t for t in thresholds if t is not None) < SCAN_ROWS
+
+
+@pytest.mark.parametrize("fa4", [False, True], ids=["without-fa4", "fa4-loads"])
 @pytest.mark.parametrize("attention", ["auto", "triton", "cudnn"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_every_batch_an_encoder_can_be_given_is_of_a_class_the_warm_up_runs(hopper, attention, dtype):
-    """Every multiple of m² up to the scan falls in the class of exactly one listed row count, the smallest of it."""
+def test_a_batch_past_the_scan_is_of_a_class_the_warm_up_runs(hopper, monkeypatch, fa4, attention, dtype):
+    """Row counts from the scan's end to 400K (below cuDNN's int32 offsets), sampled: each falls in the class of a
+    listed row count, and each listed one is the smallest of its class (none below it shares it)."""
+    monkeypatch.setattr("glmvit.kernels.fa4_attention.loads", lambda: fa4)
     cuda = torch.device("cuda")
     rows_of = eager_classes(attention, FULL, cuda, dtype)
-    classes = [kernel_class(r, attention, FULL, cuda, dtype) for r in rows_of]
-    assert len(set(classes)) == len(classes) and list(rows_of) == sorted(rows_of)
-    first: dict = {}
-    for rows in range(FULL.merge_area, SCAN_ROWS + 1, FULL.merge_area):
-        first.setdefault(kernel_class(rows, attention, FULL, cuda, dtype), rows)
-    assert dict(zip(classes, rows_of, strict=True)) == first
+    classes = {kernel_class(r, attention, FULL, cuda, dtype): r for r in rows_of}
+    assert len(classes) == len(rows_of) and list(rows_of) == sorted(rows_of)
+    for rows in range(SCAN_ROWS, 400_000, 4 * 997):
+        assert kernel_class(rows, attention, FULL, cuda, dtype) in classes, rows
+    for cls, rows in classes.items():
+        assert all(kernel_class(r, attention, FULL, cuda, dtype) != cls for r in range(4, rows, 4))
+    if fa4 and attention == "auto":
+        from glmvit.kernels.fa4_table import FA4_MIN_ROWS
+
+        assert FA4_MIN_ROWS in rows_of and "fa4" in {cls[0] for cls in classes}
 
 
 def test_the_classes_split_on_the_launch_tables_and_on_tritons_divisibility(hopper):
