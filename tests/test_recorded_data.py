@@ -89,6 +89,17 @@ def test_latency_fit_separates_matmuls_from_attention(path):
     assert all(abs(e) <= 0.20 for e in errors.values()), {k: f"{e:+.1%}" for k, e in errors.items() if abs(e) > 0.20}
 
 
+# A record run whose host ran slow through a stretch of jobs, and the eager checks it misses for it: each check stays
+# strict for every other run, and fails for this one once its timings agree (the entry is then wrong: remove it).
+SLOW_STRETCH = ("in run s40_7668dcdr1 (an H100 host) the jobs mixed_av, img4x224 and video8x224 ran back to back with "
+                "the host slow throughout and the graph replays not: video8x224's eager clip forward took 25.4 ms at "
+                "the median and 25.1 at P10 against seed_video8x224's 14.9 and 14.3 in the same run; img4x224's eager "
+                "forward 22.8 ms and transformers' 40.3 against 12.2 and 21.2 in run s37_161fc04r1, whose graph modes "
+                "were within 6 % of this run's; mixed_av's eager mean 27.7 ms against 23.0 from both sweeps")
+SLOW_HOST = {("s40_7668dcdr1", "mixed_av.json"): SLOW_STRETCH,
+             ("s40_7668dcdr1", "one 8-frame 224² clip"): SLOW_STRETCH}
+
+
 @pytest.mark.parametrize("path", sorted(BENCH.glob("mixed_*.json")), ids=lambda p: p.name)
 def test_the_cost_model_predicts_every_mode_of_the_mixed_workloads(path):
     """Predicted vs measured mean per request, as the benchmark recorded it: each graph mode from its own sweep of the
@@ -113,7 +124,11 @@ def test_the_cost_model_predicts_every_mode_of_the_mixed_workloads(path):
     assert abs(predicted[0] - run.prediction["eager"]["predicted_mean_ms"]) <= 1e-9 * predicted[0]  # as recorded
     measured = run.modes["eager"].mean_ms
     band = max(1.15, eager_spread())  # no closer than the run's own timings of one eager forward agree
-    assert min(predicted) / band <= measured <= band * max(predicted), (measured, predicted, band)
+    inside = min(predicted) / band <= measured <= band * max(predicted)
+    if (run.record_run, path.name) in SLOW_HOST:  # a run known to miss: it must still miss, and says why
+        assert not inside, (measured, predicted, band)
+        pytest.xfail(SLOW_HOST[run.record_run, path.name])
+    assert inside, (measured, predicted, band)
 
 
 def eager_spread() -> float:
@@ -178,6 +193,7 @@ UNSTEADY_RUNS = {
                                          "1.10× apart: " + HOST,
     ("s29_9873271r1", "one 8-frame 224² clip"): "20.06 (video8x224: a stretch of its requests at 12.8 ms, most at "
                                                 "17-25 ms) and 13.36 ms (seed_video8x224), 1.50× apart: " + HOST,
+    **SLOW_HOST,
 }
 
 
@@ -213,6 +229,9 @@ def test_one_eager_forward_at_full_host_speed_times_the_same_in_every_record_of_
     if forward not in timings or len(timings[forward].fast) < 2:
         pytest.skip("its records come from different record runs")
     t = timings[forward]
+    if (t.run, forward) in SLOW_HOST:  # the host slow for the whole of one record's requests: still, and says why
+        assert t.fast_spread >= 1.10, t.fast
+        pytest.xfail(SLOW_HOST[t.run, forward])
     assert t.fast_spread < 1.10, t.fast
 
 
