@@ -1,0 +1,96 @@
+"""x·Wᵀ + r in one cuBLASLt matmul: a block's residual add in the epilogue of the matmul before it.
+
+Spec: ``F.linear(x, weight) + residual`` for x (rows, in), weight (out, in), residual (rows, out), one dtype.
+
+Each block of the tower ends both halves with ``x + proj(·)`` and ``x + down(·)``: a matmul, then an elementwise add
+that reads two (rows, out) tensors and writes one. cuBLASLt computes D = α·A·B + β·C with C and D apart, so with
+β = 1 and C the residual the add happens in the tile that writes D: one launch, the residual read once, no
+intermediate written. torch reaches cuBLASLt's C only through ``addmm``, which copies C into D first (C = D); NVIDIA's
+nvmath-python binds cuBLASLt with C apart. ``tools/residual_gemm_ab.py`` measured it on the H100
+(``data/sweeps/residual_gemm_ab_h100.json``): cuBLASLt's first-ranked algorithm with C beat ``F.linear`` then the add
+on every shape and row count it timed (proj at 8192 rows 63.7 against 82.6 µs, down 143.3 against 168.1; at 256
+rows 6.8 against 8.2 and 11.0 against 12.8), and was within 10 % of the best of the 8 ranked ones; so the heuristic's
+first choice is the plan here.
+
+:func:`linear_residual` is the op (``glmvit::linear_residual``, opaque to torch.compile, captured by a CUDA graph):
+cuBLASLt where :func:`runs` (nvmath-python imports; x on CUDA in fp16/bf16, 2-D, contiguous, residual likewise),
+else ``F.linear`` then the add. A plan is made for each (device, dtype, rows, in, out) on the first call and kept per
+thread (the nvmath-python object holds a cuBLASLt handle, a workspace and its operands: not shared across threads),
+the ``PLANS_PER_THREAD`` most recent; later calls rebind its operands (``reset_operands``) and execute on the current
+stream, so a capture records one cuBLASLt launch. Numerics: D = round(x·Wᵀ + r) with the sum in float32, one rounding
+where ``F.linear`` then the add round twice; within the tolerance the GPU tests derive for a bf16 forward.
+
+Not yet called by the model: wiring it into ``glmvit.model.Block`` changes what every record measured, so it lands
+with a record run (#43).
+"""
+from __future__ import annotations
+
+import importlib.util
+import threading
+from collections import OrderedDict
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+PLANS_PER_THREAD = 64  # a forward's two shapes per distinct row count: a ladder of budgets and the eager batches
+_local = threading.local()
+
+
+def nvmath_installed() -> bool:
+    """Whether nvmath-python imports here (optional: a CUDA-only binding of cuBLASLt)."""
+    return importlib.util.find_spec("nvmath") is not None
+
+
+def runs(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> bool:
+    """Whether :func:`linear_residual` runs cuBLASLt for these operands (else ``F.linear`` then the add)."""
+    half = x.dtype in (torch.float16, torch.bfloat16)
+    return (x.is_cuda and half and x.dim() == 2 and weight.dim() == 2 and residual.dim() == 2
+            and x.dtype == weight.dtype == residual.dtype and x.is_contiguous() and weight.is_contiguous()
+            and residual.is_contiguous() and nvmath_installed())
+
+
+class _Key(NamedTuple):
+    device: int
+    dtype: torch.dtype
+    rows: int
+    inputs: int
+    outputs: int
+
+
+def _plan(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> Any:
+    """This thread's nvmath-python ``Matmul`` for these operands' key, made and planned on a miss (the least
+    recently used beyond ``PLANS_PER_THREAD`` freed), else rebound to these operands."""
+    plans: OrderedDict[_Key, Any] = _local.__dict__.setdefault("plans", OrderedDict())
+    key = _Key(x.device.index or 0, x.dtype, x.shape[0], x.shape[1], weight.shape[0])
+    stream = torch.cuda.current_stream(x.device)
+    mm = plans.get(key)
+    if mm is None:
+        from nvmath.linalg.advanced import Matmul
+
+        mm = plans[key] = Matmul(x, weight.T, c=residual, beta=1.0, stream=stream)
+        mm.plan()  # cuBLASLt's heuristic, its first-ranked algorithm (module docstring)
+        if len(plans) > PLANS_PER_THREAD:
+            plans.popitem(last=False)[1].free()
+    else:
+        mm.reset_operands(a=x, b=weight.T, c=residual, stream=stream)
+    plans.move_to_end(key)
+    return mm
+
+
+@torch.library.custom_op("glmvit::linear_residual", mutates_args=())
+def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, weight) + residual`` (module docstring): one cuBLASLt matmul with the residual as C where
+    :func:`runs`, else the two ops. Returns a new (rows, out) tensor."""
+    if x.shape[1] != weight.shape[1] or residual.shape != (x.shape[0], weight.shape[0]):
+        raise ValueError(f"linear_residual: x {tuple(x.shape)}, weight {tuple(weight.shape)} and residual "
+                         f"{tuple(residual.shape)} do not make (rows, in)·(out, in)ᵀ + (rows, out)")
+    if not runs(x, weight, residual):
+        return F.linear(x, weight) + residual
+    with torch.cuda.device(x.device):
+        return _plan(x, weight, residual).execute(stream=torch.cuda.current_stream(x.device))
+
+
+@linear_residual.register_fake
+def _(x, weight, residual):
+    return x.new_empty((x.shape[0], weight.shape[0]))
