@@ -22,6 +22,7 @@ def test_a_cpu_dry_run_times_each_batch_twice(capsys, tmp_path):
     batches = json.loads(out.read_text())["batches"]
     assert [b["grids"] for b in batches] == [[[1, 4, 4]], [[2, 4, 6]]]
     assert all(b["first_ms"] > 0 and b["second_ms"] > 0 for b in batches)
+    assert all(b["first_cudnn_plans"] == b["second_cudnn_plans"] == 0 for b in batches)  # no cuDNN on the CPU
     assert len(capsys.readouterr().out.strip().splitlines()) == 2
 
 

@@ -10,8 +10,9 @@ of ``--warmup`` (another shape) pays what only a process's first forward pays (l
 loading, the allocator's first blocks), so the first timed batch is not charged for it; a batch's first call still
 depends on the batches timed before it, which may have compiled some of its kernels. Each row also names the Triton
 kernels whose in-memory cache missed during each call (``triton.knobs.runtime.jit_cache_hook``: a compile, or a
-load from Triton's disk cache), so a first call's cost shows its kernels. ``--warm`` first runs the engine's warm-up
-(``glmvit.warmup.warm_eager``: one forward per kernel class), so the rows show what a first call costs after it.
+load from Triton's disk cache) and how many cuDNN attention plans it built, so a first call's cost shows its causes.
+``--warm`` first runs the engine's warm-up (``glmvit.warmup.warm_eager``: one forward per kernel class), so the rows
+show what a first call costs after it.
 Give each run a fresh ``TRITON_CACHE_DIR`` to time compiles rather than loads from an earlier run's disk cache.
 
     python tools/first_call_probe.py --grids "8x32x32+1x16x16;4x16x16;1x16x20" --json /tmp/first_call.json
@@ -83,22 +84,32 @@ def _triton_runtime() -> Any:
     return knobs.runtime if hasattr(knobs.runtime, "jit_cache_hook") else None
 
 
+def cudnn_plans() -> int:
+    """How many cuDNN attention plans this thread holds (``glmvit.kernels.cudnn_attention``: built on a miss)."""
+    from glmvit.kernels import cudnn_attention
+
+    return len(getattr(cudnn_attention._local, "plans", {}))
+
+
 def first_and_second(model: torch.nn.Module, config: VisionConfig, grids: list[list[int]],
                      device: torch.device) -> list[dict]:
-    """The first and the second eager forward of ``grids``: each one's wall ms (synchronised) and the Triton kernels
-    that missed the cache during it."""
+    """The first and the second eager forward of ``grids``: each one's wall ms (synchronised), the Triton kernels
+    that missed the cache during it and the cuDNN plans it built (this thread's count before and after: a plan
+    evicted meanwhile would hide one, past ``PLANS_PER_THREAD``)."""
     pixels, grid = random_batch(grids, config, seed=0)
     pixels = pixels.to(device, next(model.parameters()).dtype)
     calls = []
     for _ in range(2):
         if device.type == "cuda":
             torch.cuda.synchronize()
+        plans = cudnn_plans()
         start = time.perf_counter()
         with TritonMisses() as misses, torch.inference_mode():
             model(pixels, grid)
             if device.type == "cuda":
                 torch.cuda.synchronize()
-        calls.append({"ms": (time.perf_counter() - start) * 1e3, "triton_misses": misses.kernels})
+        calls.append({"ms": (time.perf_counter() - start) * 1e3, "triton_misses": misses.kernels,
+                      "cudnn_plans_built": cudnn_plans() - plans})
     return calls
 
 
@@ -135,10 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     for grids in batches:
         first, second = first_and_second(model, config, grids, device)
         rows.append({"grids": grids, "first_ms": first["ms"], "second_ms": second["ms"],
-                     "first_triton_misses": first["triton_misses"], "second_triton_misses": second["triton_misses"]})
+                     "first_triton_misses": first["triton_misses"], "second_triton_misses": second["triton_misses"],
+                     "first_cudnn_plans": first["cudnn_plans_built"],
+                     "second_cudnn_plans": second["cudnn_plans_built"]})
         print(f"{'+'.join('x'.join(map(str, g)) for g in grids):<24} first {first['ms']:9.1f} ms   second "
               f"{second['ms']:8.1f} ms   Triton cache misses {len(first['triton_misses'])} then "
-              f"{len(second['triton_misses'])}")
+              f"{len(second['triton_misses'])}   cuDNN plans built {first['cudnn_plans_built']} then "
+              f"{second['cudnn_plans_built']}")
         for kernel in first["triton_misses"]:
             print(f"    {kernel[:150]}")
     if args.json:
