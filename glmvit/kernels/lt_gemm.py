@@ -25,6 +25,7 @@ with a record run (#43).
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import threading
 from collections import OrderedDict
@@ -37,8 +38,10 @@ PLANS_PER_THREAD = 64  # a forward's two shapes per distinct row count: a ladder
 _local = threading.local()
 
 
+@functools.cache
 def nvmath_installed() -> bool:
-    """Whether nvmath-python imports here (optional: a CUDA-only binding of cuBLASLt)."""
+    """Whether nvmath-python imports here (optional: a CUDA-only binding of cuBLASLt). Asked once: every call of the
+    op asks it, and a module search of the path is no work for a forward's hot path."""
     return importlib.util.find_spec("nvmath") is not None
 
 
