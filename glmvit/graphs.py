@@ -304,9 +304,12 @@ class EncoderGraphRunner:
             compile_ = partial(torch.compile, dynamic=compile_dynamic)
             parts: StaticParts = (compile_(model.embed), compile_(run_block), compile_(model.head))
             forward = partial(model.forward_static, parts=parts)
-        self.forward_static: Callable[[torch.Tensor, EncoderMetadata], torch.Tensor] = partial(forward, attention=attn)
+        # captured: real graphs record this forward, so host work per op is paid once (model.project_residual)
+        captured = mode is GraphMode.CUDA
+        self.forward_static: Callable[[torch.Tensor, EncoderMetadata], torch.Tensor] = partial(
+            forward, attention=attn, captured=captured)
         self._uniform_forward: Callable[[torch.Tensor, EncoderMetadata], torch.Tensor] = partial(
-            forward, attention=uniform_attn)
+            forward, attention=uniform_attn, captured=captured)
         self.graphs: dict[int, CapturedBudget] = {}
         self.captures: dict[int, Capture] = {}
         self.failed: dict[int, str] = {}

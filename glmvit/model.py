@@ -25,6 +25,7 @@ from .attention import attend_qkv, check_backend, default_backend, prepare_atten
 from .config import VisionConfig
 from .kernels import interpolate_pos_embed
 from .kernels.fused_gemm_table import qkv_rope_fused, swiglu_fused  # no Triton import: thresholds only
+from .kernels.lt_gemm import linear_residual, nvmath_installed  # no nvmath import until a plan is made
 from .metadata import EncoderMetadata, build_metadata, nonfinite_items
 from .request import EncoderRequest
 from .rotary import inv_freq, rotary_cos_sin
@@ -93,15 +94,24 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.gated(x))
+
+    def gated(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate(x))·up(x): the MLP before ``down_proj``."""
         if _half_on_cuda(x) and swiglu_fused(x.shape[0], x.device):
-            return self.down_proj(swiglu_linear(x, self.gate_up_proj.weight))
-        return self.down_proj(swiglu(self.gate_up_proj(x)))
+            return swiglu_linear(x, self.gate_up_proj.weight)
+        return swiglu(self.gate_up_proj(x))
+
+
+def half_on_cuda(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``dtype`` on ``device`` is fp16/bf16 on CUDA: where the fused GEMMs of
+    ``glmvit.kernels.fused_gemm_table`` may run (and which kernels an eager forward launches: ``glmvit.warmup``)."""
+    return device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
 
 
 def _half_on_cuda(x: torch.Tensor) -> bool:
-    """Whether ``x`` is (rows, features) fp16/bf16 on CUDA: where the fused GEMMs of
-    ``glmvit.kernels.fused_gemm_table`` may run."""
-    return x.is_cuda and x.dim() == 2 and x.dtype in (torch.float16, torch.bfloat16)
+    """Whether ``x`` is (rows, features) and :func:`half_on_cuda`."""
+    return x.dim() == 2 and half_on_cuda(x.device, x.dtype)
 
 
 @torch.library.custom_op("glmvit::swiglu_linear", mutates_args=())
@@ -127,11 +137,15 @@ class Attention(nn.Module):
         self.proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
 
     def forward(self, x, cos, sin, meta: EncoderMetadata, backend: str) -> torch.Tensor:
+        return self.proj(self.heads(x, cos, sin, meta, backend))
+
+    def heads(self, x, cos, sin, meta: EncoderMetadata, backend: str) -> torch.Tensor:
+        """Every head's attention output, concatenated (rows, hidden): the attention before ``proj``."""
         # fused: q and k leave the matmul rotated, not rotated again in attention
         if _half_on_cuda(x) and qkv_rope_fused(x.shape[0], x.device):
             qkv = qkv_rope_linear(x, self.qkv.weight, cos, sin, self.num_heads)
-            return self.proj(attend_qkv(qkv, cos, sin, meta, backend, self.num_heads, rotated=True))
-        return self.proj(attend_qkv(self.qkv(x), cos, sin, meta, backend, self.num_heads))
+            return attend_qkv(qkv, cos, sin, meta, backend, self.num_heads, rotated=True)
+        return attend_qkv(self.qkv(x), cos, sin, meta, backend, self.num_heads)
 
 
 @torch.library.custom_op("glmvit::qkv_rope_linear", mutates_args=())
@@ -165,6 +179,24 @@ def residual_add(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     return x + h
 
 
+RESIDUAL_IN_MATMUL = nvmath_installed()  # where captured half-precision forwards add residuals (project_residual)
+
+
+def project_residual(linear: nn.Linear, h: torch.Tensor, x: torch.Tensor, captured: bool) -> torch.Tensor:
+    """``x + linear(h)`` for a bias-free ``linear``: each half of a block ends this way.
+
+    In a forward recorded into a CUDA graph (``captured``) in fp16/bf16 on CUDA, with nvmath-python installed
+    (``RESIDUAL_IN_MATMUL``), it is one cuBLASLt matmul with ``x`` as its C operand
+    (``glmvit.kernels.lt_gemm.linear_residual``): the add rides in the matmul's epilogue, one launch and one rounding.
+    Elsewhere it is the matmul, then :func:`residual_add`, which ``torch.compile`` fuses with the next norm. Captured
+    only: the op's host work (nvmath-python's operand checks, about as much as a launch) is paid once, at capture,
+    never per eager forward; and the CPU float32 path stays transformers' exactly.
+    """
+    if captured and RESIDUAL_IN_MATMUL and _half_on_cuda(h):
+        return linear_residual(h, linear.weight, x)
+    return residual_add(x, linear(h))
+
+
 class Block(nn.Module):
     def __init__(self, config: VisionConfig):
         super().__init__()
@@ -173,15 +205,17 @@ class Block(nn.Module):
         self.attn = Attention(config)
         self.mlp = SwiGLU(config.hidden_size, config.out_hidden_size)
 
-    def forward(self, x, cos, sin, meta: EncoderMetadata, backend: str) -> torch.Tensor:
-        x = residual_add(x, self.attn(self.norm1(x), cos, sin, meta, backend))
-        return residual_add(x, self.mlp(self.norm2(x)))
+    def forward(self, x, cos, sin, meta: EncoderMetadata, backend: str, captured: bool = False) -> torch.Tensor:
+        """x + attention(norm1(x)), then + mlp(norm2(·)). ``captured``: the forward is being recorded into a CUDA
+        graph, so each residual add may ride in the matmul before it (:func:`project_residual`)."""
+        x = project_residual(self.attn.proj, self.attn.heads(self.norm1(x), cos, sin, meta, backend), x, captured)
+        return project_residual(self.mlp.down_proj, self.mlp.gated(self.norm2(x)), x, captured)
 
 
 def run_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: EncoderMetadata,
-              backend: str) -> torch.Tensor:
+              backend: str, captured: bool = False) -> torch.Tensor:
     """One block as a plain function of its module: what ``torch.compile`` compiles once for all blocks."""
-    return block(x, cos, sin, meta, backend)
+    return block(x, cos, sin, meta, backend, captured)
 
 
 StaticParts = tuple[Callable[..., Any], Callable[..., torch.Tensor], Callable[..., torch.Tensor]]
@@ -321,8 +355,8 @@ class GlmVisionEncoder(nn.Module):
         meta = build_metadata(request).to(self.device)
         return self.forward_static(pixel_values, meta, attention=attention)
 
-    def forward_static(self, pixels: torch.Tensor, meta: EncoderMetadata,
-                       parts: "StaticParts | None" = None, attention: str | None = None) -> torch.Tensor:
+    def forward_static(self, pixels: torch.Tensor, meta: EncoderMetadata, parts: "StaticParts | None" = None,
+                       attention: str | None = None, captured: bool = False) -> torch.Tensor:
         """Encode a padded batch of ``meta.shape.rows`` rows; padded output tokens are zero.
 
         No host syncs with a graph-safe backend. Padded rows lie outside every attention segment and every other op
@@ -330,7 +364,8 @@ class GlmVisionEncoder(nn.Module):
         ``parts`` replaces the three stages (``embed``, every block, ``head``), e.g. by compiled versions of them:
         the blocks are 24 copies of one computation, so one compiled block serves them all. ``attention``: a
         backend checked already for this device and dtype (an encoder's, fixed when it was made); None:
-        :meth:`attention_backend`.
+        :meth:`attention_backend`. ``captured``: this forward (and the warm-up before it) is recorded into a CUDA graph,
+        where host work per op is paid once (:func:`project_residual`).
         """
         cfg = self.config
         if pixels.shape != (meta.shape.rows, cfg.patch_dim):
@@ -340,7 +375,7 @@ class GlmVisionEncoder(nn.Module):
         x, cos, sin = embed(pixels, meta)
         meta = prepare_attention(meta, backend, cfg.num_heads, cfg.head_dim)
         for block in self.blocks:
-            x = run(block, x, cos, sin, meta, backend)
+            x = run(block, x, cos, sin, meta, backend, captured)
         return head(x, meta)
 
     def embed(self, pixels: torch.Tensor, meta: EncoderMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

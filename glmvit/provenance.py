@@ -65,7 +65,9 @@ def collect(device: torch.device | str, command: str | None = None) -> dict[str,
         props = torch.cuda.get_device_properties(device)
         info.update(gpu=props.name, compute_capability=f"{props.major}.{props.minor}",
                     multiprocessors=props.multi_processor_count, memory_gib=round(props.total_memory / 2**30, 1),
-                    driver=gpu_driver(), cuda=torch.version.cuda)
+                    driver=gpu_driver(), cuda=torch.version.cuda,
+                    # the optional CUDA libraries whose presence changes which kernels run (pyproject's `cuda` extra)
+                    cudnn_frontend=_version("cudnn"), nvmath=_version("nvmath"))
     else:
         info.update(gpu=None, cpu=platform.processor() or platform.machine(), threads=torch.get_num_threads())
     info.update(

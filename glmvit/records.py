@@ -67,6 +67,8 @@ class Provenance(_Open):
     gpu: str | None = None
     driver: str | None = None
     cuda: str | None = None
+    cudnn_frontend: str | None = None
+    nvmath: str | None = None
     torch: str | None = None
     triton: str | None = None
     transformers: str | None = None

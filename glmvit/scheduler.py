@@ -326,7 +326,7 @@ class BatchScheduler:
         self._next_batch = 0
         self._stats = SchedulerStats()
         self._busy_until = 0.0  # when the last delivered batch was done (busy time counts overlaps once)
-        self._started_at = time.perf_counter()
+        self._started_at: float | None = None  # when the worker could run its first batch (after its warm-up)
         self._worker = threading.Thread(target=self._loop, name="glmvit-scheduler", daemon=True)
         self._worker_started = False
         if start:
@@ -335,11 +335,13 @@ class BatchScheduler:
     # ---- the callers' side ---------------------------------------------------------------------------------
     def start(self) -> "BatchScheduler":
         """Start the worker (once; the constructor does unless ``start=False``) and return once its warm-up
-        (``warm_up``) has ended: requests submitted meanwhile wait in the queue."""
+        (``warm_up``) has ended: requests submitted meanwhile wait in the queue. After :meth:`close`, a scheduler
+        that never started stays unstarted (nothing to run, nothing to warm)."""
         with self._cond:
             if not self._worker_started:
+                if self._closing:
+                    return self
                 self._worker_started = True
-                self._started_at = time.perf_counter()
                 self._worker.start()
         self._warmed.wait()
         return self
@@ -470,7 +472,7 @@ class BatchScheduler:
         """A snapshot: counters, queue delays (ms) and batch sizes over the recent samples, padding, utilisation."""
         with self._cond:
             s = self._stats
-            elapsed = time.perf_counter() - self._started_at
+            elapsed = time.perf_counter() - self._started_at if self._started_at is not None else 0.0
             snapshot = {k: v for k, v in vars(s).items() if not isinstance(v, collections.deque)}
             snapshot.update(
                 mode=self.mode, accepting=not self._closing, outstanding_requests=self._outstanding,
@@ -558,23 +560,28 @@ class BatchScheduler:
     def _loop(self) -> None:
         """Queue a batch, then, with it in flight, the next one if it is full, then answer the first (module
         docstring, step 3)."""
-        _switch_interval.hold(self.switch_interval_s)
+        held = False
         try:
+            _switch_interval.hold(self.switch_interval_s)
+            held = True
             self._warm()
             self._run_batches()
         except Exception:  # a fault of the scheduler itself (a batch's errors go to its requests): stop, say why
             log.exception("the encoder's worker stopped on an error; the requests it had not answered fail")
         finally:
             self._stop_worker()
-            _switch_interval.release(self.switch_interval_s)
+            self._warmed.set()  # start() returns however the worker ended, its warm-up done or not
+            if held:
+                _switch_interval.release(self.switch_interval_s)
 
     def _warm(self) -> None:
         """The eager route's warm-up, in this (the worker's) thread: cuDNN's handle and plans are per thread. A
-        failure is logged and serving goes on (it only costs the first batch of each class its compile)."""
+        failure is logged and serving goes on (it only costs the first batch of each class its compile); a close
+        stops it between forwards, and one before it began skips it."""
         try:
-            if self.warm_up:
+            if self.warm_up and not self._closing:
                 rows = self.limits.largest * self.model.config.merge_area
-                done = warm_eager(self.model, self.encoder.attention, rows)
+                done = warm_eager(self.model, self.encoder.attention, rows, stop=lambda: self._closing)
                 with self._cond:
                     self._stats.warmup_s, self._stats.warmup_forwards = done.seconds, len(done.rows)
         except Exception:

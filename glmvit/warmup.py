@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Hashable
+from typing import Callable, Hashable
 
 import torch
 
 from .attention import resolve
 from .config import VisionConfig
 from .kernels.fused_gemm_table import qkv_rope_config, qkv_rope_fused, swiglu_config, swiglu_fused
-from .model import GlmVisionEncoder
+from .model import GlmVisionEncoder, half_on_cuda
 
 SPECIALISE = 16  # Triton's divisibility specialisation of integer arguments (triton.runtime.jit: ``x % 16 == 0``)
 SCAN_ROWS = 16_384  # classes are looked for up to this many rows (or the largest budget's, when larger): every
@@ -58,7 +58,7 @@ def kernel_class(rows: int, attention: str, config: VisionConfig, device: torch.
         from .kernels.attention_table import config_for  # imports Triton: reached only where it runs
 
         launch = config_for(rows)
-    half = device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+    half = half_on_cuda(device, dtype)
     swiglu = swiglu_config(rows) if half and swiglu_fused(rows, device) else None
     qkv = qkv_rope_config(rows) if half and qkv_rope_fused(rows, device) else None
     return backend, launch, swiglu, qkv, rows % SPECIALISE == 0
@@ -76,17 +76,24 @@ def eager_classes(attention: str, config: VisionConfig, device: torch.device, dt
 
 
 @torch.inference_mode()
-def warm_eager(model: GlmVisionEncoder, attention: str, max_rows: int = SCAN_ROWS) -> WarmUp:
+def warm_eager(model: GlmVisionEncoder, attention: str, max_rows: int = SCAN_ROWS,
+               stop: Callable[[], bool] = lambda: False) -> WarmUp:
     """Run one eager forward of ``model`` with backend ``attention`` per class of :func:`eager_classes` (zero pixels,
-    one frame of 2 × rows/2 patches), in the calling thread, and wait for them. Off CUDA: nothing (no rows)."""
+    one frame of 2 × rows/2 patches), in the calling thread, and wait for them. Off CUDA: nothing (no rows).
+    ``stop`` is asked before each forward: once it says True the rest are skipped (the result names those that
+    ran)."""
     if model.device.type != "cuda":
         return WarmUp((), 0.0)
     config = model.config
     rows_of = eager_classes(attention, config, model.device, model.dtype, max_rows)
     start = time.perf_counter()
+    ran: list[int] = []
     for rows in rows_of:
+        if stop():
+            break
+        ran.append(rows)
         pixels = torch.zeros(rows, config.patch_dim, dtype=model.dtype, device=model.device)
         model.forward(pixels, [[1, config.spatial_merge_size, rows // config.spatial_merge_size]],
                       check_finite=False, attention=attention)
     torch.cuda.synchronize(model.device)
-    return WarmUp(rows_of, time.perf_counter() - start)
+    return WarmUp(tuple(ran), time.perf_counter() - start)

@@ -53,9 +53,9 @@ def backends_run(monkeypatch):
     seen: list[str] = []
     real = glmvit.model.run_block
 
-    def spy(block, x, cos, sin, meta, backend):
+    def spy(block, x, cos, sin, meta, backend, captured=False):
         seen.append(backend)
-        return real(block, x, cos, sin, meta, backend)
+        return real(block, x, cos, sin, meta, backend, captured)
 
     monkeypatch.setattr(glmvit.model, "run_block", spy)
     return seen

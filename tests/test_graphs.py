@@ -165,7 +165,8 @@ def test_compile_scope_is_checked_and_blocks_compile_one_function_for_all(tiny_m
     whole = EncoderGraphRunner(tiny_model, config, mode="emulate", torch_compile=True, compile_scope="model")
     assert "parts" not in whole.forward_static.keywords
     plain = EncoderGraphRunner(tiny_model, config, mode="emulate").forward_static
-    assert plain.func == tiny_model.forward_static and plain.keywords == {"attention": tiny_model.attention_backend()}
+    assert plain.func == tiny_model.forward_static
+    assert plain.keywords == {"attention": tiny_model.attention_backend(), "captured": False}  # emulated: no graph
 
 
 # ---- routing ---------------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """glmvit.warmup: one row count per kernel class, read off the launch tables, and the scheduler's worker warming its
 eager route before its first batch. On CUDA: after the warm-up, a first forward of a new shape compiles nothing."""
 import threading
+import time
 
 import pytest
 import torch
@@ -89,7 +90,7 @@ def test_the_worker_warms_up_in_its_own_thread_before_its_first_batch(tiny_model
     """cuDNN's plans are per thread: the warm-up must run where batches run, and start() returns after it."""
     events = []
 
-    def fake_warm(model, attention, max_rows):
+    def fake_warm(model, attention, max_rows, stop):
         events.append(("warm", threading.current_thread().name, attention, max_rows))
         return WarmUp((4, 16), 0.25)
 
@@ -106,13 +107,72 @@ def test_the_worker_warms_up_in_its_own_thread_before_its_first_batch(tiny_model
 
 
 def test_a_failing_warm_up_is_logged_and_serving_goes_on(tiny_model, monkeypatch, caplog):
-    def broken(*args):
+    def broken(*args, **kwargs):
         raise RuntimeError("no memory for the warm-up")
 
     monkeypatch.setattr("glmvit.scheduler.warm_eager", broken)
     with BatchScheduler(tiny_model, LIMITS) as scheduler:
         result = scheduler.encode(*random_batch([[1, 4, 4]], TINY, seed=0), timeout=TIMEOUT)
     assert len(result.outputs) == 1 and "warm-up failed" in caplog.text
+
+
+def test_a_close_during_the_warm_up_stops_it_between_forwards(tiny_model, monkeypatch):
+    """close() while the warm-up runs: the forward under way ends, no later one starts, start() returns, the worker
+    stops, and utilisation counts from the warm-up's end (none before)."""
+    entered, release, asked = threading.Event(), threading.Event(), []
+
+    def slow_warm(model, attention, max_rows, stop):
+        entered.set()
+        release.wait(TIMEOUT)
+        asked.append(stop())  # what warm_eager asks before its next forward
+        return WarmUp((4,), 0.1)
+
+    monkeypatch.setattr("glmvit.scheduler.warm_eager", slow_warm)
+    scheduler = BatchScheduler(tiny_model, LIMITS, start=False)
+    starter = threading.Thread(target=scheduler.start)
+    starter.start()
+    assert entered.wait(TIMEOUT)
+    assert scheduler.stats()["uptime_s"] == 0.0  # no start time before the warm-up ended
+    closer = threading.Thread(target=scheduler.close, args=(TIMEOUT,))
+    closer.start()
+    deadline = time.monotonic() + TIMEOUT
+    while scheduler.accepting and time.monotonic() < deadline:
+        time.sleep(0.001)
+    release.set()
+    starter.join(TIMEOUT)
+    closer.join(TIMEOUT)
+    assert asked == [True] and not starter.is_alive() and not closer.is_alive()
+
+
+def test_warm_eager_asks_stop_before_each_forward(monkeypatch):
+    """The stop check of warm_eager itself (on a CPU model it runs nothing, so the forwards are counted here)."""
+    from glmvit import warmup
+
+    class Model:
+        device = torch.device("cuda")
+        dtype = torch.bfloat16
+        config = TINY
+
+        def __init__(self):
+            self.forwards = 0
+
+        def forward(self, *args, **kwargs):
+            self.forwards += 1
+
+    monkeypatch.setattr(warmup, "eager_classes", lambda *a: (4, 16, 64))
+    monkeypatch.setattr(warmup.torch, "zeros", lambda *a, **k: None)
+    monkeypatch.setattr(warmup.torch.cuda, "synchronize", lambda *a: None)
+    model = Model()
+    done = warmup.warm_eager(model, "sdpa", stop=lambda: model.forwards == 2)  # type: ignore[arg-type]
+    assert done.rows == (4, 16) and model.forwards == 2
+
+
+def test_a_scheduler_closed_before_it_started_never_starts(tiny_model, monkeypatch):
+    calls = []
+    monkeypatch.setattr("glmvit.scheduler.warm_eager", lambda *a, **k: calls.append(a) or WarmUp((), 0.0))
+    scheduler = BatchScheduler(tiny_model, LIMITS, start=False)
+    assert scheduler.close(TIMEOUT)
+    assert scheduler.start() is scheduler and calls == [] and not scheduler._worker.is_alive()
 
 
 @pytest.mark.gpu

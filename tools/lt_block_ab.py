@@ -1,14 +1,15 @@
-"""A/B of whole replays: the model's blocks as they are against blocks whose two residual adds ride in the matmuls
-before them (``glmvit.kernels.lt_gemm.linear_residual``: cuBLASLt's C operand, through nvmath-python).
+"""A/B of whole replays: captured blocks with their two residual adds in the matmuls before them (cuBLASLt's C
+operand through nvmath-python: ``glmvit.model.project_residual``, what a captured half-precision forward runs) against
+the same blocks with the matmul, then the add (``glmvit.model.RESIDUAL_IN_MATMUL`` off).
 
 ``tools/residual_gemm_ab.py`` times the two matmuls alone; in the compiled forward inductor fuses the add after
 ``proj`` with the next norm, so what a block saves is less than the shapes' gain. This tool measures the whole tower:
-two graph-compiled runners over one random GLM-4.1V tower in this process, the second built with
-``glmvit.model.Block.forward`` replaced by :func:`block_forward_lt` (dynamo's caches reset between, so each compiles
-its own blocks); per workload each replays its budget's graph, checked against the other (within 2⁻⁴·max|out|: two
-forwards that round the residual sums differently, carried through 24 blocks; a dropped residual misses by the scale),
-then timed as ``tools/skeleton_bound.py`` times the model: from idle (``--burst`` replays, each after a rest) and back
-to back (``--seconds``), the two runners in turn. CUDA with nvmath-python only (exit 2 elsewhere)::
+two graph-compiled runners over one random GLM-4.1V tower in this process (dynamo's caches reset between, so each
+compiles its own blocks); per workload each replays its budget's graph, checked against the other (within
+2⁻⁴·max|out|: two forwards that round the residual sums differently, carried through 24 blocks; a dropped residual
+misses by the scale), then timed as ``tools/skeleton_bound.py`` times the model: from idle (``--burst`` replays,
+each after a rest) and back to back (``--seconds``), the two runners in turn. CUDA with nvmath-python only (exit 2
+elsewhere)::
 
     python tools/lt_block_ab.py --json data/sweeps/lt_block_ab_h100.json
 """
@@ -22,38 +23,21 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the A/B tools' shared pieces
 from ab_common import write_record  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from glmvit.attention import attend_qkv  # noqa: E402
-from glmvit.kernels.fused_gemm_table import qkv_rope_fused, swiglu_fused  # noqa: E402
-from glmvit.kernels.lt_gemm import linear_residual, nvmath_installed  # noqa: E402
-from glmvit.model import Block, _half_on_cuda, swiglu, swiglu_linear  # noqa: E402
+import glmvit.model  # noqa: E402
+from glmvit.kernels.lt_gemm import nvmath_installed  # noqa: E402
 
 WORKLOADS = {"1x224": [[1, 16, 16]], "clip8x224": [[4, 16, 16]], "8x448": [[1, 32, 32]] * 8}
 
 
-def block_forward_lt(self: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: Any,
-                     backend: str) -> torch.Tensor:
-    """``Block.forward`` with ``x + proj(attention)`` and ``x + down(mlp)`` each one :func:`linear_residual`: the
-    same modules and kernels otherwise (the rotary qkv GEMM is not in any launch table, so not here either)."""
-    h = self.norm1(x)
-    assert not (_half_on_cuda(h) and qkv_rope_fused(h.shape[0], h.device)), "the fused rotary qkv GEMM is off"
-    attn = self.attn
-    x = linear_residual(attend_qkv(attn.qkv(h), cos, sin, meta, backend, attn.num_heads), attn.proj.weight, x)
-    h = self.norm2(x)
-    gate_up = self.mlp.gate_up_proj.weight
-    hidden = swiglu_linear(h, gate_up) if _half_on_cuda(h) and swiglu_fused(h.shape[0], h.device) \
-        else swiglu(F.linear(h, gate_up))
-    return linear_residual(hidden, self.mlp.down_proj.weight, x)
-
-
 def runners(workloads: dict[str, list[list[int]]]) -> dict[str, dict[str, Callable[[], Any]]]:
-    """Per path (``model``, ``lt``) and workload: a call that stages the workload's batch and replays once (returns
-    the output), and the captured graph's bare replay; both runners over one tower."""
+    """Per path (``model``: the adds apart; ``lt``: in the matmuls) and workload: a call that stages the workload's
+    batch and replays once (returns the output), and the captured graph's bare replay; both runners over one
+    tower."""
     from glmvit.config import VisionConfig
     from glmvit.encoder import build_encoder
     from glmvit.geometry import ItemSpec, grid_specs
@@ -69,14 +53,14 @@ def runners(workloads: dict[str, list[list[int]]]) -> dict[str, dict[str, Callab
     budgets = BudgetConfig(tuple(sorted(set(tokens.values()))), min(items, min(tokens.values())), items)
     batches = {n: random_batch(g, config, seed=1) for n, g in workloads.items()}
     out: dict[str, dict[str, Callable[[], Any]]] = {}
-    original = Block.forward
+    original = glmvit.model.RESIDUAL_IN_MATMUL
     for path in ("model", "lt"):
         torch._dynamo.reset()  # each runner compiles its own blocks
-        Block.forward = block_forward_lt if path == "lt" else original  # type: ignore[method-assign]
+        glmvit.model.RESIDUAL_IN_MATMUL = path == "lt"
         try:
             runner = build_encoder(model, RunMode.GRAPH_COMPILED, budgets)
         finally:
-            Block.forward = original  # type: ignore[method-assign]
+            glmvit.model.RESIDUAL_IN_MATMUL = original
         for n, (pixels, grid) in batches.items():
             out.setdefault(n, {})[f"{path}:stage"] = partial(runner.replay, tokens[n], pixels.to("cuda", model.dtype),
                                                              grid)

@@ -426,7 +426,8 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
                                    f"modes' {served}")
             served = this
             if decode is None and one_process:
-                decode = default_decode_pool(sargs.decode_workers, sargs.decode_queue, sargs.decode_timeout).start()
+                decode = default_decode_pool(sargs.decode_workers, serve.decode_queue(sargs),
+                                             sargs.decode_timeout).start()
             model = session.model(sargs)
             floor = session.floor(model.device, DTYPES[sargs.dtype], None)
             service = serve.build_service(sargs, f"python -m glmvit serve {' '.join(server_argv)}", model, floor,

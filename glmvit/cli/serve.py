@@ -56,7 +56,6 @@ from .decode_pool import DecodePool
 from .encode import model_metadata
 from .pixel_rows import no_room, sweep_shared_dirs
 from .serve_app import (
-    DECODE_QUEUE,
     DEFAULT_ROWS,
     ROWS,
     EncoderService,
@@ -229,9 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--decode-workers", type=int_in(1, 256), default=None,
                    help="processes that decode and preprocess media, one thread each (default: this process's "
                         "CPUs − 4, at least 1, at most 32: glmvit.cli.serve_app.default_decode_workers)")
-    m.add_argument("--decode-queue", type=int_in(0, 100_000), default=DECODE_QUEUE,
-                   help=f"requests waiting for a decode process (default {DECODE_QUEUE}; their bodies count against "
-                        "--max-held-mb too); more: 429")
+    m.add_argument("--decode-queue", type=int_in(0, 100_000), default=None,
+                   help=f"requests waiting for a decode process (default: --max-queue, {DEFAULT_MAX_REQUESTS} unless "
+                        "given; their bodies count against --max-held-mb too); more: 429")
     m.add_argument("--decode-timeout", type=float_in(0.01, 3600), default=30.0,
                    help="seconds a request's media may take to decode, its items together (default 30; later: 413, the "
                         "process replaced)")
@@ -304,7 +303,7 @@ def build_service(args: argparse.Namespace, command: str, model: GlmVisionEncode
     media = MediaLimits(args.max_frame_pixels, args.max_request_pixels, args.allowed_media_dir)
     service = EncoderService(scheduler, model_metadata(args, model), collect(model.device, command), limits,
                              args.threads, extra, (lambda: runner.stats.as_dict()) if runner else None, media=media,
-                             decode=decode or default_decode_pool(args.decode_workers, args.decode_queue,
+                             decode=decode or default_decode_pool(args.decode_workers, decode_queue(args),
                                                                   args.decode_timeout),
                              own_decode=decode is None, rows=args.rows)
     if start_decode:
@@ -323,6 +322,12 @@ def resolve_processes(args: argparse.Namespace) -> None:
         args.api_servers = default_api_servers()
     if args.decode_workers is None:
         args.decode_workers = default_decode_workers()
+
+
+def decode_queue(args: argparse.Namespace) -> int:
+    """Requests that may wait for a decode process: ``--decode-queue``, else ``--max-queue`` (a request the scheduler
+    would hold is not refused before it, for want of a place in the decode queue)."""
+    return args.max_queue if args.decode_queue is None else args.decode_queue
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
@@ -345,7 +350,7 @@ def serve_function(args: argparse.Namespace) -> Callable[..., Coroutine[Any, Any
     if args.api_servers == 1:
         return run_server
     return functools.partial(run_frontends, count=args.api_servers, decode_workers=args.decode_workers,
-                             decode_queue=args.decode_queue, decode_timeout=args.decode_timeout, threads=args.threads)
+                             decode_queue=decode_queue(args), decode_timeout=args.decode_timeout, threads=args.threads)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,28 +14,30 @@ first choice is the plan here.
 
 :func:`linear_residual` is the op (``glmvit::linear_residual``, opaque to torch.compile, captured by a CUDA graph):
 cuBLASLt where :func:`runs` (nvmath-python imports; x on CUDA in fp16/bf16, 2-D, contiguous, residual likewise),
-else ``F.linear`` then the add. A plan is made for each (device, dtype, rows, in, out) on the first call and kept per
-thread (the nvmath-python object holds a cuBLASLt handle, a workspace and its operands: not shared across threads),
-the ``PLANS_PER_THREAD`` most recent; later calls rebind its operands (``reset_operands``) and execute on the current
-stream, so a capture records one cuBLASLt launch. Numerics: D = round(x·Wᵀ + r) with the sum in float32, one rounding
-where ``F.linear`` then the add round twice; within the tolerance the GPU tests derive for a bf16 forward.
+else ``F.linear`` then the add. A plan is made for each (device, dtype, rows, in, out) on the first call in a thread
+(the nvmath-python object holds a cuBLASLt handle and a workspace: not shared across threads); later calls rebind its
+operands (``reset_operands``), execute on the current stream and let go of them again (``release_operands``: a plan
+must not keep a captured graph's activations alive). A captured graph holds the plan's workspace pointer, so no plan
+is ever freed: they are kept for the process's life (:func:`plans_made` counts them; two per distinct row count).
+Numerics: D = round(x·Wᵀ + r) with the sum in float32, one rounding where ``F.linear`` then the add round twice;
+within the tolerance the GPU tests derive for a bf16 forward.
 
-Not yet called by the model: wiring it into ``glmvit.model.Block`` changes what every record measured, so it lands
-with a record run (#43).
+``glmvit.model.project_residual`` calls it in forwards recorded into CUDA graphs only: its host work per call
+(nvmath-python's operand checks) is paid once there, at capture.
 """
 from __future__ import annotations
 
 import functools
 import importlib.util
 import threading
-from collections import OrderedDict
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-PLANS_PER_THREAD = 64  # a forward's two shapes per distinct row count: a ladder of budgets and the eager batches
 _local = threading.local()
+_kept: list[Any] = []  # every plan made, in any thread: a captured graph may use its workspace until the process ends
+_kept_lock = threading.Lock()
 
 
 @functools.cache
@@ -61,23 +63,29 @@ class _Key(NamedTuple):
     outputs: int
 
 
+def plans_made() -> int:
+    """How many plans this process holds (all threads): each keeps a cuBLASLt workspace until the process ends."""
+    with _kept_lock:
+        return len(_kept)
+
+
 def _plan(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> Any:
-    """This thread's nvmath-python ``Matmul`` for these operands' key, made and planned on a miss (the least
-    recently used beyond ``PLANS_PER_THREAD`` freed), else rebound to these operands."""
-    plans: OrderedDict[_Key, Any] = _local.__dict__.setdefault("plans", OrderedDict())
+    """This thread's nvmath-python ``Matmul`` for these operands' key, made and planned on a miss (and kept for
+    good: module docstring), else rebound to these operands."""
+    plans: dict[_Key, Any] = _local.__dict__.setdefault("plans", {})
     key = _Key(x.device.index or 0, x.dtype, x.shape[0], x.shape[1], weight.shape[0])
     stream = torch.cuda.current_stream(x.device)
     mm = plans.get(key)
     if mm is None:
         from nvmath.linalg.advanced import Matmul
 
-        mm = plans[key] = Matmul(x, weight.T, c=residual, beta=1.0, stream=stream)
+        mm = Matmul(x, weight.T, c=residual, beta=1.0, stream=stream)
         mm.plan()  # cuBLASLt's heuristic, its first-ranked algorithm (module docstring)
-        if len(plans) > PLANS_PER_THREAD:
-            plans.popitem(last=False)[1].free()
+        with _kept_lock:
+            _kept.append(mm)
+        plans[key] = mm
     else:
         mm.reset_operands(a=x, b=weight.T, c=residual, stream=stream)
-    plans.move_to_end(key)
     return mm
 
 
@@ -91,7 +99,10 @@ def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tenso
     if not runs(x, weight, residual):
         return F.linear(x, weight) + residual
     with torch.cuda.device(x.device):
-        return _plan(x, weight, residual).execute(stream=torch.cuda.current_stream(x.device))
+        mm = _plan(x, weight, residual)
+        out = mm.execute(stream=torch.cuda.current_stream(x.device))
+        mm.release_operands()  # the next call rebinds all three
+        return out
 
 
 @linear_residual.register_fake
