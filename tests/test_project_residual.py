@@ -86,7 +86,7 @@ def test_the_runner_captures_with_it_only_where_graphs_are_real(tiny_model):
 def test_a_captured_runner_plans_the_epilogue_and_agrees_with_the_adds_apart(monkeypatch):
     """Two graph runners over one bf16 GLM-4.1V tower, one with the adds apart: the same batch within 2⁻⁴·max|out|
     (the residual sums rounded once instead of twice, carried through 24 blocks; a dropped residual misses by the
-    scale), and the captured one made cuBLASLt plans (two per row count)."""
+    scale), and the captured one planned cuBLASLt's proj and down matmuls for every budget's rows."""
     from glmvit.config import VisionConfig
     from glmvit.random_weights import random_encoder
 
@@ -94,10 +94,12 @@ def test_a_captured_runner_plans_the_epilogue_and_agrees_with_the_adds_apart(mon
     budgets = BudgetConfig((64, 256), 4, 8)
     pixels, grid = random_batch([[1, 16, 16], [1, 8, 12]], model.config, seed=5)
     pixels = pixels.to("cuda", torch.bfloat16)
-    before = lt_gemm.plans_made()
     fused = EncoderGraphRunner(model, budgets, mode="cuda", progress=False).capture()
     assert fused.forward_static.keywords["captured"] is True  # type: ignore[attr-defined]
-    assert lt_gemm.plans_made() - before >= 2 * len(budgets.token_budgets)
+    planned = {(key.rows, key.inputs, key.outputs) for key in lt_gemm._local.plans}  # this thread's (it captured)
+    hidden, width = model.config.hidden_size, model.config.out_hidden_size
+    for rows in (4 * b for b in budgets.token_budgets):
+        assert {(rows, hidden, hidden), (rows, width, hidden)} <= planned, rows  # proj and down, per row count
     out = torch.cat(fused.run(pixels, grid)).float()
     monkeypatch.setattr(model_module, "RESIDUAL_IN_MATMUL", False)
     apart = torch.cat(EncoderGraphRunner(model, budgets, mode="cuda", progress=False).capture().run(pixels, grid))

@@ -91,13 +91,8 @@ def test_latency_fit_separates_matmuls_from_attention(path):
 
 # A record run whose host ran slow through a stretch of jobs, and the eager checks it misses for it: each check stays
 # strict for every other run, and fails for this one once its timings agree (the entry is then wrong: remove it).
-SLOW_STRETCH = ("in run s40_7668dcdr1 (an H100 host) the jobs mixed_av, img4x224 and video8x224 ran back to back with "
-                "the host slow throughout and the graph replays not: video8x224's eager clip forward took 25.4 ms at "
-                "the median and 25.1 at P10 against seed_video8x224's 14.9 and 14.3 in the same run; img4x224's eager "
-                "forward 22.8 ms and transformers' 40.3 against 12.2 and 21.2 in run s37_161fc04r1, whose graph modes "
-                "were within 6 % of this run's; mixed_av's eager mean 27.7 ms against 23.0 from both sweeps")
-SLOW_HOST = {("s40_7668dcdr1", "mixed_av.json"): SLOW_STRETCH,
-             ("s40_7668dcdr1", "one 8-frame 224² clip"): SLOW_STRETCH}
+# None is current: run s40_7668dcdr1's entries left with its records.
+SLOW_HOST: dict[tuple[str, str], str] = {}
 
 
 @pytest.mark.parametrize("path", sorted(BENCH.glob("mixed_*.json")), ids=lambda p: p.name)
@@ -153,6 +148,18 @@ def _captures(record: Record) -> dict[str, dict]:
 ALLOCATOR_SEGMENT = 20 * 2**20  # PyTorch's caching allocator reserves large blocks in segments of 20 MiB (kLargeBuffer)
 
 
+# Records whose compiled pool the estimate over-states by more than 15 %, and why: the check stays strict for every
+# other record, and fails for these once the estimate meets them (the entry is then wrong: remove it).
+EPILOGUE_POOLS = ("run s41_5dc31f9r1 captured the first forwards with each block's residual adds in cuBLASLt's "
+                  "epilogue (glmvit/kernels/lt_gemm.py): no (rows, hidden) sum is written between a matmul and its "
+                  "add, and the compiled pool of the 8192-row budget measured 300 MiB against the estimate's 346, "
+                  "fitted to the adds-apart forward (the 16384- and 24576-row pools stay within 15 %). Refitting "
+                  "POOL_BYTES_PER_ROW_HIDDEN changes the module every benchmark record ran, so it lands with the "
+                  "next record run")
+POOL_REFIT_PENDING = {("s41_5dc31f9r1", name): EPILOGUE_POOLS
+                      for name in ("img8x448.json", "seed_img1x224.json", "seed_video8x224.json")}
+
+
 @pytest.mark.parametrize("path", [p for p in sorted(BENCH.glob("*.json"))
                                   if load_any(p).kind in ("bench", "latency")], ids=lambda p: p.name)
 def test_graph_memory_estimate_matches_every_recorded_pool_within_15_percent(path):
@@ -167,6 +174,7 @@ def test_graph_memory_estimate_matches_every_recorded_pool_within_15_percent(pat
     both)."""
     record = load_any(path)
     attention = record.settings.attn_backend if isinstance(record, BenchRecord) else record.attn_backend
+    pending = POOL_REFIT_PENDING.get((record.record_run, path.name))
     for mode, capture in _captures(record).items():
         config = BudgetConfig(tuple(sorted(int(b) for b in capture)), 1, max(c["segments"] for c in capture.values()))
         estimate = max(m.pool_bytes for m in graph_memory(config, VisionConfig.glm41v(), compiled=mode != "graph",
@@ -175,11 +183,15 @@ def test_graph_memory_estimate_matches_every_recorded_pool_within_15_percent(pat
         bound = max(0.15 * measured, 2 * ALLOCATOR_SEGMENT)
         if mode == "graph":
             assert estimate >= measured - bound, f"{mode}: {estimate >> 20} vs {measured >> 20} MiB"
+        elif pending is not None and mode == "graph-compiled":  # known to miss: it must still miss, and says why
+            assert estimate - measured > bound, f"{mode}: {estimate >> 20} vs {measured >> 20} MiB"
         else:
             assert abs(estimate - measured) <= bound, f"{mode}: {estimate >> 20} vs {measured >> 20} MiB"
         static = sum(m.static_bytes for m in graph_memory(config, VisionConfig.glm41v()))
         # runs recorded before the metadata sections were 16-byte aligned hold up to 3 int32 less per budget
         assert 0 <= static - sum(c["buffer_bytes"] for c in capture.values()) <= 12 * len(capture)
+    if pending is not None:
+        pytest.xfail(pending)
 
 
 # Record runs whose eager timings of one forward are known to miss the 10 % agreement, and why: the check is strict
@@ -193,6 +205,10 @@ UNSTEADY_RUNS = {
                                          "1.10× apart: " + HOST,
     ("s29_9873271r1", "one 8-frame 224² clip"): "20.06 (video8x224: a stretch of its requests at 12.8 ms, most at "
                                                 "17-25 ms) and 13.36 ms (seed_video8x224), 1.50× apart: " + HOST,
+    ("s41_5dc31f9r1", "one 224² image"): "26.74 (img1x224), 31.17 (seed_img1x224) and 29.62 ms (the latency sweep), "
+                                         "1.17× apart, with P10s of 23.8 and 23.2 ms: " + HOST,
+    ("s41_5dc31f9r1", "one 8-frame 224² clip"): "18.11 (video8x224) and 15.29 ms (seed_video8x224), 1.18× apart, "
+                                                "with P10s of 13.7 and 14.3 ms: " + HOST,
     **SLOW_HOST,
 }
 
