@@ -2,6 +2,7 @@
 eager route before its first batch. On CUDA: after the warm-up, a first forward of a new shape compiles nothing."""
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -160,8 +161,9 @@ def test_warm_eager_asks_stop_before_each_forward(monkeypatch):
             self.forwards += 1
 
     monkeypatch.setattr(warmup, "eager_classes", lambda *a: (4, 16, 64))
-    monkeypatch.setattr(warmup.torch, "zeros", lambda *a, **k: None)
-    monkeypatch.setattr(warmup.torch.cuda, "synchronize", lambda *a: None)
+    # warm_eager's own torch (its body's zeros and synchronize), not the process's: no other thread sees these
+    monkeypatch.setattr(warmup, "torch", SimpleNamespace(zeros=lambda *a, **k: None,
+                                                          cuda=SimpleNamespace(synchronize=lambda *a: None)))
     model = Model()
     done = warmup.warm_eager(model, "sdpa", stop=lambda: model.forwards == 2)  # type: ignore[arg-type]
     assert done.rows == (4, 16) and model.forwards == 2
