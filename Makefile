@@ -14,7 +14,8 @@ VENV        ?= .venv
 VENV_FLAGS  ?=
 CONSTRAINTS ?= constraints.txt
 PIP_FLAGS   ?=
-# The `cuda` extra (cuDNN's attention frontend) only where a GPU answers: nothing CUDA-only on a CPU machine.
+# The `cuda` extra (cuDNN's attention frontend, nvmath-python's cuBLASLt) only where a GPU answers: nothing CUDA-only on a
+# CPU machine.
 comma       := ,
 CUDA_EXTRA  := $(if $(shell nvidia-smi -L 2>/dev/null),$(comma)cuda)
 EXTRAS      ?= test,notebooks,video,serve$(CUDA_EXTRA)
