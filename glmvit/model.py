@@ -189,7 +189,7 @@ def project_residual(linear: nn.Linear, h: torch.Tensor, x: torch.Tensor, captur
     (``RESIDUAL_IN_MATMUL``), it is one cuBLASLt matmul with ``x`` as its C operand
     (``glmvit.kernels.lt_gemm.linear_residual``): the add rides in the matmul's epilogue, one launch and one rounding.
     Elsewhere it is the matmul, then :func:`residual_add`, which ``torch.compile`` fuses with the next norm. Captured
-    only: the op's host work (nvmath-python's operand checks, about as much as a launch) is paid once, at capture,
+    only: the op's host work (nvmath-python's operand checks on every call) is paid once, at capture,
     never per eager forward; and the CPU float32 path stays transformers' exactly.
     """
     if captured and RESIDUAL_IN_MATMUL and _half_on_cuda(h):
