@@ -341,8 +341,8 @@ class BatchScheduler:
             if not self._worker_started:
                 if self._closing:
                     return self
+                self._worker.start()  # may raise (no thread to be had): then it never started, and close() says so
                 self._worker_started = True
-                self._worker.start()
         self._warmed.wait()
         return self
 

@@ -43,6 +43,21 @@ def test_without_nvmath_python_cuda_operands_take_the_two_ops(monkeypatch):
     assert not runs(x, w, r)
 
 
+def test_an_installed_nvmath_that_does_not_import_counts_as_missing(monkeypatch, caplog):
+    import importlib.util
+    import sys
+
+    lt_gemm.nvmath_installed.cache_clear()
+    try:
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())  # "installed"
+        monkeypatch.setitem(sys.modules, "nvmath.linalg.advanced", None)  # but its import fails
+        assert lt_gemm.nvmath_installed() is False
+        assert "does not import" in caplog.text
+    finally:
+        monkeypatch.undo()
+        lt_gemm.nvmath_installed.cache_clear()
+
+
 def test_the_fake_gives_the_output_shape_torch_compile_traces():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -102,3 +117,18 @@ def test_torch_compile_keeps_it_one_opaque_op():
 
     compiled = torch.compile(block_end, fullgraph=True)
     check(compiled(x, w, r), torch.nn.functional.gelu(x), w, r)
+
+
+@pytest.mark.gpu
+@needs_lt
+def test_a_shape_without_a_plan_takes_the_two_ops_and_says_so_once(monkeypatch, caplog):
+    import nvmath.linalg.advanced
+
+    def no_plan(*args, **kwargs):
+        raise RuntimeError("no algorithm")
+
+    monkeypatch.setattr(nvmath.linalg.advanced, "Matmul", no_plan)
+    x, w, r = operands(72, 1536, 1536, device="cuda", dtype=torch.bfloat16, seed=11)  # a row count no test plans
+    for _ in range(2):
+        assert torch.equal(linear_residual(x, w, r), F.linear(x, w) + r)
+    assert caplog.text.count("no cuBLASLt plan") == 1

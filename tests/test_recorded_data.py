@@ -148,18 +148,6 @@ def _captures(record: Record) -> dict[str, dict]:
 ALLOCATOR_SEGMENT = 20 * 2**20  # PyTorch's caching allocator reserves large blocks in segments of 20 MiB (kLargeBuffer)
 
 
-# Records whose compiled pool the estimate over-states by more than 15 %, and why: the check stays strict for every
-# other record, and fails for these once the estimate meets them (the entry is then wrong: remove it).
-EPILOGUE_POOLS = ("run s41_5dc31f9r1 captured the first forwards with each block's residual adds in cuBLASLt's "
-                  "epilogue (glmvit/kernels/lt_gemm.py): no (rows, hidden) sum is written between a matmul and its "
-                  "add, and the compiled pool of the 8192-row budget measured 300 MiB against the estimate's 346, "
-                  "fitted to the adds-apart forward (the 16384- and 24576-row pools stay within 15 %). Refitting "
-                  "POOL_BYTES_PER_ROW_HIDDEN changes the module every benchmark record ran, so it lands with the "
-                  "next record run")
-POOL_REFIT_PENDING = {("s41_5dc31f9r1", name): EPILOGUE_POOLS
-                      for name in ("img8x448.json", "seed_img1x224.json", "seed_video8x224.json")}
-
-
 @pytest.mark.parametrize("path", [p for p in sorted(BENCH.glob("*.json"))
                                   if load_any(p).kind in ("bench", "latency")], ids=lambda p: p.name)
 def test_graph_memory_estimate_matches_every_recorded_pool_within_15_percent(path):
@@ -174,7 +162,6 @@ def test_graph_memory_estimate_matches_every_recorded_pool_within_15_percent(pat
     both)."""
     record = load_any(path)
     attention = record.settings.attn_backend if isinstance(record, BenchRecord) else record.attn_backend
-    pending = POOL_REFIT_PENDING.get((record.record_run, path.name))
     for mode, capture in _captures(record).items():
         config = BudgetConfig(tuple(sorted(int(b) for b in capture)), 1, max(c["segments"] for c in capture.values()))
         estimate = max(m.pool_bytes for m in graph_memory(config, VisionConfig.glm41v(), compiled=mode != "graph",
@@ -183,15 +170,11 @@ def test_graph_memory_estimate_matches_every_recorded_pool_within_15_percent(pat
         bound = max(0.15 * measured, 2 * ALLOCATOR_SEGMENT)
         if mode == "graph":
             assert estimate >= measured - bound, f"{mode}: {estimate >> 20} vs {measured >> 20} MiB"
-        elif pending is not None and mode == "graph-compiled":  # known to miss: it must still miss, and says why
-            assert estimate - measured > bound, f"{mode}: {estimate >> 20} vs {measured >> 20} MiB"
         else:
             assert abs(estimate - measured) <= bound, f"{mode}: {estimate >> 20} vs {measured >> 20} MiB"
         static = sum(m.static_bytes for m in graph_memory(config, VisionConfig.glm41v()))
         # runs recorded before the metadata sections were 16-byte aligned hold up to 3 int32 less per budget
         assert 0 <= static - sum(c["buffer_bytes"] for c in capture.values()) <= 12 * len(capture)
-    if pending is not None:
-        pytest.xfail(pending)
 
 
 # Record runs whose eager timings of one forward are known to miss the 10 % agreement, and why: the check is strict

@@ -14,11 +14,13 @@ first choice is the plan here.
 
 :func:`linear_residual` is the op (``glmvit::linear_residual``, opaque to torch.compile, captured by a CUDA graph):
 cuBLASLt where :func:`runs` (nvmath-python imports; x on CUDA in fp16/bf16, 2-D, contiguous, residual likewise),
-else ``F.linear`` then the add. A plan is made for each (device, dtype, rows, in, out) on the first call in a thread
-(the nvmath-python object holds a cuBLASLt handle and a workspace: not shared across threads); later calls rebind its
-operands (``reset_operands``), execute on the current stream and let go of them again (``release_operands``: a plan
-must not keep a captured graph's activations alive). A captured graph holds the plan's workspace pointer, so no plan
-is ever freed: they are kept for the process's life (:func:`plans_made` counts them; two per distinct row count).
+else ``F.linear`` then the add (and where no plan can be made, said once in the log). A plan is made for each
+(device, stream, dtype, rows, in, out) on the first call in a thread (the nvmath-python object holds a cuBLASLt
+handle and a workspace: not shared across threads, nor across streams), its workspace sized for cuBLASLt's
+first-ranked algorithm alone and at most ``WORKSPACE_LIMIT``; later calls rebind its operands (``reset_operands``),
+execute on the current stream and let go of them again (``release_operands``: a plan must not keep a captured
+graph's activations alive). A captured graph holds the plan's workspace pointer, so no plan is ever freed: they are
+kept for the process's life (:func:`plans_made` counts them; two per distinct row count and stream).
 Numerics: D = round(x·Wᵀ + r) with the sum in float32, one rounding where ``F.linear`` then the add round twice;
 within the tolerance the GPU tests derive for a bf16 forward.
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 import threading
 from typing import Any, NamedTuple
 
@@ -40,11 +43,23 @@ _kept: list[Any] = []  # every plan made, in any thread: a captured graph may us
 _kept_lock = threading.Lock()
 
 
+WORKSPACE_LIMIT = 64 * 2**20  # bytes a plan's cuBLASLt workspace may take (kept for good: module docstring)
+_log = logging.getLogger(__name__)  # nvmath-python's own (its default, the root logger, would log every call)
+
+
 @functools.cache
 def nvmath_installed() -> bool:
-    """Whether nvmath-python imports here (optional: a CUDA-only binding of cuBLASLt). Asked once: every call of the
-    op asks it, and a module search of the path is no work for a forward's hot path."""
-    return importlib.util.find_spec("nvmath") is not None
+    """Whether nvmath-python's matmul imports here (optional: a CUDA-only binding of cuBLASLt). Asked once: every
+    call of the op asks it. A package that is there but fails to import counts as missing (said once, in the log):
+    the forwards then add apart, as without it."""
+    if importlib.util.find_spec("nvmath") is None:
+        return False
+    try:
+        import nvmath.linalg.advanced  # noqa: F401
+    except Exception as err:  # noqa: BLE001 - any broken install: the two ops instead
+        _log.warning("nvmath-python is installed but does not import (%s): residual adds stay apart", err)
+        return False
+    return True
 
 
 def runs(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> bool:
@@ -57,6 +72,7 @@ def runs(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> bool:
 
 class _Key(NamedTuple):
     device: int
+    stream: int  # a workspace serves one stream: two graphs replayed at once on two streams must not share it
     dtype: torch.dtype
     rows: int
     inputs: int
@@ -71,20 +87,29 @@ def plans_made() -> int:
 
 def _plan(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> Any:
     """This thread's nvmath-python ``Matmul`` for these operands' key, made and planned on a miss (and kept for
-    good: module docstring), else rebound to these operands."""
+    good: module docstring), else rebound to these operands; None where no plan could be made for the key."""
     plans: dict[_Key, Any] = _local.__dict__.setdefault("plans", {})
-    key = _Key(x.device.index or 0, x.dtype, x.shape[0], x.shape[1], weight.shape[0])
     stream = torch.cuda.current_stream(x.device)
-    mm = plans.get(key)
-    if mm is None:
+    key = _Key(x.device.index or 0, stream.cuda_stream, x.dtype, x.shape[0], x.shape[1], weight.shape[0])
+    if key not in plans:
         from nvmath.linalg.advanced import Matmul
 
-        mm = Matmul(x, weight.T, c=residual, beta=1.0, stream=stream)
-        mm.plan()  # cuBLASLt's heuristic, its first-ranked algorithm (module docstring)
+        options = {"logger": _log, "memory_limit": WORKSPACE_LIMIT}
+        try:
+            mm = Matmul(x, weight.T, c=residual, beta=1.0, options=options, stream=stream)
+            # cuBLASLt's heuristic, its first-ranked algorithm only (module docstring): the workspace is sized for
+            # the algorithms considered, and this one is all that runs
+            mm.plan(preferences={"limit": 1})
+        except Exception as err:  # noqa: BLE001 - no plan for this shape here: the two ops, said once
+            _log.warning("no cuBLASLt plan for %s (%s): its residual adds stay apart", key, err)
+            plans[key] = None
+            return None
         with _kept_lock:
             _kept.append(mm)
         plans[key] = mm
-    else:
+        return mm
+    mm = plans[key]
+    if mm is not None:
         mm.reset_operands(a=x, b=weight.T, c=residual, stream=stream)
     return mm
 
@@ -100,9 +125,12 @@ def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tenso
         return F.linear(x, weight) + residual
     with torch.cuda.device(x.device):
         mm = _plan(x, weight, residual)
-        out = mm.execute(stream=torch.cuda.current_stream(x.device))
-        mm.release_operands()  # the next call rebinds all three
-        return out
+        if mm is None:
+            return F.linear(x, weight) + residual
+        try:
+            return mm.execute(stream=torch.cuda.current_stream(x.device))
+        finally:
+            mm.release_operands()  # the next call rebinds all three; a failed call keeps none of them either
 
 
 @linear_residual.register_fake

@@ -37,14 +37,15 @@ class HandRunner:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                self.model.forward_static(self.pixels, self.meta)  # warm-up, outside the capture
+                # warm-up, outside the capture; captured=True: the forward a graph records (model.project_residual)
+                self.model.forward_static(self.pixels, self.meta, captured=True)
             torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
             torch.cuda.empty_cache()  # as EncoderGraphRunner measures: what the capture adds is its pool
             before = torch.cuda.memory_reserved()
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph, stream=side):  # the warmed-up stream: notebook 03 §6 says why
-                self.output = self.model.forward_static(self.pixels, self.meta)
+                self.output = self.model.forward_static(self.pixels, self.meta, captured=True)
             torch.cuda.synchronize()
             self.graph_bytes = torch.cuda.memory_reserved() - before
         elif tape is None:
