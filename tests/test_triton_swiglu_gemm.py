@@ -44,11 +44,13 @@ def configs():
             "tma-wide": SwigluConfig(16, 32, 16, 4, 2, group_m=3),
             # 3 programs on the CPU, each walking several tiles (an uneven share where the tiles are not 3k)
             "pointer-persistent": SwigluConfig(16, 16, 16, 4, 1, group_m=2, tma=False, persistent=True),
-            "tma-persistent": SwigluConfig(16, 16, 16, 4, 1, group_m=2, persistent=True)}
+            "tma-persistent": SwigluConfig(16, 16, 16, 4, 1, group_m=2, persistent=True),
+            "tma-persistent-flat": SwigluConfig(16, 16, 16, 4, 2, group_m=2, persistent=True, flatten=True)}
 
 
 # Configurations that compute the same tiles (another load path or grid) and the one they must match bit for bit.
-TWINS = {"tma": "pointer", "tma-wide": "pointer-wide", "tma-persistent": "pointer", "pointer-persistent": "pointer"}
+TWINS = {"tma": "pointer", "tma-wide": "pointer-wide", "tma-persistent": "pointer", "pointer-persistent": "pointer",
+         "tma-persistent-flat": "pointer"}
 
 
 def case(m, k, h, seed=0):
@@ -129,7 +131,7 @@ def test_interpreted_pointer_path_matches_reference(interpreted, name, shape):
     assert row["ratio"] <= 1.0
 
 
-@pytest.mark.parametrize("name", ["tma", "tma-wide", "tma-persistent"])
+@pytest.mark.parametrize("name", ["tma", "tma-wide", "tma-persistent", "tma-persistent-flat"])
 @pytest.mark.parametrize("shape", TMA_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_interpreted_descriptor_path_matches_reference(interpreted, name, shape):
     row = interpreted[f"{name}/{'x'.join(map(str, shape))}"]
@@ -167,6 +169,9 @@ def test_config_names_and_refusals():
     assert module.SwigluConfig().name == "128x128x64w8s3t"
     assert module.SwigluConfig(64, 128, 64, 4, 4, tma=False).name == "64x128x64w4s4p"
     assert module.SwigluConfig(persistent=True).name == "128x128x64w8s3t-persistent"
+    assert module.SwigluConfig(persistent=True, flatten=True).name == "128x128x64w8s3t-persistent-flat"
+    with pytest.raises(ValueError, match="set persistent=True"):
+        module.SwigluConfig(flatten=True)
     assert len({c.name for c in module.SWEEP_CONFIGS}) == len(module.SWEEP_CONFIGS)
     assert module.SwigluConfig().shared_bytes() == 3 * 48 * 1024
     with pytest.raises(ValueError, match="block_n=48"):

@@ -112,7 +112,7 @@ def compile_report(config, rows: int = 8192) -> dict[str, Any]:
     args = dict(x_ptr=x, w_ptr=weight, y_ptr=y, x_desc=descs[0], wg_desc=descs[1], wu_desc=descs[2],
                 y_desc=descs[3], M=rows, H=HIDDEN, K=DIM)
     constants = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
-                     TMA=config.tma, PERSISTENT=config.persistent)
+                     TMA=config.tma, PERSISTENT=config.persistent, FLATTEN=config.flatten)
     return compile_sm90(_swiglu_gemm_kernel, args, constants, config.num_warps, config.num_stages,
                         aligned_attrs(args))
 

@@ -68,14 +68,20 @@ class SwigluConfig:
     group_m: int = 8
     tma: bool = True
     persistent: bool = False  # one program per multiprocessor walking the tiles (tutorial 09) instead of one per tile
+    # A persistent program's tile loop and K loop pipelined as one (``tl.range(..., flatten=True)``, tutorial 09's
+    # FLATTEN): the next tile's first loads are issued while this tile's epilogue runs
+    flatten: bool = False
 
     def __post_init__(self) -> None:
         check_launch(self, ("block_m", "block_n", "block_k"), ("num_warps", "num_stages", "group_m"))
+        if self.flatten and not self.persistent:
+            raise ValueError(f"{self.name}: flatten pipelines a persistent program's tile loop; set persistent=True")
 
     @property
     def name(self) -> str:
         return (f"{self.block_m}x{self.block_n}x{self.block_k}w{self.num_warps}s{self.num_stages}"
-                f"{'t' if self.tma else 'p'}{'-persistent' if self.persistent else ''}")
+                f"{'t' if self.tma else 'p'}{'-persistent' if self.persistent else ''}"
+                f"{'-flat' if self.flatten else ''}")
 
     def shared_bytes(self, element_size: int = 2) -> int:
         """The pipeline's shared memory: ``num_stages`` × (x tile + gate tile + up tile). The compiler adds its
@@ -98,16 +104,18 @@ SWEEP_CONFIGS = (
     SwigluConfig(64, 64, 64, 4, 4),
     SwigluConfig(128, 128, 64, 8, 3, tma=False),
     SwigluConfig(128, 128, 64, 8, 3, persistent=True),
+    SwigluConfig(128, 128, 64, 8, 3, persistent=True, flatten=True),
+    SwigluConfig(128, 128, 64, 8, 4, persistent=True, flatten=True),
 )
 
 
 @triton.jit
 def _swiglu_gemm_kernel(x_ptr, w_ptr, y_ptr, x_desc, wg_desc, wu_desc, y_desc, M, H, K,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                        TMA: tl.constexpr, PERSISTENT: tl.constexpr = False):
+                        TMA: tl.constexpr, PERSISTENT: tl.constexpr = False, FLATTEN: tl.constexpr = False):
     if PERSISTENT:  # a grid of at most one program per multiprocessor, each walking tiles pid, pid + grid, …
         tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(H, BLOCK_N)
-        for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0)):
+        for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=FLATTEN):
             _swiglu_tile(tile, x_ptr, w_ptr, y_ptr, x_desc, wg_desc, wu_desc, y_desc, M, H, K,
                          BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA)
     else:
@@ -197,6 +205,7 @@ def swiglu_linear_triton(x: torch.Tensor, weight: torch.Tensor, config: SwigluCo
     _swiglu_gemm_kernel[(tiles,)](
         x, weight, y, *descs, m, hidden, k,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
-        TMA=config.tma, PERSISTENT=config.persistent, num_warps=config.num_warps, num_stages=config.num_stages,
+        TMA=config.tma, PERSISTENT=config.persistent, FLATTEN=config.flatten, num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     return y
