@@ -15,12 +15,16 @@ first choice is the plan here.
 :func:`linear_residual` is the op (``glmvit::linear_residual``, opaque to torch.compile, captured by a CUDA graph):
 cuBLASLt where :func:`runs` (nvmath-python imports; x on CUDA in fp16/bf16, 2-D, contiguous, residual likewise),
 else ``F.linear`` then the add (and where no plan can be made, said once in the log). A plan is made for each
-(device, stream, dtype, rows, in, out) on the first call in a thread (the nvmath-python object holds a cuBLASLt
-handle and a workspace: not shared across threads, nor across streams), its workspace sized for cuBLASLt's
+(device, dtype, rows, in, out) on the first call in a thread (the nvmath-python object holds a cuBLASLt handle and a
+workspace: not shared across threads), its workspace sized for cuBLASLt's
 first-ranked algorithm alone and at most ``WORKSPACE_LIMIT``; later calls rebind its operands (``reset_operands``),
 execute on the current stream and let go of them again (``release_operands``: a plan must not keep a captured
 graph's activations alive). A captured graph holds the plan's workspace pointer, so no plan is ever freed: they are
-kept for the process's life (:func:`plans_made` counts them; two per distinct row count and stream).
+kept for the process's life (:func:`plans_made` counts them; two per distinct row count). The key has no stream: a
+graph is captured on another stream than the warm-up that planned it (``torch.cuda.graph``'s own), and a plan made
+inside a capture invalidates it (nvmath-python records events). So a thread's plans serve every stream it runs on,
+one call at a time: a thread must not replay two graphs that share a plan concurrently on two streams (the runner,
+the scheduler and the tools replay a thread's graphs one after another).
 Numerics: D = round(x·Wᵀ + r) with the sum in float32, one rounding where ``F.linear`` then the add round twice;
 within the tolerance the GPU tests derive for a bf16 forward.
 
@@ -72,7 +76,6 @@ def runs(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> bool:
 
 class _Key(NamedTuple):
     device: int
-    stream: int  # a workspace serves one stream: two graphs replayed at once on two streams must not share it
     dtype: torch.dtype
     rows: int
     inputs: int
@@ -90,7 +93,7 @@ def _plan(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> Any:
     good: module docstring), else rebound to these operands; None where no plan could be made for the key."""
     plans: dict[_Key, Any] = _local.__dict__.setdefault("plans", {})
     stream = torch.cuda.current_stream(x.device)
-    key = _Key(x.device.index or 0, stream.cuda_stream, x.dtype, x.shape[0], x.shape[1], weight.shape[0])
+    key = _Key(x.device.index or 0, x.dtype, x.shape[0], x.shape[1], weight.shape[0])
     if key not in plans:
         from nvmath.linalg.advanced import Matmul
 
