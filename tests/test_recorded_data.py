@@ -188,10 +188,8 @@ UNSTEADY_RUNS = {
                                          "1.10× apart: " + HOST,
     ("s29_9873271r1", "one 8-frame 224² clip"): "20.06 (video8x224: a stretch of its requests at 12.8 ms, most at "
                                                 "17-25 ms) and 13.36 ms (seed_video8x224), 1.50× apart: " + HOST,
-    ("s41_5dc31f9r1", "one 224² image"): "26.74 (img1x224), 31.17 (seed_img1x224) and 29.62 ms (the latency sweep), "
-                                         "1.17× apart, with P10s of 23.8 and 23.2 ms: " + HOST,
-    ("s41_5dc31f9r1", "one 8-frame 224² clip"): "18.11 (video8x224) and 15.29 ms (seed_video8x224), 1.18× apart, "
-                                                "with P10s of 13.7 and 14.3 ms: " + HOST,
+    ("s42_570b020r1", "one 224² image"): "16.78 (img1x224), 17.32 (seed_img1x224) and 25.84 ms (the latency sweep), "
+                                         "1.54× apart, with P10s of 15.1 and 14.6 ms: " + HOST,
     **SLOW_HOST,
 }
 
