@@ -94,7 +94,10 @@ class SwigluConfig:
 # stage, so 3 stages (144 KiB) or 4 (192 KiB); 128x64x64 32 KiB, 64x128x64 40 KiB and 64x64x64 24 KiB a stage, 4
 # stages (checked by compiling for sm_90: tools/swiglu_ab.py --compile-only). The smaller tiles are for few rows:
 # 256 rows by H = 4096 are 64 tiles of 128x128 for 132 multiprocessors, 256 of 64x64. The pointer twin of the first
-# shows what TMA buys; its persistent twin (144 KiB + its own 32 KiB output tile) what tutorial 09's grid does.
+# shows what TMA buys; its persistent twin (144 KiB + its own 32 KiB output tile) what tutorial 09's grid does, and
+# the flattened twins (3 and 4 stages: 176 and 224 KiB) what overlapping a tile's epilogue with the next tile's loads
+# does: on the H100 they were slower than the persistent grid at 1024-16384 rows (8192: 384.6 and 388.4 against
+# 340.1 µs, data/sweeps/swiglu_ab_h100.json), so the launch table (fused_gemm_table) keeps the persistent one.
 SWEEP_CONFIGS = (
     SwigluConfig(128, 128, 64, 8, 3),
     SwigluConfig(128, 128, 64, 8, 4),
