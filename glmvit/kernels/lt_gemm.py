@@ -22,9 +22,11 @@ execute on the current stream and let go of them again (``release_operands``: a 
 graph's activations alive). A captured graph holds the plan's workspace pointer, so no plan is ever freed: they are
 kept for the process's life (:func:`plans_made` counts them; two per distinct row count). The key has no stream: a
 graph is captured on another stream than the warm-up that planned it (``torch.cuda.graph``'s own), and a plan made
-inside a capture invalidates it (nvmath-python records events). So a thread's plans serve every stream it runs on,
-one call at a time: a thread must not replay two graphs that share a plan concurrently on two streams (the runner,
-the scheduler and the tools replay a thread's graphs one after another).
+inside a capture invalidates it (nvmath-python records events), so a forward must be warmed up, outside any capture,
+in the thread that captures it. A plan then serves every stream: the graphs that hold plans made in one thread may be
+replayed from any thread, but must be stream-ordered, never two at once on two streams, since they share the plan's
+workspace (``execute`` on a stream does not wait for work on another). The runner replays its graphs under one lock on
+one stream; the scheduler has one worker; the data-parallel ranks are processes.
 Numerics: D = round(x·Wᵀ + r) with the sum in float32, one rounding where ``F.linear`` then the add round twice;
 within the tolerance the GPU tests derive for a bf16 forward.
 
