@@ -25,7 +25,7 @@ from .attention import attend_qkv, check_backend, default_backend, prepare_atten
 from .config import VisionConfig
 from .kernels import interpolate_pos_embed
 from .kernels.fused_gemm_table import qkv_rope_fused, swiglu_fused  # no Triton import: thresholds only
-from .kernels.lt_gemm import linear_residual, nvmath_installed  # no nvmath import until a plan is made
+from .kernels.lt_gemm import linear_residual, nvmath_installed  # nvmath itself: once, by RESIDUAL_IN_MATMUL
 from .metadata import EncoderMetadata, build_metadata, nonfinite_items
 from .request import EncoderRequest
 from .rotary import inv_freq, rotary_cos_sin
@@ -179,7 +179,10 @@ def residual_add(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     return x + h
 
 
-RESIDUAL_IN_MATMUL = nvmath_installed()  # where captured half-precision forwards add residuals (project_residual)
+# Where captured half-precision forwards add residuals (project_residual). Asked once, at this import: where
+# nvmath-python is installed that imports its matmul module (a broken install counts as none); a constant, so
+# torch.compile reads it rather than tracing the question.
+RESIDUAL_IN_MATMUL = nvmath_installed()
 
 
 def project_residual(linear: nn.Linear, h: torch.Tensor, x: torch.Tensor, captured: bool) -> torch.Tensor:

@@ -16,8 +16,8 @@ first choice is the plan here.
 cuBLASLt where :func:`runs` (nvmath-python imports; x on CUDA in fp16/bf16, 2-D, contiguous, residual likewise),
 else ``F.linear`` then the add (and where no plan can be made, said once in the log). A plan is made for each
 (device, dtype, rows, in, out) on the first call in a thread (the nvmath-python object holds a cuBLASLt handle and a
-workspace: not shared across threads), its workspace sized for cuBLASLt's
-first-ranked algorithm alone and at most ``WORKSPACE_LIMIT``; later calls rebind its operands (``reset_operands``),
+workspace: not shared across threads), its workspace sized for cuBLASLt's first-ranked algorithm alone and at most
+``WORKSPACE_LIMIT``; later calls rebind its operands (``reset_operands``),
 execute on the current stream and let go of them again (``release_operands``: a plan must not keep a captured
 graph's activations alive). A captured graph holds the plan's workspace pointer, so no plan is ever freed: they are
 kept for the process's life (:func:`plans_made` counts them; two per distinct row count). The key has no stream: a
