@@ -37,6 +37,18 @@ def test_mismatched_operands_are_a_one_line_error():
         linear_residual(x, w, r[:, :5].contiguous())
 
 
+def test_a_plan_missing_inside_a_capture_is_a_one_line_error_and_nothing_is_cached(monkeypatch):
+    """Planning inside a capture would invalidate it (nvmath-python records events): a key miss while the current
+    stream captures raises, naming the key, before any CUDA call, and leaves no plan (not even a fallback) behind."""
+    monkeypatch.setattr(lt_gemm._local, "plans", {}, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    x, w, r = operands(12, 8, 6)
+    with pytest.raises(RuntimeError, match=r"^linear_residual: no plan for _Key\(.*rows=12, inputs=8, outputs=6\) "
+                                           r"was made before this capture"):
+        lt_gemm._plan(x, w, r)
+    assert lt_gemm._local.plans == {}
+
+
 def test_without_nvmath_python_cuda_operands_take_the_two_ops(monkeypatch):
     monkeypatch.setattr(lt_gemm, "nvmath_installed", lambda: False)
     x, w, r = operands(4, 8, 6)

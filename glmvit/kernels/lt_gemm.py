@@ -92,10 +92,15 @@ def plans_made() -> int:
 
 def _plan(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> Any:
     """This thread's nvmath-python ``Matmul`` for these operands' key, made and planned on a miss (and kept for
-    good: module docstring), else rebound to these operands; None where no plan could be made for the key."""
+    good: module docstring), else rebound to these operands; None where no plan could be made for the key. A miss
+    inside a CUDA graph capture raises RuntimeError: planning there would invalidate the capture (module
+    docstring), and a fallback cached for good would hide a missing warm-up."""
     plans: dict[_Key, Any] = _local.__dict__.setdefault("plans", {})
-    stream = torch.cuda.current_stream(x.device)
     key = _Key(x.device.index or 0, x.dtype, x.shape[0], x.shape[1], weight.shape[0])
+    if key not in plans and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"linear_residual: no plan for {key} was made before this capture; warm the forward up "
+                           "outside the capture, in the capturing thread")
+    stream = torch.cuda.current_stream(x.device)
     if key not in plans:
         from nvmath.linalg.advanced import Matmul
 
