@@ -32,6 +32,8 @@ POINTER_SHAPES = [(37, 29, 23), (1, 29, 23), (5, 50, 40), (16, 16, 16)]
 # The same kinds for the descriptor path, whose rows must be multiples of 16 bytes (K and H multiples of 4 in fp32);
 # the pointer path runs these too.
 TMA_SHAPES = [(37, 44, 20), (1, 44, 20), (7, 36, 52), (16, 16, 16)]
+# The packed weight holds whole tiles of 16 rows (H a multiple of the tiny configs' block_n); the same kinds again.
+PACKED_SHAPES = [(37, 44, 32), (1, 44, 16), (7, 36, 48), (16, 16, 16)]
 
 
 def configs():
@@ -45,7 +47,9 @@ def configs():
             # 3 programs on the CPU, each walking several tiles (an uneven share where the tiles are not 3k)
             "pointer-persistent": SwigluConfig(16, 16, 16, 4, 1, group_m=2, tma=False, persistent=True),
             "tma-persistent": SwigluConfig(16, 16, 16, 4, 1, group_m=2, persistent=True),
-            "tma-persistent-flat": SwigluConfig(16, 16, 16, 4, 2, group_m=2, persistent=True, flatten=True)}
+            "tma-persistent-flat": SwigluConfig(16, 16, 16, 4, 2, group_m=2, persistent=True, flatten=True),
+            "tma-packed": SwigluConfig(16, 16, 16, 4, 1, group_m=2, packed=True),
+            "tma-persistent-packed": SwigluConfig(16, 16, 16, 4, 2, group_m=2, persistent=True, packed=True)}
 
 
 # Configurations that compute the same tiles (another load path or grid) and the one they must match bit for bit.
@@ -76,15 +80,16 @@ def fp32_bound(x, weight):
 
 def _interpreter_child() -> None:
     """Runs with TRITON_INTERPRET=1; prints one JSON dict of results."""
-    from glmvit.kernels.triton_swiglu_gemm import swiglu_linear_triton
+    from glmvit.kernels.triton_swiglu_gemm import pack_gate_up, swiglu_linear_triton
 
     torch.set_num_threads(2)
     results: dict = {}
     outputs: dict = {}
     for name, config in configs().items():
-        for m, k, h in TMA_SHAPES if config.tma else dict.fromkeys(POINTER_SHAPES + TMA_SHAPES):
+        shapes = PACKED_SHAPES if config.packed else TMA_SHAPES if config.tma else POINTER_SHAPES + TMA_SHAPES
+        for m, k, h in dict.fromkeys(shapes):
             x, weight = case(m, k, h)
-            got = swiglu_linear_triton(x, weight, config)
+            got = swiglu_linear_triton(x, pack_gate_up(weight, config.block_n) if config.packed else weight, config)
             key = f"{name}/{m}x{k}x{h}"
             outputs[key] = got
             results[key] = {"shape": list(got.shape),
@@ -115,6 +120,19 @@ def _interpreter_child() -> None:
             keep = torch.arange(h) != col
             col_ok &= bool(out[:, col].isnan().all()) and bool(torch.equal(out[:, keep], clean[:, keep]))
         results[f"isolated/{name}"] = row_ok and col_ok
+    # the same through the packed weight: a NaN in a gate or an up row of W reaches only its own output column
+    config = configs()["tma-packed"]
+    x, weight = case(*PACKED_SHAPES[0])
+    h = PACKED_SHAPES[0][2]
+    clean = swiglu_linear_triton(x, pack_gate_up(weight, config.block_n), config)
+    col_ok = True
+    for w_row, col in ((5, 5), (h + 17, 17)):
+        bad_w = weight.clone()
+        bad_w[w_row, 0] = float("nan")
+        out = swiglu_linear_triton(x, pack_gate_up(bad_w, config.block_n), config)
+        keep = torch.arange(h) != col
+        col_ok &= bool(out[:, col].isnan().all()) and bool(torch.equal(out[:, keep], clean[:, keep]))
+    results["isolated/tma-packed"] = col_ok
     print(json.dumps(results))
 
 
@@ -151,7 +169,26 @@ def test_the_bound_catches_gate_and_up_swapped(interpreted):
     assert interpreted["swapped-ratio"] > 100
 
 
-@pytest.mark.parametrize("name", ["pointer", "tma"])
+@pytest.mark.parametrize("name", ["tma-packed", "tma-persistent-packed"])
+@pytest.mark.parametrize("shape", PACKED_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_interpreted_packed_weight_matches_reference(interpreted, name, shape):
+    """One dot over a (2·BLOCK_N)-row tile of the packed weight, split into gate and up in the epilogue."""
+    row = interpreted[f"{name}/{'x'.join(map(str, shape))}"]
+    assert row["shape"] == [shape[0], shape[2]]
+    assert row["ratio"] <= 1.0
+
+
+def test_pack_gate_up_lays_each_tiles_gate_rows_before_its_up_rows():
+    from glmvit.kernels.triton_swiglu_gemm import pack_gate_up
+
+    weight = torch.arange(8.0)[:, None].expand(8, 3).contiguous()  # rows 0-3 gate, 4-7 up; each row its index
+    assert pack_gate_up(weight, 2)[:, 0].tolist() == [0, 1, 4, 5, 2, 3, 6, 7]
+    with pytest.raises(ValueError, match=r"weight \(6, 3\) does not stack gate and up halves of a multiple of "
+                                         r"block_n=2"):
+        pack_gate_up(weight[:6], 2)
+
+
+@pytest.mark.parametrize("name", ["pointer", "tma", "tma-packed"])
 def test_nonfinite_input_stays_in_its_row_and_column(interpreted, name):
     assert interpreted[f"isolated/{name}"]
 
@@ -172,6 +209,11 @@ def test_config_names_and_refusals():
     assert module.SwigluConfig(persistent=True, flatten=True).name == "128x128x64w8s3t-persistent-flat"
     with pytest.raises(ValueError, match="set persistent=True"):
         module.SwigluConfig(flatten=True)
+    assert module.SwigluConfig(persistent=True, packed=True).name == "128x128x64w8s3t-persistent-packed"
+    with pytest.raises(ValueError, match="set tma=True"):
+        module.SwigluConfig(packed=True, tma=False)
+    with pytest.raises(ValueError, match="whole tiles of 16 rows; H = 12"):
+        module.swiglu_linear_triton(torch.zeros(3, 8), torch.zeros(24, 8), module.SwigluConfig(16, 16, 16, packed=True))
     assert len({c.name for c in module.SWEEP_CONFIGS}) == len(module.SWEEP_CONFIGS)
     assert module.SwigluConfig().shared_bytes() == 3 * 48 * 1024
     with pytest.raises(ValueError, match="block_n=48"):
@@ -247,12 +289,15 @@ def _gpu_case(m, k, h):
 @pytest.mark.parametrize("name", GPU_CONFIGS)
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_gpu_bf16_one_rounding_of_float32_reference(shape, name):
-    from glmvit.kernels.triton_swiglu_gemm import swiglu_linear_triton
+    from glmvit.kernels.triton_swiglu_gemm import pack_gate_up, swiglu_linear_triton
     from glmvit.model import swiglu
 
+    config = GPU_CONFIGS[name]
+    if config.packed and shape[2] % config.block_n:
+        pytest.skip(f"a packed weight holds whole tiles of {config.block_n} rows, not H = {shape[2]}")
     x, weight = _gpu_case(*shape)
     ref = reference(x.float(), weight.float())
-    got = swiglu_linear_triton(x, weight, GPU_CONFIGS[name])
+    got = swiglu_linear_triton(x, pack_gate_up(weight, config.block_n) if config.packed else weight, config)
     assert got.dtype == torch.bfloat16 and got.shape == (shape[0], shape[2])
     err = (got.float() - ref).abs()
     peak = ref.abs().max().item()

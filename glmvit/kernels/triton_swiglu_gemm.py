@@ -34,6 +34,11 @@ either path (every element within one bf16 rounding of it, which the unfused pat
 moves silu by up to |g| times its own relative error), and differs from both by about the roundings it skips
 (within 2⁻⁶·max|out| in tests/test_triton_swiglu_gemm.py): adopting it changes the model's bf16 output bitwise
 (recorded results and their error bands must be re-read), not its float32 contract.
+``packed=True`` reads the weight re-laid by :func:`pack_gate_up` (each tile's BLOCK_N gate rows, then its BLOCK_N up
+rows): one (2·BLOCK_N) × BLOCK_K TMA tile and ONE dot per K step into a BLOCK_M × 2·BLOCK_N accumulator, split into
+gate and up in the epilogue (the reshape/permute/split of tutorial 09's epilogue subtiling). Same products, same K
+order; on Hopper half the warp-group MMAs, each twice as wide, so the x tile is read from shared memory once per K
+step instead of twice. Timed by ``tools/swiglu_ab.py`` (the packing done once, outside the timing).
 Under ``TRITON_INTERPRET=1`` it runs on CPU tensors (fp32), both load paths and both grids included.
 """
 from __future__ import annotations
@@ -71,17 +76,23 @@ class SwigluConfig:
     # A persistent program's tile loop and K loop pipelined as one (``tl.range(..., flatten=True)``, tutorial 09's
     # FLATTEN): the next tile's first loads are issued while this tile's epilogue runs
     flatten: bool = False
+    # The weight packed by :func:`pack_gate_up` (BLOCK_N gate rows, then the matching BLOCK_N up rows, block after
+    # block): one (2·BLOCK_N)-wide tile per K step, so one dot of BLOCK_M × 2·BLOCK_N instead of two of BLOCK_N (a
+    # Hopper wgmma reads its x tile from shared memory once for 256 columns, not twice for 128). TMA only.
+    packed: bool = False
 
     def __post_init__(self) -> None:
         check_launch(self, ("block_m", "block_n", "block_k"), ("num_warps", "num_stages", "group_m"))
         if self.flatten and not self.persistent:
             raise ValueError(f"{self.name}: flatten pipelines a persistent program's tile loop; set persistent=True")
+        if self.packed and not self.tma:
+            raise ValueError(f"{self.name}: the packed weight is read through TMA only; set tma=True")
 
     @property
     def name(self) -> str:
         return (f"{self.block_m}x{self.block_n}x{self.block_k}w{self.num_warps}s{self.num_stages}"
                 f"{'t' if self.tma else 'p'}{'-persistent' if self.persistent else ''}"
-                f"{'-flat' if self.flatten else ''}")
+                f"{'-flat' if self.flatten else ''}{'-packed' if self.packed else ''}")
 
     def shared_bytes(self, element_size: int = 2) -> int:
         """The pipeline's shared memory: ``num_stages`` × (x tile + gate tile + up tile). The compiler adds its
@@ -109,21 +120,58 @@ SWEEP_CONFIGS = (
     SwigluConfig(128, 128, 64, 8, 3, persistent=True),
     SwigluConfig(128, 128, 64, 8, 3, persistent=True, flatten=True),
     SwigluConfig(128, 128, 64, 8, 4, persistent=True, flatten=True),
+    SwigluConfig(128, 128, 64, 8, 3, packed=True),
+    SwigluConfig(128, 128, 64, 8, 3, persistent=True, packed=True),
+    SwigluConfig(128, 128, 64, 8, 4, persistent=True, packed=True),
 )
+
+
+def pack_gate_up(weight: torch.Tensor, block_n: int) -> torch.Tensor:
+    """``weight`` (2·H, K) as ``glmvit.model.fuse_gate_up`` stacks it (gate rows 0 … H−1, then up rows H … 2H−1)
+    re-laid for a ``packed`` configuration of ``block_n``: gate rows j·block_n … (j+1)·block_n − 1, then the same
+    up rows, for j = 0 … H/block_n − 1. A new contiguous tensor; H must be a multiple of ``block_n``."""
+    if weight.dim() != 2 or weight.shape[0] % (2 * block_n):
+        raise ValueError(f"pack_gate_up: weight {tuple(weight.shape)} does not stack gate and up halves of a "
+                         f"multiple of block_n={block_n} rows")
+    hidden, k = weight.shape[0] // 2, weight.shape[1]
+    gate, up = weight[:hidden].view(hidden // block_n, block_n, k), weight[hidden:].view(hidden // block_n, block_n, k)
+    return torch.stack((gate, up), dim=1).reshape(2 * hidden, k)
 
 
 @triton.jit
 def _swiglu_gemm_kernel(x_ptr, w_ptr, y_ptr, x_desc, wg_desc, wu_desc, y_desc, M, H, K,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                        TMA: tl.constexpr, PERSISTENT: tl.constexpr = False, FLATTEN: tl.constexpr = False):
+                        TMA: tl.constexpr, PERSISTENT: tl.constexpr = False, FLATTEN: tl.constexpr = False,
+                        PACKED: tl.constexpr = False):
     if PERSISTENT:  # a grid of at most one program per multiprocessor, each walking tiles pid, pid + grid, …
         tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(H, BLOCK_N)
         for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=FLATTEN):
-            _swiglu_tile(tile, x_ptr, w_ptr, y_ptr, x_desc, wg_desc, wu_desc, y_desc, M, H, K,
-                         BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA)
+            if PACKED:
+                _swiglu_packed_tile(tile, x_desc, wg_desc, y_desc, M, H, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+            else:
+                _swiglu_tile(tile, x_ptr, w_ptr, y_ptr, x_desc, wg_desc, wu_desc, y_desc, M, H, K,
+                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA)
+    elif PACKED:
+        _swiglu_packed_tile(tl.program_id(0), x_desc, wg_desc, y_desc, M, H, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     else:
         _swiglu_tile(tl.program_id(0), x_ptr, w_ptr, y_ptr, x_desc, wg_desc, wu_desc, y_desc, M, H, K,
                      BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA)
+
+
+@triton.jit
+def _swiglu_packed_tile(pid, x_desc, w_desc, y_desc, M, H, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """Output tile ``pid`` from a packed weight (:func:`pack_gate_up`): its rows 2·BLOCK_N·pid_n … hold this tile's
+    BLOCK_N gate rows, then its BLOCK_N up rows, so one accumulator of BLOCK_M × 2·BLOCK_N holds gate | up."""
+    pid_m, pid_n = grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(H, BLOCK_N), GROUP_M)
+    row0 = pid_m * BLOCK_M
+    acc = tl.zeros([BLOCK_M, 2 * BLOCK_N], tl.float32)
+    for k in range(0, K, BLOCK_K):
+        acc = tl.dot(x_desc.load([row0, k]), tl.trans(w_desc.load([pid_n * 2 * BLOCK_N, k])), acc)
+    # columns 0 … BLOCK_N − 1 are the gate, BLOCK_N … 2·BLOCK_N − 1 the up: split them apart (tutorial 09's subtile)
+    gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
+    out = (gate / (1.0 + tl.exp(-gate)) * up).to(y_desc.dtype)  # silu in float32, one rounding
+    y_desc.store([row0, pid_n * BLOCK_N], out)
 
 
 @triton.jit
@@ -179,13 +227,17 @@ def _descriptors(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, config:
     check_tma_operands(config.name, (("x", x), ("weight", weight), ("out", y)))
     hidden = y.shape[1]
     bm, bn, bk = config.block_m, config.block_n, config.block_k
+    if config.packed:  # one descriptor over the packed weight, 2·BLOCK_N rows a tile (in the gate's slot)
+        packed = TensorDescriptor.from_tensor(weight, [2 * bn, bk])
+        return TensorDescriptor.from_tensor(x, [bm, bk]), packed, packed, TensorDescriptor.from_tensor(y, [bm, bn])
     return (TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight[:hidden], [bn, bk]),
             TensorDescriptor.from_tensor(weight[hidden:], [bn, bk]), TensorDescriptor.from_tensor(y, [bm, bn]))
 
 
 def swiglu_linear_triton(x: torch.Tensor, weight: torch.Tensor, config: SwigluConfig | None = None) -> torch.Tensor:
     """silu(x · Wgᵀ) · (x · Wuᵀ) → (M, H) in x's dtype, for x (M, K) and weight (2·H, K) = [Wg; Wu] (module
-    docstring: float32 accumulation and silu, one rounding). None: ``SWEEP_CONFIGS[0]``."""
+    docstring: float32 accumulation and silu, one rounding). None: ``SWEEP_CONFIGS[0]``. A ``packed`` configuration
+    takes the weight as :func:`pack_gate_up` lays it out for its ``block_n`` (H a multiple of ``block_n``)."""
     config = SWEEP_CONFIGS[0] if config is None else config
     if x.dim() != 2 or weight.dim() != 2 or weight.shape[1] != x.shape[1] or weight.shape[0] % 2:
         raise ValueError(f"swiglu_linear_triton needs x (M, K) and weight (2·H, K): got x {tuple(x.shape)}, "
@@ -196,6 +248,8 @@ def swiglu_linear_triton(x: torch.Tensor, weight: torch.Tensor, config: SwigluCo
         raise ValueError("swiglu_linear_triton needs contiguous x and weight")
     m, k = x.shape
     hidden = weight.shape[0] // 2
+    if config.packed and hidden % config.block_n:
+        raise ValueError(f"{config.name}: a packed weight holds whole tiles of {config.block_n} rows; H = {hidden}")
     y = torch.empty((m, hidden), dtype=x.dtype, device=x.device)
     if m == 0 or hidden == 0:
         return y
@@ -208,7 +262,8 @@ def swiglu_linear_triton(x: torch.Tensor, weight: torch.Tensor, config: SwigluCo
     _swiglu_gemm_kernel[(tiles,)](
         x, weight, y, *descs, m, hidden, k,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
-        TMA=config.tma, PERSISTENT=config.persistent, FLATTEN=config.flatten, num_warps=config.num_warps,
+        TMA=config.tma, PERSISTENT=config.persistent, FLATTEN=config.flatten, PACKED=config.packed,
+        num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
     return y
