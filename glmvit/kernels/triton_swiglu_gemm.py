@@ -108,7 +108,8 @@ class SwigluConfig:
 # shows what TMA buys; its persistent twin (144 KiB + its own 32 KiB output tile) what tutorial 09's grid does, and
 # the flattened twins (3 and 4 stages: 176 and 224 KiB) what overlapping a tile's epilogue with the next tile's loads
 # does: on the H100 they were slower than the persistent grid at 1024-16384 rows (8192: 384.6 and 388.4 against
-# 340.1 µs, data/sweeps/swiglu_ab_h100.json), so the launch table (fused_gemm_table) keeps the persistent one.
+# 340.1 µs, data/sweeps/swiglu_ab_h100.json), so the launch table (fused_gemm_table) keeps the persistent one. The
+# packed twins read pack_gate_up's weight: the same tiles and shared memory, one dot of twice the width per K step.
 SWEEP_CONFIGS = (
     SwigluConfig(128, 128, 64, 8, 3),
     SwigluConfig(128, 128, 64, 8, 4),
@@ -120,6 +121,7 @@ SWEEP_CONFIGS = (
     SwigluConfig(128, 128, 64, 8, 3, persistent=True),
     SwigluConfig(128, 128, 64, 8, 3, persistent=True, flatten=True),
     SwigluConfig(128, 128, 64, 8, 4, persistent=True, flatten=True),
+    SwigluConfig(64, 128, 64, 4, 4, packed=True),
     SwigluConfig(128, 128, 64, 8, 3, packed=True),
     SwigluConfig(128, 128, 64, 8, 3, persistent=True, packed=True),
     SwigluConfig(128, 128, 64, 8, 4, persistent=True, packed=True),
