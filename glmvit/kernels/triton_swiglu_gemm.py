@@ -149,19 +149,20 @@ def _swiglu_gemm_kernel(x_ptr, w_ptr, y_ptr, x_desc, wg_desc, wu_desc, y_desc, M
         tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(H, BLOCK_N)
         for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=FLATTEN):
             if PACKED:
-                _swiglu_packed_tile(tile, x_desc, wg_desc, y_desc, M, H, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+                _swiglu_packed_tile(tile, y_ptr, x_desc, wg_desc, y_desc, M, H, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
             else:
                 _swiglu_tile(tile, x_ptr, w_ptr, y_ptr, x_desc, wg_desc, wu_desc, y_desc, M, H, K,
                              BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA)
     elif PACKED:
-        _swiglu_packed_tile(tl.program_id(0), x_desc, wg_desc, y_desc, M, H, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+        _swiglu_packed_tile(tl.program_id(0), y_ptr, x_desc, wg_desc, y_desc, M, H, K, BLOCK_M, BLOCK_N, BLOCK_K,
+                            GROUP_M)
     else:
         _swiglu_tile(tl.program_id(0), x_ptr, w_ptr, y_ptr, x_desc, wg_desc, wu_desc, y_desc, M, H, K,
                      BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA)
 
 
 @triton.jit
-def _swiglu_packed_tile(pid, x_desc, w_desc, y_desc, M, H, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _swiglu_packed_tile(pid, y_ptr, x_desc, w_desc, y_desc, M, H, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """Output tile ``pid`` from a packed weight (:func:`pack_gate_up`): its rows 2·BLOCK_N·pid_n … hold this tile's
     BLOCK_N gate rows, then its BLOCK_N up rows, so one accumulator of BLOCK_M × 2·BLOCK_N holds gate | up."""
@@ -172,7 +173,7 @@ def _swiglu_packed_tile(pid, x_desc, w_desc, y_desc, M, H, K, BLOCK_M: tl.conste
         acc = tl.dot(x_desc.load([row0, k]), tl.trans(w_desc.load([pid_n * 2 * BLOCK_N, k])), acc)
     # columns 0 … BLOCK_N − 1 are the gate, BLOCK_N … 2·BLOCK_N − 1 the up: split them apart (tutorial 09's subtile)
     gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
-    out = (gate / (1.0 + tl.exp(-gate)) * up).to(y_desc.dtype)  # silu in float32, one rounding
+    out = (gate / (1.0 + tl.exp(-gate)) * up).to(y_ptr.dtype.element_ty)  # silu in float32, one rounding
     y_desc.store([row0, pid_n * BLOCK_N], out)
 
 
