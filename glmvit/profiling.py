@@ -62,7 +62,10 @@ def profile_kernels(fn: Callable[[], Any], calls: int = 20, top: int = 12) -> di
     """Run ``fn`` ``calls`` times under ``torch.profiler`` (CUDA activity) and sum its kernels per call.
 
     Returns kernels and GPU µs per call, µs per category, and the ``top`` kernels by time (name, category, launches
-    and µs per call). GPU µs is the sum of kernel durations: gaps between kernels are not in it.
+    and µs per call). GPU µs is the sum of kernel durations: gaps between kernels are not in it. ``idle_us_per_call``
+    is the time between the first kernel's start and the last one's end in which no kernel ran (the union of the
+    kernels' intervals taken from that span), per call: the boundaries inside ``fn`` and between calls, read from the
+    kernels' own timestamps, so at the clock they ran at.
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -74,11 +77,13 @@ def profile_kernels(fn: Callable[[], Any], calls: int = 20, top: int = 12) -> di
         torch.cuda.synchronize()
     us: dict[str, float] = defaultdict(float)
     launches: Counter[str] = Counter()
+    intervals = []
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CUDA:
             continue
         us[event.name] += event.time_range.elapsed_us()
         launches[event.name] += 1
+        intervals.append((event.time_range.start, event.time_range.end))
     by_category: dict[str, float] = defaultdict(float)
     for name, t in us.items():
         by_category[categorise(name)] += t / calls
@@ -87,10 +92,21 @@ def profile_kernels(fn: Callable[[], Any], calls: int = 20, top: int = 12) -> di
         "calls": calls,
         "kernels_per_call": sum(launches.values()) / calls,
         "gpu_us_per_call": sum(us.values()) / calls,
+        "idle_us_per_call": idle_us(intervals) / calls,
         "by_category_us": dict(sorted(by_category.items(), key=lambda kv: -kv[1])),
         "top": [{"name": n[:120], "category": categorise(n), "launches_per_call": launches[n] / calls,
                  "us_per_call": us[n] / calls} for n in ranked],
     }
+
+
+def idle_us(intervals: list[tuple[float, float]]) -> float:
+    """µs between the earliest start and the latest end of ``intervals`` (start, end) covered by none of them."""
+    idle, last_end = 0.0, None
+    for start, end in sorted(intervals):
+        if last_end is not None and start > last_end:
+            idle += start - last_end
+        last_end = end if last_end is None else max(last_end, end)
+    return idle
 
 
 def graph_time_us(fn: Callable[[], Any], repeats: int = 20, runs: int = 10) -> float:

@@ -272,6 +272,7 @@ def test_kernels_profile_splits_a_replay_into_busy_time_gaps_and_host(tmp_path):
         device_us, wall_us = p["replay_device"]["median_ms"] * 1e3, p["replay_wall"]["median_ms"] * 1e3
         assert p["gaps_us_per_call"] == pytest.approx(device_us - p["graph_gpu_us_per_call"])
         assert min(p["graph_gpu_us_per_call"], device_us, wall_us) > 0, p
+        assert 0 <= p["graph_idle_us_per_call"] < device_us, p  # the graph's idle boundaries, at the profiled clock
 
 
 @pytest.mark.gpu

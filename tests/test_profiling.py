@@ -39,3 +39,12 @@ def test_the_matmul_list_is_the_analytic_matmul_count(config, grid):
 def test_roofline_is_the_larger_of_compute_and_bandwidth():
     assert roofline_us(1e12, 1, 1000, 1000) == pytest.approx(1000.0)  # 1 TFLOP at 1 PFLOP/s: 1 ms
     assert roofline_us(1, 4e9, 1000, 4000) == pytest.approx(1000.0)  # 4 GB at 4 TB/s: 1 ms
+
+
+def test_idle_time_is_the_span_that_no_kernel_covers():
+    """Overlapping, nested and back-to-back intervals leave no idle time between them; order does not matter."""
+    from glmvit.profiling import idle_us
+
+    assert idle_us([]) == 0.0
+    assert idle_us([(12.0, 20.0), (0.0, 10.0), (25.0, 30.0)]) == 7.0  # 10→12 and 20→25
+    assert idle_us([(0.0, 10.0), (2.0, 4.0), (9.0, 15.0), (15.0, 16.0), (18.0, 19.0)]) == 2.0  # only 16→18

@@ -153,8 +153,11 @@ def profile_replays(model, layouts: dict[str, list], backends: list[str], quiet:
     ``replay_wall`` (``runner.replay``: checks, staging and the graph, between synchronisations), ``replay_device``
     (the captured graph alone, replayed back to back between CUDA events) — each timed until its median is known
     to ±:data:`REPLAY_PRECISION` (:data:`REPLAY_RUNS`: the least and most runs; ``runs`` says how many ran) —,
-    ``graph_gpu_us_per_call`` (its kernels' busy time) and ``gaps_us_per_call`` (device − busy: the boundaries
-    inside the graph, where the GPU waits for the next kernel to start). ``uniform-compiled``: the first backend's
+    ``graph_gpu_us_per_call`` (its kernels' busy time), ``graph_idle_us_per_call`` (the boundaries inside the graph
+    and between replays where no kernel ran, from the profiled kernels' timestamps) and ``gaps_us_per_call`` (device −
+    busy: that idle time plus what the back-to-back replays lose to a lower clock than the few profiled ones ran at,
+    under the power limit). ``idle_us_per_call`` (from ``profile_kernels``) is the same reading for ``replay_wall``'s
+    call, its host staging included. ``uniform-compiled``: the first backend's
     compiled runner with uniform graphs for every one-length layout's segment length (``build_encoder``'s, from
     :data:`~glmvit.uniform.DENSE_MIN_ROWS` rows), on the layouts whose batch it replays in one (the dense
     attention); absent, and never captured, where none does.
@@ -205,9 +208,11 @@ def profile_replays(model, layouts: dict[str, list], backends: list[str], quiet:
         for key, per_layout in replays.items():
             for name, (replay, graph_replay) in per_layout.items():
                 prof = profile_kernels(replay, calls=PROFILED_CALLS)
-                busy = profile_kernels(graph_replay, calls=PROFILED_CALLS, top=0)["gpu_us_per_call"]
+                graph_prof = profile_kernels(graph_replay, calls=PROFILED_CALLS, top=0)
+                busy = graph_prof["gpu_us_per_call"]
                 device_us = out[key][name]["replay_device"]["median_ms"] * 1e3
                 out[key][name] = {**prof, **out[key][name], "graph_gpu_us_per_call": busy,
+                                  "graph_idle_us_per_call": graph_prof["idle_us_per_call"],
                                   "gaps_us_per_call": device_us - busy}
     del replays
     torch.cuda.empty_cache()
@@ -222,7 +227,8 @@ def print_report(result: dict[str, Any]) -> None:
                 continue
             cats = ", ".join(f"{c} {us:.0f}" for c, us in p["by_category_us"].items())
             print(f"  {name:>10}: {p['gpu_us_per_call']:7.0f} µs busy in {p['kernels_per_call']:.0f} kernels, "
-                  f"{p['gaps_us_per_call']:5.0f} µs of gaps (replay on device {p['replay_device']['median_ms']:.3f} "
+                  f"{p['gaps_us_per_call']:5.0f} µs device − busy, {p['graph_idle_us_per_call']:4.0f} of them idle "
+                  f"(replay on device {p['replay_device']['median_ms']:.3f} "
                   f"ms, wall {p['replay_wall']['median_ms']:.3f} ms) — {cats}")
     for name, a in result.get("attention", {}).items():
         cells = ", ".join(f"{b} {v['us']:.1f} µs ({v['roofline_fraction']:.0%})" for b, v in a.items()
