@@ -59,7 +59,7 @@ def kernel_class(rows: int, attention: str, config: VisionConfig, device: torch.
 
         launch = config_for(rows)
     half = half_on_cuda(device, dtype)
-    swiglu = swiglu_config(rows) if half and swiglu_fused(rows, device) else None
+    swiglu = swiglu_config(rows, False) if half and swiglu_fused(rows, device) else None  # the blocks' plain layout
     qkv = qkv_rope_config(rows) if half and qkv_rope_fused(rows, device) else None
     return backend, launch, swiglu, qkv, rows % SPECIALISE == 0
 

@@ -184,7 +184,7 @@ def test_pack_gate_up_lays_each_tiles_gate_rows_before_its_up_rows():
     weight = torch.arange(8.0)[:, None].expand(8, 3).contiguous()  # rows 0-3 gate, 4-7 up; each row its index
     assert pack_gate_up(weight, 2)[:, 0].tolist() == [0, 1, 4, 5, 2, 3, 6, 7]
     with pytest.raises(ValueError, match=r"weight \(6, 3\) does not stack gate and up halves of a multiple of "
-                                         r"block_n=2"):
+                                         r"tile=2"):
         pack_gate_up(weight[:6], 2)
 
 
@@ -302,7 +302,7 @@ def test_gpu_bf16_one_rounding_of_float32_reference(shape, name):
     err = (got.float() - ref).abs()
     peak = ref.abs().max().item()
     assert bool((err <= 2**-8 * ref.abs() + 2**-12 * peak).all()), err.max().item()
-    unfused = swiglu(F.linear(x, weight))  # the model's path: the looser band, which both meet
+    unfused = swiglu(F.linear(x, weight), shape[2])  # the unfused path (plain layout): the looser band, both meet
     assert (unfused.float() - ref).abs().max().item() <= 2**-6 * peak
     assert err.max().item() <= 2**-6 * peak
 

@@ -180,7 +180,7 @@ def matmul_candidates(op: Op, gen: torch.Generator, lt_algos: int = 0, lt_found:
     if op.gemm == "gate_up":
         gate, up = ref.chunk(2, dim=-1)
         swiglu_ref = F.silu(gate) * up
-        out["swiglu"] = lambda: swiglu_linear(x, w)
+        out["swiglu"] = lambda: swiglu_linear(x, w, n // 2)  # plain [gate; up]: one tile
     if lt_algos and b is None:
         try:
             plan, algorithms = lt_plan(x, w, limit=lt_algos)
@@ -297,7 +297,7 @@ def build_skeleton(config: VisionConfig, grids: list[list[int]], seed: int = 0,
         b = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16) if op.gemm in BIASED else None
         kernel, x = chosen[op.gemm]["kernel"], inputs[op.gemm]
         if kernel == "swiglu":
-            calls.append(partial(swiglu_linear, x, w))
+            calls.append(partial(swiglu_linear, x, w, n // 2))
         elif kernel.startswith("lt#"):  # this block's own plan, with the algorithm that won the shape
             plan, _ = lt_plan(x, w, algorithm=lt_winners[op.gemm])
             calls.append(partial(lt_call, plan))
