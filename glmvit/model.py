@@ -1,9 +1,10 @@
 """The GLM-4V vision encoder in one readable file.
 
 ``GlmVisionEncoder`` has the same state-dict keys, shapes and values as transformers' ``Glm4vVisionModel``, so each
-loads the other's ``state_dict`` with ``strict=True``. An MLP's gate and up are one parameter here, two keys there:
-``glmvit.gate_up``, whose state-dict hooks split it on save and join it on load. It has two entry points sharing
-every module and kernel:
+loads the other's ``state_dict`` with ``strict=True``. An MLP's gate and up are one parameter here, two keys there,
+and the blocks' MLP stores that parameter packed in tiles of 128 rows (the layout the fused SwiGLU GEMM reads):
+``glmvit.gate_up``, whose state-dict hooks unpack on save and pack on load. It has two entry points sharing every
+module and kernel:
 
 - ``forward(pixel_values, grid_thw)``: any batch; builds exact metadata on the host, then calls ``forward_static``.
 - ``forward_static(pixels, meta)``: fixed shapes from ``meta``, no host syncs, no data-dependent allocation —
@@ -24,7 +25,7 @@ from torch import nn
 
 from .attention import attend_qkv, check_backend, default_backend, prepare_attention
 from .config import VisionConfig
-from .gate_up import fuse_gate_up, is_packed, swiglu
+from .gate_up import fuse_gate_up, gate_up_tile, is_packed, swiglu
 from .kernels import interpolate_pos_embed
 from .kernels.fused_gemm_table import qkv_rope_fused, swiglu_fused  # no Triton import: thresholds only
 from .kernels.lt_gemm import linear_residual, nvmath_installed  # nvmath itself: once, by RESIDUAL_IN_MATMUL
@@ -48,17 +49,18 @@ class RMSNorm(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """down(silu(gate(x)) · up(x)), no biases; gate and up are one matmul (``glmvit.gate_up``: plain [gate; up], one
-    tile of the whole width). On sm_90+ CUDA in fp16/bf16, for the row counts ``glmvit.kernels.fused_gemm_table``
-    names, that matmul and the SwiGLU are one Triton GEMM (:func:`swiglu_linear`: one rounding instead of two or
-    three)."""
+    """down(silu(gate(x)) · up(x)), no biases; gate and up are one matmul whose weight is packed in tiles of
+    ``gate_up_tile(hidden)`` rows (``glmvit.gate_up``: 128 for the real tower's 4096, the whole width when 128 does not
+    divide it). On sm_90+ CUDA in fp16/bf16, for the row counts ``glmvit.kernels.fused_gemm_table`` names, that matmul
+    and the SwiGLU are one Triton GEMM (:func:`swiglu_linear`: one rounding instead of two or three), which reads the
+    packed weight as stored."""
 
     gate_up_proj: nn.Linear
     gate_up_tile: int
 
     def __init__(self, dim: int, hidden: int):
         super().__init__()
-        fuse_gate_up(self, dim, hidden, hidden)
+        fuse_gate_up(self, dim, hidden, gate_up_tile(hidden))
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -204,6 +206,8 @@ class PatchMerger(nn.Module):
         dim = config.out_hidden_size
         self.proj = nn.Linear(dim, dim, bias=False)
         self.post_projection_norm = nn.LayerNorm(dim, eps=config.rms_norm_eps)
+        # Plain [gate; up] (one tile of the whole width): only the blocks' MLP runs the fused SwiGLU GEMM, which is
+        # what the packed layout is for; the merger's runs the unfused matmul and swiglu, which gain nothing from it.
         fuse_gate_up(self, dim, config.intermediate_size, config.intermediate_size)
         self.down_proj = nn.Linear(config.intermediate_size, dim, bias=False)
 

@@ -5,9 +5,10 @@ rows on, in place of cuBLAS's ``gate_up_proj`` then a separate SwiGLU kernel; ti
 
 Spec: ``swiglu_linear_triton(x, weight, config)`` with x (M, K) and ``weight`` (2·H, K) holding gate and up rows
 (each row one output column) as ``glmvit.gate_up`` lays them out: a ``packed`` configuration reads the weight packed in
-tiles of its ``block_n`` (each tile's block_n gate rows, then its block_n up rows: ``pack_gate_up``); any other
-configuration reads it stacked plainly (gate rows 0 … H−1, then up rows H … 2H−1: a tile of the whole width, how
-``glmvit.gate_up.fuse_gate_up`` holds the model's MLP weights). Written for the plain layout,
+tiles of its ``block_n`` (each tile's block_n gate rows, then its block_n up rows: ``pack_gate_up``), which is how the
+model stores the blocks' MLP weight (``glmvit.gate_up.fuse_gate_up``, tiles of ``fused_gemm_table.PACK_TILE``); any
+other configuration reads it stacked plainly (gate rows 0 … H−1, then up rows H … 2H−1: a tile of the whole width,
+how the model stores an MLP whose width is not a multiple of PACK_TILE). Written for the plain layout,
 out[m, j] = silu(g) · u with g = Σₖ x[m, k]·W[j, k], u = Σₖ x[m, k]·W[H + j, k]; out is (M, H) in x's dtype, in plain
 column order for either layout. Both tensors contiguous, same dtype, same device; M = 0 gives an empty output.
 
@@ -41,7 +42,9 @@ moves silu by up to |g| times its own relative error), and differs from both by 
 rows): one (2·BLOCK_N) × BLOCK_K TMA tile and ONE dot per K step into a BLOCK_M × 2·BLOCK_N accumulator, split into
 gate and up in the epilogue (the reshape/permute/split of tutorial 09's epilogue subtiling). Same products, same K
 order; on Hopper half the warp-group MMAs, each twice as wide, so the x tile is read from shared memory once per K
-step instead of twice. Timed by ``tools/swiglu_ab.py`` (the packing done once, outside the timing).
+step instead of twice. The model stores the weight packed, so it runs these with no repacking per call
+(``fused_gemm_table.swiglu_config``); ``tools/swiglu_ab.py`` times both layouts (the packing done once, outside the
+timing).
 Under ``TRITON_INTERPRET=1`` it runs on CPU tensors (fp32), both load paths and both grids included.
 """
 from __future__ import annotations
