@@ -1,8 +1,10 @@
 """The GLM-4V vision encoder in one readable file.
 
-``GlmVisionEncoder`` has the same state-dict keys and shapes as transformers' ``Glm4vVisionModel``, so each loads
-the other's ``state_dict`` with ``strict=True`` (gate and up are one parameter here, two keys there:
-:func:`fuse_gate_up`). It has two entry points sharing every module and kernel:
+``GlmVisionEncoder`` has the same state-dict keys, shapes and values as transformers' ``Glm4vVisionModel``, so each
+loads the other's ``state_dict`` with ``strict=True``. An MLP's gate and up are one parameter here, two keys there,
+and the blocks' MLP stores that parameter packed in tiles of 128 rows (the layout the fused SwiGLU GEMM reads):
+``glmvit.gate_up``, whose state-dict hooks unpack on save and pack on load. It has two entry points sharing every
+module and kernel:
 
 - ``forward(pixel_values, grid_thw)``: any batch; builds exact metadata on the host, then calls ``forward_static``.
 - ``forward_static(pixels, meta)``: fixed shapes from ``meta``, no host syncs, no data-dependent allocation —
@@ -23,6 +25,7 @@ from torch import nn
 
 from .attention import attend_qkv, check_backend, default_backend, prepare_attention
 from .config import VisionConfig
+from .gate_up import fuse_gate_up, gate_up_tile, is_packed, swiglu
 from .kernels import interpolate_pos_embed
 from .kernels.fused_gemm_table import qkv_rope_fused, swiglu_fused  # no Triton import: thresholds only
 from .kernels.lt_gemm import linear_residual, nvmath_installed  # nvmath itself: once, by RESIDUAL_IN_MATMUL
@@ -45,52 +48,19 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
-def fuse_gate_up(module: nn.Module, dim: int, hidden: int) -> None:
-    """Give ``module`` one ``gate_up_proj`` [2·hidden, dim] in place of transformers' ``gate_proj`` and ``up_proj``.
-
-    A matmul of a few hundred rows by 4096 columns fills about half of an H200's multiprocessors; 8192 columns fill
-    them all, and the input is read once. The checkpoint (and transformers) keeps two matrices: state-dict hooks
-    split the fused one into ``gate_proj.weight`` and ``up_proj.weight`` (views of it, in transformers' key order)
-    on save and concatenate them on load, so ``state_dict()`` is key-for-key transformers' and
-    ``load_state_dict(strict=True)`` takes theirs.
-    """
-    module.gate_up_proj = nn.Linear(dim, 2 * hidden, bias=False)
-    module.register_state_dict_post_hook(_split_gate_up)
-    module.register_load_state_dict_pre_hook(_merge_gate_up)
-
-
-def _split_gate_up(module: nn.Module, state: dict, prefix: str, local_metadata: Any) -> None:
-    keys = list(state)
-    fused_key = prefix + "gate_up_proj.weight"
-    after = keys[keys.index(fused_key) + 1 :]  # the module's later entries (down_proj), kept after the two halves
-    fused = state.pop(fused_key)
-    tail = {k: state.pop(k) for k in after}
-    state[prefix + "gate_proj.weight"], state[prefix + "up_proj.weight"] = fused.chunk(2)
-    state.update(tail)
-
-
-def _merge_gate_up(module: nn.Module, state: dict, prefix: str, *args: Any) -> None:
-    gate, up = prefix + "gate_proj.weight", prefix + "up_proj.weight"
-    if gate in state and up in state:
-        state[prefix + "gate_up_proj.weight"] = torch.cat([state.pop(gate), state.pop(up)])
-
-
-def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) · up of a fused [.., 2·hidden] projection."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
-
-
 class SwiGLU(nn.Module):
-    """down(silu(gate(x)) · up(x)), no biases; gate and up are one matmul (:func:`fuse_gate_up`). On sm_90+ CUDA in
-    fp16/bf16, for the row counts ``glmvit.kernels.fused_gemm_table`` names, that matmul and the SwiGLU are one Triton
-    GEMM (:func:`swiglu_linear`: one rounding instead of two or three)."""
+    """down(silu(gate(x)) · up(x)), no biases; gate and up are one matmul whose weight is packed in tiles of
+    ``gate_up_tile(hidden)`` rows (``glmvit.gate_up``: 128 for the real tower's 4096, the whole width when 128 does not
+    divide it). On sm_90+ CUDA in fp16/bf16, for the row counts ``glmvit.kernels.fused_gemm_table`` names, that matmul
+    and the SwiGLU are one Triton GEMM (:func:`swiglu_linear`: one rounding instead of two or three), which reads the
+    packed weight as stored."""
 
     gate_up_proj: nn.Linear
+    gate_up_tile: int
 
     def __init__(self, dim: int, hidden: int):
         super().__init__()
-        fuse_gate_up(self, dim, hidden)
+        fuse_gate_up(self, dim, hidden, gate_up_tile(hidden))
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -99,8 +69,8 @@ class SwiGLU(nn.Module):
     def gated(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate(x))·up(x): the MLP before ``down_proj``."""
         if _half_on_cuda(x) and swiglu_fused(x.shape[0], x.device):
-            return swiglu_linear(x, self.gate_up_proj.weight)
-        return swiglu(self.gate_up_proj(x))
+            return swiglu_linear(x, self.gate_up_proj.weight, self.gate_up_tile)
+        return swiglu(self.gate_up_proj(x), self.gate_up_tile)
 
 
 def half_on_cuda(device: torch.device, dtype: torch.dtype) -> bool:
@@ -115,17 +85,20 @@ def _half_on_cuda(x: torch.Tensor) -> bool:
 
 
 @torch.library.custom_op("glmvit::swiglu_linear", mutates_args=())
-def swiglu_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """silu(x·Wgᵀ)·(x·Wuᵀ) of a fused [2·hidden, dim] weight in one Triton GEMM (``glmvit.kernels.fused_gemm_table``
-    picks where and how), as one opaque op: torch.compile traces around it, a CUDA graph captures it."""
+def swiglu_linear(x: torch.Tensor, weight: torch.Tensor, tile: int) -> torch.Tensor:
+    """silu(x·Wgᵀ)·(x·Wuᵀ) of a fused [2·hidden, dim] weight packed in tiles of ``tile`` rows (``glmvit.gate_up``;
+    ``tile == hidden``: plain [gate; up]) in one Triton GEMM, as one opaque op: torch.compile traces around it, a CUDA
+    graph captures it. ``glmvit.kernels.fused_gemm_table`` picks where and how: a packed configuration for a packed
+    weight, a two-dot one for a plain weight (``glmvit.gate_up.is_packed``)."""
     from .kernels.fused_gemm_table import swiglu_config  # the kernel modules import Triton: on CUDA only
     from .kernels.triton_swiglu_gemm import swiglu_linear_triton
 
-    return swiglu_linear_triton(x, weight, swiglu_config(x.shape[0]))
+    packed = is_packed(tile, weight.shape[0] // 2)
+    return swiglu_linear_triton(x, weight, swiglu_config(x.shape[0], packed))
 
 
 @swiglu_linear.register_fake
-def _(x, weight):
+def _(x, weight, tile):
     return x.new_empty((x.shape[0], weight.shape[0] // 2))
 
 
@@ -226,18 +199,21 @@ StaticParts = tuple[Callable[..., Any], Callable[..., torch.Tensor], Callable[..
 
 class PatchMerger(nn.Module):
     gate_up_proj: nn.Linear
+    gate_up_tile: int
 
     def __init__(self, config: VisionConfig):
         super().__init__()
         dim = config.out_hidden_size
         self.proj = nn.Linear(dim, dim, bias=False)
         self.post_projection_norm = nn.LayerNorm(dim, eps=config.rms_norm_eps)
-        fuse_gate_up(self, dim, config.intermediate_size)
+        # Plain [gate; up] (one tile of the whole width): only the blocks' MLP runs the fused SwiGLU GEMM, which is
+        # what the packed layout is for; the merger's runs the unfused matmul and swiglu, which gain nothing from it.
+        fuse_gate_up(self, dim, config.intermediate_size, config.intermediate_size)
         self.down_proj = nn.Linear(config.intermediate_size, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.gelu(self.post_projection_norm(self.proj(x)))
-        return self.down_proj(swiglu(self.gate_up_proj(x)))
+        return self.down_proj(swiglu(self.gate_up_proj(x), self.gate_up_tile))
 
 
 class _Embeddings(nn.Module):

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
+from .gate_up import writable_state
+
 if TYPE_CHECKING:
     from .config import VisionConfig
     from .model import GlmVisionEncoder
@@ -18,10 +20,12 @@ def randomize_(model: Module, seed: int = 0) -> Module:
     """Overwrite every parameter in place: norm weights 1 + 0.5·N, biases 0.1·N, 1-D parameters and the position
     table N, matrices N / sqrt(fan-in). Drawn in float32 on each parameter's device from one seeded generator per
     device, in sorted state-dict key order (on CPU the values do not depend on the model's dtype). The keys, not the
-    parameters: glmvit stores gate and up as one fused parameter whose state-dict entries are transformers' two keys
-    (views of it), so both models draw the same values for the same names."""
+    parameters: glmvit stores gate and up as one fused parameter (packed in tiles: ``glmvit.gate_up``) whose
+    state-dict entries are transformers' two keys, so both models draw the same values for the same names; each is
+    written through ``glmvit.gate_up.writable_state`` (the state dict's halves of a packed weight are copies)."""
     generators: dict[torch.device, torch.Generator] = {}
     buffers = {name for name, _ in model.named_buffers()}
+    targets = writable_state(model)
     with torch.no_grad():
         for name, p in sorted(model.state_dict().items()):
             if name in buffers:
@@ -36,7 +40,7 @@ def randomize_(model: Module, seed: int = 0) -> Module:
                 value = noise
             else:
                 value = noise / math.sqrt(p[0].numel())
-            p.copy_(value)
+            targets[name].copy_(value.view(targets[name].shape))
     return model
 
 

@@ -29,6 +29,7 @@ import torch
 
 from .attention import resolve
 from .config import VisionConfig
+from .gate_up import gate_up_tile, is_packed
 from .kernels.fused_gemm_table import qkv_rope_config, qkv_rope_fused, swiglu_config, swiglu_fused
 from .model import GlmVisionEncoder, half_on_cuda
 
@@ -59,7 +60,8 @@ def kernel_class(rows: int, attention: str, config: VisionConfig, device: torch.
 
         launch = config_for(rows)
     half = half_on_cuda(device, dtype)
-    swiglu = swiglu_config(rows) if half and swiglu_fused(rows, device) else None
+    mlp = config.out_hidden_size  # the blocks' MLP width: its weight is packed in tiles of gate_up_tile(mlp)
+    swiglu = swiglu_config(rows, is_packed(gate_up_tile(mlp), mlp)) if half and swiglu_fused(rows, device) else None
     qkv = qkv_rope_config(rows) if half and qkv_rope_fused(rows, device) else None
     return backend, launch, swiglu, qkv, rows % SPECIALISE == 0
 

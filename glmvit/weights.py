@@ -21,6 +21,7 @@ from safetensors import SafetensorError, safe_open
 
 from .config import VisionConfig
 from .files import read_bounded
+from .gate_up import writable_state
 from .rotary import inv_freq
 
 if TYPE_CHECKING:
@@ -59,9 +60,8 @@ def load_vision_weights(model: torch.nn.Module, path: str | Path) -> LoadedWeigh
     Raises ValueError (FileNotFoundError for a missing file) before writing anything if a file is unsafe or
     unreadable, or a vision weight is missing, duplicated, misshapen, not floating point, or not in the model.
     """
-    state = model.state_dict()
-    with _validated(Path(path), state) as (loaded, plan):
-        _copy(state, plan)
+    with _validated(Path(path), model.state_dict()) as (loaded, plan):
+        _copy(model, plan)
     return loaded
 
 
@@ -84,7 +84,7 @@ def load_pretrained(cls: type[Encoder], path: str | Path, dtype: torch.dtype | s
     with _validated(path, model.state_dict()) as (loaded, plan):
         model = model.to(wanted or loaded.dtype).to_empty(device=device)
         model.rotary_pos_emb.inv_freq = inv_freq(config.head_dim, config.rope_theta).to(device)  # to_empty left junk
-        _copy(model.state_dict(), plan)
+        _copy(model, plan)
     return model.eval()
 
 
@@ -273,8 +273,11 @@ def _few(names: list[str]) -> str:
     return str(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
 
 
-def _copy(state: Mapping[str, torch.Tensor], plan: dict[str, _Source]) -> None:
-    """Write each planned tensor into ``state`` (which shares storage with the model), converting dtype and device."""
+def _copy(model: torch.nn.Module, plan: dict[str, _Source]) -> None:
+    """Write each planned tensor into ``model``, converting dtype and device: through ``writable_state``, whose
+    entries share the model's storage (a packed gate_up weight's ``state_dict()`` halves are copies)."""
+    state = writable_state(model)
     with torch.no_grad():
         for name, source in plan.items():
-            state[name].copy_(source.handle.get_tensor(source.key))
+            target = state[name]
+            target.copy_(source.handle.get_tensor(source.key).view(target.shape))

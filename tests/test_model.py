@@ -132,17 +132,25 @@ def test_rotary_frequencies_stay_float32_when_the_model_is_cast(tiny_model):
 
 
 def test_fused_gate_up_round_trips_transformers_keys(tiny_hf, tiny_config, tmp_path):
-    """gate and up are one parameter here, two checkpoint keys there: same key order per module, views on save,
-    concatenated on load; a safetensors file of our state dict loads into transformers' tower and back."""
+    """gate and up are one parameter here, two checkpoint keys there: same key order per module, unpacked and split
+    on save, concatenated and packed on load (the tiny MLP, 64 wide, is one tile: plain [gate; up], so its halves are
+    views; tests/test_gate_up.py checks a weight really re-laid); a safetensors file of our state dict loads into
+    transformers' tower and back."""
     from safetensors.torch import load_file, save_file
+
+    from glmvit.gate_up import pack_gate_up
 
     ours = GlmVisionEncoder(tiny_config)
     ours.load_state_dict(tiny_hf.state_dict(), strict=True)
     for prefix in ("blocks.0.mlp.", "merger."):
         assert [k for k in ours.state_dict() if k.startswith(prefix)] == \
             [k for k in tiny_hf.state_dict() if k.startswith(prefix)]
-    fused = ours.blocks[0].mlp.gate_up_proj.weight
-    assert ours.state_dict()["blocks.0.mlp.gate_proj.weight"].data_ptr() == fused.data_ptr()
+    mlp, state = ours.blocks[0].mlp, ours.state_dict()
+    fused = mlp.gate_up_proj.weight
+    plain = torch.cat([state["blocks.0.mlp.gate_proj.weight"], state["blocks.0.mlp.up_proj.weight"]])
+    assert torch.equal(fused, pack_gate_up(plain, mlp.gate_up_tile))
+    assert mlp.gate_up_tile == tiny_config.out_hidden_size  # one tile: the halves are views of the parameter
+    assert state["blocks.0.mlp.gate_proj.weight"].data_ptr() == fused.data_ptr()
     save_file(ours.state_dict(), str(tmp_path / "w.safetensors"))
     loaded = load_file(str(tmp_path / "w.safetensors"))
     tiny_hf.load_state_dict(loaded, strict=True)

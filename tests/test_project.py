@@ -136,7 +136,7 @@ def cli_imports(package: Path) -> list[tuple[str, str]]:
 # The runtime: what encodes a request (request → plan → encoder → outputs), and what a server runs. It imports none
 # of the RECORDING modules (typed records and their schemas, provenance, environment capture, the transformers
 # oracle, the code fingerprints), nor the lab or the tools.
-RUNTIME = ("attention", "config", "costmodel", "defaults", "encoder", "files", "geometry", "graphs",
+RUNTIME = ("attention", "config", "costmodel", "defaults", "encoder", "files", "gate_up", "geometry", "graphs",
            "kernels/__init__", "kernels/attention_table", "kernels/reference", "kernels/triton_attention",
            "kernels/triton_bicubic", "messages", "metadata", "model", "modes", "packing", "parallel", "processing",
            "request", "rotary", "routing", "scheduler", "uniform", "video", "weights")

@@ -133,7 +133,39 @@ def _interpreter_child() -> None:
         keep = torch.arange(h) != col
         col_ok &= bool(out[:, col].isnan().all()) and bool(torch.equal(out[:, keep], clean[:, keep]))
     results["isolated/tma-packed"] = col_ok
+    results.update(_model_packed_results())
     print(json.dumps(results))
+
+
+def _model_packed_results() -> dict:
+    """The model's own MLP module, 256 wide (two tiles of PACK_TILE = 128), its weight packed by its load hook as the
+    model stores it, through the model's op: the configuration the table picks for a packed weight, below and from
+    SWIGLU_PERSISTENT_MIN_ROWS rows, against the float32 bound; the CPU's unfused path (swiglu on the packed
+    projection) too; and the same weight read by a plain configuration, which pairs the wrong rows."""
+    from glmvit.gate_up import unpack_gate_up
+    from glmvit.kernels.fused_gemm_table import SWIGLU_PERSISTENT_MIN_ROWS, swiglu_config
+    from glmvit.kernels.triton_swiglu_gemm import swiglu_linear_triton
+    from glmvit.model import SwiGLU, swiglu_linear
+
+    gen = torch.Generator().manual_seed(3)
+    mlp = SwiGLU(64, 256)
+    mlp.load_state_dict({k: torch.randn(v.shape, generator=gen) for k, v in mlp.state_dict().items()}, strict=True)
+    packed = mlp.gate_up_proj.weight.detach()
+    plain = unpack_gate_up(packed, mlp.gate_up_tile)
+    results: dict = {}
+    with torch.no_grad():
+        for m in (37, SWIGLU_PERSISTENT_MIN_ROWS + 5):
+            x = torch.randn(m, 64, generator=gen)
+            ref, bound = reference(x, plain), fp32_bound(x, plain)
+            got = swiglu_linear(x, packed, mlp.gate_up_tile)
+            results[f"model-packed/{m}"] = {"config": swiglu_config(m, True).name,
+                                            "ratio": ((got - ref).abs() / bound).max().item(),
+                                            "unfused_ratio": ((mlp.gated(x) - ref).abs() / bound).max().item()}
+        x = torch.randn(37, 64, generator=gen)
+        misread = swiglu_linear_triton(x, packed, swiglu_config(37, False))
+        results["model-packed/misread-ratio"] = ((misread - reference(x, plain)).abs()
+                                                 / fp32_bound(x, plain)).max().item()
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -184,8 +216,21 @@ def test_pack_gate_up_lays_each_tiles_gate_rows_before_its_up_rows():
     weight = torch.arange(8.0)[:, None].expand(8, 3).contiguous()  # rows 0-3 gate, 4-7 up; each row its index
     assert pack_gate_up(weight, 2)[:, 0].tolist() == [0, 1, 4, 5, 2, 3, 6, 7]
     with pytest.raises(ValueError, match=r"weight \(6, 3\) does not stack gate and up halves of a multiple of "
-                                         r"block_n=2"):
+                                         r"tile=2"):
         pack_gate_up(weight[:6], 2)
+
+
+@pytest.mark.parametrize("rows", [37, 1029])
+def test_the_models_packed_weight_runs_the_packed_configurations(interpreted, rows):
+    """The blocks' MLP stores its weight packed (glmvit.gate_up), so the model's op runs the packed configurations
+    on it as stored, within the float32 bound, as the unfused path does; a plain configuration misreads it."""
+    from glmvit.kernels.fused_gemm_table import SWIGLU_PERSISTENT_MIN_ROWS
+
+    row = interpreted[f"model-packed/{rows}"]
+    assert row["config"].endswith("-packed")
+    assert ("-persistent" in row["config"]) == (rows >= SWIGLU_PERSISTENT_MIN_ROWS)
+    assert row["ratio"] <= 1.0 and row["unfused_ratio"] <= 1.0
+    assert interpreted["model-packed/misread-ratio"] > 100
 
 
 @pytest.mark.parametrize("name", ["pointer", "tma", "tma-packed"])
@@ -302,7 +347,7 @@ def test_gpu_bf16_one_rounding_of_float32_reference(shape, name):
     err = (got.float() - ref).abs()
     peak = ref.abs().max().item()
     assert bool((err <= 2**-8 * ref.abs() + 2**-12 * peak).all()), err.max().item()
-    unfused = swiglu(F.linear(x, weight))  # the model's path: the looser band, which both meet
+    unfused = swiglu(F.linear(x, weight), shape[2])  # the unfused path (plain layout): the looser band, both meet
     assert (unfused.float() - ref).abs().max().item() <= 2**-6 * peak
     assert err.max().item() <= 2**-6 * peak
 

@@ -167,6 +167,7 @@ def matmul_candidates(op: Op, gen: torch.Generator, lt_algos: int = 0, lt_found:
     import torch.nn.functional as F
     from blas_ab import LIBRARIES, with_library
 
+    from glmvit.gate_up import gate_up_tile, pack_gate_up
     from glmvit.model import swiglu_linear
 
     m, k, n = op.shape
@@ -180,7 +181,9 @@ def matmul_candidates(op: Op, gen: torch.Generator, lt_algos: int = 0, lt_found:
     if op.gemm == "gate_up":
         gate, up = ref.chunk(2, dim=-1)
         swiglu_ref = F.silu(gate) * up
-        out["swiglu"] = lambda: swiglu_linear(x, w)
+        tile = gate_up_tile(n // 2)  # the weight as the model stores it: packed in tiles
+        packed = pack_gate_up(w, tile)
+        out["swiglu"] = lambda: swiglu_linear(x, packed, tile)
     if lt_algos and b is None:
         try:
             plan, algorithms = lt_plan(x, w, limit=lt_algos)
@@ -264,6 +267,7 @@ def build_skeleton(config: VisionConfig, grids: list[list[int]], seed: int = 0,
     import torch.nn.functional as F
     from blas_ab import with_library
 
+    from glmvit.gate_up import gate_up_tile
     from glmvit.model import swiglu_linear
 
     ops = skeleton(config, grids)
@@ -296,8 +300,8 @@ def build_skeleton(config: VisionConfig, grids: list[list[int]], seed: int = 0,
         w = (torch.randn(n, k, device="cuda", generator=gen) / k**0.5).to(torch.bfloat16)
         b = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16) if op.gemm in BIASED else None
         kernel, x = chosen[op.gemm]["kernel"], inputs[op.gemm]
-        if kernel == "swiglu":
-            calls.append(partial(swiglu_linear, x, w))
+        if kernel == "swiglu":  # random rows, taken as packed in the model's tiles (the kernel the model runs)
+            calls.append(partial(swiglu_linear, x, w, gate_up_tile(n // 2)))
         elif kernel.startswith("lt#"):  # this block's own plan, with the algorithm that won the shape
             plan, _ = lt_plan(x, w, algorithm=lt_winners[op.gemm])
             calls.append(partial(lt_call, plan))

@@ -4,11 +4,12 @@ For M rows of the model's shapes (K = 1536 in, H = 4096 out of a [2·4096, 1536]
 8192: 1×224², 4×224² and 8×448² images) and bf16 weights, each path computes silu(x·Wgᵀ)·(x·Wuᵀ):
 
 - ``torch``: ``F.linear`` (cuBLAS, the whole 2·H columns), then ``glmvit.model.swiglu`` as torch ops: the eager
-  graph's path;
+  graph's path, on the weight packed in tiles as the model stores it (``glmvit.gate_up``);
 - ``compiled``: the same two lines under ``torch.compile`` (cuBLAS, then inductor's fused SwiGLU kernel): what the
   graph-compiled mode replays;
 - ``gate_up_only``: the cuBLAS matmul alone, the floor a fused kernel's matmul has to stay near;
-- ``triton@NAME``: ``glmvit.kernels.triton_swiglu_gemm.swiglu_linear_triton`` for each of its ``SWEEP_CONFIGS``.
+- ``triton@NAME``: ``glmvit.kernels.triton_swiglu_gemm.swiglu_linear_triton`` for each of its ``SWEEP_CONFIGS``
+  (a packed configuration on the weight packed for its BLOCK_N, the others on the plain [gate; up] weight).
 
 Every output is checked against the float32 SwiGLU of the same bf16 inputs (max abs error within 2⁻⁶·max|ref|, and
 whether every element is within one bf16 rounding: :func:`check`); timing is ``glmvit.profiling.graph_time_us`` (20
@@ -55,20 +56,23 @@ def ab_paths(x: torch.Tensor, weight: torch.Tensor) -> dict[str, Callable[[], to
     """Each path's call on the same x and weight (module docstring)."""
     import torch.nn.functional as F
 
+    from glmvit.gate_up import gate_up_tile, pack_gate_up
     from glmvit.model import swiglu
 
+    tile = gate_up_tile(weight.shape[0] // 2)  # the model's layout: the unfused paths as the model runs them
+    stored = pack_gate_up(weight, tile)
+
     def unfused(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return swiglu(F.linear(a, w))
+        return swiglu(F.linear(a, w), tile)
 
     compiled = torch.compile(unfused, dynamic=False)
     out: dict[str, Callable[[], torch.Tensor]] = {
-        "torch": lambda: unfused(x, weight), "compiled": lambda: compiled(x, weight),
+        "torch": lambda: unfused(x, stored), "compiled": lambda: compiled(x, stored),
         "gate_up_only": lambda: F.linear(x, weight)}
     try:
         from glmvit.kernels.triton_swiglu_gemm import SWEEP_CONFIGS, swiglu_linear_triton
     except Exception:  # noqa: BLE001 - no Triton, or one without what the module needs: the caller says so
         return out
-    from glmvit.kernels.triton_swiglu_gemm import pack_gate_up
 
     for config in SWEEP_CONFIGS:  # a packed configuration reads the weight re-laid once, outside the timing
         w = pack_gate_up(weight, config.block_n) if config.packed else weight

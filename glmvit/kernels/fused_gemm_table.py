@@ -13,12 +13,12 @@ CUDA, fp16/bf16 only: on the CPU, and in float32, the model keeps transformers' 
 were measured on the H200 alone; another GPU keeps the unfused path (Ada has no TMA, and the consumer Blackwell GPUs,
 sm_12x, give a block 99 KiB: less than the 144-160 KiB these configurations stage). Each rule is one row threshold
 rather than a choice per row range, so that a forward compiled with symbolic sizes guards on one comparison; the
-configuration is chosen inside the op, from the batch's real rows.
+configuration is chosen inside the op, from the batch's real rows and (SwiGLU) the layout of the model's weight.
 """
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,6 +34,24 @@ SWIGLU_MIN_ROWS: int | None = 256
 # Below this many rows the small-tile configuration, from it on the persistent one: the faster of the two at each
 # row count of the A/B (256: 11.1 against 19.1 µs; 1024: 44.2 against 40.1 µs).
 SWIGLU_PERSISTENT_MIN_ROWS = 1024
+# The rows of one tile of the packed gate_up layout (glmvit.gate_up: a tile's PACK_TILE gate rows, then its PACK_TILE
+# up rows), which the blocks' MLP stores when its width is a multiple of it (4096 is). It must equal the BLOCK_N of
+# every packed configuration below: the packed kernel reads one tile of 2·BLOCK_N weight rows per K step, so a weight
+# packed in other tiles would pair the wrong gate and up rows. 128: the N tile of the configurations the A/B chose for
+# the plain layout, so the packed twins keep their output tiles (one Hopper wgmma of 2·128 = 256 columns, its widest).
+PACK_TILE = 128
+# The fused SwiGLU GEMM's configurations, as SwigluConfig's arguments (built on first use: the kernel module imports
+# Triton), below SWIGLU_PERSISTENT_MIN_ROWS (SMALL) and from it on (PERSISTENT). PLAIN: for a weight stacked
+# [gate; up] (the two-dot kernel), chosen by the A/B above. PACKED: for a weight packed in tiles of PACK_TILE (one dot
+# of twice the width per K step), the plain choices' packed twins: provisional until an A/B times them
+# (tools/swiglu_ab.py sweeps both layouts).
+SWIGLU_PLAIN_SMALL: dict[str, Any] = dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)
+SWIGLU_PLAIN_PERSISTENT: dict[str, Any] = dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3,
+                                               persistent=True)
+SWIGLU_PACKED_SMALL: dict[str, Any] = dict(block_m=64, block_n=PACK_TILE, block_k=64, num_warps=4, num_stages=4,
+                                           packed=True)
+SWIGLU_PACKED_PERSISTENT: dict[str, Any] = dict(block_m=128, block_n=PACK_TILE, block_k=64, num_warps=8,
+                                                num_stages=3, persistent=True, packed=True)
 # The fused rotary qkv GEMM from this many rows on (None: never).
 QKV_ROPE_MIN_ROWS: int | None = None
 
@@ -71,20 +89,23 @@ def qkv_rope_fused(rows: int, device: torch.device) -> bool:
     return QKV_ROPE_MIN_ROWS is not None and rows >= QKV_ROPE_MIN_ROWS and measured_gpu(device)
 
 
-def swiglu_config(rows: int) -> SwigluConfig:
-    """The fused SwiGLU GEMM's configuration for a batch of ``rows`` rows: 64×128 tiles with 4 warps below
-    ``SWIGLU_PERSISTENT_MIN_ROWS`` (more tiles for the multiprocessors when rows are few), else 128×128 tiles in a
-    persistent grid (tutorial 09's: one program per multiprocessor walking the tiles). Built once: the op asks on
-    every call."""
-    small, persistent = _swiglu_configs()
+def swiglu_config(rows: int, packed: bool) -> SwigluConfig:
+    """The fused SwiGLU GEMM's configuration for a batch of ``rows`` rows, for a weight packed in tiles of
+    ``PACK_TILE`` (``packed``; ``glmvit.gate_up.is_packed`` says which the model's is) or stacked [gate; up]:
+    64×128 tiles with 4 warps below ``SWIGLU_PERSISTENT_MIN_ROWS`` (more tiles for the multiprocessors when rows are
+    few), else 128×128 tiles in a persistent grid (tutorial 09's: one program per multiprocessor walking the tiles).
+    Built once per layout: the op asks on every call."""
+    small, persistent = _swiglu_configs(packed)
     return small if rows < SWIGLU_PERSISTENT_MIN_ROWS else persistent
 
 
 @functools.cache
-def _swiglu_configs() -> tuple[SwigluConfig, SwigluConfig]:
+def _swiglu_configs(packed: bool) -> tuple[SwigluConfig, SwigluConfig]:
     from .triton_swiglu_gemm import SwigluConfig  # the kernel module imports Triton: on first use only
 
-    return SwigluConfig(64, 128, 64, 4, 4), SwigluConfig(128, 128, 64, 8, 3, persistent=True)
+    if packed:
+        return SwigluConfig(**SWIGLU_PACKED_SMALL), SwigluConfig(**SWIGLU_PACKED_PERSISTENT)
+    return SwigluConfig(**SWIGLU_PLAIN_SMALL), SwigluConfig(**SWIGLU_PLAIN_PERSISTENT)
 
 
 def qkv_rope_config(rows: int) -> QkvRopeConfig:

@@ -3,10 +3,14 @@ The model runs it (``glmvit.model.SwiGLU``) on sm_90+ CUDA in fp16/bf16 from ``f
 rows on, in place of cuBLAS's ``gate_up_proj`` then a separate SwiGLU kernel; timed against that path by
 ``tools/swiglu_ab.py``.
 
-Spec: ``swiglu_linear_triton(x, weight, config)`` with x (M, K) and ``weight`` (2·H, K) laid out as
-``glmvit.model.fuse_gate_up`` makes it (gate rows 0 … H−1, then up rows H … 2H−1, each row one output column):
-out[m, j] = silu(g) · u with g = Σₖ x[m, k]·W[j, k], u = Σₖ x[m, k]·W[H + j, k]; out is (M, H) in x's dtype.
-Both tensors contiguous, same dtype, same device; M = 0 gives an empty output.
+Spec: ``swiglu_linear_triton(x, weight, config)`` with x (M, K) and ``weight`` (2·H, K) holding gate and up rows
+(each row one output column) as ``glmvit.gate_up`` lays them out: a ``packed`` configuration reads the weight packed in
+tiles of its ``block_n`` (each tile's block_n gate rows, then its block_n up rows: ``pack_gate_up``), which is how the
+model stores the blocks' MLP weight (``glmvit.gate_up.fuse_gate_up``, tiles of ``fused_gemm_table.PACK_TILE``); any
+other configuration reads it stacked plainly (gate rows 0 … H−1, then up rows H … 2H−1: a tile of the whole width,
+how the model stores an MLP whose width is not a multiple of PACK_TILE). Written for the plain layout,
+out[m, j] = silu(g) · u with g = Σₖ x[m, k]·W[j, k], u = Σₖ x[m, k]·W[H + j, k]; out is (M, H) in x's dtype, in plain
+column order for either layout. Both tensors contiguous, same dtype, same device; M = 0 gives an empty output.
 
 Why: the unfused path writes the (M, 2H) gate_up product and a second kernel reads it back and writes (M, H): at
 8×448² rows (8192 × 8192 bf16) that round trip is a DRAM-bound kernel of its own. Here each program computes the
@@ -38,7 +42,9 @@ moves silu by up to |g| times its own relative error), and differs from both by 
 rows): one (2·BLOCK_N) × BLOCK_K TMA tile and ONE dot per K step into a BLOCK_M × 2·BLOCK_N accumulator, split into
 gate and up in the epilogue (the reshape/permute/split of tutorial 09's epilogue subtiling). Same products, same K
 order; on Hopper half the warp-group MMAs, each twice as wide, so the x tile is read from shared memory once per K
-step instead of twice. Timed by ``tools/swiglu_ab.py`` (the packing done once, outside the timing).
+step instead of twice. The model stores the weight packed, so it runs these with no repacking per call
+(``fused_gemm_table.swiglu_config``); ``tools/swiglu_ab.py`` times both layouts (the packing done once, outside the
+timing).
 Under ``TRITON_INTERPRET=1`` it runs on CPU tensors (fp32), both load paths and both grids included.
 """
 from __future__ import annotations
@@ -49,6 +55,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..gate_up import pack_gate_up as pack_gate_up  # the layout's own module; re-exported for tests and tools
 from .launch_checks import check_launch, check_tma_operands
 from .tile_order import grouped_tile
 
@@ -126,18 +133,6 @@ SWEEP_CONFIGS = (
     SwigluConfig(128, 128, 64, 8, 3, persistent=True, packed=True),
     SwigluConfig(128, 128, 64, 8, 4, persistent=True, packed=True),
 )
-
-
-def pack_gate_up(weight: torch.Tensor, block_n: int) -> torch.Tensor:
-    """``weight`` (2·H, K) as ``glmvit.model.fuse_gate_up`` stacks it (gate rows 0 … H−1, then up rows H … 2H−1)
-    re-laid for a ``packed`` configuration of ``block_n``: gate rows j·block_n … (j+1)·block_n − 1, then the same
-    up rows, for j = 0 … H/block_n − 1. A new contiguous tensor; H must be a multiple of ``block_n``."""
-    if weight.dim() != 2 or weight.shape[0] % (2 * block_n):
-        raise ValueError(f"pack_gate_up: weight {tuple(weight.shape)} does not stack gate and up halves of a "
-                         f"multiple of block_n={block_n} rows")
-    hidden, k = weight.shape[0] // 2, weight.shape[1]
-    gate, up = weight[:hidden].view(hidden // block_n, block_n, k), weight[hidden:].view(hidden // block_n, block_n, k)
-    return torch.stack((gate, up), dim=1).reshape(2 * hidden, k)
 
 
 @triton.jit
