@@ -1,19 +1,21 @@
 """The fused GEMMs' launch table: which batches run a matmul with its neighbour in the epilogue, and with which
-configuration. Two, each chosen from its A/B on the H200, which times the configurations it is given and never reads
+configuration. Two, each chosen from its A/B on Hopper, which times the configurations it is given and never reads
 this table (the choice depends on the A/B, not the other way round):
 
 - the MLP's gate_up matmul with silu(gate)·up in its epilogue (``glmvit.kernels.triton_swiglu_gemm``) instead of
-  cuBLAS's matmul, then a separate SwiGLU kernel: ``tools/swiglu_ab.py``, ``data/sweeps/swiglu_ab_h200.json``;
+  cuBLAS's matmul, then a separate SwiGLU kernel: ``tools/swiglu_ab.py``, ``data/sweeps/swiglu_ab_h200.json`` (the
+  threshold) and ``swiglu_ab_h100.json`` (the packed layout, both layouts timed side by side);
 - the attention's qkv matmul with q and k rotated in its epilogue (``glmvit.kernels.triton_qkv_rope_gemm``)
   instead of cuBLAS's matmul, then the attention's own rotation: ``tools/qkv_rope_ab.py``,
   ``data/sweeps/qkv_rope_ab_h200.json``.
 
 CUDA, fp16/bf16 only: on the CPU, and in float32, the model keeps transformers' arithmetic. Hopper (sm_9x) only
 (:func:`measured_gpu`): the kernels are tuned for Hopper (TMA descriptors, its 227 KiB of shared memory a block) and
-were measured on the H200 alone; another GPU keeps the unfused path (Ada has no TMA, and the consumer Blackwell GPUs,
-sm_12x, give a block 99 KiB: less than the 144-160 KiB these configurations stage). Each rule is one row threshold
-rather than a choice per row range, so that a forward compiled with symbolic sizes guards on one comparison; the
-configuration is chosen inside the op, from the batch's real rows and (SwiGLU) the layout of the model's weight.
+were measured on the H200 and the H100; another GPU keeps the unfused path (Ada has no TMA, and the consumer
+Blackwell GPUs, sm_12x, give a block 99 KiB: less than the 144-160 KiB these configurations stage). Each rule is
+one row threshold rather than a choice per row range, so that a forward compiled with symbolic sizes guards on one
+comparison; the configuration is chosen inside the op, from the batch's real rows and (SwiGLU) the layout of the
+model's weight.
 """
 from __future__ import annotations
 
@@ -43,8 +45,9 @@ PACK_TILE = 128
 # The fused SwiGLU GEMM's configurations, as SwigluConfig's arguments (built on first use: the kernel module imports
 # Triton), below SWIGLU_PERSISTENT_MIN_ROWS (SMALL) and from it on (PERSISTENT). PLAIN: for a weight stacked
 # [gate; up] (the two-dot kernel), chosen by the A/B above. PACKED: for a weight packed in tiles of PACK_TILE (one dot
-# of twice the width per K step), the plain choices' packed twins: provisional until an A/B times them
-# (tools/swiglu_ab.py sweeps both layouts).
+# of twice the width per K step), the plain choices' packed twins, which the model runs (its blocks store the packed
+# layout): faster at every row count of data/sweeps/swiglu_ab_h100.json (256 rows 11.0 against 11.2 µs, 1024 39.3
+# against 42.0, 8192 335.2 against 347.6, 16384 666.8 against 699.1; cuBLAS's plain matmul alone 321.8 at 8192).
 SWIGLU_PLAIN_SMALL: dict[str, Any] = dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)
 SWIGLU_PLAIN_PERSISTENT: dict[str, Any] = dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3,
                                                persistent=True)
