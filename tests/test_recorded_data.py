@@ -188,11 +188,6 @@ UNSTEADY_RUNS = {
                                          "1.10× apart: " + HOST,
     ("s29_9873271r1", "one 8-frame 224² clip"): "20.06 (video8x224: a stretch of its requests at 12.8 ms, most at "
                                                 "17-25 ms) and 13.36 ms (seed_video8x224), 1.50× apart: " + HOST,
-    ("s42_570b020r1", "one 224² image"): "16.78 (img1x224), 17.32 (seed_img1x224) and 25.84 ms (the latency sweep), "
-                                         "1.54× apart: the two benchmark records agree (P10s 15.1 and 14.6 ms); the "
-                                         "sweep keeps no P10 to tell a slow stretch of the host from another cause, "
-                                         "and this H100 machine's host was not probed (on the H200's, "
-                                         + HOST.split(": ", 1)[1] + ")",
     **SLOW_HOST,
 }
 

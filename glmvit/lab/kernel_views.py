@@ -48,9 +48,12 @@ def plot_replay_categories(profile: dict[str, Any], variants: list[str], layouts
 
 def replay_rows(profile: dict[str, Any], variants: list[str], layouts: list[str]) -> dict[tuple[str, str], Any]:
     """Per (variant, layout): ``kernels``, ``busy_us`` (the graph's kernel sum), ``gap_us`` (device − busy),
-    ``device_us`` and ``wall_us`` (medians) and ``by_category_us``, read from a kernel profile."""
+    ``idle_us`` (the profiled replays' time with no kernel running, the launch gap between two replays included: an
+    upper bound on the boundaries inside the graph), ``device_us`` and ``wall_us`` (medians) and ``by_category_us``,
+    read from a kernel profile."""
     return {(v, lay): {"kernels": p["kernels_per_call"], "busy_us": p["graph_gpu_us_per_call"],
-                       "gap_us": p["gaps_us_per_call"], "device_us": p["replay_device"]["median_ms"] * 1e3,
+                       "gap_us": p["gaps_us_per_call"], "idle_us": p["graph_idle_us_per_call"],
+                       "device_us": p["replay_device"]["median_ms"] * 1e3,
                        "wall_us": p["replay_wall"]["median_ms"] * 1e3, "gpu_us": p["gpu_us_per_call"],
                        "by_category_us": p["by_category_us"]}
             for v in variants for lay in layouts for p in [profile[v][lay]]}
