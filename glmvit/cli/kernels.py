@@ -153,11 +153,12 @@ def profile_replays(model, layouts: dict[str, list], backends: list[str], quiet:
     ``replay_wall`` (``runner.replay``: checks, staging and the graph, between synchronisations), ``replay_device``
     (the captured graph alone, replayed back to back between CUDA events) — each timed until its median is known
     to ±:data:`REPLAY_PRECISION` (:data:`REPLAY_RUNS`: the least and most runs; ``runs`` says how many ran) —,
-    ``graph_gpu_us_per_call`` (its kernels' busy time), ``graph_idle_us_per_call`` (the boundaries inside the graph
-    and between replays where no kernel ran, from the profiled kernels' timestamps) and ``gaps_us_per_call`` (device −
-    busy: that idle time plus what the back-to-back replays lose to a lower clock than the few profiled ones ran at,
-    under the power limit). ``idle_us_per_call`` (from ``profile_kernels``) is the same reading for ``replay_wall``'s
-    call, its host staging included. ``uniform-compiled``: the first backend's
+    ``graph_gpu_us_per_call`` (its kernels' busy time), ``gaps_us_per_call`` (device − busy: the boundaries inside
+    the graph plus what the back-to-back replays lose to a lower clock than the few profiled ones ran at, under the
+    power limit) and ``graph_idle_us_per_call`` (the profiled replays' time with no kernel running, from the kernels'
+    own timestamps: the boundaries inside the graph and the launch gaps between replays, so an upper bound on the
+    boundaries). ``idle_us_per_call`` (from ``profile_kernels``) is the same reading for ``replay_wall``'s call, its
+    host staging included. ``uniform-compiled``: the first backend's
     compiled runner with uniform graphs for every one-length layout's segment length (``build_encoder``'s, from
     :data:`~glmvit.uniform.DENSE_MIN_ROWS` rows), on the layouts whose batch it replays in one (the dense
     attention); absent, and never captured, where none does.
