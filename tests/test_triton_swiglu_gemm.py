@@ -68,14 +68,29 @@ def reference(x, weight):
     return F.silu(gate) * up
 
 
-def fp32_bound(x, weight):
-    """The elementwise float32 bound of the module docstring."""
+def fp32_bound(x, weight, spread=2):
+    """The elementwise float32 bound of the module docstring: gate and up apart by ``spread``·γ_K·(|x|·|W|ᵀ)."""
     u = 2.0**-24
     gamma = x.shape[1] * u / (1 - x.shape[1] * u)
     gate, up = (x @ weight.T).chunk(2, dim=-1)
     mag_gate, mag_up = (x.abs() @ weight.abs().T).chunk(2, dim=-1)
     out = F.silu(gate) * up
-    return 2 * gamma * (1.1 * up.abs() * mag_gate + F.silu(gate).abs() * mag_up) + 8 * u * out.abs() + 1e-30
+    return spread * gamma * (1.1 * up.abs() * mag_gate + F.silu(gate).abs() * mag_up) + 8 * u * out.abs() + 1e-30
+
+
+EPS = 1e-5
+
+
+def rms_normed(x, norm_weight, eps=EPS):
+    """glmvit.model.RMSNorm in float32: x·rsqrt(mean(x²) + eps)·g."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm_weight
+
+
+# The norm inside the GEMM (float32): each gate and up term is x_k·g_k (one rounding) where the reference forms
+# x_k·r·g_k (two), the row's r = 1/rms comes from a sum of squares in another order (within γ_K relative, then a
+# divide, an add and a rsqrt: a few u), and scales the accumulator once more: at most γ_K + 7u ≤ 2γ_K (K ≥ 7) beyond
+# the two orders' 2γ_K, so the bound of fp32_bound with spread 4, on the normed input.
+NORM_SPREAD = 4
 
 
 def _interpreter_child() -> None:
@@ -134,7 +149,39 @@ def _interpreter_child() -> None:
         col_ok &= bool(out[:, col].isnan().all()) and bool(torch.equal(out[:, keep], clean[:, keep]))
     results["isolated/tma-packed"] = col_ok
     results.update(_model_packed_results())
+    results.update(_norm_results())
     print(json.dumps(results))
+
+
+def _norm_results() -> dict:
+    """The packed configurations with the RMSNorm inside (both ways of summing the squares) against the float32
+    norm then SwiGLU; a NaN in one row of x stays in that row; a bound that drops the norm's weight breaks."""
+    from glmvit.kernels.triton_swiglu_gemm import pack_gate_up, swiglu_linear_triton
+
+    results: dict = {}
+    gen = torch.Generator().manual_seed(5)
+    for name in ("tma-packed", "tma-persistent-packed"):
+        config = configs()[name]
+        for m, k, h in PACKED_SHAPES:
+            x, weight = case(m, k, h)
+            x = 3 * x
+            g = 0.5 + torch.rand(k, generator=gen)
+            n = rms_normed(x, g)
+            for mode in (1, 2):
+                got = swiglu_linear_triton(x, pack_gate_up(weight, config.block_n), config, g, EPS, mode)
+                results[f"norm/{name}#{mode}/{m}x{k}x{h}"] = (
+                    (got - reference(n, weight)).abs() / fp32_bound(n, weight, NORM_SPREAD)).max().item()
+            if (m, k, h) == PACKED_SHAPES[0]:
+                results[f"norm/{name}/unweighted-ratio"] = ((got - reference(rms_normed(x, 1.0), weight)).abs()
+                                                            / fp32_bound(n, weight, NORM_SPREAD)).max().item()
+                bad = x.clone()
+                bad[20, 3] = float("nan")
+                packed = pack_gate_up(weight, config.block_n)
+                out = swiglu_linear_triton(bad, packed, config, g, EPS)
+                others = torch.arange(m) != 20
+                results[f"norm/{name}/isolated"] = bool(out[20].isnan().all()) and bool(
+                    torch.equal(out[others], swiglu_linear_triton(x, packed, config, g, EPS)[others]))
+    return results
 
 
 def _model_packed_results() -> dict:
@@ -208,6 +255,21 @@ def test_interpreted_packed_weight_matches_reference(interpreted, name, shape):
     row = interpreted[f"{name}/{'x'.join(map(str, shape))}"]
     assert row["shape"] == [shape[0], shape[2]]
     assert row["ratio"] <= 1.0
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("name", ["tma-packed", "tma-persistent-packed"])
+@pytest.mark.parametrize("shape", PACKED_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_interpreted_norm_inside_matches_norm_then_swiglu(interpreted, name, shape, mode):
+    """The block's RMSNorm inside the packed GEMM (its weight on x's columns, 1/rms on the accumulator's rows): within
+    the float32 bound of the norm then the SwiGLU (NORM_SPREAD says why), summing the squares either way."""
+    assert interpreted[f"norm/{name}#{mode}/{'x'.join(map(str, shape))}"] <= 1.0
+
+
+@pytest.mark.parametrize("name", ["tma-packed", "tma-persistent-packed"])
+def test_norm_inside_keeps_rows_apart_and_its_bound_sees_the_weight(interpreted, name):
+    assert interpreted[f"norm/{name}/isolated"]
+    assert interpreted[f"norm/{name}/unweighted-ratio"] > 100
 
 
 def test_pack_gate_up_lays_each_tiles_gate_rows_before_its_up_rows():
@@ -350,6 +412,39 @@ def test_gpu_bf16_one_rounding_of_float32_reference(shape, name):
     unfused = swiglu(F.linear(x, weight), shape[2])  # the unfused path (plain layout): the looser band, both meet
     assert (unfused.float() - ref).abs().max().item() <= 2**-6 * peak
     assert err.max().item() <= 2**-6 * peak
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("rows", [1, 300, 1024, 1029])
+def test_gpu_bf16_norm_inside_within_one_rounding_of_its_inputs(rows, mode):
+    """bf16, the launch table's packed configuration for ``rows``, the norm inside: against the float32 norm and
+    SwiGLU of the same bf16 inputs. Its roundings: each x_k·g_k to bf16 before the matmul (2⁻⁹ relative a term, so
+    gate and up within 2⁻⁹·(|n|·|W|ᵀ)), float32 accumulation far below that, and the output's one rounding (2⁻⁹·|out|);
+    silu(g)·u then moves by 1.1·|u|·Δg + |silu(g)|·Δu. The norm as its own bf16 kernel rounds each term twice (x·r,
+    then ·g): the max band 2⁻⁶·max|ref| holds both."""
+    from glmvit.kernels.fused_gemm_table import swiglu_config
+    from glmvit.kernels.triton_swiglu_gemm import pack_gate_up, swiglu_linear_triton
+    from glmvit.model import RMSNorm, swiglu
+
+    x, weight = _gpu_case(rows, 1536, 4096)
+    x = 4 * x
+    g = (1 + 0.5 * torch.rand(1536, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
+         ).to(torch.bfloat16)
+    config = swiglu_config(rows, True)
+    got = swiglu_linear_triton(x, pack_gate_up(weight, config.block_n), config, g, EPS, mode)
+    n = rms_normed(x.float(), g.float())
+    ref = reference(n, weight.float())
+    gate, up = (n @ weight.float().T).chunk(2, dim=-1)
+    mag_gate, mag_up = (n.abs() @ weight.float().abs().T).chunk(2, dim=-1)
+    peak = ref.abs().max().item()
+    bound = 2**-9 * (1.1 * up.abs() * mag_gate + F.silu(gate).abs() * mag_up) + 2**-8 * ref.abs() + 2**-12 * peak
+    err = (got.float() - ref).abs()
+    assert bool((err <= bound).all()), (err / bound).max().item()
+    norm = RMSNorm(1536, EPS).to("cuda", torch.bfloat16)
+    norm.weight.data.copy_(g)
+    unfused = swiglu(F.linear(norm(x), weight), 4096)
+    assert (unfused.float() - ref).abs().max().item() <= 2**-6 * peak and err.max().item() <= 2**-6 * peak
 
 
 @pytest.mark.gpu

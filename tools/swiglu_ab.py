@@ -122,7 +122,7 @@ def compile_report(config, rows: int = 8192) -> dict[str, Any]:
                 y_desc=descs[3], M=rows, H=HIDDEN, K=DIM)
     constants = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
                      TMA=config.tma, PERSISTENT=config.persistent, FLATTEN=config.flatten,
-                     PACKED=config.packed)
+                     PACKED=config.packed, norm_ptr=None, eps=0.0, NORM=0)
     return compile_sm90(_swiglu_gemm_kernel, args, constants, config.num_warps, config.num_stages,
                         aligned_attrs(args))
 

@@ -139,18 +139,19 @@ SWEEP_CONFIGS = (
 def _swiglu_gemm_kernel(x_ptr, w_ptr, y_ptr, x_desc, wg_desc, wu_desc, y_desc, M, H, K,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                         TMA: tl.constexpr, PERSISTENT: tl.constexpr = False, FLATTEN: tl.constexpr = False,
-                        PACKED: tl.constexpr = False):
+                        PACKED: tl.constexpr = False, norm_ptr=None, eps=0.0, NORM: tl.constexpr = 0):
     if PERSISTENT:  # a grid of at most one program per multiprocessor, each walking tiles pid, pid + grid, …
         tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(H, BLOCK_N)
         for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=FLATTEN):
             if PACKED:
-                _swiglu_packed_tile(tile, y_ptr, x_desc, wg_desc, y_desc, M, H, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+                _swiglu_packed_tile(tile, y_ptr, x_desc, wg_desc, y_desc, M, H, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                                    norm_ptr, eps, NORM)
             else:
                 _swiglu_tile(tile, x_ptr, w_ptr, y_ptr, x_desc, wg_desc, wu_desc, y_desc, M, H, K,
                              BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA)
     elif PACKED:
         _swiglu_packed_tile(tl.program_id(0), y_ptr, x_desc, wg_desc, y_desc, M, H, K, BLOCK_M, BLOCK_N, BLOCK_K,
-                            GROUP_M)
+                            GROUP_M, norm_ptr, eps, NORM)
     else:
         _swiglu_tile(tl.program_id(0), x_ptr, w_ptr, y_ptr, x_desc, wg_desc, wu_desc, y_desc, M, H, K,
                      BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA)
@@ -158,14 +159,31 @@ def _swiglu_gemm_kernel(x_ptr, w_ptr, y_ptr, x_desc, wg_desc, wu_desc, y_desc, M
 
 @triton.jit
 def _swiglu_packed_tile(pid, y_ptr, x_desc, w_desc, y_desc, M, H, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, norm_ptr, eps, NORM: tl.constexpr):
     """Output tile ``pid`` from a packed weight (:func:`pack_gate_up`): its rows 2·BLOCK_N·pid_n … hold this tile's
-    BLOCK_N gate rows, then its BLOCK_N up rows, so one accumulator of BLOCK_M × 2·BLOCK_N holds gate | up."""
+    BLOCK_N gate rows, then its BLOCK_N up rows, so one accumulator of BLOCK_M × 2·BLOCK_N holds gate | up. ``NORM``:
+    x is the block's residual stream and the RMSNorm before the MLP runs here (module docstring, "The norm")."""
     pid_m, pid_n = grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(H, BLOCK_N), GROUP_M)
     row0 = pid_m * BLOCK_M
     acc = tl.zeros([BLOCK_M, 2 * BLOCK_N], tl.float32)
+    squares = tl.zeros([BLOCK_M], tl.float32)
+    tile_squares = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
     for k in range(0, K, BLOCK_K):
-        acc = tl.dot(x_desc.load([row0, k]), tl.trans(w_desc.load([pid_n * 2 * BLOCK_N, k])), acc)
+        x = x_desc.load([row0, k])
+        if NORM:  # the row's sum of squares as its K tiles pass, and the norm's weight on x's columns
+            xf = x.to(tl.float32)
+            if NORM == 2:  # summed across the tile once, after the loop
+                tile_squares += xf * xf
+            else:
+                squares += tl.sum(xf * xf, axis=1)
+            ks = k + tl.arange(0, BLOCK_K)
+            g = tl.load(norm_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+            x = (xf * g[None, :]).to(x.dtype)  # one rounding of x·g, where the norm rounds twice
+        acc = tl.dot(x, tl.trans(w_desc.load([pid_n * 2 * BLOCK_N, k])), acc)
+    if NORM == 2:
+        squares = tl.sum(tile_squares, axis=1)
+    if NORM:  # each row's 1/rms, which commutes with the matmul: a scale of the accumulator's rows
+        acc = acc * tl.rsqrt(squares / K + eps)[:, None]
     # columns 0 … BLOCK_N − 1 are the gate, BLOCK_N … 2·BLOCK_N − 1 the up: split them apart (tutorial 09's subtile)
     gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
     out = (gate / (1.0 + tl.exp(-gate)) * up).to(y_ptr.dtype.element_ty)  # silu in float32, one rounding
@@ -232,11 +250,21 @@ def _descriptors(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, config:
             TensorDescriptor.from_tensor(weight[hidden:], [bn, bk]), TensorDescriptor.from_tensor(y, [bm, bn]))
 
 
-def swiglu_linear_triton(x: torch.Tensor, weight: torch.Tensor, config: SwigluConfig | None = None) -> torch.Tensor:
+def swiglu_linear_triton(x: torch.Tensor, weight: torch.Tensor, config: SwigluConfig | None = None,
+                         norm_weight: torch.Tensor | None = None, eps: float = 0.0, norm_mode: int = 1
+                         ) -> torch.Tensor:
     """silu(x · Wgᵀ) · (x · Wuᵀ) → (M, H) in x's dtype, for x (M, K) and weight (2·H, K) = [Wg; Wu] (module
     docstring: float32 accumulation and silu, one rounding). None: ``SWEEP_CONFIGS[0]``. A ``packed`` configuration
-    takes the weight as :func:`pack_gate_up` lays it out for its ``block_n`` (H a multiple of ``block_n``)."""
+    takes the weight as :func:`pack_gate_up` lays it out for its ``block_n`` (H a multiple of ``block_n``).
+    ``norm_weight`` (K,) given: x is first RMS-normalised with it and ``eps`` (``glmvit.model.RMSNorm``), inside
+    the GEMM (module docstring, "The norm"); packed configurations only."""
     config = SWEEP_CONFIGS[0] if config is None else config
+    if norm_weight is not None and not config.packed:
+        raise ValueError(f"{config.name}: the RMSNorm runs inside packed configurations only")
+    if norm_weight is not None and (norm_weight.shape != (x.shape[-1],) or norm_weight.dtype != x.dtype
+                                    or norm_weight.device != x.device or not norm_weight.is_contiguous()):
+        raise ValueError(f"norm_weight must be contiguous ({x.shape[-1]},) {x.dtype} on {x.device}: got "
+                         f"{tuple(norm_weight.shape)} {norm_weight.dtype} on {norm_weight.device}")
     if x.dim() != 2 or weight.dim() != 2 or weight.shape[1] != x.shape[1] or weight.shape[0] % 2:
         raise ValueError(f"swiglu_linear_triton needs x (M, K) and weight (2·H, K): got x {tuple(x.shape)}, "
                          f"weight {tuple(weight.shape)}")
@@ -261,6 +289,7 @@ def swiglu_linear_triton(x: torch.Tensor, weight: torch.Tensor, config: SwigluCo
         x, weight, y, *descs, m, hidden, k,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         TMA=config.tma, PERSISTENT=config.persistent, FLATTEN=config.flatten, PACKED=config.packed,
+        norm_ptr=norm_weight, eps=float(eps), NORM=0 if norm_weight is None else norm_mode,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
