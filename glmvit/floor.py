@@ -81,8 +81,11 @@ def measure_copy_bandwidth(device: torch.device | str = "cuda", nbytes: int | No
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of every parameter and persistent buffer: what one forward must read at least once."""
-    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    """Bytes of every parameter and persistent buffer: what one forward must read at least once (counted from
+    ``glmvit.gate_up.state_like``: no copy of anything)."""
+    from .gate_up import state_like
+
+    return sum(t.numel() * t.element_size() for t in state_like(model).values())
 
 
 def tower_bytes(config: VisionConfig, dtype: torch.dtype) -> int:

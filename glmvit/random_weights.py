@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-from .gate_up import writable_state
+from .gate_up import state_like, writable_state
 
 if TYPE_CHECKING:
     from .config import VisionConfig
@@ -22,16 +22,18 @@ def randomize_(model: Module, seed: int = 0) -> Module:
     device, in sorted state-dict key order (on CPU the values do not depend on the model's dtype). The keys, not the
     parameters: glmvit stores gate and up as one fused parameter (packed in tiles: ``glmvit.gate_up``) whose
     state-dict entries are transformers' two keys, so both models draw the same values for the same names; each is
-    written through ``glmvit.gate_up.writable_state`` (the state dict's halves of a packed weight are copies)."""
+    written through ``glmvit.gate_up.writable_state`` (the state dict's halves of a packed weight are copies), the
+    names and shapes read from ``glmvit.gate_up.state_like`` (which makes none of those copies)."""
     generators: dict[torch.device, torch.Generator] = {}
     buffers = {name for name, _ in model.named_buffers()}
     targets = writable_state(model)
     with torch.no_grad():
-        for name, p in sorted(model.state_dict().items()):
+        for name, p in sorted(state_like(model).items()):
             if name in buffers:
                 continue
-            gen = generators.setdefault(p.device, torch.Generator(device=p.device).manual_seed(seed))
-            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32, device=p.device)
+            device = targets[name].device
+            gen = generators.setdefault(device, torch.Generator(device=device).manual_seed(seed))
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32, device=device)
             if "norm" in name and name.endswith("weight"):
                 value = 1 + 0.5 * noise
             elif name.endswith("bias"):

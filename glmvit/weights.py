@@ -21,7 +21,7 @@ from safetensors import SafetensorError, safe_open
 
 from .config import VisionConfig
 from .files import read_bounded
-from .gate_up import writable_state
+from .gate_up import state_like, writable_state
 from .rotary import inv_freq
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ def load_vision_weights(model: torch.nn.Module, path: str | Path) -> LoadedWeigh
     Raises ValueError (FileNotFoundError for a missing file) before writing anything if a file is unsafe or
     unreadable, or a vision weight is missing, duplicated, misshapen, not floating point, or not in the model.
     """
-    with _validated(Path(path), model.state_dict()) as (loaded, plan):
+    with _validated(Path(path), state_like(model)) as (loaded, plan):
         _copy(model, plan)
     return loaded
 
@@ -81,7 +81,7 @@ def load_pretrained(cls: type[Encoder], path: str | Path, dtype: torch.dtype | s
     device = torch.device(device if device is not None else "cpu")
     with torch.device("meta"):
         model = cls(config, attn_backend=attn_backend)
-    with _validated(path, model.state_dict()) as (loaded, plan):
+    with _validated(path, state_like(model)) as (loaded, plan):
         model = model.to(wanted or loaded.dtype).to_empty(device=device)
         model.rotary_pos_emb.inv_freq = inv_freq(config.head_dim, config.rope_theta).to(device)  # to_empty left junk
         _copy(model, plan)

@@ -165,3 +165,20 @@ def test_load_vision_weights_fills_a_packed_weight(packed_model, tmp_path):
     model = random_encoder(PACKED, seed=7)
     load_vision_weights(model, tmp_path / "vision.safetensors")
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), packed_model.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("config", ["tiny", "full"])
+def test_state_like_is_state_dict_without_the_copies(config):
+    """Names in order, shapes and dtypes of ``state_dict()`` (non-persistent buffers left out as it leaves them out),
+    as meta tensors: the packed weights' halves are never unpacked."""
+    from glmvit.config import VisionConfig
+    from glmvit.gate_up import state_like
+    from glmvit.model import GlmVisionEncoder
+
+    with torch.device("meta"):
+        model = GlmVisionEncoder(VisionConfig.tiny() if config == "tiny" else VisionConfig()).to(torch.bfloat16)
+    model.register_buffer("scratch", torch.zeros(3, device="meta"), persistent=False)
+    saved, like = model.state_dict(), state_like(model)
+    assert list(like) == list(saved) and "scratch" not in like
+    assert all(v.device.type == "meta" for v in like.values())
+    assert {k: (v.shape, v.dtype) for k, v in like.items()} == {k: (v.shape, v.dtype) for k, v in saved.items()}
