@@ -27,7 +27,7 @@ from .attention import attend_qkv, check_backend, default_backend, prepare_atten
 from .config import VisionConfig
 from .gate_up import fuse_gate_up, gate_up_tile, is_packed, swiglu
 from .kernels import interpolate_pos_embed
-from .kernels.fused_gemm_table import qkv_rope_fused, swiglu_fused, swiglu_norm_inside  # thresholds: no Triton
+from .kernels.fused_gemm_table import qkv_rope_fused, swiglu_fused  # no Triton import: thresholds only
 from .kernels.lt_gemm import linear_residual, nvmath_installed  # nvmath itself: once, by RESIDUAL_IN_MATMUL
 from .metadata import EncoderMetadata, build_metadata, nonfinite_items
 from .request import EncoderRequest
@@ -66,15 +66,11 @@ class SwiGLU(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.gated(x))
 
-    def gated(self, x: torch.Tensor, norm: RMSNorm | None = None) -> torch.Tensor:
-        """silu(gate(n))·up(n) with n = ``norm``(x) (n = x without one): the MLP before ``down_proj``. Where the fused
-        GEMM runs and the launch table puts the norm inside it (``fused_gemm_table.swiglu_norm_inside``), the norm
-        is that GEMM's prologue (no normed copy of x is written), else its own op."""
+    def gated(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate(x))·up(x): the MLP before ``down_proj``."""
         if _half_on_cuda(x) and swiglu_fused(x.shape[0], x.device):
-            if norm is not None and swiglu_norm_inside():
-                return swiglu_linear(x, self.gate_up_proj.weight, self.gate_up_tile, norm.weight, norm.eps)
-            return swiglu_linear(x if norm is None else norm(x), self.gate_up_proj.weight, self.gate_up_tile)
-        return swiglu(self.gate_up_proj(x if norm is None else norm(x)), self.gate_up_tile)
+            return swiglu_linear(x, self.gate_up_proj.weight, self.gate_up_tile)
+        return swiglu(self.gate_up_proj(x), self.gate_up_tile)
 
 
 def half_on_cuda(device: torch.device, dtype: torch.dtype) -> bool:
@@ -89,23 +85,20 @@ def _half_on_cuda(x: torch.Tensor) -> bool:
 
 
 @torch.library.custom_op("glmvit::swiglu_linear", mutates_args=())
-def swiglu_linear(x: torch.Tensor, weight: torch.Tensor, tile: int, norm_weight: torch.Tensor | None = None,
-                  eps: float = 0.0) -> torch.Tensor:
-    """silu(n·Wgᵀ)·(n·Wuᵀ) of a fused [2·hidden, dim] weight packed in tiles of ``tile`` rows (``glmvit.gate_up``;
+def swiglu_linear(x: torch.Tensor, weight: torch.Tensor, tile: int) -> torch.Tensor:
+    """silu(x·Wgᵀ)·(x·Wuᵀ) of a fused [2·hidden, dim] weight packed in tiles of ``tile`` rows (``glmvit.gate_up``;
     ``tile == hidden``: plain [gate; up]) in one Triton GEMM, as one opaque op: torch.compile traces around it, a CUDA
-    graph captures it; n = x, or with ``norm_weight`` x RMS-normalised by it and ``eps`` inside the GEMM (packed
-    weights only). ``glmvit.kernels.fused_gemm_table`` picks where and how: a packed configuration for a packed
+    graph captures it. ``glmvit.kernels.fused_gemm_table`` picks where and how: a packed configuration for a packed
     weight, a two-dot one for a plain weight (``glmvit.gate_up.is_packed``)."""
-    from .kernels.fused_gemm_table import SWIGLU_NORM_MODE, swiglu_config  # kernel modules import Triton: CUDA only
+    from .kernels.fused_gemm_table import swiglu_config  # the kernel modules import Triton: on CUDA only
     from .kernels.triton_swiglu_gemm import swiglu_linear_triton
 
     packed = is_packed(tile, weight.shape[0] // 2)
-    return swiglu_linear_triton(x, weight, swiglu_config(x.shape[0], packed), norm_weight, eps,
-                                SWIGLU_NORM_MODE or 1)
+    return swiglu_linear_triton(x, weight, swiglu_config(x.shape[0], packed))
 
 
 @swiglu_linear.register_fake
-def _(x, weight, tile, norm_weight=None, eps=0.0):
+def _(x, weight, tile):
     return x.new_empty((x.shape[0], weight.shape[0] // 2))
 
 
@@ -192,7 +185,7 @@ class Block(nn.Module):
         """x + attention(norm1(x)), then + mlp(norm2(·)). ``captured``: the forward is being recorded into a CUDA
         graph, so each residual add may ride in the matmul before it (:func:`project_residual`)."""
         x = project_residual(self.attn.proj, self.attn.heads(self.norm1(x), cos, sin, meta, backend), x, captured)
-        return project_residual(self.mlp.down_proj, self.mlp.gated(x, self.norm2), x, captured)
+        return project_residual(self.mlp.down_proj, self.mlp.gated(self.norm2(x)), x, captured)
 
 
 def run_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: EncoderMetadata,

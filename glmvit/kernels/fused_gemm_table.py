@@ -55,11 +55,6 @@ SWIGLU_PACKED_SMALL: dict[str, Any] = dict(block_m=64, block_n=PACK_TILE, block_
                                            packed=True)
 SWIGLU_PACKED_PERSISTENT: dict[str, Any] = dict(block_m=128, block_n=PACK_TILE, block_k=64, num_warps=8,
                                                 num_stages=3, persistent=True, packed=True)
-# Where the fused SwiGLU GEMM runs on a block's MLP, the RMSNorm before it runs inside it (its prologue: x·g on the
-# way into the dot, 1/rms on the accumulator's rows; glmvit.kernels.triton_swiglu_gemm, "The norm") the way this
-# names — 1: each row's squares summed as every K tile passes, 2: summed elementwise and reduced after the loop —
-# or, None, apart as inductor's kernel before it. PENDING tools/norm_swiglu_ab.py on Hopper.
-SWIGLU_NORM_MODE: int | None = None
 # The fused rotary qkv GEMM from this many rows on (None: never).
 QKV_ROPE_MIN_ROWS: int | None = None
 
@@ -89,11 +84,6 @@ measured_gpu._dynamo_marked_constant = True  # type: ignore[attr-defined]
 def swiglu_fused(rows: int, device: torch.device) -> bool:
     """Whether a batch of ``rows`` rows on CUDA ``device`` runs the MLP's fused SwiGLU GEMM (in fp16/bf16)."""
     return SWIGLU_MIN_ROWS is not None and rows >= SWIGLU_MIN_ROWS and measured_gpu(device)
-
-
-def swiglu_norm_inside() -> bool:
-    """Whether the fused SwiGLU GEMM runs the block's RMSNorm before it as its prologue (``SWIGLU_NORM_MODE``)."""
-    return SWIGLU_NORM_MODE is not None
 
 
 def qkv_rope_fused(rows: int, device: torch.device) -> bool:
