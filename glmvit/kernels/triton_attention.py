@@ -82,12 +82,13 @@ def _rotate(x_ptr, rows, ok, cos_ptr, sin_ptr, ROW_STRIDE, HALF: tl.constexpr, R
 
 @triton.jit(do_not_specialize=["last_slot"])
 def _rope_rotate_qk_kernel(qkv_ptr, cos_ptr, sin_ptr, cu_seqlens_ptr, qk_ptr, last_slot,
-                           HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
-    """q̃ and k̃ of one head for BLOCK real rows, from qkv (rows, 3·heads·d) into qk (rows, 2·heads·d): the
-    prerotated path's first launch, one program per (row block, head). The rows' cos/sin halves are loaded once
-    for both rotations; the grid splits heads as well as rows, so that a few hundred rows still fill the GPU."""
+                           HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
+                           HEADS_PER_PROGRAM: tl.constexpr = 1):
+    """q̃ and k̃ of HEADS_PER_PROGRAM heads for BLOCK real rows, from qkv (rows, 3·heads·d) into qk (rows, 2·heads·d):
+    the prerotated path's first launch, one program per (row block, group of heads). The rows' cos/sin halves are
+    loaded once for every rotation; the grid splits heads as well as rows, so that a few hundred rows still fill
+    the GPU."""
     D: tl.constexpr = 2 * HALF
-    head = tl.program_id(1)
     num_rows = tl.load(cu_seqlens_ptr + last_slot)
     first = tl.program_id(0) * BLOCK
     if first >= num_rows:
@@ -97,7 +98,9 @@ def _rope_rotate_qk_kernel(qkv_ptr, cos_ptr, sin_ptr, cu_seqlens_ptr, qk_ptr, la
     cols = tl.arange(0, HALF)[None, :]
     c = tl.load(cos_ptr + rows[:, None] * D + cols, mask=ok, other=0.0)
     s = tl.load(sin_ptr + rows[:, None] * D + cols, mask=ok, other=0.0)
-    for part in range(2):  # q, then k: head h of each is column block (part·heads + h) of a qkv row
+    for index in range(2 * HEADS_PER_PROGRAM):  # q, then k: head h of each is column block (part·heads + h)
+        part = index % 2
+        head = tl.program_id(1) * HEADS_PER_PROGRAM + index // 2
         column = (part * HEADS + head) * D
         src = qkv_ptr + rows[:, None] * (3 * HEADS * D) + column + cols
         dst = qk_ptr + rows[:, None] * (2 * HEADS * D) + column + cols
@@ -239,14 +242,20 @@ def _combine_splits_kernel(part_ptr, stats_ptr, cu_seqlens_ptr, out_ptr, last_sl
 
 
 def rotate_qk_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor,
-                     num_heads: int) -> torch.Tensor:
+                     num_heads: int, block: int = ROTATE_ROWS, heads_per_program: int = 1,
+                     num_warps: int = 4) -> torch.Tensor:
     """q̃, k̃ of every head, (rows, 2·heads·d) in qkv's dtype: the prerotated path's first launch. Rows past the real
-    ones (``cu_seqlens[-1]`` on) are left uninitialised: they are in no segment, so the attention never reads them."""
+    ones (``cu_seqlens[-1]`` on) are left uninitialised: they are in no segment, so the attention never reads them.
+    ``block`` rows and ``heads_per_program`` heads a program (it must divide ``num_heads``), ``num_warps`` warps:
+    what ``tools/rotate_ab.py`` times."""
     rows, width = qkv.shape
     head_dim = width // (3 * num_heads)
+    if num_heads % heads_per_program:
+        raise ValueError(f"heads_per_program={heads_per_program} does not divide {num_heads} heads")
     qk = torch.empty((rows, 2 * num_heads * head_dim), dtype=qkv.dtype, device=qkv.device)
-    _rope_rotate_qk_kernel[(triton.cdiv(rows, ROTATE_ROWS), num_heads)](
-        qkv, cos, sin, cu_seqlens, qk, cu_seqlens.shape[0] - 1, HEADS=num_heads, HALF=head_dim // 2, BLOCK=ROTATE_ROWS)
+    _rope_rotate_qk_kernel[(triton.cdiv(rows, block), num_heads // heads_per_program)](
+        qkv, cos, sin, cu_seqlens, qk, cu_seqlens.shape[0] - 1, HEADS=num_heads, HALF=head_dim // 2, BLOCK=block,
+        HEADS_PER_PROGRAM=heads_per_program, num_warps=num_warps)
     return qk
 
 
