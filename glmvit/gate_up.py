@@ -154,7 +154,8 @@ def state_like(module: nn.Module) -> dict[str, torch.Tensor]:
     on the model's device for the GLM-4.1V tower, held at once by a caller that takes the whole dict). What
     ``_save_to_state_dict`` saves: each module's parameters, then its buffers but the non-persistent ones, module
     by module in registration order (shared modules under every name), each fused weight of :func:`fuse_gate_up`
-    as its two halves in its place (the post-hook's split)."""
+    as its two halves in its place (the post-hook's split). No module's ``get_extra_state`` nor any other state-dict
+    hook is mirrored: glmvit's modules have none."""
     state: dict[str, torch.Tensor] = {}
     for name, sub in module.named_modules(remove_duplicate=False):
         prefix = f"{name}." if name else ""

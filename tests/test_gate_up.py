@@ -178,7 +178,8 @@ def test_state_like_is_state_dict_without_the_copies(config):
     with torch.device("meta"):
         model = GlmVisionEncoder(VisionConfig.tiny() if config == "tiny" else VisionConfig()).to(torch.bfloat16)
     model.register_buffer("scratch", torch.zeros(3, device="meta"), persistent=False)
+    model.blocks[0].mlp.register_buffer("kept", torch.zeros(2, device="meta"))  # a persistent one, after gate_up
     saved, like = model.state_dict(), state_like(model)
-    assert list(like) == list(saved) and "scratch" not in like
+    assert list(like) == list(saved) and "scratch" not in like and "blocks.0.mlp.kept" in like
     assert all(v.device.type == "meta" for v in like.values())
     assert {k: (v.shape, v.dtype) for k, v in like.items()} == {k: (v.shape, v.dtype) for k, v in saved.items()}

@@ -3,12 +3,14 @@
 For M rows of the model's q and k (12 heads × 128, bf16; M = 256, 1024, 8192, 16384), each path writes q̃, k̃ of
 every head into a (M, 2·1536) scratch from the (M, 3·1536) qkv projection:
 
-- ``copy_only``: ``torch``'s copy of the same q and k columns, no rotation (what moving the bytes costs here);
+- ``copy_only``: ``torch``'s copy of the same q and k columns into the scratch, no rotation (torch's strided copy: a
+  reference, not a floor; the rotation launch beat it from 1024 rows on);
 - ``rotate@ROWSxHEADSwWARPS``: ``rotate_qk_triton`` with ``block`` rows and ``heads_per_program`` heads a program
   and ``num_warps`` warps; ``rotate@32x1w4`` is what the model runs (``ROTATE_ROWS``, one head a program).
 
 Every rotation is checked against ``glmvit.rotary.apply_rotary`` in float32 on the same bf16 inputs (within one bf16
-rounding: 2⁻⁸·|ref| + 2⁻¹²·max|ref|), and against the first path bit for bit (the same arithmetic per element);
+rounding: 2⁻⁸·|ref| + 2⁻¹²·max|ref|), and against the model's grid (``rotate@32x1w4``) bit for bit (the same
+arithmetic per element);
 timing is ``glmvit.profiling.graph_time_us`` (20 calls in one CUDA graph, median of 50 replays), two rounds in
 alternating order, the lower median kept. CUDA only::
 

@@ -46,6 +46,14 @@ step instead of twice. The model stores the weight packed, so it runs these with
 (``fused_gemm_table.swiglu_config``); ``tools/swiglu_ab.py`` times both layouts (the packing done once, outside the
 timing).
 Under ``TRITON_INTERPRET=1`` it runs on CPU tensors (fp32), both load paths and both grids included.
+
+The norm (an option the model does not run): with ``norm_weight``, x is the block's residual stream and the RMSNorm
+before the MLP runs inside a packed configuration, RMSNorm(x)·Wᵀ = diag(1/rms(x))·(x ⊙ g)·Wᵀ: each x tile is scaled
+by g on its way into the dot and rounded once to x's dtype (the norm apart rounds x·r, then ·g), each row's sum of
+squares is gathered as its K tiles pass (``norm_mode`` 1: reduced per tile; 2: accumulated elementwise, reduced once
+after the loop), and 1/rms = rsqrt(mean + eps) scales the accumulator's rows before the SwiGLU. No normed copy of x
+is written, but x reaches the dot from registers rather than straight from shared memory, and on the H100 that cost
+the GEMM more than the norm's own kernel takes (``tools/norm_swiglu_ab.py``, ``data/sweeps/norm_swiglu_ab_h100.json``).
 """
 from __future__ import annotations
 
