@@ -117,8 +117,11 @@ def compile_report(config, rows: int = 8192) -> dict[str, Any]:
                 norm_ptr=g, eps=EPS)
     constants = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m, TMA=True,
                      PERSISTENT=config.persistent, FLATTEN=config.flatten, PACKED=True, NORM=1)
-    return compile_sm90(_swiglu_gemm_kernel, args, constants, config.num_warps, config.num_stages,
-                        aligned_attrs(args))
+    # aligned_attrs numbers the hints by the arguments' order here; the kernel's own order puts norm_ptr and eps
+    # after the constants, so each hint is moved to its parameter's index in the kernel
+    names = list(args)
+    attrs = {(_swiglu_gemm_kernel.arg_names.index(names[i]),): hint for (i,), hint in aligned_attrs(args).items()}
+    return compile_sm90(_swiglu_gemm_kernel, args, constants, config.num_warps, config.num_stages, attrs)
 
 
 def main(argv: list[str] | None = None) -> int:
