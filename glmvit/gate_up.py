@@ -165,16 +165,7 @@ def state_like(module: nn.Module) -> dict[str, torch.Tensor]:
             if tensor is not None:
                 state[prefix + key] = torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
     for name, sub in module.named_modules(remove_duplicate=False):
-        if "gate_up_tile" not in vars(sub):
-            continue
-        prefix = f"{name}." if name else ""
-        keys = list(state)
-        fused_key = prefix + "gate_up_proj.weight"
-        after = keys[keys.index(fused_key) + 1:]
-        fused = state.pop(fused_key)
-        gate = fused[: fused.shape[0] // 2]
-        tail = {k: state.pop(k) for k in after}
-        state[prefix + "gate_proj.weight"], state[prefix + "up_proj.weight"] = gate, gate
-        state.update(tail)
+        if "gate_up_tile" in vars(sub):
+            _split_gate_up(sub, state, f"{name}." if name else "", None)  # the post-hook itself, on meta tensors
     return state
 

@@ -354,6 +354,12 @@ def test_refusals_before_any_launch():
     with pytest.raises(ValueError, match="out rows of 6 torch.float32 are 24 bytes"):
         module.swiglu_linear_triton(torch.zeros(3, 8), torch.zeros(12, 8), config)
     assert module.swiglu_linear_triton(torch.zeros(0, 8), torch.zeros(12, 8), config).shape == (0, 6)
+    packed, g = module.SwigluConfig(16, 16, 16, packed=True), torch.ones(8)
+    with pytest.raises(ValueError, match="eps given and norm_mode 1 or 2: got eps=None, norm_mode=1"):
+        module.swiglu_linear_triton(torch.zeros(3, 8), torch.zeros(32, 8), packed, g)  # eps forgotten: NaN on 0 rows
+    for mode in (0, 3):  # 0 would skip the norm it was given
+        with pytest.raises(ValueError, match=f"norm_mode={mode}"):
+            module.swiglu_linear_triton(torch.zeros(3, 8), torch.zeros(32, 8), packed, g, 1e-6, mode)
 
 
 def test_ab_check_tells_one_rounding_from_more():

@@ -259,14 +259,17 @@ def _descriptors(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, config:
 
 
 def swiglu_linear_triton(x: torch.Tensor, weight: torch.Tensor, config: SwigluConfig | None = None,
-                         norm_weight: torch.Tensor | None = None, eps: float = 0.0, norm_mode: int = 1
+                         norm_weight: torch.Tensor | None = None, eps: float | None = None, norm_mode: int = 1
                          ) -> torch.Tensor:
     """silu(x · Wgᵀ) · (x · Wuᵀ) → (M, H) in x's dtype, for x (M, K) and weight (2·H, K) = [Wg; Wu] (module
     docstring: float32 accumulation and silu, one rounding). None: ``SWEEP_CONFIGS[0]``. A ``packed`` configuration
     takes the weight as :func:`pack_gate_up` lays it out for its ``block_n`` (H a multiple of ``block_n``).
     ``norm_weight`` (K,) given: x is first RMS-normalised with it and ``eps`` (``glmvit.model.RMSNorm``), inside
-    the GEMM (module docstring, "The norm"); packed configurations only."""
+    the GEMM (module docstring, "The norm"); packed configurations only, ``eps`` given and ``norm_mode`` 1 or 2."""
     config = SWEEP_CONFIGS[0] if config is None else config
+    if norm_weight is not None and (eps is None or norm_mode not in (1, 2)):
+        raise ValueError(f"the norm inside the GEMM needs eps given and norm_mode 1 or 2: got eps={eps}, "
+                         f"norm_mode={norm_mode}")
     if norm_weight is not None and not config.packed:
         raise ValueError(f"{config.name}: the RMSNorm runs inside packed configurations only")
     if norm_weight is not None and (norm_weight.shape != (x.shape[-1],) or norm_weight.dtype != x.dtype
@@ -297,7 +300,7 @@ def swiglu_linear_triton(x: torch.Tensor, weight: torch.Tensor, config: SwigluCo
         x, weight, y, *descs, m, hidden, k,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         TMA=config.tma, PERSISTENT=config.persistent, FLATTEN=config.flatten, PACKED=config.packed,
-        norm_ptr=norm_weight, eps=float(eps), NORM=0 if norm_weight is None else norm_mode,
+        norm_ptr=norm_weight, eps=float(eps or 0.0), NORM=0 if norm_weight is None else norm_mode,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
