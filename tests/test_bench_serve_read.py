@@ -152,3 +152,26 @@ def test_an_answer_declaring_more_than_the_cap_is_read_as_aiohttp_reads_it(monke
     monkeypatch.setattr(bench_serve, "MAX_SIZED_ANSWER", len(BODY) - 1)
     body, headers = read_from(whole)
     assert int(headers["Content-Length"]) == len(BODY) and isinstance(body, bytes) and body == BODY
+
+
+def test_the_rows_default_is_the_one_the_record_run_decides():
+    """``serve --rows``'s default is ``device`` until host rows serve more items/s than device rows both over the
+    whole run and once full, in one record run (``serve_video8x224_rows_host`` beside ``serve_video8x224``, the same
+    workload and mode): two runs of one workload agree only to their run-to-run spread, so a split verdict keeps the
+    default."""
+    from pathlib import Path
+
+    from glmvit.cli.serve_app import DEFAULT_ROWS
+    from glmvit.records import ServeRecord, load
+
+    bench = Path(__file__).resolve().parents[1] / "data" / "bench"
+    device, host = (load(bench / f"{name}.json", ServeRecord) for name in ("serve_video8x224",
+                                                                            "serve_video8x224_rows_host"))
+    if device.record_run != host.record_run:
+        pytest.skip("the two records come from different record runs")
+    assert device.settings["batching"]["rows"] == "device" and host.settings["batching"]["rows"] == "host"
+    dev, hst = (next(r for r in rec.runs if r["mode"] == "graph-compiled" and r["request_rate"] == "inf")
+                for rec in (device, host))
+    host_wins = all(hst[key] > dev[key] for key in ("items_per_s", "steady_items_per_s"))
+    assert DEFAULT_ROWS == ("host" if host_wins else "device"), {k: (dev[k], hst[k]) for k in ("items_per_s",
+                                                                                             "steady_items_per_s")}

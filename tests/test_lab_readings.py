@@ -203,13 +203,17 @@ def test_metadata_views_start_on_16_bytes():
 
 
 def test_region_costs_compare_regions_with_the_whole_model():
-    top = [{"name": "Memcpy DtoD", "launches_per_call": 24}, {"name": "Memcpy HtoD", "launches_per_call": 1}]
+    top = [{"name": "Memcpy DtoD", "category": "copy", "launches_per_call": 24, "us_per_call": 48.0},
+           {"name": "Memcpy HtoD", "category": "copy", "launches_per_call": 1, "us_per_call": 3.0},
+           {"name": "gemm", "category": "gemm", "launches_per_call": 2, "us_per_call": 1.0}]
     regions = {"kernels_per_call": 124, "by_category_us": {"copy": 5.0}, "replay_device": {"median_ms": 1.0},
                "top": top}
-    whole = {"kernels_per_call": 100, "by_category_us": {}, "replay_device": {"median_ms": 0.9}, "top": []}
+    whole = {"kernels_per_call": 100, "by_category_us": {}, "replay_device": {"median_ms": 0.9},
+             "top": [{"name": "Memset (Unknown)", "category": "copy", "launches_per_call": 4, "us_per_call": 3.2}]}
     got = kv.region_costs({"x": {"l": regions}, "x-model": {"l": whole}}, "x-model", ["l"], depth=24)["l"]
     assert got["extra_per_block"] == 1.0 and got["copy_us"] == (5.0, 0.0) and got["device_ms"] == (1.0, 0.9)
     assert [t["name"] for t in got["per_block_copies"]] == ["Memcpy DtoD"]
+    assert got["shortest_copy_us"] == 0.8  # the whole model's memset, 3.2 µs over 4 launches; not the gemm's 0.5
 
 
 def test_target_verdicts_follow_the_goals():

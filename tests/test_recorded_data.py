@@ -92,8 +92,8 @@ def test_latency_fit_separates_matmuls_from_attention(path):
 # A record run whose host ran slow through a stretch of jobs, and the eager checks it misses for it: each check stays
 # strict for every other run, and fails for this one once its timings agree (the entry is then wrong: remove it).
 S45_CLIP = ("run s45_4540046r1's host ran slower through seed_video8x224's requests than through video8x224's, "
-            "later in the run: the two records' graph-compiled medians of the same clip agree (3.142 and 3.141 ms), "
-            "so the forward's GPU work is the same, and only eager, bound by the host, moved")
+            "which ran about 100 s after them: the two records' graph-compiled medians of the same clip agree (3.142 "
+            "and 3.141 ms), so the forward's GPU work is the same, and only eager, bound by the host, moved")
 SLOW_HOST: dict[tuple[str, str], str] = {
     ("s45_4540046r1", "one 8-frame 224² clip"): "P10 12.38 (video8x224) and 13.86 ms (seed_video8x224), 1.12× "
                                                 "apart: " + S45_CLIP,
@@ -250,3 +250,4 @@ def test_the_eager_probe_shows_host_work_slowing_with_the_forward():
     host = [float(np.median([r["host_ms"] for r in probe["rows"][i:i + size]]))
             for i in range(0, len(probe["rows"]), size)]
     assert max(host) / min(host) > 1.5  # host work alone, blocks of one process seconds apart: the host's swing
+

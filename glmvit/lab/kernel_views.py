@@ -142,8 +142,10 @@ def misaligned_views(budgets: tuple[int, ...], max_segments: int) -> list[tuple[
 
 def region_costs(profile: dict[str, Any], model_variant: str, layouts: list[str], depth: int) -> dict[str, Any]:
     """Per layout, regional against whole-model compilation (``model_variant`` ends in ``-model``): ``kernels``
-    (regions, whole), ``extra_per_block``, ``copy_us`` (regions, whole), ``device_ms`` (regions, whole) and
-    ``per_block_copies``: the regional replay's top Memcpy entries launched at least once per block."""
+    (regions, whole), ``extra_per_block``, ``copy_us`` (regions, whole), ``device_ms`` (regions, whole),
+    ``per_block_copies``: the regional replay's top Memcpy entries launched at least once per block, and
+    ``shortest_copy_us``: the shortest mean launch among either replay's top copy entries (Memcpy, Memset);
+    ValueError where neither lists one."""
     out = {}
     for lay in layouts:
         regions, whole = profile[model_variant.removesuffix("-model")][lay], profile[model_variant][lay]
@@ -153,7 +155,9 @@ def region_costs(profile: dict[str, Any], model_variant: str, layouts: list[str]
             "copy_us": tuple(p["by_category_us"].get("copy", 0.0) for p in (regions, whole)),
             "device_ms": tuple(p["replay_device"]["median_ms"] for p in (regions, whole)),
             "per_block_copies": [t for t in regions["top"]
-                                 if t["name"].startswith("Memcpy") and t["launches_per_call"] >= depth]}
+                                 if t["name"].startswith("Memcpy") and t["launches_per_call"] >= depth],
+            "shortest_copy_us": min(t["us_per_call"] / t["launches_per_call"] for p in (regions, whole)
+                                    for t in p["top"] if t["category"] == "copy" and t["launches_per_call"])}
     return out
 
 
