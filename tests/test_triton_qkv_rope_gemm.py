@@ -47,7 +47,11 @@ def configs():
             "tma-1dot-wide": QkvRopeConfig(32, 16, 4, 2, group_m=3, one_dot=True),
             # 3 programs on the CPU, each walking several tiles (an uneven share where the tiles are not 3k)
             "pointer-persistent": QkvRopeConfig(16, 16, 4, 1, group_m=2, tma=False, persistent=True),
-            "tma-persistent": QkvRopeConfig(16, 16, 4, 1, group_m=2, persistent=True)}
+            "tma-persistent": QkvRopeConfig(16, 16, 4, 1, group_m=2, persistent=True),
+            # two heads a tile: one accumulator of 2·d, each head's halves split out of it
+            "tma-1dot-2h": QkvRopeConfig(16, 16, 4, 1, group_m=2, one_dot=True, heads_per_tile=2),
+            "pointer-1dot-2h-persistent": QkvRopeConfig(16, 16, 4, 1, group_m=2, tma=False, one_dot=True,
+                                                        persistent=True, heads_per_tile=2)}
 
 
 # Configurations that compute the same tiles (another load path or grid) and the one they must match bit for bit.
@@ -115,6 +119,8 @@ def _interpreter_child() -> None:
     outputs: dict = {}
     for name, config in configs().items():
         for m, k, heads, d in SHAPES:
+            if heads % config.heads_per_tile:
+                continue  # refused (test_refusals_before_any_launch)
             x, weight, cos, sin = case(m, k, heads, d)
             got = qkv_rope_linear_triton(x, weight, cos, sin, heads, config)
             key = f"{name}/{m}x{k}x{heads}x{d}"
@@ -150,7 +156,7 @@ def _interpreter_child() -> None:
 
     # NaN in one row of x: only that output row is NaN. In one weight row: only that column (v) or that column and
     # its partner in the other half of the same head (q, k: the rotation mixes the halves), all else the same bits.
-    for name in ("pointer", "tma", "pointer-1dot"):
+    for name in ("pointer", "tma", "pointer-1dot", "tma-1dot-2h"):
         config = configs()[name]
         clean = qkv_rope_linear_triton(x, weight, cos, sin, heads, config)
         bad_x = x.clone()
@@ -178,10 +184,12 @@ def interpreted():
 
 
 @pytest.mark.parametrize("name", ["pointer", "tma", "pointer-1dot", "tma-1dot-wide", "pointer-persistent",
-                                  "tma-persistent"])
+                                  "tma-persistent", "tma-1dot-2h", "pointer-1dot-2h-persistent"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_interpreted_matches_unfused_reference(interpreted, name, shape):
     m, k, heads, d = shape
+    if name.endswith(("2h", "2h-persistent")) and heads % 2:
+        pytest.skip("one head: no tile of two")
     row = interpreted[f"{name}/{'x'.join(map(str, shape))}"]
     assert row["shape"] == [m, 3 * heads * d] and row["dtype"] == "torch.float32"
     assert row["ratio"] <= 1.0
@@ -201,7 +209,7 @@ def test_the_bound_catches_a_wrong_rotation(interpreted, label):
     assert interpreted[f"wrong/{label}"] > 100
 
 
-@pytest.mark.parametrize("name", ["pointer", "tma", "pointer-1dot"])
+@pytest.mark.parametrize("name", ["pointer", "tma", "pointer-1dot", "tma-1dot-2h"])
 def test_nonfinite_input_stays_in_its_row_and_head_columns(interpreted, name):
     assert interpreted[f"isolated/{name}"]
 
@@ -225,6 +233,11 @@ def test_config_names_and_refusals():
         module.QkvRopeConfig(block_k=48)
     with pytest.raises(ValueError, match="num_stages=0"):
         module.QkvRopeConfig(num_stages=0)
+    assert module.QkvRopeConfig(one_dot=True, heads_per_tile=2).name == "128xdx64w8s4t-1dot-2h"
+    assert module.QkvRopeConfig(one_dot=True, heads_per_tile=2).shared_bytes() == 4 * (128 + 256) * 64 * 2
+    for bad in (dict(heads_per_tile=2), dict(one_dot=True, heads_per_tile=3)):  # two accumulators; three heads
+        with pytest.raises(ValueError, match="heads_per_tile is 1, or 2 with one_dot=True"):
+            module.QkvRopeConfig(**bad)
 
 
 def test_refusals_before_any_launch():
@@ -259,6 +272,9 @@ def test_refusals_before_any_launch():
         call(torch.zeros(8, 3).T, w, cos, sin, 2)
     with pytest.raises(ValueError, match="x rows of 6 torch.float32 are 24 bytes"):
         call(torch.zeros(3, 6), torch.zeros(192, 6), cos, sin, 2)
+    with pytest.raises(ValueError, match="3 heads do not fill tiles of 2"):
+        module.qkv_rope_linear_triton(x, torch.zeros(288, 8), cos, sin, 3,
+                                      config=module.QkvRopeConfig(16, 16, 4, 1, one_dot=True, heads_per_tile=2))
     empty = call(torch.zeros(0, 8), w, torch.zeros(0, 32), torch.zeros(0, 32), 2)
     assert empty.shape == (0, 192)
 

@@ -146,7 +146,8 @@ def compile_report(config, rows: int = 8192) -> dict[str, Any]:
     args = dict(x_ptr=x, w_ptr=weight, y_ptr=y, cos_ptr=cos, sin_ptr=cos, x_desc=descs[0], w_desc=descs[1],
                 y_desc=descs[2], M=rows, K=DIM)
     constants = dict(HEADS=HEADS, HALF=HEAD_DIM // 2, BLOCK_M=config.block_m, BLOCK_K=config.block_k,
-                     GROUP_M=config.group_m, TMA=config.tma, ONE_DOT=config.one_dot, PERSISTENT=config.persistent)
+                     GROUP_M=config.group_m, TMA=config.tma, ONE_DOT=config.one_dot, PERSISTENT=config.persistent,
+                     HPT=config.heads_per_tile)
     return compile_sm90(_qkv_rope_gemm_kernel, args, constants, config.num_warps, config.num_stages,
                         aligned_attrs(args))
 

@@ -83,20 +83,27 @@ class QkvRopeConfig:
     tma: bool = True
     persistent: bool = False  # one program per multiprocessor walking the tiles (tutorial 09) instead of one per tile
     one_dot: bool = False  # one accumulator of width d split in registers, instead of one per half
+    # Heads a tile (1 or 2): with 2, one accumulator of width 2·d (``one_dot`` only), one MMA of N = 2·d per K step
+    # (as the SwiGLU GEMM's packed tile: a Hopper wgmma reads its x tile once for 256 columns), and the tile's cos
+    # and sin rows loaded once for both heads
+    heads_per_tile: int = 1
 
     def __post_init__(self) -> None:
         check_launch(self, ("block_m", "block_k"), ("num_warps", "num_stages", "group_m"))
+        if self.heads_per_tile not in (1, 2) or (self.heads_per_tile == 2 and not self.one_dot):
+            raise ValueError(f"{self.name}: heads_per_tile is 1, or 2 with one_dot=True (one accumulator for both)")
 
     @property
     def name(self) -> str:
         return (f"{self.block_m}xdx{self.block_k}w{self.num_warps}s{self.num_stages}{'t' if self.tma else 'p'}"
-                f"{'-1dot' if self.one_dot else ''}{'-persistent' if self.persistent else ''}")
+                f"{'-1dot' if self.one_dot else ''}{'-persistent' if self.persistent else ''}"
+                f"{'-2h' if self.heads_per_tile == 2 else ''}")
 
     def shared_bytes(self, head_dim: int = 128, element_size: int = 2) -> int:
         """The pipeline's shared memory: ``num_stages`` × (x tile + the head's d weight rows). The compiler adds
         its barriers, and stages the epilogue (the TMA store's output tile, layout conversions) in these buffers
         once the loop is done (a persistent program, whose next tile's loads may be in flight, in its own)."""
-        return self.num_stages * (self.block_m + head_dim) * self.block_k * element_size
+        return self.num_stages * (self.block_m + self.heads_per_tile * head_dim) * self.block_k * element_size
 
 
 # What tools/qkv_rope_ab.py times. Shared memory in bf16 at d = 128 (H100/H200 allow 227 KiB a block): a 128-row
@@ -114,6 +121,11 @@ SWEEP_CONFIGS = (
     QkvRopeConfig(128, 64, 8, 4, one_dot=True),
     QkvRopeConfig(128, 64, 8, 4, tma=False),
     QkvRopeConfig(128, 64, 8, 4, persistent=True),
+    QkvRopeConfig(128, 64, 8, 4, one_dot=True, persistent=True),
+    QkvRopeConfig(128, 64, 8, 3, one_dot=True, heads_per_tile=2),
+    QkvRopeConfig(128, 64, 8, 3, one_dot=True, persistent=True, heads_per_tile=2),
+    QkvRopeConfig(64, 64, 4, 4, one_dot=True, heads_per_tile=2),
+    QkvRopeConfig(128, 64, 8, 2, one_dot=True, persistent=True, heads_per_tile=2),
 )
 
 
@@ -121,28 +133,29 @@ SWEEP_CONFIGS = (
 def _qkv_rope_gemm_kernel(x_ptr, w_ptr, y_ptr, cos_ptr, sin_ptr, x_desc, w_desc, y_desc, M, K,
                           HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                           GROUP_M: tl.constexpr, TMA: tl.constexpr, ONE_DOT: tl.constexpr,
-                          PERSISTENT: tl.constexpr = False):
+                          PERSISTENT: tl.constexpr = False, HPT: tl.constexpr = 1):
     if PERSISTENT:  # a grid of at most one program per multiprocessor, each walking tiles pid, pid + grid, …
-        tiles = tl.cdiv(M, BLOCK_M) * (3 * HEADS)
+        tiles = tl.cdiv(M, BLOCK_M) * (3 * HEADS // HPT)
         for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0)):
             _qkv_rope_tile(tile, x_ptr, w_ptr, y_ptr, cos_ptr, sin_ptr, x_desc, w_desc, y_desc, M, K,
-                           HEADS, HALF, BLOCK_M, BLOCK_K, GROUP_M, TMA, ONE_DOT)
+                           HEADS, HALF, BLOCK_M, BLOCK_K, GROUP_M, TMA, ONE_DOT, HPT)
     else:
         _qkv_rope_tile(tl.program_id(0), x_ptr, w_ptr, y_ptr, cos_ptr, sin_ptr, x_desc, w_desc, y_desc, M, K,
-                       HEADS, HALF, BLOCK_M, BLOCK_K, GROUP_M, TMA, ONE_DOT)
+                       HEADS, HALF, BLOCK_M, BLOCK_K, GROUP_M, TMA, ONE_DOT, HPT)
 
 
 @triton.jit
 def _qkv_rope_tile(pid, x_ptr, w_ptr, y_ptr, cos_ptr, sin_ptr, x_desc, w_desc, y_desc, M, K,
                    HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                   GROUP_M: tl.constexpr, TMA: tl.constexpr, ONE_DOT: tl.constexpr):
-    """Output tile number ``pid`` of the grouped order: rows of one row tile, the d columns of one head."""
+                   GROUP_M: tl.constexpr, TMA: tl.constexpr, ONE_DOT: tl.constexpr, HPT: tl.constexpr):
+    """Output tile number ``pid`` of the grouped order: rows of one row tile, the d columns of HPT heads."""
     D: tl.constexpr = 2 * HALF
     N: tl.constexpr = 3 * HEADS * D
+    W: tl.constexpr = HPT * D  # the tile's columns
     # Grouped order (tutorial 03): GROUP_M row tiles walk the column tiles together, so their W tiles stay in L2.
-    pid_m, pid_n = grouped_tile(pid, tl.cdiv(M, BLOCK_M), 3 * HEADS, GROUP_M)
+    pid_m, pid_n = grouped_tile(pid, tl.cdiv(M, BLOCK_M), 3 * HEADS // HPT, GROUP_M)
     row0 = pid_m * BLOCK_M
-    col0 = pid_n * D
+    col0 = pid_n * W
 
     rows = row0 + tl.arange(0, BLOCK_M)
     row_ok = rows < M
@@ -152,8 +165,8 @@ def _qkv_rope_tile(pid, x_ptr, w_ptr, y_ptr, cos_ptr, sin_ptr, x_desc, w_desc, y
     # (no divergence), rather than the same formula with cos = 1, sin = 0, which would still load the two float32
     # (BLOCK_M, d) tables — four times the bf16 output tile's bytes — and do the six flops per element for nothing.
     rotate = col0 < 2 * HEADS * D
-    if ONE_DOT:  # one accumulator over the head's d columns, split into its halves in registers
-        acc = tl.zeros([BLOCK_M, D], tl.float32)
+    if ONE_DOT:  # one accumulator over the tile's heads' columns, split into their halves in registers
+        acc = tl.zeros([BLOCK_M, W], tl.float32)
         for k in range(0, K, BLOCK_K):
             if TMA:  # one copy per tile; rows and K past a tensor's edge read as zeros
                 x = x_desc.load([row0, k])
@@ -162,19 +175,23 @@ def _qkv_rope_tile(pid, x_ptr, w_ptr, y_ptr, cos_ptr, sin_ptr, x_desc, w_desc, y
                 kk = k + ks
                 x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + kk[None, :],
                             mask=row_ok[:, None] & (kk[None, :] < K), other=0.0)
-                cols = col0 + tl.arange(0, D)
+                cols = col0 + tl.arange(0, W)
                 w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * K + kk[None, :], mask=kk[None, :] < K, other=0.0)
             acc = tl.dot(x, tl.trans(w), acc)
-        if rotate:
+        if rotate and HPT == 1:
             a1, a2 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
             o1, o2 = _rotate_halves(a1, a2, rows, row_ok, cos_ptr, sin_ptr, HALF)
             out = tl.reshape(tl.permute(tl.join(o1, o2), (0, 2, 1)), (BLOCK_M, D)).to(y_ptr.dtype.element_ty)
+        elif rotate:  # (row, head, half, j) → each head's halves, rotated with the same rows of cos and sin
+            a1, a2 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, HPT, 2, HALF)), (0, 1, 3, 2)))
+            o1, o2 = _rotate_halves_heads(a1, a2, rows, row_ok, cos_ptr, sin_ptr, HALF)
+            out = tl.reshape(tl.permute(tl.join(o1, o2), (0, 1, 3, 2)), (BLOCK_M, W)).to(y_ptr.dtype.element_ty)
         else:
             out = acc.to(y_ptr.dtype.element_ty)  # the one rounding
         if TMA:  # clipped at the tensor's edge
             y_desc.store([row0, col0], out)
         else:
-            tl.store(y_ptr + rows.to(tl.int64)[:, None] * N + col0 + tl.arange(0, D)[None, :], out,
+            tl.store(y_ptr + rows.to(tl.int64)[:, None] * N + col0 + tl.arange(0, W)[None, :], out,
                      mask=row_ok[:, None])
     else:  # two accumulators, one per half of the head, fed by the same x tile
         a1 = tl.zeros([BLOCK_M, HALF], tl.float32)
@@ -220,6 +237,17 @@ def _rotate_halves(a1, a2, rows, row_ok, cos_ptr, sin_ptr, HALF: tl.constexpr):
     return a1 * c1 - a2 * s1, a2 * c2 + a1 * s2
 
 
+@triton.jit
+def _rotate_halves_heads(a1, a2, rows, row_ok, cos_ptr, sin_ptr, HALF: tl.constexpr):
+    """:func:`_rotate_halves` for (BLOCK_M, heads, d/2) halves: every head of a row takes the row's cos and sin."""
+    trig = rows.to(tl.int64)[:, None] * (2 * HALF) + tl.arange(0, HALF)[None, :]
+    c1 = tl.load(cos_ptr + trig, mask=row_ok[:, None], other=0.0)[:, None, :]
+    c2 = tl.load(cos_ptr + trig + HALF, mask=row_ok[:, None], other=0.0)[:, None, :]
+    s1 = tl.load(sin_ptr + trig, mask=row_ok[:, None], other=0.0)[:, None, :]
+    s2 = tl.load(sin_ptr + trig + HALF, mask=row_ok[:, None], other=0.0)[:, None, :]
+    return a1 * c1 - a2 * s1, a2 * c2 + a1 * s2
+
+
 INTERPRETER_PROGRAMS = 3  # a persistent grid on the CPU: few enough that every program walks several tiles
 
 
@@ -237,7 +265,7 @@ def descriptors(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, head_dim
         raise RuntimeError(f"{config.name}: this Triton has no triton.tools.tensor_descriptor; use tma=False")
     check_tma_operands(config.name, (("x", x), ("weight", weight), ("out", y)))
     bm, bk = config.block_m, config.block_k
-    width = head_dim if config.one_dot else head_dim // 2
+    width = config.heads_per_tile * head_dim if config.one_dot else head_dim // 2
     return (TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight, [width, bk]),
             TensorDescriptor.from_tensor(y, [bm, width]))
 
@@ -271,6 +299,8 @@ def qkv_rope_linear_triton(x: torch.Tensor, weight: torch.Tensor, cos: torch.Ten
     ``SWEEP_CONFIGS[0]``."""
     config = SWEEP_CONFIGS[0] if config is None else config
     head_dim = _check(x, weight, cos, sin, num_heads)
+    if num_heads % config.heads_per_tile:
+        raise ValueError(f"{config.name}: {num_heads} heads do not fill tiles of {config.heads_per_tile}")
     m, k = x.shape
     y = torch.empty((m, weight.shape[0]), dtype=x.dtype, device=x.device)
     if m == 0:
@@ -278,13 +308,13 @@ def qkv_rope_linear_triton(x: torch.Tensor, weight: torch.Tensor, cos: torch.Ten
     descs: tuple = (x, weight, y)  # not read without TMA
     if config.tma:
         descs = descriptors(x, weight, y, head_dim, config)
-    tiles = triton.cdiv(m, config.block_m) * 3 * num_heads
+    tiles = triton.cdiv(m, config.block_m) * 3 * num_heads // config.heads_per_tile
     if config.persistent:
         tiles = min(tiles, _multiprocessors(x.device))
     _qkv_rope_gemm_kernel[(tiles,)](
         x, weight, y, cos, sin, *descs, m, k,
         HEADS=num_heads, HALF=head_dim // 2, BLOCK_M=config.block_m, BLOCK_K=config.block_k, GROUP_M=config.group_m,
-        TMA=config.tma, ONE_DOT=config.one_dot, PERSISTENT=config.persistent,
+        TMA=config.tma, ONE_DOT=config.one_dot, PERSISTENT=config.persistent, HPT=config.heads_per_tile,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return y
