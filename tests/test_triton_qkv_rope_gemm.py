@@ -51,18 +51,25 @@ def configs():
             # two heads a tile: one accumulator of 2·d, each head's halves split out of it
             "tma-1dot-2h": QkvRopeConfig(16, 16, 4, 1, group_m=2, one_dot=True, heads_per_tile=2),
             "pointer-1dot-2h-persistent": QkvRopeConfig(16, 16, 4, 1, group_m=2, tma=False, one_dot=True,
-                                                        persistent=True, heads_per_tile=2)}
+                                                        persistent=True, heads_per_tile=2),
+            # the tables' halves equal (rotary_cos_sin's): the first halves are read for both
+            "tma-1dot-2h-eq": QkvRopeConfig(16, 16, 4, 1, group_m=2, one_dot=True, heads_per_tile=2,
+                                            equal_halves=True),
+            "pointer-eq": QkvRopeConfig(16, 16, 4, 1, group_m=2, tma=False, equal_halves=True)}
 
 
 # Configurations that compute the same tiles (another load path or grid) and the one they must match bit for bit.
 TWINS = {"tma": "pointer", "tma-persistent": "pointer", "pointer-persistent": "pointer"}
 
 
-def case(m, k, heads, d, seed=0):
-    """x, W and cos/sin tables of random angles, whose two halves differ (``rotary_cos_sin``'s repeat)."""
+def case(m, k, heads, d, seed=0, equal_halves=False):
+    """x, W and cos/sin tables of random angles, whose two halves differ (unlike ``rotary_cos_sin``'s repeat), or
+    with ``equal_halves`` repeat as its do."""
     gen = torch.Generator().manual_seed(seed)
     x, weight = torch.randn(m, k, generator=gen), torch.randn(3 * heads * d, k, generator=gen)
     angle = torch.rand(m, d, generator=gen) * 6.3
+    if equal_halves:
+        angle = torch.cat([angle[:, : d // 2]] * 2, dim=1)
     return x, weight, angle.cos(), angle.sin()
 
 
@@ -121,7 +128,7 @@ def _interpreter_child() -> None:
         for m, k, heads, d in SHAPES:
             if heads % config.heads_per_tile:
                 continue  # refused (test_refusals_before_any_launch)
-            x, weight, cos, sin = case(m, k, heads, d)
+            x, weight, cos, sin = case(m, k, heads, d, equal_halves=config.equal_halves)
             got = qkv_rope_linear_triton(x, weight, cos, sin, heads, config)
             key = f"{name}/{m}x{k}x{heads}x{d}"
             outputs[key] = got
@@ -153,6 +160,10 @@ def _interpreter_child() -> None:
     assert torch.equal(y[:, 2 * heads:], v)  # v is the product itself
     for label, ref in wrong.items():
         results[f"wrong/{label}"] = _ratio(got, ref.reshape(m, -1), bound)
+    # equal_halves on tables whose halves differ: the first halves' rotation, as its contract says
+    eq = qkv_rope_linear_triton(x, weight, cos, sin, heads, configs()["pointer-eq"])
+    results["eq/first-half-tables"] = _ratio(eq, wrong["first-half-tables"].reshape(m, -1), bound)
+    results["eq/true-tables"] = _ratio(eq, right.reshape(m, -1), bound)
 
     # NaN in one row of x: only that output row is NaN. In one weight row: only that column (v) or that column and
     # its partner in the other half of the same head (q, k: the rotation mixes the halves), all else the same bits.
@@ -184,11 +195,12 @@ def interpreted():
 
 
 @pytest.mark.parametrize("name", ["pointer", "tma", "pointer-1dot", "tma-1dot-wide", "pointer-persistent",
-                                  "tma-persistent", "tma-1dot-2h", "pointer-1dot-2h-persistent"])
+                                  "tma-persistent", "tma-1dot-2h", "pointer-1dot-2h-persistent", "tma-1dot-2h-eq",
+                                  "pointer-eq"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_interpreted_matches_unfused_reference(interpreted, name, shape):
     m, k, heads, d = shape
-    if name.endswith(("2h", "2h-persistent")) and heads % 2:
+    if "2h" in name and heads % 2:
         pytest.skip("one head: no tile of two")
     row = interpreted[f"{name}/{'x'.join(map(str, shape))}"]
     assert row["shape"] == [m, 3 * heads * d] and row["dtype"] == "torch.float32"
@@ -207,6 +219,11 @@ def test_load_paths_and_grids_compute_the_same_bits(interpreted, name, shape):
 def test_the_bound_catches_a_wrong_rotation(interpreted, label):
     """The tolerance is tight enough to matter: each plausible wrong rotation breaks it many times over."""
     assert interpreted[f"wrong/{label}"] > 100
+
+
+def test_equal_halves_reads_the_first_half_of_each_table(interpreted):
+    """``equal_halves`` is a contract on the tables: given unequal halves it rotates by the first ones."""
+    assert interpreted["eq/first-half-tables"] <= 1.0 and interpreted["eq/true-tables"] > 100
 
 
 @pytest.mark.parametrize("name", ["pointer", "tma", "pointer-1dot", "tma-1dot-2h"])
@@ -234,6 +251,7 @@ def test_config_names_and_refusals():
     with pytest.raises(ValueError, match="num_stages=0"):
         module.QkvRopeConfig(num_stages=0)
     assert module.QkvRopeConfig(one_dot=True, heads_per_tile=2).name == "128xdx64w8s4t-1dot-2h"
+    assert module.QkvRopeConfig(equal_halves=True).name == "128xdx64w8s4t-eq"
     assert module.QkvRopeConfig(one_dot=True, heads_per_tile=2).shared_bytes() == 4 * (128 + 256) * 64 * 2
     for bad in (dict(heads_per_tile=2), dict(one_dot=True, heads_per_tile=3)):  # two accumulators; three heads
         with pytest.raises(ValueError, match="heads_per_tile is 1, or 2 with one_dot=True"):

@@ -147,7 +147,7 @@ def compile_report(config, rows: int = 8192) -> dict[str, Any]:
                 y_desc=descs[2], M=rows, K=DIM)
     constants = dict(HEADS=HEADS, HALF=HEAD_DIM // 2, BLOCK_M=config.block_m, BLOCK_K=config.block_k,
                      GROUP_M=config.group_m, TMA=config.tma, ONE_DOT=config.one_dot, PERSISTENT=config.persistent,
-                     HPT=config.heads_per_tile)
+                     HPT=config.heads_per_tile, EQ=config.equal_halves)
     return compile_sm90(_qkv_rope_gemm_kernel, args, constants, config.num_warps, config.num_stages,
                         aligned_attrs(args))
 

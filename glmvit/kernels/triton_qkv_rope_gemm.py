@@ -10,9 +10,9 @@ y₁, y₂ the two halves of one head's d columns (first d/2, last d/2), the q a
     out₁ = y₁·cos₁ − y₂·sin₁,   out₂ = y₂·cos₂ + y₁·sin₂      (cos₁ = cos[:, :d/2], cos₂ = cos[:, d/2:], sin alike)
 
 — ``glmvit.rotary.apply_rotary`` on (x·Wᵀ)'s q and k, which does not assume the tables' halves equal, so neither
-does this — and the v columns are y. out is (M, 3·heads·d) in x's dtype; x, weight same dtype and device, all four
-contiguous; d even, a power of two, at least 32 (the tile's halves are d/2 wide: tl.arange and the MMA's N ≥ 16);
-M = 0 gives an empty output.
+does this, unless a configuration says ``equal_halves`` — and the v columns are y. out is (M, 3·heads·d) in x's
+dtype; x, weight same dtype and device, all four contiguous; d even, a power of two, at least 32 (the tile's halves
+are d/2 wide: tl.arange and the MMA's N ≥ 16); M = 0 gives an empty output.
 
 Why: the unfused path writes the (M, 3·heads·d) projection, then a second launch reads q and k back, rotates them
 and writes them again into a (M, 2·heads·d) scratch: at 8192 rows (8 × 448² images) 48 MiB read and 48 MiB written,
@@ -87,6 +87,11 @@ class QkvRopeConfig:
     # (as the SwiGLU GEMM's packed tile: a Hopper wgmma reads its x tile once for 256 columns), and the tile's cos
     # and sin rows loaded once for both heads
     heads_per_tile: int = 1
+    # The tables' two halves are equal (``glmvit.rotary.rotary_cos_sin`` repeats its angles: [h | w | h | w]), so the
+    # epilogue loads cos₁ and sin₁ only and uses them for both halves: half the table bytes a tile. A contract on
+    # the caller's tables, which the kernel cannot check (tables with unequal halves give ``first-half-tables``'s
+    # answer: tests/test_triton_qkv_rope_gemm.py)
+    equal_halves: bool = False
 
     def __post_init__(self) -> None:
         check_launch(self, ("block_m", "block_k"), ("num_warps", "num_stages", "group_m"))
@@ -97,7 +102,7 @@ class QkvRopeConfig:
     def name(self) -> str:
         return (f"{self.block_m}xdx{self.block_k}w{self.num_warps}s{self.num_stages}{'t' if self.tma else 'p'}"
                 f"{'-1dot' if self.one_dot else ''}{'-persistent' if self.persistent else ''}"
-                f"{'-2h' if self.heads_per_tile == 2 else ''}")
+                f"{'-2h' if self.heads_per_tile == 2 else ''}{'-eq' if self.equal_halves else ''}")
 
     def shared_bytes(self, head_dim: int = 128, element_size: int = 2) -> int:
         """The pipeline's shared memory: ``num_stages`` × (x tile + the head's d weight rows). The compiler adds
@@ -126,6 +131,9 @@ SWEEP_CONFIGS = (
     QkvRopeConfig(128, 64, 8, 3, one_dot=True, persistent=True, heads_per_tile=2),
     QkvRopeConfig(64, 64, 4, 4, one_dot=True, heads_per_tile=2),
     QkvRopeConfig(128, 64, 8, 2, one_dot=True, persistent=True, heads_per_tile=2),
+    QkvRopeConfig(128, 64, 8, 3, one_dot=True, heads_per_tile=2, equal_halves=True),
+    QkvRopeConfig(128, 64, 8, 3, one_dot=True, persistent=True, heads_per_tile=2, equal_halves=True),
+    QkvRopeConfig(128, 64, 8, 4, one_dot=True, persistent=True, equal_halves=True),
 )
 
 
@@ -133,21 +141,22 @@ SWEEP_CONFIGS = (
 def _qkv_rope_gemm_kernel(x_ptr, w_ptr, y_ptr, cos_ptr, sin_ptr, x_desc, w_desc, y_desc, M, K,
                           HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                           GROUP_M: tl.constexpr, TMA: tl.constexpr, ONE_DOT: tl.constexpr,
-                          PERSISTENT: tl.constexpr = False, HPT: tl.constexpr = 1):
+                          PERSISTENT: tl.constexpr = False, HPT: tl.constexpr = 1, EQ: tl.constexpr = False):
     if PERSISTENT:  # a grid of at most one program per multiprocessor, each walking tiles pid, pid + grid, …
         tiles = tl.cdiv(M, BLOCK_M) * (3 * HEADS // HPT)
         for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0)):
             _qkv_rope_tile(tile, x_ptr, w_ptr, y_ptr, cos_ptr, sin_ptr, x_desc, w_desc, y_desc, M, K,
-                           HEADS, HALF, BLOCK_M, BLOCK_K, GROUP_M, TMA, ONE_DOT, HPT)
+                           HEADS, HALF, BLOCK_M, BLOCK_K, GROUP_M, TMA, ONE_DOT, HPT, EQ)
     else:
         _qkv_rope_tile(tl.program_id(0), x_ptr, w_ptr, y_ptr, cos_ptr, sin_ptr, x_desc, w_desc, y_desc, M, K,
-                       HEADS, HALF, BLOCK_M, BLOCK_K, GROUP_M, TMA, ONE_DOT, HPT)
+                       HEADS, HALF, BLOCK_M, BLOCK_K, GROUP_M, TMA, ONE_DOT, HPT, EQ)
 
 
 @triton.jit
 def _qkv_rope_tile(pid, x_ptr, w_ptr, y_ptr, cos_ptr, sin_ptr, x_desc, w_desc, y_desc, M, K,
                    HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                   GROUP_M: tl.constexpr, TMA: tl.constexpr, ONE_DOT: tl.constexpr, HPT: tl.constexpr):
+                   GROUP_M: tl.constexpr, TMA: tl.constexpr, ONE_DOT: tl.constexpr, HPT: tl.constexpr,
+                   EQ: tl.constexpr):
     """Output tile number ``pid`` of the grouped order: rows of one row tile, the d columns of HPT heads."""
     D: tl.constexpr = 2 * HALF
     N: tl.constexpr = 3 * HEADS * D
@@ -180,11 +189,11 @@ def _qkv_rope_tile(pid, x_ptr, w_ptr, y_ptr, cos_ptr, sin_ptr, x_desc, w_desc, y
             acc = tl.dot(x, tl.trans(w), acc)
         if rotate and HPT == 1:
             a1, a2 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
-            o1, o2 = _rotate_halves(a1, a2, rows, row_ok, cos_ptr, sin_ptr, HALF)
+            o1, o2 = _rotate_halves(a1, a2, rows, row_ok, cos_ptr, sin_ptr, HALF, EQ)
             out = tl.reshape(tl.permute(tl.join(o1, o2), (0, 2, 1)), (BLOCK_M, D)).to(y_ptr.dtype.element_ty)
         elif rotate:  # (row, head, half, j) → each head's halves, rotated with the same rows of cos and sin
             a1, a2 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, HPT, 2, HALF)), (0, 1, 3, 2)))
-            o1, o2 = _rotate_halves_heads(a1, a2, rows, row_ok, cos_ptr, sin_ptr, HALF)
+            o1, o2 = _rotate_halves_heads(a1, a2, rows, row_ok, cos_ptr, sin_ptr, HALF, EQ)
             out = tl.reshape(tl.permute(tl.join(o1, o2), (0, 1, 3, 2)), (BLOCK_M, W)).to(y_ptr.dtype.element_ty)
         else:
             out = acc.to(y_ptr.dtype.element_ty)  # the one rounding
@@ -211,7 +220,7 @@ def _qkv_rope_tile(pid, x_ptr, w_ptr, y_ptr, cos_ptr, sin_ptr, x_desc, w_desc, y
             a1 = tl.dot(x, tl.trans(w1), a1)
             a2 = tl.dot(x, tl.trans(w2), a2)
         if rotate:
-            o1, o2 = _rotate_halves(a1, a2, rows, row_ok, cos_ptr, sin_ptr, HALF)
+            o1, o2 = _rotate_halves(a1, a2, rows, row_ok, cos_ptr, sin_ptr, HALF, EQ)
         else:
             o1 = a1
             o2 = a2
@@ -227,23 +236,28 @@ def _qkv_rope_tile(pid, x_ptr, w_ptr, y_ptr, cos_ptr, sin_ptr, x_desc, w_desc, y
 
 
 @triton.jit
-def _rotate_halves(a1, a2, rows, row_ok, cos_ptr, sin_ptr, HALF: tl.constexpr):
-    """(a₁·cos₁ − a₂·sin₁, a₂·cos₂ + a₁·sin₂) in float32 for the tile's rows; cos/sin are (M, d) float32."""
+def _rotate_halves(a1, a2, rows, row_ok, cos_ptr, sin_ptr, HALF: tl.constexpr, EQ: tl.constexpr = False):
+    """(a₁·cos₁ − a₂·sin₁, a₂·cos₂ + a₁·sin₂) in float32 for the tile's rows; cos/sin are (M, d) float32. ``EQ``:
+    cos₂ = cos₁ and sin₂ = sin₁ (QkvRopeConfig.equal_halves), not loaded."""
     trig = rows.to(tl.int64)[:, None] * (2 * HALF) + tl.arange(0, HALF)[None, :]
     c1 = tl.load(cos_ptr + trig, mask=row_ok[:, None], other=0.0)
-    c2 = tl.load(cos_ptr + trig + HALF, mask=row_ok[:, None], other=0.0)
     s1 = tl.load(sin_ptr + trig, mask=row_ok[:, None], other=0.0)
+    if EQ:
+        return a1 * c1 - a2 * s1, a2 * c1 + a1 * s1
+    c2 = tl.load(cos_ptr + trig + HALF, mask=row_ok[:, None], other=0.0)
     s2 = tl.load(sin_ptr + trig + HALF, mask=row_ok[:, None], other=0.0)
     return a1 * c1 - a2 * s1, a2 * c2 + a1 * s2
 
 
 @triton.jit
-def _rotate_halves_heads(a1, a2, rows, row_ok, cos_ptr, sin_ptr, HALF: tl.constexpr):
+def _rotate_halves_heads(a1, a2, rows, row_ok, cos_ptr, sin_ptr, HALF: tl.constexpr, EQ: tl.constexpr):
     """:func:`_rotate_halves` for (BLOCK_M, heads, d/2) halves: every head of a row takes the row's cos and sin."""
     trig = rows.to(tl.int64)[:, None] * (2 * HALF) + tl.arange(0, HALF)[None, :]
     c1 = tl.load(cos_ptr + trig, mask=row_ok[:, None], other=0.0)[:, None, :]
-    c2 = tl.load(cos_ptr + trig + HALF, mask=row_ok[:, None], other=0.0)[:, None, :]
     s1 = tl.load(sin_ptr + trig, mask=row_ok[:, None], other=0.0)[:, None, :]
+    if EQ:
+        return a1 * c1 - a2 * s1, a2 * c1 + a1 * s1
+    c2 = tl.load(cos_ptr + trig + HALF, mask=row_ok[:, None], other=0.0)[:, None, :]
     s2 = tl.load(sin_ptr + trig + HALF, mask=row_ok[:, None], other=0.0)[:, None, :]
     return a1 * c1 - a2 * s1, a2 * c2 + a1 * s2
 
@@ -315,6 +329,7 @@ def qkv_rope_linear_triton(x: torch.Tensor, weight: torch.Tensor, cos: torch.Ten
         x, weight, y, cos, sin, *descs, m, k,
         HEADS=num_heads, HALF=head_dim // 2, BLOCK_M=config.block_m, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         TMA=config.tma, ONE_DOT=config.one_dot, PERSISTENT=config.persistent, HPT=config.heads_per_tile,
+        EQ=config.equal_halves,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return y
