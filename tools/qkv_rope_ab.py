@@ -17,7 +17,7 @@ Every output (q̃, k̃ and v) is checked against the float32 rotation of the flo
 order, the lower median kept and both recorded. A path that fails is one line, never a traceback. CUDA only (exit 2
 elsewhere)::
 
-    GLMVIT_GIT_COMMIT=$(git rev-parse HEAD) python tools/qkv_rope_ab.py --json data/sweeps/qkv_rope_ab_h200.json
+    GLMVIT_GIT_COMMIT=$(git rev-parse HEAD) python tools/qkv_rope_ab.py --json data/sweeps/qkv_rope_ab_h100.json
 
 ``--compile-only`` needs no GPU: it compiles every configuration for sm_90 with the installed Triton (its bundled
 ptxas) at M = 8192, specialised as a launch would be (aligned pointers, sizes multiples of 16), and prints what

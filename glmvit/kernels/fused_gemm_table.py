@@ -7,7 +7,8 @@ this table (the choice depends on the A/B, not the other way round):
   threshold) and ``swiglu_ab_h100.json`` (the packed layout, both layouts timed side by side);
 - the attention's qkv matmul with q and k rotated in its epilogue (``glmvit.kernels.triton_qkv_rope_gemm``)
   instead of cuBLAS's matmul, then the attention's own rotation: ``tools/qkv_rope_ab.py``,
-  ``data/sweeps/qkv_rope_ab_h200.json``.
+  ``data/sweeps/qkv_rope_ab_h100.json`` (two heads a tile, the threshold) and ``qkv_rope_ab_h200.json`` (one head a
+  tile: it lost at every row count).
 
 CUDA, fp16/bf16 only: on the CPU, and in float32, the model keeps transformers' arithmetic. Hopper (sm_9x) only
 (:func:`measured_gpu`): the kernels are tuned for Hopper (TMA descriptors, its 227 KiB of shared memory a block) and
@@ -55,8 +56,17 @@ SWIGLU_PACKED_SMALL: dict[str, Any] = dict(block_m=64, block_n=PACK_TILE, block_
                                            packed=True)
 SWIGLU_PACKED_PERSISTENT: dict[str, Any] = dict(block_m=128, block_n=PACK_TILE, block_k=64, num_warps=8,
                                                 num_stages=3, persistent=True, packed=True)
-# The fused rotary qkv GEMM from this many rows on (None: never).
-QKV_ROPE_MIN_ROWS: int | None = None
+# The fused rotary qkv GEMM from this many rows on (None: never). data/sweeps/qkv_rope_ab_h100.json: at 8192 and 16384
+# rows the configuration below took 193.8 and 385.0 µs against 208.5 and 419.8 for the faster unfused path (cuBLAS's
+# matmul, then the rotation; cuBLAS's matmul alone 171.5 and 353.5), and at 256 and 1024 rows 18.5 and 37.6 against
+# 10.7 and 25.0: a fixed cost the small grids do not hide. Nothing was measured between 1024 and 8192 rows, so those
+# batches keep the unfused path.
+QKV_ROPE_MIN_ROWS: int | None = 8192
+# Its configuration, as QkvRopeConfig's arguments: the fastest of the A/B's at every row count from the threshold on.
+# Two heads a tile (one wgmma of N = 2·128 = 256 per K step, the x tile read once for both heads), a persistent grid,
+# and only the first halves of the cos and sin tables loaded (equal_halves: rotary_cos_sin repeats its angles).
+QKV_ROPE: dict[str, Any] = dict(block_m=128, block_k=64, num_warps=8, num_stages=3, one_dot=True, persistent=True,
+                                heads_per_tile=2, equal_halves=True)
 
 
 # The GPU generation the fused GEMMs run on (compute capability major): Hopper, where they were tuned and measured.
@@ -112,8 +122,14 @@ def _swiglu_configs(packed: bool) -> tuple[SwigluConfig, SwigluConfig]:
 
 
 def qkv_rope_config(rows: int) -> QkvRopeConfig:
-    """The fused rotary qkv GEMM's configuration for a batch of ``rows`` rows (one for every row count until an
-    A/B shows a row range where another wins)."""
-    from .triton_qkv_rope_gemm import QkvRopeConfig
+    """The fused rotary qkv GEMM's configuration for a batch of ``rows`` rows: ``QKV_ROPE`` at every row count
+    (built once: the op asks on every call). Its ``equal_halves`` is a contract on the tables, which the model
+    keeps: they come from ``glmvit.rotary.rotary_cos_sin``."""
+    return _qkv_rope_config()
 
-    return QkvRopeConfig()
+
+@functools.cache
+def _qkv_rope_config() -> QkvRopeConfig:
+    from .triton_qkv_rope_gemm import QkvRopeConfig  # the kernel module imports Triton: on first use only
+
+    return QkvRopeConfig(**QKV_ROPE)
