@@ -354,3 +354,64 @@ def test_rows_host_refuses_to_start_without_a_shared_folder(monkeypatch, capsys)
     assert exited.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
         "--rows host needs a shared-memory folder: /dev/shm has 12 MiB free (see --help)")
+
+
+class _SlowMedia(serve_media.RequestMedia):
+    """A request's media whose rows take ``seconds`` to make and say when they were made (into ``log``)."""
+
+    def __init__(self, name, log, seconds=0.05):
+        super().__init__(items=[])
+        self.name, self.log, self.seconds = name, log, seconds
+
+    @property
+    def grid_thw(self):
+        return np.array([[1, 2, 2]])
+
+    @property
+    def records(self):
+        return [{"name": self.name}]
+
+    def rows(self, device, dtype):
+        self.log.append(("rows", self.name))
+        time.sleep(self.seconds)
+        return torch.full((4, 1176), float(len(self.log)), dtype=dtype)
+
+    def discard(self):
+        pass
+
+
+class _Scheduler:
+    """What LocalBackend asks of a scheduler: its model's device and dtype, submit (logged, answered at once)."""
+
+    def __init__(self, log):
+        self.log, self.model = log, torch.nn.Linear(1, 1)
+        self.model.device, self.model.dtype = torch.device("cpu"), torch.float32
+
+    def submit(self, pixels, grid, check):
+        from concurrent.futures import Future
+        from types import SimpleNamespace
+
+        self.log.append(("admit", int(pixels[0, 0].item())))
+        done = Future()
+        done.set_result(SimpleNamespace(outputs=[pixels[:1]], request_id=len(self.log), queue_s=0.0, total_s=0.0,
+                                        stage_s=0.0, batches=[]))
+        return done
+
+
+def test_a_request_is_admitted_as_its_rows_are_made_never_behind_other_requests_rows():
+    """Rows and admission are one pool job a request: with one pool thread and three requests at once, each is
+    admitted right after its own rows, not after every request's rows (the order two jobs a request would give:
+    the admissions queued behind the rows submitted meanwhile, the fill of a busy server)."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    log: list = []
+    with ThreadPoolExecutor(1) as pool, ThreadPoolExecutor(1) as answers:
+        backend = serve_backend.LocalBackend(_Scheduler(log), pool, answers, lambda out, rec, dtype, alloc: b"ok")
+
+        async def three():
+            return await asyncio.gather(*(backend.encode(_SlowMedia(name, log), "model") for name in "abc"))
+
+        encoded = asyncio.run(three())
+    assert [kind for kind, _ in log] == ["rows", "admit"] * 3, log
+    assert [e.body for e in encoded] == [b"ok"] * 3 and all(e.rows_s >= 0.05 for e in encoded)

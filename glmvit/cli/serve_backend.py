@@ -107,9 +107,10 @@ Pack = Callable[[list[torch.Tensor], list[dict[str, Any]], str, Callable[[int], 
 
 
 class LocalBackend:
-    """The scheduler in this process: rows and admission on ``pool``'s threads, answers serialised by ``pack``
-    (outputs, records, the answer's dtype: ``float32`` or ``model``, and where to write it: ``allocate(size)``, a
-    writable buffer) on ``answers``' threads."""
+    """The scheduler in this process: rows and admission on ``pool``'s threads (one job a request: an admission
+    never queues behind other requests' rows), answers serialised by ``pack`` (outputs, records, the answer's dtype:
+    ``float32`` or ``model``, and where to write it: ``allocate(size)``, a writable buffer) on ``answers``'
+    threads."""
 
     fingerprint = None  # the code's fingerprint: the caller takes its own (it runs this process's code)
 
@@ -128,25 +129,16 @@ class LocalBackend:
         """``source`` encoded and its answer serialised in ``dtype`` into ``allocate(size)``; :class:`ClientLeft` if
         ``gone()`` says its client left once its outputs are ready (nothing is serialised then)."""
         start = time.perf_counter()
-        if isinstance(source, RequestMedia):
-            job = self.pool.submit(device_rows, source, self.model.device, self.model.dtype)
-            try:
-                rows = await asyncio.wrap_future(job)
-            except asyncio.CancelledError:  # its client left: a job that never ran removes no frames, so here
-                if job.cancel():
-                    source.discard()
-                raise
-            prepared = Prepared(rows, torch.from_numpy(source.grid_thw), source.records, finite=True)
-        else:
-            prepared = source
-        prepared_at = time.perf_counter()
-        admission = self.pool.submit(self.scheduler.submit, prepared.pixel_values, prepared.grid_thw,
-                                     not prepared.finite)
+        # one pool job makes the rows and admits them: admission never queues behind other requests' rows
+        job = self.pool.submit(self._admit, source)
         try:
-            future = await asyncio.wrap_future(admission)
-        except asyncio.CancelledError:  # its client left: a request admitted meanwhile is withdrawn once it is
-            if not admission.cancel():
-                admission.add_done_callback(self._withdraw_admitted)
+            prepared, prepared_at, future = await asyncio.wrap_future(job)
+        except asyncio.CancelledError:  # its client left: a job that never ran removes no frames, so here; one
+            if job.cancel():  # that runs withdraws what it admits once it is done
+                if isinstance(source, RequestMedia):
+                    source.discard()
+            else:
+                job.add_done_callback(self._withdraw_admitted)
             raise
         admitted = time.perf_counter()
         try:
@@ -163,10 +155,22 @@ class LocalBackend:
                        prepared_at - start, max(0.0, admitted - prepared_at - result.stage_s),
                        time.perf_counter() - packing)
 
+    def _admit(self, source: RequestMedia | Prepared) -> tuple[Prepared, float, Any]:
+        """On a pool thread: ``source``'s rows (media: made on the model's device, :func:`device_rows`), then
+        admitted to the scheduler; the rows, when they were ready (perf_counter s) and the scheduler's future."""
+        if isinstance(source, RequestMedia):
+            rows = device_rows(source, self.model.device, self.model.dtype)
+            prepared = Prepared(rows, torch.from_numpy(source.grid_thw), source.records, finite=True)
+        else:
+            prepared = source
+        prepared_at = time.perf_counter()
+        return prepared, prepared_at, self.scheduler.submit(prepared.pixel_values, prepared.grid_thw,
+                                                            not prepared.finite)
+
     def _withdraw_admitted(self, admission: Any) -> None:
-        """An admission's done callback, its client gone: the request it admitted (if any) is withdrawn."""
+        """An admission job's done callback, its client gone: the request it admitted (if any) is withdrawn."""
         if admission.exception() is None:
-            self.scheduler.withdraw(admission.result())
+            self.scheduler.withdraw(admission.result()[2])
 
     def stats(self) -> dict[str, Any]:
         return self.scheduler.stats()
