@@ -92,3 +92,27 @@ def test_the_steady_rate_counts_the_answers_between_the_first_and_the_last_tenth
     record = run_record("graph", float("inf"), argparse.Namespace(burstiness=1.0, max_concurrency=None),
                         Workload(grids, [[4]] * 21, [0] * 21, [], {}), outcomes, 9.0, {"busy_s": 1.0}, 20.0)
     assert record["steady_items_per_s"] == pytest.approx(10.0) and record["steady_vs_floor"] == pytest.approx(0.5)
+
+
+def test_at_rate_inf_the_first_request_is_on_the_wire_before_the_last_is_made():
+    """drive starts one request a pass of the event loop: request 0 gets past its first await (its write, in the
+    HTTP client) before request n−1 starts, rather than after all n are made; and every outcome comes back, in
+    order."""
+    import asyncio
+    import math
+    import time
+    from types import SimpleNamespace
+
+    from glmvit.cli import bench_serve
+
+    log: list = []
+
+    async def send(j):
+        log.append(("start", j))
+        await asyncio.sleep(0)
+        log.append(("written", j))
+        return SimpleNamespace(j=j, done=time.perf_counter())
+
+    outcomes, start, end = asyncio.run(bench_serve.drive(send, 50, math.inf, 1.0, None, 0))
+    assert [o.j for o in outcomes] == list(range(50)) and end == max(o.done for o in outcomes) > start
+    assert log.index(("written", 0)) < log.index(("start", 49)), log[:8]

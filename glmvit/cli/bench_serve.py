@@ -431,7 +431,12 @@ class InProcessTarget:
 # ---- one run ---------------------------------------------------------------------------------------------------
 async def drive(send: Send, n: int, rate: float, burstiness: float, max_concurrency: int | None,
                 seed: int) -> tuple[list[Outcome], float, float]:
-    """Send requests 0..n−1 at their arrival times; their outcomes, the start and the end (perf_counter s)."""
+    """Send requests 0..n−1 at their arrival times; their outcomes, the start and the end (perf_counter s).
+
+    Each request is started as its own task and the event loop runs once before the next is made, so a request
+    due now is on the wire while the later ones are still being made. Gathering all n at once would make every
+    request (≈ 0.3 ms of the client's CPU each in aiohttp) before the first byte is written: at rate inf the
+    server would see nothing for the first n·0.3 ms of the run."""
     offsets = arrival_offsets(n, rate, burstiness, seed)
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     start = time.perf_counter()
@@ -443,7 +448,16 @@ async def drive(send: Send, n: int, rate: float, burstiness: float, max_concurre
         async with limit:
             return await send(j)
 
-    outcomes = await asyncio.gather(*(one(j) for j in range(n)))
+    tasks: list[asyncio.Future[Outcome]] = []
+    try:
+        for j in range(n):
+            tasks.append(asyncio.ensure_future(one(j)))
+            await asyncio.sleep(0)  # one pass of the loop: the requests started so far write while the next is made
+        outcomes = await asyncio.gather(*tasks)
+    except BaseException:  # cancelled or a request failed: none of this run's requests outlives it
+        for task in tasks:
+            task.cancel()
+        raise
     return list(outcomes), start, max(o.done for o in outcomes)
 
 
