@@ -1,6 +1,7 @@
 """Triton kernel: the attention's qkv projection, x · Wᵀ, whose epilogue rotates q and k (2D rotary, NeoX half-split)
-and leaves v as the matmul gives it. A candidate beside the model's path (cuBLAS ``qkv``, then the separate rotation
-launch ``rotate_qk_triton``); timed by ``tools/qkv_rope_ab.py``; the model does not run it.
+and leaves v as the matmul gives it, in place of cuBLAS's ``qkv`` then the separate rotation launch
+``rotate_qk_triton``; timed by ``tools/qkv_rope_ab.py``; the model runs it where ``fused_gemm_table`` says (from
+``QKV_ROPE_MIN_ROWS`` rows, in ``QKV_ROPE``'s configuration).
 
 Spec: ``qkv_rope_linear_triton(x, weight, cos, sin, num_heads, config)`` with x (M, K), ``weight`` (3·heads·d, K)
 (output columns [q: heads × d | k: heads × d | v: heads × d], each weight row one output column) and cos, sin
@@ -44,11 +45,9 @@ rounding in both. Adopting it changes the model's bf16 output bitwise (recorded 
 be re-read), not its float32 contract.
 
 What a downstream attention must then do: treat q and k as prerotated. The output holds q̃ and k̃ in the q and k
-columns of a qkv-shaped (M, 3·heads·d) tensor, so the attention must not rotate again: the Triton attention's
-prerotated path (``rope_varlen_attention_triton`` with ``prerotate=True``) would read q̃, k̃ from this output
-itself (its ``qk`` pointer = the output, row stride 3·heads·d instead of the scratch's 2·heads·d, ROTATE_Q and
-ROTATE_K off) and skip ``rotate_qk_triton``; the cuDNN backend would take q̃, k̃ as views of the output (its ragged
-offsets of q and k then count rows of 3·heads·d). Neither is wired here.
+columns of a qkv-shaped (M, 3·heads·d) tensor, so the attention must not rotate again: the model's ``Attention.heads``
+passes ``rotated=True`` to ``glmvit.attention.attend_qkv`` after this GEMM, and every backend then reads q̃, k̃ where
+they are (no ``rotate_qk_triton`` launch).
 Under ``TRITON_INTERPRET=1`` it runs on CPU tensors (fp32), both load paths, both grids and ``one_dot`` included.
 """
 from __future__ import annotations
