@@ -148,6 +148,7 @@ FUSED = {  # fused_gemm_table's rules: (threshold name, configuration function, 
     "swiglu": ("SWIGLU_MIN_ROWS", "swiglu_config", "swiglu_ab_h100.json"),  # the A/B that timed both layouts
     "qkv_rope": ("QKV_ROPE_MIN_ROWS", "qkv_rope_config", "qkv_rope_ab_h100.json"),  # two heads a tile
 }
+MORE_ROWS = {"qkv_rope": ("qkv_rope_ab_rows_h100.json",)}  # a rule's A/Bs at further row counts, read with its own
 
 
 def _fused_rules() -> list[str]:
@@ -165,10 +166,12 @@ def test_a_fused_gemm_threshold_is_where_its_ab_says_the_fused_kernel_wins(rule)
     from glmvit.kernels import fused_gemm_table
 
     threshold, config_fn, record = FUSED[rule]
-    path = Path(__file__).parents[1] / "data" / "sweeps" / record
-    assert path.exists(), f"{rule} is switched on but its A/B record {path} is missing"
+    results = []
+    for name in (record, *MORE_ROWS.get(rule, ())):
+        path = Path(__file__).parents[1] / "data" / "sweeps" / name
+        assert path.exists(), f"{rule} is switched on but its A/B record {path} is missing"
+        results += json.loads(path.read_text())["results"]
     min_rows = getattr(fused_gemm_table, threshold)
-    results = json.loads(path.read_text())["results"]
     assert min_rows >= min(result["rows"] for result in results), (rule, min_rows)
     for result in results:
         paths, rows = result["paths"], result["rows"]

@@ -56,12 +56,13 @@ SWIGLU_PACKED_SMALL: dict[str, Any] = dict(block_m=64, block_n=PACK_TILE, block_
                                            packed=True)
 SWIGLU_PACKED_PERSISTENT: dict[str, Any] = dict(block_m=128, block_n=PACK_TILE, block_k=64, num_warps=8,
                                                 num_stages=3, persistent=True, packed=True)
-# The fused rotary qkv GEMM from this many rows on (None: never). data/sweeps/qkv_rope_ab_h100.json: at 8192 and 16384
-# rows the configuration below took 193.8 and 385.0 µs against 208.5 and 419.8 for the faster unfused path (cuBLAS's
-# matmul, then the rotation; cuBLAS's matmul alone 171.5 and 353.5), and at 256 and 1024 rows 18.5 and 37.6 against
-# 10.7 and 25.0: a fixed cost the small grids do not hide. Nothing was measured between 1024 and 8192 rows, so those
-# batches keep the unfused path.
-QKV_ROPE_MIN_ROWS: int | None = 8192
+# The fused rotary qkv GEMM from this many rows on (None: never): the smallest row count of its A/Bs from which it
+# wins at every one. On an H100 the configuration below took, against the faster unfused path (cuBLAS's matmul, then
+# the rotation launch): 128.6 against 131.5 µs at 5332 rows (one 1022² image), 149.6 against 157.6 at 6144, 193.8
+# against 208.5 at 8192 and 385.0 against 419.8 at 16384 (data/sweeps/qkv_rope_ab_rows_h100.json,
+# qkv_rope_ab_h100.json); it lost from 4096 rows down (103.5 against 99.2; at 256 rows 18.5 against 10.7: a fixed
+# cost small grids do not hide). The graphs' budgets are powers of two, so of them it runs from 8192 on.
+QKV_ROPE_MIN_ROWS: int | None = 5332
 # Its configuration, as QkvRopeConfig's arguments: the fastest of the A/B's at every row count from the threshold on.
 # Two heads a tile (one wgmma of N = 2·128 = 256 per K step, the x tile read once for both heads), a persistent grid,
 # and only the first halves of the cos and sin tables loaded (equal_halves: rotary_cos_sin repeats its angles).
