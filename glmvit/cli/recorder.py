@@ -434,7 +434,8 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
                                           decode if one_process else None, session, start_decode=one_process)
             built = time.perf_counter() - start
             server = ServerThread(service, port=int(url.rsplit(":", 1)[1]), serve=serve.serve_function(sargs))
-            # N API server processes each import torch and start their decode workers before they listen
+            # N API server processes each import torch before they listen; their decode workers start meanwhile and
+            # may still be starting then (/v1/info's ready counts them): the warm-up requests wait for them
             with server.start(timeout=60.0 if one_process else STARTUP_TIMEOUT_S + 30):
                 listening = time.perf_counter() - start
                 code = client.wait()
