@@ -144,11 +144,11 @@ def test_auto_attention_with_fa4_is_never_slower_than_without_and_fa4_runs_where
     assert picked, "the rule runs fa4 on no swept layout"
 
 
-FUSED = {  # fused_gemm_table's rules: (threshold name, configuration function, A/B record)
-    "swiglu": ("SWIGLU_MIN_ROWS", "swiglu_config", "swiglu_ab_h100.json"),  # the A/B that timed both layouts
-    "qkv_rope": ("QKV_ROPE_MIN_ROWS", "qkv_rope_config", "qkv_rope_ab_h100.json"),  # two heads a tile
+FUSED = {  # fused_gemm_table's rules: (threshold name, configuration function, A/B records, read together)
+    "swiglu": ("SWIGLU_MIN_ROWS", "swiglu_config", ("swiglu_ab_h100.json",)),  # the A/B that timed both layouts
+    "qkv_rope": ("QKV_ROPE_MIN_ROWS", "qkv_rope_config",  # two heads a tile, then the row counts between
+                 ("qkv_rope_ab_h100.json", "qkv_rope_ab_rows_h100.json")),
 }
-MORE_ROWS = {"qkv_rope": ("qkv_rope_ab_rows_h100.json",)}  # a rule's A/Bs at further row counts, read with its own
 
 
 def _fused_rules() -> list[str]:
@@ -165,9 +165,9 @@ def test_a_fused_gemm_threshold_is_where_its_ab_says_the_fused_kernel_wins(rule)
     MIN_ROWS is no smaller than the smallest row count the A/B measured (no row count is switched on unmeasured)."""
     from glmvit.kernels import fused_gemm_table
 
-    threshold, config_fn, record = FUSED[rule]
+    threshold, config_fn, records = FUSED[rule]
     results = []
-    for name in (record, *MORE_ROWS.get(rule, ())):
+    for name in records:
         path = Path(__file__).parents[1] / "data" / "sweeps" / name
         assert path.exists(), f"{rule} is switched on but its A/B record {path} is missing"
         results += json.loads(path.read_text())["results"]
@@ -198,7 +198,7 @@ def test_the_packed_swiglu_configurations_the_model_runs_win_in_their_ab():
     them, and they win where the plain ones are checked to win above; one the record never timed fails."""
     from glmvit.kernels import fused_gemm_table
 
-    record = json.loads((Path(__file__).parents[1] / "data" / "sweeps" / FUSED["swiglu"][2]).read_text())["results"]
+    record = json.loads((Path(__file__).parents[1] / "data" / "sweeps" / FUSED["swiglu"][2][0]).read_text())["results"]
     for rows in (fused_gemm_table.SWIGLU_MIN_ROWS, fused_gemm_table.SWIGLU_PERSISTENT_MIN_ROWS):
         plain, packed = _fused_config("swiglu", rows, False), _fused_config("swiglu", rows, True)
         assert not plain.packed and packed.packed and packed.block_n == fused_gemm_table.PACK_TILE

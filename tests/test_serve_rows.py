@@ -413,5 +413,8 @@ def test_a_request_is_admitted_as_its_rows_are_made_never_behind_other_requests_
             return await asyncio.gather(*(backend.encode(_SlowMedia(name, log), "model") for name in "abc"))
 
         encoded = asyncio.run(three())
-    assert [kind for kind, _ in log] == ["rows", "admit"] * 3, log
+        pixels = serve_backend.Prepared(torch.ones(4, 1176), torch.tensor([[1, 2, 2]]), [{}])
+        sent = asyncio.run(backend.encode(pixels, "model"))
+    assert [kind for kind, _ in log] == ["rows", "admit"] * 3 + ["admit"], log
     assert [e.body for e in encoded] == [b"ok"] * 3 and all(e.rows_s >= 0.05 for e in encoded)
+    assert sent.rows_s == 0.0 and sent.admit_s >= 0.0  # pixel rows sent as such: no rows made, Encoded's contract

@@ -130,7 +130,7 @@ class LocalBackend:
         ``gone()`` says its client left once its outputs are ready (nothing is serialised then)."""
         start = time.perf_counter()
         # one pool job makes the rows and admits them: admission never queues behind other requests' rows
-        job = self.pool.submit(self._admit, source)
+        job = self.pool.submit(self._admit, source, start)
         try:
             prepared, prepared_at, future = await asyncio.wrap_future(job)
         except asyncio.CancelledError:  # its client left: a job that never ran removes no frames, so here; one
@@ -155,15 +155,17 @@ class LocalBackend:
                        prepared_at - start, max(0.0, admitted - prepared_at - result.stage_s),
                        time.perf_counter() - packing)
 
-    def _admit(self, source: RequestMedia | Prepared) -> tuple[Prepared, float, Any]:
+    def _admit(self, source: RequestMedia | Prepared, start: float) -> tuple[Prepared, float, Any]:
         """On a pool thread: ``source``'s rows (media: made on the model's device, :func:`device_rows`), then
-        admitted to the scheduler; the rows, when they were ready (perf_counter s) and the scheduler's future."""
+        admitted to the scheduler; the rows, when they were ready (perf_counter s: ``start`` for pixel rows sent as
+        such, so that their wait for a pool thread counts as admission, as :class:`Encoded` says) and the
+        scheduler's future."""
         if isinstance(source, RequestMedia):
             rows = device_rows(source, self.model.device, self.model.dtype)
             prepared = Prepared(rows, torch.from_numpy(source.grid_thw), source.records, finite=True)
+            prepared_at = time.perf_counter()
         else:
-            prepared = source
-        prepared_at = time.perf_counter()
+            prepared, prepared_at = source, start
         return prepared, prepared_at, self.scheduler.submit(prepared.pixel_values, prepared.grid_thw,
                                                             not prepared.finite)
 
