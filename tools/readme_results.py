@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT))
 
 from glmvit.cli.bench_serve import rate_label  # noqa: E402 - the repository's own package, by path
 from glmvit.eager_agreement import eager_timings  # noqa: E402 - the repository's own package, by path
+from glmvit.peer_check import compiled_peer_gain, compiled_peer_ran_compiled  # noqa: E402 - the repository's own package, by path
 from glmvit.records import (  # noqa: E402 - the repository's own package, by path
     BenchRecord,
     InterpRecord,
@@ -88,6 +89,8 @@ def fixed_table() -> list[str]:
         gc = m["graph-compiled"]
         peer = f"{m['transformers-compiled']['median_ms'] / gc['median_ms']:.2f}×" if "transformers-compiled" in m \
             else "–"
+        if not compiled_peer_ran_compiled(run):  # a ratio to a peer that ran as if uncompiled is not glmvit's
+            peer = f"– (the compiled peer took {compiled_peer_gain(run):.2f}× transformers' time: not compiled)"
         rows.append(f"| {label} (`{name}.json` @ {run.provenance.short_commit}, "
                     f"{run.workload['requests']} requests{mark(run)}) | "
                     + " | ".join(median_cell(m[k]) if k in m else "–" for k in PEERS)
