@@ -3,9 +3,9 @@
 ``transformers-compiled`` is transformers' model under ``torch.compile(mode="reduce-overhead")``: inductor fuses its
 elementwise ops and the launches they cost, so in every record run from s29_9873271r1 (H200) to s45_4540046r1 (H100)
 it took 0.30–0.57× the time of ``transformers`` itself on the same requests (one 224² image and 8×448²; the
-records' git history holds them). A compiled peer that takes about
-what ``transformers`` takes ran as if uncompiled (dynamo falling back to eager after a recompile limit or a graph
-break does that), and a ratio to it would credit glmvit with the peer's failure. :data:`COMPILED_PEER_MAX` draws
+records' git history holds them). A compiled peer that takes about what ``transformers`` takes ran as if uncompiled
+(dynamo falling back to eager after a recompile limit or a graph break does that), and a ratio to it would credit
+glmvit with the peer's failure. :data:`COMPILED_PEER_MAX` draws
 the line between the slowest compiled peer of those runs (0.57×) and no gain at all (1.0×).
 ``tools/readme_results.py`` prints no ratio for such a record and ``tests/test_recorded_data.py`` holds the rule.
 Nothing that records imports this module: the records do not depend on it."""

@@ -256,7 +256,6 @@ def test_the_eager_probe_shows_host_work_slowing_with_the_forward():
     assert max(host) / min(host) > 1.5  # host work alone, blocks of one process seconds apart: the host's swing
 
 
-
 # Records whose compiled peer ran as if uncompiled, and why: the check is strict for every other record, and fails for
 # these once their peer ran compiled (the entry is then wrong: remove it).
 PEER_NOT_COMPILED = {

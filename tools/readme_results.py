@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))
 
 from glmvit.cli.bench_serve import rate_label  # noqa: E402 - the repository's own package, by path
 from glmvit.eager_agreement import eager_timings  # noqa: E402 - the repository's own package, by path
-from glmvit.peer_check import compiled_peer_gain, compiled_peer_ran_compiled  # noqa: E402 - the repository's own package, by path
+from glmvit.peer_check import compiled_peer_gain, compiled_peer_ran_compiled  # noqa: E402 - the package, by path
 from glmvit.records import (  # noqa: E402 - the repository's own package, by path
     BenchRecord,
     InterpRecord,
