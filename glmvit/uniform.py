@@ -46,6 +46,18 @@ def uniform_length(frame_rows: Iterable[int], rows: int, min_rows: int) -> int |
     return lengths.pop()
 
 
+def planned_uniform_lengths(frames: Iterable[tuple[int, int]], device_type: str, dtype: str,
+                            attn_backend: str | None = None) -> tuple[int, ...]:
+    """What a runner planned for a known workload captures uniform graphs for by default, as ``bench`` does
+    (``glmvit.cli.bench.uniform_lengths`` with ``--uniform-graphs auto``): the workload's lengths
+    (:func:`uniform_lengths_for`, ``frames`` as there) where the rule was measured (:func:`uniform_graphs_pay`) and
+    with the device's own attention backend; none when an ``attn_backend`` is named (that kernel everywhere) or
+    elsewhere."""
+    if attn_backend or not uniform_graphs_pay(device_type, dtype):
+        return ()
+    return uniform_lengths_for(frames)
+
+
 def uniform_graphs_pay(device_type: str, dtype: str) -> bool:
     """Whether the rule above was measured where a runner would apply it: a CUDA device (``device_type``) in
     ``float16`` or ``bfloat16`` (``dtype``, torch's name), where the dense path is the Triton rotation launch and

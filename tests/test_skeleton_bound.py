@@ -4,6 +4,7 @@ import torch
 
 from glmvit.config import VisionConfig
 from glmvit.floor import flops_breakdown
+from tools import skeleton_bound
 from tools.skeleton_bound import WORKLOADS, main, segment_lengths, skeleton, steady, summary
 
 
@@ -73,3 +74,26 @@ def test_a_cublaslt_algorithm_is_described_by_what_it_reports():
 def test_without_cuda_it_refuses_in_one_line(capsys):
     assert main(["--workloads", "1x224"]) == 2
     assert capsys.readouterr().err.strip() == "skeleton_bound times CUDA kernels: this machine has no CUDA device"
+
+
+def test_the_run_regime_replays_as_many_as_the_record_times():
+    """The ``run`` regime stands for the record that measures each workload: bench's requests (the jobs' own
+    --num-requests) and, for sixteen clips, the in-process serving run's batches (within 5 %: its count of batches
+    is measured, the first ones part-full)."""
+    import json
+
+    from glmvit.cli import recorder
+
+    jobs = {j.name: j for j in recorder.jobs()}
+
+    def requests(name: str) -> int:
+        argv = jobs[name].argv
+        return int(argv[argv.index("--num-requests") + 1])
+
+    assert skeleton_bound.RUN_REPLAYS["1x224"] == requests("img1x224")
+    assert skeleton_bound.RUN_REPLAYS["clip8x224"] == requests("video8x224")
+    assert skeleton_bound.RUN_REPLAYS["8x448"] == requests("img8x448")
+    record = json.loads((recorder.REPO / "data" / "bench" / "serve_video8x224_in_process.json").read_text())
+    batches = record["runs"][0]["server"]["batches"]
+    assert abs(skeleton_bound.RUN_REPLAYS["16clips"] - batches) <= 0.05 * batches
+    assert set(skeleton_bound.RUN_REPLAYS) == set(skeleton_bound.WORKLOADS)

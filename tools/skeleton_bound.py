@@ -27,12 +27,18 @@ regimes, since an H200 under its power cap lowers its clock (``tools/sustained_f
 
 1. ``burst``: after ``--rest-s`` idle, the model's replay and the skeleton's in turn, ``--burst`` times each,
    ``--gap-s`` idle after each (so the clock stays where an idle GPU starts);
-2. ``sustained``: each back to back for ``--seconds`` (the model first, then the skeleton, after a rest); the
+2. ``run``: after a rest, each back to back as many times as the record that times the workload does
+   (:data:`RUN_REPLAYS`: a benchmark's requests, the in-process serving run's batches) after 5 warm-up replays; the
+   median of all. The regime the records' own medians are taken in: from an idle clock into the power cap;
+3. ``sustained``: each back to back for ``--seconds`` (the model first, then the skeleton, after a rest); the
    median of the second half.
 
 Each replay is timed between CUDA events with the SM clock and board power read beside it (``tools/gap_probe.py``'s
 ``timed``). A target below the skeleton's burst median is out of reach for this design whatever the clock; below
-its sustained median, out of reach for a workload that keeps the GPU at its power cap. CUDA only (exit 2
+its run median, out of reach for the record that measures it; below its sustained median, out of reach for a
+workload that keeps the GPU at its power cap. The model replays the graph its runner would for the batch: a
+uniform graph (the dense attention) where ``bench`` captures one for the workload's segment
+length (:func:`glmvit.uniform.planned_uniform_lengths`), unless ``--attention`` names a backend. CUDA only (exit 2
 elsewhere)::
 
     GLMVIT_GIT_COMMIT=$(git rev-parse HEAD) python tools/skeleton_bound.py --json data/sweeps/skeleton_bound_h200.json
@@ -48,6 +54,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the A/B tools' shared helpers
@@ -55,11 +62,16 @@ from ab_common import one_line  # noqa: E402
 
 from glmvit.config import VisionConfig  # noqa: E402
 from glmvit.profiling import encoder_gemms  # noqa: E402
+from glmvit.uniform import planned_uniform_lengths  # noqa: E402
 
 # name: the batch's grids, rows [t, h, w] (the bench workloads', and sixteen clips: a serving batch at budget 4096).
 # Four 224² images are the clip's rows in the clip's segments (4 × 256): the same skeleton, so not timed twice.
 WORKLOADS: dict[str, list[list[int]]] = {
     "1x224": [[1, 16, 16]], "clip8x224": [[4, 16, 16]], "8x448": [[1, 32, 32]] * 8, "16clips": [[4, 16, 16]] * 16}
+# replays back to back in the ``run`` regime: as many as the record timing the workload has — bench's requests
+# (img1x224 and video8x224: 50, img8x448: 40; recorder.STATIC_JOBS) and the in-process serving run's batches
+# (1000 clips at 15.6 a batch: 64; data/bench/serve_video8x224_in_process.json)
+RUN_REPLAYS = {"1x224": 50, "clip8x224": 50, "8x448": 40, "16clips": 64}
 BIASED = ("patch_embed", "downsample")  # the model's matmuls with a bias (glmvit.model: embed, head)
 CANDIDATE_REPLAYS = 20
 LT_ALGOS = 32  # cuBLASLt heuristic algorithms tried per matmul shape where nvmath-python imports (--lt-algos)
@@ -332,9 +344,11 @@ def capture(fn: Callable[[], Any]) -> Callable[[], None]:
 
 def model_replays(config: VisionConfig, names: list[str],
                   attention: str | None) -> dict[str, tuple[Callable[[], Any], Callable[[], None]]]:
-    """Per workload, the graph-compiled runner's staging of its batch and the captured replay of that budget (as
-    ``tools/gap_probe.py`` builds them). Workloads of one token count share a budget's graph: stage a workload's
-    batch before timing its replays."""
+    """Per workload, the graph-compiled runner's staging of its batch and the captured replay of the graph it runs
+    in (as ``tools/gap_probe.py`` builds them): the budget's, or its uniform graph where the runner captures one for
+    the workload's segment length (the lengths bench's default plans, none with ``attention``
+    named). Workloads of one token count share a budget's graph: stage a workload's batch before timing its
+    replays."""
     from glmvit.encoder import build_encoder
     from glmvit.geometry import ItemSpec, grid_specs
     from glmvit.graphs import EncoderGraphRunner
@@ -349,16 +363,24 @@ def model_replays(config: VisionConfig, names: list[str],
     segments = max(len(segment_lengths(WORKLOADS[n])) for n in names)
     budgets = BudgetConfig(tuple(sorted(set(tokens.values()))), min(items, min(tokens.values())),
                            max(segments, items))
-    runner = build_encoder(model, RunMode.GRAPH_COMPILED, budgets, attention=attention)
+    uniform = planned_uniform_lengths([(h * w, t) for n in names for t, h, w in WORKLOADS[n]], "cuda", "bfloat16",
+                                      attention)
+    runner = build_encoder(model, RunMode.GRAPH_COMPILED, budgets, attention=attention, uniform_lengths=uniform)
     assert isinstance(runner, EncoderGraphRunner)  # on CUDA: real graphs
     out: dict[str, tuple[Callable[[], Any], Callable[[], None]]] = {}
     for n in names:
         pixels, grid = random_batch(WORKLOADS[n], config, seed=1)
-        stage = partial(runner.replay, tokens[n], pixels.to("cuda", model.dtype), grid)  # copies in, replays once
-        graph = runner.graphs[tokens[n]].graph
+        dense = runner.uniform_graph(tokens[n], np.asarray(grid))
+        # copies in, replays once
+        stage = partial(runner.replay, tokens[n], pixels.to("cuda", model.dtype), grid, uniform=dense is not None)
+        graph = (dense or runner.graphs[tokens[n]]).graph
         assert graph is not None
         out[n] = (stage, graph.replay)
+        GRAPH_KIND[n] = "uniform" if dense is not None else "ragged"
     return out
+
+
+GRAPH_KIND: dict[str, str] = {}  # per workload, the model graph model_replays chose: uniform or ragged
 
 
 def one_replay(replay: Callable[[], Any]) -> dict[str, float | None]:
@@ -405,6 +427,13 @@ def measure(names: list[str], args: argparse.Namespace) -> dict[str, Any]:
                         runs[path][key].append(value)
                     time.sleep(args.gap_s)
             results[n]["burst"] = {path: summary(r, sustained=False) for path, r in runs.items()}
+        for n in names:  # run: back to back from idle, as many replays as the workload's record, all counted
+            staged[n][0]()
+            results[n]["model_graph"] = GRAPH_KIND[n]
+            results[n]["run"] = {}
+            for path, replay in (("model", models[n]), ("skeleton", skeletons[n])):
+                time.sleep(args.rest_s)
+                results[n]["run"][path] = summary(timed(replay, RUN_REPLAYS[n]), sustained=False)
         for n in names:  # sustained: back to back, the model first, then the skeleton
             staged[n][0]()
             results[n]["sustained"] = {}
@@ -419,7 +448,9 @@ def measure(names: list[str], args: argparse.Namespace) -> dict[str, Any]:
 def print_table(results: dict[str, Any]) -> None:
     print(f"{'workload':<10} {'regime':<10} {'model ms':>9} {'skeleton ms':>12} {'MHz (model/skel)':>17}  attention")
     for n, r in results.items():
-        for regime in ("burst", "sustained"):
+        for regime in ("burst", "run", "sustained"):
+            if regime not in r:  # a record made before the regime was
+                continue
             m, s = r[regime]["model"], r[regime]["skeleton"]
             clocks = f"{m['sm_mhz'] or 0:.0f}/{s['sm_mhz'] or 0:.0f}"
             print(f"{n:<10} {regime:<10} {m['ms']:9.3f} {s['ms']:12.3f} {clocks:>17}  "
