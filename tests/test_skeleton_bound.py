@@ -77,23 +77,19 @@ def test_without_cuda_it_refuses_in_one_line(capsys):
 
 
 def test_the_run_regime_replays_as_many_as_the_record_times():
-    """The ``run`` regime stands for the record that measures each workload: bench's requests (the jobs' own
-    --num-requests) and, for sixteen clips, the in-process serving run's batches (within 5 %: its count of batches
-    is measured, the first ones part-full)."""
+    """The ``run`` regime stands for the record that measures each workload: its benchmark's timed requests and, for
+    sixteen clips, the in-process serving run's batches (within 5 %: a count of batches is measured, the first ones
+    part-full)."""
     import json
+    from pathlib import Path
 
-    from glmvit.cli import recorder
+    bench = Path(__file__).resolve().parents[1] / "data" / "bench"
 
-    jobs = {j.name: j for j in recorder.jobs()}
+    def record(name: str) -> dict:
+        return json.loads((bench / f"{name}.json").read_text())
 
-    def requests(name: str) -> int:
-        argv = jobs[name].argv
-        return int(argv[argv.index("--num-requests") + 1])
-
-    assert skeleton_bound.RUN_REPLAYS["1x224"] == requests("img1x224")
-    assert skeleton_bound.RUN_REPLAYS["clip8x224"] == requests("video8x224")
-    assert skeleton_bound.RUN_REPLAYS["8x448"] == requests("img8x448")
-    record = json.loads((recorder.REPO / "data" / "bench" / "serve_video8x224_in_process.json").read_text())
-    batches = record["runs"][0]["server"]["batches"]
+    for workload, name in (("1x224", "img1x224"), ("clip8x224", "video8x224"), ("8x448", "img8x448")):
+        assert skeleton_bound.RUN_REPLAYS[workload] == record(name)["settings"]["num_requests"], name
+    batches = record("serve_video8x224_in_process")["runs"][0]["server"]["batches"]
     assert abs(skeleton_bound.RUN_REPLAYS["16clips"] - batches) <= 0.05 * batches
     assert set(skeleton_bound.RUN_REPLAYS) == set(skeleton_bound.WORKLOADS)
