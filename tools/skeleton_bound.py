@@ -343,12 +343,12 @@ def capture(fn: Callable[[], Any]) -> Callable[[], None]:
 
 
 def model_replays(config: VisionConfig, names: list[str],
-                  attention: str | None) -> dict[str, tuple[Callable[[], Any], Callable[[], None]]]:
-    """Per workload, the graph-compiled runner's staging of its batch and the captured replay of the graph it runs
-    in (as ``tools/gap_probe.py`` builds them): the budget's, or its uniform graph where the runner captures one for
-    the workload's segment length (the lengths bench's default plans, none with ``attention``
-    named). Workloads of one token count share a budget's graph: stage a workload's batch before timing its
-    replays."""
+                  attention: str | None) -> dict[str, tuple[Callable[[], Any], Callable[[], None], str]]:
+    """Per workload, the graph-compiled runner's staging of its batch, the captured replay of the graph it runs in
+    (as ``tools/gap_probe.py`` builds them) and which graph that is: the budget's (``ragged``), or its ``uniform``
+    graph where the runner captures one for the workload's segment length (the lengths bench's default plans, none
+    with ``attention`` named). Workloads of one token count share a budget's graph: stage a workload's batch before
+    timing its replays."""
     from glmvit.encoder import build_encoder
     from glmvit.geometry import ItemSpec, grid_specs
     from glmvit.graphs import EncoderGraphRunner
@@ -367,7 +367,7 @@ def model_replays(config: VisionConfig, names: list[str],
                                       attention)
     runner = build_encoder(model, RunMode.GRAPH_COMPILED, budgets, attention=attention, uniform_lengths=uniform)
     assert isinstance(runner, EncoderGraphRunner)  # on CUDA: real graphs
-    out: dict[str, tuple[Callable[[], Any], Callable[[], None]]] = {}
+    out: dict[str, tuple[Callable[[], Any], Callable[[], None], str]] = {}
     for n in names:
         pixels, grid = random_batch(WORKLOADS[n], config, seed=1)
         dense = runner.uniform_graph(tokens[n], np.asarray(grid))
@@ -375,12 +375,8 @@ def model_replays(config: VisionConfig, names: list[str],
         stage = partial(runner.replay, tokens[n], pixels.to("cuda", model.dtype), grid, uniform=dense is not None)
         graph = (dense or runner.graphs[tokens[n]]).graph
         assert graph is not None
-        out[n] = (stage, graph.replay)
-        GRAPH_KIND[n] = "uniform" if dense is not None else "ragged"
+        out[n] = (stage, graph.replay, "uniform" if dense is not None else "ragged")
     return out
-
-
-GRAPH_KIND: dict[str, str] = {}  # per workload, the model graph model_replays chose: uniform or ragged
 
 
 def one_replay(replay: Callable[[], Any]) -> dict[str, float | None]:
@@ -405,7 +401,7 @@ def measure(names: list[str], args: argparse.Namespace) -> dict[str, Any]:
     config = VisionConfig.glm41v()
     with torch.inference_mode():
         staged = model_replays(config, names, args.attention)
-        models = {n: replay for n, (_, replay) in staged.items()}
+        models = {n: replay for n, (_, replay, _) in staged.items()}
         results: dict[str, Any] = {}
         skeletons: dict[str, Callable[[], None]] = {}
         for n in names:
@@ -429,7 +425,7 @@ def measure(names: list[str], args: argparse.Namespace) -> dict[str, Any]:
             results[n]["burst"] = {path: summary(r, sustained=False) for path, r in runs.items()}
         for n in names:  # run: back to back from idle, as many replays as the workload's record, all counted
             staged[n][0]()
-            results[n]["model_graph"] = GRAPH_KIND[n]
+            results[n]["model_graph"] = staged[n][2]
             results[n]["run"] = {}
             for path, replay in (("model", models[n]), ("skeleton", skeletons[n])):
                 time.sleep(args.rest_s)
