@@ -344,9 +344,9 @@ def test_graph_modes_capture_uniform_graphs_for_the_workload_s_segment_lengths(t
     whose uniform shape holds DENSE_MIN_ROWS rows or more (512 tokens: 2048 rows; 256: 1024), and every request
     replays there; on this CPU in fp32 as it is, ``off``, or an attention backend named (that kernel everywhere),
     none. The record's settings name the lengths."""
-    from glmvit.cli import bench
+    from glmvit import uniform
 
-    monkeypatch.setattr(bench, "uniform_graphs_pay", lambda device, dtype: measured)
+    monkeypatch.setattr(uniform, "uniform_graphs_pay", lambda device, dtype: measured)
     path = tmp_path / "b.json"
     assert main([*CPU_ARGS, "--bucket-config", "{(448, 448, 1): 1.0}", "--items-per-request", "2",
                  "--modes", "eager,graph", *flags, "--json", str(path)]) == 0

@@ -295,6 +295,38 @@ def test_bench_serve_spawns_its_server_with_uniform_lengths_and_a_client_at_a_ur
         bench_serve.check_args(parser, parser.parse_args(argv), argv)
 
 
+@pytest.mark.parametrize(("flags", "measured", "choice", "lengths"), [
+    ([], True, "auto", (256,)), ([], False, "auto", ()), (["--uniform-graphs", "off"], True, "off", ()),
+    (["--attn-backend", "triton"], True, "auto", ()), (["--modes", "eager"], True, "auto", ()),
+    (["--uniform-lengths", "1024"], True, "given", (1024,))])
+def test_bench_serve_captures_uniform_graphs_for_its_workload_s_lengths_as_bench_does(monkeypatch, flags, measured,
+                                                                                      choice, lengths):
+    """By default the server bench-serve starts, or its in-process scheduler, gets uniform graphs for the
+    workload's segment lengths (8-frame 224² clips: 256-row frame pairs) where the rule was measured (CUDA in half
+    precision, stood in for by patching glmvit.uniform.uniform_graphs_pay), the lengths bench would capture; none
+    with --uniform-graphs off, an attention backend named or eager alone (it replays no graph); --uniform-lengths
+    names its own, and with --uniform-graphs too is refused, as either is with --url; a client sent at a URL drops
+    --uniform-graphs in both spellings."""
+    from glmvit import uniform
+
+    monkeypatch.setattr(uniform, "uniform_graphs_pay", lambda device, dtype: measured)
+    for target in (["--spawn"], ["--in-process"]):
+        argv = [*target, "--workload", "video8x224", "--num-prompts", "3", "--device", "cpu", *flags]
+        parser = bench_serve.build_parser()
+        args = parser.parse_args(argv)
+        bench_serve.check_args(parser, args, argv)
+        workload = bench_serve.build_workload(args)
+        assert bench_serve.resolve_uniform(args, workload) == choice and tuple(args.uniform_lengths) == lengths
+        child = bench_serve.serve_argv(args, "graph", workload)
+        assert ("--uniform-lengths" in child) == bool(lengths)
+    for argv in (["--spawn", "--workload", "video8x224", "--uniform-lengths", "256", "--uniform-graphs", "off"],
+                 ["--url", "http://127.0.0.1:9", "--workload", "video8x224", "--uniform-graphs", "off"]):
+        with pytest.raises(SystemExit):
+            bench_serve.check_args(parser, parser.parse_args(argv), argv)
+    for sent in (["--uniform-graphs", "off"], ["--uniform-graphs=off"]):
+        assert bench_serve.client_argv(["--workload", "x", *sent, "--seed", "1"]) == ["--workload", "x", "--seed", "1"]
+
+
 def test_the_rows_host_job_is_the_default_serve_jobs_load_with_host_rows():
     """The A/B that decides --rows' default: serve_video8x224's load, graph-compiled, its server given --rows host;
     the merged record names it and the README table marks it."""
@@ -314,26 +346,27 @@ def test_the_rows_host_job_is_the_default_serve_jobs_load_with_host_rows():
     assert serve_label({"target": "in-process", "batching": {}}) == ", *in process*"
 
 
-def test_the_uniform_job_is_the_default_serve_jobs_load_with_uniform_graphs_for_the_clips_segments():
-    """The A/B of a server told its traffic: serve_video8x224's load, graph-compiled, its server given
-    --uniform-lengths 256 (one 224² frame pair: 16 × 16 patches); the merged record names it, the README marks it."""
+def test_the_ragged_job_is_the_in_process_load_without_uniform_graphs():
+    """The A/B of the uniform graphs where the encoder is what is measured: serve_video8x224_in_process's load with
+    --uniform-graphs off; the README marks it. The in-process job captures them for the clips' one segment length
+    (a 224² frame pair: 16 × 16 patches) by default."""
     from glmvit.cli import recorder
     from glmvit.workloads import PRESETS
     from tools.readme_results import SERVE_RECORDS, serve_label
 
     jobs = {j.name: j for j in recorder.jobs()}
-    job, base = jobs["serve_video8x224_uniform"], jobs["serve_video8x224"]
-    assert job.argv == (*base.argv, "--uniform-lengths", "256") and job.modes == ("graph-compiled",)
+    job, base = jobs["serve_video8x224_in_process_ragged"], jobs["serve_video8x224_in_process"]
+    assert job.argv[:-2] == (*base.argv[:-2], "--uniform-graphs", "off") and job.modes == base.modes
+    assert "--uniform-graphs" not in base.argv and "--uniform-lengths" not in base.argv
     (bucket,) = PRESETS["video8x224"].bucket_config
     assert (bucket[0] // 14) * (bucket[1] // 14) == 256  # the workload's one segment length
-    assert job.name in SERVE_RECORDS
-    part = json.loads((recorder.REPO / "data" / "bench" / "serve_video8x224.json").read_text())
-    served = {"api_servers": 4, "decode_workers": 12, "rows": "device", "uniform_lengths": [256]}
-    merged = recorder.merge_serve([part], job, served)
-    settings = merged.settings if isinstance(merged.settings, dict) else merged.settings.model_dump()
-    assert settings["batching"]["uniform_lengths"] == [256] and "--uniform-lengths" in settings["servers"]
-    assert serve_label(settings) == ", *uniform 256*"
-    assert serve_label({"batching": {"uniform_lengths": []}}) == ""
+    assert job.name in SERVE_RECORDS and base.name in SERVE_RECORDS
+    assert serve_label({"target": "in-process", "batching": {"uniform_graphs": "off", "uniform_lengths": []}}) == \
+        ", *in process*, *no uniform graphs*"
+    assert serve_label({"target": "in-process", "batching": {"uniform_graphs": "auto", "uniform_lengths": [256]}}) \
+        == ", *in process*"
+    assert serve_label({"batching": {"uniform_graphs": "given", "uniform_lengths": [256]}}) == ", *uniform 256*"
+    assert serve_label({"batching": {"uniform_graphs": "auto", "uniform_lengths": [256]}}) == ""
 
 
 def test_host_rows_cost_the_engine_no_kernel(tmp_path, monkeypatch):

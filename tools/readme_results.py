@@ -235,18 +235,20 @@ def seed_lines() -> list[str]:
 
 # every bench-serve job's record
 SERVE_RECORDS = ("serve_video8x224", "serve_video8x224_one_process", "serve_video8x224_rows_host",
-                 "serve_video8x224_uniform", "serve_video8x224_in_process", "serve_video8x224_sweep", "serve_mixed_av")
+                 "serve_video8x224_in_process", "serve_video8x224_in_process_ragged", "serve_video8x224_sweep",
+                 "serve_mixed_av")
 
 
 def serve_label(settings: dict[str, Any]) -> str:
     """What sets a serve record's server apart from the default one, as its rows' label says it."""
     batching = settings.get("batching") or {}
-    if settings.get("target") == "in-process":
-        return ", *in process*"
     uniform = batching.get("uniform_lengths") or []
+    ragged = ", *no uniform graphs*" if batching.get("uniform_graphs") == "off" else ""
+    if settings.get("target") == "in-process":
+        return ", *in process*" + ragged
     return (", *one process*" if batching.get("api_servers") == 1 else "") + (
-        ", *rows on host*" if batching.get("rows") == "host" else "") + (
-        f", *uniform {','.join(map(str, uniform))}*" if uniform else "")
+        ", *rows on host*" if batching.get("rows") == "host" else "") + ragged + (
+        f", *uniform {','.join(map(str, uniform))}*" if batching.get("uniform_graphs") == "given" else "")
 
 
 def serve_lines() -> list[str]:
@@ -254,8 +256,11 @@ def serve_lines() -> list[str]:
     lines = ["**Served under load** (the record run's serve jobs: `bench-serve`'s load against the server `--spawn` "
              "would start, its HTTP side in the default API servers, except the row marked *one process* "
              "(`--api-servers 1`), its pixel rows made on the GPU, except the row marked *rows on host* "
-             "(`--rows host`: the decode processes make them), with no uniform graphs, except the row marked "
-             "*uniform 256* (`--uniform-lengths 256`: batches of one segment length take the dense attention); *once "
+             "(`--rows host`: the decode processes make them), its graph modes with uniform graphs for the workload's "
+             "segment lengths (`--uniform-graphs auto`, as `bench`: batches of one segment length take the dense "
+             "attention), except "
+             "the row marked *no uniform graphs* (`--uniform-graphs off`: every batch in its budget's ragged graph); "
+             "*once "
              "full*: at rate inf, the items/s between the 10th and the 90th percentile of the answers' times, the "
              "pipeline's fill and drain left out (`glmvit.timing.steady_rate`), as a share of the floor rate; one "
              f"{gpu()}, over HTTP on loopback, except the row marked *in process*: the scheduler driven in the "

@@ -71,7 +71,7 @@ from ..timing import (
     time_calls,
     time_passes,
 )
-from ..uniform import uniform_graphs_pay, uniform_lengths_for
+from ..uniform import planned_uniform_lengths
 from ..workloads import PRESETS, MMItem, random_mm_workload
 from .common import (
     DTYPES,
@@ -204,15 +204,13 @@ def make_mode(mode: str, model: GlmVisionEncoder, budget_config: BudgetConfig, r
 
 
 def uniform_lengths(args: argparse.Namespace, requests: list[list[MMItem]]) -> tuple[int, ...]:
-    """The segment lengths the graph modes capture uniform graphs for: ``--uniform-graphs auto`` takes the
-    workload's (:func:`~glmvit.uniform.uniform_lengths_for`) where the rule was measured
-    (:func:`~glmvit.uniform.uniform_graphs_pay`: CUDA, half precision) and with the device's own attention backend
-    (an ``--attn-backend`` given asks for that kernel everywhere); ``off``, none."""
-    dtype = str(DTYPES[args.dtype]).removeprefix("torch.")
-    if args.uniform_graphs == "off" or args.attn_backend or not uniform_graphs_pay(torch.device(args.device).type,
-                                                                                     dtype):
+    """The segment lengths the graph modes capture uniform graphs for: ``--uniform-graphs auto`` takes
+    :func:`~glmvit.uniform.planned_uniform_lengths` of the workload; ``off``, none."""
+    if args.uniform_graphs == "off":
         return ()
-    return uniform_lengths_for((item.grid[1] * item.grid[2], item.grid[0]) for r in requests for item in r)
+    dtype = str(DTYPES[args.dtype]).removeprefix("torch.")
+    return planned_uniform_lengths(((item.grid[1] * item.grid[2], item.grid[0]) for r in requests for item in r),
+                                   torch.device(args.device).type, dtype, args.attn_backend)
 
 
 def _workload(args: argparse.Namespace) -> tuple[dict, int, float, int | None]:

@@ -63,11 +63,14 @@ import torch
 from safetensors.torch import save as save_safetensors
 
 from ..config import VisionConfig
+from ..defaults import DTYPES
 from ..floor import flops_breakdown
+from ..modes import RunMode
 from ..provenance import collect
 from ..records import Fingerprint, ServeRecord, fingerprint_now, make
 from ..scheduler import BatchScheduler, QueueFull, SchedulerClosed
 from ..timing import distribution, steady_rate
+from ..uniform import planned_uniform_lengths
 from ..workloads import PRESETS, MMItem, random_batch, random_mm_workload, shown
 from .common import (
     Parser,
@@ -759,6 +762,27 @@ async def bench_in_process(workload: Workload, args: argparse.Namespace, record:
             torch.cuda.empty_cache()
 
 
+def resolve_uniform(args: argparse.Namespace, workload: Workload) -> str | None:
+    """Set ``args.uniform_lengths`` to the segment lengths the server (``--spawn``) or the in-process scheduler
+    captures uniform graphs for, and return how they were chosen: ``given`` (``--uniform-lengths``), ``off`` (none)
+    or ``auto`` (the default: the workload's lengths where they pay, :func:`~glmvit.uniform.planned_uniform_lengths`,
+    the rule ``bench`` captures by, for the model's device and dtype; none when no mode captures graphs); None at
+    ``--url`` (that server has its own)."""
+    if args.url:
+        return None
+    if args.uniform_lengths:
+        return "given"
+    if args.uniform_graphs == "off":
+        return "off"
+    if all(mode == RunMode.EAGER for mode in args.modes):
+        return "auto"  # an eager forward replays no graph: no lengths to capture
+    dtype = str(DTYPES[args.dtype]).removeprefix("torch.")
+    args.uniform_lengths = planned_uniform_lengths(
+        ((int(h) * int(w), int(t)) for g in workload.grids for t, h, w in g), torch.device(args.device).type, dtype,
+        args.attn_backend)
+    return "auto"
+
+
 def _queue_args(args: argparse.Namespace, workload: Workload) -> argparse.Namespace:
     copy = argparse.Namespace(**vars(args))
     copy.max_queue, copy.max_queue_tokens = queue_requests(args, workload), queue_tokens(args, workload)
@@ -785,6 +809,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--rows", choices=ROWS, default=None,
                    help="--spawn: where the server makes media's pixel rows, its engine on the model's device or its "
                         f"decode processes (serve --rows; default: the server's, {DEFAULT_ROWS})")
+    t.add_argument("--uniform-graphs", choices=("auto", "off"), default=None,
+                   help="--spawn / --in-process, unless --uniform-lengths names them: auto (default) = uniform graphs "
+                        "for the workload's segment lengths, as bench captures them "
+                        "(glmvit.uniform.planned_uniform_lengths); off = none")
     t.add_argument("--wait-s", type=float_in(0, 7200), default=0.0,
                    help="--url: seconds to keep trying a server that does not listen yet (default 0: fail at once)")
     t.add_argument("--startup-timeout", type=float_in(1, 7200), default=1800.0,
@@ -821,7 +849,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--threads", type=int_in(1, 256), default=min(8, os.cpu_count() or 1),
                    help="--in-process: threads that admit requests (default min(8, CPUs))")
     add_model_args(p)
-    add_serving_args(p)
+    add_serving_args(p, uniform_default="--uniform-graphs")
     o = p.add_argument_group("output")
     o.add_argument("--json", metavar="PATH", type=output_path,
                    help="write every number and setting, with provenance, to this JSON")
@@ -839,9 +867,9 @@ def check_url(parser: argparse.ArgumentParser, url: str) -> None:
         parser.error(f"--url {shown(url)}: expected http://HOST:PORT")
 
 
-# the flags that configure the server bench-serve starts (--spawn; --uniform-lengths also --in-process's scheduler):
+# the flags that configure the server bench-serve starts (--spawn; the uniform ones also --in-process's scheduler):
 # a running one has its own, so a client sent at a URL drops them
-SPAWN_ONLY = ("--decode-workers", "--api-servers", "--rows", "--uniform-lengths")
+SPAWN_ONLY = ("--decode-workers", "--api-servers", "--rows", "--uniform-lengths", "--uniform-graphs")
 
 
 def client_argv(argv: list[str]) -> list[str]:
@@ -868,8 +896,11 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: 
         parser.error("--api-servers applies to --spawn (a running server has its own; --in-process has no HTTP)")
     if args.rows is not None and not args.spawn:
         parser.error("--rows applies to --spawn (a running server has its own; --in-process decodes nothing)")
-    if args.uniform_lengths and args.url:
-        parser.error("--uniform-lengths applies to --spawn and --in-process (a running server has its own)")
+    if (args.uniform_lengths or args.uniform_graphs) and args.url:
+        parser.error("--uniform-lengths and --uniform-graphs apply to --spawn and --in-process (a running server has "
+                     "its own)")
+    if args.uniform_lengths and args.uniform_graphs:
+        parser.error("--uniform-lengths names the lengths: --uniform-graphs then has nothing to choose")
     refuse_preset_flags(parser, args)
     if args.url:
         check_url(parser, args.url)
@@ -901,6 +932,7 @@ def main(argv: list[str] | None = None, session: Session | None = None) -> int:
     check_args(parser, args, argv)
     command = " ".join([sys.executable, "-m", "glmvit", "bench-serve", *argv])
     workload = build_workload(args)
+    uniform_graphs = resolve_uniform(args, workload)
     body = "pixels" if args.in_process else args.body
     made_at = time.perf_counter()
     args.media_bodies, made = media_bodies(workload, args.seed) if body == "media" else (None, None)
@@ -923,6 +955,7 @@ def main(argv: list[str] | None = None, session: Session | None = None) -> int:
                                   "max_queue": queue_requests(args, workload),
                                   "max_queue_tokens": queue_tokens(args, workload), "max_queue_mb": args.max_queue_mb,
                                   "attn_backend": args.attn_backend,
+                                  "uniform_graphs": uniform_graphs,
                                   "uniform_lengths": None if args.url else list(args.uniform_lengths),
                                   "decode_workers": args.decode_workers,
                                   "api_servers": args.api_servers, "rows": args.rows},

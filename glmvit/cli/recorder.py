@@ -96,13 +96,14 @@ def _serve(name: str, workload: str, prompts: int, rates: str, modes: tuple[str,
                (out,), estimate, modes, shares="serve")
 
 
-def _serve_in_process(name: str, workload: str, prompts: int, estimate: float) -> Job:
+def _serve_in_process(name: str, workload: str, prompts: int, estimate: float, *extra: str,
+                      shares: str | None = "serve") -> Job:
     # the same load as a serve job, graph-compiled, with no HTTP and no decoding: what the scheduler and the encoder
     # alone sustain (bench-serve --in-process), on the session's tower and the runner the serve jobs captured
     out = f"bench/{name}.json"
     return Job(name, "measure", "bench-serve", ("--in-process", "--workload", workload, "--num-prompts", str(prompts),
-                                                "--request-rate", "inf", "--response-dtype", "model", "--json",
-                                                f"data/{out}"), (out,), estimate, ("graph-compiled",), shares="serve")
+                                                "--request-rate", "inf", "--response-dtype", "model", *extra, "--json",
+                                                f"data/{out}"), (out,), estimate, ("graph-compiled",), shares=shares)
 
 
 # its capture fails on purpose, which leaves the CUDA generator in capture mode: nothing may run after it
@@ -158,13 +159,16 @@ STATIC_JOBS: tuple[Job, ...] = (  # in the order each phase runs them
     # engine process then only copies each request's rows to the GPU, leaving its GIL to the launch thread)
     _serve("serve_video8x224_rows_host", "video8x224", SATURATION_PROMPTS, "inf", ("graph-compiled",), 19,
            server=("--rows", "host")),
-    # the same load with uniform graphs for the clips' one segment length (serve --uniform-lengths 256: a 224² frame
-    # pair is 16 × 16 patches): the A/B of a server told its traffic, this record against serve_video8x224's
-    # graph-compiled run (batches of 1024 rows or more take the dense attention, glmvit.uniform)
-    _serve("serve_video8x224_uniform", "video8x224", SATURATION_PROMPTS, "inf", ("graph-compiled",), 21,
-           server=("--uniform-lengths", "256")),
-    # the same load with no HTTP (the scheduler driven in this process): the serving target's in-process half
-    _serve_in_process("serve_video8x224_in_process", "video8x224", SATURATION_PROMPTS, 10),
+    # the same load with no HTTP (the scheduler driven in this process): the serving target's in-process half. Every
+    # serve job captures uniform graphs for its workload's segment lengths (bench-serve --uniform-graphs auto, as
+    # bench): the clips' frame pairs are 256-row segments, so a batch of sixteen clips (64 segments, 16384 rows) takes
+    # the dense attention instead of the ragged kernel auto picks at that many rows (glmvit.uniform)
+    _serve_in_process("serve_video8x224_in_process", "video8x224", SATURATION_PROMPTS, 6),
+    # the same, with the ragged graphs alone (--uniform-graphs off): the A/B of the uniform graphs, where the encoder
+    # is what is measured (over HTTP the host bounds the rate), this record against serve_video8x224_in_process. Its
+    # runner is its own (captured here, freed after it: no later job replays ragged graphs alone)
+    _serve_in_process("serve_video8x224_in_process_ragged", "video8x224", SATURATION_PROMPTS, 12,
+                      "--uniform-graphs", "off", shares=None),
     # the serving target (P99 time to embedding at half the saturated rate ≤ 2× the unloaded median) on one shape,
     # where the unloaded spread is the server's, not the items' sizes' (mixed-av's unloaded P99 is several times its
     # median). A job of its own: a job's rates apply to every mode, and eager needs no sweep; 200 requests keep it
@@ -397,6 +401,7 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
     cargs = parser.parse_args(spawn_argv)
     bench_serve.check_args(parser, cargs, spawn_argv)
     workload = bench_serve.build_workload(cargs)
+    uniform_graphs = bench_serve.resolve_uniform(cargs, workload)
     parts = []
     decode = None
     served: dict[str, Any] = {}
@@ -420,7 +425,7 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
             if sargs.rows == "host" and (why := no_room()):  # else every request would hand frames, as device does
                 raise RuntimeError(f"--rows host needs a shared-memory folder: {why}")
             this = {"api_servers": sargs.api_servers, "decode_workers": sargs.decode_workers, "rows": sargs.rows,
-                    "uniform_lengths": list(sargs.uniform_lengths)}
+                    "uniform_graphs": uniform_graphs, "uniform_lengths": list(sargs.uniform_lengths)}
             if served and this != served:  # one record names one server configuration: every mode's
                 raise RuntimeError(f"[serve] {mode}: its server's processes {this} differ from the job's earlier "
                                    f"modes' {served}")
@@ -466,7 +471,8 @@ def run_serve(job: Job, session: Any, workdir: Path) -> None:
 def merge_serve(parts: list[dict[str, Any]], job: Job, served: dict[str, Any] | None = None) -> Any:
     """One serve record from one client record per mode: their servers, floors and runs together; the code that
     ran is the clients' and this process's (the servers'). ``served``: the servers' own settings (``api_servers``,
-    ``decode_workers``, ``rows``, ``uniform_lengths``), which the clients, sent at a URL, cannot know."""
+    ``decode_workers``, ``rows``, ``uniform_graphs``, ``uniform_lengths``), which the clients, sent at a URL, cannot
+    know."""
     from ..records import Fingerprint, ServeRecord, fingerprint_now, make
 
     first = parts[0]
@@ -494,7 +500,9 @@ def merge_serve(parts: list[dict[str, Any]], job: Job, served: dict[str, Any] | 
                                    + (", its decode processes making the pixel rows (--rows host)"
                                       if served.get("rows") == "host" else "")
                                    + (", uniform graphs for segments of "
-                                      + ",".join(map(str, served["uniform_lengths"])) + " rows (--uniform-lengths)"
+                                      + ",".join(map(str, served["uniform_lengths"])) + " rows ("
+                                      + ("--uniform-graphs auto: the workload's" if served.get("uniform_graphs")
+                                         == "auto" else "--uniform-lengths") + ")"
                                       if served.get("uniform_lengths") else "")
                                    + "; this load generator in a process of its own"}
     provenance = {**first["provenance"], "command": command_line(job)}

@@ -74,7 +74,7 @@ if TYPE_CHECKING:
 MODES = tuple(m.value for m in RunMode)
 
 
-def add_serving_args(parser: argparse.ArgumentParser) -> None:
+def add_serving_args(parser: argparse.ArgumentParser, uniform_default: str = "none") -> None:
     """Batch limits and scheduling: the same flags for ``serve`` and ``bench-serve --in-process``."""
     g = parser.add_argument_group("batching")
     g.add_argument("--budgets", type=budgets_arg, default=None,
@@ -100,7 +100,7 @@ def add_serving_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--uniform-lengths", type=uniform_lengths_arg, default=(), metavar="L,L",
                    help="also capture graphs for batches whose segments (frames) all have L rows (h·w patches, e.g. "
                         "256 for 224² frames, 1024 for 448²), run with the dense attention where they hold "
-                        "glmvit.uniform.DENSE_MIN_ROWS rows or more (default: none)")
+                        f"glmvit.uniform.DENSE_MIN_ROWS rows or more (default: {uniform_default})")
 
 
 def uniform_lengths_arg(text: str) -> tuple[int, ...]:
