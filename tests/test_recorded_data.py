@@ -97,7 +97,12 @@ S47_SEED = ("run s47_296b268r1's host launched slower through the two seed recor
             "10.2 and 8.1 µs in seed_img1x224 and seed_video8x224 against 6.8 and 6.3 µs in img1x224 and video8x224, "
             "and the clip's graph-compiled medians, bound by the GPU, agree (3.226 and 3.271 ms): the forward is the "
             "same, and only eager, bound by the host, moved")
+S51_MIXED_AV = ("run s51_7c3b60ar1's mixed_av process ran its host-bound modes slow: against the same record of run "
+                "s47_296b268r1, eager's median rose 1.19× (18.86 to 22.50 ms) and transformers' 1.17× (35.57 to 41.48; "
+                "eager in Python too), while graph-compiled's, bound by the GPU, fell to 0.97× (12.03 to 11.68): the "
+                "forwards are the same, and the cost model's eager prediction comes from the latency sweeps' processes")
 SLOW_HOST: dict[tuple[str, str], str] = {
+    ("s51_7c3b60ar1", "mixed_av.json"): S51_MIXED_AV,
     ("s47_296b268r1", "one 224² image"): "P10 13.95 (img1x224) and 16.69 ms (seed_img1x224), 1.20× apart: "
                                          + S47_SEED,
     ("s47_296b268r1", "one 8-frame 224² clip"): "P10 14.53 (video8x224) and 17.18 ms (seed_video8x224), 1.18× "
@@ -202,6 +207,12 @@ UNSTEADY_RUNS = {
                                          "1.32× apart: " + S47_SEED,
     ("s47_296b268r1", "one 8-frame 224² clip"): "15.86 (video8x224) and 18.71 ms (seed_video8x224), 1.18× apart: "
                                                 + S47_SEED,
+    ("s51_7c3b60ar1", "one 8-frame 224² clip"): "20.41 (video8x224) and 17.53 ms (seed_video8x224), 1.16× apart, while "
+                                                "their P10s, the host at full speed, agree (14.12 and 14.97 ms): "
+                                                "video8x224's eager requests ran with the host slow for most of them "
+                                                "(its median's 95 % interval 16.26-23.96 ms over 150 requests), "
+                                                "and its graph-compiled median, bound by the GPU, agrees with the "
+                                                "seed's (3.155 and 3.287 ms): " + HOST,
 }
 
 
