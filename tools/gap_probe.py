@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layouts", default="8x448,1x224", help=f"comma list of {', '.join(LAYOUTS)}")
     parser.add_argument("--replays", type=int, default=60, help="timed replays per layout")
     parser.add_argument("--attention", default="auto")
-    parser.add_argument("--json", default=None)
+    parser.add_argument("--json", default=None, help="write every number, with provenance, here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("gap_probe: needs a CUDA GPU", file=sys.stderr)
@@ -150,8 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         for gap in p["largest_idle"][:3]:
             print(f"    idle {gap['us']:.1f} µs between {gap['before']} and {gap['after']}")
     if args.json:
+        from glmvit.provenance import collect
+
         with open(args.json, "w") as f:
-            json.dump({"layouts": results, "attention": args.attention}, f, indent=1)
+            json.dump({"provenance": collect("cuda"), "layouts": results, "attention": args.attention}, f, indent=1)
     return 0
 
 
