@@ -244,6 +244,20 @@ def test_skeleton_verdicts_judge_a_target_against_the_skeleton_from_idle_and_hel
     assert verdict["left_ms"] == 2.0 and verdict["mhz_sustained"] == (1470, 1470)
     assert verdict["attention"] == "sdpa_cudnn_dense"
     assert not kv.skeleton_verdicts(path, {"1x224": 18.0})["1x224"]["reachable"]
+    assert verdict["reachable_run"] is None and verdict["model_run"] is None  # no run regime timed: no verdict
+
+
+def test_skeleton_verdicts_judge_the_records_regime_where_it_was_timed(tmp_path):
+    def run(model, skeleton, mhz):
+        return {"model": {"ms": model, "sm_mhz": mhz}, "skeleton": {"ms": skeleton, "sm_mhz": mhz - 200}}
+
+    workload = {"burst": run(2.9, 2.55, 1980), "run": run(3.0, 2.7, 1980), "sustained": run(3.1, 2.8, 1500),
+                "chosen": {"attention": {"kernel": "sdpa_cudnn_dense"}}}
+    path = tmp_path / "skeleton.json"
+    path.write_text(json.dumps({"workloads": {"clip8x224": workload}}))
+    verdict = kv.skeleton_verdicts(path, {"clip8x224": 2.6})["clip8x224"]
+    assert verdict["reachable"] and not verdict["reachable_run"] and not verdict["reachable_held"]
+    assert (verdict["model_run"], verdict["skeleton_run"], verdict["mhz_run"]) == (3.0, 2.7, (1980, 1780))
 
 
 def test_fused_ab_takes_the_fastest_correct_fused_path(tmp_path):

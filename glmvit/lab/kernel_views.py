@@ -200,17 +200,24 @@ def skeleton_verdicts(path: str | Path, targets: dict[str, float]) -> dict[str, 
     ``skeleton_sustained``, ms), the SM clocks of the sustained runs, ``left_ms`` (target − skeleton from idle: what
     every op outside the matmuls and the attention may cost at most), ``reachable`` (the skeleton from idle is under
     the target: no forward of these kernels can meet it otherwise) and ``reachable_held`` (the same back to back,
-    at the clock a long run holds), and ``attention`` (the kernel that won)."""
+    at the clock a long run holds), and ``attention`` (the kernel that won). Where the bound also timed the records'
+    own regime (``run``: back to back as many times as the workload's record times it), ``model_run``,
+    ``skeleton_run``, ``mhz_run`` and ``reachable_run`` (the verdict in the regime the records' medians come from);
+    else those are None."""
     workloads = json.loads(Path(path).read_text())["workloads"]
     out = {}
     for name, target in targets.items():
         w = workloads[name]
-        burst, held = w["burst"], w["sustained"]
+        burst, held, run = w["burst"], w["sustained"], w.get("run")
         out[name] = {"target": target, "model_burst": burst["model"]["ms"], "skeleton_burst": burst["skeleton"]["ms"],
                      "model_sustained": held["model"]["ms"], "skeleton_sustained": held["skeleton"]["ms"],
                      "mhz_sustained": (held["model"]["sm_mhz"], held["skeleton"]["sm_mhz"]),
                      "left_ms": target - burst["skeleton"]["ms"], "reachable": burst["skeleton"]["ms"] < target,
-                     "reachable_held": held["skeleton"]["ms"] < target, "attention": w["chosen"]["attention"]["kernel"]}
+                     "reachable_held": held["skeleton"]["ms"] < target, "attention": w["chosen"]["attention"]["kernel"],
+                     "model_run": run["model"]["ms"] if run else None,
+                     "skeleton_run": run["skeleton"]["ms"] if run else None,
+                     "mhz_run": (run["model"]["sm_mhz"], run["skeleton"]["sm_mhz"]) if run else None,
+                     "reachable_run": run["skeleton"]["ms"] < target if run else None}
     return out
 
 
