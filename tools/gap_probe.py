@@ -86,14 +86,15 @@ def profiled(replay: Callable[[], Any], replays: int) -> dict[str, Any]:
     """``replays`` replays, each in a profiler session of its own (so no replay's kernels need telling apart)."""
     from torch.profiler import ProfilerActivity, profile
 
-    per_replay = []
+    per_replay, clocks = [], []
     for _ in range(replays):
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             replay()
+            clocks.append(_read(torch.cuda.clock_rate))  # read while the replay runs, as timed() does
             torch.cuda.synchronize()
         per_replay.append(sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
                                  if e.device_type == torch.autograd.DeviceType.CUDA))
-    return summarise_replays(per_replay)
+    return {**summarise_replays(per_replay), "sm_mhz": clocks}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     from glmvit.modes import RunMode
     from glmvit.packing import BudgetConfig
     from glmvit.random_weights import random_encoder
+    from glmvit.uniform import planned_uniform_lengths, uniform_length
     from glmvit.workloads import random_batch
 
     config = VisionConfig.glm41v()
@@ -125,28 +127,43 @@ def main(argv: list[str] | None = None) -> int:
     tokens = {n: ItemSpec.total(grid_specs(LAYOUTS[n], config.spatial_merge_size)).tokens for n in names}
     items = max(len(LAYOUTS[n]) for n in names)
     budgets = BudgetConfig(tuple(sorted(set(tokens.values()))), min(items, min(tokens.values())), max(items, 8))
-    runner = build_encoder(model, RunMode.GRAPH_COMPILED, budgets, attention=args.attention)
+    # the graphs bench replays each layout in: a uniform one where its rule captures one for that layout alone
+    attention = None if args.attention == "auto" else args.attention
+    lengths = sorted({length for n in names for length in planned_uniform_lengths(
+        ((h * w, t) for t, h, w in LAYOUTS[n]), "cuda", "bfloat16", attention)})
+    runner = build_encoder(model, RunMode.GRAPH_COMPILED, budgets, attention=args.attention,
+                           uniform_lengths=tuple(lengths))
     assert isinstance(runner, EncoderGraphRunner)  # on CUDA: real graphs
     graphs: dict[str, Callable[[], Any]] = {}
     results: dict[str, dict[str, Any]] = {}
     with torch.inference_mode():
         for n in names:
             pixels, grid = random_batch(LAYOUTS[n], config, seed=1)
-            runner.replay(tokens[n], pixels.to("cuda", model.dtype), grid)  # stages the batch
-            graph = runner.graphs[tokens[n]].graph
+            uniform_before = runner.stats.uniform_replays
+            runner.replay(tokens[n], pixels.to("cuda", model.dtype), grid)  # stages the batch where it replays
+            length = uniform_length([h * w for _, h, w in LAYOUTS[n]], sum(t * h * w for t, h, w in LAYOUTS[n]),
+                                    runner.uniform_min_rows)
+            uniform = runner.stats.uniform_replays > uniform_before
+            assert uniform == ((tokens[n], length) in runner.uniform_graphs), n  # the graph it was staged in
+            graph = (runner.uniform_graphs[tokens[n], length] if uniform else runner.graphs[tokens[n]]).graph
             assert graph is not None
             graphs[n] = graph.replay
+            results[n] = {"graph": f"uniform {length}-row segments" if uniform else "ragged"}
         for n in names:  # every timing before the first profiler attaches
-            results[n] = {"timed": timed(graphs[n], args.replays)}
+            results[n]["timed"] = timed(graphs[n], args.replays)
         for n in names:
             results[n]["profiled"] = profiled(graphs[n], PROFILED_REPLAYS)
     for n, r in results.items():
         t, p = r["timed"], r["profiled"]
         clocks = [c for c in t["sm_mhz"] if c is not None]
-        print(f"{n}: timed {median(t['device_ms']):.3f} ms per replay (median of {len(t['device_ms'])}), SM clock "
+        pclocks = [c for c in p["sm_mhz"] if c is not None]
+        print(f"{n} ({r['graph']}): timed {median(t['device_ms']):.3f} ms per replay (median of "
+              f"{len(t['device_ms'])}), SM clock "
               f"{min(clocks, default=float('nan')):.0f}–{max(clocks, default=float('nan')):.0f} MHz; profiled span "
               f"{median(p['span_us']) / 1e3:.3f} ms = busy {median(p['busy_us']) / 1e3:.3f} + idle "
-              f"{median(p['idle_us']) / 1e3:.3f} ms over {p['kernels_per_replay']} kernels")
+              f"{median(p['idle_us']) / 1e3:.3f} ms over {p['kernels_per_replay']} kernels (medians of "
+              f"{len(p['span_us'])}), profiled at {min(pclocks, default=float('nan')):.0f}–"
+              f"{max(pclocks, default=float('nan')):.0f} MHz")
         for gap in p["largest_idle"][:3]:
             print(f"    idle {gap['us']:.1f} µs between {gap['before']} and {gap['after']}")
     if args.json:
