@@ -139,12 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     with torch.inference_mode():
         for n in names:
             pixels, grid = random_batch(LAYOUTS[n], config, seed=1)
-            uniform_before = runner.stats.uniform_replays
-            runner.replay(tokens[n], pixels.to("cuda", model.dtype), grid)  # stages the batch where it replays
             length = uniform_length([h * w for _, h, w in LAYOUTS[n]], sum(t * h * w for t, h, w in LAYOUTS[n]),
                                     runner.uniform_min_rows)
-            uniform = runner.stats.uniform_replays > uniform_before
-            assert uniform == ((tokens[n], length) in runner.uniform_graphs), n  # the graph it was staged in
+            uniform = (tokens[n], length) in runner.uniform_graphs  # the runner's routing rule: its uniform graph
+            runner.replay(tokens[n], pixels.to("cuda", model.dtype), grid, uniform=uniform)  # stages the batch there
             graph = (runner.uniform_graphs[tokens[n], length] if uniform else runner.graphs[tokens[n]]).graph
             assert graph is not None
             graphs[n] = graph.replay
