@@ -244,7 +244,13 @@ def test_skeleton_verdicts_judge_a_target_against_the_skeleton_from_idle_and_hel
     assert verdict["left_ms"] == 2.0 and verdict["mhz_sustained"] == (1470, 1470)
     assert verdict["attention"] == "sdpa_cudnn_dense"
     assert not kv.skeleton_verdicts(path, {"1x224": 18.0})["1x224"]["reachable"]
-    assert verdict["reachable_run"] is None and verdict["model_run"] is None  # no run regime timed: no verdict
+    assert all(verdict[k] is None for k in ("model_run", "skeleton_run", "mhz_run", "reachable_run"))  # none timed
+
+
+def test_gpu_kind_names_the_sweeps_of_a_records_gpu_and_refuses_others():
+    assert kv.gpu_kind("NVIDIA H100 80GB HBM3") == "h100" and kv.gpu_kind("NVIDIA H200") == "h200"
+    with pytest.raises(ValueError, match="no sweeps are recorded for 'NVIDIA A100-SXM4-80GB': only for H100, H200"):
+        kv.gpu_kind("NVIDIA A100-SXM4-80GB")
 
 
 def test_skeleton_verdicts_judge_the_records_regime_where_it_was_timed(tmp_path):

@@ -97,16 +97,22 @@ S47_SEED = ("run s47_296b268r1's host launched slower through the two seed recor
             "10.2 and 8.1 µs in seed_img1x224 and seed_video8x224 against 6.8 and 6.3 µs in img1x224 and video8x224, "
             "and the clip's graph-compiled medians, bound by the GPU, agree (3.226 and 3.271 ms): the forward is the "
             "same, and only eager, bound by the host, moved")
-S51_MIXED_AV = ("run s51_7c3b60ar1's mixed_av process ran its host-bound modes slow: against the same record of run "
-                "s47_296b268r1, eager's median rose 1.19× (18.86 to 22.50 ms) and transformers' 1.17× (35.57 to 41.48; "
-                "eager in Python too), while graph-compiled's, bound by the GPU, fell to 0.97× (12.03 to 11.68): the "
-                "forwards are the same, and the cost model's eager prediction comes from the latency sweeps' processes")
 SLOW_HOST: dict[tuple[str, str], str] = {
-    ("s51_7c3b60ar1", "mixed_av.json"): S51_MIXED_AV,
     ("s47_296b268r1", "one 224² image"): "P10 13.95 (img1x224) and 16.69 ms (seed_img1x224), 1.20× apart: "
                                          + S47_SEED,
     ("s47_296b268r1", "one 8-frame 224² clip"): "P10 14.53 (video8x224) and 17.18 ms (seed_video8x224), 1.18× "
                                                 "apart: " + S47_SEED,
+}
+
+
+# A mixed benchmark whose eager mean misses the cost model's band for a host reason, keyed by run and record file:
+# the check stays strict for every other record, and fails for this one once it fits (the entry is then wrong).
+EAGER_MISPREDICTED: dict[tuple[str, str], str] = {
+    ("s51_7c3b60ar1", "mixed_av.json"): (
+        "eager's mean 26.87 ms against the 22.56 predicted, 1.19× past the 1.15 band (run s47_296b268r1: 26.16 "
+        "against 23.02, 1.14×): this process launched slower than that run's, eager's kernel launch timed before its "
+        "requests at 6.89 against 5.83 µs and transformers' at 8.84 against 6.42 (launch_us), while its "
+        "graph-compiled median, bound by the GPU, fell (12.03 to 11.68 ms)"),
 }
 
 
@@ -135,9 +141,9 @@ def test_the_cost_model_predicts_every_mode_of_the_mixed_workloads(path):
     measured = run.modes["eager"].mean_ms
     band = max(1.15, eager_spread())  # no closer than the run's own timings of one eager forward agree
     inside = min(predicted) / band <= measured <= band * max(predicted)
-    if (run.record_run, path.name) in SLOW_HOST:  # a run known to miss: it must still miss, and says why
+    if (run.record_run, path.name) in EAGER_MISPREDICTED:  # a record known to miss: it must still miss, and says why
         assert not inside, (measured, predicted, band)
-        pytest.xfail(SLOW_HOST[run.record_run, path.name])
+        pytest.xfail(EAGER_MISPREDICTED[run.record_run, path.name])
     assert inside, (measured, predicted, band)
 
 
@@ -208,11 +214,12 @@ UNSTEADY_RUNS = {
     ("s47_296b268r1", "one 8-frame 224² clip"): "15.86 (video8x224) and 18.71 ms (seed_video8x224), 1.18× apart: "
                                                 + S47_SEED,
     ("s51_7c3b60ar1", "one 8-frame 224² clip"): "20.41 (video8x224) and 17.53 ms (seed_video8x224), 1.16× apart, while "
-                                                "their P10s, the host at full speed, agree (14.12 and 14.97 ms): "
-                                                "video8x224's eager requests ran with the host slow for most of them "
-                                                "(its median's 95 % interval 16.26-23.96 ms over 150 requests), "
-                                                "and its graph-compiled median, bound by the GPU, agrees with the "
-                                                "seed's (3.155 and 3.287 ms): " + HOST,
+                                                "their P10s, the host at full speed, agree within 6 % (14.12 and "
+                                                "14.97 ms): video8x224's eager requests spread widely (its median's "
+                                                "95 % interval 16.26-23.96 ms over 150 requests), and the two "
+                                                "graph-compiled medians, bound by the GPU, are within 5 % (3.155 and "
+                                                "3.287 ms; the seed replays the PR's budget ladder, not the default "
+                                                "one)",
 }
 
 

@@ -194,6 +194,19 @@ def target_verdicts(bench_dir: str | Path, targets: dict[str, tuple[str, float]]
     return out
 
 
+GPU_KINDS = ("h100", "h200")  # the GPUs data/sweeps/ holds files for, as their names spell them
+
+
+def gpu_kind(gpu: str) -> str:
+    """The short name a sweep file of ``data/sweeps/`` carries (``h100``, ``h200``: ``skeleton_bound_h100.json``)
+    for the GPU a record names (``provenance.gpu``, e.g. ``NVIDIA H100 80GB HBM3``). ValueError, naming it, for a GPU
+    no sweep was recorded on."""
+    for kind in GPU_KINDS:
+        if kind.upper() in gpu:
+            return kind
+    raise ValueError(f"no sweeps are recorded for {gpu!r}: only for {', '.join(k.upper() for k in GPU_KINDS)}")
+
+
 def skeleton_verdicts(path: str | Path, targets: dict[str, float]) -> dict[str, dict[str, Any]]:
     """Per workload of a skeleton bound (``tools/skeleton_bound.py``'s JSON) named in ``targets`` (ms): the model's
     and the skeleton's medians in both regimes (``model_burst``, ``skeleton_burst``, ``model_sustained``,
@@ -202,8 +215,8 @@ def skeleton_verdicts(path: str | Path, targets: dict[str, float]) -> dict[str, 
     the target: no forward of these kernels can meet it otherwise) and ``reachable_held`` (the same back to back,
     at the clock a long run holds), and ``attention`` (the kernel that won). Where the bound also timed the records'
     own regime (``run``: back to back as many times as the workload's record times it), ``model_run``,
-    ``skeleton_run``, ``mhz_run`` and ``reachable_run`` (the verdict in the regime the records' medians come from);
-    else those are None."""
+    ``skeleton_run``, ``mhz_run`` (model's, skeleton's) and ``reachable_run`` (the verdict in the regime the records'
+    medians come from); else those four are None."""
     workloads = json.loads(Path(path).read_text())["workloads"]
     out = {}
     for name, target in targets.items():
