@@ -27,6 +27,7 @@ import sys
 from statistics import median
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 LAYOUTS = {"1x224": [[1, 16, 16]], "4x224": [[1, 16, 16]] * 4, "8x448": [[1, 32, 32]] * 8}
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     from glmvit.modes import RunMode
     from glmvit.packing import BudgetConfig
     from glmvit.random_weights import random_encoder
-    from glmvit.uniform import planned_uniform_lengths, uniform_length
+    from glmvit.uniform import planned_uniform_lengths
     from glmvit.workloads import random_batch
 
     config = VisionConfig.glm41v()
@@ -139,14 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     with torch.inference_mode():
         for n in names:
             pixels, grid = random_batch(LAYOUTS[n], config, seed=1)
-            length = uniform_length([h * w for _, h, w in LAYOUTS[n]], sum(t * h * w for t, h, w in LAYOUTS[n]),
-                                    runner.uniform_min_rows)
-            uniform = (tokens[n], length) in runner.uniform_graphs  # the runner's routing rule: its uniform graph
-            runner.replay(tokens[n], pixels.to("cuda", model.dtype), grid, uniform=uniform)  # stages the batch there
-            graph = (runner.uniform_graphs[tokens[n], length] if uniform else runner.graphs[tokens[n]]).graph
+            dense = runner.uniform_graph(tokens[n], np.asarray(grid))  # the runner's own rule, as skeleton_bound asks
+            runner.replay(tokens[n], pixels.to("cuda", model.dtype), grid, uniform=dense is not None)  # stages it there
+            graph = (dense or runner.graphs[tokens[n]]).graph
             assert graph is not None
             graphs[n] = graph.replay
-            results[n] = {"graph": f"uniform {length}-row segments" if uniform else "ragged"}
+            results[n] = {"graph": "ragged" if dense is None else f"uniform {dense.shape.max_seqlen}-row segments"}
         for n in names:  # every timing before the first profiler attaches
             results[n]["timed"] = timed(graphs[n], args.replays)
         for n in names:
